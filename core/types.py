@@ -64,9 +64,7 @@ class RequestState(enum.StrEnum):
         return self in (RequestState.QUEUED, RequestState.PREEMPTED)
 
 
-_FINISHED_REQUEST_STATES = frozenset(
-    {RequestState.DONE, RequestState.FAILED, RequestState.CANCELLED}
-)
+_FINISHED_REQUEST_STATES = frozenset({RequestState.DONE, RequestState.FAILED, RequestState.CANCELLED})
 
 
 class Endpoint(enum.StrEnum):

@@ -1,0 +1,24 @@
+"""The `fsched` command: composes the subcommands, holds no logic of its own."""
+
+from __future__ import annotations
+
+import typer
+
+from fsched.cli import tenants
+from fsched.cli.jobs import cancel, results
+from fsched.cli.status import status
+from fsched.cli.submit import submit
+
+app = typer.Typer(
+    name="fsched",
+    help="A fair scheduler for local LLM inference: submit JSONL jobs, watch them share one model.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+app.command("submit")(submit)
+app.command("status")(status)
+app.command("cancel")(cancel)
+app.command("results")(results)
+app.add_typer(tenants.app, name="tenants")

@@ -1,0 +1,86 @@
+"""Pure builders: a status snapshot in, JSON-ready dicts out (no rich: `--json` stays quick)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fsched.cli.common import iso_time
+from fsched.core.shares import entitled_shares
+from fsched.core.store import DaemonSummary, JobSummary, TenantSummary
+
+# A daemon that has not beaten its heart for this long is shown as dead.
+DAEMON_DEAD_AFTER_S = 15.0
+
+
+@dataclass(slots=True, frozen=True)
+class StatusSnapshot:
+    jobs: list[JobSummary]
+    tenants: list[TenantSummary]
+    daemons: list[DaemonSummary]
+    now: float
+
+
+def tenant_entitlements(tenants: list[TenantSummary]) -> dict[str, float]:
+    weights = {t.name: t.weight for t in tenants}
+    active = {t.name for t in tenants if t.queued or t.running}
+    return entitled_shares(weights, active)
+
+
+def job_json(job: JobSummary) -> dict:
+    c = job.counts
+    return {
+        "id": job.id,
+        "name": job.name,
+        "tenant": job.tenant,
+        "class": job.request_class.value,
+        "priority": job.priority,
+        "state": job.state.value,
+        "num_requests": c.num_requests,
+        "num_done": c.num_done,
+        "num_failed": c.num_failed,
+        "num_cancelled": c.num_cancelled,
+        "num_running": c.num_running,
+        "num_waiting": c.num_waiting,
+        "num_output_tokens": job.num_output_tokens,
+        "submitted_at": iso_time(job.submitted_at),
+        "started_at": iso_time(job.started_at),
+        "finished_at": iso_time(job.finished_at),
+    }
+
+
+def tenant_json(tenant: TenantSummary, entitled: float) -> dict:
+    return {
+        "name": tenant.name,
+        "weight": tenant.weight,
+        "entitled_share": round(entitled, 4),
+        "active_jobs": tenant.active_jobs,
+        "queued": tenant.queued,
+        "running": tenant.running,
+    }
+
+
+def daemon_json(daemon: DaemonSummary, now: float) -> dict:
+    return {
+        "id": daemon.id,
+        "host": daemon.host,
+        "pid": daemon.pid,
+        "device": daemon.device,
+        "model": daemon.model,
+        "started_at": iso_time(daemon.started_at),
+        "heartbeat_age_s": round(now - daemon.heartbeat_at, 3),
+        "alive": daemon_alive(daemon, now),
+        "stats": daemon.stats,
+    }
+
+
+def daemon_alive(daemon: DaemonSummary, now: float) -> bool:
+    return daemon.stopped_at is None and now - daemon.heartbeat_at < DAEMON_DEAD_AFTER_S
+
+
+def status_json(snapshot: StatusSnapshot) -> dict:
+    entitled = tenant_entitlements(snapshot.tenants)
+    return {
+        "jobs": [job_json(j) for j in snapshot.jobs],
+        "tenants": [tenant_json(t, entitled[t.name]) for t in snapshot.tenants],
+        "daemons": [daemon_json(d, snapshot.now) for d in snapshot.daemons],
+    }

@@ -1,0 +1,71 @@
+"""`fsched status`: jobs, tenants and daemons, once, as JSON, or live."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+
+from fsched.cli.common import DbOption, JsonOption, handle_errors, open_store, print_json
+
+RECENT_FINISHED_JOBS = 10
+
+
+@handle_errors
+def status(
+    job_id: Annotated[int | None, typer.Argument(help="Show this job only.")] = None,
+    tenant: Annotated[str | None, typer.Option("--tenant", "-t", help="Only this tenant's jobs.")] = None,
+    show_all: Annotated[
+        bool,
+        typer.Option(
+            "--all", "-a", help=f"All finished jobs too [default: the last {RECENT_FINISHED_JOBS}]."
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Redraw live until Ctrl-C.")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between redraws.")] = 1.0,
+    db: DbOption = None,
+) -> None:
+    """Show jobs (progress, tokens, age), tenants (weight, entitled share) and daemons."""
+    from fsched.cli.report import StatusSnapshot, status_json
+
+    store = open_store(db)
+
+    def snapshot() -> StatusSnapshot:
+        return StatusSnapshot(
+            jobs=store.list_jobs(
+                job_id=job_id,
+                tenant=tenant,
+                finished_limit=None if show_all else RECENT_FINISHED_JOBS,
+            ),
+            tenants=store.list_tenants(),
+            daemons=store.list_daemons(),
+            now=time.time(),
+        )
+
+    if as_json:
+        print_json(status_json(snapshot()))
+        return
+    from fsched.cli.views import status_view
+
+    if not watch:
+        from rich.console import Console
+
+        Console().print(status_view(snapshot()))
+        return
+    _watch(lambda: status_view(snapshot()), max(interval, 0.1))
+
+
+def _watch(render, interval: float) -> None:
+    from rich.live import Live
+
+    # One Live region redrawn in place (no clearing between frames), so the
+    # view does not flicker; Ctrl-C ends it quietly.
+    try:
+        with Live(render(), auto_refresh=False, screen=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(render(), refresh=True)
+    except KeyboardInterrupt:
+        pass

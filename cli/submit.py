@@ -1,0 +1,131 @@
+"""`fsched submit`: validate whole files, then store them as jobs in one transaction."""
+
+from __future__ import annotations
+
+import getpass
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fsched.cli.common import (
+    DbOption,
+    JsonOption,
+    UserError,
+    handle_errors,
+    open_store,
+    print_json,
+)
+from fsched.core.jobfile import JobFileError, ParsedJobFile, parse_job_file
+from fsched.core.limits import InputLimits
+from fsched.core.types import RequestClass
+
+CLASS_NAMES = ", ".join(c.value for c in RequestClass)
+
+
+def parse_class(value: str) -> RequestClass:
+    try:
+        return RequestClass(value)
+    except ValueError:
+        raise UserError(f"--class must be one of {CLASS_NAMES}, got {value!r}") from None
+
+
+def read_job_file(name: str, limits: InputLimits) -> bytes:
+    """A file's bytes, refusing what cannot be a job file before reading it all."""
+    if name == "-":
+        data = sys.stdin.buffer.read(limits.max_bytes + 1)
+        if len(data) > limits.max_bytes:
+            raise JobFileError("<stdin>", f"input is over the limit of {limits.max_bytes:,} bytes")
+        return data
+    path = Path(name)
+    try:
+        if path.is_dir():
+            raise JobFileError(name, "is a directory, not a JSONL file")
+        size = path.stat().st_size
+        if size > limits.max_bytes:
+            raise JobFileError(name, f"file is {size:,} bytes, over the limit of {limits.max_bytes:,}")
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise JobFileError(name, "no such file") from None
+    except PermissionError:
+        raise JobFileError(name, "permission denied") from None
+    except OSError as exc:
+        raise JobFileError(name, exc.strerror or str(exc)) from None
+
+
+@handle_errors
+def submit(
+    files: Annotated[list[str], typer.Argument(help="JSONL files of requests; '-' reads stdin.")],
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", "-t", help="Tenant [default: your OS user].")
+    ] = None,
+    request_class: Annotated[
+        str, typer.Option("--class", "-c", help=f"Service class: {CLASS_NAMES}.")
+    ] = "batch",
+    priority: Annotated[
+        int, typer.Option("--priority", "-p", help="Base priority, 0 (most urgent) to 9.")
+    ] = 5,
+    name: Annotated[str | None, typer.Option("--name", "-n", help="Job name [default: file name].")] = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option("--max-tokens", help="max_tokens for lines that give none [default: 256]."),
+    ] = None,
+    as_json: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """Submit JSONL files of generation requests, one job per file.
+
+    Every file is validated whole before anything is stored; all the jobs are
+    stored in one transaction.
+    """
+    from fsched.core.store import JobSubmission
+
+    cls = parse_class(request_class)
+    if not 0 <= priority <= 9:
+        raise UserError(f"--priority must be within 0..9, got {priority}")
+    limits = InputLimits.from_env()
+    if max_tokens is not None and not 1 <= max_tokens <= limits.max_tokens:
+        raise UserError(f"--max-tokens must be within 1..{limits.max_tokens:,}, got {max_tokens}")
+    tenant = tenant or getpass.getuser()
+    if files.count("-") > 1:
+        raise UserError("standard input ('-') can be read only once")
+
+    parsed: list[ParsedJobFile] = []
+    for file in files:
+        data = read_job_file(file, limits)
+        source = "<stdin>" if file == "-" else file
+        parsed.append(parse_job_file(data, source, limits, default_max_tokens=max_tokens))
+
+    store = open_store(db)
+    submitted = store.submit(
+        [
+            JobSubmission(
+                parsed=p,
+                tenant=tenant,
+                request_class=cls,
+                priority=priority,
+                name=name or ("stdin" if p.source == "<stdin>" else Path(p.source).name),
+            )
+            for p in parsed
+        ]
+    )
+    for job in submitted:
+        if as_json:
+            print_json(
+                {
+                    "job_id": job.job_id,
+                    "num_requests": job.num_requests,
+                    "tenant": job.tenant,
+                    "class": job.request_class.value,
+                    "priority": priority,
+                    "tenant_created": job.tenant_created,
+                }
+            )
+        else:
+            created = " (new tenant, weight 1)" if job.tenant_created else ""
+            print(
+                f"submitted job {job.job_id}: {job.num_requests} request(s), "
+                f"tenant {job.tenant}{created}, class {job.request_class.value}, "
+                f"priority {priority}"
+            )

@@ -1,0 +1,52 @@
+"""Limits on what `fsched submit` accepts (DESIGN §6), in one validated config."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+MIB = 1024 * 1024
+
+
+@dataclass(slots=True, frozen=True)
+class InputLimits:
+    """What one submitted file may hold.
+
+    The defaults follow the OpenAI batch API (50,000 requests, 200 MB a
+    file); 1 MiB a line keeps one prompt within what a model's context can
+    take many times over, and 64 levels of nesting is far beyond any real
+    request while keeping the checker cheap.
+    """
+
+    max_lines: int = 50_000
+    max_bytes: int = 200 * MIB
+    max_line_bytes: int = 1 * MIB
+    max_depth: int = 64
+    # Far above any context window in use; the real check against the
+    # model's context happens when the daemon admits the request.
+    max_tokens: int = 1_000_000
+    default_max_tokens: int = 256
+    max_custom_id_chars: int = 512
+    max_stop_sequences: int = 4
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) < 1:
+                raise ValueError(f"limit {f.name} must be >= 1, got {getattr(self, f.name)}")
+        if self.default_max_tokens > self.max_tokens:
+            raise ValueError("default_max_tokens must not exceed max_tokens")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> InputLimits:
+        """Read overrides such as FSCHED_MAX_LINES=100000 from the environment."""
+        overrides: dict[str, int] = {}
+        for f in fields(cls):
+            raw = environ.get(f"FSCHED_{f.name.upper()}")
+            if raw is None:
+                continue
+            try:
+                overrides[f.name] = int(raw)
+            except ValueError:
+                raise ValueError(f"FSCHED_{f.name.upper()} must be an integer, got {raw!r}") from None
+        return cls(**overrides)

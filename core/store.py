@@ -1,0 +1,187 @@
+"""What the core needs from a job table, and the errors any store raises.
+
+`storage` implements JobStore over SQL; tests may implement it in memory.
+The core never imports `storage` (DESIGN §1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from fsched.core.jobfile import ParsedJobFile
+from fsched.core.jobstate import JobCounts
+from fsched.core.types import JobState, RequestClass, RequestState
+
+
+class StoreError(Exception):
+    """Base of every error a job store raises; its message is fit for a user."""
+
+
+class StorageError(StoreError):
+    """The database cannot be used: locked past the timeout, read-only, full, gone."""
+
+
+class UnknownJob(StoreError):
+    def __init__(self, job_id: int):
+        super().__init__(f"no job with id {job_id}")
+        self.job_id = job_id
+
+
+class UnknownTenant(StoreError):
+    def __init__(self, name: str):
+        super().__init__(f"no tenant named {name!r}")
+        self.name = name
+
+
+class TenantExists(StoreError):
+    def __init__(self, name: str):
+        super().__init__(f"tenant {name!r} already exists")
+
+
+class TenantBusy(StoreError):
+    """A tenant with unfinished jobs cannot be removed."""
+
+
+class SchemaMismatch(StoreError):
+    """The database was written by another version of fsched."""
+
+
+@dataclass(slots=True, frozen=True)
+class JobSubmission:
+    """One parsed file and how to run it."""
+
+    parsed: ParsedJobFile
+    tenant: str
+    request_class: RequestClass
+    priority: int
+    name: str
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.priority <= 9:
+            raise ValueError("priority must be within 0..9")
+
+
+@dataclass(slots=True, frozen=True)
+class SubmittedJob:
+    job_id: int
+    num_requests: int
+    tenant: str
+    request_class: RequestClass
+    tenant_created: bool
+
+
+@dataclass(slots=True, frozen=True)
+class JobSummary:
+    id: int
+    tenant: str
+    request_class: RequestClass
+    priority: int
+    name: str
+    state: JobState
+    counts: JobCounts
+    num_output_tokens: int
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+
+
+@dataclass(slots=True, frozen=True)
+class TenantSummary:
+    name: str
+    weight: float
+    active_jobs: int
+    queued: int
+    running: int
+
+
+@dataclass(slots=True, frozen=True)
+class DaemonSummary:
+    id: str
+    host: str
+    pid: int
+    device: str
+    model: str
+    started_at: float
+    heartbeat_at: float
+    stopped_at: float | None
+    stats: dict
+
+
+@dataclass(slots=True, frozen=True)
+class CancelOutcome:
+    job_id: int
+    state: JobState
+    cancelled_now: int  # waiting requests cancelled at once
+    stopping: int  # running requests the daemon stops at its next step
+    already_finished: bool
+
+
+@dataclass(slots=True, frozen=True)
+class RequestResult:
+    id: int
+    idx: int
+    custom_id: str
+    endpoint: str
+    state: RequestState
+    model: str | None
+    output_text: str
+    num_output_tokens: int
+    prompt_tokens: int | None
+    finish_reason: str | None
+    error: str | None
+    finished_at: float | None
+
+
+@dataclass(slots=True, frozen=True)
+class ClaimedRequest:
+    id: int
+    job_id: int
+    tenant: str
+    request_class: RequestClass
+    priority: int
+    custom_id: str
+    endpoint: str
+    prompt: str | None
+    messages: list | None
+    params: dict
+    output_tokens: list[int]
+    enqueued_at: float
+
+
+@runtime_checkable
+class JobStore(Protocol):
+    def submit(self, submissions: Sequence[JobSubmission]) -> list[SubmittedJob]: ...
+
+    def list_jobs(
+        self, job_id: int | None = None, tenant: str | None = None, include_finished: bool = True
+    ) -> list[JobSummary]: ...
+
+    def cancel_job(self, job_id: int) -> CancelOutcome: ...
+
+    def iter_results(self, job_id: int, errors: bool = False) -> Iterator[RequestResult]: ...
+
+    def list_tenants(self) -> list[TenantSummary]: ...
+
+    def add_tenant(self, name: str, weight: float = 1.0) -> None: ...
+
+    def set_weight(self, name: str, weight: float) -> None: ...
+
+    def remove_tenant(self, name: str) -> None: ...
+
+    def list_daemons(self) -> list[DaemonSummary]: ...
+
+    def claim(self, limit: int, owner: str) -> list[ClaimedRequest]: ...
+
+    def finish_request(
+        self,
+        request_id: int,
+        state: RequestState,
+        output_tokens: Sequence[int] = (),
+        output_text: str = "",
+        finish_reason: str | None = None,
+        prompt_tokens: int | None = None,
+        model: str | None = None,
+        error: str | None = None,
+    ) -> bool: ...

@@ -1,0 +1,132 @@
+"""Connecting to the job table: URL choice, SQLite setup, read and write transactions.
+
+SQLite (one machine) runs in WAL mode with a busy timeout, and every write
+transaction starts with `BEGIN IMMEDIATE`: a writer takes the lock up front
+and waits its turn, instead of upgrading a read lock mid-transaction and
+failing with "database is locked" (DESIGN §5). Reads use a plain deferred
+`BEGIN` and never block writers.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+
+from fsched.core.store import StorageError
+
+DEFAULT_BUSY_TIMEOUT_MS = 30_000
+
+
+def default_database_path() -> Path:
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "fsched" / "fsched.db"
+
+
+def resolve_database_url(explicit: str | None = None) -> str:
+    """`--db` wins, then FSCHED_DB, then the per-user SQLite file."""
+    url = explicit or os.environ.get("FSCHED_DB")
+    if url:
+        if "://" not in url:  # a bare path is taken as an SQLite file
+            url = f"sqlite:///{Path(url).expanduser().absolute()}"
+        return url
+    return f"sqlite:///{default_database_path()}"
+
+
+def _prepare_sqlite_file(path: Path) -> None:
+    """Create the folder 0700 and the file 0600 before SQLite opens it.
+
+    SQLite gives its -wal and -shm files the database file's mode, so they
+    are private too, whatever the umask.
+    """
+    folder = path.parent
+    if not folder.exists():
+        folder.mkdir(parents=True, mode=0o700)
+        os.chmod(folder, 0o700)  # mkdir's mode is filtered by the umask
+    if not path.exists():
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+        os.close(fd)
+        os.chmod(path, 0o600)
+    elif not stat.S_ISREG(path.stat().st_mode):
+        raise StorageError(f"database path {path} is not a regular file")
+
+
+def _wire_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_connection, _record) -> None:
+        # Hand transaction control to the "begin" hook below (the SQLAlchemy
+        # recipe for pysqlite), so BEGIN IMMEDIATE is ours to emit.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            cursor.execute("PRAGMA journal_mode = WAL")
+        # WAL + NORMAL: a killed process loses no committed transaction.
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def on_begin(conn: Connection) -> None:
+        write = conn.get_execution_options().get("fsched_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+class Database:
+    """One job table behind one SQLAlchemy URL."""
+
+    def __init__(self, url: str | None = None, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS):
+        self.url = resolve_database_url(url)
+        try:
+            parsed = make_url(self.url)
+        except ArgumentError:
+            raise StorageError(f"not a database URL: {self.url!r}") from None
+        self.dialect = parsed.get_backend_name()
+        if self.dialect == "sqlite":
+            if not parsed.database or parsed.database == ":memory:":
+                raise StorageError("fsched needs an SQLite file, not an in-memory database")
+            _prepare_sqlite_file(Path(parsed.database))
+        try:
+            self.engine = create_engine(self.url)
+        except (ArgumentError, ImportError) as exc:
+            raise StorageError(f"cannot use database {self.url!r}: {exc}") from None
+        if self.dialect == "sqlite":
+            _wire_sqlite(self.engine, busy_timeout_ms)
+
+    @property
+    def display_url(self) -> str:
+        return make_url(self.url).render_as_string(hide_password=True)
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        with self._translate_errors(), self.engine.connect() as conn, conn.begin():
+            yield conn
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        with self._translate_errors(), self.engine.connect() as conn:
+            conn.execution_options(fsched_write=True)
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def _translate_errors(self) -> Iterator[None]:
+        """Turn driver failures (locked, read-only, disk full) into one clear error."""
+        try:
+            yield
+        except OperationalError as exc:
+            reason = str(exc.orig).strip() if exc.orig is not None else str(exc)
+            raise StorageError(f"database {self.display_url}: {reason}") from exc
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise StorageError(f"database {self.display_url}: connection lost") from exc
+            raise
+
+    def dispose(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,503 @@
+"""SqlJobStore: the JobStore protocol over SQLAlchemy Core (SQLite or PostgreSQL).
+
+Every method is one transaction. Writers keep the per-job counters in step
+with the request rows they count, and derive the job's state with the core's
+pure `derive_job_state`, so there is one rule for it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from itertools import islice
+
+from sqlalchemy import Connection, func, select, update
+
+from fsched.core.jobstate import JobCounts, derive_job_state
+from fsched.core.store import (
+    CancelOutcome,
+    ClaimedRequest,
+    DaemonSummary,
+    JobSubmission,
+    JobSummary,
+    RequestResult,
+    StoreError,
+    SubmittedJob,
+    TenantBusy,
+    TenantExists,
+    TenantSummary,
+    UnknownJob,
+    UnknownTenant,
+)
+from fsched.core.tenants import validate_tenant_name, validate_weight
+from fsched.core.types import JobState, RequestClass, RequestState
+from fsched.storage.db import Database
+from fsched.storage.models import Daemon, Job, Request, Tenant
+from fsched.storage.schema import ensure_schema
+
+jobs = Job.__table__
+requests = Request.__table__
+tenants = Tenant.__table__
+daemons = Daemon.__table__
+
+FINISHED_JOB_STATES = [s.value for s in JobState if s.finished]
+WAITING_REQUEST_STATES = [RequestState.QUEUED.value, RequestState.PREEMPTED.value]
+INSERT_CHUNK = 5_000
+RESULTS_BATCH = 1_000
+
+
+class SqlJobStore:
+    def __init__(self, db: Database | str | None = None, clock=time.time):
+        self.db = db if isinstance(db, Database) else Database(db)
+        self.clock = clock
+        ensure_schema(self.db)
+
+    # -- submit ---------------------------------------------------------------
+
+    def submit(self, submissions: Sequence[JobSubmission]) -> list[SubmittedJob]:
+        """Store every job and all its requests in one transaction, or nothing."""
+        now = self.clock()
+        for submission in submissions:
+            validate_tenant_name(submission.tenant)
+        submitted = []
+        with self.db.write() as conn:
+            created = self._create_missing_tenants(conn, {s.tenant for s in submissions}, now)
+            for submission in submissions:
+                job_id = self._insert_job(conn, submission, now)
+                submitted.append(
+                    SubmittedJob(
+                        job_id=job_id,
+                        num_requests=len(submission.parsed.requests),
+                        tenant=submission.tenant,
+                        request_class=submission.request_class,
+                        tenant_created=submission.tenant in created,
+                    )
+                )
+        return submitted
+
+    def _create_missing_tenants(self, conn: Connection, names: set[str], now: float) -> set[str]:
+        existing = set(conn.execute(select(tenants.c.name).where(tenants.c.name.in_(names))).scalars())
+        missing = names - existing
+        if missing:
+            conn.execute(
+                tenants.insert(),
+                [{"name": name, "weight": 1.0, "created_at": now} for name in sorted(missing)],
+            )
+        return missing
+
+    def _insert_job(self, conn: Connection, submission: JobSubmission, now: float) -> int:
+        specs = submission.parsed.requests
+        job_id = conn.execute(
+            jobs.insert()
+            .values(
+                tenant=submission.tenant,
+                **{"class": submission.request_class.value},
+                priority=submission.priority,
+                name=submission.name,
+                state=JobState.QUEUED.value,
+                num_requests=len(specs),
+                num_done=0,
+                num_failed=0,
+                num_cancelled=0,
+                num_running=0,
+                num_output_tokens=0,
+                submitted_at=now,
+            )
+            .returning(jobs.c.id)
+        ).scalar_one()
+        rows = (
+            {
+                "job_id": job_id,
+                "idx": idx,
+                "custom_id": spec.custom_id,
+                "endpoint": spec.endpoint.value,
+                "prompt": spec.prompt,
+                "messages": [{"role": m.role, "content": m.content} for m in spec.messages]
+                if spec.messages
+                else None,
+                "params": _with_seed(spec.params).to_json(),
+                "max_tokens": spec.params.max_tokens,
+                "model": spec.model,
+                "state": RequestState.QUEUED.value,
+                "output_tokens": [],
+                "output_text": "",
+                "num_output_tokens": 0,
+                "attempts": 0,
+                "mlfq_level": 0,
+                "enqueued_at": now,
+                "lease_epoch": 0,
+            }
+            for idx, spec in enumerate(specs)
+        )
+        while chunk := list(islice(rows, INSERT_CHUNK)):
+            conn.execute(requests.insert(), chunk)
+        return job_id
+
+    # -- reading --------------------------------------------------------------
+
+    def list_jobs(
+        self,
+        job_id: int | None = None,
+        tenant: str | None = None,
+        include_finished: bool = True,
+        finished_limit: int | None = None,
+    ) -> list[JobSummary]:
+        """Jobs by id; finished ones only up to the newest `finished_limit`."""
+        query = select(jobs)
+        if job_id is not None:
+            query = query.where(jobs.c.id == job_id)
+        if tenant is not None:
+            query = query.where(jobs.c.tenant == tenant)
+        with self.db.read() as conn:
+            active = conn.execute(
+                query.where(jobs.c.state.not_in(FINISHED_JOB_STATES)).order_by(jobs.c.id)
+            ).all()
+            finished = []
+            if include_finished or job_id is not None:
+                finished_query = query.where(jobs.c.state.in_(FINISHED_JOB_STATES)).order_by(jobs.c.id.desc())
+                if finished_limit is not None and job_id is None:
+                    finished_query = finished_query.limit(finished_limit)
+                finished = conn.execute(finished_query).all()
+        if job_id is not None and not (active or finished):
+            raise UnknownJob(job_id)
+        rows = sorted([*active, *finished], key=lambda row: row.id)
+        return [_job_summary(row) for row in rows]
+
+    def list_tenants(self) -> list[TenantSummary]:
+        waiting = (
+            jobs.c.num_requests
+            - jobs.c.num_done
+            - jobs.c.num_failed
+            - jobs.c.num_cancelled
+            - jobs.c.num_running
+        )
+        load = (
+            select(
+                jobs.c.tenant,
+                func.count().label("active_jobs"),
+                func.sum(waiting).label("queued"),
+                func.sum(jobs.c.num_running).label("running"),
+            )
+            .where(jobs.c.state.not_in(FINISHED_JOB_STATES))
+            .group_by(jobs.c.tenant)
+            .subquery()
+        )
+        query = (
+            select(tenants.c.name, tenants.c.weight, load.c.active_jobs, load.c.queued, load.c.running)
+            .select_from(tenants.outerjoin(load, load.c.tenant == tenants.c.name))
+            .order_by(tenants.c.name)
+        )
+        with self.db.read() as conn:
+            rows = conn.execute(query).all()
+        return [
+            TenantSummary(
+                name=row.name,
+                weight=row.weight,
+                active_jobs=int(row.active_jobs or 0),
+                queued=int(row.queued or 0),
+                running=int(row.running or 0),
+            )
+            for row in rows
+        ]
+
+    def list_daemons(self) -> list[DaemonSummary]:
+        with self.db.read() as conn:
+            rows = conn.execute(select(daemons).order_by(daemons.c.heartbeat_at.desc())).all()
+        return [
+            DaemonSummary(
+                id=row.id,
+                host=row.host,
+                pid=row.pid,
+                device=row.device,
+                model=row.model,
+                started_at=row.started_at,
+                heartbeat_at=row.heartbeat_at,
+                stopped_at=row.stopped_at,
+                stats=row.stats or {},
+            )
+            for row in rows
+        ]
+
+    def iter_results(self, job_id: int, errors: bool = False) -> Iterator[RequestResult]:
+        """Finished requests in input order: done ones, or with `errors` the rest."""
+        wanted = (
+            [RequestState.FAILED.value, RequestState.CANCELLED.value] if errors else [RequestState.DONE.value]
+        )
+        with self.db.read() as conn:
+            if conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is None:
+                raise UnknownJob(job_id)
+        last_idx = -1
+        while True:
+            # Keyset pages, each its own short read: a slow reader of a big
+            # job never holds a transaction open for long.
+            with self.db.read() as conn:
+                page = conn.execute(
+                    select(requests)
+                    .where(
+                        requests.c.job_id == job_id,
+                        requests.c.idx > last_idx,
+                        requests.c.state.in_(wanted),
+                    )
+                    .order_by(requests.c.idx)
+                    .limit(RESULTS_BATCH)
+                ).all()
+            if not page:
+                return
+            for row in page:
+                yield _request_result(row)
+            last_idx = page[-1].idx
+
+    # -- cancelling -------------------------------------------------------------
+
+    def cancel_job(self, job_id: int) -> CancelOutcome:
+        now = self.clock()
+        with self.db.write() as conn:
+            job = self._lock_job(conn, job_id)
+            state = JobState(job.state)
+            if state.finished:
+                return CancelOutcome(job_id, state, 0, 0, already_finished=True)
+            cancelled_now = conn.execute(
+                update(requests)
+                .where(requests.c.job_id == job_id, requests.c.state.in_(WAITING_REQUEST_STATES))
+                .values(state=RequestState.CANCELLED.value, finished_at=now)
+            ).rowcount
+            counts = replace(_counts(job), num_cancelled=job.num_cancelled + cancelled_now)
+            state = self._store_counts(conn, job, counts, cancel_requested_at=now, now=now)
+        return CancelOutcome(job_id, state, cancelled_now, counts.num_running, already_finished=False)
+
+    # -- tenants ----------------------------------------------------------------
+
+    def add_tenant(self, name: str, weight: float = 1.0) -> None:
+        validate_tenant_name(name)
+        weight = validate_weight(weight)
+        with self.db.write() as conn:
+            if conn.execute(select(tenants.c.name).where(tenants.c.name == name)).first():
+                raise TenantExists(name)
+            conn.execute(tenants.insert().values(name=name, weight=weight, created_at=self.clock()))
+
+    def set_weight(self, name: str, weight: float) -> None:
+        weight = validate_weight(weight)
+        with self.db.write() as conn:
+            changed = conn.execute(
+                update(tenants).where(tenants.c.name == name).values(weight=weight)
+            ).rowcount
+            if not changed:
+                raise UnknownTenant(name)
+
+    def remove_tenant(self, name: str) -> None:
+        with self.db.write() as conn:
+            if not conn.execute(select(tenants.c.name).where(tenants.c.name == name)).first():
+                raise UnknownTenant(name)
+            unfinished = conn.execute(
+                select(func.count()).where(jobs.c.tenant == name, jobs.c.state.not_in(FINISHED_JOB_STATES))
+            ).scalar_one()
+            if unfinished:
+                raise TenantBusy(
+                    f"tenant {name!r} has {unfinished} unfinished job(s); cancel them or "
+                    "wait for them to finish first"
+                )
+            conn.execute(tenants.delete().where(tenants.c.name == name))
+
+    # -- the daemon's side --------------------------------------------------------
+
+    def claim(self, limit: int, owner: str) -> list[ClaimedRequest]:
+        """Atomically move up to `limit` queued requests to `running` for `owner`."""
+        now = self.clock()
+        with self.db.write() as conn:
+            query = (
+                select(
+                    requests,
+                    jobs.c.tenant,
+                    jobs.c["class"].label("request_class"),
+                    jobs.c.priority,
+                )
+                .join(jobs, jobs.c.id == requests.c.job_id)
+                .where(
+                    requests.c.state == RequestState.QUEUED.value,
+                    jobs.c.cancel_requested_at.is_(None),
+                )
+                .order_by(requests.c.id)
+                .limit(limit)
+            )
+            if self.db.dialect == "postgresql":
+                query = query.with_for_update(of=requests, skip_locked=True)
+            rows = conn.execute(query).all()
+            if not rows:
+                return []
+            conn.execute(
+                update(requests)
+                .where(requests.c.id.in_([row.id for row in rows]))
+                .values(
+                    state=RequestState.RUNNING.value,
+                    lease_owner=owner,
+                    lease_epoch=requests.c.lease_epoch + 1,
+                    attempts=requests.c.attempts + 1,
+                )
+            )
+            per_job: dict[int, int] = {}
+            for row in rows:
+                per_job[row.job_id] = per_job.get(row.job_id, 0) + 1
+            for job_id, count in per_job.items():
+                job = self._lock_job(conn, job_id)
+                counts = replace(_counts(job), num_running=job.num_running + count)
+                self._store_counts(conn, job, counts, started_at=job.started_at or now, now=now)
+        return [
+            ClaimedRequest(
+                id=row.id,
+                job_id=row.job_id,
+                tenant=row.tenant,
+                request_class=RequestClass(row.request_class),
+                priority=row.priority,
+                custom_id=row.custom_id,
+                endpoint=row.endpoint,
+                prompt=row.prompt,
+                messages=row.messages,
+                params=row.params,
+                output_tokens=list(row.output_tokens or []),
+                enqueued_at=row.enqueued_at,
+            )
+            for row in rows
+        ]
+
+    def finish_request(
+        self,
+        request_id: int,
+        state: RequestState,
+        output_tokens: Sequence[int] = (),
+        output_text: str = "",
+        finish_reason: str | None = None,
+        prompt_tokens: int | None = None,
+        model: str | None = None,
+        error: str | None = None,
+    ) -> bool:
+        """End a request with its final output, in one transaction with its job's counters.
+
+        Returns False, changing nothing, when the request had already ended:
+        no request ends twice.
+        """
+        if not state.finished:
+            raise ValueError(f"{state} is not a final state")
+        now = self.clock()
+        with self.db.write() as conn:
+            row = conn.execute(
+                select(requests.c.job_id, requests.c.state, requests.c.num_output_tokens).where(
+                    requests.c.id == request_id
+                )
+            ).first()
+            if row is None:
+                raise StoreError(f"no request with id {request_id}")
+            previous = RequestState(row.state)
+            if previous.finished:
+                return False
+            conn.execute(
+                update(requests)
+                .where(requests.c.id == request_id)
+                .values(
+                    state=state.value,
+                    output_tokens=list(output_tokens),
+                    output_text=output_text,
+                    num_output_tokens=len(output_tokens),
+                    finish_reason=finish_reason,
+                    prompt_tokens=prompt_tokens,
+                    model=model,
+                    error=error,
+                    finished_at=now,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                )
+            )
+            job = self._lock_job(conn, row.job_id)
+            counts = _counts(job)
+            counts = replace(
+                counts,
+                num_running=counts.num_running - (previous is RequestState.RUNNING),
+                num_done=counts.num_done + (state is RequestState.DONE),
+                num_failed=counts.num_failed + (state is RequestState.FAILED),
+                num_cancelled=counts.num_cancelled + (state is RequestState.CANCELLED),
+            )
+            self._store_counts(
+                conn,
+                job,
+                counts,
+                num_output_tokens=job.num_output_tokens + len(output_tokens) - row.num_output_tokens,
+                now=now,
+            )
+        return True
+
+    # -- helpers ------------------------------------------------------------------
+
+    def _lock_job(self, conn: Connection, job_id: int):
+        query = select(jobs).where(jobs.c.id == job_id)
+        if self.db.dialect == "postgresql":
+            query = query.with_for_update()
+        job = conn.execute(query).first()
+        if job is None:
+            raise UnknownJob(job_id)
+        return job
+
+    def _store_counts(self, conn: Connection, job, counts: JobCounts, now: float, **extra) -> JobState:
+        cancel_requested = (extra.get("cancel_requested_at") or job.cancel_requested_at) is not None
+        started = (extra.get("started_at") or job.started_at) is not None
+        state = derive_job_state(counts, started=started, cancel_requested=cancel_requested)
+        values = {
+            "num_done": counts.num_done,
+            "num_failed": counts.num_failed,
+            "num_cancelled": counts.num_cancelled,
+            "num_running": counts.num_running,
+            "state": state.value,
+            **extra,
+        }
+        if state.finished and job.finished_at is None:
+            values["finished_at"] = now
+        conn.execute(update(jobs).where(jobs.c.id == job.id).values(**values))
+        return state
+
+
+def _with_seed(params):
+    """Every stored request has a seed, so its sampling replays after a restart."""
+    return params if params.seed is not None else replace(params, seed=secrets.randbits(63))
+
+
+def _counts(job) -> JobCounts:
+    return JobCounts(
+        num_requests=job.num_requests,
+        num_done=job.num_done,
+        num_failed=job.num_failed,
+        num_cancelled=job.num_cancelled,
+        num_running=job.num_running,
+    )
+
+
+def _job_summary(row) -> JobSummary:
+    return JobSummary(
+        id=row.id,
+        tenant=row.tenant,
+        request_class=RequestClass(row._mapping["class"]),
+        priority=row.priority,
+        name=row.name,
+        state=JobState(row.state),
+        counts=_counts(row),
+        num_output_tokens=row.num_output_tokens,
+        submitted_at=row.submitted_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+    )
+
+
+def _request_result(row) -> RequestResult:
+    return RequestResult(
+        id=row.id,
+        idx=row.idx,
+        custom_id=row.custom_id,
+        endpoint=row.endpoint,
+        state=RequestState(row.state),
+        model=row.model,
+        output_text=row.output_text,
+        num_output_tokens=row.num_output_tokens,
+        prompt_tokens=row.prompt_tokens,
+        finish_reason=row.finish_reason,
+        error=row.error,
+        finished_at=row.finished_at,
+    )

@@ -1,0 +1,138 @@
+"""The job table's schema: SQLAlchemy 2.0 typed models, one class a table.
+
+Times are Unix seconds (float): the same type on SQLite and PostgreSQL, and
+cheap to compare in the scheduler. Job counters (num_done, ...) are kept in
+the same transaction as the request rows they count, so `fsched status`
+reads the small jobs table and never scans millions of requests.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# BIGINT on PostgreSQL; on SQLite an INTEGER PRIMARY KEY must stay INTEGER to
+# be the rowid alias (autoincrement).
+Id = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Meta(Base):
+    """Key-value facts about the database itself, such as the schema version."""
+
+    __tablename__ = "fsched_meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    # No foreign key: a finished job stays as history after its tenant is removed.
+    tenant: Mapped[str] = mapped_column(String(128))
+    request_class: Mapped[str] = mapped_column("class", String(16))
+    priority: Mapped[int] = mapped_column(Integer, default=5)
+    name: Mapped[str] = mapped_column(String(256))
+    state: Mapped[str] = mapped_column(String(16))
+    num_requests: Mapped[int] = mapped_column(Integer)
+    num_done: Mapped[int] = mapped_column(Integer, default=0)
+    num_failed: Mapped[int] = mapped_column(Integer, default=0)
+    num_cancelled: Mapped[int] = mapped_column(Integer, default=0)
+    num_running: Mapped[int] = mapped_column(Integer, default=0)
+    num_output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    submitted_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cancel_requested_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    __table_args__ = (
+        Index("ix_jobs_state", "state"),
+        Index("ix_jobs_tenant_state", "tenant", "state"),
+    )
+
+
+class Request(Base):
+    __tablename__ = "requests"
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    # Position in the submitted file (0-based); results come back in this order.
+    idx: Mapped[int] = mapped_column(Integer)
+    custom_id: Mapped[str] = mapped_column(String(512))
+    endpoint: Mapped[str] = mapped_column(String(32))
+    prompt: Mapped[str | None] = mapped_column(Text, nullable=True)
+    messages: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    params: Mapped[dict] = mapped_column(JSON)  # SamplingParams.to_json(), seed always set
+    max_tokens: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    state: Mapped[str] = mapped_column(String(16))
+    # Generated so far: token ids are the truth (resume recomputes from them),
+    # the text is what results print.
+    output_tokens: Mapped[list] = mapped_column(JSON, default=list)
+    output_text: Mapped[str] = mapped_column(Text, default="")
+    num_output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    mlfq_level: Mapped[int] = mapped_column(Integer, default=0)
+    enqueued_at: Mapped[float] = mapped_column(Float)
+    first_token_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Room for several daemons on one queue (PostgreSQL): who holds the
+    # request, under which epoch, until when. Every write-back checks them.
+    lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    lease_epoch: Mapped[int] = mapped_column(Integer, default=0)
+    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    __table_args__ = (
+        UniqueConstraint("job_id", "idx", name="uq_requests_job_idx"),
+        UniqueConstraint("job_id", "custom_id", name="uq_requests_job_custom_id"),
+        Index("ix_requests_state_id", "state", "id"),
+    )
+
+
+class Daemon(Base):
+    """A running (or dead) daemon's heartbeat and engine figures."""
+
+    __tablename__ = "daemons"
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    host: Mapped[str] = mapped_column(String(256))
+    pid: Mapped[int] = mapped_column(Integer)
+    device: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(512))
+    started_at: Mapped[float] = mapped_column(Float)
+    heartbeat_at: Mapped[float] = mapped_column(Float)
+    stopped_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    stats: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class TenantUsage(Base):
+    """A tenant's decayed resource usage, shared by the daemons of a cluster."""
+
+    __tablename__ = "tenant_usage"
+    tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name", ondelete="CASCADE"), primary_key=True)
+    compute: Mapped[float] = mapped_column(Float, default=0.0)
+    kv: Mapped[float] = mapped_column(Float, default=0.0)
+    updated_at: Mapped[float] = mapped_column(Float)
+    active: Mapped[bool] = mapped_column(Boolean, default=False)

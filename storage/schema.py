@@ -1,0 +1,82 @@
+"""Schema versions and migrations: a small numbered scheme, not Alembic.
+
+Why not Alembic: fsched's schema is a handful of tables owned by one
+program, migrated by the program itself when it opens the database (users
+never run a separate migration tool), on two backends. A numbered list of
+steps, applied in one write transaction under a lock, needs no extra
+dependency, no migration folder to package, and is tested like any code.
+
+- A new database gets the current models (`create_all`) and the current
+  version number.
+- An older database runs `MIGRATIONS[v]` for each version v it lacks, each a
+  function of a Connection written against the schema as it was.
+- A newer database (written by a later fsched) is refused, not guessed at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import Connection, inspect, select, text
+
+from fsched.core.store import SchemaMismatch
+from fsched.storage.db import Database
+from fsched.storage.models import Base, Meta
+
+SCHEMA_VERSION = 1
+VERSION_KEY = "schema_version"
+
+Migration = Callable[[Connection], None]
+# MIGRATIONS[v] upgrades a database from version v to v + 1.
+MIGRATIONS: dict[int, Migration] = {}
+
+
+def ensure_schema(
+    db: Database,
+    version: int = SCHEMA_VERSION,
+    migrations: dict[int, Migration] | None = None,
+) -> int:
+    """Create or upgrade the schema; return the version found before."""
+    migrations = MIGRATIONS if migrations is None else migrations
+    if _read_version(db) == version:
+        return version  # the common case: no write lock taken
+    with db.write() as conn:
+        if db.dialect == "postgresql":
+            # Several daemons may start at once; one migrates, the others wait.
+            conn.execute(text("SELECT pg_advisory_xact_lock(727001)"))
+        found = _version_in(conn)
+        if found is None:
+            Base.metadata.create_all(conn)
+            _store_version(conn, version, insert=True)
+            return 0
+        if found > version:
+            raise SchemaMismatch(
+                f"database {db.display_url} has schema version {found}, newer than this "
+                f"fsched understands ({version}); upgrade fsched"
+            )
+        for step in range(found, version):
+            if step not in migrations:
+                raise SchemaMismatch(f"no migration from schema version {step} to {step + 1}")
+            migrations[step](conn)
+        _store_version(conn, version, insert=False)
+        return found
+
+
+def _read_version(db: Database) -> int | None:
+    with db.read() as conn:
+        return _version_in(conn)
+
+
+def _version_in(conn: Connection) -> int | None:
+    if not inspect(conn).has_table(Meta.__tablename__):
+        return None
+    value = conn.execute(select(Meta.value).where(Meta.key == VERSION_KEY)).scalar_one_or_none()
+    return None if value is None else int(value)
+
+
+def _store_version(conn: Connection, version: int, insert: bool) -> None:
+    table = Meta.__table__
+    if insert:
+        conn.execute(table.insert().values(key=VERSION_KEY, value=str(version)))
+    else:
+        conn.execute(table.update().where(table.c.key == VERSION_KEY).values(value=str(version)))
