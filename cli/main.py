@@ -22,3 +22,6 @@ app.command("status")(status)
 app.command("cancel")(cancel)
 app.command("results")(results)
 app.add_typer(tenants.app, name="tenants")
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Create the virtual environment and install fsched with its test tools.
+#   FSCHED_VENV     where (default .venv)
+#   FSCHED_INSTALL  "editable" (default: source edits take effect at once) or
+#                   "wheel" (a plain `pip install .`, as a user gets; CI uses it)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${FSCHED_VENV:-.venv}"
+mode="${FSCHED_INSTALL:-editable}"
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "== creating $venv"
+  python3 -m venv "$venv"
+fi
+py="$venv/bin/python"
+"$py" -m pip install -q --upgrade pip
+# torch first, pinned to the CPU wheel on this machine's disk: the package's
+# own range then installs nothing more (never a multi-GB CUDA build).
+"$py" -m pip install -q "torch==2.13.0"
+case "$mode" in
+  editable) "$py" -m pip install -q -e ".[test]" ;;
+  wheel) "$py" -m pip install -q --force-reinstall --no-deps . && "$py" -m pip install -q ".[test]" ;;
+  *) echo "FSCHED_INSTALL must be editable or wheel, not $mode" >&2; exit 2 ;;
+esac
+"$py" -c "import torch, transformers, fsched.cli.main; print('== fsched ready: torch', torch.__version__, '| transformers', transformers.__version__)"

@@ -1,0 +1,56 @@
+"""Run the real `fsched` command in a subprocess against a private job table."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+FSCHED = str(Path(sys.executable).parent / "fsched")
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE_JOBS = REPO / "sample_jobs"
+
+
+@dataclass
+class Fsched:
+    db_path: Path
+    env: dict
+
+    def run(self, *args: str, input: str | bytes | None = None, env: dict | None = None,
+            timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [FSCHED, *args],
+            input=input.encode() if isinstance(input, str) else input,
+            capture_output=True,
+            env={**self.env, **(env or {})},
+            timeout=timeout,
+        )
+
+    def ok(self, *args: str, **kw) -> str:
+        proc = self.run(*args, **kw)
+        assert proc.returncode == 0, proc.stderr.decode()
+        return proc.stdout.decode()
+
+    def dump(self) -> dict:
+        """Every row of every table: what 'the table is unchanged' compares."""
+        if not self.db_path.exists():
+            return {}
+        conn = sqlite3.connect(self.db_path)
+        try:
+            tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+            return {t: conn.execute(f'SELECT * FROM "{t}" ORDER BY 1').fetchall() for t in sorted(tables)}
+        finally:
+            conn.close()
+
+
+@pytest.fixture
+def fsched(tmp_path) -> Fsched:
+    db_path = tmp_path / "state" / "fsched.db"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FSCHED_")}
+    env.update(FSCHED_DB=f"sqlite:///{db_path}", USER="tester", LOGNAME="tester", COLUMNS="160")
+    return Fsched(db_path=db_path, env=env)

@@ -1,0 +1,55 @@
+"""Shared fixtures: a fresh job table on SQLite, and on PostgreSQL where one runs."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+PG_ADMIN_URL = os.environ.get("FSCHED_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def _pg_admin_connect():
+    import psycopg
+
+    url = PG_ADMIN_URL.replace("postgresql+psycopg://", "postgresql://")
+    return psycopg.connect(url, autocommit=True, connect_timeout=3)
+
+
+@pytest.fixture(scope="session")
+def pg_available() -> bool:
+    try:
+        with _pg_admin_connect():
+            return True
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'data' / 'fsched.db'}"
+
+
+@pytest.fixture
+def pg_url(pg_available):
+    """A fresh PostgreSQL database for one test, dropped afterwards."""
+    if not pg_available:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL is not reachable at " + PG_ADMIN_URL)
+        pytest.skip("PostgreSQL is not reachable")
+    name = f"fsched_test_{uuid.uuid4().hex[:12]}"
+    with _pg_admin_connect() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    with _pg_admin_connect() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request) -> str:
+    """Run a storage test against both backends."""
+    if request.param == "sqlite":
+        return request.getfixturevalue("sqlite_url")
+    return request.getfixturevalue("pg_url")

@@ -1,0 +1,164 @@
+"""The job table on real SQLite and PostgreSQL: submit, counters, cancel, results, tenants."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fsched.core.jobfile import ParsedJobFile, parse_job_file
+from fsched.core.store import (
+    JobStore,
+    JobSubmission,
+    StoreError,
+    TenantBusy,
+    TenantExists,
+    UnknownJob,
+    UnknownTenant,
+)
+from fsched.core.types import Endpoint, JobState, RequestClass, RequestSpec, RequestState, SamplingParams
+from fsched.storage import jobstore as jobstore_module
+from fsched.storage.jobstore import SqlJobStore
+
+
+def parsed(n: int, source: str = "f.jsonl") -> ParsedJobFile:
+    data = "".join(json.dumps({"prompt": f"p{i}", "custom_id": f"c{i}", "max_tokens": 4}) + "\n" for i in range(n))
+    return parse_job_file(data.encode(), source)
+
+
+def submission(n: int = 3, tenant: str = "alice", cls: RequestClass = RequestClass.BATCH) -> JobSubmission:
+    return JobSubmission(parsed=parsed(n), tenant=tenant, request_class=cls, priority=5, name="job")
+
+
+@pytest.fixture
+def store(db_url) -> SqlJobStore:
+    store = SqlJobStore(db_url)
+    yield store
+    store.db.dispose()
+
+
+def test_sql_store_implements_the_core_protocol(store):
+    assert isinstance(store, JobStore)
+
+
+def test_submit_stores_job_requests_and_new_tenant(store):
+    (job,) = store.submit([submission(3)])
+    assert job.num_requests == 3 and job.tenant_created
+    (second,) = store.submit([submission(2)])
+    assert not second.tenant_created and second.job_id > job.job_id
+    summary = store.list_jobs(job_id=job.job_id)[0]
+    assert summary.state is JobState.QUEUED and summary.counts.num_waiting == 3
+    (tenant,) = store.list_tenants()
+    assert (tenant.name, tenant.weight, tenant.active_jobs, tenant.queued) == ("alice", 1.0, 2, 5)
+
+
+def test_every_stored_request_has_a_seed(store):
+    store.submit([submission(5)])
+    claimed = store.claim(10, "d")
+    seeds = [c.params["seed"] for c in claimed]
+    assert all(isinstance(s, int) for s in seeds) and len(set(seeds)) == 5
+
+
+def test_submit_is_all_or_nothing(store):
+    bad = ParsedJobFile(
+        source="bad.jsonl",
+        form="simple",
+        requests=tuple(
+            RequestSpec(custom_id="same", endpoint=Endpoint.COMPLETIONS, params=SamplingParams(4), prompt="x")
+            for _ in range(2)
+        ),
+    )
+    good = submission(3, tenant="bob")
+    with pytest.raises(Exception):  # the database's unique constraint
+        store.submit([good, JobSubmission(bad, "carol", RequestClass.BATCH, 5, "bad")])
+    assert store.list_jobs() == [] and store.list_tenants() == []
+
+
+def test_claim_finish_and_counters(store):
+    (job,) = store.submit([submission(3)])
+    claimed = store.claim(2, "daemon-1")
+    assert [c.custom_id for c in claimed] == ["c0", "c1"]
+    assert store.list_jobs(job_id=job.job_id)[0].state is JobState.IN_PROGRESS
+    assert store.finish_request(claimed[0].id, RequestState.DONE, [5, 6, 7], "abc", "length", 3, "tiny")
+    # No request ends twice: a second finish changes nothing.
+    assert not store.finish_request(claimed[0].id, RequestState.FAILED, error="late")
+    assert store.finish_request(claimed[1].id, RequestState.FAILED, error="boom")
+    summary = store.list_jobs(job_id=job.job_id)[0]
+    c = summary.counts
+    assert (c.num_done, c.num_failed, c.num_running, c.num_waiting) == (1, 1, 0, 1)
+    assert summary.num_output_tokens == 3
+    (rest,) = store.claim(5, "daemon-1")
+    store.finish_request(rest.id, RequestState.DONE, [1], "z")
+    summary = store.list_jobs(job_id=job.job_id)[0]
+    assert summary.state is JobState.COMPLETED and summary.finished_at is not None
+
+
+def test_cancel_waiting_at_once_and_running_by_the_daemon(store):
+    (job,) = store.submit([submission(4)])
+    running = store.claim(2, "d")
+    store.finish_request(running[0].id, RequestState.DONE, [1, 2], "ok")
+    outcome = store.cancel_job(job.job_id)
+    assert (outcome.cancelled_now, outcome.stopping, outcome.state) == (2, 1, JobState.CANCELLING)
+    assert store.claim(10, "d") == []  # nothing of a cancelled job is claimed again
+    store.finish_request(running[1].id, RequestState.CANCELLED, [3], "c")
+    summary = store.list_jobs(job_id=job.job_id)[0]
+    assert summary.state is JobState.CANCELLED
+    assert [r.output_text for r in store.iter_results(job.job_id)] == ["ok"]  # finished work kept
+    assert len(list(store.iter_results(job.job_id, errors=True))) == 3
+    again = store.cancel_job(job.job_id)
+    assert again.already_finished and again.state is JobState.CANCELLED
+
+
+def test_unknown_job(store):
+    with pytest.raises(UnknownJob, match="no job with id 42"):
+        store.cancel_job(42)
+    with pytest.raises(UnknownJob):
+        store.list_jobs(job_id=42)
+    with pytest.raises(UnknownJob):
+        list(store.iter_results(42))
+
+
+def test_results_in_input_order_across_pages(store, monkeypatch):
+    monkeypatch.setattr(jobstore_module, "RESULTS_BATCH", 7)
+    (job,) = store.submit([submission(30)])
+    claimed = store.claim(30, "d")
+    for c in reversed(claimed):  # finish in reverse order
+        store.finish_request(c.id, RequestState.DONE, [1], c.custom_id)
+    assert [r.custom_id for r in store.iter_results(job.job_id)] == [f"c{i}" for i in range(30)]
+
+
+def test_list_jobs_filters_and_recent_finished(store):
+    ids = [j.job_id for j in store.submit([submission(1, "a"), submission(1, "b"), submission(1, "a")])]
+    store.cancel_job(ids[0])
+    assert [j.id for j in store.list_jobs(tenant="a")] == [ids[0], ids[2]]
+    assert [j.id for j in store.list_jobs(finished_limit=0)] == ids[1:]
+    assert [j.id for j in store.list_jobs(include_finished=False)] == ids[1:]
+
+
+def test_tenants_add_reweight_remove(store):
+    store.add_tenant("alice", 3)
+    with pytest.raises(TenantExists):
+        store.add_tenant("alice")
+    with pytest.raises(ValueError):
+        store.add_tenant("bob", 0)
+    store.set_weight("alice", 0.5)
+    assert store.list_tenants()[0].weight == 0.5
+    with pytest.raises(UnknownTenant):
+        store.set_weight("nobody", 2)
+    (job,) = store.submit([submission(1, "alice")])
+    with pytest.raises(TenantBusy, match="1 unfinished job"):
+        store.remove_tenant("alice")
+    store.cancel_job(job.job_id)
+    store.remove_tenant("alice")
+    assert store.list_tenants() == []
+    assert store.list_jobs()[0].tenant == "alice"  # history stays
+    with pytest.raises(UnknownTenant):
+        store.remove_tenant("alice")
+
+
+def test_finish_request_rejects_non_final_state_and_unknown_id(store):
+    store.submit([submission(1)])
+    with pytest.raises(ValueError):
+        store.finish_request(1, RequestState.RUNNING)
+    with pytest.raises(StoreError, match="no request"):
+        store.finish_request(999, RequestState.DONE)

@@ -1,0 +1,232 @@
+"""Validation of submitted JSONL files: every good form, every bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fsched.core.jobfile import JobFileError, parse_job_file
+from fsched.core.limits import InputLimits
+from fsched.core.types import Endpoint
+
+
+def lines(*objs) -> bytes:
+    return "".join(json.dumps(o) + "\n" for o in objs).encode()
+
+
+def nested_line(depth: int) -> bytes:
+    """A line whose object nests `depth` levels (the object itself is level 1)."""
+    inner = depth - 1
+    return ('{"prompt": "a", "x": ' + "[" * inner + "]" * inner + "}").encode()
+
+
+def error_of(data: bytes, limits: InputLimits = InputLimits()) -> JobFileError:
+    with pytest.raises(JobFileError) as info:
+        parse_job_file(data, "jobs.jsonl", limits)
+    return info.value
+
+
+def test_simple_form_prompt_and_messages():
+    parsed = parse_job_file(
+        lines(
+            {"prompt": "Summarise this.", "max_tokens": 64, "custom_id": "a1", "temperature": 0},
+            {"messages": [{"role": "user", "content": "Hi"}], "seed": 7, "stop": "\n"},
+        ),
+        "jobs.jsonl",
+    )
+    assert parsed.form == "simple"
+    first, second = parsed.requests
+    assert first.custom_id == "a1" and first.prompt == "Summarise this."
+    assert first.endpoint is Endpoint.COMPLETIONS
+    assert first.params.max_tokens == 64 and first.params.greedy
+    assert second.custom_id == "request-2"  # generated from its position
+    assert second.endpoint is Endpoint.CHAT and second.messages[0].content == "Hi"
+    assert second.params.seed == 7 and second.params.stop == ("\n",)
+    assert second.params.max_tokens == InputLimits().default_max_tokens
+
+
+def test_openai_batch_form():
+    parsed = parse_job_file(
+        lines(
+            {
+                "custom_id": "r1",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": "gpt-x",
+                    "messages": [
+                        {"role": "system", "content": "Be brief."},
+                        {"role": "user", "content": [{"type": "text", "text": "Hello"}]},
+                    ],
+                    "max_completion_tokens": 20,
+                },
+            },
+            {
+                "custom_id": "r2",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {"prompt": "Once", "max_tokens": 5, "top_p": 0.9},
+            },
+        ),
+        "batch.jsonl",
+    )
+    assert parsed.form == "openai"
+    chat, completion = parsed.requests
+    assert chat.model == "gpt-x" and chat.params.max_tokens == 20
+    assert chat.messages[1].content == "Hello"
+    assert completion.endpoint is Endpoint.COMPLETIONS and completion.params.top_p == 0.9
+
+
+def test_default_max_tokens_applies_to_lines_without_one():
+    parsed = parse_job_file(lines({"prompt": "a"}, {"prompt": "b", "max_tokens": 3}), "f", default_max_tokens=9)
+    assert [r.params.max_tokens for r in parsed.requests] == [9, 3]
+
+
+def test_bom_crlf_and_blank_lines_are_accepted():
+    data = b"\xef\xbb\xbf" + b'{"prompt": "a"}\r\n\r\n   \n{"prompt": "b"}\r\n'
+    assert [r.prompt for r in parse_job_file(data, "f").requests] == ["a", "b"]
+
+
+OPENAI_OK = {"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": {"prompt": "p"}}
+
+BAD_INPUTS = [
+    # (name, file bytes, expected line, expected field or None, text in the message)
+    ("invalid json", b'{"prompt": "a"}\n{"prompt": \n', 2, None, "invalid JSON"),
+    ("not an object", b'{"prompt": "a"}\n[1, 2]\n', 2, None, "JSON object"),
+    ("missing prompt", lines({"max_tokens": 5}), 1, "prompt", "missing"),
+    ("prompt and messages", lines({"prompt": "a", "messages": []}), 1, "prompt", "not both"),
+    ("prompt not a string", lines({"prompt": 5}), 1, "prompt", "string"),
+    ("empty prompt", lines({"prompt": ""}), 1, "prompt", "empty"),
+    ("max_tokens wrong type", lines({"prompt": "a", "max_tokens": "10"}), 1, "max_tokens", "integer"),
+    ("max_tokens zero", lines({"prompt": "a", "max_tokens": 0}), 1, "max_tokens", "within"),
+    ("max_tokens negative", lines({"prompt": "a", "max_tokens": -3}), 1, "max_tokens", "within"),
+    ("max_tokens absurd", lines({"prompt": "a", "max_tokens": 10**12}), 1, "max_tokens", "within"),
+    ("max_tokens bool", lines({"prompt": "a", "max_tokens": True}), 1, "max_tokens", "integer"),
+    ("temperature too high", lines({"prompt": "a", "temperature": 3}), 1, "temperature", "within"),
+    ("top_p zero", lines({"prompt": "a", "top_p": 0}), 1, "top_p", "within"),
+    ("seed negative", lines({"prompt": "a", "seed": -1}), 1, "seed", "within"),
+    ("stop wrong type", lines({"prompt": "a", "stop": [1]}), 1, "stop", "string"),
+    ("unknown field", lines({"prompt": "a", "max_token": 5}), 1, "max_token", "unknown field"),
+    ("messages empty", lines({"messages": []}), 1, "messages", "non-empty"),
+    ("message role", lines({"messages": [{"role": "robot", "content": "x"}]}), 1, "messages[0].role", "one of"),
+    ("message content", lines({"messages": [{"role": "user", "content": 3}]}), 1, "messages[0].content", "string"),
+    ("custom_id not string", lines({"prompt": "a", "custom_id": 5}), 1, "custom_id", "string"),
+    (
+        "duplicate custom_id",
+        lines({"prompt": "a", "custom_id": "x"}, {"prompt": "b", "custom_id": "x"}),
+        2,
+        "custom_id",
+        "first on line 1",
+    ),
+    ("empty file", b"", None, None, "no requests"),
+    ("blank file", b"\n  \n\r\n", None, None, "no requests"),
+    ("invalid utf-8", b'{"prompt": "a"}\n{"prompt": "\xff\xfe"}\n', 2, None, "UTF-8"),
+    (
+        "unsupported url",
+        lines({**OPENAI_OK, "url": "/v1/embeddings"}),
+        1,
+        "url",
+        "unsupported url",
+    ),
+    ("unsupported method", lines({**OPENAI_OK, "method": "GET"}), 1, "method", "only"),
+    (
+        "openai without body",
+        lines({"custom_id": "x", "method": "POST", "url": "/v1/completions"}),
+        1,
+        "body",
+        "missing",
+    ),
+    (
+        "openai url/body mismatch",
+        lines({**OPENAI_OK, "url": "/v1/chat/completions"}),
+        1,
+        "body.messages",
+        "takes 'messages'",
+    ),
+    ("openai n>1", lines({**OPENAI_OK, "body": {"prompt": "p", "n": 2}}), 1, "body.n", "n=1"),
+    ("mixed forms", lines(OPENAI_OK, {"prompt": "a"}), 2, None, "one form per file"),
+    ("NaN", b'{"prompt": "a", "temperature": NaN}\n', 1, None, "finite"),
+    ("Infinity", b'{"prompt": "a", "top_p": -Infinity}\n', 1, None, "finite"),
+    ("nesting 65", nested_line(65), 1, None, "nested deeper"),
+    ("nesting 100k", ("[" * 100_000 + "]" * 100_000).encode(), 1, None, "nested deeper"),
+    ("huge integer", b'{"prompt": "a", "seed": ' + b"9" * 5000 + b"}", 1, None, "invalid JSON"),
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "line", "field", "text"),
+    [case[1:] for case in BAD_INPUTS],
+    ids=[case[0] for case in BAD_INPUTS],
+)
+def test_bad_input_names_line_and_field(data, line, field, text):
+    error = error_of(data)
+    assert error.line == line
+    assert error.field == field
+    assert text in str(error)
+    assert str(error).startswith("jobs.jsonl")
+    assert "\n" not in str(error)
+
+
+def test_nesting_limit_is_exactly_64():
+    # At 64 levels the depth check passes and the line fails on its unknown field.
+    assert "unknown field" in str(error_of(nested_line(64)))
+    assert "nested deeper than 64" in str(error_of(nested_line(65)))
+
+
+def test_limits_on_lines_bytes_and_line_bytes():
+    small = InputLimits(max_lines=2, max_bytes=1000, max_line_bytes=100)
+    assert "more than 2 requests" in str(error_of(lines(*[{"prompt": "a"}] * 3), small))
+    assert error_of(lines(*[{"prompt": "a"}] * 3), small).line == 3
+    long_line = lines({"prompt": "a" * 200})
+    assert "over the limit of 100" in str(error_of(long_line, small))
+    assert "over the limit of 1,000" in str(error_of(b" " * 1001, small))
+
+
+def test_limits_from_env():
+    limits = InputLimits.from_env({"FSCHED_MAX_LINES": "7"})
+    assert limits.max_lines == 7
+    with pytest.raises(ValueError, match="FSCHED_MAX_BYTES must be an integer"):
+        InputLimits.from_env({"FSCHED_MAX_BYTES": "lots"})
+    with pytest.raises(ValueError, match="must be >= 1"):
+        InputLimits(max_lines=0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_are_accepted_or_rejected_cleanly(data):
+    try:
+        parsed = parse_job_file(data, "f")
+    except JobFileError as error:
+        assert "\n" not in str(error)
+    else:
+        assert parsed.requests
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop",
+                         "custom_id", "body", "url", "method", "top_k"]),
+        json_values,
+        max_size=6,
+    )
+)
+def test_arbitrary_objects_are_accepted_or_rejected_cleanly(obj):
+    data = json.dumps(obj).encode()
+    try:
+        parsed = parse_job_file(data, "f")
+    except JobFileError as error:
+        assert error.line in (1, None)
+    else:
+        (spec,) = parsed.requests
+        assert spec.params.max_tokens >= 1
