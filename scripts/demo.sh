@@ -4,7 +4,10 @@
 # Uses its own job table (.demo/fsched.db) unless FSCHED_DB is set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh >/dev/null
+log="$(mktemp)"
+echo "== setting up ${FSCHED_VENV:-.venv} (first run: a few minutes)"
+bash scripts/bootstrap.sh >"$log" 2>&1 || { cat "$log"; exit 1; }
+rm -f "$log"
 fsched="${FSCHED_VENV:-.venv}/bin/fsched"
 export FSCHED_DB="${FSCHED_DB:-sqlite:///$PWD/.demo/fsched.db}"
 echo "== job table: $FSCHED_DB"
