@@ -1,0 +1,395 @@
+"""The scheduling mechanism: iteration-level admission, chunked prefill,
+preemption with checkpointing, minimum quantum, cancellation, accounting.
+
+The engine loop reads (DESIGN §7.2)::
+
+    plan = scheduler.schedule(now)
+    outcome = runner.run(plan)
+    scheduler.postprocess(plan, outcome, now)
+
+Time is always passed in; nothing here reads a clock, so every decision is
+a function of the scheduler's state and `now`, and the simulator replays
+the same object against a cost model.
+
+Budgets, all enforced in `schedule()`:
+* slots: at most `max_batch` running requests;
+* KV: the running requests' contexts (prompt + generated, which is what
+  they hold after the step) never exceed `kv_tokens`. Admission also keeps
+  `min_quantum_steps` slots of decode growth per running request in
+  reserve, so a request inside its minimum quantum is never the victim of
+  memory pressure;
+* tokens: decodes plus prefill chunks never exceed `step_tokens`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from fsched.core.plan import Outcome, Plan, Preemption, PrefillChunk
+from fsched.core.policy import INF, Policy, make_policy
+from fsched.core.sched_config import SchedulerConfig
+from fsched.core.schedreq import Checkpoint, SchedRequest
+from fsched.core.types import RequestState
+from fsched.core.usage import TenantCharge
+from fsched.core.waitqueue import WaitQueue
+
+
+def demote(level: int, level_tokens: int, produced: int, quanta: tuple[int, ...]):
+    """MLFQ demotion: (level, tokens used at it) after decoding `produced` tokens."""
+    level_tokens += produced
+    while level < len(quanta) and level_tokens >= quanta[level]:
+        level_tokens -= quanta[level]
+        level += 1
+    return level, level_tokens
+
+
+def should_stop(r: SchedRequest) -> bool:
+    """The scheduler's own stop check: max_tokens reached (EOS/stop come from the engine)."""
+    return r.generated >= r.max_tokens
+
+
+@dataclass(slots=True)
+class _StepBuilder:
+    preempted: list[Preemption] = field(default_factory=list)
+    resumed: list[str] = field(default_factory=list)
+    admitted: list[str] = field(default_factory=list)
+    swap_tokens: int = 0
+    touched: set[str] = field(default_factory=set)  # preempted or admitted this step
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig | None = None,
+        policy: Policy | str = "fsched",
+        weights: Mapping[str, float] | None = None,
+    ) -> None:
+        self.config = config or SchedulerConfig()
+        if isinstance(policy, str):
+            policy = make_policy(policy, self.config, weights or {})
+        elif weights:
+            for tenant, w in weights.items():
+                policy.meter.set_weight(tenant, w)
+        self.policy = policy
+        self.meter = policy.meter
+        self._waiting = WaitQueue(policy)
+        self._running: dict[str, SchedRequest] = {}
+        self._live: dict[str, SchedRequest] = {}
+        self._tenant_live: Counter[str] = Counter()
+        self._tenant_waiting: Counter[str] = Counter()
+        self._kv_committed = 0  # sum of running contexts
+        self._host_used = 0
+        self._step = 0
+        self._seq = itertools.count()
+        self.preemptions = 0
+
+    # ------------------------------------------------------------------ views
+    @property
+    def step(self) -> int:
+        return self._step
+
+    @property
+    def running(self) -> Mapping[str, SchedRequest]:
+        return self._running
+
+    @property
+    def waiting_count(self) -> int:
+        return len(self._waiting)
+
+    def waiting(self) -> Iterable[SchedRequest]:
+        return iter(self._waiting)
+
+    @property
+    def kv_committed(self) -> int:
+        return self._kv_committed
+
+    @property
+    def host_used(self) -> int:
+        return self._host_used
+
+    def get(self, request_id: str) -> SchedRequest | None:
+        return self._live.get(request_id)
+
+    def backlogged_tenants(self) -> list[str]:
+        """Tenants with work waiting: the ones competing for the next slot."""
+        return [t for t, n in self._tenant_waiting.items() if n > 0]
+
+    # ---------------------------------------------------------------- changes
+    def add(self, r: SchedRequest) -> None:
+        """Queue a new request; `r.arrival` is the time it arrived."""
+        cfg = self.config
+        if r.id in self._live:
+            raise ValueError(f"request {r.id!r} is already scheduled")
+        if r.prompt_tokens + r.max_tokens + cfg.min_quantum_steps > cfg.kv_tokens:
+            raise ValueError(
+                f"request {r.id!r} needs {r.prompt_tokens + r.max_tokens} KV slots; "
+                f"the budget is {cfg.kv_tokens}"
+            )
+        r.state = RequestState.QUEUED
+        r.seq = next(self._seq)
+        r.wait_since = r.arrival
+        r.level = r.admit_level = cfg.entry_level(r.prompt_tokens)
+        r.level_tokens = 0
+        self._live[r.id] = r
+        self._tenant_live[r.tenant] += 1
+        self._enqueue(r, r.arrival)
+
+    def _enqueue(self, r: SchedRequest, now: float) -> None:
+        # A tenant whose queue was empty is lifted to the lowest score among
+        # the backlogged tenants (VTC's rule): time spent without waiting
+        # work, served or idle, banks no credit for a later burst.
+        if self._tenant_waiting[r.tenant] == 0:
+            self.meter.activate(r.tenant, self.backlogged_tenants(), now)
+        self._tenant_waiting[r.tenant] += 1
+        self._waiting.push(r)
+
+    def cancel(self, request_id: str) -> bool:
+        """Remove a request from every queue and free what it holds."""
+        r = self._live.pop(request_id, None)
+        if r is None:
+            return False
+        if r.state is RequestState.RUNNING:
+            del self._running[r.id]
+            self._kv_committed -= r.context
+        else:
+            self._waiting.remove(r)
+            self._tenant_waiting[r.tenant] -= 1
+            if r.parked:
+                self._host_used -= r.computed
+                r.parked = False
+        r.state = RequestState.CANCELLED
+        self._tenant_live[r.tenant] -= 1
+        return True
+
+    def set_weight(self, tenant: str, weight: float) -> None:
+        """Takes effect at the next `schedule()`."""
+        self.meter.set_weight(tenant, weight)
+
+    # --------------------------------------------------------------- schedule
+    def schedule(self, now: float) -> Plan:
+        """Decide the next engine step."""
+        scores = self.meter.scores(self._tenant_live, now)
+        b = _StepBuilder()
+        self._relieve_memory(scores, b, now)
+        self._admit(scores, b, now)
+        return self._compose(scores, b, now)
+
+    def _relieve_memory(self, scores: dict[str, float], b: _StepBuilder, now: float) -> None:
+        while self._kv_committed > self.config.kv_tokens and self._running:
+            victim = self._victim(scores) or self._victim(scores, respect_quantum=False)
+            self._preempt(victim, b, now)
+
+    def _admit(self, scores: dict[str, float], b: _StepBuilder, now: float) -> None:
+        policy = self.policy
+        while self._waiting:
+            _, cand = self._waiting.best(now, scores)
+            if cand.id in b.touched:
+                return  # preempted this very step: nothing better fits
+            if not self._fits(cand):
+                if not policy.preemptive:
+                    return
+                cand = self._make_room(cand, scores, b, now)
+                if cand is None:
+                    return
+            self._start(cand, b)
+            work = cand.pending_prefill or 1
+            scores[cand.tenant] = self.meter.provisional(scores[cand.tenant], cand.tenant, work)
+
+    def _make_room(self, head: SchedRequest, scores: dict[str, float], b: _StepBuilder,
+                   now: float) -> SchedRequest | None:
+        """Preempt for the best waiter allowed to displace the last-ranked runner.
+
+        That is the queue's head unless the head is aged work of the
+        victim's own class; then the best waiter of a better class (or
+        level) goes in, and the head keeps its place for the next free slot.
+        Returns the request that now fits, or None.
+        """
+        policy = self.policy
+        victim = self._victim(scores)
+        if victim is None:
+            return None
+        cand = head
+        if not policy.may_preempt(head, victim):
+            found = self._waiting.best(
+                now, scores, lambda w: w.id not in b.touched and policy.may_preempt(w, victim)
+            )
+            if found is None:
+                return None
+            cand = found[1]
+        while True:
+            self._preempt(victim, b, now)
+            if self._fits(cand):
+                return cand
+            victim = self._victim(scores)
+            if victim is None or not policy.may_preempt(cand, victim):
+                return None
+
+    def _fits(self, cand: SchedRequest) -> bool:
+        cfg = self.config
+        n = len(self._running) + 1
+        if n > cfg.max_batch:
+            return False
+        reserve = n * cfg.min_quantum_steps
+        return self._kv_committed + cand.context + reserve <= cfg.kv_tokens
+
+    def _victim(self, scores: Mapping[str, float], respect_quantum: bool = True):
+        """The last-ranked running request (that has run its minimum quantum)."""
+        mq = self.config.min_quantum_steps
+        rank = self.policy.running_rank
+        worst, worst_rank = None, None
+        for r in self._running.values():
+            if respect_quantum and r.run_steps < mq:
+                continue
+            r_rank = rank(r, scores)
+            if worst is None or r_rank > worst_rank:
+                worst, worst_rank = r, r_rank
+        return worst
+
+    def _start(self, r: SchedRequest, b: _StepBuilder) -> None:
+        self._waiting.pop_head(r)
+        self._tenant_waiting[r.tenant] -= 1
+        if r.parked:
+            self._host_used -= r.computed
+            r.parked = False
+            b.resumed.append(r.id)
+            b.swap_tokens += r.computed
+        r.state = RequestState.RUNNING
+        r.run_steps = 0
+        r.admit_level = r.level
+        self._running[r.id] = r
+        self._kv_committed += r.context
+        b.admitted.append(r.id)
+        b.touched.add(r.id)
+
+    def _preempt(self, r: SchedRequest, b: _StepBuilder, now: float) -> None:
+        del self._running[r.id]
+        self._kv_committed -= r.context
+        kv = r.computed
+        if kv > 0 and self._host_used + kv <= self.config.host_kv_tokens:
+            checkpoint = Checkpoint.PARK
+            self._host_used += kv
+            r.parked = True
+            b.swap_tokens += kv
+        else:
+            checkpoint = Checkpoint.RECOMPUTE
+            r.computed = 0
+        b.preempted.append(Preemption(r.id, checkpoint, kv))
+        b.touched.add(r.id)
+        r.state = RequestState.PREEMPTED
+        r.wait_since = now
+        r.preemptions += 1
+        self.preemptions += 1
+        self._enqueue(r, now)
+
+    def _compose(self, scores: Mapping[str, float], b: _StepBuilder, now: float) -> Plan:
+        decode: list[str] = []
+        prefilling: list[tuple[tuple, SchedRequest]] = []
+        rank = self.policy.running_rank
+        for r in self._running.values():
+            if r.pending_prefill == 0:
+                decode.append(r.id)
+            else:
+                prefilling.append((rank(r, scores), r))
+        budget = self.config.step_tokens - len(decode)
+        chunks: list[PrefillChunk] = []
+        prefilling.sort(key=lambda item: item[0])
+        for _, r in prefilling:
+            if budget <= 0:
+                break
+            pending = r.pending_prefill
+            n = min(pending, budget)
+            chunks.append(PrefillChunk(r.id, r.computed, n, n == pending))
+            budget -= n
+        changed = bool(chunks or b.preempted or b.admitted)
+        waiting = len(self._waiting) > 0
+        return Plan(
+            step=self._step,
+            prefill=tuple(chunks),
+            decode=tuple(decode),
+            preempted=tuple(b.preempted),
+            resumed=tuple(b.resumed),
+            admitted=tuple(b.admitted),
+            kv_tokens=self._kv_committed,
+            swap_tokens=b.swap_tokens,
+            stable_steps=1 if changed or not decode else self._stable_steps(len(decode), waiting),
+            wakeup_at=self._waiting.next_change(now) if waiting else INF,
+        )
+
+    def _stable_steps(self, n_decode: int, waiting: bool) -> int:
+        """Steps this decode-only plan can repeat before a decision is due."""
+        cfg = self.config
+        steps = (cfg.kv_tokens - self._kv_committed) // n_decode + 1  # memory pressure
+        mq, quanta = cfg.min_quantum_steps, cfg.quanta
+        for r in self._running.values():
+            steps = min(steps, r.remaining_tokens)
+            if not waiting:
+                continue
+            if self.policy.preemptive and r.run_steps < mq:
+                steps = min(steps, mq - r.run_steps)
+            if self.policy.time_slicing and r.level < len(quanta):
+                steps = min(steps, quanta[r.level] - r.level_tokens)
+        return max(1, steps)
+
+    # ------------------------------------------------------------ postprocess
+    def postprocess(self, plan: Plan, outcome: Outcome, now: float) -> Mapping[str, TenantCharge]:
+        """Apply what the engine did; `now` is the time the step(s) ended.
+
+        Returns what each tenant consumed, as charged to the usage meter.
+        """
+        steps = outcome.steps
+        if steps < 1 or (steps > 1 and plan.prefill):
+            raise ValueError("only decode-only plans may be repeated")
+        total = plan.tokens * steps
+        elapsed = outcome.elapsed_s
+        charges: defaultdict[str, TenantCharge] = defaultdict(TenantCharge)
+        quanta = self.config.quanta
+        for chunk in plan.prefill:
+            r = self._running.get(chunk.request_id)
+            if r is None:
+                continue  # cancelled while the step ran
+            r.computed += chunk.tokens
+            c = charges[r.tenant]
+            c.prefill_tokens += chunk.tokens
+            c.gpu_s += elapsed * chunk.tokens / total
+            if chunk.produces_token:
+                self._produced(r, outcome.tokens_of(r.id), quanta)
+        for rid in plan.decode:
+            r = self._running.get(rid)
+            if r is None:
+                continue
+            n = outcome.tokens_of(rid)
+            r.computed += n
+            c = charges[r.tenant]
+            c.decode_tokens += n
+            c.gpu_s += elapsed * n / total
+            self._produced(r, n, quanta)
+        decoded = set(plan.decode)
+        for r in self._running.values():
+            r.run_steps += steps
+            # KV held over the run grew roughly linearly: charge the midpoint.
+            held = r.computed - (steps - 1) / 2 if r.id in decoded else r.computed
+            charges[r.tenant].kv_token_s += held * elapsed
+        for rid in outcome.finished:
+            self._finish(rid)
+        for r in [r for r in self._running.values() if should_stop(r)]:
+            self._finish(r.id)
+        self._step += steps
+        self.meter.charge(charges, elapsed, now)
+        return charges
+
+    def _produced(self, r: SchedRequest, n: int, quanta: tuple[int, ...]) -> None:
+        r.generated += n
+        self._kv_committed += n
+        r.level, r.level_tokens = demote(r.level, r.level_tokens, n, quanta)
+
+    def _finish(self, request_id: str) -> None:
+        r = self._running.pop(request_id, None)
+        if r is None:
+            return
+        self._kv_committed -= r.context
+        r.state = RequestState.DONE
+        del self._live[r.id]
+        self._tenant_live[r.tenant] -= 1

@@ -1,0 +1,249 @@
+"""Event-driven replay of a trace through the real Scheduler and a cost model.
+
+Each loop turn is one `schedule()` / `postprocess()` pair, exactly as the
+engine drives it. A decode-only plan is repeated for as many steps as
+nothing can change: the scheduler says how many (`plan.stable_steps`:
+quantum and minimum-quantum expiries, KV pressure, max_tokens) and when
+aging next matters (`plan.wakeup_at`); the simulator adds the next arrival
+and the next completion. So the loop turns once per decision, not once
+per token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from fsched.core.costmodel import CostModel
+from fsched.core.metrics import dominant_fractions, jain_index, percentile
+from fsched.core.plan import Outcome
+from fsched.core.sched_config import SchedulerConfig
+from fsched.core.schedreq import SchedRequest
+from fsched.core.scheduler import Scheduler
+from fsched.core.trace import TraceRequest
+from fsched.core.types import RequestClass
+
+
+@dataclass(slots=True)
+class ClassStats:
+    count: int
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p99_s: float | None
+    jct_p50_s: float | None
+    jct_p99_s: float | None
+    max_wait_s: float = 0.0  # not in the JSON schema; the bench reads it
+
+
+@dataclass(slots=True)
+class TenantStats:
+    weight: float
+    entitled: float
+    share: float
+
+
+@dataclass(slots=True)
+class PolicyReport:
+    policy: str
+    classes: dict[str, ClassStats]
+    throughput_tok_s: float
+    tenants: dict[str, TenantStats]
+    jain_index: float
+    max_wait_s: float
+    preemptions: int
+    makespan_s: float
+    # Diagnostics outside the JSON schema.
+    decisions: int = 0
+    steps: int = 0
+    busy_s: float = 0.0
+    backlogged_s: float = 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "classes": {
+                name: {
+                    "count": c.count,
+                    "ttft_p50_s": c.ttft_p50_s,
+                    "ttft_p99_s": c.ttft_p99_s,
+                    "tpot_p50_s": c.tpot_p50_s,
+                    "tpot_p99_s": c.tpot_p99_s,
+                    "jct_p50_s": c.jct_p50_s,
+                    "jct_p99_s": c.jct_p99_s,
+                }
+                for name, c in self.classes.items()
+            },
+            "throughput_tok_s": self.throughput_tok_s,
+            "tenants": {
+                name: {"weight": t.weight, "entitled": t.entitled, "share": t.share}
+                for name, t in self.tenants.items()
+            },
+            "jain_index": self.jain_index,
+            "max_wait_s": self.max_wait_s,
+            "preemptions": self.preemptions,
+            "makespan_s": self.makespan_s,
+        }
+
+
+@dataclass(slots=True)
+class _Track:
+    """What the simulator observes about one request."""
+
+    req: TraceRequest
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    wait_start: float = 0.0
+    max_wait_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Usage:
+    gpu_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    kv_token_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    seconds: float = 0.0
+
+
+def simulate(
+    trace: Sequence[TraceRequest],
+    policy: str,
+    *,
+    weights: Mapping[str, float] | None = None,
+    config: SchedulerConfig | None = None,
+    cost: CostModel | None = None,
+) -> PolicyReport:
+    """Replay `trace` (sorted by arrival) under `policy`; simulated time only."""
+    config = config or SchedulerConfig()
+    cost = cost or CostModel()
+    weights = dict(weights or {})
+    tenants = sorted({r.tenant for r in trace} | set(weights))
+    for t in tenants:
+        weights.setdefault(t, config.default_weight)
+    sched = Scheduler(config, policy, weights)
+    tracks: dict[str, _Track] = {}
+    waiting_by_tenant: Counter[str] = Counter()
+    backlog = _Usage()  # usage while every tenant had work waiting
+    whole = _Usage()
+    now, i, n = 0.0, 0, len(trace)
+    decisions = busy_s = 0.0
+    while True:
+        while i < n and trace[i].arrival_s <= now:
+            req = trace[i]
+            rid = str(i)
+            sched.add(
+                SchedRequest(
+                    rid, req.tenant, req.cls, req.prompt_tokens, req.output_tokens,
+                    req.arrival_s, priority=req.priority,
+                )
+            )
+            tracks[rid] = _Track(req, wait_start=req.arrival_s)
+            waiting_by_tenant[req.tenant] += 1
+            i += 1
+        plan = sched.schedule(now)
+        decisions += 1
+        for p in plan.preempted:
+            tracks[p.request_id].wait_start = now
+            waiting_by_tenant[tracks[p.request_id].req.tenant] += 1
+        for rid in plan.admitted:
+            tr = tracks[rid]
+            tr.max_wait_s = max(tr.max_wait_s, now - tr.wait_start)
+            waiting_by_tenant[tr.req.tenant] -= 1
+        if plan.empty:
+            if i < n:
+                now = max(now, trace[i].arrival_s)
+                continue
+            if sched.waiting_count or sched.running:
+                raise RuntimeError("simulation stuck: work left but nothing schedulable")
+            break
+        steps = plan.stable_steps
+        running = sched.running
+        for rid in plan.decode:
+            r = running[rid]
+            steps = min(steps, tracks[rid].req.output_tokens - r.generated)
+        if steps > 1:
+            t_next = min(trace[i].arrival_s if i < n else math.inf, plan.wakeup_at)
+            if t_next < math.inf:
+                steps = min(
+                    steps, cost.decode_steps_within(t_next - now, len(plan.decode), plan.kv_tokens)
+                )
+            elapsed = cost.decode_run_s(steps, len(plan.decode), plan.kv_tokens)
+        else:
+            steps = 1
+            elapsed = cost.step_s(plan.tokens, plan.kv_tokens, plan.swap_tokens)
+        end = now + elapsed
+        finished = set()
+        for c in plan.prefill:
+            if c.produces_token:
+                r = running[c.request_id]
+                tr = tracks[c.request_id]
+                if r.generated == 0:
+                    tr.first_token_s = end
+                if r.generated + 1 >= tr.req.output_tokens:
+                    finished.add(c.request_id)
+        for rid in plan.decode:
+            if running[rid].generated + steps >= tracks[rid].req.output_tokens:
+                finished.add(rid)
+        backlogged = all(waiting_by_tenant[t] > 0 for t in tenants)
+        charges = sched.postprocess(plan, Outcome(elapsed, frozenset(finished), steps=steps), end)
+        for usage in (whole, backlog) if backlogged else (whole,):
+            usage.seconds += elapsed
+            for t, ch in charges.items():
+                usage.gpu_s[t] += ch.gpu_s
+                usage.kv_token_s[t] += ch.kv_token_s
+        for rid in finished:
+            tracks[rid].finish_s = end
+        busy_s += elapsed
+        now = end
+    report = _report(policy, tracks, tenants, weights, backlog, whole, config, sched, now)
+    report.decisions = int(decisions)
+    report.steps = sched.step
+    report.busy_s = busy_s
+    return report
+
+
+def _report(policy, tracks, tenants, weights, backlog, whole, config, sched, makespan):
+    by_class: dict[RequestClass, list[_Track]] = defaultdict(list)
+    for tr in tracks.values():
+        by_class[tr.req.cls].append(tr)
+    classes = {}
+    for cls in RequestClass:
+        trs = by_class.get(cls, [])
+        if not trs:
+            continue
+        ttft = [tr.first_token_s - tr.req.arrival_s for tr in trs]
+        jct = [tr.finish_s - tr.req.arrival_s for tr in trs]
+        tpot = [
+            (tr.finish_s - tr.first_token_s) / (tr.req.output_tokens - 1)
+            for tr in trs
+            if tr.req.output_tokens > 1
+        ]
+        classes[cls.value] = ClassStats(
+            count=len(trs),
+            ttft_p50_s=percentile(ttft, 50),
+            ttft_p99_s=percentile(ttft, 99),
+            tpot_p50_s=percentile(tpot, 50),
+            tpot_p99_s=percentile(tpot, 99),
+            jct_p50_s=percentile(jct, 50),
+            jct_p99_s=percentile(jct, 99),
+            max_wait_s=max(tr.max_wait_s for tr in trs),
+        )
+    usage = backlog if backlog.seconds > 0 else whole
+    shares = dominant_fractions(usage.gpu_s, usage.kv_token_s, config.kv_tokens)
+    total_w = sum(weights[t] for t in tenants)
+    tenant_stats = {
+        t: TenantStats(weights[t], weights[t] / total_w, shares.get(t, 0.0)) for t in tenants
+    }
+    jain = jain_index([s.share / s.entitled for s in tenant_stats.values()])
+    out_tokens = sum(tr.req.output_tokens for tr in tracks.values())
+    return PolicyReport(
+        policy=policy,
+        classes=classes,
+        throughput_tok_s=out_tokens / makespan if makespan > 0 else 0.0,
+        tenants=tenant_stats,
+        jain_index=jain,
+        max_wait_s=max((tr.max_wait_s for tr in tracks.values()), default=0.0),
+        preemptions=sched.preemptions,
+        makespan_s=makespan,
+        backlogged_s=backlog.seconds,
+    )

@@ -1,0 +1,213 @@
+"""Request traces for the simulator: the Azure LLM CSV and fsched's JSONL.
+
+Azure (`TIMESTAMP,ContextTokens,GeneratedTokens`, CRLF): arrival times are
+made relative to the first request. fsched JSONL: one object a line with
+`arrival_s`, `prompt_tokens`, `output_tokens` and optionally `tenant`,
+`class`, `priority`.
+
+Tenants and classes a trace lacks are drawn from a `random.Random(seed)`
+in file order: tenants uniformly (so the offered load is equal and the
+weights alone decide the shares), classes by the mix's probabilities.
+`rate_scale` multiplies the arrival rate: arrival times are divided by it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+from fsched.core.types import RequestClass
+
+DEFAULT_MIX: dict[RequestClass, float] = {
+    RequestClass.REALTIME: 0.1,
+    RequestClass.STREAMING: 0.2,
+    RequestClass.BATCH: 0.7,
+}
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message names the file and line."""
+
+
+@dataclass(slots=True, frozen=True)
+class TraceRequest:
+    arrival_s: float
+    tenant: str
+    cls: RequestClass
+    prompt_tokens: int
+    output_tokens: int
+    priority: int = 5
+
+
+@dataclass(slots=True, frozen=True)
+class _Raw:
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    tenant: str | None = None
+    cls: RequestClass | None = None
+    priority: int = 5
+
+
+def load_trace(
+    path: str | Path,
+    *,
+    tenants: Sequence[str] = ("default",),
+    mix: Mapping[RequestClass, float] | None = None,
+    rate_scale: float = 1.0,
+    limit: int | None = None,
+    seed: int = 0,
+) -> list[TraceRequest]:
+    """Read a trace, assign missing tenants and classes, scale, sort by arrival."""
+    if not rate_scale > 0:
+        raise ValueError("rate_scale must be > 0")
+    if not tenants:
+        raise ValueError("at least one tenant is needed")
+    mix = dict(mix or DEFAULT_MIX)
+    if any(p < 0 for p in mix.values()) or sum(mix.values()) <= 0:
+        raise ValueError("class mix needs non-negative probabilities with a positive sum")
+    path = Path(path)
+    raws = _read_jsonl(path, limit) if path.suffix in (".jsonl", ".json") else _read_azure(path, limit)
+    if not raws:
+        raise TraceError(f"{path}: no requests")
+    rng = random.Random(seed)
+    classes = list(mix)
+    probs = [mix[c] for c in classes]
+    out: list[TraceRequest] = []
+    t0 = min(r.arrival_s for r in raws)
+    for raw in raws:
+        tenant = raw.tenant if raw.tenant is not None else rng.choice(list(tenants))
+        cls = raw.cls if raw.cls is not None else rng.choices(classes, probs)[0]
+        out.append(
+            TraceRequest(
+                arrival_s=(raw.arrival_s - t0) / rate_scale,
+                tenant=tenant,
+                cls=cls,
+                prompt_tokens=raw.prompt_tokens,
+                output_tokens=raw.output_tokens,
+                priority=raw.priority,
+            )
+        )
+    out.sort(key=lambda r: r.arrival_s)
+    return out
+
+
+def _read_azure(path: Path, limit: int | None) -> list[_Raw]:
+    raws: list[_Raw] = []
+    try:
+        with path.open(newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header is None or [h.strip() for h in header[:3]] != [
+                "TIMESTAMP",
+                "ContextTokens",
+                "GeneratedTokens",
+            ]:
+                raise TraceError(
+                    f"{path}: line 1: expected header TIMESTAMP,ContextTokens,GeneratedTokens"
+                )
+            for lineno, row in enumerate(reader, start=2):
+                if limit is not None and len(raws) >= limit:
+                    break
+                if not row:
+                    continue
+                try:
+                    raws.append(_Raw(_seconds(row[0]), _tokens(row[1], 1), _tokens(row[2], 1)))
+                except (ValueError, IndexError) as exc:
+                    raise TraceError(f"{path}: line {lineno}: {exc}") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: {exc.strerror or exc}") from None
+    return raws
+
+
+def _seconds(stamp: str) -> float:
+    """'2023-11-16 18:15:46.6805900' -> seconds since 0001-01-01 (any digits of fraction)."""
+    day, _, clock = stamp.strip().partition(" ")
+    hh, mm, ss = clock.split(":")
+    days = date.fromisoformat(day).toordinal()
+    return days * 86400.0 + int(hh) * 3600 + int(mm) * 60 + float(ss)
+
+
+def _tokens(text: str, minimum: int) -> int:
+    value = int(str(text).strip())
+    if value < minimum:
+        raise ValueError(f"token count {value} < {minimum}")
+    return value
+
+
+def _read_jsonl(path: Path, limit: int | None) -> list[_Raw]:
+    raws: list[_Raw] = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise TraceError(f"{path}: {exc.strerror or exc}") from None
+    for lineno, line in enumerate(lines, start=1):
+        if limit is not None and len(raws) >= limit:
+            break
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            if not isinstance(obj, dict):
+                raise ValueError("expected a JSON object")
+            arrival = float(obj["arrival_s"])
+            if not arrival >= 0:
+                raise ValueError("arrival_s must be >= 0")
+            cls = obj.get("class")
+            priority = int(obj.get("priority", 5))
+            if not 0 <= priority <= 9:
+                raise ValueError("priority must be within 0..9")
+            raws.append(
+                _Raw(
+                    arrival_s=arrival,
+                    prompt_tokens=_tokens(obj["prompt_tokens"], 1),
+                    output_tokens=_tokens(obj["output_tokens"], 1),
+                    tenant=None if obj.get("tenant") is None else str(obj["tenant"]),
+                    cls=None if cls is None else RequestClass(cls),
+                    priority=priority,
+                )
+            )
+        except KeyError as exc:
+            raise TraceError(f"{path}: line {lineno}: missing field {exc.args[0]!r}") from None
+        except (ValueError, TypeError) as exc:
+            raise TraceError(f"{path}: line {lineno}: {exc}") from None
+    return raws
+
+
+def parse_assignments(text: str, what: str) -> dict[str, float]:
+    """'a=3,b=1' -> {'a': 3.0, 'b': 1.0}; the error names `what`."""
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"{what}: expected NAME=NUMBER, got {part.strip()!r}")
+        if name in out:
+            raise ValueError(f"{what}: {name!r} given twice")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"{what}: {name}={value.strip()!r} is not a number") from None
+        if not number >= 0 or number == float("inf"):
+            raise ValueError(f"{what}: {name} must be a finite number >= 0")
+        out[name] = number
+    return out
+
+
+def parse_mix(text: str) -> dict[RequestClass, float]:
+    raw = parse_assignments(text, "--mix")
+    mix: dict[RequestClass, float] = {}
+    for name, p in raw.items():
+        try:
+            mix[RequestClass(name)] = p
+        except ValueError:
+            known = ", ".join(c.value for c in RequestClass)
+            raise ValueError(f"--mix: unknown class {name!r} (known: {known})") from None
+    if sum(mix.values()) <= 0:
+        raise ValueError("--mix: the probabilities must not all be 0")
+    return mix

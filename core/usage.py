@@ -1,0 +1,206 @@
+"""Per-tenant usage accounting: weighted DRF (fsched) and VTC counters.
+
+A meter turns what each step consumed into one score per tenant; within a
+band the tenant with the lowest score goes first. The arithmetic lives in
+pure functions; the meters only hold state.
+
+Weighted DRF (DESIGN §3): two resources, compute (GPU seconds, each step's
+time apportioned by the tokens each request processed) and KV memory
+(token-slots held x seconds). Usage decays with a half-life. A tenant's
+dominant share is max(gpu_s / 1 GPU, kv_token_s / kv_capacity) / weight;
+both resources are measured over the same decayed window, so the window
+length divides out of the comparison. Dividing by capacity (not by total
+usage, as the seed did) keeps a tenant's share independent of how busy the
+others are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(slots=True)
+class TenantCharge:
+    """What one tenant consumed in one step (or a run of identical steps)."""
+
+    gpu_s: float = 0.0
+    kv_token_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+
+
+def decay_factor(dt: float, half_life_s: float) -> float:
+    """Weight left on usage `dt` seconds old."""
+    return 0.5 ** (max(dt, 0.0) / half_life_s)
+
+
+def dominant_share(gpu_s: float, kv_token_s: float, kv_capacity: float, weight: float) -> float:
+    """Weighted dominant share over a (decayed) window; capacities per second."""
+    return max(gpu_s, kv_token_s / kv_capacity) / weight
+
+
+def lift_factor(score: float, floor: float) -> float:
+    """Multiplier that raises `score` to `floor` (1.0 when already there)."""
+    if score >= floor or floor <= 0:
+        return 1.0
+    return math.inf if score <= 0 else floor / score
+
+
+class TenantMeter(Protocol):
+    def weight(self, tenant: str) -> float: ...
+    def set_weight(self, tenant: str, weight: float) -> None: ...
+    def activate(self, tenant: str, active: Iterable[str], now: float) -> None: ...
+    def charge(self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float) -> None: ...
+    def scores(self, tenants: Iterable[str], now: float) -> dict[str, float]: ...
+    def provisional(self, score: float, tenant: str, tokens: int) -> float: ...
+
+
+class _Weights:
+    __slots__ = ("_weights", "_default")
+
+    def __init__(self, weights: Mapping[str, float], default: float) -> None:
+        self._weights: dict[str, float] = {}
+        self._default = default
+        for tenant, w in weights.items():
+            self.set_weight(tenant, w)
+
+    def weight(self, tenant: str) -> float:
+        return self._weights.get(tenant, self._default)
+
+    def set_weight(self, tenant: str, weight: float) -> None:
+        if not (math.isfinite(weight) and weight > 0):
+            raise ValueError(f"weight of {tenant!r} must be a positive number")
+        self._weights[tenant] = float(weight)
+
+
+class NullMeter(_Weights):
+    """No tenants: every score is 0 (fcfs, priority)."""
+
+    def activate(self, tenant: str, active: Iterable[str], now: float) -> None:
+        return None
+
+    def charge(self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float) -> None:
+        return None
+
+    def scores(self, tenants: Iterable[str], now: float) -> dict[str, float]:
+        return dict.fromkeys(tenants, 0.0)
+
+    def provisional(self, score: float, tenant: str, tokens: int) -> float:
+        return score
+
+
+@dataclass(slots=True)
+class _Usage:
+    gpu_s: float = 0.0
+    kv_token_s: float = 0.0
+    at: float = 0.0  # time both values are decayed to
+
+
+class DrfMeter(_Weights):
+    """Weighted DRF over compute and KV, decayed, with the idle-return lift."""
+
+    __slots__ = ("_usage", "_half_life", "_kv_capacity", "_lift", "_s_per_token")
+
+    def __init__(
+        self,
+        weights: Mapping[str, float],
+        *,
+        default_weight: float,
+        kv_capacity: int,
+        half_life_s: float,
+        lift: bool = True,
+    ) -> None:
+        super().__init__(weights, default_weight)
+        self._usage: dict[str, _Usage] = {}
+        self._half_life = half_life_s
+        self._kv_capacity = float(kv_capacity)
+        self._lift = lift
+        self._s_per_token = 1e-4  # running estimate of GPU seconds per token
+
+    def _at(self, tenant: str, now: float) -> _Usage:
+        usage = self._usage.get(tenant)
+        if usage is None:
+            usage = self._usage[tenant] = _Usage(at=now)
+        elif usage.at != now:
+            f = decay_factor(now - usage.at, self._half_life)
+            usage.gpu_s *= f
+            usage.kv_token_s *= f
+            usage.at = now
+        return usage
+
+    def score(self, tenant: str, now: float) -> float:
+        u = self._at(tenant, now)
+        return dominant_share(u.gpu_s, u.kv_token_s, self._kv_capacity, self.weight(tenant))
+
+    def scores(self, tenants: Iterable[str], now: float) -> dict[str, float]:
+        return {t: self.score(t, now) for t in tenants}
+
+    def activate(self, tenant: str, active: Iterable[str], now: float) -> None:
+        others = [self.score(t, now) for t in active if t != tenant]
+        if not self._lift or not others:
+            return
+        floor = min(others)
+        mine = self.score(tenant, now)
+        factor = lift_factor(mine, floor)
+        if factor == 1.0:
+            return
+        u = self._at(tenant, now)
+        if math.isinf(factor):  # no usage at all: lift compute to the floor
+            u.gpu_s = floor * self.weight(tenant)
+            u.kv_token_s = 0.0
+        else:
+            u.gpu_s *= factor
+            u.kv_token_s *= factor
+
+    def charge(self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float) -> None:
+        tokens = 0
+        for tenant, c in charges.items():
+            u = self._at(tenant, now)
+            u.gpu_s += c.gpu_s
+            u.kv_token_s += c.kv_token_s
+            tokens += c.prefill_tokens + c.decode_tokens
+        if tokens:
+            self._s_per_token = 0.9 * self._s_per_token + 0.1 * (elapsed_s / tokens)
+
+    def provisional(self, score: float, tenant: str, tokens: int) -> float:
+        """Score after admitting `tokens` of work, before any step ran it."""
+        return score + tokens * self._s_per_token / self.weight(tenant)
+
+
+class VtcMeter(_Weights):
+    """Virtual Token Counter (Sheng et al., OSDI 2024), weighted.
+
+    counter += (input_tokens * w_in + output_tokens * w_out) / weight, with
+    w_in = 1, w_out = 2 as in the paper; a tenant that becomes active is
+    lifted to the lowest counter among the active tenants.
+    """
+
+    __slots__ = ("_counters", "_lift")
+    W_IN = 1.0
+    W_OUT = 2.0
+
+    def __init__(
+        self, weights: Mapping[str, float], *, default_weight: float, lift: bool = True
+    ) -> None:
+        super().__init__(weights, default_weight)
+        self._counters: dict[str, float] = {}
+        self._lift = lift
+
+    def scores(self, tenants: Iterable[str], now: float) -> dict[str, float]:
+        return {t: self._counters.get(t, 0.0) for t in tenants}
+
+    def activate(self, tenant: str, active: Iterable[str], now: float) -> None:
+        others = [self._counters.get(t, 0.0) for t in active if t != tenant]
+        if self._lift and others:
+            self._counters[tenant] = max(self._counters.get(tenant, 0.0), min(others))
+
+    def charge(self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float) -> None:
+        for tenant, c in charges.items():
+            cost = c.prefill_tokens * self.W_IN + c.decode_tokens * self.W_OUT
+            self._counters[tenant] = self._counters.get(tenant, 0.0) + cost / self.weight(tenant)
+
+    def provisional(self, score: float, tenant: str, tokens: int) -> float:
+        return score + tokens * self.W_IN / self.weight(tenant)
