@@ -6,6 +6,7 @@ import typer
 
 from fsched.cli import tenants
 from fsched.cli.jobs import cancel, results
+from fsched.cli.simulate import simulate
 from fsched.cli.status import status
 from fsched.cli.submit import submit
 
@@ -22,6 +23,7 @@ app.command("status")(status)
 app.command("cancel")(cancel)
 app.command("results")(results)
 app.add_typer(tenants.app, name="tenants")
+app.command("simulate")(simulate)
 
 if __name__ == "__main__":
     app()

@@ -1,0 +1,154 @@
+"""`fsched simulate`: replay a trace through the scheduler under several policies.
+
+Thin: parse the flags, call `fsched.core.simulator`, print. Imports stay
+light (no torch, no SQLAlchemy).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fsched.cli.common import fail
+from fsched.core.policy import POLICIES
+from fsched.core.sched_config import SchedulerConfig
+from fsched.core.simulator import PolicyReport
+from fsched.core.simulator import simulate as run_simulation
+from fsched.core.trace import DEFAULT_MIX, TraceError, load_trace, parse_assignments, parse_mix
+
+_DEFAULT_MIX_TEXT = ",".join(f"{c.value}={p:g}" for c, p in DEFAULT_MIX.items())
+
+
+def simulate(
+    trace: Annotated[
+        Path, typer.Argument(help="Azure LLM trace CSV or fsched JSONL trace.", show_default=False)
+    ],
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy",
+            help=f"Policy to run; repeat to compare ({', '.join(POLICIES)}). [default: fsched]",
+            show_default=False,
+        ),
+    ] = None,
+    tenants: Annotated[
+        str, typer.Option("--tenants", help="Tenant weights, NAME=W,... (W > 0).")
+    ] = "default=1",
+    mix: Annotated[
+        str, typer.Option("--mix", help="Class probabilities for requests without a class.")
+    ] = _DEFAULT_MIX_TEXT,
+    rate_scale: Annotated[
+        float, typer.Option("--rate-scale", help="Multiply the arrival rate (divide times) by X.")
+    ] = 1.0,
+    limit: Annotated[
+        int | None, typer.Option("--limit", help="Read only the first N requests.")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for tenant/class assignment.")] = 0,
+    max_batch: Annotated[
+        int | None,
+        typer.Option("--max-batch", help="Requests in the running batch.", show_default=False),
+    ] = None,
+    kv_tokens: Annotated[
+        int | None,
+        typer.Option("--kv-tokens", help="KV cache budget in token slots.", show_default=False),
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+) -> None:
+    """Replay a request trace through the scheduler against the engine cost model."""
+    policies = list(policy or ["fsched"])
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        fail(f"--policy: unknown policy {unknown[0]!r} (known: {', '.join(POLICIES)})", 2)
+    if len(set(policies)) != len(policies):
+        fail("--policy: a policy is given twice", 2)
+    try:
+        weights = parse_assignments(tenants, "--tenants")
+        if any(w <= 0 for w in weights.values()):
+            raise ValueError("--tenants: weights must be > 0")
+        classes = parse_mix(mix)
+        if not rate_scale > 0:
+            raise ValueError("--rate-scale must be > 0")
+        if limit is not None and limit < 1:
+            raise ValueError("--limit must be >= 1")
+        config = _config(max_batch, kv_tokens)
+        requests = load_trace(
+            trace,
+            tenants=sorted(weights),
+            mix=classes,
+            rate_scale=rate_scale,
+            limit=limit,
+            seed=seed,
+        )
+        reports = [run_simulation(requests, p, weights=weights, config=config) for p in policies]
+    except (TraceError, ValueError) as exc:
+        fail(str(exc), 2)
+    if json_out:
+        doc = {
+            "trace": str(trace),
+            "requests": len(requests),
+            "policies": {r.policy: r.to_json() for r in reports},
+        }
+        print(json.dumps(doc, indent=2))
+        return
+    from rich.console import Console
+
+    Console().print(comparison_table(str(trace), len(requests), reports))
+
+
+def _config(max_batch: int | None, kv_tokens: int | None) -> SchedulerConfig:
+    overrides = {}
+    if max_batch is not None:
+        overrides["max_batch"] = max_batch
+    if kv_tokens is not None:
+        overrides["kv_tokens"] = kv_tokens
+    try:
+        return SchedulerConfig(**overrides)
+    except ValueError as exc:
+        raise ValueError(f"--max-batch/--kv-tokens: {exc}") from None
+
+
+def _fmt(value: float | None, unit: str = "s") -> str:
+    if value is None:
+        return "-"
+    if unit == "s":
+        return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+    return f"{value:,.3f}" if unit == "x" else f"{value:,.0f}"
+
+
+def comparison_table(trace: str, n: int, reports: list[PolicyReport]):
+    """A rich Table: one column per policy, one row per metric (pure)."""
+    from rich.table import Table
+
+    table = Table(title=f"{trace}: {n} requests (simulated)")
+    table.add_column("metric")
+    for r in reports:
+        table.add_column(r.policy, justify="right")
+    classes = [c for c in ("realtime", "streaming", "batch") if any(c in r.classes for r in reports)]
+    for cls in classes:
+        for key, label in (
+            ("ttft_p50_s", "TTFT p50"),
+            ("ttft_p99_s", "TTFT p99"),
+            ("tpot_p50_s", "TPOT p50"),
+            ("tpot_p99_s", "TPOT p99"),
+            ("jct_p50_s", "JCT p50"),
+            ("jct_p99_s", "JCT p99"),
+            ("max_wait_s", "max wait"),
+        ):
+            cells = [_fmt(getattr(r.classes[cls], key)) if cls in r.classes else "-" for r in reports]
+            table.add_row(f"{cls} {label}", *cells)
+    tenants = sorted({t for r in reports for t in r.tenants})
+    for t in tenants:
+        cells = []
+        for r in reports:
+            s = r.tenants.get(t)
+            cells.append("-" if s is None else f"{s.share:.3f} / {s.entitled:.3f}")
+        table.add_row(f"tenant {t} share / entitled", *cells)
+    table.add_row("Jain index", *[_fmt(r.jain_index, "x") for r in reports])
+    table.add_row("throughput tok/s", *[_fmt(r.throughput_tok_s, "n") for r in reports])
+    table.add_row("max wait", *[_fmt(r.max_wait_s) for r in reports])
+    table.add_row("preemptions", *[f"{r.preemptions:,}" for r in reports])
+    table.add_row("makespan", *[_fmt(r.makespan_s) for r in reports])
+    return table
