@@ -21,8 +21,9 @@ class Fsched:
     db_path: Path
     env: dict
 
-    def run(self, *args: str, input: str | bytes | None = None, env: dict | None = None,
-            timeout: float = 60) -> subprocess.CompletedProcess:
+    def run(
+        self, *args: str, input: str | bytes | None = None, env: dict | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
         return subprocess.run(
             [FSCHED, *args],
             input=input.encode() if isinstance(input, str) else input,

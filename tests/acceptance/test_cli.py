@@ -20,21 +20,40 @@ def test_submit_sample_jobs_and_status(fsched):
     out = fsched.ok("submit", str(SAMPLE_JOBS / "summaries.jsonl"), "--tenant", "alice", "--class", "batch")
     assert "submitted job 1: 10 request(s), tenant alice (new tenant, weight 1), class batch" in out
     info = json.loads(
-        fsched.ok("submit", str(SAMPLE_JOBS / "chat.jsonl"), "--class", "realtime", "--priority", "1", "--json")
+        fsched.ok(
+            "submit", str(SAMPLE_JOBS / "chat.jsonl"), "--class", "realtime", "--priority", "1", "--json"
+        )
     )
     assert info == {
-        "job_id": 2, "num_requests": 8, "tenant": "tester", "class": "realtime", "priority": 1,
+        "job_id": 2,
+        "num_requests": 8,
+        "tenant": "tester",
+        "class": "realtime",
+        "priority": 1,
         "tenant_created": True,
     }
     fsched.ok("submit", str(SAMPLE_JOBS / "openai_batch.jsonl"), "-t", "alice", "--name", "oa")
     status = json.loads(fsched.ok("status", "--json"))
     assert set(status) == {"jobs", "tenants", "daemons"}
     job = status["jobs"][0]
-    for key in ("id", "tenant", "class", "priority", "state", "num_requests", "num_done", "num_failed",
-                "num_cancelled", "submitted_at"):
+    for key in (
+        "id",
+        "tenant",
+        "class",
+        "priority",
+        "state",
+        "num_requests",
+        "num_done",
+        "num_failed",
+        "num_cancelled",
+        "submitted_at",
+    ):
         assert key in job
     assert [(j["id"], j["state"], j["num_requests"]) for j in status["jobs"]] == [
-        (1, "queued", 10), (2, "queued", 8), (3, "queued", 6)]
+        (1, "queued", 10),
+        (2, "queued", 8),
+        (3, "queued", 6),
+    ]
     assert status["jobs"][2]["name"] == "oa"
     tenants = {t["name"]: t for t in status["tenants"]}
     assert tenants["alice"]["queued"] == 16 and tenants["alice"]["entitled_share"] == 0.5
@@ -66,6 +85,7 @@ def test_several_files_are_one_transaction(fsched, tmp_path):
 
 def bad_cases(tmp_path):
     """(name, args after 'submit', stderr must contain, env) for each bad input of the issue."""
+
     def f(name, content: str | bytes) -> str:
         path = tmp_path / name
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -75,34 +95,103 @@ def bad_cases(tmp_path):
     openai = {"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": {"prompt": "p"}}
     return [
         ("invalid json", [f("a.jsonl", ok + '{"prompt": \n')], "a.jsonl, line 2: invalid JSON", None),
-        ("not an object", [f("b.jsonl", '"just a string"\n')], "b.jsonl, line 1: each line must be a JSON object", None),
-        ("missing prompt", [f("c.jsonl", line({"max_tokens": 3}))], "c.jsonl, line 1, field 'prompt': missing", None),
-        ("both prompt and messages", [f("d.jsonl", line({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}))],
-         "field 'prompt': give either", None),
-        ("wrong type", [f("e.jsonl", ok + line({"prompt": "a", "temperature": "hot"}))],
-         "e.jsonl, line 2, field 'temperature': must be a number", None),
-        ("max_tokens zero", [f("g.jsonl", line({"prompt": "a", "max_tokens": 0}))], "field 'max_tokens': must be within", None),
-        ("max_tokens absurd", [f("h.jsonl", line({"prompt": "a", "max_tokens": 10**15}))], "field 'max_tokens'", None),
-        ("unknown class", [f("i.jsonl", ok), "--class", "urgent"], "--class must be one of realtime, streaming, batch", None),
-        ("priority out of range", [f("j.jsonl", ok), "--priority", "12"], "--priority must be within 0..9", None),
-        ("duplicate custom_id", [f("k.jsonl", line({"prompt": "a", "custom_id": "z"}) * 2)],
-         "k.jsonl, line 2, field 'custom_id': duplicate custom_id 'z' (first on line 1)", None),
+        (
+            "not an object",
+            [f("b.jsonl", '"just a string"\n')],
+            "b.jsonl, line 1: each line must be a JSON object",
+            None,
+        ),
+        (
+            "missing prompt",
+            [f("c.jsonl", line({"max_tokens": 3}))],
+            "c.jsonl, line 1, field 'prompt': missing",
+            None,
+        ),
+        (
+            "both prompt and messages",
+            [f("d.jsonl", line({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}))],
+            "field 'prompt': give either",
+            None,
+        ),
+        (
+            "wrong type",
+            [f("e.jsonl", ok + line({"prompt": "a", "temperature": "hot"}))],
+            "e.jsonl, line 2, field 'temperature': must be a number",
+            None,
+        ),
+        (
+            "max_tokens zero",
+            [f("g.jsonl", line({"prompt": "a", "max_tokens": 0}))],
+            "field 'max_tokens': must be within",
+            None,
+        ),
+        (
+            "max_tokens absurd",
+            [f("h.jsonl", line({"prompt": "a", "max_tokens": 10**15}))],
+            "field 'max_tokens'",
+            None,
+        ),
+        (
+            "unknown class",
+            [f("i.jsonl", ok), "--class", "urgent"],
+            "--class must be one of realtime, streaming, batch",
+            None,
+        ),
+        (
+            "priority out of range",
+            [f("j.jsonl", ok), "--priority", "12"],
+            "--priority must be within 0..9",
+            None,
+        ),
+        (
+            "duplicate custom_id",
+            [f("k.jsonl", line({"prompt": "a", "custom_id": "z"}) * 2)],
+            "k.jsonl, line 2, field 'custom_id': duplicate custom_id 'z' (first on line 1)",
+            None,
+        ),
         ("empty file", [f("l.jsonl", "")], "l.jsonl: file has no requests", None),
         ("missing file", [str(tmp_path / "nope.jsonl")], "nope.jsonl: no such file", None),
         ("a directory", [str(tmp_path)], "is a directory", None),
         ("non-utf8", [f("m.jsonl", b'{"prompt": "caf\xe9"}\n')], "m.jsonl, line 1: not valid UTF-8", None),
-        ("too many lines", [f("n.jsonl", ok * 3)], "n.jsonl, line 3: more than 2 requests", {"FSCHED_MAX_LINES": "2"}),
+        (
+            "too many lines",
+            [f("n.jsonl", ok * 3)],
+            "n.jsonl, line 3: more than 2 requests",
+            {"FSCHED_MAX_LINES": "2"},
+        ),
         ("too many bytes", [f("o.jsonl", ok * 10)], "o.jsonl: file is", {"FSCHED_MAX_BYTES": "100"}),
-        ("line too long", [f("p.jsonl", line({"prompt": "x" * 500}))], "p.jsonl, line 1: line is",
-         {"FSCHED_MAX_LINE_BYTES": "100"}),
-        ("unsupported url", [f("q.jsonl", line({**openai, "url": "/v1/embeddings"}))],
-         "q.jsonl, line 1, field 'url': unsupported url", None),
+        (
+            "line too long",
+            [f("p.jsonl", line({"prompt": "x" * 500}))],
+            "p.jsonl, line 1: line is",
+            {"FSCHED_MAX_LINE_BYTES": "100"},
+        ),
+        (
+            "unsupported url",
+            [f("q.jsonl", line({**openai, "url": "/v1/embeddings"}))],
+            "q.jsonl, line 1, field 'url': unsupported url",
+            None,
+        ),
         ("unsupported method", [f("r.jsonl", line({**openai, "method": "PUT"}))], "field 'method'", None),
         ("mixed forms", [f("s.jsonl", line(openai) + ok)], "s.jsonl, line 2: mixes the simple form", None),
-        ("NaN", [f("t.jsonl", '{"prompt": "a", "temperature": NaN}\n')], "t.jsonl, line 1: NaN is not valid JSON", None),
-        ("Infinity", [f("u.jsonl", '{"prompt": "a", "top_p": Infinity}\n')], "Infinity is not valid JSON", None),
-        ("deep nesting", [f("v.jsonl", '{"prompt": "a", "x": ' + "[" * 70 + "]" * 70 + "}\n")],
-         "v.jsonl, line 1: JSON nested deeper than 64 levels", None),
+        (
+            "NaN",
+            [f("t.jsonl", '{"prompt": "a", "temperature": NaN}\n')],
+            "t.jsonl, line 1: NaN is not valid JSON",
+            None,
+        ),
+        (
+            "Infinity",
+            [f("u.jsonl", '{"prompt": "a", "top_p": Infinity}\n')],
+            "Infinity is not valid JSON",
+            None,
+        ),
+        (
+            "deep nesting",
+            [f("v.jsonl", '{"prompt": "a", "x": ' + "[" * 70 + "]" * 70 + "}\n")],
+            "v.jsonl, line 1: JSON nested deeper than 64 levels",
+            None,
+        ),
         ("stdin twice", ["-", "-"], "standard input ('-') can be read only once", None),
     ]
 
@@ -164,8 +253,9 @@ def test_tenants_commands(fsched):
     assert fsched.run("tenants", "add", "alice").stderr == b"fsched: error: tenant 'alice' already exists\n"
     fsched.ok("tenants", "set-weight", "alice", "1.5")
     listing = json.loads(fsched.ok("tenants", "list", "--json"))
-    assert listing == [{"name": "alice", "weight": 1.5, "entitled_share": 1.0, "active_jobs": 0,
-                        "queued": 0, "running": 0}]
+    assert listing == [
+        {"name": "alice", "weight": 1.5, "entitled_share": 1.0, "active_jobs": 0, "queued": 0, "running": 0}
+    ]
     for bad in ("0", "-2", "nan", "inf"):
         proc = fsched.run("tenants", "set-weight", "alice", "--", bad)
         assert proc.returncode != 0 and b"weight must be" in proc.stderr, bad
@@ -180,8 +270,12 @@ def test_tenants_commands(fsched):
 
 def test_status_watch_redraws_until_ctrl_c(fsched):
     fsched.ok("submit", str(SAMPLE_JOBS / "chat.jsonl"))
-    proc = subprocess.Popen([FSCHED, "status", "--watch", "--interval", "0.2"], env=fsched.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [FSCHED, "status", "--watch", "--interval", "0.2"],
+        env=fsched.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     time.sleep(3)
     fsched.ok("cancel", "1")  # the live view picks the change up
     time.sleep(1.5)

@@ -14,23 +14,35 @@ LINES = 2_000
 
 def test_concurrent_submits_cancels_and_weights(fsched, tmp_path):
     job_file = tmp_path / "job.jsonl"
-    job_file.write_text("".join(json.dumps({"prompt": f"line {i}", "max_tokens": 8}) + "\n" for i in range(LINES)))
+    job_file.write_text(
+        "".join(json.dumps({"prompt": f"line {i}", "max_tokens": 8}) + "\n" for i in range(LINES))
+    )
     fsched.ok("tenants", "add", "shared")
     # A second process cancels whatever ids exist and changes weights, all the while.
     meddler = subprocess.Popen(
-        ["bash", "-c", f"for i in $(seq 1 {SUBMITTERS}); do "
-                       f"{FSCHED} cancel $i; {FSCHED} tenants set-weight shared $i; done"],
-        env=fsched.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            "bash",
+            "-c",
+            f"for i in $(seq 1 {SUBMITTERS}); do "
+            f"{FSCHED} cancel $i; {FSCHED} tenants set-weight shared $i; done",
+        ],
+        env=fsched.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     submitters = [
-        subprocess.Popen([FSCHED, "submit", str(job_file), "--tenant", f"t{i % 3}", "--json"],
-                         env=fsched.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [FSCHED, "submit", str(job_file), "--tenant", f"t{i % 3}", "--json"],
+            env=fsched.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         for i in range(SUBMITTERS)
     ]
     results = [p.communicate(timeout=300) for p in submitters]
-    meddler_out, meddler_err = meddler.communicate(timeout=300)
+    _, meddler_err = meddler.communicate(timeout=300)
 
-    for proc, (out, err) in zip(submitters, results, strict=True):
+    for proc, (_out, err) in zip(submitters, results, strict=True):
         assert proc.returncode == 0, err.decode()
         assert b"locked" not in err
     assert b"locked" not in meddler_err, meddler_err.decode()
@@ -45,8 +57,11 @@ def test_concurrent_submits_cancels_and_weights(fsched, tmp_path):
     assert [r[0] for r in rows] == acknowledged
     for job_id, num_requests, num_cancelled, state in rows:
         assert num_requests == LINES
-        per_state = dict(conn.execute(
-            "SELECT state, COUNT(*) FROM requests WHERE job_id = ? GROUP BY state", (job_id,)).fetchall())
+        per_state = dict(
+            conn.execute(
+                "SELECT state, COUNT(*) FROM requests WHERE job_id = ? GROUP BY state", (job_id,)
+            ).fetchall()
+        )
         assert sum(per_state.values()) == LINES
         assert per_state.get("cancelled", 0) == num_cancelled
         assert state == ("cancelled" if num_cancelled else "queued")

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
+from pathlib import Path
 
 from .conftest import REPO
 
@@ -13,7 +14,9 @@ from .conftest import REPO
 def test_wheel_holds_only_the_fsched_package(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
-        check=True, capture_output=True, timeout=300,
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     (wheel,) = tmp_path.glob("fsched-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -27,23 +30,46 @@ def test_fresh_venv_install_runs_from_another_folder(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     pip = [str(venv / "bin" / "python"), "-m", "pip"]
-    # --no-deps: the dependencies (torch among them) come from this test's own
-    # environment below, so the test installs nothing from the network.
-    subprocess.run([*pip, "install", "-q", "--no-deps", str(REPO)], check=True, capture_output=True,
-                   timeout=300)
-    deps = sysconfig.get_paths()["purelib"]
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": deps, "HOME": str(tmp_path)}
+    # --no-deps: nothing is downloaded; see the .pth file below.
+    subprocess.run(
+        [*pip, "install", "-q", "--no-deps", str(REPO)], check=True, capture_output=True, timeout=300
+    )
+    # The dependencies (torch among them) come from this test's own environment,
+    # appended after the new venv's site-packages by a .pth file, so the new
+    # venv's fsched is the one found first.
+    new_site = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (Path(new_site) / "zz_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    out = subprocess.run([str(venv / "bin" / "fsched"), "--help"], cwd=elsewhere, env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [str(venv / "bin" / "fsched"), "--help"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "submit" in out.stdout and "tenants" in out.stdout
-    probe = ("import importlib.util as u, fsched.cli.main as m\n"
-             "print(m.__file__)\n"
-             "print([n for n in ('core', 'cli', 'storage') if u.find_spec(n)])")
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", probe], cwd=elsewhere, env=env,
-                         capture_output=True, text=True, timeout=60)
+    probe = (
+        "import importlib.util as u, fsched.cli.main as m\n"
+        "print(m.__file__)\n"
+        "print([n for n in ('core', 'cli', 'storage') if u.find_spec(n)])"
+    )
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", probe],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     location, top_level = out.stdout.splitlines()
     assert location.startswith(str(venv)), location

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from sqlalchemy.exc import IntegrityError
 
 from fsched.core.jobfile import ParsedJobFile, parse_job_file
 from fsched.core.store import (
@@ -22,7 +23,9 @@ from fsched.storage.jobstore import SqlJobStore
 
 
 def parsed(n: int, source: str = "f.jsonl") -> ParsedJobFile:
-    data = "".join(json.dumps({"prompt": f"p{i}", "custom_id": f"c{i}", "max_tokens": 4}) + "\n" for i in range(n))
+    data = "".join(
+        json.dumps({"prompt": f"p{i}", "custom_id": f"c{i}", "max_tokens": 4}) + "\n" for i in range(n)
+    )
     return parse_job_file(data.encode(), source)
 
 
@@ -69,7 +72,7 @@ def test_submit_is_all_or_nothing(store):
         ),
     )
     good = submission(3, tenant="bob")
-    with pytest.raises(Exception):  # the database's unique constraint
+    with pytest.raises(IntegrityError):  # the database's unique constraint
         store.submit([good, JobSubmission(bad, "carol", RequestClass.BATCH, 5, "bad")])
     assert store.list_jobs() == [] and store.list_tenants() == []
 

@@ -81,7 +81,9 @@ def test_openai_batch_form():
 
 
 def test_default_max_tokens_applies_to_lines_without_one():
-    parsed = parse_job_file(lines({"prompt": "a"}, {"prompt": "b", "max_tokens": 3}), "f", default_max_tokens=9)
+    parsed = parse_job_file(
+        lines({"prompt": "a"}, {"prompt": "b", "max_tokens": 3}), "f", default_max_tokens=9
+    )
     assert [r.params.max_tokens for r in parsed.requests] == [9, 3]
 
 
@@ -111,8 +113,20 @@ BAD_INPUTS = [
     ("stop wrong type", lines({"prompt": "a", "stop": [1]}), 1, "stop", "string"),
     ("unknown field", lines({"prompt": "a", "max_token": 5}), 1, "max_token", "unknown field"),
     ("messages empty", lines({"messages": []}), 1, "messages", "non-empty"),
-    ("message role", lines({"messages": [{"role": "robot", "content": "x"}]}), 1, "messages[0].role", "one of"),
-    ("message content", lines({"messages": [{"role": "user", "content": 3}]}), 1, "messages[0].content", "string"),
+    (
+        "message role",
+        lines({"messages": [{"role": "robot", "content": "x"}]}),
+        1,
+        "messages[0].role",
+        "one of",
+    ),
+    (
+        "message content",
+        lines({"messages": [{"role": "user", "content": 3}]}),
+        1,
+        "messages[0].content",
+        "string",
+    ),
     ("custom_id not string", lines({"prompt": "a", "custom_id": 5}), 1, "custom_id", "string"),
     (
         "duplicate custom_id",
@@ -207,7 +221,9 @@ def test_arbitrary_bytes_are_accepted_or_rejected_cleanly(data):
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
     max_leaves=20,
 )
 
@@ -215,8 +231,22 @@ json_values = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(
     st.dictionaries(
-        st.sampled_from(["prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop",
-                         "custom_id", "body", "url", "method", "top_k"]),
+        st.sampled_from(
+            [
+                "prompt",
+                "messages",
+                "max_tokens",
+                "temperature",
+                "top_p",
+                "seed",
+                "stop",
+                "custom_id",
+                "body",
+                "url",
+                "method",
+                "top_k",
+            ]
+        ),
         json_values,
         max_size=6,
     )

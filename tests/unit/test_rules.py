@@ -72,9 +72,20 @@ def test_sampling_params_validate_and_round_trip():
 
 
 def result(state, endpoint="/v1/completions", **kw):
-    base = dict(id=7, idx=0, custom_id="c1", endpoint=endpoint, state=state, model="tiny",
-                output_text="hello", num_output_tokens=2, prompt_tokens=5, finish_reason="length",
-                error=None, finished_at=1700000000.5)
+    base = dict(
+        id=7,
+        idx=0,
+        custom_id="c1",
+        endpoint=endpoint,
+        state=state,
+        model="tiny",
+        output_text="hello",
+        num_output_tokens=2,
+        prompt_tokens=5,
+        finish_reason="length",
+        error=None,
+        finished_at=1700000000.5,
+    )
     return RequestResult(**{**base, **kw})
 
 
