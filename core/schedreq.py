@@ -42,7 +42,8 @@ class SchedRequest:
     level_tokens: int = 0  # output tokens decoded at the current level
     admit_level: int = 0  # level when last admitted (time slicing: quantum used up?)
     wait_since: float = 0.0
-    run_steps: int = 0  # engine steps since last admission (minimum quantum)
+    run_steps: int = 0  # steps with progress since last admission (minimum quantum)
+    idle_steps: int = 0  # consecutive running steps without a prefill chunk
     preemptions: int = 0
     seq: int = 0  # admission-order tie-breaker, unique per scheduler
 

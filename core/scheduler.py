@@ -257,7 +257,7 @@ class Scheduler:
             b.resumed.append(r.id)
             b.swap_tokens += r.computed
         r.state = RequestState.RUNNING
-        r.run_steps = 0
+        r.run_steps = r.idle_steps = 0
         r.admit_level = r.level
         self._running[r.id] = r
         self._kv_committed += r.context
@@ -295,7 +295,11 @@ class Scheduler:
                 prefilling.append((rank(r, scores), r))
         budget = self.config.step_tokens - len(decode)
         chunks: list[PrefillChunk] = []
-        prefilling.sort(key=lambda item: item[0])
+        # Chunks go by rank, except that a prefill starved of budget for a
+        # whole minimum quantum goes first: nothing admitted stalls forever
+        # behind a stream of better-ranked prefills.
+        mq = self.config.min_quantum_steps
+        prefilling.sort(key=lambda item: (item[1].idle_steps < mq, item[0]))
         for _, r in prefilling:
             if budget <= 0:
                 break
@@ -367,8 +371,13 @@ class Scheduler:
             c.gpu_s += elapsed * n / total
             self._produced(r, n, quanta)
         decoded = set(plan.decode)
+        progressed = decoded | {c.request_id for c in plan.prefill}
         for r in self._running.values():
-            r.run_steps += steps
+            if r.id in progressed:
+                r.run_steps += steps
+                r.idle_steps = 0
+            else:
+                r.idle_steps += steps
             # KV held over the run grew roughly linearly: charge the midpoint.
             held = r.computed - (steps - 1) / 2 if r.id in decoded else r.computed
             charges[r.tenant].kv_token_s += held * elapsed

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fsched.core.costmodel import CostModel
 from fsched.core.metrics import dominant_fractions, jain_index, percentile
-from fsched.core.plan import Outcome
+from fsched.core.plan import Outcome, Plan
 from fsched.core.sched_config import SchedulerConfig
 from fsched.core.schedreq import SchedRequest
 from fsched.core.scheduler import Scheduler
@@ -45,6 +45,19 @@ class TenantStats:
     share: float
 
 
+@dataclass(slots=True, frozen=True)
+class RequestRecord:
+    """One request as the simulator saw it (trace order)."""
+
+    tenant: str
+    cls: RequestClass
+    arrival_s: float
+    first_token_s: float
+    finish_s: float
+    output_tokens: int
+    max_wait_s: float
+
+
 @dataclass(slots=True)
 class PolicyReport:
     policy: str
@@ -60,6 +73,7 @@ class PolicyReport:
     steps: int = 0
     busy_s: float = 0.0
     backlogged_s: float = 0.0
+    records: list[RequestRecord] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -112,8 +126,15 @@ def simulate(
     weights: Mapping[str, float] | None = None,
     config: SchedulerConfig | None = None,
     cost: CostModel | None = None,
+    jump: bool = True,
+    observer: Callable[[float, Plan, Scheduler], None] | None = None,
 ) -> PolicyReport:
-    """Replay `trace` (sorted by arrival) under `policy`; simulated time only."""
+    """Replay `trace` (sorted by arrival) under `policy`; simulated time only.
+
+    `jump=False` runs every engine step on its own (the reference the
+    event-driven skipping is tested against); `observer(now, plan, sched)`
+    sees every plan before it runs (tests check budgets with it).
+    """
     config = config or SchedulerConfig()
     cost = cost or CostModel()
     weights = dict(weights or {})
@@ -142,6 +163,8 @@ def simulate(
             i += 1
         plan = sched.schedule(now)
         decisions += 1
+        if observer is not None:
+            observer(now, plan, sched)
         for p in plan.preempted:
             tracks[p.request_id].wait_start = now
             waiting_by_tenant[tracks[p.request_id].req.tenant] += 1
@@ -156,7 +179,7 @@ def simulate(
             if sched.waiting_count or sched.running:
                 raise RuntimeError("simulation stuck: work left but nothing schedulable")
             break
-        steps = plan.stable_steps
+        steps = plan.stable_steps if jump else 1
         running = sched.running
         for rid in plan.decode:
             r = running[rid]
@@ -246,4 +269,11 @@ def _report(policy, tracks, tenants, weights, backlog, whole, config, sched, mak
         preemptions=sched.preemptions,
         makespan_s=makespan,
         backlogged_s=backlog.seconds,
+        records=[
+            RequestRecord(
+                tr.req.tenant, tr.req.cls, tr.req.arrival_s, tr.first_token_s, tr.finish_s,
+                tr.req.output_tokens, tr.max_wait_s,
+            )
+            for tr in tracks.values()
+        ],
     )

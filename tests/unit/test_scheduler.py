@@ -1,0 +1,312 @@
+"""Mechanism properties of the Scheduler, counted in engine steps.
+
+A tiny fake engine drives `schedule()` / `postprocess()` one step at a time
+(one second a step), so every property is checked on every plan.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fsched.core.plan import Outcome
+from fsched.core.sched_config import SchedulerConfig
+from fsched.core.schedreq import Checkpoint, SchedRequest
+from fsched.core.scheduler import Scheduler
+from fsched.core.types import RequestClass, RequestState
+from fsched.core.usage import TenantCharge
+
+CLASSES = list(RequestClass)
+
+
+class FakeEngine:
+    """Runs plans one step a second; a request stops after its `output` tokens."""
+
+    def __init__(self, sched: Scheduler, outputs: dict[str, int]) -> None:
+        self.sched = sched
+        self.outputs = outputs
+        self.now = 0.0
+        self.first_token: dict[str, float] = {}
+        self.admitted_at: dict[str, int] = {}
+        self.violations: list[str] = []
+
+    def step(self):
+        s = self.sched
+        plan = s.schedule(self.now)
+        self.check(plan)
+        finished = set()
+        for c in plan.prefill:
+            if c.produces_token:
+                r = s.running[c.request_id]
+                if r.generated == 0:
+                    self.first_token[r.id] = self.now + 1
+                if r.generated + 1 >= self.outputs[r.id]:
+                    finished.add(r.id)
+        for rid in plan.decode:
+            if s.running[rid].generated + 1 >= self.outputs[rid]:
+                finished.add(rid)
+        self.now += 1.0
+        s.postprocess(plan, Outcome(1.0, frozenset(finished)), self.now)
+        return plan
+
+    def check(self, plan) -> None:
+        s, cfg = self.sched, self.sched.config
+        if len(s.running) > cfg.max_batch:
+            self.violations.append(f"slots {len(s.running)} > {cfg.max_batch}")
+        if s.kv_committed > cfg.kv_tokens:
+            self.violations.append(f"kv {s.kv_committed} > {cfg.kv_tokens}")
+        if sum(r.context for r in s.running.values()) != s.kv_committed:
+            self.violations.append("kv_committed out of sync")
+        if plan.tokens > cfg.step_tokens:
+            self.violations.append(f"tokens {plan.tokens} > {cfg.step_tokens}")
+        if s.host_used > cfg.host_kv_tokens:
+            self.violations.append("host pool overflow")
+        for p in plan.preempted:
+            ran = s.step - self.admitted_at[p.request_id]
+            # run_steps counts steps with progress, which is <= steps since admission
+            if ran < cfg.min_quantum_steps:
+                self.violations.append(f"{p.request_id} preempted after {ran} steps")
+        for rid in plan.admitted:
+            self.admitted_at[rid] = s.step
+
+    def run(self, max_steps: int) -> None:
+        for _ in range(max_steps):
+            if not (self.sched.running or self.sched.waiting_count):
+                return
+            self.step()
+        raise AssertionError("did not drain")
+
+
+def req(rid, tenant="t", cls=RequestClass.BATCH, prompt=100, output=10, arrival=0.0, prio=5):
+    return SchedRequest(rid, tenant, cls, prompt, output, arrival, priority=prio)
+
+
+request_specs = st.lists(
+    st.tuples(
+        st.integers(0, 40),  # arrival step
+        st.sampled_from(["a", "b", "c"]),
+        st.sampled_from(CLASSES),
+        st.integers(1, 900),  # prompt
+        st.integers(1, 60),  # output
+        st.integers(0, 9),  # priority
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    specs=request_specs,
+    policy=st.sampled_from(["fcfs", "priority", "vtc", "fsched"]),
+    max_batch=st.integers(1, 8),
+    kv_tokens=st.integers(1200, 6000),
+    step_tokens=st.integers(16, 600),
+    host=st.integers(0, 3000),
+    mq=st.integers(1, 6),
+)
+def test_budgets_min_quantum_and_drain(specs, policy, max_batch, kv_tokens, step_tokens, host, mq):
+    """Never more than the slot, KV and token budgets; no request preempted
+    twice within the minimum quantum; every request completes."""
+    step_tokens = max(step_tokens, max_batch + 1)
+    mq = min(mq, (kv_tokens - 1) // max_batch)
+    cfg = SchedulerConfig(
+        max_batch=max_batch, kv_tokens=kv_tokens, step_tokens=step_tokens,
+        host_kv_tokens=host, min_quantum_steps=mq, aging_s=5.0, quanta=(4, 8, 16),
+    )
+    sched = Scheduler(cfg, policy, {"a": 3, "b": 1})
+    specs = sorted(specs)
+    outputs = {}
+    eng = FakeEngine(sched, outputs)
+    pending = [
+        req(str(i), t, c, min(p, kv_tokens - o - mq), o, float(at), pr)
+        for i, (at, t, c, p, o, pr) in enumerate(specs)
+    ]
+    for r in pending:
+        outputs[r.id] = r.max_tokens
+    steps = 0
+    while pending or sched.running or sched.waiting_count:
+        while pending and pending[0].arrival <= eng.now:
+            sched.add(pending.pop(0))
+        eng.step()
+        steps += 1
+        assert steps < 20_000, "did not drain"
+    assert eng.violations == []
+    assert set(eng.first_token) == set(outputs)
+
+
+def _full_batch_of_batch(cfg: SchedulerConfig, n_steps: int):
+    sched = Scheduler(cfg, "fsched")
+    outputs = {}
+    eng = FakeEngine(sched, outputs)
+    for i in range(cfg.max_batch):
+        r = req(f"b{i}", "t", RequestClass.BATCH, prompt=200, output=10_000)
+        outputs[r.id] = r.max_tokens
+        sched.add(r)
+    for _ in range(n_steps):
+        eng.step()
+    assert len(sched.running) == cfg.max_batch
+    assert all(r.pending_prefill == 0 for r in sched.running.values())
+    return sched, eng, outputs
+
+
+@settings(max_examples=25, deadline=None)
+@given(prompt=st.integers(1, 5000), warm=st.integers(0, 30), tenant=st.sampled_from(["t", "u"]))
+def test_realtime_first_token_within_its_prefill_plus_two_steps(prompt, warm, tenant):
+    cfg = SchedulerConfig(
+        max_batch=8, kv_tokens=200_000, step_tokens=512, min_quantum_steps=4, aging_s=5.0
+    )
+    sched, eng, outputs = _full_batch_of_batch(cfg, cfg.min_quantum_steps + 4 + warm)
+    rt = req("rt", tenant, RequestClass.REALTIME, prompt=prompt, output=5, arrival=eng.now)
+    outputs["rt"] = 5
+    sched.add(rt)
+    arrived = eng.now
+    for _ in range(100):
+        eng.step()
+        if "rt" in eng.first_token:
+            break
+    prefill_steps = math.ceil(prompt / (cfg.step_tokens - (cfg.max_batch - 1)))
+    assert eng.first_token["rt"] - arrived <= prefill_steps + 2
+    assert eng.violations == []
+
+
+def test_realtime_waits_for_min_quantum_of_freshly_admitted_batch():
+    """Negative control: the latency property needs a victim past its quantum."""
+    cfg = SchedulerConfig(
+        max_batch=2, kv_tokens=100_000, step_tokens=512, min_quantum_steps=6, aging_s=5.0
+    )
+    sched = Scheduler(cfg, "fsched")
+    outputs = {"b0": 100, "b1": 100, "rt": 3}
+    eng = FakeEngine(sched, outputs)
+    sched.add(req("b0", output=100))
+    sched.add(req("b1", output=100))
+    eng.step()
+    sched.add(req("rt", cls=RequestClass.REALTIME, prompt=10, output=3, arrival=eng.now))
+    plans = [eng.step() for _ in range(8)]
+    admitted_at = next(i for i, p in enumerate(plans) if "rt" in p.admitted)
+    assert admitted_at == cfg.min_quantum_steps - 1  # b0/b1 ran 1 step before rt arrived
+
+
+def test_preemption_parks_when_host_has_room_else_recomputes():
+    cfg = SchedulerConfig(
+        max_batch=2, kv_tokens=100_000, step_tokens=512, min_quantum_steps=2,
+        host_kv_tokens=150,
+    )
+    sched = Scheduler(cfg, "fsched")
+    outputs = {"b0": 50, "b1": 50, "r0": 2, "r1": 2}
+    eng = FakeEngine(sched, outputs)
+    sched.add(req("b0", prompt=100, output=50))
+    sched.add(req("b1", prompt=100, output=50, arrival=0.001))
+    for _ in range(4):
+        eng.step()
+    sched.add(req("r0", cls=RequestClass.REALTIME, prompt=10, output=2, arrival=eng.now))
+    sched.add(req("r1", cls=RequestClass.REALTIME, prompt=10, output=2, arrival=eng.now))
+    plan = eng.step()
+    kinds = sorted(p.checkpoint for p in plan.preempted)
+    assert kinds == [Checkpoint.PARK, Checkpoint.RECOMPUTE]
+    parked = next(p for p in plan.preempted if p.checkpoint is Checkpoint.PARK)
+    dropped = next(p for p in plan.preempted if p.checkpoint is Checkpoint.RECOMPUTE)
+    assert sched.host_used == parked.kv_tokens == 103  # 100 prompt + 4 generated - 1 pending
+    assert sched.get(dropped.request_id).computed == 0
+    eng.run(500)
+    assert eng.violations == []
+    assert sched.host_used == 0
+
+
+def test_recomputed_request_prefills_its_whole_context_and_resumes_generation():
+    cfg = SchedulerConfig(
+        max_batch=1, kv_tokens=10_000, step_tokens=64, min_quantum_steps=2, host_kv_tokens=0
+    )
+    sched = Scheduler(cfg, "fsched")
+    outputs = {"b": 20, "r": 1}
+    eng = FakeEngine(sched, outputs)
+    sched.add(req("b", prompt=100, output=20))
+    for _ in range(6):
+        eng.step()  # 2 prefill steps (64 + 36 tokens), then 4 decodes
+    b = sched.get("b")
+    assert b.generated == 5
+    sched.add(req("r", cls=RequestClass.REALTIME, prompt=10, output=1, arrival=eng.now))
+    plan = eng.step()
+    assert plan.preempted[0].checkpoint is Checkpoint.RECOMPUTE
+    eng.step()  # b readmitted
+    assert b.generated == 5 and b.computed == 64  # re-prefilling 105 tokens of context
+    plan = eng.step()
+    assert plan.prefill[0].request_id == "b" and plan.prefill[0].start == 64
+    assert plan.prefill[0].tokens == 41 and plan.prefill[0].produces_token
+    assert b.generated == 6 and b.computed == 105
+    eng.run(100)
+    assert b.state is RequestState.DONE and b.generated == 20
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(1, 25),
+    run_steps=st.integers(0, 30),
+    cancel_mask=st.lists(st.booleans(), min_size=25, max_size=25),
+    host=st.sampled_from([0, 5_000]),
+    policy=st.sampled_from(["fcfs", "priority", "vtc", "fsched"]),
+)
+def test_cancel_removes_from_every_queue(n, run_steps, cancel_mask, host, policy):
+    cfg = SchedulerConfig(
+        max_batch=4, kv_tokens=4_000, step_tokens=256, min_quantum_steps=2,
+        host_kv_tokens=host, aging_s=3.0,
+    )
+    sched = Scheduler(cfg, policy)
+    outputs = {}
+    eng = FakeEngine(sched, outputs)
+    for i in range(n):
+        cls = CLASSES[i % 3]
+        r = req(str(i), "ab"[i % 2], cls, prompt=50 + 37 * i, output=5 + i, arrival=i * 0.5)
+        outputs[r.id] = r.max_tokens
+        sched.add(r)
+    for _ in range(run_steps):
+        if sched.running or sched.waiting_count:
+            eng.step()
+    live = [rid for rid in outputs if sched.get(rid) is not None]
+    cancelled = {rid for rid in live if cancel_mask[int(rid)]}
+    for rid in cancelled:
+        assert sched.cancel(rid)
+        assert not sched.cancel(rid)
+    waiting_ids = {r.id for r in sched.waiting()}
+    assert not cancelled & (waiting_ids | set(sched.running))
+    assert all(sched.get(rid) is None for rid in cancelled)
+    assert sched.waiting_count == len(waiting_ids)
+    assert sched.kv_committed == sum(r.context for r in sched.running.values())
+    assert sched.host_used == sum(r.computed for r in sched.waiting() if r.parked)
+    while sched.running or sched.waiting_count:
+        plan = eng.step()
+        mentioned = set(plan.decode) | {c.request_id for c in plan.prefill} | set(plan.admitted)
+        assert not mentioned & cancelled
+    assert eng.violations == []
+
+
+def test_cancel_during_a_step_is_ignored_by_postprocess():
+    sched = Scheduler(SchedulerConfig(), "fsched")
+    sched.add(req("x", prompt=10, output=5))
+    plan = sched.schedule(0.0)
+    assert sched.cancel("x")
+    sched.postprocess(plan, Outcome(0.1), 0.1)
+    assert sched.kv_committed == 0 and not sched.running
+
+
+@pytest.mark.parametrize("a_weight, first", [(1.0, "b1"), (4.0, "a1")])
+def test_weight_change_takes_effect_at_next_schedule(a_weight, first):
+    cfg = SchedulerConfig(max_batch=1, kv_tokens=10_000, step_tokens=128)
+    sched = Scheduler(cfg, "fsched", {"a": 1, "b": 1})
+    sched.meter.charge({"a": TenantCharge(gpu_s=2.0), "b": TenantCharge(gpu_s=1.0)}, 3.0, 0.0)
+    sched.add(req("b1", "b", arrival=0.0))
+    sched.add(req("a1", "a", arrival=0.0))
+    sched.set_weight("a", a_weight)  # a's share 2/w against b's 1/1
+    assert sched.schedule(0.0).admitted == (first,)
+
+
+def test_add_rejects_duplicates_and_requests_larger_than_the_kv_budget():
+    sched = Scheduler(SchedulerConfig(kv_tokens=5_000), "fsched")
+    sched.add(req("x"))
+    with pytest.raises(ValueError, match="already"):
+        sched.add(req("x"))
+    with pytest.raises(ValueError, match="KV"):
+        sched.add(req("y", prompt=4_000, output=1_000))
