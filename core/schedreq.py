@@ -14,6 +14,7 @@ import enum
 from dataclasses import dataclass
 
 from fsched.core.types import RequestClass, RequestState
+from fsched.core.usage import Reservation
 
 
 class Checkpoint(enum.StrEnum):
@@ -45,6 +46,7 @@ class SchedRequest:
     run_steps: int = 0  # steps with progress since last admission (minimum quantum)
     idle_steps: int = 0  # consecutive running steps without a prefill chunk
     preemptions: int = 0
+    reserved: Reservation | None = None  # usage granted by the tenant meter, not yet used
     seq: int = 0  # admission-order tie-breaker, unique per scheduler
 
     def __post_init__(self) -> None:

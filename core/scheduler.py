@@ -33,7 +33,7 @@ from fsched.core.policy import INF, Policy, make_policy
 from fsched.core.sched_config import SchedulerConfig
 from fsched.core.schedreq import Checkpoint, SchedRequest
 from fsched.core.types import RequestState
-from fsched.core.usage import TenantCharge
+from fsched.core.usage import Reservation, TenantCharge
 from fsched.core.waitqueue import WaitQueue
 
 
@@ -44,6 +44,14 @@ def demote(level: int, level_tokens: int, produced: int, quanta: tuple[int, ...]
         level_tokens -= quanta[level]
         level += 1
     return level, level_tokens
+
+
+def expected_work(r: SchedRequest, quanta: tuple[int, ...]) -> tuple[int, int]:
+    """(prefill, decode) tokens an admitted request will process before its
+    next MLFQ decision: what is left to prefill, and the rest of its level's
+    quantum (the last level: one more last-level quantum) capped by max_tokens."""
+    quantum = quanta[r.level] - r.level_tokens if r.level < len(quanta) else quanta[-1]
+    return r.pending_prefill, min(r.remaining_tokens, quantum)
 
 
 def should_stop(r: SchedRequest) -> bool:
@@ -152,6 +160,7 @@ class Scheduler:
         if r is None:
             return False
         if r.state is RequestState.RUNNING:
+            self._release(r)
             del self._running[r.id]
             self._kv_committed -= r.context
         else:
@@ -195,8 +204,11 @@ class Scheduler:
                 if cand is None:
                     return
             self._start(cand, b)
-            work = cand.pending_prefill or 1
-            scores[cand.tenant] = self.meter.provisional(scores[cand.tenant], cand.tenant, work)
+            prefill, decode = expected_work(cand, self.config.quanta)
+            cand.reserved = self.meter.reserve(cand.tenant, cand.context, prefill, decode)
+            scores[cand.tenant] = self.meter.provisional(
+                scores[cand.tenant], cand.tenant, prefill, now
+            )
 
     def _make_room(self, head: SchedRequest, scores: dict[str, float], b: _StepBuilder,
                    now: float) -> SchedRequest | None:
@@ -264,7 +276,13 @@ class Scheduler:
         b.admitted.append(r.id)
         b.touched.add(r.id)
 
+    def _release(self, r: SchedRequest) -> None:
+        if r.reserved:
+            self.meter.release(r.tenant, r.reserved)
+        r.reserved = None
+
     def _preempt(self, r: SchedRequest, b: _StepBuilder, now: float) -> None:
+        self._release(r)
         del self._running[r.id]
         self._kv_committed -= r.context
         kv = r.computed
@@ -357,7 +375,9 @@ class Scheduler:
             r.computed += chunk.tokens
             c = charges[r.tenant]
             c.prefill_tokens += chunk.tokens
-            c.gpu_s += elapsed * chunk.tokens / total
+            used = elapsed * chunk.tokens / total
+            c.gpu_s += used
+            self._use_reservation(r, gpu_s=used)
             if chunk.produces_token:
                 self._produced(r, outcome.tokens_of(r.id), quanta)
         for rid in plan.decode:
@@ -368,7 +388,9 @@ class Scheduler:
             r.computed += n
             c = charges[r.tenant]
             c.decode_tokens += n
-            c.gpu_s += elapsed * n / total
+            used = elapsed * n / total
+            c.gpu_s += used
+            self._use_reservation(r, gpu_s=used)
             self._produced(r, n, quanta)
         decoded = set(plan.decode)
         progressed = decoded | {c.request_id for c in plan.prefill}
@@ -381,23 +403,43 @@ class Scheduler:
             # KV held over the run grew roughly linearly: charge the midpoint.
             held = r.computed - (steps - 1) / 2 if r.id in decoded else r.computed
             charges[r.tenant].kv_token_s += held * elapsed
+            self._use_reservation(r, kv_token_s=held * elapsed)
         for rid in outcome.finished:
             self._finish(rid)
         for r in [r for r in self._running.values() if should_stop(r)]:
             self._finish(r.id)
         self._step += steps
-        self.meter.charge(charges, elapsed, now)
+        self.meter.charge(charges, elapsed, now, steps)
         return charges
+
+    def _use_reservation(self, r: SchedRequest, gpu_s: float = 0.0, kv_token_s: float = 0.0):
+        res = r.reserved
+        if res:
+            used = Reservation(min(gpu_s, res.gpu_s), min(kv_token_s, res.kv_token_s))
+            res.gpu_s -= used.gpu_s
+            res.kv_token_s -= used.kv_token_s
+            self.meter.release(r.tenant, used)
 
     def _produced(self, r: SchedRequest, n: int, quanta: tuple[int, ...]) -> None:
         r.generated += n
         self._kv_committed += n
+        level = r.level
         r.level, r.level_tokens = demote(r.level, r.level_tokens, n, quanta)
+        if r.level != level and r.remaining_tokens > 0:
+            # Demoted: the request keeps running, so reserve its next quantum.
+            _, decode = expected_work(r, quanta)
+            more = self.meter.reserve(r.tenant, r.context, 0, decode)
+            if r.reserved is None:
+                r.reserved = more
+            else:
+                r.reserved.gpu_s += more.gpu_s
+                r.reserved.kv_token_s += more.kv_token_s
 
     def _finish(self, request_id: str) -> None:
         r = self._running.pop(request_id, None)
         if r is None:
             return
+        self._release(r)
         self._kv_committed -= r.context
         r.state = RequestState.DONE
         del self._live[r.id]

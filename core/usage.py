@@ -32,6 +32,17 @@ class TenantCharge:
     decode_tokens: int = 0
 
 
+@dataclass(slots=True)
+class Reservation:
+    """Usage granted to an admitted request and not yet consumed."""
+
+    gpu_s: float = 0.0
+    kv_token_s: float = 0.0
+
+    def __bool__(self) -> bool:
+        return self.gpu_s > 0 or self.kv_token_s > 0
+
+
 def decay_factor(dt: float, half_life_s: float) -> float:
     """Weight left on usage `dt` seconds old."""
     return 0.5 ** (max(dt, 0.0) / half_life_s)
@@ -53,9 +64,13 @@ class TenantMeter(Protocol):
     def weight(self, tenant: str) -> float: ...
     def set_weight(self, tenant: str, weight: float) -> None: ...
     def activate(self, tenant: str, active: Iterable[str], now: float) -> None: ...
-    def charge(self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float) -> None: ...
+    def charge(
+        self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float, steps: int = 1
+    ) -> None: ...
     def scores(self, tenants: Iterable[str], now: float) -> dict[str, float]: ...
-    def provisional(self, score: float, tenant: str, tokens: int) -> float: ...
+    def provisional(self, score: float, tenant: str, tokens: int, now: float) -> float: ...
+    def reserve(self, tenant: str, context: int, prefill: int, decode: int) -> Reservation: ...
+    def release(self, tenant: str, amount: Reservation) -> None: ...
 
 
 class _Weights:
@@ -82,14 +97,22 @@ class NullMeter(_Weights):
     def activate(self, tenant: str, active: Iterable[str], now: float) -> None:
         return None
 
-    def charge(self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float) -> None:
+    def charge(
+        self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float, steps: int = 1
+    ) -> None:
         return None
 
     def scores(self, tenants: Iterable[str], now: float) -> dict[str, float]:
         return dict.fromkeys(tenants, 0.0)
 
-    def provisional(self, score: float, tenant: str, tokens: int) -> float:
+    def provisional(self, score: float, tenant: str, tokens: int, now: float) -> float:
         return score
+
+    def reserve(self, tenant: str, context: int, prefill: int, decode: int) -> Reservation:
+        return Reservation()
+
+    def release(self, tenant: str, amount: Reservation) -> None:
+        return None
 
 
 @dataclass(slots=True)
@@ -102,7 +125,10 @@ class _Usage:
 class DrfMeter(_Weights):
     """Weighted DRF over compute and KV, decayed, with the idle-return lift."""
 
-    __slots__ = ("_usage", "_half_life", "_kv_capacity", "_lift", "_s_per_token")
+    __slots__ = (
+        "_usage", "_half_life", "_kv_capacity", "_lift", "_s_prefill", "_s_decode", "_step_s",
+        "_reserved",
+    )
 
     def __init__(
         self,
@@ -118,7 +144,15 @@ class DrfMeter(_Weights):
         self._half_life = half_life_s
         self._kv_capacity = float(kv_capacity)
         self._lift = lift
-        self._s_per_token = 1e-4  # running estimate of GPU seconds per token
+        # Running estimates of the GPU seconds a token is charged in steps
+        # with prefill (many tokens share a step) and in decode-only steps.
+        self._s_prefill = 1e-4
+        self._s_decode = 1e-3
+        self._step_s = 0.02
+        # GPU seconds granted to admitted requests and not yet used: a
+        # tenant's share counts the work it has been given, so one free
+        # batch of slots is not handed to a single tenant.
+        self._reserved: dict[str, Reservation] = {}
 
     def _at(self, tenant: str, now: float) -> _Usage:
         usage = self._usage.get(tenant)
@@ -133,7 +167,9 @@ class DrfMeter(_Weights):
 
     def score(self, tenant: str, now: float) -> float:
         u = self._at(tenant, now)
-        return dominant_share(u.gpu_s, u.kv_token_s, self._kv_capacity, self.weight(tenant))
+        res = self._reserved.get(tenant)
+        gpu, kv = (u.gpu_s + res.gpu_s, u.kv_token_s + res.kv_token_s) if res else (u.gpu_s, u.kv_token_s)
+        return dominant_share(gpu, kv, self._kv_capacity, self.weight(tenant))
 
     def scores(self, tenants: Iterable[str], now: float) -> dict[str, float]:
         return {t: self.score(t, now) for t in tenants}
@@ -155,19 +191,47 @@ class DrfMeter(_Weights):
             u.gpu_s *= factor
             u.kv_token_s *= factor
 
-    def charge(self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float) -> None:
-        tokens = 0
+    def charge(
+        self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float, steps: int = 1
+    ) -> None:
+        prefill = decode = 0
         for tenant, c in charges.items():
             u = self._at(tenant, now)
             u.gpu_s += c.gpu_s
             u.kv_token_s += c.kv_token_s
-            tokens += c.prefill_tokens + c.decode_tokens
-        if tokens:
-            self._s_per_token = 0.9 * self._s_per_token + 0.1 * (elapsed_s / tokens)
+            prefill += c.prefill_tokens
+            decode += c.decode_tokens
+        if prefill:
+            self._s_prefill = 0.9 * self._s_prefill + 0.1 * elapsed_s / (prefill + decode)
+        elif decode:
+            self._s_decode = 0.9 * self._s_decode + 0.1 * elapsed_s / decode
+            self._step_s = 0.9 * self._step_s + 0.1 * elapsed_s / steps
 
-    def provisional(self, score: float, tenant: str, tokens: int) -> float:
-        """Score after admitting `tokens` of work, before any step ran it."""
-        return score + tokens * self._s_per_token / self.weight(tenant)
+    def provisional(self, score: float, tenant: str, tokens: int, now: float) -> float:
+        """Score after an admission, before any step ran it: the admitted
+        request's reservation is already counted."""
+        return self.score(tenant, now)
+
+    def reserve(self, tenant: str, context: int, prefill: int, decode: int) -> Reservation:
+        """Reserve what `prefill` + `decode` tokens of a request holding
+        `context` tokens are expected to use: GPU time, and KV slots for the
+        decode steps. Returns the reservation (the scheduler releases it)."""
+        res = Reservation(
+            gpu_s=prefill * self._s_prefill + decode * self._s_decode,
+            kv_token_s=(context + decode / 2) * decode * self._step_s,
+        )
+        mine = self._reserved.setdefault(tenant, Reservation())
+        mine.gpu_s += res.gpu_s
+        mine.kv_token_s += res.kv_token_s
+        return res
+
+    def release(self, tenant: str, amount: Reservation) -> None:
+        """Give back reserved usage (used, or no longer needed)."""
+        mine = self._reserved.get(tenant)
+        if mine is None:
+            return
+        mine.gpu_s = max(0.0, mine.gpu_s - amount.gpu_s)
+        mine.kv_token_s = max(0.0, mine.kv_token_s - amount.kv_token_s)
 
 
 class VtcMeter(_Weights):
@@ -197,10 +261,19 @@ class VtcMeter(_Weights):
         if self._lift and others:
             self._counters[tenant] = max(self._counters.get(tenant, 0.0), min(others))
 
-    def charge(self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float) -> None:
+    def charge(
+        self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float, steps: int = 1
+    ) -> None:
         for tenant, c in charges.items():
             cost = c.prefill_tokens * self.W_IN + c.decode_tokens * self.W_OUT
             self._counters[tenant] = self._counters.get(tenant, 0.0) + cost / self.weight(tenant)
 
-    def provisional(self, score: float, tenant: str, tokens: int) -> float:
+    def provisional(self, score: float, tenant: str, tokens: int, now: float) -> float:
+        """Within one schedule() call, count the admitted prompt at once."""
         return score + tokens * self.W_IN / self.weight(tenant)
+
+    def reserve(self, tenant: str, context: int, prefill: int, decode: int) -> Reservation:
+        return Reservation()  # VTC charges tokens as they are processed, nothing ahead
+
+    def release(self, tenant: str, amount: Reservation) -> None:
+        return None
