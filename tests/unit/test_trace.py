@@ -1,0 +1,114 @@
+"""Trace reading: Azure CSV (CRLF), fsched JSONL, deterministic assignment."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from fsched.core.trace import TraceError, load_trace, parse_assignments, parse_mix
+from fsched.core.types import RequestClass
+
+AZURE = (
+    "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+    "2023-11-16 18:15:46.6805900,374,44\r\n"
+    "2023-11-16 18:15:50.9951690,396,109\r\n"
+    "2023-11-16 18:15:51.2224670,879,55\r\n"
+    "2023-11-16 23:59:59.5000000,10,1\r\n"
+    "2023-11-17 00:00:00.5000000,20,2\r\n"
+)
+
+
+@pytest.fixture
+def azure(tmp_path):
+    p = tmp_path / "azure.csv"
+    p.write_bytes(AZURE.encode())
+    return p
+
+
+def test_azure_csv_relative_arrivals_and_lengths(azure):
+    reqs = load_trace(azure)
+    assert [r.prompt_tokens for r in reqs] == [374, 396, 879, 10, 20]
+    assert [r.output_tokens for r in reqs] == [44, 109, 55, 1, 2]
+    assert reqs[0].arrival_s == 0.0
+    assert reqs[1].arrival_s == pytest.approx(4.314579)
+    assert reqs[4].arrival_s - reqs[3].arrival_s == pytest.approx(1.0)  # across midnight
+
+
+def test_rate_scale_and_limit(azure):
+    base = load_trace(azure)
+    fast = load_trace(azure, rate_scale=2.0, limit=3)
+    assert len(fast) == 3
+    assert fast[1].arrival_s == pytest.approx(base[1].arrival_s / 2)
+
+
+def test_assignment_is_deterministic_from_seed(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(
+        "\n".join(
+            json.dumps({"arrival_s": i * 0.1, "prompt_tokens": 10, "output_tokens": 5})
+            for i in range(2_000)
+        )
+    )
+    mix = {RequestClass.REALTIME: 0.1, RequestClass.STREAMING: 0.2, RequestClass.BATCH: 0.7}
+    a = load_trace(p, tenants=["x", "y"], mix=mix, seed=1)
+    b = load_trace(p, tenants=["x", "y"], mix=mix, seed=1)
+    c = load_trace(p, tenants=["x", "y"], mix=mix, seed=2)
+    assert a == b and a != c
+    classes = Counter(r.cls for r in a)
+    assert 0.6 < classes[RequestClass.BATCH] / 2_000 < 0.8
+    tenants = Counter(r.tenant for r in a)
+    assert 0.4 < tenants["x"] / 2_000 < 0.6  # uniform: weights decide shares, not load
+
+
+def test_jsonl_keeps_given_tenant_class_priority(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(
+        json.dumps({"arrival_s": 2.0, "tenant": "z", "class": "realtime", "prompt_tokens": 3,
+                    "output_tokens": 4, "priority": 1}) + "\n\n"
+        + json.dumps({"arrival_s": 1.0, "prompt_tokens": 5, "output_tokens": 6}) + "\n"
+    )
+    reqs = load_trace(p, tenants=["q"])
+    assert [(r.tenant, r.arrival_s) for r in reqs] == [("q", 0.0), ("z", 1.0)]
+    assert reqs[1].cls is RequestClass.REALTIME and reqs[1].priority == 1
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"arrival_s": 1, "prompt_tokens": 5}', "line 1: missing field 'output_tokens'"),
+        ('{"arrival_s": 1, "prompt_tokens": 0, "output_tokens": 1}', "line 1: token count"),
+        ('{"arrival_s": 1, "prompt_tokens": 2, "output_tokens": 1, "class": "vip"}', "line 1"),
+        ("[1, 2]", "line 1: expected a JSON object"),
+    ],
+)
+def test_jsonl_errors_name_file_and_line(tmp_path, text, message):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(text + "\n")
+    with pytest.raises(TraceError, match=message):
+        load_trace(p)
+
+
+def test_csv_errors(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b,c\n1,2,3\n")
+    with pytest.raises(TraceError, match="line 1: expected header"):
+        load_trace(bad)
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,x,3\n")
+    with pytest.raises(TraceError, match="line 2"):
+        load_trace(bad)
+    with pytest.raises(TraceError, match="No such file"):
+        load_trace(tmp_path / "missing.csv")
+
+
+def test_parse_assignments_and_mix():
+    assert parse_assignments("a=3, b=1", "--tenants") == {"a": 3.0, "b": 1.0}
+    for bad in ("a", "a=x", "a=1,a=2", "=3", "a=-1"):
+        with pytest.raises(ValueError, match="--tenants"):
+            parse_assignments(bad, "--tenants")
+    assert parse_mix("realtime=1,batch=3") == {RequestClass.REALTIME: 1.0, RequestClass.BATCH: 3.0}
+    with pytest.raises(ValueError, match="unknown class"):
+        parse_mix("vip=1")
+    with pytest.raises(ValueError, match="all be 0"):
+        parse_mix("batch=0")

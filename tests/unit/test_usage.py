@@ -1,0 +1,99 @@
+"""Usage accounting: decay, dominant share, lift, reservations, VTC counters."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fsched.core.usage import (
+    DrfMeter,
+    TenantCharge,
+    VtcMeter,
+    decay_factor,
+    dominant_share,
+    lift_factor,
+)
+
+
+def drf(**kw):
+    args = dict(default_weight=1.0, kv_capacity=1_000, half_life_s=10.0)
+    args.update(kw)
+    return DrfMeter({"a": 3.0, "b": 1.0}, **args)
+
+
+def test_decay_halves_per_half_life():
+    assert decay_factor(0, 10) == 1.0
+    assert decay_factor(10, 10) == pytest.approx(0.5)
+    assert decay_factor(30, 10) == pytest.approx(0.125)
+    assert decay_factor(-5, 10) == 1.0
+
+
+def test_dominant_share_is_max_over_resources_by_capacity_over_weight():
+    assert dominant_share(2.0, 500.0, 1_000.0, 1.0) == 2.0
+    assert dominant_share(0.1, 500.0, 1_000.0, 1.0) == 0.5
+    assert dominant_share(0.1, 500.0, 1_000.0, 2.0) == 0.25
+
+
+@given(score=st.floats(0, 100), floor=st.floats(0, 100))
+def test_lift_factor_raises_to_floor_only(score, floor):
+    f = lift_factor(score, floor)
+    if score >= floor or floor <= 0:
+        assert f == 1.0
+    elif f != float("inf"):  # inf: no usage worth scaling, the meter sets it outright
+        assert score * f == pytest.approx(floor)
+
+
+def test_drf_meter_decays_and_weights():
+    m = drf()
+    m.charge({"a": TenantCharge(gpu_s=3.0), "b": TenantCharge(kv_token_s=2_000.0)}, 1.0, 0.0)
+    assert m.scores(["a", "b"], 0.0) == {"a": pytest.approx(1.0), "b": pytest.approx(2.0)}
+    assert m.score("b", 10.0) == pytest.approx(1.0)  # one half-life later
+
+
+def test_drf_lift_raises_a_returning_tenant_to_the_lowest_backlogged_share():
+    m = drf()
+    m.charge({"a": TenantCharge(gpu_s=30.0), "b": TenantCharge(gpu_s=1.0)}, 1.0, 0.0)
+    m.activate("b", ["a"], 0.0)
+    assert m.score("b", 0.0) == pytest.approx(m.score("a", 0.0))
+    m2 = drf(lift=False)
+    m2.charge({"a": TenantCharge(gpu_s=30.0), "b": TenantCharge(gpu_s=1.0)}, 1.0, 0.0)
+    m2.activate("b", ["a"], 0.0)
+    assert m2.score("b", 0.0) == pytest.approx(1.0)
+    m3 = drf()
+    m3.charge({"a": TenantCharge(gpu_s=30.0)}, 1.0, 0.0)
+    m3.activate("new", ["a"], 0.0)  # never used anything
+    assert m3.score("new", 0.0) == pytest.approx(m3.score("a", 0.0))
+    m3.activate("b", [], 0.0)  # nobody else waiting: nothing to lift to
+    assert m3.score("b", 0.0) == 0.0
+
+
+def test_lift_never_lowers_a_share():
+    m = drf()
+    m.charge({"a": TenantCharge(gpu_s=3.0), "b": TenantCharge(gpu_s=5.0)}, 1.0, 0.0)
+    m.activate("b", ["a"], 0.0)
+    assert m.score("b", 0.0) == pytest.approx(5.0)
+
+
+def test_reservation_counts_until_released():
+    m = drf()
+    res = m.reserve("b", context=100, prefill=100, decode=10)
+    assert res and m.score("b", 0.0) > 0
+    m.release("b", res)
+    assert m.score("b", 0.0) == 0.0
+
+
+def test_weights_must_be_positive():
+    m = drf()
+    with pytest.raises(ValueError):
+        m.set_weight("a", 0.0)
+    m.set_weight("a", 6.0)
+    assert m.weight("a") == 6.0 and m.weight("unknown") == 1.0
+
+
+def test_vtc_counts_weighted_input_and_output_tokens_and_lifts():
+    m = VtcMeter({"a": 2.0}, default_weight=1.0)
+    m.charge({"a": TenantCharge(prefill_tokens=100, decode_tokens=50)}, 1.0, 0.0)
+    assert m.scores(["a"], 0.0)["a"] == pytest.approx((100 + 2 * 50) / 2)
+    m.activate("b", ["a"], 0.0)
+    assert m.scores(["b"], 0.0)["b"] == pytest.approx(100.0)
