@@ -160,3 +160,19 @@ def test_simulate_imports_neither_torch_nor_sqlalchemy():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("policy", ["priority", "fsched"])
+def test_minimum_quantum_expiry_is_a_decision_point(policy):
+    """A realtime request arrives while every running batch request is still
+    inside its minimum quantum: the skip must stop when the quantum ends."""
+    cfg = SchedulerConfig(max_batch=2, kv_tokens=20_000, step_tokens=600, min_quantum_steps=20)
+    trace = [
+        TraceRequest(0.0, "a", RequestClass.BATCH, 100, 2_000),
+        TraceRequest(0.0, "a", RequestClass.BATCH, 100, 2_000),
+        TraceRequest(0.05, "a", RequestClass.REALTIME, 50, 5),
+    ]
+    fast = simulate(trace, policy, config=cfg)
+    slow = simulate(trace, policy, config=cfg, jump=False)
+    assert fast.records[2].first_token_s == pytest.approx(slow.records[2].first_token_s)
+    assert fast.records[2].first_token_s < 2.0  # ~20 steps, not the 2,000 of a batch request
