@@ -54,11 +54,9 @@ def aged(band: int, level: int, priority: int, waited_s: float, aging_s: float):
 def next_aging_change(band: int, level: int, priority: int, since: float, now: float,
                       aging_s: float) -> float:
     """Clock time at which `aged(...)` next changes (inf when it never does)."""
-    if band == 0 and level == 0 and priority == 0:
-        return INF
     steps = int((now - since) // aging_s) if now > since else 0
-    if steps > band:
-        return INF
+    if steps > band or (steps == band and level == 0 and priority == 0):
+        return INF  # fully aged already, or the next step changes nothing
     return since + (steps + 1) * aging_s
 
 

@@ -14,7 +14,6 @@ import enum
 from dataclasses import dataclass
 
 from fsched.core.types import RequestClass, RequestState
-from fsched.core.usage import Reservation
 
 
 class Checkpoint(enum.StrEnum):
@@ -46,7 +45,8 @@ class SchedRequest:
     run_steps: int = 0  # steps with progress since last admission (minimum quantum)
     idle_steps: int = 0  # consecutive running steps without a prefill chunk
     preemptions: int = 0
-    reserved: Reservation | None = None  # usage granted by the tenant meter, not yet used
+    res_gpu: float = 0.0  # usage granted by the tenant meter and not yet used:
+    res_kv: float = 0.0  # GPU seconds and KV token-seconds
     seq: int = 0  # admission-order tie-breaker, unique per scheduler
 
     def __post_init__(self) -> None:

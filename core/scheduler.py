@@ -24,7 +24,7 @@ Budgets, all enforced in `schedule()`:
 from __future__ import annotations
 
 import itertools
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -33,7 +33,7 @@ from fsched.core.policy import INF, Policy, make_policy
 from fsched.core.sched_config import SchedulerConfig
 from fsched.core.schedreq import Checkpoint, SchedRequest
 from fsched.core.types import RequestState
-from fsched.core.usage import Reservation, TenantCharge
+from fsched.core.usage import TenantCharge
 from fsched.core.waitqueue import WaitQueue
 
 
@@ -205,7 +205,7 @@ class Scheduler:
                     return
             self._start(cand, b)
             prefill, decode = expected_work(cand, self.config.quanta)
-            cand.reserved = self.meter.reserve(cand.tenant, cand.context, prefill, decode)
+            cand.res_gpu, cand.res_kv = self.meter.reserve(cand.tenant, cand.context, prefill, decode)
             scores[cand.tenant] = self.meter.provisional(
                 scores[cand.tenant], cand.tenant, prefill, now
             )
@@ -277,9 +277,9 @@ class Scheduler:
         b.touched.add(r.id)
 
     def _release(self, r: SchedRequest) -> None:
-        if r.reserved:
-            self.meter.release(r.tenant, r.reserved)
-        r.reserved = None
+        if r.res_gpu or r.res_kv:
+            self.meter.release(r.tenant, r.res_gpu, r.res_kv)
+        r.res_gpu = r.res_kv = 0.0
 
     def _preempt(self, r: SchedRequest, b: _StepBuilder, now: float) -> None:
         self._release(r)
@@ -359,51 +359,65 @@ class Scheduler:
     def postprocess(self, plan: Plan, outcome: Outcome, now: float) -> Mapping[str, TenantCharge]:
         """Apply what the engine did; `now` is the time the step(s) ended.
 
-        Returns what each tenant consumed, as charged to the usage meter.
+        Returns what each tenant consumed, as charged to the usage meter:
+        each step's time apportioned by the tokens each request processed,
+        and the KV each held times the time (at the midpoint of a repeated
+        decode run, where it grew linearly).
         """
         steps = outcome.steps
         if steps < 1 or (steps > 1 and plan.prefill):
             raise ValueError("only decode-only plans may be repeated")
-        total = plan.tokens * steps
         elapsed = outcome.elapsed_s
-        charges: defaultdict[str, TenantCharge] = defaultdict(TenantCharge)
+        per_token = elapsed / (plan.tokens * steps) if plan.tokens else 0.0
         quanta = self.config.quanta
-        for chunk in plan.prefill:
-            r = self._running.get(chunk.request_id)
-            if r is None:
-                continue  # cancelled while the step ran
-            r.computed += chunk.tokens
-            c = charges[r.tenant]
-            c.prefill_tokens += chunk.tokens
-            used = elapsed * chunk.tokens / total
-            c.gpu_s += used
-            self._use_reservation(r, gpu_s=used)
-            if chunk.produces_token:
-                self._produced(r, outcome.tokens_of(r.id), quanta)
-        for rid in plan.decode:
-            r = self._running.get(rid)
-            if r is None:
-                continue
-            n = outcome.tokens_of(rid)
-            r.computed += n
-            c = charges[r.tenant]
-            c.decode_tokens += n
-            used = elapsed * n / total
-            c.gpu_s += used
-            self._use_reservation(r, gpu_s=used)
-            self._produced(r, n, quanta)
+        chunks = {c.request_id: c for c in plan.prefill}
         decoded = set(plan.decode)
-        progressed = decoded | {c.request_id for c in plan.prefill}
+        tokens_of = outcome.tokens_of
+        half = (steps - 1) / 2
+        # tenant -> [gpu_s, kv_token_s, prefill, decode, reserved gpu used, reserved kv used]
+        acc: dict[str, list[float]] = {}
         for r in self._running.values():
-            if r.id in progressed:
+            a = acc.get(r.tenant)
+            if a is None:
+                a = acc[r.tenant] = [0.0, 0.0, 0, 0, 0.0, 0.0]
+            rid = r.id
+            chunk = None if rid in decoded else chunks.get(rid)
+            if rid in decoded:
+                n = tokens_of(rid)
+                r.computed += n
+                a[3] += n
+                gpu = per_token * n
+                held = r.computed - half
+                self._produced(r, n, quanta)
+            elif chunk is not None:
+                r.computed += chunk.tokens
+                a[2] += chunk.tokens
+                gpu = per_token * chunk.tokens
+                held = r.computed
+                if chunk.produces_token:
+                    self._produced(r, tokens_of(rid), quanta)
+            else:
+                gpu, held = 0.0, r.computed
+            if gpu:
                 r.run_steps += steps
                 r.idle_steps = 0
             else:
                 r.idle_steps += steps
-            # KV held over the run grew roughly linearly: charge the midpoint.
-            held = r.computed - (steps - 1) / 2 if r.id in decoded else r.computed
-            charges[r.tenant].kv_token_s += held * elapsed
-            self._use_reservation(r, kv_token_s=held * elapsed)
+            kv = held * elapsed
+            a[0] += gpu
+            a[1] += kv
+            if r.res_gpu or r.res_kv:
+                used_gpu = gpu if gpu < r.res_gpu else r.res_gpu
+                used_kv = kv if kv < r.res_kv else r.res_kv
+                r.res_gpu -= used_gpu
+                r.res_kv -= used_kv
+                a[4] += used_gpu
+                a[5] += used_kv
+        charges: dict[str, TenantCharge] = {}
+        for tenant, a in acc.items():
+            charges[tenant] = TenantCharge(a[0], a[1], int(a[2]), int(a[3]))
+            if a[4] or a[5]:
+                self.meter.release(tenant, a[4], a[5])
         for rid in outcome.finished:
             self._finish(rid)
         for r in [r for r in self._running.values() if should_stop(r)]:
@@ -411,14 +425,6 @@ class Scheduler:
         self._step += steps
         self.meter.charge(charges, elapsed, now, steps)
         return charges
-
-    def _use_reservation(self, r: SchedRequest, gpu_s: float = 0.0, kv_token_s: float = 0.0):
-        res = r.reserved
-        if res:
-            used = Reservation(min(gpu_s, res.gpu_s), min(kv_token_s, res.kv_token_s))
-            res.gpu_s -= used.gpu_s
-            res.kv_token_s -= used.kv_token_s
-            self.meter.release(r.tenant, used)
 
     def _produced(self, r: SchedRequest, n: int, quanta: tuple[int, ...]) -> None:
         r.generated += n
@@ -428,12 +434,9 @@ class Scheduler:
         if r.level != level and r.remaining_tokens > 0:
             # Demoted: the request keeps running, so reserve its next quantum.
             _, decode = expected_work(r, quanta)
-            more = self.meter.reserve(r.tenant, r.context, 0, decode)
-            if r.reserved is None:
-                r.reserved = more
-            else:
-                r.reserved.gpu_s += more.gpu_s
-                r.reserved.kv_token_s += more.kv_token_s
+            gpu, kv = self.meter.reserve(r.tenant, r.context, 0, decode)
+            r.res_gpu += gpu
+            r.res_kv += kv
 
     def _finish(self, request_id: str) -> None:
         r = self._running.pop(request_id, None)

@@ -32,17 +32,6 @@ class TenantCharge:
     decode_tokens: int = 0
 
 
-@dataclass(slots=True)
-class Reservation:
-    """Usage granted to an admitted request and not yet consumed."""
-
-    gpu_s: float = 0.0
-    kv_token_s: float = 0.0
-
-    def __bool__(self) -> bool:
-        return self.gpu_s > 0 or self.kv_token_s > 0
-
-
 def decay_factor(dt: float, half_life_s: float) -> float:
     """Weight left on usage `dt` seconds old."""
     return 0.5 ** (max(dt, 0.0) / half_life_s)
@@ -69,8 +58,10 @@ class TenantMeter(Protocol):
     ) -> None: ...
     def scores(self, tenants: Iterable[str], now: float) -> dict[str, float]: ...
     def provisional(self, score: float, tenant: str, tokens: int, now: float) -> float: ...
-    def reserve(self, tenant: str, context: int, prefill: int, decode: int) -> Reservation: ...
-    def release(self, tenant: str, amount: Reservation) -> None: ...
+    def reserve(
+        self, tenant: str, context: int, prefill: int, decode: int
+    ) -> tuple[float, float]: ...
+    def release(self, tenant: str, gpu_s: float, kv_token_s: float) -> None: ...
 
 
 class _Weights:
@@ -108,10 +99,10 @@ class NullMeter(_Weights):
     def provisional(self, score: float, tenant: str, tokens: int, now: float) -> float:
         return score
 
-    def reserve(self, tenant: str, context: int, prefill: int, decode: int) -> Reservation:
-        return Reservation()
+    def reserve(self, tenant: str, context: int, prefill: int, decode: int) -> tuple[float, float]:
+        return 0.0, 0.0
 
-    def release(self, tenant: str, amount: Reservation) -> None:
+    def release(self, tenant: str, gpu_s: float, kv_token_s: float) -> None:
         return None
 
 
@@ -152,7 +143,7 @@ class DrfMeter(_Weights):
         # GPU seconds granted to admitted requests and not yet used: a
         # tenant's share counts the work it has been given, so one free
         # batch of slots is not handed to a single tenant.
-        self._reserved: dict[str, Reservation] = {}
+        self._reserved: dict[str, list[float]] = {}  # tenant -> [gpu_s, kv_token_s]
 
     def _at(self, tenant: str, now: float) -> _Usage:
         usage = self._usage.get(tenant)
@@ -167,8 +158,11 @@ class DrfMeter(_Weights):
 
     def score(self, tenant: str, now: float) -> float:
         u = self._at(tenant, now)
+        gpu, kv = u.gpu_s, u.kv_token_s
         res = self._reserved.get(tenant)
-        gpu, kv = (u.gpu_s + res.gpu_s, u.kv_token_s + res.kv_token_s) if res else (u.gpu_s, u.kv_token_s)
+        if res is not None:
+            gpu += res[0]
+            kv += res[1]
         return dominant_share(gpu, kv, self._kv_capacity, self.weight(tenant))
 
     def scores(self, tenants: Iterable[str], now: float) -> dict[str, float]:
@@ -212,26 +206,26 @@ class DrfMeter(_Weights):
         request's reservation is already counted."""
         return self.score(tenant, now)
 
-    def reserve(self, tenant: str, context: int, prefill: int, decode: int) -> Reservation:
+    def reserve(self, tenant: str, context: int, prefill: int, decode: int) -> tuple[float, float]:
         """Reserve what `prefill` + `decode` tokens of a request holding
-        `context` tokens are expected to use: GPU time, and KV slots for the
-        decode steps. Returns the reservation (the scheduler releases it)."""
-        res = Reservation(
-            gpu_s=prefill * self._s_prefill + decode * self._s_decode,
-            kv_token_s=(context + decode / 2) * decode * self._step_s,
-        )
-        mine = self._reserved.setdefault(tenant, Reservation())
-        mine.gpu_s += res.gpu_s
-        mine.kv_token_s += res.kv_token_s
-        return res
-
-    def release(self, tenant: str, amount: Reservation) -> None:
-        """Give back reserved usage (used, or no longer needed)."""
+        `context` tokens are expected to use: GPU seconds, and KV
+        token-seconds for the decode steps. Returns both; the scheduler
+        releases them as they are used or when the request leaves."""
+        gpu = prefill * self._s_prefill + decode * self._s_decode
+        kv = (context + decode / 2) * decode * self._step_s
         mine = self._reserved.get(tenant)
         if mine is None:
-            return
-        mine.gpu_s = max(0.0, mine.gpu_s - amount.gpu_s)
-        mine.kv_token_s = max(0.0, mine.kv_token_s - amount.kv_token_s)
+            mine = self._reserved[tenant] = [0.0, 0.0]
+        mine[0] += gpu
+        mine[1] += kv
+        return gpu, kv
+
+    def release(self, tenant: str, gpu_s: float, kv_token_s: float) -> None:
+        """Give back reserved usage (used, or no longer needed)."""
+        mine = self._reserved.get(tenant)
+        if mine is not None:
+            mine[0] = max(0.0, mine[0] - gpu_s)
+            mine[1] = max(0.0, mine[1] - kv_token_s)
 
 
 class VtcMeter(_Weights):
@@ -272,8 +266,8 @@ class VtcMeter(_Weights):
         """Within one schedule() call, count the admitted prompt at once."""
         return score + tokens * self.W_IN / self.weight(tenant)
 
-    def reserve(self, tenant: str, context: int, prefill: int, decode: int) -> Reservation:
-        return Reservation()  # VTC charges tokens as they are processed, nothing ahead
+    def reserve(self, tenant: str, context: int, prefill: int, decode: int) -> tuple[float, float]:
+        return 0.0, 0.0  # VTC charges tokens as they are processed, nothing ahead
 
-    def release(self, tenant: str, amount: Reservation) -> None:
+    def release(self, tenant: str, gpu_s: float, kv_token_s: float) -> None:
         return None

@@ -77,9 +77,9 @@ def test_lift_never_lowers_a_share():
 
 def test_reservation_counts_until_released():
     m = drf()
-    res = m.reserve("b", context=100, prefill=100, decode=10)
-    assert res and m.score("b", 0.0) > 0
-    m.release("b", res)
+    gpu, kv = m.reserve("b", context=100, prefill=100, decode=10)
+    assert gpu > 0 and kv > 0 and m.score("b", 0.0) > 0
+    m.release("b", gpu, kv)
     assert m.score("b", 0.0) == 0.0
 
 
