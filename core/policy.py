@@ -72,6 +72,7 @@ class Policy(Protocol):
     def rank(self, r: SchedRequest, now: float, scores: Mapping[str, float]) -> tuple: ...
     def running_rank(self, r: SchedRequest, scores: Mapping[str, float]) -> tuple: ...
     def may_preempt(self, waiter: SchedRequest, victim: SchedRequest) -> bool: ...
+    def preempts_within(self, band: int) -> bool: ...
     def next_change(self, r: SchedRequest, now: float) -> float: ...
 
 
@@ -103,6 +104,10 @@ class Fcfs:
     def may_preempt(self, waiter: SchedRequest, victim: SchedRequest) -> bool:
         return False
 
+    def preempts_within(self, band: int) -> bool:
+        """Whether a waiter may displace a runner of its own class band."""
+        return False
+
     def next_change(self, r: SchedRequest, now: float) -> float:
         return INF
 
@@ -125,6 +130,9 @@ class StrictPriority(Fcfs):
 
     def may_preempt(self, waiter: SchedRequest, victim: SchedRequest) -> bool:
         return (waiter.cls.band, waiter.priority) < (victim.cls.band, victim.priority)
+
+    def preempts_within(self, band: int) -> bool:
+        return True  # by base priority
 
 
 class Vtc(Fcfs):
@@ -202,6 +210,9 @@ class FschedPolicy:
             and victim.level > victim.admit_level
             and waiter.level < victim.level
         )
+
+    def preempts_within(self, band: int) -> bool:
+        return band < RequestClass.BATCH.band  # time slicing, not in the batch band
 
     def next_change(self, r: SchedRequest, now: float) -> float:
         return next_aging_change(r.cls.band, r.level, r.priority, r.wait_since, now, self.aging_s)

@@ -32,7 +32,7 @@ from fsched.core.plan import Outcome, Plan, Preemption, PrefillChunk
 from fsched.core.policy import INF, Policy, make_policy
 from fsched.core.sched_config import SchedulerConfig
 from fsched.core.schedreq import Checkpoint, SchedRequest
-from fsched.core.types import RequestState
+from fsched.core.types import RequestClass, RequestState
 from fsched.core.usage import TenantCharge
 from fsched.core.waitqueue import WaitQueue
 
@@ -57,6 +57,12 @@ def expected_work(r: SchedRequest, quanta: tuple[int, ...]) -> tuple[int, int]:
 def should_stop(r: SchedRequest) -> bool:
     """The scheduler's own stop check: max_tokens reached (EOS/stop come from the engine)."""
     return r.generated >= r.max_tokens
+
+
+@dataclass(slots=True, frozen=True)
+class StepResult:
+    charges: Mapping[str, TenantCharge]
+    finished: tuple[str, ...]  # left the running set: done
 
 
 @dataclass(slots=True)
@@ -88,6 +94,10 @@ class Scheduler:
         self._live: dict[str, SchedRequest] = {}
         self._tenant_live: Counter[str] = Counter()
         self._tenant_waiting: Counter[str] = Counter()
+        # Requests per class band, waiting and running: a cheap test of
+        # whether any preemption is possible before searching for a victim.
+        self._waiting_bands = [0] * len(RequestClass)
+        self._running_bands = [0] * len(RequestClass)
         self._kv_committed = 0  # sum of running contexts
         self._host_used = 0
         self._step = 0
@@ -152,6 +162,7 @@ class Scheduler:
         if self._tenant_waiting[r.tenant] == 0:
             self.meter.activate(r.tenant, self.backlogged_tenants(), now)
         self._tenant_waiting[r.tenant] += 1
+        self._waiting_bands[r.cls.band] += 1
         self._waiting.push(r)
 
     def cancel(self, request_id: str) -> bool:
@@ -162,10 +173,12 @@ class Scheduler:
         if r.state is RequestState.RUNNING:
             self._release(r)
             del self._running[r.id]
+            self._running_bands[r.cls.band] -= 1
             self._kv_committed -= r.context
         else:
             self._waiting.remove(r)
             self._tenant_waiting[r.tenant] -= 1
+            self._waiting_bands[r.cls.band] -= 1
             if r.parked:
                 self._host_used -= r.computed
                 r.parked = False
@@ -220,6 +233,12 @@ class Scheduler:
         Returns the request that now fits, or None.
         """
         policy = self.policy
+        best_waiting = next(b for b, n in enumerate(self._waiting_bands) if n)
+        worst_running = max(b for b, n in enumerate(self._running_bands) if n)
+        if best_waiting > worst_running or (
+            best_waiting == worst_running and not policy.preempts_within(worst_running)
+        ):
+            return None  # no waiter outranks any runner by class: nothing to search
         victim = self._victim(scores)
         if victim is None:
             return None
@@ -263,6 +282,8 @@ class Scheduler:
     def _start(self, r: SchedRequest, b: _StepBuilder) -> None:
         self._waiting.pop_head(r)
         self._tenant_waiting[r.tenant] -= 1
+        self._waiting_bands[r.cls.band] -= 1
+        self._running_bands[r.cls.band] += 1
         if r.parked:
             self._host_used -= r.computed
             r.parked = False
@@ -284,6 +305,7 @@ class Scheduler:
     def _preempt(self, r: SchedRequest, b: _StepBuilder, now: float) -> None:
         self._release(r)
         del self._running[r.id]
+        self._running_bands[r.cls.band] -= 1
         self._kv_committed -= r.context
         kv = r.computed
         if kv > 0 and self._host_used + kv <= self.config.host_kv_tokens:
@@ -341,25 +363,33 @@ class Scheduler:
         )
 
     def _stable_steps(self, n_decode: int, waiting: bool) -> int:
-        """Steps this decode-only plan can repeat before a decision is due."""
+        """Steps this decode-only plan can repeat before a decision is due:
+        a request reaching max_tokens, KV pressure, and with work waiting a
+        minimum quantum ending (a victim appears) or a quantum running out
+        (time slicing)."""
         cfg = self.config
         steps = (cfg.kv_tokens - self._kv_committed) // n_decode + 1  # memory pressure
         mq, quanta = cfg.min_quantum_steps, cfg.quanta
+        last = len(quanta)
+        quantum_ends = waiting and self.policy.preemptive
+        slicing = waiting and self.policy.time_slicing
         for r in self._running.values():
-            steps = min(steps, r.remaining_tokens)
-            if not waiting:
-                continue
-            if self.policy.preemptive and r.run_steps < mq:
-                steps = min(steps, mq - r.run_steps)
-            if self.policy.time_slicing and r.level < len(quanta):
-                steps = min(steps, quanta[r.level] - r.level_tokens)
+            left = r.max_tokens - r.generated
+            if left < steps:
+                steps = left
+            if quantum_ends and r.run_steps < mq and mq - r.run_steps < steps:
+                steps = mq - r.run_steps
+            if slicing and r.level < last and quanta[r.level] - r.level_tokens < steps:
+                steps = quanta[r.level] - r.level_tokens
         return max(1, steps)
 
     # ------------------------------------------------------------ postprocess
-    def postprocess(self, plan: Plan, outcome: Outcome, now: float) -> Mapping[str, TenantCharge]:
+    def postprocess(self, plan: Plan, outcome: Outcome, now: float) -> StepResult:
         """Apply what the engine did; `now` is the time the step(s) ended.
 
-        Returns what each tenant consumed, as charged to the usage meter:
+        Returns the requests that finished (the engine's and those that
+        reached max_tokens) and what each tenant consumed, as charged to the
+        usage meter:
         each step's time apportioned by the tokens each request processed,
         and the KV each held times the time (at the midpoint of a repeated
         decode run, where it grew linearly).
@@ -418,18 +448,22 @@ class Scheduler:
             charges[tenant] = TenantCharge(a[0], a[1], int(a[2]), int(a[3]))
             if a[4] or a[5]:
                 self.meter.release(tenant, a[4], a[5])
-        for rid in outcome.finished:
+        finished = [rid for rid in outcome.finished if rid in self._running]
+        finished += [r.id for r in self._running.values() if should_stop(r) and r.id not in
+                     outcome.finished]
+        for rid in finished:
             self._finish(rid)
-        for r in [r for r in self._running.values() if should_stop(r)]:
-            self._finish(r.id)
         self._step += steps
         self.meter.charge(charges, elapsed, now, steps)
-        return charges
+        return StepResult(charges, tuple(finished))
 
     def _produced(self, r: SchedRequest, n: int, quanta: tuple[int, ...]) -> None:
         r.generated += n
         self._kv_committed += n
         level = r.level
+        if level >= len(quanta) or r.level_tokens + n < quanta[level]:
+            r.level_tokens += n  # no demotion: the common case
+            return
         r.level, r.level_tokens = demote(r.level, r.level_tokens, n, quanta)
         if r.level != level and r.remaining_tokens > 0:
             # Demoted: the request keeps running, so reserve its next quantum.
@@ -443,6 +477,7 @@ class Scheduler:
         if r is None:
             return
         self._release(r)
+        self._running_bands[r.cls.band] -= 1
         self._kv_committed -= r.context
         r.state = RequestState.DONE
         del self._live[r.id]

@@ -179,11 +179,9 @@ def simulate(
             if sched.waiting_count or sched.running:
                 raise RuntimeError("simulation stuck: work left but nothing schedulable")
             break
+        # The trace's output length is the request's max_tokens, so the
+        # scheduler's stable_steps already stops at the next completion.
         steps = plan.stable_steps if jump else 1
-        running = sched.running
-        for rid in plan.decode:
-            r = running[rid]
-            steps = min(steps, tracks[rid].req.output_tokens - r.generated)
         if steps > 1:
             t_next = min(trace[i].arrival_s if i < n else math.inf, plan.wakeup_at)
             if t_next < math.inf:
@@ -192,29 +190,21 @@ def simulate(
                 )
             elapsed = cost.decode_run_s(steps, len(plan.decode), plan.kv_tokens)
         else:
-            steps = 1
             elapsed = cost.step_s(plan.tokens, plan.kv_tokens, plan.swap_tokens)
         end = now + elapsed
-        finished = set()
         for c in plan.prefill:
             if c.produces_token:
-                r = running[c.request_id]
                 tr = tracks[c.request_id]
-                if r.generated == 0:
+                if tr.first_token_s is None:
                     tr.first_token_s = end
-                if r.generated + 1 >= tr.req.output_tokens:
-                    finished.add(c.request_id)
-        for rid in plan.decode:
-            if running[rid].generated + steps >= tracks[rid].req.output_tokens:
-                finished.add(rid)
         backlogged = all(waiting_by_tenant[t] > 0 for t in tenants)
-        charges = sched.postprocess(plan, Outcome(elapsed, frozenset(finished), steps=steps), end)
+        result = sched.postprocess(plan, Outcome(elapsed, steps=steps), end)
         for usage in (whole, backlog) if backlogged else (whole,):
             usage.seconds += elapsed
-            for t, ch in charges.items():
+            for t, ch in result.charges.items():
                 usage.gpu_s[t] += ch.gpu_s
                 usage.kv_token_s[t] += ch.kv_token_s
-        for rid in finished:
+        for rid in result.finished:
             tracks[rid].finish_s = end
         busy_s += elapsed
         now = end

@@ -46,7 +46,7 @@ def run_steps(sched: Scheduler, arrivals: list[SchedRequest], steps: int):
             if sched.running[rid].generated + 1 >= outputs[rid]:
                 finished.add(rid)
         now += 1.0
-        charges = sched.postprocess(plan, Outcome(1.0, frozenset(finished)), now)
+        charges = sched.postprocess(plan, Outcome(1.0, frozenset(finished)), now).charges
         log.append(({t: (c.gpu_s, c.kv_token_s) for t, c in charges.items()}, backlogged))
     return log
 
