@@ -1,0 +1,192 @@
+"""The engine loop: the scheduler decides, the runner executes, the scheduler learns.
+
+    plan = scheduler.schedule(now)
+    result = runner.run(plan)
+    scheduler.postprocess(plan, result.outcome, now)
+
+No torch here: the runner is passed in (anything with the ModelRunner
+interface), so the loop is the same for the real model and for stand-ins.
+`Engine.run_all` drives it standalone over a list of requests (tests and
+benchmarks); the daemon drives `step()` itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from fsched.core.schedreq import SchedRequest
+from fsched.core.scheduler import Scheduler
+from fsched.core.stopping import FinishReason
+from fsched.core.types import RequestClass, SamplingParams
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    id: str
+    prompt: list[int]  # token ids
+    params: SamplingParams
+    tenant: str = "default"
+    cls: RequestClass = RequestClass.BATCH
+    priority: int = 5
+    generated: list[int] = field(default_factory=list)  # tokens from before a restart
+
+
+@dataclass(slots=True)
+class EngineResult:
+    id: str
+    tokens: list[int]
+    text: str
+    finish_reason: FinishReason | None  # None: failed
+    prompt_tokens: int
+    error: str | None = None
+    arrival: float = 0.0
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+
+@dataclass(slots=True)
+class StepReport:
+    tokens: dict[str, int]  # request -> the token it produced this step
+    finished: list[EngineResult]
+    elapsed_s: float
+    batch_size: int
+    kv_tokens: int
+
+
+class Engine:
+    def __init__(
+        self, runner, scheduler: Scheduler, context_length: int, clock: Callable[[], float] = time.monotonic
+    ):
+        self.runner = runner
+        self.scheduler = scheduler
+        self.context_length = context_length
+        self.clock = clock
+        self._requests: dict[str, EngineRequest] = {}
+        self._arrival: dict[str, float] = {}
+        self._first_token: dict[str, float] = {}
+        self.steps = 0
+        self.max_kv_tokens_seen = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.scheduler.running) or self.scheduler.waiting_count > 0
+
+    def add(self, request: EngineRequest) -> EngineResult | None:
+        """Queue a request; a request that can never run fails alone, at once."""
+        now = self.clock()
+        context = len(request.prompt) + len(request.generated)
+        if context >= self.context_length:
+            return self._failed(
+                request,
+                now,
+                f"the prompt is {len(request.prompt)} tokens; the "
+                f"model's context holds {self.context_length}",
+            )
+        # Generation stops when the context is full, whatever max_tokens says.
+        room = self.context_length - len(request.prompt)
+        max_tokens = min(request.params.max_tokens, room)
+        sched = SchedRequest(
+            id=request.id,
+            tenant=request.tenant,
+            cls=request.cls,
+            prompt_tokens=len(request.prompt),
+            max_tokens=max_tokens,
+            arrival=now,
+            priority=request.priority,
+        )
+        sched.generated = len(request.generated)
+        try:
+            self.scheduler.add(sched)
+        except ValueError as exc:
+            return self._failed(request, now, str(exc))
+        self.runner.add(request.id, request.prompt, request.params, request.generated)
+        self._requests[request.id] = request
+        self._arrival[request.id] = now
+        return None
+
+    def cancel(self, request_id: str) -> bool:
+        if request_id not in self._requests:
+            return False
+        self.scheduler.cancel(request_id)
+        self.runner.release(request_id)
+        self._forget(request_id)
+        return True
+
+    def step(self) -> StepReport | None:
+        """One engine step; None when there was nothing to run."""
+        plan = self.scheduler.schedule(self.clock())
+        if plan.empty:
+            return None
+        result = self.runner.run(plan)
+        now = self.clock()
+        self.scheduler.postprocess(plan, result.outcome, now)
+        self.steps += 1
+        kv = self.runner.kv_tokens
+        self.max_kv_tokens_seen = max(self.max_kv_tokens_seen, kv)
+        for rid in result.tokens:
+            self._first_token.setdefault(rid, now)
+        finished = [self._finish(rid, check.finished, now) for rid, check in result.finished.items()]
+        # The scheduler also ends a request at max_tokens on its own count.
+        for rid in [rid for rid in self._requests if self.scheduler.get(rid) is None]:
+            finished.append(self._finish(rid, FinishReason.LENGTH, now))
+        return StepReport(
+            tokens=result.tokens,
+            finished=finished,
+            elapsed_s=result.outcome.elapsed_s,
+            batch_size=len(plan.decode) + len(plan.prefill),
+            kv_tokens=kv,
+        )
+
+    def run_all(
+        self, requests: Iterable[EngineRequest], on_step: Callable[[StepReport], None] | None = None
+    ) -> dict[str, EngineResult]:
+        """Run requests to completion; results by id."""
+        results: dict[str, EngineResult] = {}
+        for request in requests:
+            failed = self.add(request)
+            if failed is not None:
+                results[failed.id] = failed
+        while self.has_work:
+            report = self.step()
+            if report is None:
+                continue
+            if on_step is not None:
+                on_step(report)
+            for r in report.finished:
+                results[r.id] = r
+        return results
+
+    def _finish(self, rid: str, reason: FinishReason, now: float) -> EngineResult:
+        request = self._requests[rid]
+        result = EngineResult(
+            id=rid,
+            tokens=self.runner.generated(rid),
+            text=self.runner.text(rid),
+            finish_reason=reason,
+            prompt_tokens=len(request.prompt),
+            arrival=self._arrival[rid],
+            first_token_at=self._first_token.get(rid),
+            finished_at=now,
+        )
+        self.runner.release(rid)
+        self._forget(rid)
+        return result
+
+    def _failed(self, request: EngineRequest, now: float, error: str) -> EngineResult:
+        return EngineResult(
+            id=request.id,
+            tokens=list(request.generated),
+            text="",
+            finish_reason=None,
+            prompt_tokens=len(request.prompt),
+            error=error,
+            arrival=now,
+            finished_at=now,
+        )
+
+    def _forget(self, rid: str) -> None:
+        self._requests.pop(rid, None)
+        self._arrival.pop(rid, None)
+        self._first_token.pop(rid, None)

@@ -1,0 +1,246 @@
+"""ModelRunner: executes the scheduler's plans on a Hugging Face causal LM.
+
+One `run(plan)` is one engine step, in the order the plan promises (see
+core/plan.py): checkpoint the preempted (park their KV in host memory, or
+drop it for recompute), restore the resumed, decode one token for every row
+of the batch, then run the prefill chunks; a chunk that completes its
+prefill yields the request's next token and its KV joins the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from fsched.core.plan import Outcome, Plan, PrefillChunk
+from fsched.core.runner.kvbatch import BatchKV, ParkedKV, cache_from_layers, layers_of
+from fsched.core.runner.model import LoadedModel
+from fsched.core.runner.sampling import choose_tokens
+from fsched.core.schedreq import Checkpoint
+from fsched.core.stopping import FinishReason, StopCheck, check_stop
+from fsched.core.types import SamplingParams
+
+
+class RunnerError(Exception):
+    """The runner was asked for something its state does not allow (a bug upstream)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    id: str
+    tokens: list[int]  # prompt, then every generated token
+    prompt_len: int
+    params: SamplingParams
+    finish: StopCheck | None = None
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+
+@dataclass(slots=True)
+class _Parked:
+    kv: ParkedKV
+    in_batch: bool  # decoding (joins the batch) or mid-prefill (resumes its prefill)
+
+
+@dataclass(slots=True)
+class StepResult:
+    outcome: Outcome
+    tokens: dict[str, int] = field(default_factory=dict)  # the token each producing request yielded
+    finished: dict[str, StopCheck] = field(default_factory=dict)
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.device = loaded.device
+        # Parked KV lives in host memory; pinned on a GPU so the copy back is fast.
+        self.host = torch.device("cpu")
+        self.batch = BatchKV(self.device)
+        self._requests: dict[str, _Request] = {}
+        self._prefilling: dict[str, tuple[DynamicCache, int]] = {}  # cache, tokens computed
+        self._parked: dict[str, _Parked] = {}
+        self.parks = 0  # checkpoints kept in host memory
+        self.recomputes = 0  # checkpoints dropped, to be recomputed
+
+    # -- requests ----------------------------------------------------------------------
+    def add(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        generated: list[int] | tuple[int, ...] = (),
+    ) -> None:
+        """Register a request; `generated` are tokens it produced before (a resume)."""
+        if request_id in self._requests:
+            raise RunnerError(f"request {request_id!r} is already in the runner")
+        if not prompt:
+            raise RunnerError(f"request {request_id!r} has an empty prompt")
+        self._requests[request_id] = _Request(request_id, [*prompt, *generated], len(prompt), params)
+
+    def release(self, request_id: str) -> None:
+        """Forget a request (finished or cancelled) and free everything it holds."""
+        self._requests.pop(request_id, None)
+        self._prefilling.pop(request_id, None)
+        self._parked.pop(request_id, None)
+        self.batch.remove({request_id})
+
+    def generated(self, request_id: str) -> list[int]:
+        return list(self._requests[request_id].generated)
+
+    def text(self, request_id: str) -> str:
+        """The output text, cut before a stop string that ended it."""
+        r = self._requests[request_id]
+        tokens = r.generated
+        if tokens and tokens[-1] in self.loaded.eos_token_ids:
+            tokens = tokens[:-1]
+        text = self.loaded.tokenizer.decode(tokens, skip_special_tokens=True)
+        if r.finish is not None and r.finish.text_end is not None:
+            text = text[: r.finish.text_end]
+        return text
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV tokens on the device: the batch's rows and the partial prefills."""
+        return self.batch.tokens + sum(n for _, n in self._prefilling.values())
+
+    @property
+    def host_kv_tokens(self) -> int:
+        return sum(p.kv.length for p in self._parked.values())
+
+    # -- one step ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, plan: Plan) -> StepResult:
+        start = time.perf_counter()
+        result = StepResult(outcome=Outcome(elapsed_s=0.0))
+        self._checkpoint(plan)
+        self._restore(plan.resumed)
+        if plan.decode:
+            self._decode(plan.decode, result)
+        joining = []
+        for chunk in plan.prefill:
+            joined = self._prefill_chunk(chunk, result)
+            if joined is not None:
+                joining.append(joined)
+        self.batch.add(joining)
+        if result.finished:
+            # Finished rows leave at once; their requests stay until released.
+            self.batch.remove(set(result.finished))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        result.outcome = Outcome(elapsed_s=time.perf_counter() - start, finished=frozenset(result.finished))
+        return result
+
+    def _checkpoint(self, plan: Plan) -> None:
+        leaving = set()
+        for p in plan.preempted:
+            rid = p.request_id
+            if p.checkpoint is Checkpoint.PARK:
+                self.parks += 1
+            else:
+                self.recomputes += 1
+            if rid in self.batch:
+                if p.checkpoint is Checkpoint.PARK:
+                    self._parked[rid] = _Parked(self._to_host(self.batch.extract(rid)), True)
+                leaving.add(rid)
+            elif rid in self._prefilling:
+                cache, n = self._prefilling.pop(rid)
+                if p.checkpoint is Checkpoint.PARK:
+                    self._parked[rid] = _Parked(self._to_host(ParkedKV(layers_of(cache), n)), False)
+            elif p.checkpoint is Checkpoint.PARK:
+                raise RunnerError(f"cannot park {rid!r}: it holds no KV")
+        self.batch.remove(leaving)
+
+    def _to_host(self, kv: ParkedKV) -> ParkedKV:
+        """A copy in host memory (pinned when the device is a GPU, so restoring is fast)."""
+        pin = self.device.type == "cuda"
+
+        def copy(t: torch.Tensor) -> torch.Tensor:
+            t = t.to(self.host, copy=True)
+            return t.pin_memory() if pin else t
+
+        return ParkedKV([(copy(k), copy(v)) for k, v in kv.layers], kv.length)
+
+    def _restore(self, resumed: tuple[str, ...]) -> None:
+        joining = []
+        for rid in resumed:
+            parked = self._parked.pop(rid, None)
+            if parked is None:
+                raise RunnerError(f"cannot resume {rid!r}: nothing is parked for it")
+            if parked.in_batch:
+                joining.append((rid, parked.kv.layers, parked.kv.length))
+            else:
+                layers = [(k.to(self.device), v.to(self.device)) for k, v in parked.kv.layers]
+                self._prefilling[rid] = (cache_from_layers(layers), parked.kv.length)
+        self.batch.add(joining)
+
+    def _decode(self, decode: tuple[str, ...], result: StepResult) -> None:
+        if set(decode) != set(self.batch.rows):
+            raise RunnerError(f"plan decodes {sorted(decode)} but the batch holds {sorted(self.batch.rows)}")
+        rows = [self._requests[rid] for rid in self.batch.rows]
+        input_ids = torch.tensor([[r.tokens[-1]] for r in rows], device=self.device)
+        mask, positions = self.batch.decode_inputs()
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=self.batch.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.batch.advanced()
+        self._emit(rows, out.logits[:, -1, :], result)
+
+    def _prefill_chunk(self, chunk: PrefillChunk, result: StepResult):
+        r = self._requests[chunk.request_id]
+        cache, computed = self._prefilling.pop(r.id, (None, 0))
+        if chunk.start != computed:
+            raise RunnerError(
+                f"prefill chunk of {r.id!r} starts at {chunk.start}, but {computed} tokens are computed"
+            )
+        end = chunk.start + chunk.tokens
+        if end > len(r.tokens):
+            raise RunnerError(f"prefill chunk of {r.id!r} runs past its context ({len(r.tokens)})")
+        cache = cache if cache is not None else DynamicCache()
+        input_ids = torch.tensor([r.tokens[chunk.start : end]], device=self.device)
+        positions = torch.arange(chunk.start, end, device=self.device).unsqueeze(0)
+        out = self.model(
+            input_ids=input_ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
+        )
+        if not chunk.produces_token:
+            self._prefilling[r.id] = (cache, end)
+            return None
+        if end != len(r.tokens):
+            raise RunnerError(f"prefill of {r.id!r} yields a token before its context is computed")
+        self._emit([r], out.logits[:, -1, :], result)
+        return (r.id, layers_of(cache), end)
+
+    def _emit(self, rows: list[_Request], logits: torch.Tensor, result: StepResult) -> None:
+        tokens = choose_tokens(logits, [r.params for r in rows], [len(r.generated) for r in rows])
+        for r, token in zip(rows, tokens, strict=True):
+            r.tokens.append(token)
+            result.tokens[r.id] = token
+            text = None
+            if r.params.stop:
+                text = self.loaded.tokenizer.decode(r.generated, skip_special_tokens=True)
+            check = check_stop(
+                token,
+                len(r.generated),
+                r.params.max_tokens,
+                len(r.tokens),
+                self.loaded.context_length,
+                self.loaded.eos_token_ids,
+                text,
+                r.params.stop,
+            )
+            if check.finished is not None:
+                r.finish = check
+                result.finished[r.id] = check
+
+
+__all__ = ["FinishReason", "ModelRunner", "RunnerError", "StepResult"]

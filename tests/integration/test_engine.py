@@ -1,0 +1,213 @@
+"""The engine on the real tiny model: batching, preemption and sampling change no output."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fsched.core.engine import Engine, EngineRequest  # noqa: E402
+from fsched.core.runner.model import load_model  # noqa: E402
+from fsched.core.runner.runner import ModelRunner  # noqa: E402
+from fsched.core.sched_config import SchedulerConfig  # noqa: E402
+from fsched.core.scheduler import Scheduler  # noqa: E402
+from fsched.core.types import RequestClass, SamplingParams  # noqa: E402
+
+N_REQUESTS = 64
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    import os
+
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+    try:
+        torch.set_num_threads(2)
+        yield load_model(None)
+    finally:
+        if old is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = old
+
+
+def workload(tiny, seed=0, temperature=0.0, n=N_REQUESTS, max_out=48):
+    rng = random.Random(seed)
+    vocab = len(tiny.tokenizer)
+    return [
+        EngineRequest(
+            id=f"r{i}",
+            prompt=[rng.randrange(3, vocab) for _ in range(rng.randint(16, 128))],
+            params=SamplingParams(
+                max_tokens=rng.randint(8, max_out),
+                temperature=temperature,
+                top_p=0.9 if temperature else 1.0,
+                seed=1000 + i,
+            ),
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.fixture(scope="session")
+def reference(tiny):
+    """One-at-a-time greedy `model.generate`: the outputs every engine run must equal."""
+    outputs = {}
+    with torch.inference_mode():
+        for r in workload(tiny):
+            out = tiny.model.generate(
+                torch.tensor([r.prompt]),
+                max_new_tokens=r.params.max_tokens,
+                do_sample=False,
+                pad_token_id=tiny.tokenizer.pad_token_id,
+            )
+            outputs[r.id] = out[0, len(r.prompt) :].tolist()
+    return outputs
+
+
+def run(tiny, requests, policy="fcfs", on_step=None, **config):
+    defaults = dict(max_batch=32, kv_tokens=16_384, step_tokens=512)
+    scheduler = Scheduler(SchedulerConfig(**{**defaults, **config}), policy)
+    engine = Engine(ModelRunner(tiny), scheduler, tiny.context_length)
+    return engine, engine.run_all(requests, on_step=on_step)
+
+
+def tokens(results):
+    return {rid: r.tokens for rid, r in results.items()}
+
+
+@pytest.mark.parametrize("max_batch", [1, 8, 32])
+def test_batched_greedy_equals_one_at_a_time_generate(tiny, reference, max_batch):
+    engine, results = run(tiny, workload(tiny), max_batch=max_batch)
+    assert tokens(results) == reference
+    assert all(r.finish_reason is not None for r in results.values())
+    if max_batch > 1:
+        assert engine.steps < sum(len(t) for t in reference.values())  # it really batched
+
+
+def with_realtime_interruptions(tiny, requests, seed):
+    """Batch work plus realtime requests arriving at random steps: each arrival
+    preempts a batch request under the `priority` policy (forced preemption)."""
+    rng = random.Random(seed)
+    realtime = workload(tiny, seed=99, n=12, max_out=12)
+    for r in realtime:
+        r.id = "rt-" + r.id
+        r.cls = RequestClass.REALTIME
+    arrivals = sorted(rng.sample(range(5, 150), len(realtime)))
+    return realtime, arrivals
+
+
+@pytest.mark.parametrize("host_kv_tokens", [100_000, 0], ids=["park", "recompute"])
+def test_forced_preemptions_change_no_output(tiny, reference, host_kv_tokens):
+    batch = workload(tiny)
+    realtime, arrivals = with_realtime_interruptions(tiny, batch, seed=host_kv_tokens)
+    config = SchedulerConfig(
+        max_batch=6, kv_tokens=16_384, step_tokens=512, min_quantum_steps=2, host_kv_tokens=host_kv_tokens
+    )
+    engine = Engine(ModelRunner(tiny), Scheduler(config, "priority"), tiny.context_length)
+    for r in batch:
+        engine.add(r)
+    results = {}
+    step = 0
+    while engine.has_work:
+        while arrivals and arrivals[0] <= step:
+            arrivals.pop(0)
+            engine.add(realtime.pop(0))
+        report = engine.step()
+        step += 1
+        for r in report.finished if report else []:
+            results[r.id] = r
+    runner = engine.runner
+    assert engine.scheduler.preemptions >= 5
+    if host_kv_tokens:
+        assert runner.parks >= 5 and runner.recomputes == 0
+    else:
+        assert runner.recomputes >= 5 and runner.parks == 0
+    assert {rid: t for rid, t in tokens(results).items() if not rid.startswith("rt-")} == reference
+
+
+def test_seeded_sampling_is_the_same_with_and_without_preemption(tiny):
+    sampled = workload(tiny, seed=5, temperature=0.8, n=24)
+    _, calm = run(tiny, sampled, max_batch=32)
+    rerun = workload(tiny, seed=5, temperature=0.8, n=24)
+    realtime, arrivals = with_realtime_interruptions(tiny, rerun, seed=3)
+    config = SchedulerConfig(
+        max_batch=4, kv_tokens=16_384, step_tokens=512, min_quantum_steps=2, host_kv_tokens=150
+    )  # some parked, the rest recomputed
+    engine = Engine(ModelRunner(tiny), Scheduler(config, "priority"), tiny.context_length)
+    for r in rerun:
+        engine.add(r)
+    busy, step = {}, 0
+    while engine.has_work:
+        while arrivals and arrivals[0] <= step:
+            arrivals.pop(0)
+            engine.add(realtime.pop(0))
+        report = engine.step()
+        step += 1
+        for r in report.finished if report else []:
+            busy[r.id] = r
+    assert engine.runner.parks >= 1 and engine.runner.recomputes >= 1
+    assert {k: v for k, v in tokens(busy).items() if not k.startswith("rt-")} == tokens(calm)
+    # Sampling really sampled: outputs differ from greedy ones.
+    _, greedy = run(tiny, workload(tiny, seed=5, n=24), max_batch=32)
+    assert tokens(greedy) != tokens(calm)
+
+
+def test_kv_budget_is_never_exceeded(tiny):
+    budget = 1_200
+    seen = []
+    engine, results = run(
+        tiny,
+        workload(tiny, n=32),
+        max_batch=16,
+        kv_tokens=budget,
+        step_tokens=256,
+        on_step=lambda report: seen.append(report.kv_tokens),
+    )
+    assert len(results) == 32 and all(r.error is None for r in results.values())
+    assert max(seen) <= budget
+    assert max(seen) > budget // 2  # the budget was actually the limit
+    assert engine.runner.kv_tokens == 0  # everything released
+
+
+def test_prompt_longer_than_the_context_fails_alone(tiny, reference):
+    requests = workload(tiny, n=4)
+    too_long = EngineRequest(
+        id="long", prompt=[5] * (tiny.context_length + 10), params=SamplingParams(max_tokens=4, temperature=0)
+    )
+    _, results = run(tiny, [too_long, *requests])
+    assert results["long"].finish_reason is None
+    assert results["long"].error == (
+        f"the prompt is {tiny.context_length + 10} tokens; the model's context holds {tiny.context_length}"
+    )
+    assert {rid: r.tokens for rid, r in results.items() if rid != "long"} == {
+        rid: reference[rid] for rid in ("r0", "r1", "r2", "r3")
+    }
+
+
+def test_resume_from_generated_tokens_continues_the_same_output(tiny, reference):
+    """A restarted daemon hands the engine the tokens flushed so far."""
+    requests = workload(tiny, n=8)
+    for r in requests:
+        r.generated = reference[r.id][: len(reference[r.id]) // 2]
+    _, results = run(tiny, requests)
+    for r in requests:
+        assert results[r.id].tokens == reference[r.id]
+
+
+def test_stop_strings_and_eos(tiny):
+    from fsched.core.stopping import FinishReason
+
+    prompt = tiny.tokenizer("The train left the coast at dawn")["input_ids"]
+    free = EngineRequest("free", prompt, SamplingParams(max_tokens=40, temperature=0))
+    _, results = run(tiny, [free])
+    text = results["free"].text
+    assert results["free"].finish_reason is FinishReason.LENGTH and len(text) > 10
+    stop = text[5:8]
+    stopped = EngineRequest("stopped", prompt, SamplingParams(max_tokens=40, temperature=0, stop=(stop,)))
+    _, results = run(tiny, [stopped])
+    assert results["stopped"].finish_reason is FinishReason.STOP
+    assert results["stopped"].text == text[: text.index(stop)]
