@@ -13,6 +13,11 @@ mechanism in `scheduler.py` is the same for all four.
   best group head, found by `rank` in O(groups) plus O(log n) a pop.
 * `rank` is the total order (smaller first): fsched's is
   (aged band, tenant score, aged MLFQ level, aged priority, arrival, seq).
+  It is `compose(static_rank, score)`: the part that does not depend on
+  the tenant's score, and the score of the request's `partition` (its
+  tenant). Within a partition the static part alone orders the requests,
+  so the queue keeps one heap of group heads per tenant and a pick costs
+  O(tenants) plus heap operations.
 * `may_preempt` says whether a waiting request may displace a running
   victim (the mechanism picks the victim: the last running one by
   `running_rank` that has run its minimum quantum). It compares the
@@ -69,6 +74,9 @@ class Policy(Protocol):
     def group(self, r: SchedRequest) -> Hashable: ...
     def heap_key(self, r: SchedRequest) -> tuple: ...
     def settles_at(self, r: SchedRequest) -> float: ...
+    def partition(self, r: SchedRequest) -> str: ...
+    def static_rank(self, r: SchedRequest, now: float) -> tuple: ...
+    def compose(self, static: tuple, score: float) -> tuple: ...
     def rank(self, r: SchedRequest, now: float, scores: Mapping[str, float]) -> tuple: ...
     def running_rank(self, r: SchedRequest, scores: Mapping[str, float]) -> tuple: ...
     def may_preempt(self, waiter: SchedRequest, victim: SchedRequest) -> bool: ...
@@ -95,8 +103,18 @@ class Fcfs:
     def settles_at(self, r: SchedRequest) -> float:
         return INF  # ranks never change with time: heap_key order is final
 
-    def rank(self, r: SchedRequest, now: float, scores: Mapping[str, float]) -> tuple:
+    def partition(self, r: SchedRequest) -> str:
+        return ""  # no tenants: one partition
+
+    def static_rank(self, r: SchedRequest, now: float) -> tuple:
         return (r.arrival, r.seq)
+
+    def compose(self, static: tuple, score: float) -> tuple:
+        return static
+
+    def rank(self, r: SchedRequest, now: float, scores: Mapping[str, float]) -> tuple:
+        """The total order of waiting requests (smaller first)."""
+        return self.compose(self.static_rank(r, now), scores.get(self.partition(r), 0.0))
 
     def running_rank(self, r: SchedRequest, scores: Mapping[str, float]) -> tuple:
         return (r.arrival, r.seq)
@@ -122,7 +140,7 @@ class StrictPriority(Fcfs):
     def group(self, r: SchedRequest) -> Hashable:
         return (r.cls.band, r.priority)
 
-    def rank(self, r: SchedRequest, now: float, scores: Mapping[str, float]) -> tuple:
+    def static_rank(self, r: SchedRequest, now: float) -> tuple:
         return (r.cls.band, r.priority, r.arrival, r.seq)
 
     def running_rank(self, r: SchedRequest, scores: Mapping[str, float]) -> tuple:
@@ -149,8 +167,11 @@ class Vtc(Fcfs):
     def group(self, r: SchedRequest) -> Hashable:
         return r.tenant
 
-    def rank(self, r: SchedRequest, now: float, scores: Mapping[str, float]) -> tuple:
-        return (scores[r.tenant], r.arrival, r.seq)
+    def partition(self, r: SchedRequest) -> str:
+        return r.tenant
+
+    def compose(self, static: tuple, score: float) -> tuple:
+        return (score, *static)
 
     def running_rank(self, r: SchedRequest, scores: Mapping[str, float]) -> tuple:
         return (scores[r.tenant], r.arrival, r.seq)
@@ -188,9 +209,17 @@ class FschedPolicy:
         # rank within the group is by arrival alone.
         return r.wait_since + (r.cls.band + 1) * self.aging_s
 
-    def rank(self, r: SchedRequest, now: float, scores: Mapping[str, float]) -> tuple:
+    def partition(self, r: SchedRequest) -> str:
+        return r.tenant
+
+    def static_rank(self, r: SchedRequest, now: float) -> tuple:
         band, level, prio = aged(r.cls.band, r.level, r.priority, now - r.wait_since, self.aging_s)
-        return (band, scores[r.tenant], level, prio, r.arrival, r.seq)
+        return (band, level, prio, r.arrival, r.seq)
+
+    def compose(self, static: tuple, score: float) -> tuple:
+        return (static[0], score, *static[1:])
+
+    rank = Fcfs.rank
 
     def running_rank(self, r: SchedRequest, scores: Mapping[str, float]) -> tuple:
         # A running request has waited 0 s: it ranks by its class band, so

@@ -101,6 +101,7 @@ class Scheduler:
         self._kv_committed = 0  # sum of running contexts
         self._host_used = 0
         self._step = 0
+        self._now = 0.0  # latest time seen (cancel() takes none)
         self._seq = itertools.count()
         self.preemptions = 0
 
@@ -153,6 +154,7 @@ class Scheduler:
         r.level_tokens = 0
         self._live[r.id] = r
         self._tenant_live[r.tenant] += 1
+        self._now = max(self._now, r.arrival)
         self._enqueue(r, r.arrival)
 
     def _enqueue(self, r: SchedRequest, now: float) -> None:
@@ -163,7 +165,7 @@ class Scheduler:
             self.meter.activate(r.tenant, self.backlogged_tenants(), now)
         self._tenant_waiting[r.tenant] += 1
         self._waiting_bands[r.cls.band] += 1
-        self._waiting.push(r)
+        self._waiting.push(r, now)
 
     def cancel(self, request_id: str) -> bool:
         """Remove a request from every queue and free what it holds."""
@@ -176,7 +178,7 @@ class Scheduler:
             self._running_bands[r.cls.band] -= 1
             self._kv_committed -= r.context
         else:
-            self._waiting.remove(r)
+            self._waiting.remove(r, self._now)
             self._tenant_waiting[r.tenant] -= 1
             self._waiting_bands[r.cls.band] -= 1
             if r.parked:
@@ -193,6 +195,7 @@ class Scheduler:
     # --------------------------------------------------------------- schedule
     def schedule(self, now: float) -> Plan:
         """Decide the next engine step."""
+        self._now = max(self._now, now)
         scores = self.meter.scores(self._tenant_live, now)
         b = _StepBuilder()
         self._relieve_memory(scores, b, now)
@@ -280,7 +283,7 @@ class Scheduler:
         return worst
 
     def _start(self, r: SchedRequest, b: _StepBuilder) -> None:
-        self._waiting.pop_head(r)
+        self._waiting.pop_head(r, self._now)
         self._tenant_waiting[r.tenant] -= 1
         self._waiting_bands[r.cls.band] -= 1
         self._running_bands[r.cls.band] += 1

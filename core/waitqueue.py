@@ -1,12 +1,21 @@
-"""Waiting requests: two heaps per policy group, best head picked by rank.
+"""Waiting requests: heaps whose order stays valid while scores and ages move.
 
-Keys inside a heap never change while a request waits, so each heap stays
-valid; what does change (tenant scores, aging) is applied to the group
-heads only, when picking: O(groups) per pick, O(log n) per push and pop.
-A group's `aging` heap is ordered by the policy's `heap_key` (for fsched:
-longest wait first, i.e. most aged first); a request that `settles_at` a
-time no longer ages and moves lazily to the `settled` heap, ordered by
-arrival.
+Three layers:
+
+* **Groups** (`policy.group`): requests that share every part of the rank
+  except their wait time. Each group has an `aging` heap (longest wait
+  first, i.e. most aged first) and a `settled` heap (by arrival) for
+  requests that no longer age (`policy.settles_at`). The group's head is
+  the better of the two heap tops.
+* **Partitions** (`policy.partition`, the tenant): a heap of group heads
+  keyed by the score-free `static_rank`. Within a partition every request
+  has the same score, so this order is the rank order.
+* **Timers**: when a head's static rank changes by aging
+  (`policy.next_change`), its group is refreshed then.
+
+A pick composes each partition's top with its score and takes the best:
+O(partitions) plus O(log n) heap work. Entries are invalidated lazily by
+a per-group version number.
 """
 
 from __future__ import annotations
@@ -17,27 +26,34 @@ from collections.abc import Callable, Hashable, Iterator, Mapping
 from fsched.core.policy import INF, Policy
 from fsched.core.schedreq import SchedRequest
 
-_Heap = list[tuple[tuple, SchedRequest]]
+_Entry = tuple[tuple, SchedRequest]
 
 
 class _Group:
-    __slots__ = ("aging", "settled")
+    __slots__ = ("key", "aging", "settled", "version")
 
-    def __init__(self) -> None:
-        self.aging: _Heap = []
-        self.settled: _Heap = []
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+        self.aging: list[_Entry] = []
+        self.settled: list[_Entry] = []
+        self.version = 0
 
     def __bool__(self) -> bool:
         return bool(self.aging or self.settled)
 
 
 class WaitQueue:
-    __slots__ = ("_policy", "_groups", "_len")
+    __slots__ = ("_policy", "_groups", "_parts", "_timers", "_len", "_tick")
 
     def __init__(self, policy: Policy) -> None:
         self._policy = policy
         self._groups: dict[Hashable, _Group] = {}
+        # partition -> heap of (static rank, version, tick, group); the tick is
+        # unique, so entries never compare groups
+        self._parts: dict[str, list[tuple[tuple, int, int, _Group]]] = {}
+        self._timers: list[tuple[float, int, int, _Group]] = []  # (time, version, tick, group)
         self._len = 0
+        self._tick = 0
 
     def __len__(self) -> int:
         return self._len
@@ -49,20 +65,74 @@ class WaitQueue:
             for _, r in g.settled:
                 yield r
 
-    def push(self, r: SchedRequest) -> None:
+    # ----------------------------------------------------------- mutation
+    def push(self, r: SchedRequest, now: float | None = None) -> None:
         key = self._policy.group(r)
         g = self._groups.get(key)
         if g is None:
-            g = self._groups[key] = _Group()
+            g = self._groups[key] = _Group(key)
         heapq.heappush(g.aging, (self._policy.heap_key(r), r))
         self._len += 1
+        if g.aging[0][1] is r:
+            self._refresh(g, r.wait_since if now is None else now)
 
-    def _settle(self, g: _Group, now: float) -> None:
-        settles_at = self._policy.settles_at
+    def pop_head(self, r: SchedRequest, now: float) -> None:
+        """Remove `r`, which must be a head of its group (as `best` returns)."""
+        g = self._groups[self._policy.group(r)]
+        for heap in (g.settled, g.aging):
+            if heap and heap[0][1] is r:
+                heapq.heappop(heap)
+                break
+        else:
+            raise ValueError(f"{r.id} is not at the head of its group")
+        self._len -= 1
+        self._refresh(g, now)
+
+    def remove(self, r: SchedRequest, now: float) -> bool:
+        """Remove `r` from anywhere in its group (cancellation): O(group size)."""
+        g = self._groups.get(self._policy.group(r))
+        if g is None:
+            return False
+        for heap in (g.aging, g.settled):
+            for i, (_, other) in enumerate(heap):
+                if other is r:
+                    heap[i] = heap[-1]
+                    heap.pop()
+                    heapq.heapify(heap)
+                    self._len -= 1
+                    self._refresh(g, now)
+                    return True
+        return False
+
+    def _refresh(self, g: _Group, now: float) -> None:
+        """Re-file a group whose head or head's age may have changed."""
+        g.version += 1
+        policy = self._policy
+        settles_at = policy.settles_at
         while g.aging and settles_at(g.aging[0][1]) <= now:
             _, r = heapq.heappop(g.aging)
             heapq.heappush(g.settled, ((r.arrival, r.seq), r))
+        if not g:
+            del self._groups[g.key]
+            return
+        static, head = self._group_head(g, now)
+        part = self._parts.setdefault(policy.partition(head), [])
+        self._tick += 1
+        heapq.heappush(part, (static, g.version, self._tick, g))
+        if g.aging:
+            t = policy.next_change(g.aging[0][1], now)
+            if t < INF:
+                heapq.heappush(self._timers, (t, g.version, self._tick, g))
 
+    def _advance(self, now: float) -> None:
+        """Apply every aging change due by `now`."""
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, version, _, g = heapq.heappop(timers)
+            if version == g.version and self._groups.get(g.key) is g:
+                self._refresh(g, now)
+
+    # ------------------------------------------------------------- queries
     def best(
         self,
         now: float,
@@ -72,66 +142,63 @@ class WaitQueue:
         """The best waiting request and its rank, or None when there is none.
 
         `eligible` filters on what a whole group shares (class, level,
-        tenant, priority): testing the heads is testing every member.
+        tenant, priority): testing the heads is testing every member. The
+        filtered pick scans the groups (it serves preemption only).
         """
-        rank = self._policy.rank
+        self._advance(now)
+        if eligible is not None:
+            return self._best_eligible(now, scores, eligible)
+        compose = self._policy.compose
+        best: tuple[tuple, SchedRequest] | None = None
+        for part_key, part in list(self._parts.items()):
+            while part and not self._current(part[0]):
+                heapq.heappop(part)
+            if not part:
+                del self._parts[part_key]
+                continue
+            static, head = self._group_head(part[0][3], now)
+            rank = compose(static, scores.get(part_key, 0.0))
+            if best is None or rank < best[0]:
+                best = (rank, head)
+        return best
+
+    def _current(self, entry: tuple[tuple, int, int, _Group]) -> bool:
+        _, version, _, g = entry
+        return version == g.version and self._groups.get(g.key) is g
+
+    def _group_head(self, g: _Group, now: float) -> tuple[tuple, SchedRequest]:
+        static_rank = self._policy.static_rank
+        best = None
+        for heap in (g.settled, g.aging):
+            if heap:
+                cand = heap[0][1]
+                static = static_rank(cand, now)
+                if best is None or static < best[0]:
+                    best = (static, cand)
+        return best
+
+    def _best_eligible(self, now, scores, eligible):
+        policy = self._policy
         best: tuple[tuple, SchedRequest] | None = None
         for g in self._groups.values():
-            self._settle(g, now)
             for heap in (g.settled, g.aging):
                 if not heap:
                     continue
                 head = heap[0][1]
-                if eligible is not None and not eligible(head):
+                if not eligible(head):
                     break
-                r_rank = rank(head, now, scores)
-                if best is None or r_rank < best[0]:
-                    best = (r_rank, head)
+                rank = policy.rank(head, now, scores)
+                if best is None or rank < best[0]:
+                    best = (rank, head)
         return best
 
-    def pop_head(self, r: SchedRequest) -> None:
-        """Remove `r`, which must be a head of its group (as `best` returns)."""
-        key = self._policy.group(r)
-        g = self._groups[key]
-        for heap in (g.settled, g.aging):
-            if heap and heap[0][1] is r:
-                heapq.heappop(heap)
-                break
-        else:
-            raise ValueError(f"{r.id} is not at the head of its group")
-        if not g:
-            del self._groups[key]
-        self._len -= 1
-
-    def remove(self, r: SchedRequest) -> bool:
-        """Remove `r` from anywhere in its group (cancellation): O(group size)."""
-        key = self._policy.group(r)
-        g = self._groups.get(key)
-        if g is None:
-            return False
-        for heap in (g.aging, g.settled):
-            for i, (_, other) in enumerate(heap):
-                if other is r:
-                    heap[i] = heap[-1]
-                    heap.pop()
-                    heapq.heapify(heap)
-                    if not g:
-                        del self._groups[key]
-                    self._len -= 1
-                    return True
-        return False
-
     def next_change(self, now: float) -> float:
-        """Earliest time a group head's rank changes by aging.
-
-        Within a group's aging heap the head has waited longest, so it ages
-        first; settled requests no longer change.
-        """
-        soonest = INF
-        change = self._policy.next_change
-        for g in self._groups.values():
-            if g.aging:
-                t = change(g.aging[0][1], now)
-                if t < soonest:
-                    soonest = t
-        return soonest
+        """Earliest time a group head's rank changes by aging (inf: never)."""
+        self._advance(now)
+        timers = self._timers
+        while timers:
+            _, version, _, g = timers[0]
+            if version == g.version and self._groups.get(g.key) is g:
+                return timers[0][0]
+            heapq.heappop(timers)
+        return INF

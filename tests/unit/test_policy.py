@@ -62,7 +62,7 @@ def pop_order(policy_name, requests, now=0.0, scores=None):
     order = []
     while len(q):
         _, best = q.best(now, scores)
-        q.pop_head(best)
+        q.pop_head(best, now)
         order.append(best.id)
     return order
 
@@ -143,6 +143,56 @@ def test_waitqueue_remove_and_next_change():
     reqs = [r(str(i), BA, arrival=float(i), seq=i) for i in range(5)]
     for x in reqs:
         q.push(x)
-    assert q.remove(reqs[2]) and not q.remove(reqs[2])
+    assert q.remove(reqs[2], 5.0) and not q.remove(reqs[2], 5.0)
     assert len(q) == 4 and reqs[2] not in list(q)
     assert q.next_change(5.0) == 10.0  # request 0 (waiting since 0) reaches band 1 at 10 s
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.sampled_from(list(RequestClass)), st.sampled_from("xyz"),
+                  st.integers(1, 9_000), st.integers(0, 9)),
+        st.tuples(st.just("pop")),
+        st.tuples(st.just("cancel"), st.integers(0, 200)),
+        st.tuples(st.just("wait"), st.floats(0.0, 25.0)),
+        st.tuples(st.just("score"), st.sampled_from("xyz"), st.floats(0.0, 10.0)),
+    ),
+    max_size=120,
+)
+
+
+@given(ops=ops, policy_name=st.sampled_from(["fcfs", "priority", "vtc", "fsched"]))
+def test_waitqueue_best_is_the_minimum_rank_over_all_waiting(ops, policy_name):
+    """The heads-of-heaps pick equals a brute-force minimum of `rank` over
+    every waiting request, as ages and scores change."""
+    policy = make_policy(policy_name, CFG, {})
+    q = WaitQueue(policy)
+    now, seq = 0.0, 0
+    scores = {"x": 0.0, "y": 0.0, "z": 0.0}
+    live: list[SchedRequest] = []
+    for op in ops:
+        if op[0] == "add":
+            _, cls, tenant, prompt, prio = op
+            x = r(f"r{seq}", cls, tenant, prompt, arrival=now, prio=prio, seq=seq)
+            seq += 1
+            q.push(x, now)
+            live.append(x)
+        elif op[0] == "wait":
+            now += op[1]
+        elif op[0] == "score":
+            scores[op[1]] = op[2]
+        elif op[0] == "cancel" and live:
+            victim = live.pop(op[1] % len(live))
+            assert q.remove(victim, now)
+        elif op[0] == "pop" and live:
+            rank, best = q.best(now, scores)
+            q.pop_head(best, now)
+            live.remove(best)
+        assert len(q) == len(live)
+        if live:
+            expected = min(policy.rank(x, now, scores) for x in live)
+            assert q.best(now, scores)[0] == expected
+            changes = [policy.next_change(x, now) for x in live]
+            assert q.next_change(now) <= min(changes) + 1e-9
+        else:
+            assert q.best(now, scores) is None
