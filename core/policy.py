@@ -80,7 +80,7 @@ class Policy(Protocol):
     def rank(self, r: SchedRequest, now: float, scores: Mapping[str, float]) -> tuple: ...
     def running_rank(self, r: SchedRequest, scores: Mapping[str, float]) -> tuple: ...
     def may_preempt(self, waiter: SchedRequest, victim: SchedRequest) -> bool: ...
-    def preempts_within(self, band: int) -> bool: ...
+    def preempts_within(self, band: int, victim: SchedRequest | None = None) -> bool: ...
     def next_change(self, r: SchedRequest, now: float) -> float: ...
 
 
@@ -122,8 +122,9 @@ class Fcfs:
     def may_preempt(self, waiter: SchedRequest, victim: SchedRequest) -> bool:
         return False
 
-    def preempts_within(self, band: int) -> bool:
-        """Whether a waiter may displace a runner of its own class band."""
+    def preempts_within(self, band: int, victim: SchedRequest | None = None) -> bool:
+        """Whether a waiter may displace a runner of its own class band
+        (that runner, when given)."""
         return False
 
     def next_change(self, r: SchedRequest, now: float) -> float:
@@ -149,8 +150,8 @@ class StrictPriority(Fcfs):
     def may_preempt(self, waiter: SchedRequest, victim: SchedRequest) -> bool:
         return (waiter.cls.band, waiter.priority) < (victim.cls.band, victim.priority)
 
-    def preempts_within(self, band: int) -> bool:
-        return True  # by base priority
+    def preempts_within(self, band: int, victim: SchedRequest | None = None) -> bool:
+        return victim is None or victim.priority > 0  # by base priority
 
 
 class Vtc(Fcfs):
@@ -240,8 +241,12 @@ class FschedPolicy:
             and waiter.level < victim.level
         )
 
-    def preempts_within(self, band: int) -> bool:
-        return band < RequestClass.BATCH.band  # time slicing, not in the batch band
+    def preempts_within(self, band: int, victim: SchedRequest | None = None) -> bool:
+        # Time slicing, not in the batch band, and only of a runner that
+        # used up the quantum of the level it was admitted at.
+        if band >= RequestClass.BATCH.band:
+            return False
+        return victim is None or victim.level > victim.admit_level
 
     def next_change(self, r: SchedRequest, now: float) -> float:
         return next_aging_change(r.cls.band, r.level, r.priority, r.wait_since, now, self.aging_s)

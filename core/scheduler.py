@@ -247,12 +247,9 @@ class Scheduler:
             return None
         cand = head
         if not policy.may_preempt(head, victim):
-            found = self._waiting.best(
-                now, scores, lambda w: w.id not in b.touched and policy.may_preempt(w, victim)
-            )
-            if found is None:
+            cand = self._best_preempting(victim, scores, now)
+            if cand is None or cand.id in b.touched:
                 return None
-            cand = found[1]
         while True:
             self._preempt(victim, b, now)
             if self._fits(cand):
@@ -260,6 +257,18 @@ class Scheduler:
             victim = self._victim(scores)
             if victim is None or not policy.may_preempt(cand, victim):
                 return None
+
+    def _best_preempting(self, victim: SchedRequest, scores: dict[str, float], now: float):
+        """The best waiter allowed to displace `victim`: of a better class,
+        or of its class when the policy slices time there."""
+        policy, band = self.policy, victim.cls.band
+        found = [self._waiting.best(now, scores, below_band=band)]
+        if policy.preempts_within(band, victim):
+            found.append(
+                self._waiting.best_in_band(now, scores, band, lambda w: policy.may_preempt(w, victim))
+            )
+        found = [f for f in found if f is not None and policy.may_preempt(f[1], victim)]
+        return min(found, key=lambda f: f[0])[1] if found else None
 
     def _fits(self, cand: SchedRequest) -> bool:
         cfg = self.config

@@ -7,9 +7,11 @@ Three layers:
   first, i.e. most aged first) and a `settled` heap (by arrival) for
   requests that no longer age (`policy.settles_at`). The group's head is
   the better of the two heap tops.
-* **Partitions** (`policy.partition`, the tenant): a heap of group heads
-  keyed by the score-free `static_rank`. Within a partition every request
-  has the same score, so this order is the rank order.
+* **Partitions** (`policy.partition` (the tenant), class band): a heap of
+  group heads keyed by the score-free `static_rank`. Within a partition
+  every request has the same score, so this order is the rank order; the
+  band lets a preemption find the best waiter of a better class without
+  scanning.
 * **Timers**: when a head's static rank changes by aging
   (`policy.next_change`), its group is refreshed then.
 
@@ -30,10 +32,11 @@ _Entry = tuple[tuple, SchedRequest]
 
 
 class _Group:
-    __slots__ = ("key", "aging", "settled", "version")
+    __slots__ = ("key", "band", "aging", "settled", "version")
 
-    def __init__(self, key: Hashable) -> None:
+    def __init__(self, key: Hashable, band: int) -> None:
         self.key = key
+        self.band = band  # class band shared by the members
         self.aging: list[_Entry] = []
         self.settled: list[_Entry] = []
         self.version = 0
@@ -43,14 +46,15 @@ class _Group:
 
 
 class WaitQueue:
-    __slots__ = ("_policy", "_groups", "_parts", "_timers", "_len", "_tick")
+    __slots__ = ("_policy", "_groups", "_by_band", "_parts", "_timers", "_len", "_tick")
 
     def __init__(self, policy: Policy) -> None:
         self._policy = policy
         self._groups: dict[Hashable, _Group] = {}
-        # partition -> heap of (static rank, version, tick, group); the tick is
-        # unique, so entries never compare groups
-        self._parts: dict[str, list[tuple[tuple, int, int, _Group]]] = {}
+        self._by_band: dict[int, dict[Hashable, _Group]] = {}  # class band -> its groups
+        # (tenant, band) -> heap of (static rank, version, tick, group); the
+        # tick is unique, so entries never compare groups
+        self._parts: dict[tuple[str, int], list[tuple[tuple, int, int, _Group]]] = {}
         self._timers: list[tuple[float, int, int, _Group]] = []  # (time, version, tick, group)
         self._len = 0
         self._tick = 0
@@ -70,7 +74,8 @@ class WaitQueue:
         key = self._policy.group(r)
         g = self._groups.get(key)
         if g is None:
-            g = self._groups[key] = _Group(key)
+            g = self._groups[key] = _Group(key, r.cls.band)
+            self._by_band.setdefault(g.band, {})[key] = g
         heapq.heappush(g.aging, (self._policy.heap_key(r), r))
         self._len += 1
         if g.aging[0][1] is r:
@@ -114,9 +119,10 @@ class WaitQueue:
             heapq.heappush(g.settled, ((r.arrival, r.seq), r))
         if not g:
             del self._groups[g.key]
+            del self._by_band[g.band][g.key]
             return
         static, head = self._group_head(g, now)
-        part = self._parts.setdefault(policy.partition(head), [])
+        part = self._parts.setdefault((policy.partition(head), g.band), [])
         self._tick += 1
         heapq.heappush(part, (static, g.version, self._tick, g))
         if g.aging:
@@ -134,32 +140,44 @@ class WaitQueue:
 
     # ------------------------------------------------------------- queries
     def best(
-        self,
-        now: float,
-        scores: Mapping[str, float],
-        eligible: Callable[[SchedRequest], bool] | None = None,
+        self, now: float, scores: Mapping[str, float], below_band: int | None = None
     ) -> tuple[tuple, SchedRequest] | None:
-        """The best waiting request and its rank, or None when there is none.
-
-        `eligible` filters on what a whole group shares (class, level,
-        tenant, priority): testing the heads is testing every member. The
-        filtered pick scans the groups (it serves preemption only).
-        """
+        """The best waiting request and its rank, or None when there is none;
+        with `below_band`, the best of the classes better than that band."""
         self._advance(now)
-        if eligible is not None:
-            return self._best_eligible(now, scores, eligible)
         compose = self._policy.compose
         best: tuple[tuple, SchedRequest] | None = None
         for part_key, part in list(self._parts.items()):
+            if below_band is not None and part_key[1] >= below_band:
+                continue
             while part and not self._current(part[0]):
                 heapq.heappop(part)
             if not part:
                 del self._parts[part_key]
                 continue
             static, head = self._group_head(part[0][3], now)
-            rank = compose(static, scores.get(part_key, 0.0))
+            rank = compose(static, scores.get(part_key[0], 0.0))
             if best is None or rank < best[0]:
                 best = (rank, head)
+        return best
+
+    def best_in_band(
+        self, now: float, scores: Mapping[str, float], band: int,
+        eligible: Callable[[SchedRequest], bool],
+    ) -> tuple[tuple, SchedRequest] | None:
+        """The best waiter of class `band` that passes `eligible` (a test of
+        what a group shares: level, priority). Scans that band's groups;
+        serves time slicing only."""
+        self._advance(now)
+        rank = self._policy.rank
+        best: tuple[tuple, SchedRequest] | None = None
+        for g in self._by_band.get(band, {}).values():
+            if not eligible((g.settled or g.aging)[0][1]):  # any member speaks for the group
+                continue
+            _, head = self._group_head(g, now)
+            r_rank = rank(head, now, scores)
+            if best is None or r_rank < best[0]:
+                best = (r_rank, head)
         return best
 
     def _current(self, entry: tuple[tuple, int, int, _Group]) -> bool:
@@ -175,21 +193,6 @@ class WaitQueue:
                 static = static_rank(cand, now)
                 if best is None or static < best[0]:
                     best = (static, cand)
-        return best
-
-    def _best_eligible(self, now, scores, eligible):
-        policy = self._policy
-        best: tuple[tuple, SchedRequest] | None = None
-        for g in self._groups.values():
-            for heap in (g.settled, g.aging):
-                if not heap:
-                    continue
-                head = heap[0][1]
-                if not eligible(head):
-                    break
-                rank = policy.rank(head, now, scores)
-                if best is None or rank < best[0]:
-                    best = (rank, head)
         return best
 
     def next_change(self, now: float) -> float:
