@@ -49,6 +49,15 @@ def _last(t: torch.Tensor, length: int) -> torch.Tensor:
 
 
 @dataclass(slots=True)
+class RowGroup:
+    """Rows to join the batch: KV of batch len(rows), real tokens right-aligned."""
+
+    rows: list[str]
+    layers: LayerKV
+    lengths: list[int]
+
+
+@dataclass(slots=True)
 class ParkedKV:
     """A row's KV copied out of the batch (to host memory when the device is a GPU)."""
 
@@ -107,29 +116,29 @@ class BatchKV:
         self.lengths = [n + 1 for n in self.lengths]
 
     # -- rows joining and leaving --------------------------------------------------
-    def add(self, joining: list[tuple[str, LayerKV, int]]) -> None:
-        """Append rows (id, per-layer KV of batch 1 and `length` columns, length)."""
-        if not joining:
+    def add(self, groups: list[RowGroup]) -> None:
+        """Append groups of rows; each group's KV is left-padded like the batch's own."""
+        groups = [g for g in groups if g.rows]
+        if not groups:
             return
-        width = max([self.width, *(length for _, _, length in joining)])
+        current = [RowGroup(self.rows, layers_of(self.cache), self.lengths)] if self.cache is not None else []
+        everything = current + groups
+        width = max(max(g.lengths) for g in everything)
         merged: LayerKV = []
-        existing = layers_of(self.cache) if self.cache is not None else None
-        for layer in range(len(joining[0][1])):
+        for layer in range(len(groups[0].layers)):
             keys, values = [], []
-            if existing is not None:
-                k, v = existing[layer]
-                keys.append(_left_pad(k, width - self.width))
-                values.append(_left_pad(v, width - self.width))
-            for _, kv, length in joining:
-                k, v = kv[layer]
-                keys.append(_left_pad(_last(k, length).to(self.device), width - length))
-                values.append(_left_pad(_last(v, length).to(self.device), width - length))
+            for g in everything:
+                k, v = g.layers[layer]
+                span = max(g.lengths)  # the group's own columns, less padding all its rows have
+                keys.append(_left_pad(_last(k, span).to(self.device), width - span))
+                values.append(_left_pad(_last(v, span).to(self.device), width - span))
             merged.append((torch.cat(keys, dim=0), torch.cat(values, dim=0)))
         self.cache = cache_from_layers(merged)
-        for row, _, length in joining:
-            self._index[row] = len(self.rows)
-            self.rows.append(row)
-            self.lengths.append(length)
+        for g in groups:
+            for row, length in zip(g.rows, g.lengths, strict=True):
+                self._index[row] = len(self.rows)
+                self.rows.append(row)
+                self.lengths.append(length)
 
     def remove(self, rows: set[str]) -> None:
         rows = rows & self._index.keys()

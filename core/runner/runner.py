@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from fsched.core.plan import Outcome, Plan, PrefillChunk
-from fsched.core.runner.kvbatch import BatchKV, ParkedKV, cache_from_layers, layers_of
+from fsched.core.runner.kvbatch import BatchKV, ParkedKV, RowGroup, cache_from_layers, layers_of
 from fsched.core.runner.model import LoadedModel
 from fsched.core.runner.sampling import choose_tokens
 from fsched.core.schedreq import Checkpoint
@@ -122,12 +122,8 @@ class ModelRunner:
         self._restore(plan.resumed)
         if plan.decode:
             self._decode(plan.decode, result)
-        joining = []
-        for chunk in plan.prefill:
-            joined = self._prefill_chunk(chunk, result)
-            if joined is not None:
-                joining.append(joined)
-        self.batch.add(joining)
+        if plan.prefill:
+            self.batch.add(self._prefill(plan.prefill, result))
         if result.finished:
             # Finished rows leave at once; their requests stay until released.
             self.batch.remove(set(result.finished))
@@ -173,7 +169,7 @@ class ModelRunner:
             if parked is None:
                 raise RunnerError(f"cannot resume {rid!r}: nothing is parked for it")
             if parked.in_batch:
-                joining.append((rid, parked.kv.layers, parked.kv.length))
+                joining.append(RowGroup([rid], parked.kv.layers, [parked.kv.length]))
             else:
                 layers = [(k.to(self.device), v.to(self.device)) for k, v in parked.kv.layers]
                 self._prefilling[rid] = (cache_from_layers(layers), parked.kv.length)
@@ -196,17 +192,76 @@ class ModelRunner:
         self.batch.advanced()
         self._emit(rows, out.logits[:, -1, :], result)
 
-    def _prefill_chunk(self, chunk: PrefillChunk, result: StepResult):
+    def _prefill(self, chunks: tuple[PrefillChunk, ...], result: StepResult) -> list[RowGroup]:
+        """Run the step's prefill chunks; return the rows whose prefill completed.
+
+        Fresh prompts are prefilled together in one left-padded forward (one
+        call instead of one per request); a chunk that continues an earlier
+        one extends that request's own cache.
+        """
+        for chunk in chunks:
+            r = self._requests[chunk.request_id]
+            computed = self._prefilling[r.id][1] if r.id in self._prefilling else 0
+            if chunk.start != computed:
+                raise RunnerError(
+                    f"prefill chunk of {r.id!r} starts at {chunk.start}, but {computed} tokens are computed"
+                )
+            if chunk.start + chunk.tokens > len(r.tokens):
+                raise RunnerError(f"prefill chunk of {r.id!r} runs past its context ({len(r.tokens)})")
+            if chunk.produces_token and chunk.start + chunk.tokens != len(r.tokens):
+                raise RunnerError(f"prefill of {r.id!r} yields a token before its context is computed")
+        fresh = [c for c in chunks if c.start == 0]
+        joining = [self._prefill_fresh(fresh, result)] if fresh else []
+        for chunk in chunks:
+            if chunk.start > 0:
+                joining.append(self._prefill_continued(chunk, result))
+        return joining
+
+    def _prefill_fresh(self, chunks: list[PrefillChunk], result: StepResult) -> RowGroup:
+        requests = [self._requests[c.request_id] for c in chunks]
+        lengths = [c.tokens for c in chunks]
+        width = max(lengths)
+        pad = self.loaded.tokenizer.pad_token_id or 0
+        input_ids = torch.tensor(
+            [[pad] * (width - n) + r.tokens[:n] for r, n in zip(requests, lengths, strict=True)],
+            device=self.device,
+        )
+        columns = torch.arange(width, device=self.device).unsqueeze(0)
+        starts = torch.tensor([width - n for n in lengths], device=self.device).unsqueeze(1)
+        mask = (columns >= starts).long()
+        positions = (columns - starts).clamp(min=0)
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        layers = layers_of(cache)
+        done = [i for i, c in enumerate(chunks) if c.produces_token]
+        for i, c in enumerate(chunks):
+            if not c.produces_token:  # a long prompt's first chunk: it keeps its own cache
+                own = [
+                    (k[i : i + 1, :, width - c.tokens :, :], v[i : i + 1, :, width - c.tokens :, :])
+                    for k, v in layers
+                ]
+                self._prefilling[c.request_id] = (cache_from_layers(own), c.tokens)
+        if not done:
+            return RowGroup([], [], [])
+        self._emit([requests[i] for i in done], out.logits[done, -1, :], result)
+        index = torch.tensor(done, device=self.device)
+        return RowGroup(
+            [chunks[i].request_id for i in done],
+            [(k.index_select(0, index), v.index_select(0, index)) for k, v in layers],
+            [lengths[i] for i in done],
+        )
+
+    def _prefill_continued(self, chunk: PrefillChunk, result: StepResult) -> RowGroup:
         r = self._requests[chunk.request_id]
-        cache, computed = self._prefilling.pop(r.id, (None, 0))
-        if chunk.start != computed:
-            raise RunnerError(
-                f"prefill chunk of {r.id!r} starts at {chunk.start}, but {computed} tokens are computed"
-            )
+        cache, _ = self._prefilling.pop(r.id)
         end = chunk.start + chunk.tokens
-        if end > len(r.tokens):
-            raise RunnerError(f"prefill chunk of {r.id!r} runs past its context ({len(r.tokens)})")
-        cache = cache if cache is not None else DynamicCache()
         input_ids = torch.tensor([r.tokens[chunk.start : end]], device=self.device)
         positions = torch.arange(chunk.start, end, device=self.device).unsqueeze(0)
         out = self.model(
@@ -214,11 +269,9 @@ class ModelRunner:
         )
         if not chunk.produces_token:
             self._prefilling[r.id] = (cache, end)
-            return None
-        if end != len(r.tokens):
-            raise RunnerError(f"prefill of {r.id!r} yields a token before its context is computed")
+            return RowGroup([], [], [])
         self._emit([r], out.logits[:, -1, :], result)
-        return (r.id, layers_of(cache), end)
+        return RowGroup([r.id], layers_of(cache), [end])
 
     def _emit(self, rows: list[_Request], logits: torch.Tensor, result: StepResult) -> None:
         tokens = choose_tokens(logits, [r.params for r in rows], [len(r.generated) for r in rows])
