@@ -46,12 +46,16 @@ def demote(level: int, level_tokens: int, produced: int, quanta: tuple[int, ...]
     return level, level_tokens
 
 
-def expected_work(r: SchedRequest, quanta: tuple[int, ...]) -> tuple[int, int]:
-    """(prefill, decode) tokens an admitted request will process before its
-    next MLFQ decision: what is left to prefill, and the rest of its level's
-    quantum (the last level: one more last-level quantum) capped by max_tokens."""
+def expected_work(
+    r: SchedRequest, quanta: tuple[int, ...], mean_output: float = 0.0
+) -> tuple[int, int]:
+    """(prefill, decode) tokens an admitted request is expected to process:
+    what is left to prefill, and the longer of the rest of its level's
+    quantum (the last level: one more last-level quantum) and the mean
+    output length seen so far, capped by max_tokens."""
     quantum = quanta[r.level] - r.level_tokens if r.level < len(quanta) else quanta[-1]
-    return r.pending_prefill, min(r.remaining_tokens, quantum)
+    decode = max(quantum, int(mean_output) - r.generated)
+    return r.pending_prefill, min(r.remaining_tokens, decode)
 
 
 def should_stop(r: SchedRequest) -> bool:
@@ -102,6 +106,7 @@ class Scheduler:
         self._host_used = 0
         self._step = 0
         self._now = 0.0  # latest time seen (cancel() takes none)
+        self._mean_output = 0.0  # running mean of output tokens of finished requests
         self._seq = itertools.count()
         self.preemptions = 0
 
@@ -220,7 +225,7 @@ class Scheduler:
                 if cand is None:
                     return
             self._start(cand, b)
-            prefill, decode = expected_work(cand, self.config.quanta)
+            prefill, decode = expected_work(cand, self.config.quanta, self._mean_output)
             cand.res_gpu, cand.res_kv = self.meter.reserve(cand.tenant, cand.context, prefill, decode)
             scores[cand.tenant] = self.meter.provisional(
                 scores[cand.tenant], cand.tenant, prefill, now
@@ -477,8 +482,8 @@ class Scheduler:
             r.level_tokens += n  # no demotion: the common case
             return
         r.level, r.level_tokens = demote(r.level, r.level_tokens, n, quanta)
-        if r.level != level and r.remaining_tokens > 0:
-            # Demoted: the request keeps running, so reserve its next quantum.
+        if r.level != level and r.remaining_tokens > 0 and r.res_gpu <= 0:
+            # Demoted with its reservation used up: reserve its next quantum.
             _, decode = expected_work(r, quanta)
             gpu, kv = self.meter.reserve(r.tenant, r.context, 0, decode)
             r.res_gpu += gpu
@@ -491,6 +496,7 @@ class Scheduler:
         self._release(r)
         self._running_bands[r.cls.band] -= 1
         self._kv_committed -= r.context
+        self._mean_output += 0.02 * (r.generated - self._mean_output)
         r.state = RequestState.DONE
         del self._live[r.id]
         self._tenant_live[r.tenant] -= 1
