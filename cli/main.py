@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from fsched.cli import tenants
+from fsched.cli.daemon import daemon
 from fsched.cli.jobs import cancel, results
 from fsched.cli.simulate import simulate
 from fsched.cli.status import status
@@ -23,6 +24,7 @@ app.command("status")(status)
 app.command("cancel")(cancel)
 app.command("results")(results)
 app.add_typer(tenants.app, name="tenants")
+app.command("daemon")(daemon)
 app.command("simulate")(simulate)
 
 if __name__ == "__main__":

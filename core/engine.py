@@ -13,13 +13,14 @@ benchmarks); the daemon drives `step()` itself.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fsched.core.schedreq import SchedRequest
 from fsched.core.scheduler import Scheduler
 from fsched.core.stopping import FinishReason
 from fsched.core.types import RequestClass, SamplingParams
+from fsched.core.usage import TenantCharge
 
 
 @dataclass(slots=True)
@@ -53,6 +54,16 @@ class StepReport:
     elapsed_s: float
     batch_size: int
     kv_tokens: int
+    charges: Mapping[str, TenantCharge] = field(default_factory=dict)  # what each tenant consumed
+
+
+class StepFailed(Exception):
+    """The model step raised; `request_ids` were in it. The engine has dropped them all."""
+
+    def __init__(self, request_ids: list[str], error: BaseException):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.request_ids = request_ids
+        self.error = error
 
 
 class Engine:
@@ -119,9 +130,17 @@ class Engine:
         plan = self.scheduler.schedule(self.clock())
         if plan.empty:
             return None
-        result = self.runner.run(plan)
+        try:
+            result = self.runner.run(plan)
+        except Exception as exc:
+            # The runner's state is not to be trusted after a failed step:
+            # drop every request; the caller requeues or fails them.
+            involved = sorted(set(plan.decode) | {c.request_id for c in plan.prefill})
+            for rid in list(self._requests):
+                self.cancel(rid)
+            raise StepFailed(involved, exc) from exc
         now = self.clock()
-        self.scheduler.postprocess(plan, result.outcome, now)
+        post = self.scheduler.postprocess(plan, result.outcome, now)
         self.steps += 1
         kv = self.runner.kv_tokens
         self.max_kv_tokens_seen = max(self.max_kv_tokens_seen, kv)
@@ -129,15 +148,20 @@ class Engine:
             self._first_token.setdefault(rid, now)
         finished = [self._finish(rid, check.finished, now) for rid, check in result.finished.items()]
         # The scheduler also ends a request at max_tokens on its own count.
-        for rid in [rid for rid in self._requests if self.scheduler.get(rid) is None]:
-            finished.append(self._finish(rid, FinishReason.LENGTH, now))
+        finished += [self._finish(rid, FinishReason.LENGTH, now) for rid in post.finished
+                     if rid not in result.finished and rid in self._requests]
         return StepReport(
             tokens=result.tokens,
             finished=finished,
             elapsed_s=result.outcome.elapsed_s,
             batch_size=len(plan.decode) + len(plan.prefill),
             kv_tokens=kv,
+            charges=post.charges,
         )
+
+    def output(self, request_id: str) -> tuple[list[int], str]:
+        """A live request's tokens and text so far."""
+        return self.runner.generated(request_id), self.runner.text(request_id)
 
     def run_all(
         self, requests: Iterable[EngineRequest], on_step: Callable[[StepReport], None] | None = None

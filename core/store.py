@@ -6,7 +6,7 @@ The core never imports `storage` (DESIGN §1).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -148,6 +148,17 @@ class ClaimedRequest:
     params: dict
     output_tokens: list[int]
     enqueued_at: float
+    attempts: int = 1  # claims so far, this one included
+
+
+@dataclass(slots=True, frozen=True)
+class TokenUpdate:
+    """A running request's output so far, to persist."""
+
+    request_id: int
+    tokens: tuple[int, ...]
+    text: str
+    first_token_at: float | None = None
 
 
 @runtime_checkable
@@ -172,7 +183,25 @@ class JobStore(Protocol):
 
     def list_daemons(self) -> list[DaemonSummary]: ...
 
-    def claim(self, limit: int, owner: str) -> list[ClaimedRequest]: ...
+    def claim(
+        self,
+        owner: str,
+        per_group: int,
+        held: Mapping[tuple[str, RequestClass], int] | None = None,
+        limit: int | None = None,
+    ) -> list[ClaimedRequest]: ...
+
+    def flush_tokens(self, owner: str, updates: Sequence[TokenUpdate]) -> int: ...
+
+    def release(self, owner: str | None = None, request_ids: Sequence[int] | None = None) -> int: ...
+
+    def cancelled_held(self, owner: str) -> list[int]: ...
+
+    def tenant_weights(self) -> dict[str, float]: ...
+
+    def has_queued(self) -> bool: ...
+
+    def heartbeat(self, daemon: DaemonSummary) -> None: ...
 
     def finish_request(
         self,
@@ -184,4 +213,6 @@ class JobStore(Protocol):
         prompt_tokens: int | None = None,
         model: str | None = None,
         error: str | None = None,
+        owner: str | None = None,
+        first_token_at: float | None = None,
     ) -> bool: ...

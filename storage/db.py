@@ -9,6 +9,7 @@ failing with "database is locked" (DESIGN §5). Reads use a plain deferred
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 from collections.abc import Iterator
@@ -130,3 +131,38 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+    def daemon_lock(self) -> DaemonLock | None:
+        """On SQLite, make this process the job table's only daemon (None on PostgreSQL).
+
+        An advisory lock on a file beside the database: the kernel releases
+        it when the process dies, however it dies, so a crashed daemon never
+        blocks its successor.
+        """
+        if self.dialect != "sqlite":
+            return None
+        path = Path(make_url(self.url).database + ".daemon.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StorageError(
+                f"another fsched daemon (pid {holder}) is already running on {self.display_url}; "
+                "one daemon per SQLite job table (several daemons need PostgreSQL)"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        return DaemonLock(fd)
+
+
+class DaemonLock:
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = -1

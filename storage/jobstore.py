@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from itertools import islice
 
@@ -28,6 +28,7 @@ from fsched.core.store import (
     TenantBusy,
     TenantExists,
     TenantSummary,
+    TokenUpdate,
     UnknownJob,
     UnknownTenant,
 )
@@ -302,47 +303,67 @@ class SqlJobStore:
 
     # -- the daemon's side --------------------------------------------------------
 
-    def claim(self, limit: int, owner: str) -> list[ClaimedRequest]:
-        """Atomically move up to `limit` queued requests to `running` for `owner`."""
+    def claim(
+        self,
+        owner: str,
+        per_group: int,
+        held: Mapping[tuple[str, RequestClass], int] | None = None,
+        limit: int | None = None,
+    ) -> list[ClaimedRequest]:
+        """Atomically move queued requests to `running`, held by `owner`.
+
+        Fair by construction: up to `per_group` for each (tenant, class)
+        group, less what `held` says the owner already holds of it, taking a
+        group's jobs by base priority then age and each job's requests in
+        input order. So one tenant's 50,000-line file never hides another
+        tenant's work from the scheduler.
+        """
+        held = held or {}
         now = self.clock()
+        claimed: list = []
+        waiting = (jobs.c.num_requests - jobs.c.num_done - jobs.c.num_failed - jobs.c.num_cancelled
+                   - jobs.c.num_running)
         with self.db.write() as conn:
-            query = (
-                select(
-                    requests,
-                    jobs.c.tenant,
-                    jobs.c["class"].label("request_class"),
-                    jobs.c.priority,
+            candidates = conn.execute(
+                select(jobs.c.id, jobs.c.tenant, jobs.c["class"].label("request_class"))
+                .where(jobs.c.state.not_in(FINISHED_JOB_STATES), jobs.c.cancel_requested_at.is_(None),
+                       waiting > 0)
+                .order_by(jobs.c.priority, jobs.c.id)
+            ).all()
+            room = {}
+            for job in candidates:
+                group = (job.tenant, RequestClass(job.request_class))
+                room.setdefault(group, per_group - held.get(group, 0))
+                want = room[group] if limit is None else min(room[group], limit - len(claimed))
+                if want <= 0:
+                    continue
+                query = (
+                    select(requests, jobs.c.tenant, jobs.c["class"].label("request_class"), jobs.c.priority)
+                    .join(jobs, jobs.c.id == requests.c.job_id)
+                    .where(requests.c.job_id == job.id, requests.c.state == RequestState.QUEUED.value)
+                    .order_by(requests.c.idx)
+                    .limit(want)
                 )
-                .join(jobs, jobs.c.id == requests.c.job_id)
-                .where(
-                    requests.c.state == RequestState.QUEUED.value,
-                    jobs.c.cancel_requested_at.is_(None),
+                if self.db.dialect == "postgresql":
+                    query = query.with_for_update(of=requests, skip_locked=True)
+                rows = conn.execute(query).all()
+                if not rows:
+                    continue
+                room[group] -= len(rows)
+                claimed.extend(rows)
+                conn.execute(
+                    update(requests)
+                    .where(requests.c.id.in_([row.id for row in rows]))
+                    .values(
+                        state=RequestState.RUNNING.value,
+                        lease_owner=owner,
+                        lease_epoch=requests.c.lease_epoch + 1,
+                        attempts=requests.c.attempts + 1,
+                    )
                 )
-                .order_by(requests.c.id)
-                .limit(limit)
-            )
-            if self.db.dialect == "postgresql":
-                query = query.with_for_update(of=requests, skip_locked=True)
-            rows = conn.execute(query).all()
-            if not rows:
-                return []
-            conn.execute(
-                update(requests)
-                .where(requests.c.id.in_([row.id for row in rows]))
-                .values(
-                    state=RequestState.RUNNING.value,
-                    lease_owner=owner,
-                    lease_epoch=requests.c.lease_epoch + 1,
-                    attempts=requests.c.attempts + 1,
-                )
-            )
-            per_job: dict[int, int] = {}
-            for row in rows:
-                per_job[row.job_id] = per_job.get(row.job_id, 0) + 1
-            for job_id, count in per_job.items():
-                job = self._lock_job(conn, job_id)
-                counts = replace(_counts(job), num_running=job.num_running + count)
-                self._store_counts(conn, job, counts, started_at=job.started_at or now, now=now)
+                locked = self._lock_job(conn, job.id)
+                counts = replace(_counts(locked), num_running=locked.num_running + len(rows))
+                self._store_counts(conn, locked, counts, started_at=locked.started_at or now, now=now)
         return [
             ClaimedRequest(
                 id=row.id,
@@ -357,9 +378,118 @@ class SqlJobStore:
                 params=row.params,
                 output_tokens=list(row.output_tokens or []),
                 enqueued_at=row.enqueued_at,
+                attempts=row.attempts + 1,
             )
-            for row in rows
+            for row in claimed
         ]
+
+    def flush_tokens(self, owner: str, updates: Sequence[TokenUpdate]) -> int:
+        """Persist generated tokens so far, in one transaction; returns rows written.
+
+        Only requests `owner` still holds are written: a daemon that lost a
+        request (cancelled, reclaimed) writes nothing for it.
+        """
+        if not updates:
+            return 0
+        written = 0
+        with self.db.write() as conn:
+            rows = {
+                row.id: row
+                for row in conn.execute(
+                    select(requests.c.id, requests.c.job_id, requests.c.num_output_tokens).where(
+                        requests.c.id.in_([u.request_id for u in updates]),
+                        requests.c.lease_owner == owner,
+                        requests.c.state == RequestState.RUNNING.value,
+                    )
+                )
+            }
+            per_job: dict[int, int] = {}
+            for u in updates:
+                row = rows.get(u.request_id)
+                if row is None:
+                    continue
+                values = {"output_tokens": list(u.tokens), "output_text": u.text,
+                          "num_output_tokens": len(u.tokens)}
+                if u.first_token_at is not None:
+                    values["first_token_at"] = func.coalesce(requests.c.first_token_at, u.first_token_at)
+                conn.execute(update(requests).where(requests.c.id == u.request_id).values(**values))
+                per_job[row.job_id] = per_job.get(row.job_id, 0) + len(u.tokens) - row.num_output_tokens
+                written += 1
+            for job_id, delta in per_job.items():
+                if delta:
+                    conn.execute(update(jobs).where(jobs.c.id == job_id)
+                                 .values(num_output_tokens=jobs.c.num_output_tokens + delta))
+        return written
+
+    def release(self, owner: str | None = None, request_ids: Sequence[int] | None = None) -> int:
+        """Hand running requests back to the queue, keeping their flushed tokens.
+
+        `owner` None releases every running request: on SQLite, one daemon
+        at a time, so requests still `running` at its start were left by a
+        dead one. Returns how many were released.
+        """
+        with self.db.write() as conn:
+            query = select(requests.c.id, requests.c.job_id).where(
+                requests.c.state == RequestState.RUNNING.value
+            )
+            if owner is not None:
+                query = query.where(requests.c.lease_owner == owner)
+            if request_ids is not None:
+                query = query.where(requests.c.id.in_(list(request_ids)))
+            rows = conn.execute(query).all()
+            if not rows:
+                return 0
+            conn.execute(
+                update(requests)
+                .where(requests.c.id.in_([row.id for row in rows]))
+                .values(state=RequestState.QUEUED.value, lease_owner=None, lease_expires_at=None)
+            )
+            per_job: dict[int, int] = {}
+            for row in rows:
+                per_job[row.job_id] = per_job.get(row.job_id, 0) + 1
+            now = self.clock()
+            for job_id, count in per_job.items():
+                job = self._lock_job(conn, job_id)
+                counts = replace(_counts(job), num_running=job.num_running - count)
+                self._store_counts(conn, job, counts, now=now)
+        return len(rows)
+
+    def cancelled_held(self, owner: str) -> list[int]:
+        """Requests `owner` holds whose job a user cancelled: stop them at the next step."""
+        with self.db.read() as conn:
+            return list(
+                conn.execute(
+                    select(requests.c.id)
+                    .join(jobs, jobs.c.id == requests.c.job_id)
+                    .where(
+                        requests.c.lease_owner == owner,
+                        requests.c.state == RequestState.RUNNING.value,
+                        jobs.c.cancel_requested_at.is_not(None),
+                    )
+                ).scalars()
+            )
+
+    def tenant_weights(self) -> dict[str, float]:
+        with self.db.read() as conn:
+            return {row.name: row.weight for row in conn.execute(select(tenants.c.name, tenants.c.weight))}
+
+    def has_queued(self) -> bool:
+        with self.db.read() as conn:
+            return conn.execute(
+                select(requests.c.id).where(requests.c.state == RequestState.QUEUED.value).limit(1)
+            ).first() is not None
+
+    def heartbeat(self, daemon: DaemonSummary) -> None:
+        """Insert or refresh a daemon's row: its host, engine and figures."""
+        values = {
+            "host": daemon.host, "pid": daemon.pid, "device": daemon.device, "model": daemon.model,
+            "started_at": daemon.started_at, "heartbeat_at": daemon.heartbeat_at,
+            "stopped_at": daemon.stopped_at, "stats": daemon.stats,
+        }
+        with self.db.write() as conn:
+            changed = conn.execute(update(daemons).where(daemons.c.id == daemon.id).values(**values)).rowcount
+            if not changed:
+                conn.execute(daemons.insert().values(id=daemon.id, **values))
 
     def finish_request(
         self,
@@ -371,25 +501,30 @@ class SqlJobStore:
         prompt_tokens: int | None = None,
         model: str | None = None,
         error: str | None = None,
+        owner: str | None = None,
+        first_token_at: float | None = None,
     ) -> bool:
         """End a request with its final output, in one transaction with its job's counters.
 
-        Returns False, changing nothing, when the request had already ended:
-        no request ends twice.
+        Returns False, changing nothing, when the request had already ended
+        (no request ends twice) or, given an `owner`, when that owner no
+        longer holds it (a fenced daemon writes nothing).
         """
         if not state.finished:
             raise ValueError(f"{state} is not a final state")
         now = self.clock()
         with self.db.write() as conn:
             row = conn.execute(
-                select(requests.c.job_id, requests.c.state, requests.c.num_output_tokens).where(
-                    requests.c.id == request_id
-                )
+                select(
+                    requests.c.job_id, requests.c.state, requests.c.num_output_tokens, requests.c.lease_owner
+                ).where(requests.c.id == request_id)
             ).first()
             if row is None:
                 raise StoreError(f"no request with id {request_id}")
             previous = RequestState(row.state)
             if previous.finished:
+                return False
+            if owner is not None and row.lease_owner != owner:
                 return False
             conn.execute(
                 update(requests)
@@ -406,6 +541,7 @@ class SqlJobStore:
                     finished_at=now,
                     lease_owner=None,
                     lease_expires_at=None,
+                    first_token_at=func.coalesce(requests.c.first_token_at, first_token_at),
                 )
             )
             job = self._lock_job(conn, row.job_id)

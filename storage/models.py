@@ -109,6 +109,9 @@ class Request(Base):
         UniqueConstraint("job_id", "idx", name="uq_requests_job_idx"),
         UniqueConstraint("job_id", "custom_id", name="uq_requests_job_custom_id"),
         Index("ix_requests_state_id", "state", "id"),
+        # The daemon's claim: a job's queued requests in input order.
+        Index("ix_requests_job_state_idx", "job_id", "state", "idx"),
+        Index("ix_requests_lease_owner", "lease_owner"),
     )
 
 

@@ -57,7 +57,7 @@ def test_submit_stores_job_requests_and_new_tenant(store):
 
 def test_every_stored_request_has_a_seed(store):
     store.submit([submission(5)])
-    claimed = store.claim(10, "d")
+    claimed = store.claim("d", per_group=10)
     seeds = [c.params["seed"] for c in claimed]
     assert all(isinstance(s, int) for s in seeds) and len(set(seeds)) == 5
 
@@ -79,7 +79,7 @@ def test_submit_is_all_or_nothing(store):
 
 def test_claim_finish_and_counters(store):
     (job,) = store.submit([submission(3)])
-    claimed = store.claim(2, "daemon-1")
+    claimed = store.claim("daemon-1", per_group=2)
     assert [c.custom_id for c in claimed] == ["c0", "c1"]
     assert store.list_jobs(job_id=job.job_id)[0].state is JobState.IN_PROGRESS
     assert store.finish_request(claimed[0].id, RequestState.DONE, [5, 6, 7], "abc", "length", 3, "tiny")
@@ -90,7 +90,7 @@ def test_claim_finish_and_counters(store):
     c = summary.counts
     assert (c.num_done, c.num_failed, c.num_running, c.num_waiting) == (1, 1, 0, 1)
     assert summary.num_output_tokens == 3
-    (rest,) = store.claim(5, "daemon-1")
+    (rest,) = store.claim("daemon-1", per_group=5)
     store.finish_request(rest.id, RequestState.DONE, [1], "z")
     summary = store.list_jobs(job_id=job.job_id)[0]
     assert summary.state is JobState.COMPLETED and summary.finished_at is not None
@@ -98,11 +98,11 @@ def test_claim_finish_and_counters(store):
 
 def test_cancel_waiting_at_once_and_running_by_the_daemon(store):
     (job,) = store.submit([submission(4)])
-    running = store.claim(2, "d")
+    running = store.claim("d", per_group=2)
     store.finish_request(running[0].id, RequestState.DONE, [1, 2], "ok")
     outcome = store.cancel_job(job.job_id)
     assert (outcome.cancelled_now, outcome.stopping, outcome.state) == (2, 1, JobState.CANCELLING)
-    assert store.claim(10, "d") == []  # nothing of a cancelled job is claimed again
+    assert store.claim("d", per_group=10) == []  # nothing of a cancelled job is claimed again
     store.finish_request(running[1].id, RequestState.CANCELLED, [3], "c")
     summary = store.list_jobs(job_id=job.job_id)[0]
     assert summary.state is JobState.CANCELLED
@@ -124,7 +124,7 @@ def test_unknown_job(store):
 def test_results_in_input_order_across_pages(store, monkeypatch):
     monkeypatch.setattr(jobstore_module, "RESULTS_BATCH", 7)
     (job,) = store.submit([submission(30)])
-    claimed = store.claim(30, "d")
+    claimed = store.claim("d", per_group=30)
     for c in reversed(claimed):  # finish in reverse order
         store.finish_request(c.id, RequestState.DONE, [1], c.custom_id)
     assert [r.custom_id for r in store.iter_results(job.job_id)] == [f"c{i}" for i in range(30)]
@@ -165,3 +165,57 @@ def test_finish_request_rejects_non_final_state_and_unknown_id(store):
         store.finish_request(1, RequestState.RUNNING)
     with pytest.raises(StoreError, match="no request"):
         store.finish_request(999, RequestState.DONE)
+
+
+def test_claim_is_fair_across_tenants_and_classes(store):
+    store.submit([submission(50, "big"), submission(3, "small"),
+                  submission(4, "big", RequestClass.REALTIME)])
+    claimed = store.claim("d", per_group=5)
+    groups = {}
+    for c in claimed:
+        groups.setdefault((c.tenant, c.request_class), []).append(c.custom_id)
+    assert groups == {
+        ("big", RequestClass.BATCH): ["c0", "c1", "c2", "c3", "c4"],
+        ("small", RequestClass.BATCH): ["c0", "c1", "c2"],
+        ("big", RequestClass.REALTIME): ["c0", "c1", "c2", "c3"],
+    }
+    # What the daemon holds counts against the group; the limit caps the total.
+    more = store.claim("d", per_group=7, held={("big", RequestClass.BATCH): 5}, limit=100)
+    assert [c.custom_id for c in more] == ["c5", "c6"]
+    assert len(store.claim("d", per_group=100, limit=10)) == 10
+
+
+def test_flush_release_and_fencing(store):
+    from fsched.core.store import TokenUpdate
+
+    (job,) = store.submit([submission(3)])
+    a, b, c = store.claim("d1", per_group=10)
+    assert store.flush_tokens("d1", [TokenUpdate(a.id, (5, 6), "xy", first_token_at=10.0),
+                                     TokenUpdate(b.id, (7,), "z")]) == 2
+    assert store.flush_tokens("intruder", [TokenUpdate(c.id, (1,), "no")]) == 0  # not its lease
+    assert store.list_jobs(job_id=job.job_id)[0].num_output_tokens == 3
+    assert not store.finish_request(a.id, RequestState.DONE, [5, 6, 9], "xyw", owner="intruder")
+    assert store.release("d1", [b.id]) == 1  # back to the queue, tokens kept
+    (again,) = store.claim("d2", per_group=10)
+    assert again.id == b.id and again.output_tokens == [7]
+    assert store.release() == 3  # all running, whoever held them: a dead daemon's leftovers
+    summary = store.list_jobs(job_id=job.job_id)[0]
+    assert summary.counts.num_running == 0 and summary.counts.num_waiting == 3
+    assert summary.num_output_tokens == 3
+
+
+def test_cancelled_held_and_weights_and_heartbeat(store):
+    from fsched.core.store import DaemonSummary
+
+    (job,) = store.submit([submission(2)])
+    store.claim("d1", per_group=1)
+    assert store.has_queued()
+    store.cancel_job(job.job_id)
+    assert len(store.cancelled_held("d1")) == 1 and not store.has_queued()
+    store.set_weight("alice", 3)
+    assert store.tenant_weights() == {"alice": 3.0}
+    beat = DaemonSummary("d1", "host", 1, "cpu", "tiny", 1.0, 2.0, None, {"batch": 3})
+    store.heartbeat(beat)
+    store.heartbeat(DaemonSummary("d1", "host", 1, "cpu", "tiny", 1.0, 3.0, None, {"batch": 4}))
+    (row,) = store.list_daemons()
+    assert row.heartbeat_at == 3.0 and row.stats == {"batch": 4}

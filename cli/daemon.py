@@ -1,0 +1,98 @@
+"""`fsched daemon`: load the model and serve the job table until stopped."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import uuid
+from typing import Annotated
+
+import typer
+
+from fsched.cli.common import DbOption, UserError, handle_errors, open_store
+
+POLICIES = ("fsched", "fcfs", "priority", "vtc")
+
+
+@handle_errors
+def daemon(
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Model folder or cached hub id "
+                                              "[default: the built-in tiny random model].")] = None,
+    device: Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda, cuda:N.")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="auto (bf16 on CUDA, fp32 on CPU), float32, "
+                                       "bfloat16, float16.")] = "auto",
+    policy: Annotated[str, typer.Option("--policy", help="fsched, fcfs, priority or vtc.")] = "fsched",
+    max_batch: Annotated[int | None, typer.Option("--max-batch", help="Requests in the running batch "
+                                                  "[default: 32 on CPU, 64 on CUDA].")] = None,
+    kv_tokens: Annotated[int | None, typer.Option("--kv-tokens", help="KV cache budget in tokens "
+                                                  "[default: 32768 on CPU, 131072 on CUDA].")] = None,
+    step_tokens: Annotated[int | None, typer.Option("--step-tokens", help="Tokens a step processes, "
+                                                    "decodes plus prefill chunks [default: 512 on CPU, "
+                                                    "2048 on CUDA].")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads for torch.")] = None,
+    until_idle: Annotated[bool, typer.Option("--until-idle", help="Exit when no work is left.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Run the scheduler and the model over the job table: continuous batching, fairly."""
+    if policy not in POLICIES:
+        raise UserError(f"--policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, stream=sys.stderr,
+                        format="fsched daemon: %(message)s")
+    log = logging.getLogger("fsched.daemon")
+    store = open_store(db)
+    lock = store.db.daemon_lock()
+
+    from fsched.core.daemon import Daemon, DaemonConfig
+    from fsched.core.engine import Engine
+    from fsched.core.runner.model import ModelLoadError, encode_prompt, load_model
+    from fsched.core.runner.runner import ModelRunner
+    from fsched.core.sched_config import SchedulerConfig
+    from fsched.core.scheduler import Scheduler
+
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    log.info("loading %s ...", model or "the built-in tiny model")
+    try:
+        loaded = load_model(model, device=device, dtype=dtype)
+    except ModelLoadError as exc:
+        raise UserError(str(exc)) from None
+    gpu = loaded.device.type == "cuda"
+    config = SchedulerConfig(
+        max_batch=max_batch or (64 if gpu else 32),
+        kv_tokens=kv_tokens or (131_072 if gpu else 32_768),
+        step_tokens=step_tokens or (2048 if gpu else 512),
+    )
+    scheduler = Scheduler(config, policy, store.tenant_weights())
+    engine = Engine(ModelRunner(loaded), scheduler, loaded.context_length)
+    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    the_daemon = Daemon(
+        store,
+        engine,
+        lambda claimed: encode_prompt(loaded, claimed.prompt, claimed.messages),
+        DaemonConfig(owner=owner, host=socket.gethostname(), pid=os.getpid(), device=str(loaded.device),
+                     model=loaded.name, policy=policy, claim_per_group=2 * config.max_batch,
+                     until_idle=until_idle, exclusive=lock is not None),
+    )
+
+    def stop(signum, _frame) -> None:
+        log.info("%s: finishing the step, saving progress", signal.Signals(signum).name)
+        the_daemon.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("serving %s with %s: model %s, policy %s, max batch %d, KV %d tokens, step %d tokens",
+             store.db.display_url, owner, loaded.describe(), policy, config.max_batch, config.kv_tokens,
+             config.step_tokens)
+    try:
+        the_daemon.run()
+    finally:
+        if lock is not None:
+            lock.release()
+    s = the_daemon.stats
+    log.info("stopped after %d steps, %d tokens", s.steps, s.tokens)

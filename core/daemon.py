@@ -1,0 +1,309 @@
+"""The daemon loop: the job table feeds the engine, the engine's tokens go back to it.
+
+No SQL and no torch here: the store is any JobStore, the engine is passed
+in, and `encode` turns a claimed request into token ids. The loop never
+holds a database transaction across a model step: every store call is its
+own short transaction between steps.
+
+Each turn:
+1. every `sync_interval_s`: apply weight changes, stop requests whose job
+   was cancelled, claim new work fairly (up to `claim_per_group` held per
+   tenant and class);
+2. one engine step;
+3. persist tokens: realtime and streaming requests every step, batch ones
+   at least every `batch_flush_s`; a finished request's output and its
+   final state in one transaction;
+4. every `heartbeat_s`: the daemon's row with its engine figures.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fsched.core.engine import Engine, EngineRequest, EngineResult, StepFailed, StepReport
+from fsched.core.explain import explain
+from fsched.core.store import ClaimedRequest, DaemonSummary, JobStore, TokenUpdate
+from fsched.core.types import RequestClass, RequestState, SamplingParams
+
+log = logging.getLogger("fsched.daemon")
+
+
+@dataclass(slots=True)
+class DaemonConfig:
+    owner: str
+    host: str
+    pid: int
+    device: str
+    model: str
+    policy: str
+    sync_interval_s: float = 0.1
+    batch_flush_s: float = 1.0
+    heartbeat_s: float = 1.0
+    idle_sleep_s: float = 0.02
+    claim_per_group: int = 64
+    max_attempts: int = 3
+    until_idle: bool = False
+    exclusive: bool = True  # the only daemon on this job table (SQLite): it may reclaim everything
+    share_half_life_s: float = 10.0  # of the served-share figures shown by status
+
+    def __post_init__(self) -> None:
+        for name in ("sync_interval_s", "batch_flush_s", "heartbeat_s", "share_half_life_s"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ValueError(f"{name} must be > 0")
+        if self.claim_per_group < 1 or self.max_attempts < 1:
+            raise ValueError("claim_per_group and max_attempts must be >= 1")
+
+
+@dataclass(slots=True)
+class _Held:
+    claimed: ClaimedRequest
+    first_token_at: float | None = None
+    dirty: bool = False
+
+
+@dataclass(slots=True)
+class DaemonStats:
+    """Engine figures for the heartbeat (decayed averages, so they follow the load)."""
+
+    steps: int = 0
+    tokens: int = 0
+    tok_s: float = 0.0
+    step_ms: float = 0.0
+    batch: int = 0
+    kv_tokens: int = 0
+    served: dict[str, list[float]] = field(default_factory=dict)  # tenant -> [gpu_s, kv_token_s]
+    last_decay: float = 0.0
+
+    def record(self, report: StepReport, wall_s: float, now: float, half_life_s: float) -> None:
+        self.steps += 1
+        self.tokens += len(report.tokens)
+        alpha = 0.1
+        self.step_ms += alpha * (report.elapsed_s * 1000 - self.step_ms)
+        rate = len(report.tokens) / wall_s if wall_s > 0 else 0.0
+        self.tok_s += alpha * (rate - self.tok_s)
+        self.batch, self.kv_tokens = report.batch_size, report.kv_tokens
+        factor = 0.5 ** ((now - self.last_decay) / half_life_s) if self.last_decay else 1.0
+        self.last_decay = now
+        for usage in self.served.values():
+            usage[0] *= factor
+            usage[1] *= factor
+        for tenant, charge in report.charges.items():
+            usage = self.served.setdefault(tenant, [0.0, 0.0])
+            usage[0] += charge.gpu_s
+            usage[1] += charge.kv_token_s
+
+    def served_shares(self) -> dict[str, float]:
+        """Each tenant's part of the dominant resource recently served (sums to 1)."""
+        return served_shares(self.served)
+
+
+def served_shares(served: dict[str, list[float]]) -> dict[str, float]:
+    """Normalised dominant shares: max over resources of the tenant's fraction of it."""
+    totals = [sum(u[i] for u in served.values()) for i in range(2)]
+    dominant = {
+        t: max((u[i] / totals[i]) if totals[i] else 0.0 for i in range(2)) for t, u in served.items()
+    }
+    total = sum(dominant.values())
+    return {t: d / total for t, d in dominant.items()} if total else {}
+
+
+class Daemon:
+    def __init__(
+        self,
+        store: JobStore,
+        engine: Engine,
+        encode: Callable[[ClaimedRequest], list[int]],
+        config: DaemonConfig,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.store = store
+        self.engine = engine
+        self.encode = encode
+        self.config = config
+        self.clock = clock
+        self.held: dict[int, _Held] = {}
+        self.stats = DaemonStats()
+        self.started_at = clock()
+        self.stopping = False
+        self._weights: dict[str, float] = {}
+        self._last_sync = self._last_batch_flush = self._last_beat = -math.inf
+
+    def stop(self) -> None:
+        """Ask the loop to end after the current step (signal handlers call this)."""
+        self.stopping = True
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self) -> None:
+        if self.config.exclusive:
+            reclaimed = self.store.release()
+            if reclaimed:
+                log.info("resuming %d request(s) left running by a previous daemon", reclaimed)
+        self._beat(force=True)
+        try:
+            while not self.stopping:
+                now = self.clock()
+                if now - self._last_sync >= self.config.sync_interval_s or not self.engine.has_work:
+                    self.sync()
+                if not self.engine.has_work:
+                    if self.config.until_idle and not self.store.has_queued():
+                        break
+                    self._beat()
+                    time.sleep(self.config.idle_sleep_s)
+                    continue
+                self.turn()
+        finally:
+            self.shutdown()
+
+    def turn(self) -> None:
+        """One engine step and what follows it."""
+        start = self.clock()
+        try:
+            report = self.engine.step()
+        except StepFailed as failure:
+            self._step_failed(failure)
+            return
+        now = self.clock()
+        if report is not None:
+            self.stats.record(report, now - start, now, self.config.share_half_life_s)
+            for rid in report.tokens:
+                held = self.held.get(int(rid))
+                if held is not None:
+                    held.dirty = True
+                    if held.first_token_at is None:
+                        held.first_token_at = now
+            for result in report.finished:
+                self._finish(result)
+        self.flush(everything=now - self._last_batch_flush >= self.config.batch_flush_s)
+        self._beat()
+
+    def sync(self) -> None:
+        """Weights, cancels and new work from the job table."""
+        self._last_sync = self.clock()
+        weights = self.store.tenant_weights()
+        for tenant, weight in weights.items():
+            if self._weights.get(tenant) != weight:
+                self.engine.scheduler.set_weight(tenant, weight)
+        self._weights = weights
+        for request_id in self.store.cancelled_held(self.config.owner):
+            held = self.held.pop(request_id, None)
+            if held is None:
+                continue
+            tokens, text = self.engine.output(str(request_id))
+            self.engine.cancel(str(request_id))
+            self.store.finish_request(request_id, RequestState.CANCELLED, tokens, text,
+                                      owner=self.config.owner, first_token_at=held.first_token_at)
+        held_per_group: dict[tuple[str, RequestClass], int] = {}
+        for h in self.held.values():
+            group = (h.claimed.tenant, h.claimed.request_class)
+            held_per_group[group] = held_per_group.get(group, 0) + 1
+        for claimed in self.store.claim(self.config.owner, self.config.claim_per_group, held_per_group):
+            self._admit(claimed)
+
+    def flush(self, everything: bool) -> None:
+        """Persist tokens: latency classes every step, batch work when `everything`."""
+        updates = []
+        for request_id, held in self.held.items():
+            if not held.dirty:
+                continue
+            if not everything and held.claimed.request_class is RequestClass.BATCH:
+                continue
+            tokens, text = self.engine.output(str(request_id))
+            updates.append(TokenUpdate(request_id, tuple(tokens), text, held.first_token_at))
+            held.dirty = False
+        if everything:
+            self._last_batch_flush = self.clock()
+        self.store.flush_tokens(self.config.owner, updates)
+
+    def shutdown(self) -> None:
+        """Flush every token, hand unfinished requests back to the queue, say goodbye."""
+        try:
+            self.flush(everything=True)
+            self.store.release(self.config.owner)
+        finally:
+            self._beat(force=True, stopped=True)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _admit(self, claimed: ClaimedRequest) -> None:
+        try:
+            prompt = self.encode(claimed)
+            request = EngineRequest(
+                id=str(claimed.id),
+                prompt=prompt,
+                params=SamplingParams.from_json(claimed.params),
+                tenant=claimed.tenant,
+                cls=claimed.request_class,
+                priority=claimed.priority,
+                generated=list(claimed.output_tokens),
+            )
+        except Exception as exc:  # a request that cannot even be encoded fails alone
+            self._fail(claimed.id, f"cannot prepare the request: {exc}", list(claimed.output_tokens))
+            return
+        self.held[claimed.id] = _Held(claimed)
+        failed = self.engine.add(request)
+        if failed is not None:
+            self.held.pop(claimed.id, None)
+            self._fail(claimed.id, failed.error or "rejected", failed.tokens)
+
+    def _finish(self, result: EngineResult) -> None:
+        held = self.held.pop(int(result.id), None)
+        if held is None:
+            return
+        if result.finish_reason is None:
+            self._fail(int(result.id), result.error or "failed", result.tokens)
+            return
+        self.store.finish_request(
+            int(result.id), RequestState.DONE, result.tokens, result.text,
+            finish_reason=result.finish_reason.value, prompt_tokens=result.prompt_tokens,
+            model=self.config.model, owner=self.config.owner, first_token_at=held.first_token_at,
+        )
+
+    def _fail(self, request_id: int, error: str, tokens: list[int]) -> None:
+        self.store.finish_request(request_id, RequestState.FAILED, tokens, "", error=error,
+                                  model=self.config.model, owner=self.config.owner)
+
+    def _step_failed(self, failure: StepFailed) -> None:
+        """The engine dropped every request: requeue them, failing those that keep crashing it."""
+        log.error("engine step failed: %s", failure)
+        involved = {int(rid) for rid in failure.request_ids}
+        requeue = []
+        for request_id, held in list(self.held.items()):
+            del self.held[request_id]
+            attempts = held.claimed.attempts
+            if request_id in involved and attempts >= self.config.max_attempts:
+                self._fail(request_id, f"the model step failed {attempts} times: {failure}", [])
+            else:
+                requeue.append(request_id)
+        self.flush(everything=True)
+        self.store.release(self.config.owner, requeue)
+
+    def _beat(self, force: bool = False, stopped: bool = False) -> None:
+        now = self.clock()
+        if not force and now - self._last_beat < self.config.heartbeat_s:
+            return
+        self._last_beat = now
+        s = self.stats
+        stats = {
+            "policy": self.config.policy,
+            "steps": s.steps,
+            "tokens": s.tokens,
+            "tok_s": round(s.tok_s, 1),
+            "step_ms": round(s.step_ms, 2),
+            "batch": s.batch,
+            "running": len(self.engine.scheduler.running),
+            "waiting": self.engine.scheduler.waiting_count,
+            "held": len(self.held),
+            "kv_tokens": s.kv_tokens,
+            "kv_budget": self.engine.scheduler.config.kv_tokens,
+            "served_share": {t: round(v, 4) for t, v in s.served_shares().items()},
+            "weights": self._weights,
+            "requests": explain(self.engine.scheduler, self.engine.clock(), limit=12),
+        }
+        self.store.heartbeat(DaemonSummary(
+            id=self.config.owner, host=self.config.host, pid=self.config.pid, device=self.config.device,
+            model=self.config.model, started_at=self.started_at, heartbeat_at=now,
+            stopped_at=now if stopped else None, stats=stats,
+        ))

@@ -1,0 +1,45 @@
+"""Why a request runs or waits, as Slurm's `sprio` explains a priority: pure, from the scheduler."""
+
+from __future__ import annotations
+
+from fsched.core.policy import aged
+from fsched.core.scheduler import Scheduler
+from fsched.core.types import RequestState
+
+
+def explain(scheduler: Scheduler, now: float, limit: int = 12) -> list[dict]:
+    """Running requests, then the waiting ones in the order they would be admitted.
+
+    Each: its class band, the band it competes at after aging (and the boost
+    that aging gave), its MLFQ level, base priority, how long it has waited
+    since it last ran, and its tenant's weighted dominant share (the DRF
+    score: lower goes first).
+    """
+    tenants = {r.tenant for r in scheduler.running.values()} | {r.tenant for r in scheduler.waiting()}
+    scores = scheduler.meter.scores(tenants, now) if tenants else {}
+    aging_s = scheduler.config.aging_s
+    policy = scheduler.policy
+
+    def row(r) -> dict:
+        band = r.cls.band
+        waiting = r.state is not RequestState.RUNNING
+        waited = max(0.0, now - r.wait_since) if waiting else 0.0
+        aged_band, level, priority = aged(band, r.level, r.priority, waited, aging_s)
+        return {
+            "id": r.id,
+            "tenant": r.tenant,
+            "class": r.cls.value,
+            "state": "running" if not waiting else r.state.value,
+            "band": band,
+            "aged_band": aged_band,
+            "age_boost": band - aged_band,
+            "level": level,
+            "priority": priority,
+            "waited_s": round(waited, 3),
+            "generated": r.generated,
+            "tenant_share": round(scores.get(r.tenant, 0.0), 6),
+        }
+
+    running = sorted(scheduler.running.values(), key=lambda r: policy.running_rank(r, scores))
+    waiting = sorted(scheduler.waiting(), key=lambda r: policy.rank(r, now, scores))
+    return [row(r) for r in [*running, *waiting][:limit]]
