@@ -22,6 +22,7 @@ from fsched.core.plan import Outcome, Plan
 from fsched.core.sched_config import SchedulerConfig
 from fsched.core.schedreq import SchedRequest
 from fsched.core.scheduler import Scheduler
+from fsched.core.shares import entitled_shares
 from fsched.core.trace import TraceRequest
 from fsched.core.types import RequestClass
 
@@ -138,7 +139,7 @@ def simulate(
     config = config or SchedulerConfig()
     cost = cost or CostModel()
     weights = dict(weights or {})
-    tenants = sorted({r.tenant for r in trace} | set(weights))
+    tenants = sorted({r.tenant for r in trace})  # the ones with work; weights may name more
     for t in tenants:
         weights.setdefault(t, config.default_weight)
     sched = Scheduler(config, policy, weights)
@@ -243,11 +244,14 @@ def _report(policy, tracks, tenants, weights, backlog, whole, config, sched, mak
         )
     usage = backlog if backlog.seconds > 0 else whole
     shares = dominant_fractions(usage.gpu_s, usage.kv_token_s, config.kv_tokens)
-    total_w = sum(weights[t] for t in tenants)
+    # Entitled: weight over the weights of the tenants with work (DESIGN
+    # §2); a configured tenant without requests is listed with the share it
+    # would get, and left out of Jain's index.
+    entitled = entitled_shares(weights, tenants)
     tenant_stats = {
-        t: TenantStats(weights[t], weights[t] / total_w, shares.get(t, 0.0)) for t in tenants
+        t: TenantStats(weights[t], entitled[t], shares.get(t, 0.0)) for t in sorted(weights)
     }
-    jain = jain_index([s.share / s.entitled for s in tenant_stats.values()])
+    jain = jain_index([tenant_stats[t].share / tenant_stats[t].entitled for t in tenants])
     out_tokens = sum(tr.req.output_tokens for tr in tracks.values())
     return PolicyReport(
         policy=policy,

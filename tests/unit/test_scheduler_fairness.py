@@ -116,6 +116,7 @@ def test_work_conserving_alone(policy):
     base = simulate(trace, "fcfs", weights=weights, config=CFG, cost=UNIT)
     assert busy and all(busy)
     assert report.tenants["a"].share == pytest.approx(1.0)
+    assert report.tenants["a"].entitled == 1.0 and report.jain_index == pytest.approx(1.0)
     # Same work, no idling: the order may pack steps a little differently.
     assert report.makespan_s == pytest.approx(base.makespan_s, rel=0.01)
 
