@@ -30,15 +30,20 @@ def simulate(
         list[str] | None,
         typer.Option(
             "--policy",
-            help=f"Policy to run; repeat to compare ({', '.join(POLICIES)}). [default: fsched]",
+            metavar="POLICY",
+            help=f"Policy to run; repeat to compare ({', '.join(POLICIES)}). Default: fsched.",
             show_default=False,
         ),
     ] = None,
     tenants: Annotated[
-        str, typer.Option("--tenants", help="Tenant weights, NAME=W,... (W > 0).")
+        str,
+        typer.Option("--tenants", metavar="NAME=W,...", help="Tenant weights (W > 0)."),
     ] = "default=1",
     mix: Annotated[
-        str, typer.Option("--mix", help="Class probabilities for requests without a class.")
+        str,
+        typer.Option(
+            "--mix", metavar="CLASS=P,...", help="Class probabilities for requests without a class."
+        ),
     ] = _DEFAULT_MIX_TEXT,
     rate_scale: Annotated[
         float, typer.Option("--rate-scale", help="Multiply the arrival rate (divide times) by X.")
