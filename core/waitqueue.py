@@ -52,9 +52,9 @@ class WaitQueue:
         self._policy = policy
         self._groups: dict[Hashable, _Group] = {}
         self._by_band: dict[int, dict[Hashable, _Group]] = {}  # class band -> its groups
-        # (tenant, band) -> heap of (static rank, version, tick, group); the
-        # tick is unique, so entries never compare groups
-        self._parts: dict[tuple[str, int], list[tuple[tuple, int, int, _Group]]] = {}
+        # (tenant, band) -> heap of (static rank, version, tick, group, head);
+        # the tick is unique, so entries never compare further
+        self._parts: dict[tuple[str, int], list[tuple[tuple, int, int, _Group, SchedRequest]]] = {}
         self._timers: list[tuple[float, int, int, _Group]] = []  # (time, version, tick, group)
         self._len = 0
         self._tick = 0
@@ -124,7 +124,7 @@ class WaitQueue:
         static, head = self._group_head(g, now)
         part = self._parts.setdefault((policy.partition(head), g.band), [])
         self._tick += 1
-        heapq.heappush(part, (static, g.version, self._tick, g))
+        heapq.heappush(part, (static, g.version, self._tick, g, head))
         if g.aging:
             t = policy.next_change(g.aging[0][1], now)
             if t < INF:
@@ -155,7 +155,7 @@ class WaitQueue:
             if not part:
                 del self._parts[part_key]
                 continue
-            static, head = self._group_head(part[0][3], now)
+            static, _, _, _, head = part[0]  # current: aging changes were applied above
             rank = compose(static, scores.get(part_key[0], 0.0))
             if best is None or rank < best[0]:
                 best = (rank, head)
@@ -180,8 +180,8 @@ class WaitQueue:
                 best = (r_rank, head)
         return best
 
-    def _current(self, entry: tuple[tuple, int, int, _Group]) -> bool:
-        _, version, _, g = entry
+    def _current(self, entry: tuple) -> bool:
+        version, g = entry[1], entry[3]
         return version == g.version and self._groups.get(g.key) is g
 
     def _group_head(self, g: _Group, now: float) -> tuple[tuple, SchedRequest]:
