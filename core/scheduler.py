@@ -241,8 +241,8 @@ class Scheduler:
         Returns the request that now fits, or None.
         """
         policy = self.policy
-        best_waiting = next(b for b, n in enumerate(self._waiting_bands) if n)
-        worst_running = max(b for b, n in enumerate(self._running_bands) if n)
+        best_waiting = next((b for b, n in enumerate(self._waiting_bands) if n), len(RequestClass))
+        worst_running = max((b for b, n in enumerate(self._running_bands) if n), default=-1)
         if best_waiting > worst_running or (
             best_waiting == worst_running and not policy.preempts_within(worst_running)
         ):
