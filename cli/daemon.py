@@ -48,15 +48,13 @@ def daemon(
 
     from fsched.core.daemon import Daemon, DaemonConfig
     from fsched.core.engine import Engine
-    from fsched.core.runner.model import ModelLoadError, encode_prompt, load_model
+    from fsched.core.runner.model import ModelLoadError, encode_prompt, load_model, set_threads
     from fsched.core.runner.runner import ModelRunner
     from fsched.core.sched_config import SchedulerConfig
     from fsched.core.scheduler import Scheduler
 
     if threads:
-        import torch
-
-        torch.set_num_threads(threads)
+        set_threads(threads)
     log.info("loading %s ...", model or "the built-in tiny model")
     try:
         loaded = load_model(model, device=device, dtype=dtype)

@@ -130,6 +130,7 @@ class Daemon:
         self.started_at = clock()
         self.stopping = False
         self._weights: dict[str, float] = {}
+        self._weights_applied_at: float | None = None
         self._last_sync = self._last_batch_flush = self._last_beat = -math.inf
 
     def stop(self) -> None:
@@ -184,10 +185,15 @@ class Daemon:
         """Weights, cancels and new work from the job table."""
         self._last_sync = self.clock()
         weights = self.store.tenant_weights()
+        changed = False
         for tenant, weight in weights.items():
             if self._weights.get(tenant) != weight:
                 self.engine.scheduler.set_weight(tenant, weight)
+                changed = True
         self._weights = weights
+        if changed:
+            self._weights_applied_at = self._last_sync
+            self._beat(force=True)
         for request_id in self.store.cancelled_held(self.config.owner):
             held = self.held.pop(request_id, None)
             if held is None:
@@ -300,6 +306,7 @@ class Daemon:
             "kv_budget": self.engine.scheduler.config.kv_tokens,
             "served_share": {t: round(v, 4) for t, v in s.served_shares().items()},
             "weights": self._weights,
+            "weights_applied_at": self._weights_applied_at,
             "requests": explain(self.engine.scheduler, self.engine.clock(), limit=12),
         }
         self.store.heartbeat(DaemonSummary(

@@ -77,6 +77,11 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         raise ModelLoadError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16 or float16") from None
 
 
+def set_threads(threads: int) -> None:
+    """CPU threads torch may use (intra-op)."""
+    torch.set_num_threads(threads)
+
+
 def cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "fsched"
