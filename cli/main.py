@@ -6,6 +6,8 @@ import typer
 
 from fsched.cli import tenants
 from fsched.cli.daemon import daemon
+from fsched.cli.demo import demo
+from fsched.cli.generate import generate
 from fsched.cli.jobs import cancel, results
 from fsched.cli.simulate import simulate
 from fsched.cli.status import status
@@ -26,6 +28,8 @@ app.command("results")(results)
 app.add_typer(tenants.app, name="tenants")
 app.command("daemon")(daemon)
 app.command("simulate")(simulate)
+app.command("generate")(generate)
+app.command("demo")(demo)
 
 if __name__ == "__main__":
     app()

@@ -77,6 +77,12 @@ def daemon_alive(daemon: DaemonSummary, now: float) -> bool:
     return daemon.stopped_at is None and now - daemon.heartbeat_at < DAEMON_DEAD_AFTER_S
 
 
+def live_daemon(daemons: list[DaemonSummary], now: float) -> DaemonSummary | None:
+    """The live daemon with the newest heartbeat, whose figures the views show; None if none is alive."""
+    alive = [d for d in daemons if daemon_alive(d, now)]
+    return max(alive, key=lambda d: d.heartbeat_at) if alive else None
+
+
 def status_json(snapshot: StatusSnapshot) -> dict:
     entitled = tenant_entitlements(snapshot.tenants)
     return {

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from rich.console import Group
+from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from fsched.cli.report import StatusSnapshot, daemon_alive, tenant_entitlements
+from fsched.cli.report import StatusSnapshot, daemon_alive, live_daemon, tenant_entitlements
 from fsched.core.store import DaemonSummary, JobSummary, TenantSummary
-from fsched.core.types import JobState
+from fsched.core.types import JobState, RequestClass
 
 STATE_STYLES = {
     JobState.QUEUED: "yellow",
@@ -63,28 +64,89 @@ def jobs_table(jobs: list[JobSummary], now: float) -> Table:
     return table
 
 
-def tenants_table(tenants: list[TenantSummary]) -> Table:
+def tenants_table(tenants: list[TenantSummary], served: dict[str, float] | None = None) -> Table:
+    """Tenants with their entitled share; with `served` (a live daemon's served_share), the
+    dominant share each was recently served beside it."""
     entitled = tenant_entitlements(tenants)
     table = Table(title="Tenants", title_justify="left")
-    for column, justify in [
-        ("tenant", "left"),
-        ("weight", "right"),
-        ("entitled", "right"),
-        ("active jobs", "right"),
-        ("queued", "right"),
-        ("running", "right"),
-    ]:
+    columns = [("tenant", "left"), ("weight", "right"), ("entitled", "right")]
+    if served is not None:
+        columns.append(("served", "right"))
+    columns += [("active jobs", "right"), ("queued", "right"), ("running", "right")]
+    for column, justify in columns:
         table.add_column(column, justify=justify, no_wrap=True)
     for tenant in tenants:
         active = tenant.queued or tenant.running
-        table.add_row(
+        cells = [
             tenant.name,
             f"{tenant.weight:g}",
             Text(f"{entitled[tenant.name]:.0%}", style="" if active else "dim"),
-            str(tenant.active_jobs),
-            f"{tenant.queued:,}",
-            f"{tenant.running:,}",
+        ]
+        if served is not None:
+            cells.append(served_cell(served.get(tenant.name, 0.0), entitled[tenant.name], bool(active)))
+        cells += [str(tenant.active_jobs), f"{tenant.queued:,}", f"{tenant.running:,}"]
+        table.add_row(*cells)
+    return table
+
+
+def served_cell(served: float, entitled: float, active: bool) -> Text:
+    """Served dominant share; yellow when an active tenant is more than 5 points off its entitlement."""
+    off = active and abs(served - entitled) > 0.05
+    return Text(f"{served:.0%}", style="yellow" if off else ("" if active else "dim"))
+
+
+def daemon_panel(daemon: DaemonSummary, now: float) -> Panel:
+    """The live daemon's engine figures (from its heartbeat stats)."""
+    s = daemon.stats
+    kv, budget = s.get("kv_tokens", 0), s.get("kv_budget", 0)
+    kv_pct = f" ({kv / budget:.0%})" if budget else ""
+    lines = [
+        f"[bold]model[/] {daemon.model}   [bold]device[/] {daemon.device}   "
+        f"[bold]policy[/] {s.get('policy', '?')}   [bold]daemon[/] {daemon.id} (pid {daemon.pid})",
+        f"[bold]batch[/] {s.get('batch', 0)}   [bold]running[/] {s.get('running', 0)}   "
+        f"[bold]waiting[/] {s.get('waiting', 0)}   [bold]held[/] {s.get('held', 0)}   "
+        f"[bold]KV[/] {kv:,}/{budget:,} tokens{kv_pct}",
+        f"[bold]tok/s[/] {s.get('tok_s', 0.0):,.1f}   [bold]step[/] {s.get('step_ms', 0.0):.1f} ms   "
+        f"[bold]steps[/] {s.get('steps', 0):,}   [bold]tokens[/] {s.get('tokens', 0):,}   "
+        f"[bold]heartbeat[/] {max(0.0, now - daemon.heartbeat_at):.1f}s ago",
+    ]
+    return Panel("\n".join(lines), title="Daemon", title_align="left", expand=False)
+
+
+BAND_NAMES = {c.band: c.value for c in RequestClass}
+
+
+def band_name(band: int) -> str:
+    return BAND_NAMES.get(band, str(band))
+
+
+def why_table(requests: list[dict]) -> Table:
+    """Why each running or waiting request runs or waits, in the scheduler's order (as Slurm's sprio):
+    class band and the band aging lifted it to, MLFQ level, base priority, wait, tenant's DRF share."""
+    table = Table(title="Why (running, then waiting in admission order)", title_justify="left")
+    for column, justify in [
+        ("req", "right"), ("tenant", "left"), ("class", "left"), ("state", "left"),
+        ("band → aged", "left"), ("age boost", "right"), ("level", "right"), ("pri", "right"),
+        ("waited", "right"), ("generated", "right"), ("tenant share", "right"),
+    ]:
+        table.add_column(column, justify=justify, no_wrap=True)
+    for r in requests:
+        boost = r.get("age_boost", 0)
+        table.add_row(
+            str(r["id"]),
+            r["tenant"],
+            r["class"],
+            Text(r["state"], style="cyan" if r["state"] == "running" else "yellow"),
+            f"{band_name(r['band'])} → {band_name(r['aged_band'])}",
+            f"+{boost}" if boost else "0",
+            str(r["level"]),
+            str(r["priority"]),
+            f"{r['waited_s']:.1f}s",
+            f"{r.get('generated', 0):,}",
+            f"{r['tenant_share']:.3f}",
         )
+    if not requests:
+        table.add_row("", Text("nothing running or waiting", style="dim"), *[""] * 9)
     return table
 
 
@@ -106,7 +168,11 @@ def daemons_table(daemons: list[DaemonSummary], now: float) -> Table:
 
 
 def status_view(snapshot: StatusSnapshot) -> Group:
-    parts = [jobs_table(snapshot.jobs, snapshot.now), tenants_table(snapshot.tenants)]
+    live = live_daemon(snapshot.daemons, snapshot.now)
+    served = live.stats.get("served_share", {}) if live is not None else None
+    parts = [jobs_table(snapshot.jobs, snapshot.now), tenants_table(snapshot.tenants, served)]
+    if live is not None:
+        parts += [daemon_panel(live, snapshot.now), why_table(live.stats.get("requests", []))]
     if snapshot.daemons:
         parts.append(daemons_table(snapshot.daemons, snapshot.now))
     else:

@@ -152,6 +152,37 @@ class ClaimedRequest:
 
 
 @dataclass(slots=True, frozen=True)
+class RequestProgress:
+    """One request as a reader of its output sees it: what `fsched generate` polls."""
+
+    id: int
+    job_id: int
+    state: RequestState
+    output_text: str
+    num_output_tokens: int
+    enqueued_at: float
+    first_token_at: float | None
+    finished_at: float | None
+    finish_reason: str | None
+    error: str | None
+
+
+@dataclass(slots=True, frozen=True)
+class RequestTiming:
+    """A request's timestamps and size, for latency summaries (first token - enqueued)."""
+
+    id: int
+    job_id: int
+    tenant: str
+    request_class: RequestClass
+    state: RequestState
+    num_output_tokens: int
+    enqueued_at: float
+    first_token_at: float | None
+    finished_at: float | None
+
+
+@dataclass(slots=True, frozen=True)
 class TokenUpdate:
     """A running request's output so far, to persist."""
 
@@ -172,6 +203,10 @@ class JobStore(Protocol):
     def cancel_job(self, job_id: int) -> CancelOutcome: ...
 
     def iter_results(self, job_id: int, errors: bool = False) -> Iterator[RequestResult]: ...
+
+    def request_progress(self, job_id: int) -> list[RequestProgress]: ...
+
+    def request_timings(self, job_ids: Sequence[int]) -> list[RequestTiming]: ...
 
     def list_tenants(self) -> list[TenantSummary]: ...
 

@@ -22,7 +22,9 @@ from fsched.core.store import (
     DaemonSummary,
     JobSubmission,
     JobSummary,
+    RequestProgress,
     RequestResult,
+    RequestTiming,
     StoreError,
     SubmittedJob,
     TenantBusy,
@@ -249,6 +251,54 @@ class SqlJobStore:
             for row in page:
                 yield _request_result(row)
             last_idx = page[-1].idx
+
+    def request_progress(self, job_id: int) -> list[RequestProgress]:
+        """A job's requests in input order with their output so far: one short read."""
+        with self.db.read() as conn:
+            if conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is None:
+                raise UnknownJob(job_id)
+            rows = conn.execute(
+                select(
+                    requests.c.id, requests.c.job_id, requests.c.state, requests.c.output_text,
+                    requests.c.num_output_tokens, requests.c.enqueued_at, requests.c.first_token_at,
+                    requests.c.finished_at, requests.c.finish_reason, requests.c.error,
+                )
+                .where(requests.c.job_id == job_id)
+                .order_by(requests.c.idx)
+            ).all()
+        return [
+            RequestProgress(
+                id=row.id, job_id=row.job_id, state=RequestState(row.state), output_text=row.output_text,
+                num_output_tokens=row.num_output_tokens, enqueued_at=row.enqueued_at,
+                first_token_at=row.first_token_at, finished_at=row.finished_at,
+                finish_reason=row.finish_reason, error=row.error,
+            )
+            for row in rows
+        ]
+
+    def request_timings(self, job_ids: Sequence[int]) -> list[RequestTiming]:
+        """The given jobs' requests (by id) with tenant, class and timestamps: one read."""
+        if not job_ids:
+            return []
+        with self.db.read() as conn:
+            rows = conn.execute(
+                select(
+                    requests.c.id, requests.c.job_id, jobs.c.tenant, jobs.c["class"], requests.c.state,
+                    requests.c.num_output_tokens, requests.c.enqueued_at, requests.c.first_token_at,
+                    requests.c.finished_at,
+                )
+                .select_from(requests.join(jobs, jobs.c.id == requests.c.job_id))
+                .where(requests.c.job_id.in_(list(job_ids)))
+                .order_by(requests.c.id)
+            ).all()
+        return [
+            RequestTiming(
+                id=row.id, job_id=row.job_id, tenant=row.tenant, request_class=RequestClass(row[3]),
+                state=RequestState(row.state), num_output_tokens=row.num_output_tokens,
+                enqueued_at=row.enqueued_at, first_token_at=row.first_token_at, finished_at=row.finished_at,
+            )
+            for row in rows
+        ]
 
     # -- cancelling -------------------------------------------------------------
 

@@ -1,0 +1,182 @@
+"""`fsched generate`: submit one request, wait for a daemon to serve it, print its text.
+
+The job table is the only channel to the daemon: the request is stored as a
+one-line job and its output is polled (a cheap read). The daemon flushes a
+realtime or streaming request's tokens every engine step, so `--stream` shows
+them as they come; a batch request's arrive about once a second.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Annotated
+
+import typer
+
+from fsched.cli.common import (
+    DbOption,
+    JsonOption,
+    UserError,
+    fail,
+    handle_errors,
+    note,
+    open_store,
+    print_json,
+)
+from fsched.cli.submit import CLASS_NAMES, parse_class
+from fsched.core.store import RequestProgress
+from fsched.core.types import RequestState
+
+POLL_S = 0.02
+# How often to look again for a live daemon while waiting (a heartbeat is ~1 s).
+DAEMON_CHECK_S = 2.0
+
+
+@dataclass(slots=True, frozen=True)
+class Outcome:
+    """What a finished request gives the user: text and timing figures."""
+
+    text: str
+    tokens: int
+    finish_reason: str | None
+    ttft_ms: float | None  # submit (enqueued) to first token
+    tok_s: float | None  # tokens after the first over the time since the first
+    total_ms: float | None  # submit to finish
+
+
+def outcome(p: RequestProgress) -> Outcome:
+    ttft = None if p.first_token_at is None else (p.first_token_at - p.enqueued_at) * 1000
+    total = None if p.finished_at is None else (p.finished_at - p.enqueued_at) * 1000
+    tok_s = None
+    if p.first_token_at is not None and p.finished_at is not None and p.num_output_tokens > 1:
+        decode_s = p.finished_at - p.first_token_at
+        if decode_s > 0:
+            tok_s = (p.num_output_tokens - 1) / decode_s
+    return Outcome(p.output_text, p.num_output_tokens, p.finish_reason, ttft, tok_s, total)
+
+
+def one_line_job(prompt: str, max_tokens: int, temperature: float | None, seed: int | None) -> bytes:
+    line: dict = {"custom_id": "generate", "prompt": prompt, "max_tokens": max_tokens}
+    if temperature is not None:
+        line["temperature"] = temperature
+    if seed is not None:
+        line["seed"] = seed
+    return (json.dumps(line, ensure_ascii=False) + "\n").encode()
+
+
+def _fmt(value: float | None, unit: str, digits: int = 0) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f} {unit}"
+
+
+@handle_errors
+def generate(
+    prompt: Annotated[str, typer.Argument(help="The prompt text.")],
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", "-t", help="Tenant [default: your OS user].")
+    ] = None,
+    request_class: Annotated[
+        str, typer.Option("--class", "-c", help=f"Service class: {CLASS_NAMES}.")
+    ] = "realtime",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens to generate at most.")] = 64,
+    temperature: Annotated[
+        float | None, typer.Option("--temperature", help="Sampling temperature; 0 is greedy [default: 1].")
+    ] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed [default: random].")] = None,
+    stream: Annotated[
+        bool, typer.Option("--stream", "-s", help="Print the text as it is generated.")
+    ] = False,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="Give up (and cancel) after this many seconds.")
+    ] = None,
+    as_json: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """Generate from one prompt through the running daemon; Ctrl-C cancels it.
+
+    Prints the text (as it comes with --stream), then the first-token latency
+    and tokens/s on stderr. The request waits in the queue like any other, so
+    a daemon must be running (`fsched daemon`).
+    """
+    from fsched.core.jobfile import parse_job_file
+    from fsched.core.limits import InputLimits
+    from fsched.core.store import JobSubmission
+
+    cls = parse_class(request_class)
+    if timeout is not None and timeout <= 0:
+        raise UserError(f"--timeout must be > 0, got {timeout:g}")
+    limits = InputLimits.from_env()
+    parsed = parse_job_file(one_line_job(prompt, max_tokens, temperature, seed), "<generate>", limits)
+    store = open_store(db)
+    # Ctrl-C cancels the request even where the shell started us with SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    (job,) = store.submit([JobSubmission(parsed=parsed, tenant=tenant or getpass.getuser(),
+                                         request_class=cls, priority=5, name="generate")])
+    try:
+        final = _wait(store, job.job_id, stream and not as_json, timeout)
+    except KeyboardInterrupt:
+        store.cancel_job(job.job_id)
+        if stream and not as_json:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        note(f"fsched: interrupted; job {job.job_id} cancelled")
+        raise typer.Exit(130) from None
+
+    result = outcome(final)
+    if as_json:
+        print_json({
+            "job_id": job.job_id, "request_id": final.id, "tenant": job.tenant, "class": cls.value,
+            "state": final.state.value, "text": result.text, "tokens": result.tokens,
+            "finish_reason": result.finish_reason,
+            "ttft_ms": None if result.ttft_ms is None else round(result.ttft_ms, 1),
+            "tok_s": None if result.tok_s is None else round(result.tok_s, 1),
+            "total_ms": None if result.total_ms is None else round(result.total_ms, 1),
+        })
+        return
+    if not stream:
+        sys.stdout.write(result.text)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    note(f"first token {_fmt(result.ttft_ms, 'ms')}, {_fmt(result.tok_s, 'tok/s', 1)}, "
+         f"{result.tokens} tokens ({result.finish_reason or 'n/a'}), job {job.job_id}")
+
+
+def _wait(store, job_id: int, stream: bool, timeout: float | None) -> RequestProgress:
+    """Poll the request until it ends; print new text when streaming. Raises on failure/timeout."""
+    from fsched.cli.report import daemon_alive
+
+    start = time.monotonic()
+    warned = False
+    next_daemon_check = start
+    shown = 0
+    while True:
+        now = time.monotonic()
+        if not warned and now >= next_daemon_check:
+            next_daemon_check = now + DAEMON_CHECK_S
+            wall = time.time()
+            if not any(daemon_alive(d, wall) for d in store.list_daemons()):
+                warned = True
+                note("fsched: no daemon is running on this job table; the request waits for `fsched daemon`")
+        (p,) = store.request_progress(job_id)
+        if stream and len(p.output_text) > shown:
+            sys.stdout.write(p.output_text[shown:])
+            sys.stdout.flush()
+            shown = len(p.output_text)
+        if p.state.finished:
+            break
+        if timeout is not None and now - start >= timeout:
+            store.cancel_job(job_id)
+            if stream:
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+            fail(f"no answer within {timeout:g} s; job {job_id} cancelled")
+        time.sleep(POLL_S)
+    if p.state is RequestState.FAILED:
+        fail(f"request failed: {p.error or 'unknown error'} (job {job_id})")
+    if p.state is RequestState.CANCELLED:
+        fail(f"job {job_id} was cancelled")
+    return p

@@ -1,0 +1,102 @@
+"""The status views are pure builders: hand-made snapshots in, the rendered text checked."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from fsched.cli.report import StatusSnapshot, live_daemon
+from fsched.cli.views import daemon_panel, status_view, tenants_table, why_table
+from fsched.core.jobstate import JobCounts
+from fsched.core.store import DaemonSummary, JobSummary, TenantSummary
+from fsched.core.types import JobState, RequestClass
+
+NOW = 1_000_000.0
+
+
+def render(renderable) -> str:
+    console = Console(record=True, width=160, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def daemon(id="vm:1:abc", heartbeat_age=0.5, stopped=False, **stats) -> DaemonSummary:
+    base = {
+        "policy": "fsched", "steps": 1234, "tokens": 56789, "tok_s": 412.3, "step_ms": 37.25, "batch": 17,
+        "running": 17, "waiting": 40, "held": 57, "kv_tokens": 8192, "kv_budget": 32768,
+        "served_share": {"alice": 0.7412, "bob": 0.2588}, "weights": {"alice": 3.0, "bob": 1.0},
+        "requests": [
+            {"id": 11, "tenant": "alice", "class": "batch", "state": "running", "band": 2, "aged_band": 2,
+             "age_boost": 0, "level": 1, "priority": 5, "waited_s": 0.0, "generated": 42,
+             "tenant_share": 0.2471},
+            {"id": 97, "tenant": "bob", "class": "batch", "state": "queued", "band": 2, "aged_band": 1,
+             "age_boost": 1, "level": 0, "priority": 3, "waited_s": 7.5, "generated": 0,
+             "tenant_share": 0.0863},
+        ],
+    }
+    base.update(stats)
+    return DaemonSummary(id=id, host="vm", pid=4321, device="cpu", model="fsched-tiny", started_at=NOW - 60,
+                         heartbeat_at=NOW - heartbeat_age, stopped_at=NOW if stopped else None, stats=base)
+
+
+TENANTS = [TenantSummary("alice", 3.0, 1, 30, 12), TenantSummary("bob", 1.0, 1, 10, 5),
+           TenantSummary("carol", 1.0, 0, 0, 0)]
+JOBS = [JobSummary(1, "alice", RequestClass.BATCH, 5, "summaries", JobState.IN_PROGRESS,
+                   JobCounts(num_requests=50, num_done=8, num_failed=0, num_cancelled=0, num_running=12),
+                   900, NOW - 30, NOW - 29, None)]
+
+
+def test_daemon_panel_shows_the_engine_figures():
+    text = render(daemon_panel(daemon(heartbeat_age=1.25), NOW))
+    for figure in ("fsched-tiny", "cpu", "policy fsched", "batch 17", "running 17", "waiting 40",
+                   "KV 8,192/32,768 tokens (25%)", "tok/s 412.3", "step 37.2 ms", "heartbeat 1.2s ago"):
+        assert figure in text, (figure, text)
+
+
+def test_tenants_table_puts_served_share_beside_entitled_share():
+    text = render(tenants_table(TENANTS, {"alice": 0.7412, "bob": 0.2588}))
+    header = next(line for line in text.splitlines() if "tenant" in line)
+    assert header.index("entitled") < header.index("served")
+
+    def cells(name: str) -> list[str]:
+        line = next(line for line in text.splitlines() if f" {name} " in line)
+        return [c.strip() for c in line.split("│")[1:-1]]
+
+    # tenant, weight, entitled (alice and bob have work: 3/4 and 1/4), served, ...
+    assert cells("alice")[:4] == ["alice", "3", "75%", "74%"]
+    assert cells("bob")[:4] == ["bob", "1", "25%", "26%"]
+    assert cells("carol")[3] == "0%"  # idle, never served
+    assert "served" not in render(tenants_table(TENANTS))
+
+
+def test_why_table_explains_each_request_like_sprio():
+    text = render(why_table(daemon().stats["requests"]))
+    running = next(line for line in text.splitlines() if " 11 " in line)
+    waiting = next(line for line in text.splitlines() if " 97 " in line)
+    assert "running" in running and "batch → batch" in running and "0.247" in running
+    for figure in ("queued", "batch → streaming", "+1", "7.5s", "0.086"):
+        assert figure in waiting, (figure, waiting)
+    assert text.index(" 11 ") < text.index(" 97 ")  # the order the daemon gave
+    assert "nothing running or waiting" in render(why_table([]))
+
+
+def test_status_view_uses_the_newest_live_daemon_only():
+    dead = daemon(id="vm:9:old", heartbeat_age=100, served_share={"alice": 0.1, "bob": 0.9})
+    stopped = daemon(id="vm:8:stp", heartbeat_age=0.1, stopped=True, policy="fcfs")
+    live = daemon(id="vm:1:new", heartbeat_age=0.5)
+    snapshot = StatusSnapshot(jobs=JOBS, tenants=TENANTS, daemons=[stopped, live, dead], now=NOW)
+    assert live_daemon(snapshot.daemons, NOW) is live
+    text = render(status_view(snapshot))
+    assert "Daemon" in text and "policy fsched" in text and "policy fcfs" not in text
+    assert "74%" in text and "90%" not in text  # served share from the live daemon, not the dead one
+    assert "Why" in text and "batch → streaming" in text
+    assert "vm:9:old" in text and "dead" in text  # every daemon still listed
+
+
+def test_status_view_without_a_live_daemon_has_no_panel_and_no_served_column():
+    snapshot = StatusSnapshot(jobs=JOBS, tenants=TENANTS, daemons=[daemon(heartbeat_age=100)], now=NOW)
+    assert live_daemon(snapshot.daemons, NOW) is None
+    text = render(status_view(snapshot))
+    assert "served" not in text and "Why" not in text and "tok/s" not in text
+    assert "dead" in text
+    empty = render(status_view(StatusSnapshot(jobs=[], tenants=[], daemons=[], now=NOW)))
+    assert "No daemon has run" in empty
