@@ -156,6 +156,27 @@ class DrfMeter(_Weights):
             usage.at = now
         return usage
 
+    def set_weight(self, tenant: str, weight: float) -> None:
+        """Change a weight without a jump in the tenant's score.
+
+        The usage is rescaled by new/old weight, so the score (usage over
+        weight) is continuous: service splits by the new weights from now on,
+        instead of the tenant whose weight rose being served alone until its
+        old, larger usage is "earned back" (with a 600 s half-life, minutes).
+        """
+        old = self.weight(tenant)
+        super().set_weight(tenant, weight)
+        usage = self._usage.get(tenant) if hasattr(self, "_usage") else None
+        if usage is None or old == weight:
+            return
+        factor = weight / old
+        usage.gpu_s *= factor
+        usage.kv_token_s *= factor
+        reserved = self._reserved.get(tenant)
+        if reserved is not None:
+            reserved[0] *= factor
+            reserved[1] *= factor
+
     def score(self, tenant: str, now: float) -> float:
         u = self._at(tenant, now)
         gpu, kv = u.gpu_s, u.kv_token_s

@@ -1,10 +1,20 @@
-"""One KV cache for the running batch: rows join by padding, leave by index selection.
+"""One KV cache for the running batch, in preallocated slots.
 
-The cache is a transformers `DynamicCache` of shape [rows, heads, T, dim]
-per layer. Each row's real tokens are right-aligned; the columns to their
-left are padding, masked out of attention. A row's position ids count its
-real tokens only, so a padded row computes exactly what it would alone.
-When rows leave, padding columns shared by every remaining row are cut.
+Per layer, keys and values live in buffers of [row slots, heads, columns,
+dim]. The running rows are slots 0..B-1; every row's real tokens are
+right-aligned under a common width T, and the columns to their left are
+padding (zeroed, and masked out of attention). A row's position ids count
+its real tokens only, so a padded row computes exactly what it would alone.
+
+What a step costs beyond the model is O(what changed), not O(the batch):
+- a decode step writes one column in place (buffers double when full);
+- a joining row is written into a free slot;
+- a leaving row's slot is refilled by moving the last row into it;
+- padding every row shares is cut only when it grows large.
+
+The model sees a transformers `DynamicCache` whose layers are views of the
+buffers (`SlotLayer`); transformers 5.24 is pinned, and the engine tests
+compare outputs with `generate` token for token.
 """
 
 from __future__ import annotations
@@ -13,8 +23,9 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
-LayerKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, H, L, D]
+LayerKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [rows, H, L, D]
 
 
 def cache_from_layers(layers: LayerKV) -> DynamicCache:
@@ -33,19 +44,6 @@ def cache_from_layers(layers: LayerKV) -> DynamicCache:
 
 def layers_of(cache: DynamicCache) -> LayerKV:
     return [(k, v) for k, v, *_ in cache]
-
-
-def _left_pad(t: torch.Tensor, columns: int) -> torch.Tensor:
-    if columns == 0:
-        return t
-    shape = list(t.shape)
-    shape[-2] = columns
-    return torch.cat([t.new_zeros(shape), t], dim=-2)
-
-
-def _last(t: torch.Tensor, length: int) -> torch.Tensor:
-    """The last `length` columns (a row's real tokens)."""
-    return t[..., t.shape[-2] - length :, :]
 
 
 @dataclass(slots=True)
@@ -69,13 +67,36 @@ class ParkedKV:
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.layers)
 
 
+class SlotLayer(DynamicLayer):
+    """A cache layer over a BatchKV's buffers: a forward appends in place."""
+
+    def __init__(self, batch: BatchKV, index: int):
+        super().__init__()
+        self.batch = batch
+        self.index = index
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        b = self.batch
+        kbuf, vbuf = b.buffers[self.index]
+        end = b.width + key_states.shape[-2]
+        kbuf[: len(b.rows), :, b.width : end, :] = key_states
+        vbuf[: len(b.rows), :, b.width : end, :] = value_states
+        return kbuf[: len(b.rows), :, :end, :], vbuf[: len(b.rows), :, :end, :]
+
+
 class BatchKV:
+    # Cut shared padding when it is at least this many columns and a quarter of the width.
+    TRIM_COLUMNS = 32
+
     def __init__(self, device: torch.device):
         self.device = device
-        self.cache: DynamicCache | None = None
+        self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.rows: list[str] = []
         self.lengths: list[int] = []  # real tokens per row
+        self.width = 0  # columns in use, padding included
         self._index: dict[str, int] = {}
+        self.cache: DynamicCache | None = None
 
     # -- views ----------------------------------------------------------------------
     def __contains__(self, row: str) -> bool:
@@ -85,86 +106,155 @@ class BatchKV:
         return len(self.rows)
 
     @property
-    def width(self) -> int:
-        """Columns of the cache, padding included."""
-        return self.cache.get_seq_length() if self.cache is not None else 0
-
-    @property
     def tokens(self) -> int:
         """Real KV tokens held (what the KV budget counts)."""
         return sum(self.lengths)
 
     @property
     def slots(self) -> int:
-        """KV slots allocated, padding included."""
+        """KV slots in use, padding included."""
         return len(self.rows) * self.width
 
     def length_of(self, row: str) -> int:
         return self.lengths[self._index[row]]
 
+    def _capacity(self) -> tuple[int, int]:
+        k = self.buffers[0][0]
+        return k.shape[0], k.shape[2]
+
+    def _refresh(self) -> None:
+        """Point the model-facing cache at the rows and columns in use."""
+        if not self.rows:
+            self.cache = None
+            return
+        if self.cache is None:
+            self.cache = DynamicCache()
+            self.cache.layers = [SlotLayer(self, i) for i in range(len(self.buffers))]
+        n = len(self.rows)
+        for layer, (k, v) in zip(self.cache.layers, self.buffers, strict=True):
+            layer.keys, layer.values = k[:n, :, : self.width, :], v[:n, :, : self.width, :]
+
     # -- one decode step ------------------------------------------------------------
     def decode_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention mask [rows, T + 1] and position ids [rows, 1] for feeding one token a row."""
-        width = self.width
+        self._reserve(len(self.rows), self.width + 1)
         lengths = torch.tensor(self.lengths, device=self.device)
-        columns = torch.arange(width + 1, device=self.device)
-        mask = (columns.unsqueeze(0) >= (width - lengths).unsqueeze(1)).long()
+        columns = torch.arange(self.width + 1, device=self.device)
+        mask = (columns.unsqueeze(0) >= (self.width - lengths).unsqueeze(1)).long()
         return mask, lengths.unsqueeze(1)
 
     def advanced(self) -> None:
         """The forward appended one real token to every row."""
+        self.width += 1
         self.lengths = [n + 1 for n in self.lengths]
+        self._refresh()
 
     # -- rows joining and leaving --------------------------------------------------
     def add(self, groups: list[RowGroup]) -> None:
-        """Append groups of rows; each group's KV is left-padded like the batch's own."""
+        """Write the groups' rows into free slots; each group's KV is right-aligned."""
         groups = [g for g in groups if g.rows]
         if not groups:
             return
-        current = [RowGroup(self.rows, layers_of(self.cache), self.lengths)] if self.cache is not None else []
-        everything = current + groups
-        width = max(max(g.lengths) for g in everything)
-        merged: LayerKV = []
-        for layer in range(len(groups[0].layers)):
-            keys, values = [], []
-            for g in everything:
-                k, v = g.layers[layer]
-                span = max(g.lengths)  # the group's own columns, less padding all its rows have
-                keys.append(_left_pad(_last(k, span).to(self.device), width - span))
-                values.append(_left_pad(_last(v, span).to(self.device), width - span))
-            merged.append((torch.cat(keys, dim=0), torch.cat(values, dim=0)))
-        self.cache = cache_from_layers(merged)
+        if not self.buffers:
+            self._allocate(groups[0].layers, rows=8, columns=64)
+        longest = max(max(g.lengths) for g in groups)
+        if longest > self.width:
+            self._shift_right(longest - self.width)
+        n = len(self.rows)
+        self._reserve(n + sum(len(g.rows) for g in groups), self.width)
         for g in groups:
-            for row, length in zip(g.rows, g.lengths, strict=True):
-                self._index[row] = len(self.rows)
+            span = g.layers[0][0].shape[-2]
+            for j, (row, length) in enumerate(zip(g.rows, g.lengths, strict=True)):
+                slot = len(self.rows)
+                for (kbuf, vbuf), (k, v) in zip(self.buffers, g.layers, strict=True):
+                    kbuf[slot, :, : self.width - length, :] = 0
+                    vbuf[slot, :, : self.width - length, :] = 0
+                    kbuf[slot, :, self.width - length : self.width, :] = k[j, :, span - length :, :]
+                    vbuf[slot, :, self.width - length : self.width, :] = v[j, :, span - length :, :]
+                self._index[row] = slot
                 self.rows.append(row)
                 self.lengths.append(length)
+        self._refresh()
 
     def remove(self, rows: set[str]) -> None:
-        rows = rows & self._index.keys()
-        if not rows:
+        changed = False
+        for row in rows:
+            slot = self._index.pop(row, None)
+            if slot is None:
+                continue
+            changed = True
+            last = len(self.rows) - 1
+            if slot != last:  # the last row moves into the hole: one row copied, not the batch
+                for kbuf, vbuf in self.buffers:
+                    kbuf[slot, :, : self.width, :] = kbuf[last, :, : self.width, :]
+                    vbuf[slot, :, : self.width, :] = vbuf[last, :, : self.width, :]
+                moved = self.rows[last]
+                self.rows[slot], self.lengths[slot] = moved, self.lengths[last]
+                self._index[moved] = slot
+            self.rows.pop()
+            self.lengths.pop()
+        if not changed:
             return
-        keep = [i for i, row in enumerate(self.rows) if row not in rows]
-        self.rows = [self.rows[i] for i in keep]
-        self.lengths = [self.lengths[i] for i in keep]
-        self._index = {row: i for i, row in enumerate(self.rows)}
-        if not keep:
-            self.cache = None
-            return
-        width = self.width
-        cut = width - max(self.lengths)  # padding every remaining row has
-        index = torch.tensor(keep, device=self.device)
-        self.cache = cache_from_layers(
-            [
-                (k.index_select(0, index)[..., cut:, :], v.index_select(0, index)[..., cut:, :])
-                for k, v in layers_of(self.cache)
-            ]
-        )
+        if not self.rows:
+            self.width = 0
+        else:
+            shared = self.width - max(self.lengths)
+            if shared >= self.TRIM_COLUMNS and 4 * shared >= self.width:
+                self._shift_left(shared)
+        self._refresh()
 
     def extract(self, row: str) -> ParkedKV:
-        """One row's real KV, as views into the batch (copy them before the batch changes)."""
+        """One row's real KV, as views into the buffers (copy them before the batch changes)."""
         i, length = self._index[row], self.length_of(row)
-        layers = [
-            (_last(k[i : i + 1], length), _last(v[i : i + 1], length)) for k, v in layers_of(self.cache)
-        ]
+        start = self.width - length
+        layers = [(k[i : i + 1, :, start : self.width, :], v[i : i + 1, :, start : self.width, :])
+                  for k, v in self.buffers]
         return ParkedKV(layers, length)
+
+    # -- buffers ----------------------------------------------------------------------
+    def _allocate(self, like: LayerKV, rows: int, columns: int) -> None:
+        self.buffers = []
+        for k, v in like:
+            shape = (rows, k.shape[1], columns, k.shape[3])
+            self.buffers.append((torch.zeros(shape, dtype=k.dtype, device=self.device),
+                                 torch.zeros(shape, dtype=v.dtype, device=self.device)))
+
+    def _reserve(self, rows: int, columns: int) -> None:
+        """Grow the buffers (doubling) to hold `rows` slots of `columns`."""
+        cap_rows, cap_cols = self._capacity()
+        if rows <= cap_rows and columns <= cap_cols:
+            return
+        new_rows = max(rows, cap_rows * 2 if rows > cap_rows else cap_rows)
+        new_cols = max(columns, cap_cols * 2 if columns > cap_cols else cap_cols)
+        n = len(self.rows)
+        grown = []
+        for k, v in self.buffers:
+            shape = (new_rows, k.shape[1], new_cols, k.shape[3])
+            nk = torch.zeros(shape, dtype=k.dtype, device=self.device)
+            nv = torch.zeros(shape, dtype=v.dtype, device=self.device)
+            nk[:n, :, : self.width, :] = k[:n, :, : self.width, :]
+            nv[:n, :, : self.width, :] = v[:n, :, : self.width, :]
+            grown.append((nk, nv))
+        self.buffers = grown
+        if self.cache is not None:
+            self.cache = None  # rebuilt over the new buffers
+        self._refresh()
+
+    def _shift_right(self, columns: int) -> None:
+        """Widen by `columns` of padding on the left of every row."""
+        n, width = len(self.rows), self.width
+        self._reserve(max(n, 1), width + columns)
+        for kbuf, vbuf in self.buffers:
+            kbuf[:n, :, columns : columns + width, :] = kbuf[:n, :, :width, :].clone()
+            vbuf[:n, :, columns : columns + width, :] = vbuf[:n, :, :width, :].clone()
+            kbuf[:n, :, :columns, :] = 0
+            vbuf[:n, :, :columns, :] = 0
+        self.width = width + columns
+
+    def _shift_left(self, columns: int) -> None:
+        """Drop `columns` of padding that every row has."""
+        n, width = len(self.rows), self.width
+        for kbuf, vbuf in self.buffers:
+            kbuf[:n, :, : width - columns, :] = kbuf[:n, :, columns:width, :].clone()
+            vbuf[:n, :, : width - columns, :] = vbuf[:n, :, columns:width, :].clone()
+        self.width = width - columns

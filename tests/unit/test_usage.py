@@ -97,3 +97,18 @@ def test_vtc_counts_weighted_input_and_output_tokens_and_lifts():
     assert m.scores(["a"], 0.0)["a"] == pytest.approx((100 + 2 * 50) / 2)
     m.activate("b", ["a"], 0.0)
     assert m.scores(["b"], 0.0)["b"] == pytest.approx(100.0)
+
+
+def test_drf_weight_change_keeps_the_score_continuous():
+    from fsched.core.usage import DrfMeter, TenantCharge
+
+    meter = DrfMeter({"a": 1.0, "b": 1.0}, default_weight=1.0, kv_capacity=1000, half_life_s=600)
+    meter.charge({"a": TenantCharge(gpu_s=3.0, kv_token_s=10.0), "b": TenantCharge(gpu_s=1.0)}, 4.0, 1.0)
+    before = meter.scores(["a", "b"], 1.0)
+    meter.set_weight("a", 3.0)
+    after = meter.scores(["a", "b"], 1.0)
+    assert after["a"] == pytest.approx(before["a"]) and after["b"] == pytest.approx(before["b"])
+    # ... and from now on a's charges weigh a third: 3:1 service keeps the scores level.
+    meter.charge({"a": TenantCharge(gpu_s=3.0), "b": TenantCharge(gpu_s=1.0)}, 4.0, 1.0)
+    later = meter.scores(["a", "b"], 1.0)
+    assert later["a"] - after["a"] == pytest.approx(later["b"] - after["b"])
