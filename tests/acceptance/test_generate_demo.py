@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from fsched.cli.demo import BATCH_REQUESTS
+
 from .conftest import FSCHED, Fsched
 
 pytestmark = pytest.mark.timeout(180)
@@ -130,9 +132,10 @@ def test_demo_json_serves_both_tenants_and_the_realtime_chats(fs):
     s = json.loads(proc.stdout)
     assert s["policy"] == "fsched" and elapsed < 150
     batch, realtime = s["classes"]["batch"], s["classes"]["realtime"]
-    assert batch["requests"] == batch["done"] == 54 + 27
+    expected = sum(round(n * 0.3) for n in BATCH_REQUESTS.values())
+    assert batch["requests"] == batch["done"] == expected
     assert realtime["requests"] == realtime["done"] == 8
-    assert s["requests"] == 89 and s["tokens"] == batch["tokens"] + realtime["tokens"] > 0
+    assert s["requests"] == expected + 8 and s["tokens"] == batch["tokens"] + realtime["tokens"] > 0
     # Realtime chats jump the batch backlog.
     assert 0 < realtime["ttft_p50_ms"] <= realtime["ttft_p99_ms"] < batch["ttft_p99_ms"]
     tenants = s["tenants"]
