@@ -77,16 +77,16 @@ def _fmt(value: float | None, unit: str, digits: int = 0) -> str:
 def generate(
     prompt: Annotated[str, typer.Argument(help="The prompt text.")],
     tenant: Annotated[
-        str | None, typer.Option("--tenant", "-t", help="Tenant [default: your OS user].")
+        str | None, typer.Option("--tenant", "-t", help="Tenant (default: your OS user).")
     ] = None,
     request_class: Annotated[
         str, typer.Option("--class", "-c", help=f"Service class: {CLASS_NAMES}.")
     ] = "realtime",
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens to generate at most.")] = 64,
     temperature: Annotated[
-        float | None, typer.Option("--temperature", help="Sampling temperature; 0 is greedy [default: 1].")
+        float | None, typer.Option("--temperature", help="Sampling temperature, 0 is greedy (default: 1).")
     ] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed [default: random].")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed (default: random).")] = None,
     stream: Annotated[
         bool, typer.Option("--stream", "-s", help="Print the text as it is generated.")
     ] = False,
