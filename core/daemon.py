@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from fsched.core.engine import Engine, EngineRequest, EngineResult, StepFailed, StepReport
 from fsched.core.explain import explain
-from fsched.core.store import ClaimedRequest, DaemonSummary, JobStore, TokenUpdate
+from fsched.core.store import ClaimedRequest, Completion, DaemonSummary, JobStore, TokenUpdate
 from fsched.core.types import RequestClass, RequestState, SamplingParams
 
 log = logging.getLogger("fsched.daemon")
@@ -176,8 +176,7 @@ class Daemon:
                     held.dirty = True
                     if held.first_token_at is None:
                         held.first_token_at = now
-            for result in report.finished:
-                self._finish(result)
+            self._finish(report.finished)
         self.flush(everything=now - self._last_batch_flush >= self.config.batch_flush_s)
         self._beat()
 
@@ -254,18 +253,23 @@ class Daemon:
             self.held.pop(claimed.id, None)
             self._fail(claimed.id, failed.error or "rejected", failed.tokens)
 
-    def _finish(self, result: EngineResult) -> None:
-        held = self.held.pop(int(result.id), None)
-        if held is None:
-            return
-        if result.finish_reason is None:
-            self._fail(int(result.id), result.error or "failed", result.tokens)
-            return
-        self.store.finish_request(
-            int(result.id), RequestState.DONE, result.tokens, result.text,
-            finish_reason=result.finish_reason.value, prompt_tokens=result.prompt_tokens,
-            model=self.config.model, owner=self.config.owner, first_token_at=held.first_token_at,
-        )
+    def _finish(self, results: list[EngineResult]) -> None:
+        """Write the step's finished requests, output and final state, in one transaction."""
+        completions = []
+        for result in results:
+            held = self.held.pop(int(result.id), None)
+            if held is None:
+                continue
+            if result.finish_reason is None:
+                completions.append(Completion(int(result.id), RequestState.FAILED, tuple(result.tokens),
+                                              error=result.error or "failed", model=self.config.model))
+            else:
+                completions.append(Completion(
+                    int(result.id), RequestState.DONE, tuple(result.tokens), result.text,
+                    finish_reason=result.finish_reason.value, prompt_tokens=result.prompt_tokens,
+                    model=self.config.model, first_token_at=held.first_token_at,
+                ))
+        self.store.finish_requests(completions, self.config.owner)
 
     def _fail(self, request_id: int, error: str, tokens: list[int]) -> None:
         self.store.finish_request(request_id, RequestState.FAILED, tokens, "", error=error,

@@ -183,6 +183,21 @@ class RequestTiming:
 
 
 @dataclass(slots=True, frozen=True)
+class Completion:
+    """A request's end: final state and output, written in one transaction."""
+
+    request_id: int
+    state: RequestState
+    output_tokens: tuple[int, ...] = ()
+    output_text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    model: str | None = None
+    error: str | None = None
+    first_token_at: float | None = None
+
+
+@dataclass(slots=True, frozen=True)
 class TokenUpdate:
     """A running request's output so far, to persist."""
 
@@ -227,6 +242,8 @@ class JobStore(Protocol):
     ) -> list[ClaimedRequest]: ...
 
     def flush_tokens(self, owner: str, updates: Sequence[TokenUpdate]) -> int: ...
+
+    def finish_requests(self, completions: Sequence[Completion], owner: str | None = None) -> list[bool]: ...
 
     def release(self, owner: str | None = None, request_ids: Sequence[int] | None = None) -> int: ...
 

@@ -19,6 +19,7 @@ from fsched.core.jobstate import JobCounts, derive_job_state
 from fsched.core.store import (
     CancelOutcome,
     ClaimedRequest,
+    Completion,
     DaemonSummary,
     JobSubmission,
     JobSummary,
@@ -373,13 +374,20 @@ class SqlJobStore:
         claimed: list = []
         waiting = (jobs.c.num_requests - jobs.c.num_done - jobs.c.num_failed - jobs.c.num_cancelled
                    - jobs.c.num_running)
+        candidates_query = (
+            select(jobs.c.id, jobs.c.tenant, jobs.c["class"].label("request_class"))
+            .where(jobs.c.state.not_in(FINISHED_JOB_STATES), jobs.c.cancel_requested_at.is_(None),
+                   waiting > 0)
+            .order_by(jobs.c.priority, jobs.c.id)
+        )
+        # A read first: most calls find nothing to take, and take no write lock.
+        with self.db.read() as conn:
+            candidates = conn.execute(candidates_query).all()
+        room = {(j.tenant, RequestClass(j.request_class)) for j in candidates}
+        if all(per_group <= held.get(group, 0) for group in room):
+            return []
         with self.db.write() as conn:
-            candidates = conn.execute(
-                select(jobs.c.id, jobs.c.tenant, jobs.c["class"].label("request_class"))
-                .where(jobs.c.state.not_in(FINISHED_JOB_STATES), jobs.c.cancel_requested_at.is_(None),
-                       waiting > 0)
-                .order_by(jobs.c.priority, jobs.c.id)
-            ).all()
+            candidates = conn.execute(candidates_query).all()
             room = {}
             for job in candidates:
                 group = (job.tenant, RequestClass(job.request_class))
@@ -554,63 +562,80 @@ class SqlJobStore:
         owner: str | None = None,
         first_token_at: float | None = None,
     ) -> bool:
-        """End a request with its final output, in one transaction with its job's counters.
+        """End one request; see `finish_requests`."""
+        completion = Completion(request_id, state, tuple(output_tokens), output_text, finish_reason,
+                                prompt_tokens, model, error, first_token_at)
+        return self.finish_requests([completion], owner)[0]
 
-        Returns False, changing nothing, when the request had already ended
+    def finish_requests(self, completions: Sequence[Completion], owner: str | None = None) -> list[bool]:
+        """End requests with their final output, in one transaction with their jobs' counters.
+
+        For each: False, changing nothing, when the request had already ended
         (no request ends twice) or, given an `owner`, when that owner no
         longer holds it (a fenced daemon writes nothing).
         """
-        if not state.finished:
-            raise ValueError(f"{state} is not a final state")
+        for c in completions:
+            if not c.state.finished:
+                raise ValueError(f"{c.state} is not a final state")
+        if not completions:
+            return []
         now = self.clock()
+        outcome = []
         with self.db.write() as conn:
-            row = conn.execute(
-                select(
-                    requests.c.job_id, requests.c.state, requests.c.num_output_tokens, requests.c.lease_owner
-                ).where(requests.c.id == request_id)
-            ).first()
-            if row is None:
-                raise StoreError(f"no request with id {request_id}")
-            previous = RequestState(row.state)
-            if previous.finished:
-                return False
-            if owner is not None and row.lease_owner != owner:
-                return False
-            conn.execute(
-                update(requests)
-                .where(requests.c.id == request_id)
-                .values(
-                    state=state.value,
-                    output_tokens=list(output_tokens),
-                    output_text=output_text,
-                    num_output_tokens=len(output_tokens),
-                    finish_reason=finish_reason,
-                    prompt_tokens=prompt_tokens,
-                    model=model,
-                    error=error,
-                    finished_at=now,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    first_token_at=func.coalesce(requests.c.first_token_at, first_token_at),
+            rows = {
+                row.id: row
+                for row in conn.execute(
+                    select(requests.c.id, requests.c.job_id, requests.c.state, requests.c.num_output_tokens,
+                           requests.c.lease_owner)
+                    .where(requests.c.id.in_([c.request_id for c in completions]))
                 )
-            )
-            job = self._lock_job(conn, row.job_id)
-            counts = _counts(job)
-            counts = replace(
-                counts,
-                num_running=counts.num_running - (previous is RequestState.RUNNING),
-                num_done=counts.num_done + (state is RequestState.DONE),
-                num_failed=counts.num_failed + (state is RequestState.FAILED),
-                num_cancelled=counts.num_cancelled + (state is RequestState.CANCELLED),
-            )
-            self._store_counts(
-                conn,
-                job,
-                counts,
-                num_output_tokens=job.num_output_tokens + len(output_tokens) - row.num_output_tokens,
-                now=now,
-            )
-        return True
+            }
+            per_job: dict[int, list[int]] = {}  # job -> [running, done, failed, cancelled, tokens]
+            for c in completions:
+                row = rows.get(c.request_id)
+                if row is None:
+                    raise StoreError(f"no request with id {c.request_id}")
+                previous = RequestState(row.state)
+                if previous.finished or (owner is not None and row.lease_owner != owner):
+                    outcome.append(False)
+                    continue
+                conn.execute(
+                    update(requests)
+                    .where(requests.c.id == c.request_id)
+                    .values(
+                        state=c.state.value,
+                        output_tokens=list(c.output_tokens),
+                        output_text=c.output_text,
+                        num_output_tokens=len(c.output_tokens),
+                        finish_reason=c.finish_reason,
+                        prompt_tokens=c.prompt_tokens,
+                        model=c.model,
+                        error=c.error,
+                        finished_at=now,
+                        lease_owner=None,
+                        lease_expires_at=None,
+                        first_token_at=func.coalesce(requests.c.first_token_at, c.first_token_at),
+                    )
+                )
+                delta = per_job.setdefault(row.job_id, [0, 0, 0, 0, 0])
+                delta[0] += previous is RequestState.RUNNING
+                delta[1] += c.state is RequestState.DONE
+                delta[2] += c.state is RequestState.FAILED
+                delta[3] += c.state is RequestState.CANCELLED
+                delta[4] += len(c.output_tokens) - row.num_output_tokens
+                outcome.append(True)
+            for job_id, (running, done, failed, cancelled, tokens) in per_job.items():
+                job = self._lock_job(conn, job_id)
+                counts = replace(
+                    _counts(job),
+                    num_running=job.num_running - running,
+                    num_done=job.num_done + done,
+                    num_failed=job.num_failed + failed,
+                    num_cancelled=job.num_cancelled + cancelled,
+                )
+                self._store_counts(conn, job, counts, num_output_tokens=job.num_output_tokens + tokens,
+                                   now=now)
+        return outcome
 
     # -- helpers ------------------------------------------------------------------
 
