@@ -114,7 +114,7 @@ def latency(loaded, folder: Path) -> None:
         timeline: list[tuple[float, int]] = []
         turn = daemon.turn
 
-        def recording_turn(turn=turn):
+        def recording_turn(turn=turn, timeline=timeline, engine=engine):
             turn()
             timeline.append((time.time(), engine.steps))
 
