@@ -162,10 +162,14 @@ def _wait(store, job_id: int, stream: bool, timeout: float | None) -> RequestPro
                 warned = True
                 note("fsched: no daemon is running on this job table; the request waits for `fsched daemon`")
         (p,) = store.request_progress(job_id)
-        if stream and len(p.output_text) > shown:
-            sys.stdout.write(p.output_text[shown:])
-            sys.stdout.flush()
-            shown = len(p.output_text)
+        if stream:
+            # A token may end inside a multi-byte character, which decodes as U+FFFD until
+            # the next token completes it: hold such a tail back until the request ends.
+            visible = p.output_text if p.state.finished else p.output_text.rstrip("\ufffd")
+            if len(visible) > shown:
+                sys.stdout.write(visible[shown:])
+                sys.stdout.flush()
+                shown = len(visible)
         if p.state.finished:
             break
         if timeout is not None and now - start >= timeout:
