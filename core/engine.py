@@ -159,6 +159,10 @@ class Engine:
             charges=post.charges,
         )
 
+    @property
+    def request_ids(self) -> list[str]:
+        return list(self._requests)
+
     def output(self, request_id: str) -> tuple[list[int], str]:
         """A live request's tokens and text so far."""
         return self.runner.generated(request_id), self.runner.text(request_id)

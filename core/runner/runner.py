@@ -83,6 +83,7 @@ class ModelRunner:
             raise RunnerError(f"request {request_id!r} has an empty prompt")
         self._requests[request_id] = _Request(request_id, [*prompt, *generated], len(prompt), params)
 
+    @torch.inference_mode()
     def release(self, request_id: str) -> None:
         """Forget a request (finished or cancelled) and free everything it holds."""
         self._requests.pop(request_id, None)

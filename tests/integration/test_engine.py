@@ -211,3 +211,26 @@ def test_stop_strings_and_eos(tiny):
     _, results = run(tiny, [stopped])
     assert results["stopped"].finish_reason is FinishReason.STOP
     assert results["stopped"].text == text[: text.index(stop)]
+
+
+def test_cancel_mid_run_frees_the_request_and_changes_no_other_output(tiny, reference):
+    requests = workload(tiny, n=12)
+    scheduler = Scheduler(SchedulerConfig(max_batch=8, kv_tokens=16_384, step_tokens=512), "fcfs")
+    engine = Engine(ModelRunner(tiny), scheduler, tiny.context_length)
+    for r in requests:
+        engine.add(r)
+    results = {}
+    for _ in range(3):
+        for r in engine.step().finished:
+            results[r.id] = r
+    victims = [rid for rid in engine.request_ids if rid in engine.scheduler.running][:2]
+    assert len(victims) == 2
+    for rid in victims:  # outside any inference context, as the daemon calls it
+        assert engine.cancel(rid)
+    while engine.has_work:
+        report = engine.step()
+        for r in report.finished if report else []:
+            results[r.id] = r
+    assert set(results) == {r.id for r in requests} - set(victims)
+    assert all(results[rid].tokens == reference[rid] for rid in results)
+    assert engine.runner.kv_tokens == 0
