@@ -42,9 +42,9 @@ WEIGHTS = {"alice": 3.0, "bob": 1.0}
 # Batch work: short prompts (a sentence of the corpus) and short outputs, sized so
 # the demo takes about a minute on a 2-core CPU with the tiny model and both
 # tenants stay backlogged for most of it (alice, served 3x faster, has more).
-BATCH_REQUESTS = {"alice": 300, "bob": 120}
+BATCH_REQUESTS = {"alice": 450, "bob": 180}
 BATCH_MAX_TOKENS = 48
-REALTIME_EVERY_S = 4.0  # bob's chat turns arrive this far apart once the daemon serves
+REALTIME_EVERY_S = 5.0  # bob's chat turns arrive this far apart once the daemon serves
 DAEMON_START_TIMEOUT_S = 300.0  # the first run builds the tiny model
 STOP_TIMEOUT_S = 15.0
 REFRESH_S = 0.5
