@@ -148,6 +148,8 @@ def main() -> None:
     parser.add_argument("--gpu-model", action="store_true",
                         help="a ~0.5B random Llama in bf16 instead of the tiny model (for --device cuda)")
     parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--step-tokens", type=int, default=2048,
+                        help="prefill budget of a step (the scheduler default; the CPU daemon uses 512)")
     parser.add_argument("--static", default="8,16,32")
     parser.add_argument("--skip", default="", help="comma list of methods to skip")
     parser.add_argument("--seed", type=int, default=0)
@@ -180,7 +182,7 @@ def main() -> None:
                 rows.append(("hf-cb", s, _mismatches(outs, reference)))
             except Exception as exc:  # report, do not hide, a failure of the baseline
                 print(f"hf-cb failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        (outs, steps), s = timed(run_fsched, loaded, work, args.max_batch, 65_536, 512)
+        (outs, steps), s = timed(run_fsched, loaded, work, args.max_batch, 65_536, args.step_tokens)
         rows.append((f"fsched (batch {args.max_batch}, {steps} steps)", s, _mismatches(outs, reference)))
 
     best_static = min((r for r in rows if r[0].startswith("static")), key=lambda r: r[1], default=None)
