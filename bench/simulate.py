@@ -7,7 +7,7 @@ Runs the same code as
 
     fsched simulate ../shared/traces/azure_llm_2023_conv.csv --policy fcfs \\
         --policy priority --policy vtc --policy fsched --tenants a=3,b=1 \\
-        --mix realtime=0.1,streaming=0.2,batch=0.7 --rate-scale 3
+        --mix realtime=0.1,streaming=0.2,batch=0.7 --rate-scale 3 --cost-model h100-8b
 
 prints its table, then the ratios against fcfs that docs/scheduling.md
 records: realtime TTFT p99, Jain index, batch max wait, throughput, and the

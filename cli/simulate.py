@@ -16,6 +16,7 @@ from fsched.cli.common import fail
 from fsched.core.policy import POLICIES
 from fsched.core.sched_config import SchedulerConfig
 from fsched.core.simulator import PolicyReport
+from fsched.core.costmodel import DEFAULT_PROFILE, PROFILES
 from fsched.core.simulator import simulate as run_simulation
 from fsched.core.trace import DEFAULT_MIX, TraceError, load_trace, parse_assignments, parse_mix
 
@@ -60,6 +61,11 @@ def simulate(
         int | None,
         typer.Option("--kv-tokens", help="KV cache budget in token slots.", show_default=False),
     ] = None,
+    cost_model: Annotated[
+        str,
+        typer.Option("--cost-model", help="Engine to simulate: tiny-cpu (fitted to fsched's engine on "
+                     "the built-in model, CPU) or h100-8b (an ~8B model on one H100-class GPU)."),
+    ] = DEFAULT_PROFILE,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
 ) -> None:
     """Replay a request trace through the scheduler against the engine cost model."""
@@ -87,12 +93,16 @@ def simulate(
             limit=limit,
             seed=seed,
         )
-        reports = [run_simulation(requests, p, weights=weights, config=config) for p in policies]
+        if cost_model not in PROFILES:
+            raise ValueError(f"--cost-model must be one of {', '.join(PROFILES)}, got {cost_model!r}")
+        cost = PROFILES[cost_model]
+        reports = [run_simulation(requests, p, weights=weights, config=config, cost=cost) for p in policies]
     except (TraceError, ValueError) as exc:
         fail(str(exc), 2)
     if json_out:
         doc = {
             "trace": str(trace),
+            "cost_model": cost_model,
             "requests": len(requests),
             "policies": {r.policy: r.to_json() for r in reports},
         }

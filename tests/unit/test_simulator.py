@@ -119,7 +119,8 @@ def test_simulate_command_json_schema(small_trace):
     )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert set(doc) == {"trace", "requests", "policies"}
+    assert set(doc) == {"trace", "cost_model", "requests", "policies"}
+    assert doc["cost_model"] == "tiny-cpu"  # the engine fsched runs by default, as calibrated
     assert doc["requests"] == 100
     assert set(doc["policies"]) == {"fcfs", "fsched"}
     for pol in doc["policies"].values():
