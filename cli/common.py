@@ -19,7 +19,7 @@ DbOption = Annotated[
     typer.Option(
         "--db",
         help="SQLAlchemy URL or SQLite file path of the job table "
-        "[default: $FSCHED_DB, else $XDG_DATA_HOME/fsched/fsched.db]",
+        "(default: $FSCHED_DB, else $XDG_DATA_HOME/fsched/fsched.db)",
         show_default=False,
     ),
 ]

@@ -19,19 +19,36 @@ POLICIES = ("fsched", "fcfs", "priority", "vtc")
 
 @handle_errors
 def daemon(
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Model folder or cached hub id "
-                                              "[default: the built-in tiny random model].")] = None,
-    device: Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda, cuda:N.")] = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", help="auto (bf16 on CUDA, fp32 on CPU), float32, "
-                                       "bfloat16, float16.")] = "auto",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", "-m", help="Model folder or cached hub id (default: the built-in tiny random model)."
+        ),
+    ] = None,
+    device: Annotated[
+        str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda, cuda:N.")
+    ] = "auto",
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16.")
+    ] = "auto",
     policy: Annotated[str, typer.Option("--policy", help="fsched, fcfs, priority or vtc.")] = "fsched",
-    max_batch: Annotated[int | None, typer.Option("--max-batch", help="Requests in the running batch "
-                                                  "[default: 32 on CPU, 64 on CUDA].")] = None,
-    kv_tokens: Annotated[int | None, typer.Option("--kv-tokens", help="KV cache budget in tokens "
-                                                  "[default: 32768 on CPU, 131072 on CUDA].")] = None,
-    step_tokens: Annotated[int | None, typer.Option("--step-tokens", help="Tokens a step processes, "
-                                                    "decodes plus prefill chunks [default: 512 on CPU, "
-                                                    "2048 on CUDA].")] = None,
+    max_batch: Annotated[
+        int | None,
+        typer.Option("--max-batch", help="Requests in the running batch (default: 32 on CPU, 64 on CUDA)."),
+    ] = None,
+    kv_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--kv-tokens", help="KV cache budget in tokens (default: 32768 on CPU, 131072 on CUDA)."
+        ),
+    ] = None,
+    step_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--step-tokens",
+            help="Tokens a step processes, decodes plus prefill chunks (default: 512 on CPU, 2048 on CUDA).",
+        ),
+    ] = None,
     threads: Annotated[int | None, typer.Option("--threads", help="CPU threads for torch.")] = None,
     until_idle: Annotated[bool, typer.Option("--until-idle", help="Exit when no work is left.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
@@ -40,8 +57,11 @@ def daemon(
     """Run the scheduler and the model over the job table: continuous batching, fairly."""
     if policy not in POLICIES:
         raise UserError(f"--policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, stream=sys.stderr,
-                        format="fsched daemon: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO,
+        stream=sys.stderr,
+        format="fsched daemon: %(message)s",
+    )
     log = logging.getLogger("fsched.daemon")
     store = open_store(db)
     lock = store.db.daemon_lock()
@@ -73,9 +93,17 @@ def daemon(
         store,
         engine,
         lambda claimed: encode_prompt(loaded, claimed.prompt, claimed.messages),
-        DaemonConfig(owner=owner, host=socket.gethostname(), pid=os.getpid(), device=str(loaded.device),
-                     model=loaded.name, policy=policy, claim_per_group=2 * config.max_batch,
-                     until_idle=until_idle, exclusive=lock is not None),
+        DaemonConfig(
+            owner=owner,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            device=str(loaded.device),
+            model=loaded.name,
+            policy=policy,
+            claim_per_group=2 * config.max_batch,
+            until_idle=until_idle,
+            exclusive=lock is not None,
+        ),
     )
 
     def stop(signum, _frame) -> None:
@@ -84,9 +112,16 @@ def daemon(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    log.info("serving %s with %s: model %s, policy %s, max batch %d, KV %d tokens, step %d tokens",
-             store.db.display_url, owner, loaded.describe(), policy, config.max_batch, config.kv_tokens,
-             config.step_tokens)
+    log.info(
+        "serving %s with %s: model %s, policy %s, max batch %d, KV %d tokens, step %d tokens",
+        store.db.display_url,
+        owner,
+        loaded.describe(),
+        policy,
+        config.max_batch,
+        config.kv_tokens,
+        config.step_tokens,
+    )
     try:
         the_daemon.run()
     finally:

@@ -70,7 +70,7 @@ def cancel(
 def results(
     job_id: Annotated[int, typer.Argument(help="The job whose results to write.")],
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Write to this file [default: stdout].")
+        Path | None, typer.Option("--output", "-o", help="Write to this file (default: stdout).")
     ] = None,
     errors: Annotated[
         bool, typer.Option("--errors", help="Write the failed and cancelled requests instead.")

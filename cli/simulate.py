@@ -13,10 +13,10 @@ from typing import Annotated
 import typer
 
 from fsched.cli.common import fail
+from fsched.core.costmodel import DEFAULT_PROFILE, PROFILES
 from fsched.core.policy import POLICIES
 from fsched.core.sched_config import SchedulerConfig
 from fsched.core.simulator import PolicyReport
-from fsched.core.costmodel import DEFAULT_PROFILE, PROFILES
 from fsched.core.simulator import simulate as run_simulation
 from fsched.core.trace import DEFAULT_MIX, TraceError, load_trace, parse_assignments, parse_mix
 

@@ -19,7 +19,7 @@ def status(
     show_all: Annotated[
         bool,
         typer.Option(
-            "--all", "-a", help=f"All finished jobs too [default: the last {RECENT_FINISHED_JOBS}]."
+            "--all", "-a", help=f"All finished jobs too (default: the last {RECENT_FINISHED_JOBS})."
         ),
     ] = False,
     as_json: JsonOption = False,

@@ -58,7 +58,7 @@ def read_job_file(name: str, limits: InputLimits) -> bytes:
 def submit(
     files: Annotated[list[str], typer.Argument(help="JSONL files of requests; '-' reads stdin.")],
     tenant: Annotated[
-        str | None, typer.Option("--tenant", "-t", help="Tenant [default: your OS user].")
+        str | None, typer.Option("--tenant", "-t", help="Tenant (default: your OS user).")
     ] = None,
     request_class: Annotated[
         str, typer.Option("--class", "-c", help=f"Service class: {CLASS_NAMES}.")
@@ -66,10 +66,10 @@ def submit(
     priority: Annotated[
         int, typer.Option("--priority", "-p", help="Base priority, 0 (most urgent) to 9.")
     ] = 5,
-    name: Annotated[str | None, typer.Option("--name", "-n", help="Job name [default: file name].")] = None,
+    name: Annotated[str | None, typer.Option("--name", "-n", help="Job name (default: file name).")] = None,
     max_tokens: Annotated[
         int | None,
-        typer.Option("--max-tokens", help="max_tokens for lines that give none [default: 256]."),
+        typer.Option("--max-tokens", help="max_tokens for lines that give none (default: 256)."),
     ] = None,
     as_json: JsonOption = False,
     db: DbOption = None,

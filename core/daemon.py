@@ -311,7 +311,7 @@ class Daemon:
             "served_share": {t: round(v, 4) for t, v in s.served_shares().items()},
             "weights": self._weights,
             "weights_applied_at": self._weights_applied_at,
-            "requests": explain(self.engine.scheduler, self.engine.clock(), limit=12),
+            "requests": explain(self.engine.scheduler, self.engine.clock()),
         }
         self.store.heartbeat(DaemonSummary(
             id=self.config.owner, host=self.config.host, pid=self.config.pid, device=self.config.device,

@@ -7,8 +7,9 @@ from fsched.core.scheduler import Scheduler
 from fsched.core.types import RequestState
 
 
-def explain(scheduler: Scheduler, now: float, limit: int = 12) -> list[dict]:
-    """Running requests, then the waiting ones in the order they would be admitted.
+def explain(scheduler: Scheduler, now: float, running_limit: int = 8, waiting_limit: int = 8) -> list[dict]:
+    """Running requests, then the waiting ones in the order they would be admitted
+    (each list capped, so a full batch does not hide the queue's head).
 
     Each: its class band, the band it competes at after aging (and the boost
     that aging gave), its MLFQ level, base priority, how long it has waited
@@ -42,4 +43,4 @@ def explain(scheduler: Scheduler, now: float, limit: int = 12) -> list[dict]:
 
     running = sorted(scheduler.running.values(), key=lambda r: policy.running_rank(r, scores))
     waiting = sorted(scheduler.waiting(), key=lambda r: policy.rank(r, now, scores))
-    return [row(r) for r in [*running, *waiting][:limit]]
+    return [row(r) for r in [*running[:running_limit], *waiting[:waiting_limit]]]

@@ -157,7 +157,8 @@ def test_sigterm_saves_progress_and_exits_within_5s(fs, tmp_path):
     start = time.time()
     daemon.send_signal(signal.SIGTERM)
     _, err = daemon.communicate(timeout=30)
-    assert time.time() - start < 5.0, err.decode()
+    took = time.time() - start
+    assert took < 5.0, f"took {took:.1f} s: {err.decode()}"
     assert daemon.returncode == 0, err.decode()
     counters_consistent(fs)
     states = [state for state, _, _ in outputs(fs).values()]

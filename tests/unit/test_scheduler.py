@@ -292,15 +292,21 @@ def test_cancel_during_a_step_is_ignored_by_postprocess():
     assert sched.kv_committed == 0 and not sched.running
 
 
-@pytest.mark.parametrize("a_weight, first", [(1.0, "b1"), (4.0, "a1")])
-def test_weight_change_takes_effect_at_next_schedule(a_weight, first):
+@pytest.mark.parametrize("a_weight", [1.0, 4.0])
+def test_weight_change_takes_effect_at_next_schedule(a_weight):
+    """A weight change keeps today's scores (no jump from old usage) and changes how
+    fast usage counts from now on: the next admissions follow the new weights."""
     cfg = SchedulerConfig(max_batch=1, kv_tokens=10_000, step_tokens=128)
     sched = Scheduler(cfg, "fsched", {"a": 1, "b": 1})
-    sched.meter.charge({"a": TenantCharge(gpu_s=2.0), "b": TenantCharge(gpu_s=1.0)}, 3.0, 0.0)
-    sched.add(req("b1", "b", arrival=0.0))
-    sched.add(req("a1", "a", arrival=0.0))
-    sched.set_weight("a", a_weight)  # a's share 2/w against b's 1/1
-    assert sched.schedule(0.0).admitted == (first,)
+    sched.meter.charge({"a": TenantCharge(gpu_s=1.0), "b": TenantCharge(gpu_s=1.0)}, 2.0, 0.0)
+    before = sched.meter.scores(["a", "b"], 0.0)
+    sched.set_weight("a", a_weight)
+    assert sched.meter.scores(["a", "b"], 0.0) == pytest.approx(before)
+    # Equal service from now on: a's score rises 1/a_weight as fast as b's.
+    sched.meter.charge({"a": TenantCharge(gpu_s=1.0), "b": TenantCharge(gpu_s=1.0)}, 2.0, 0.0)
+    after = sched.meter.scores(["a", "b"], 0.0)
+    rise_a, rise_b = after["a"] - before["a"], after["b"] - before["b"]
+    assert rise_a == pytest.approx(rise_b / a_weight)
 
 
 def test_add_rejects_duplicates_and_requests_larger_than_the_kv_budget():
