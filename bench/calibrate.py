@@ -33,10 +33,21 @@ def collect(loaded, seed: int) -> list[tuple[int, int, int, float]]:
     rng = random.Random(seed)
     vocab = len(loaded.tokenizer)
     samples: list[tuple[int, int, int, float]] = []
-    for max_batch, prompt_hi, out_hi in [(1, 64, 32), (4, 256, 64), (8, 512, 64), (16, 128, 96),
-                                         (32, 256, 128), (64, 128, 64)]:
-        config = SchedulerConfig(max_batch=max_batch, kv_tokens=65_536, step_tokens=512,
-                                 min_quantum_steps=2, host_kv_tokens=100_000)
+    for max_batch, prompt_hi, out_hi in [
+        (1, 64, 32),
+        (4, 256, 64),
+        (8, 512, 64),
+        (16, 128, 96),
+        (32, 256, 128),
+        (64, 128, 64),
+    ]:
+        config = SchedulerConfig(
+            max_batch=max_batch,
+            kv_tokens=65_536,
+            step_tokens=512,
+            min_quantum_steps=2,
+            host_kv_tokens=100_000,
+        )
         runner = ModelRunner(loaded)
         engine = Engine(runner, Scheduler(config, "priority"), loaded.context_length)
         original = runner.run
@@ -50,8 +61,10 @@ def collect(loaded, seed: int) -> list[tuple[int, int, int, float]]:
         batch, realtime = [], []
         for i in range(3 * max_batch + 4):
             request = EngineRequest(
-                f"r{i}", [rng.randrange(3, vocab) for _ in range(rng.randint(8, prompt_hi))],
-                SamplingParams(max_tokens=rng.randint(4, out_hi), temperature=0))
+                f"r{i}",
+                [rng.randrange(3, vocab) for _ in range(rng.randint(8, prompt_hi))],
+                SamplingParams(max_tokens=rng.randint(4, out_hi), temperature=0),
+            )
             if i % 5 == 4:  # realtime arrivals mid-run preempt batch work: parks and restores
                 request.cls = RequestClass.REALTIME
                 realtime.append(request)
@@ -94,7 +107,9 @@ def nonnegative_fit(samples) -> dict[str, float]:
 
 
 def predict(model: dict[str, float], s) -> float:
-    return model["base_s"] + model["token_s"] * s[0] + model["kv_token_s"] * s[1] + model["swap_token_s"] * s[2]
+    return (
+        model["base_s"] + model["token_s"] * s[0] + model["kv_token_s"] * s[1] + model["swap_token_s"] * s[2]
+    )
 
 
 def main() -> None:
@@ -120,14 +135,18 @@ def main() -> None:
     ss_res = sum((a - predict(model, s)) ** 2 for s, a in zip(samples, actual, strict=True))
     mape = statistics.fmean(abs(predict(model, s) - a) / a for s, a in zip(samples, actual, strict=True))
     base_only = statistics.fmean(abs(mean - a) / a for a in actual)
-    print(f"{len(samples)} steps measured on {loaded.describe()}, {torch.get_num_threads()} threads; "
-          f"tokens/step {min(s[0] for s in samples)}-{max(s[0] for s in samples)}, "
-          f"KV held up to {max(s[1] for s in samples)}, swaps in {sum(1 for s in samples if s[2])} steps")
+    print(
+        f"{len(samples)} steps measured on {loaded.describe()}, {torch.get_num_threads()} threads; "
+        f"tokens/step {min(s[0] for s in samples)}-{max(s[0] for s in samples)}, "
+        f"KV held up to {max(s[1] for s in samples)}, swaps in {sum(1 for s in samples if s[2])} steps"
+    )
     print("fitted cost model:")
     for name, value in model.items():
         print(f"  {name:13} = {value:.3e}")
-    print(f"R^2 {1 - ss_res / ss_tot:.3f}; mean abs error {mape:.1%} of a step "
-          f"(baseline, one constant per step: {base_only:.1%})")
+    print(
+        f"R^2 {1 - ss_res / ss_tot:.3f}; mean abs error {mape:.1%} of a step "
+        f"(baseline, one constant per step: {base_only:.1%})"
+    )
     print("CostModel(" + ", ".join(f"{k}={v:.3e}" for k, v in model.items()) + ")")
 
 

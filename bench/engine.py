@@ -30,17 +30,20 @@ import torch
 
 def workload(vocab: int, n: int, seed: int, prompt=(16, 128), output=(8, 128)):
     rng = random.Random(seed)
-    return [([rng.randrange(3, vocab) for _ in range(rng.randint(*prompt))], rng.randint(*output))
-            for _ in range(n)]
+    return [
+        ([rng.randrange(3, vocab) for _ in range(rng.randint(*prompt))], rng.randint(*output))
+        for _ in range(n)
+    ]
 
 
 def run_generate_one(loaded, work):
     outs = []
     for prompt, max_new in work:
         ids = torch.tensor([prompt], device=loaded.device)
-        out = loaded.model.generate(ids, max_new_tokens=max_new, do_sample=False,
-                                    pad_token_id=loaded.tokenizer.pad_token_id)
-        outs.append(out[0, len(prompt):].tolist())
+        out = loaded.model.generate(
+            ids, max_new_tokens=max_new, do_sample=False, pad_token_id=loaded.tokenizer.pad_token_id
+        )
+        outs.append(out[0, len(prompt) :].tolist())
     return outs
 
 
@@ -53,8 +56,13 @@ def run_static(loaded, work, batch: int):
         width = max(len(p) for p, _ in group)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in group], device=loaded.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in group], device=loaded.device)
-        out = loaded.model.generate(ids, attention_mask=mask, max_new_tokens=max(m for _, m in group),
-                                    do_sample=False, pad_token_id=pad)
+        out = loaded.model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=max(m for _, m in group),
+            do_sample=False,
+            pad_token_id=pad,
+        )
         for row, (_, max_new) in enumerate(group):
             tokens = out[row, width : width + max_new].tolist()
             cut = next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
@@ -66,12 +74,16 @@ def run_hf_cb(loaded, work, max_batch_tokens: int, num_blocks: int):
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    config = GenerationConfig(do_sample=False, max_new_tokens=max(m for _, m in work),
-                              pad_token_id=loaded.tokenizer.pad_token_id,
-                              eos_token_id=sorted(loaded.eos_token_ids))
+    config = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=max(m for _, m in work),
+        pad_token_id=loaded.tokenizer.pad_token_id,
+        eos_token_id=sorted(loaded.eos_token_ids),
+    )
     cb_config = ContinuousBatchingConfig(num_blocks=num_blocks, max_batch_tokens=max_batch_tokens)
-    manager = loaded.model.init_continuous_batching(generation_config=config,
-                                                    continuous_batching_config=cb_config)
+    manager = loaded.model.init_continuous_batching(
+        generation_config=config, continuous_batching_config=cb_config
+    )
     manager.start()
     try:
         ids = [manager.add_request(p, request_id=f"r{i}", max_new_tokens=m) for i, (p, m) in enumerate(work)]
@@ -98,8 +110,10 @@ def run_fsched(loaded, work, max_batch: int, kv_tokens: int, step_tokens: int):
 
     config = SchedulerConfig(max_batch=max_batch, kv_tokens=kv_tokens, step_tokens=step_tokens)
     engine = Engine(ModelRunner(loaded), Scheduler(config, "fsched"), loaded.context_length)
-    requests = [EngineRequest(f"r{i}", p, SamplingParams(max_tokens=m, temperature=0))
-                for i, (p, m) in enumerate(work)]
+    requests = [
+        EngineRequest(f"r{i}", p, SamplingParams(max_tokens=m, temperature=0))
+        for i, (p, m) in enumerate(work)
+    ]
     results = engine.run_all(requests)
     return [results[f"r{i}"].tokens for i in range(len(work))], engine.steps
 
@@ -122,7 +136,9 @@ def preemption_cost(loaded, contexts: int, batch: int, repeat: int = 5):
     rng = random.Random(7)
     ids = [f"p{i}" for i in range(batch)]
     for rid in ids:
-        runner.add(rid, [rng.randrange(3, 1000) for _ in range(contexts)], SamplingParams(10_000, temperature=0))
+        runner.add(
+            rid, [rng.randrange(3, 1000) for _ in range(contexts)], SamplingParams(10_000, temperature=0)
+        )
     runner.run(Plan(step=0, prefill=tuple(PrefillChunk(r, 0, contexts, True) for r in ids)))
     decode = tuple(ids)
     steps = [runner.run(Plan(step=1, decode=decode)).outcome.elapsed_s for _ in range(repeat)]
@@ -145,11 +161,18 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--gpu-model", action="store_true",
-                        help="a ~0.5B random Llama in bf16 instead of the tiny model (for --device cuda)")
+    parser.add_argument(
+        "--gpu-model",
+        action="store_true",
+        help="a ~0.5B random Llama in bf16 instead of the tiny model (for --device cuda)",
+    )
     parser.add_argument("--max-batch", type=int, default=32)
-    parser.add_argument("--step-tokens", type=int, default=2048,
-                        help="prefill budget of a step (the scheduler default; the CPU daemon uses 512)")
+    parser.add_argument(
+        "--step-tokens",
+        type=int,
+        default=2048,
+        help="prefill budget of a step (the scheduler default; the CPU daemon uses 512)",
+    )
     parser.add_argument("--static", default="8,16,32")
     parser.add_argument("--skip", default="", help="comma list of methods to skip")
     parser.add_argument("--seed", type=int, default=0)
@@ -158,8 +181,11 @@ def main() -> None:
     from fsched.core.runner.model import load_model
 
     loaded = load_gpu_model(args.device) if args.gpu_model else load_model(None, device=args.device)
-    print(f"model: {loaded.describe()}, {loaded.num_parameters / 1e6:.1f}M parameters; "
-          f"threads {torch.get_num_threads()}", flush=True)
+    print(
+        f"model: {loaded.describe()}, {loaded.num_parameters / 1e6:.1f}M parameters; "
+        f"threads {torch.get_num_threads()}",
+        flush=True,
+    )
     work = workload(len(loaded.tokenizer), args.requests, args.seed)
     useful = sum(m for _, m in work)
     skip = set(args.skip.split(","))
@@ -169,8 +195,11 @@ def main() -> None:
         reference, base_s = timed(run_generate_one, loaded, work)
         produced = sum(len(t) for t in reference)
         rows.append(("generate-1", base_s, 0))
-        print(f"workload: {len(work)} requests, {useful} requested output tokens, "
-              f"{produced} produced (EOS ends some early)", flush=True)
+        print(
+            f"workload: {len(work)} requests, {useful} requested output tokens, "
+            f"{produced} produced (EOS ends some early)",
+            flush=True,
+        )
         if "static" not in skip:
             for b in (int(x) for x in args.static.split(",")):
                 outs, s = timed(run_static, loaded, work, b)
@@ -216,9 +245,17 @@ def load_gpu_model(device: str):
     from fsched.core.runner.model import ensure_tiny_model, load_model
 
     tokenizer_dir = ensure_tiny_model()
-    config = LlamaConfig(vocab_size=32_000, hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
-                         num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096,
-                         initializer_range=0.1, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=32_000,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     folder = tempfile.mkdtemp(prefix="fsched-gpu-model-")

@@ -29,8 +29,12 @@ def fs(fsched: Fsched, model_cache) -> Fsched:
 
 
 def start_daemon(fs: Fsched, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([FSCHED, "daemon", "--threads", "2", *args], env=fs.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [FSCHED, "daemon", "--threads", "2", *args],
+        env=fs.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def job_file(path, n=100, seed=0, max_tokens=96):
@@ -39,8 +43,11 @@ def job_file(path, n=100, seed=0, max_tokens=96):
     words = "the fair queue serves every tenant its share of tokens while realtime chat waits less".split()
     with open(path, "w") as out:
         for i in range(n):
-            line = {"custom_id": f"q{i}", "prompt": " ".join(rng.choices(words, k=rng.randint(4, 40))),
-                    "max_tokens": rng.randint(8, max_tokens)}
+            line = {
+                "custom_id": f"q{i}",
+                "prompt": " ".join(rng.choices(words, k=rng.randint(4, 40))),
+                "max_tokens": rng.randint(8, max_tokens),
+            }
             if i % 2:
                 line.update(temperature=0.8, top_p=0.95, seed=7000 + i)
             else:
@@ -67,7 +74,9 @@ def total_tokens(fs: Fsched) -> int:
 def unfinished(fs: Fsched) -> int:
     conn = sqlite3.connect(fs.db_path)
     try:
-        return conn.execute("SELECT COUNT(*) FROM requests WHERE state IN ('queued', 'running')").fetchone()[0]
+        return conn.execute("SELECT COUNT(*) FROM requests WHERE state IN ('queued', 'running')").fetchone()[
+            0
+        ]
     finally:
         conn.close()
 
@@ -75,14 +84,20 @@ def unfinished(fs: Fsched) -> int:
 def counters_consistent(fs: Fsched) -> None:
     conn = sqlite3.connect(fs.db_path)
     for job_id, n, done, failed, cancelled, running, tokens in conn.execute(
-        "SELECT id, num_requests, num_done, num_failed, num_cancelled, num_running, num_output_tokens FROM jobs"
+        "SELECT id, num_requests, num_done, num_failed, num_cancelled, num_running, num_output_tokens "
+        "FROM jobs"
     ):
-        by_state = dict(conn.execute("SELECT state, COUNT(*) FROM requests WHERE job_id = ? GROUP BY state",
-                                     (job_id,)).fetchall())
+        by_state = dict(
+            conn.execute(
+                "SELECT state, COUNT(*) FROM requests WHERE job_id = ? GROUP BY state", (job_id,)
+            ).fetchall()
+        )
         assert by_state.get("done", 0) == done and by_state.get("failed", 0) == failed
         assert by_state.get("cancelled", 0) == cancelled and by_state.get("running", 0) == running
         assert sum(by_state.values()) == n
-        stored = conn.execute("SELECT SUM(num_output_tokens) FROM requests WHERE job_id = ?", (job_id,)).fetchone()
+        stored = conn.execute(
+            "SELECT SUM(num_output_tokens) FROM requests WHERE job_id = ?", (job_id,)
+        ).fetchone()
         assert stored[0] == tokens
     conn.close()
 
@@ -90,8 +105,9 @@ def counters_consistent(fs: Fsched) -> None:
 def test_crash_resume_kill_9_ten_times_loses_and_duplicates_nothing(fs, tmp_path, model_cache):
     path = job_file(tmp_path / "job.jsonl")
     # The uninterrupted run, on its own job table.
-    reference = Fsched(tmp_path / "ref" / "fsched.db",
-                       {**fs.env, "FSCHED_DB": f"sqlite:///{tmp_path / 'ref' / 'fsched.db'}"})
+    reference = Fsched(
+        tmp_path / "ref" / "fsched.db", {**fs.env, "FSCHED_DB": f"sqlite:///{tmp_path / 'ref' / 'fsched.db'}"}
+    )
     reference.ok("submit", path)
     reference.ok("daemon", "--until-idle", "--quiet", timeout=300)
     expected = outputs(reference)
@@ -186,9 +202,11 @@ def test_a_second_daemon_refuses(fs, tmp_path):
 
 
 def test_a_bad_request_fails_alone(fs, tmp_path):
-    lines = [{"custom_id": "ok1", "prompt": "hello there", "max_tokens": 5, "temperature": 0},
-             {"custom_id": "huge", "prompt": "word " * 3000, "max_tokens": 5},
-             {"custom_id": "ok2", "prompt": "general kenobi", "max_tokens": 5, "temperature": 0}]
+    lines = [
+        {"custom_id": "ok1", "prompt": "hello there", "max_tokens": 5, "temperature": 0},
+        {"custom_id": "huge", "prompt": "word " * 3000, "max_tokens": 5},
+        {"custom_id": "ok2", "prompt": "general kenobi", "max_tokens": 5, "temperature": 0},
+    ]
     path = tmp_path / "mixed.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     fs.ok("submit", str(path))

@@ -48,7 +48,9 @@ def test_sampling_depends_only_on_seed_and_position():
     assert draws != [sample(logits, other, pos) for pos in range(30)]
     # top_k=1 and greedy agree; top_p keeps only the nucleus
     assert sample(logits, SamplingParams(5, temperature=1.0, top_k=1, seed=1), 0) == int(logits.argmax())
-    nucleus = {sample(logits, SamplingParams(5, temperature=1.0, top_p=0.05, seed=1), pos) for pos in range(50)}
+    nucleus = {
+        sample(logits, SamplingParams(5, temperature=1.0, top_p=0.05, seed=1), pos) for pos in range(50)
+    }
     probs = torch.softmax(logits, -1)
     top = set(torch.argsort(probs, descending=True)[:3].tolist())
     assert nucleus <= top
