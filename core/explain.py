@@ -12,8 +12,8 @@ def explain(scheduler: Scheduler, now: float, running_limit: int = 8, waiting_li
     (each list capped, so a full batch does not hide the queue's head).
 
     Each: its class band, the band it competes at after aging (and the boost
-    that aging gave), its MLFQ level, base priority, how long it has waited
-    since it last ran, and its tenant's weighted dominant share (the DRF
+    that aging gave), its MLFQ level, base priority, how long it has aged
+    (waited since it, or its group, last ran), and its tenant's weighted dominant share (the DRF
     score: lower goes first).
     """
     tenants = {r.tenant for r in scheduler.running.values()} | {r.tenant for r in scheduler.waiting()}
@@ -24,7 +24,7 @@ def explain(scheduler: Scheduler, now: float, running_limit: int = 8, waiting_li
     def row(r) -> dict:
         band = r.cls.band
         waiting = r.state is not RequestState.RUNNING
-        waited = max(0.0, now - r.wait_since) if waiting else 0.0
+        waited = max(0.0, now - policy.aging_since(r)) if waiting else 0.0
         aged_band, level, priority = aged(band, r.level, r.priority, waited, aging_s)
         return {
             "id": r.id,

@@ -82,6 +82,8 @@ class Policy(Protocol):
     def may_preempt(self, waiter: SchedRequest, victim: SchedRequest) -> bool: ...
     def preempts_within(self, band: int, victim: SchedRequest | None = None) -> bool: ...
     def next_change(self, r: SchedRequest, now: float) -> float: ...
+    def note_admitted(self, r: SchedRequest, now: float) -> None: ...
+    def aging_since(self, r: SchedRequest) -> float: ...
 
 
 class Fcfs:
@@ -129,6 +131,12 @@ class Fcfs:
 
     def next_change(self, r: SchedRequest, now: float) -> float:
         return INF
+
+    def note_admitted(self, r: SchedRequest, now: float) -> None:
+        return None
+
+    def aging_since(self, r: SchedRequest) -> float:
+        return r.wait_since
 
 
 class StrictPriority(Fcfs):
@@ -187,6 +195,12 @@ class FschedPolicy:
 
     def __init__(self, config: SchedulerConfig, weights: Mapping[str, float]) -> None:
         self.aging_s = config.aging_s
+        # Group -> when one of its requests was last admitted. A request ages
+        # from the later of its own wait start and that moment: a group that
+        # is being served (its tenant gets its fair share of admissions) is
+        # not starving, so its waiters do not age past other tenants' work;
+        # a group that gets nothing for aging_s ages as before.
+        self._served: dict[Hashable, float] = {}
         self.meter = DrfMeter(
             weights,
             default_weight=config.default_weight,
@@ -202,19 +216,28 @@ class FschedPolicy:
         return (r.tenant, r.cls.band, r.level, r.priority)
 
     def heap_key(self, r: SchedRequest) -> tuple:
-        # While aging, the longest waiter of a group is the most aged.
+        # While aging, the longest waiter of a group is the most aged (the
+        # group's served time lifts every member's start alike).
         return (r.wait_since, r.arrival, r.seq)
+
+    def aging_since(self, r: SchedRequest) -> float:
+        """When `r` started aging: its wait start, or its group's last admission if later."""
+        served = self._served.get(self.group(r))
+        return r.wait_since if served is None or served < r.wait_since else served
+
+    def note_admitted(self, r: SchedRequest, now: float) -> None:
+        self._served[self.group(r)] = now
 
     def settles_at(self, r: SchedRequest) -> float:
         # Fully aged (band, level and priority at the top): from then on the
         # rank within the group is by arrival alone.
-        return r.wait_since + (r.cls.band + 1) * self.aging_s
+        return self.aging_since(r) + (r.cls.band + 1) * self.aging_s
 
     def partition(self, r: SchedRequest) -> str:
         return r.tenant
 
     def static_rank(self, r: SchedRequest, now: float) -> tuple:
-        band, level, prio = aged(r.cls.band, r.level, r.priority, now - r.wait_since, self.aging_s)
+        band, level, prio = aged(r.cls.band, r.level, r.priority, now - self.aging_since(r), self.aging_s)
         return (band, level, prio, r.arrival, r.seq)
 
     def compose(self, static: tuple, score: float) -> tuple:
@@ -249,7 +272,7 @@ class FschedPolicy:
         return victim is None or victim.level > victim.admit_level
 
     def next_change(self, r: SchedRequest, now: float) -> float:
-        return next_aging_change(r.cls.band, r.level, r.priority, r.wait_since, now, self.aging_s)
+        return next_aging_change(r.cls.band, r.level, r.priority, self.aging_since(r), now, self.aging_s)
 
 
 POLICIES: dict[str, type] = {

@@ -297,6 +297,9 @@ class Scheduler:
         return worst
 
     def _start(self, r: SchedRequest, b: _StepBuilder) -> None:
+        # Before the pop: the group's next head is re-filed with its age
+        # counted from this admission.
+        self.policy.note_admitted(r, self._now)
         self._waiting.pop_head(r, self._now)
         self._tenant_waiting[r.tenant] -= 1
         self._waiting_bands[r.cls.band] -= 1

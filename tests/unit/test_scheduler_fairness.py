@@ -102,8 +102,7 @@ def test_work_conserving_alone(policy):
     makespan equals fcfs's."""
     rng = random.Random(7)
     trace = [
-        TraceRequest(i * 0.01, "a", BATCH, rng.randint(10, 1500), rng.randint(1, 200))
-        for i in range(300)
+        TraceRequest(i * 0.01, "a", BATCH, rng.randint(10, 1500), rng.randint(1, 200)) for i in range(300)
     ]
     weights = {"a": 3, "b": 1}  # b is configured but never shows up
     busy = []
@@ -125,7 +124,10 @@ def test_drf_equalises_dominant_shares_of_kv_heavy_and_compute_heavy_tenants():
     # The default half-life (120 s) spans thousands of real engine steps;
     # here a step is a second, so the half-life is scaled to match.
     cfg = SchedulerConfig(
-        max_batch=16, kv_tokens=20_000, step_tokens=1024, min_quantum_steps=4,
+        max_batch=16,
+        kv_tokens=20_000,
+        step_tokens=1024,
+        min_quantum_steps=4,
         usage_half_life_s=1_000.0,
     )
     kv_heavy = backlog("kv", 400, 2_500, 40)  # long prompts held while decoding
@@ -161,15 +163,18 @@ def test_returning_idle_tenant_gets_no_burst_beyond_the_lift(lift, aging_s, boun
     Aging is switched off in two cases: a's long-waiting requests would
     otherwise outrank b's fresh ones for 2 * aging_s and mask a burst."""
     cfg = SchedulerConfig(
-        max_batch=8, kv_tokens=100_000, step_tokens=512, min_quantum_steps=4,
-        usage_half_life_s=120.0, lift_idle_tenants=lift, aging_s=aging_s,
+        max_batch=8,
+        kv_tokens=100_000,
+        step_tokens=512,
+        min_quantum_steps=4,
+        usage_half_life_s=120.0,
+        lift_idle_tenants=lift,
+        aging_s=aging_s,
     )
     sched = Scheduler(cfg, "fsched", {"a": 1, "b": 1})
     a = backlog("a", 3_000, 200, 50)
     b_before = backlog("b", 60, 200, 50)  # b keeps up for a while, then goes idle
-    b_after = [
-        SchedRequest(f"b-late{i}", "b", BATCH, 200, 50, 1_500.0 + i * 1e-3) for i in range(400)
-    ]
+    b_after = [SchedRequest(f"b-late{i}", "b", BATCH, 200, 50, 1_500.0 + i * 1e-3) for i in range(400)]
     log = run_steps(sched, a + b_before + b_after, 1_800)
     assert "b" not in log[1_400][1]  # b was idle before returning
     share_b = window_shares(log, 1_500, 1_600, cfg.kv_tokens)["b"]
@@ -179,17 +184,11 @@ def test_returning_idle_tenant_gets_no_burst_beyond_the_lift(lift, aging_s, boun
 
 @pytest.mark.parametrize("flood_tenant", ["flood", "t"])
 def test_batch_request_completes_under_a_saturating_realtime_flood(flood_tenant):
-    cfg = SchedulerConfig(
-        max_batch=4, kv_tokens=20_000, step_tokens=256, min_quantum_steps=4, aging_s=10.0
-    )
+    cfg = SchedulerConfig(max_batch=4, kv_tokens=20_000, step_tokens=256, min_quantum_steps=4, aging_s=10.0)
     b = TraceRequest(0.0, "t", BATCH, 100, 40)
     # One realtime request a step; the engine serves ~0.2 a step: saturated.
-    flood = [
-        TraceRequest(0.5 + i, flood_tenant, RequestClass.REALTIME, 30, 20) for i in range(1_500)
-    ]
-    bound = completion_bound_s(
-        cfg, UNIT, prompt=100, output=40, other_prompt=30, other_output=20
-    )
+    flood = [TraceRequest(0.5 + i, flood_tenant, RequestClass.REALTIME, 30, 20) for i in range(1_500)]
+    bound = completion_bound_s(cfg, UNIT, prompt=100, output=40, other_prompt=30, other_output=20)
     assert bound < 1_500  # the flood outlasts the bound
 
     def finish_of_b(policy):
@@ -200,3 +199,54 @@ def test_batch_request_completes_under_a_saturating_realtime_flood(flood_tenant)
 
     assert finish_of_b("fsched") <= bound
     assert finish_of_b("priority") > 1_500  # strict priority starves it until the flood ends
+
+
+def test_weights_hold_when_work_arrives_over_time_past_the_aging_horizon():
+    """As a daemon feeds the scheduler: each tenant's waiting work is topped up as it is
+    served, so the less-served tenant's requests wait longer. Aging counts from a group's
+    last admission, so waiting alone does not let them overtake the weights (before the
+    fix, tenant b's aged requests took the batch: a's share fell towards 50%)."""
+    # Short outputs: a (12 of 16 slots) waits ~10 steps, under aging_s; b (4 slots)
+    # waits ~30, past it, so b's requests age a band while a's do not.
+    config = SchedulerConfig(max_batch=16, kv_tokens=100_000, step_tokens=512, aging_s=20.0)
+    sched = Scheduler(config, "fsched", {"a": 3, "b": 1})
+    rng = random.Random(4)
+    counter = {"a": 0, "b": 0}
+    outputs: dict[str, int] = {}
+
+    def top_up(now: float) -> None:
+        waiting = defaultdict(int)
+        for r in sched.waiting():
+            waiting[r.tenant] += 1
+        for tenant in ("a", "b"):
+            for _ in range(16 - waiting[tenant]):
+                counter[tenant] += 1
+                rid = f"{tenant}{counter[tenant]}"
+                outputs[rid] = rng.randint(6, 10)
+                sched.add(
+                    SchedRequest(
+                        rid,
+                        tenant,
+                        BATCH,
+                        prompt_tokens=rng.randint(8, 64),
+                        max_tokens=outputs[rid],
+                        arrival=now,
+                    )
+                )
+
+    log, now = [], 0.0
+    for _ in range(400):  # 400 s at one second a step: 20 aging periods
+        top_up(now)
+        plan = sched.schedule(now)
+        finished = {rid for rid in plan.decode if sched.running[rid].generated + 1 >= outputs[rid]}
+        finished |= {
+            c.request_id
+            for c in plan.prefill
+            if c.produces_token and sched.running[c.request_id].generated + 1 >= outputs[c.request_id]
+        }
+        now += 1.0
+        charges = sched.postprocess(plan, Outcome(1.0, frozenset(finished)), now).charges
+        log.append(({t: (c.gpu_s, c.kv_token_s) for t, c in charges.items()}, {"a", "b"}))
+    for start in range(100, 400, 100):
+        share = window_shares(log, start, start + 100, config.kv_tokens)["a"]
+        assert share == pytest.approx(0.75, abs=0.05), (start, share)
