@@ -234,3 +234,37 @@ def test_cancel_mid_run_frees_the_request_and_changes_no_other_output(tiny, refe
     assert set(results) == {r.id for r in requests} - set(victims)
     assert all(results[rid].tokens == reference[rid] for rid in results)
     assert engine.runner.kv_tokens == 0
+
+
+def test_a_gpt2_style_model_loads_and_batches_exactly(tiny, tmp_path):
+    """Any AutoModelForCausalLM: a GPT-2 config (learned positions, fused attention) built
+    here, saved, and loaded through the same path as a real model folder."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tiny.tokenizer), n_positions=512, n_embd=64, n_layer=2, n_head=2,
+                        initializer_range=0.1, bos_token_id=tiny.tokenizer.bos_token_id,
+                        eos_token_id=tiny.tokenizer.eos_token_id)
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    tiny.tokenizer.save_pretrained(tmp_path / "gpt2")
+    gpt2 = load_model(str(tmp_path / "gpt2"), device="cpu")
+    assert gpt2.context_length == 512 and not gpt2.is_tiny
+    requests = workload(gpt2, seed=11, n=12, max_out=16)
+    expected = {}
+    with torch.inference_mode():
+        for r in requests:
+            out = gpt2.model.generate(torch.tensor([r.prompt]), max_new_tokens=r.params.max_tokens,
+                                      do_sample=False, pad_token_id=gpt2.tokenizer.pad_token_id)
+            expected[r.id] = out[0, len(r.prompt):].tolist()
+    _, results = run(gpt2, requests, max_batch=8)
+    assert tokens(results) == expected
+
+
+def test_chat_requests_use_the_chat_template(tiny):
+    from fsched.core.runner.model import encode_prompt
+
+    messages = [{"role": "user", "content": "Hello there"}]
+    ids = encode_prompt(tiny, messages=messages)
+    assert tiny.tokenizer.decode(ids) == tiny.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False)
+    assert "assistant:" in tiny.tokenizer.decode(ids)
