@@ -153,9 +153,13 @@ def test_cancel_while_running_ends_the_job_within_a_second(fs, tmp_path):
             job = json.loads(fs.ok("status", "1", "--json"))["jobs"][0]
             if job["state"] == "cancelled":
                 break
-        waited = time.time() - cancelled_at
         assert job["state"] == "cancelled", job
-        assert waited < 1.0 + 1.0  # within a second, plus one `fsched status` process start
+        # The job table's own clock: from the cancel's write to the job's end.
+        conn = sqlite3.connect(fs.db_path)
+        requested, finished = conn.execute(
+            "SELECT cancel_requested_at, finished_at FROM jobs WHERE id = 1").fetchone()
+        conn.close()
+        assert finished - requested < 1.0, finished - requested
         done = [json.loads(x) for x in fs.ok("results", "1").splitlines()]
         assert len(done) == job["num_done"] >= 3  # finished requests keep their results
         assert all(d["response"]["body"]["choices"][0]["text"] is not None for d in done)
