@@ -100,18 +100,12 @@ def with_realtime_interruptions(tiny, requests, seed):
     return realtime, arrivals
 
 
-@pytest.mark.parametrize("host_kv_tokens", [100_000, 0], ids=["park", "recompute"])
-def test_forced_preemptions_change_no_output(tiny, reference, host_kv_tokens):
-    batch = workload(tiny)
-    realtime, arrivals = with_realtime_interruptions(tiny, batch, seed=host_kv_tokens)
-    config = SchedulerConfig(
-        max_batch=6, kv_tokens=16_384, step_tokens=512, min_quantum_steps=2, host_kv_tokens=host_kv_tokens
-    )
+def run_interrupted(tiny, config, batch, realtime, arrivals):
+    """Run `batch` under the `priority` policy, adding `realtime` requests at the given steps."""
     engine = Engine(ModelRunner(tiny), Scheduler(config, "priority"), tiny.context_length)
     for r in batch:
         engine.add(r)
-    results = {}
-    step = 0
+    results, step = {}, 0
     while engine.has_work:
         while arrivals and arrivals[0] <= step:
             arrivals.pop(0)
@@ -120,6 +114,17 @@ def test_forced_preemptions_change_no_output(tiny, reference, host_kv_tokens):
         step += 1
         for r in report.finished if report else []:
             results[r.id] = r
+    return engine, results
+
+
+@pytest.mark.parametrize("host_kv_tokens", [100_000, 0], ids=["park", "recompute"])
+def test_forced_preemptions_change_no_output(tiny, reference, host_kv_tokens):
+    batch = workload(tiny)
+    realtime, arrivals = with_realtime_interruptions(tiny, batch, seed=host_kv_tokens)
+    config = SchedulerConfig(
+        max_batch=6, kv_tokens=16_384, step_tokens=512, min_quantum_steps=2, host_kv_tokens=host_kv_tokens
+    )
+    engine, results = run_interrupted(tiny, config, batch, realtime, arrivals)
     runner = engine.runner
     assert engine.scheduler.preemptions >= 5
     if host_kv_tokens:
@@ -137,18 +142,7 @@ def test_seeded_sampling_is_the_same_with_and_without_preemption(tiny):
     config = SchedulerConfig(
         max_batch=4, kv_tokens=16_384, step_tokens=512, min_quantum_steps=2, host_kv_tokens=150
     )  # some parked, the rest recomputed
-    engine = Engine(ModelRunner(tiny), Scheduler(config, "priority"), tiny.context_length)
-    for r in rerun:
-        engine.add(r)
-    busy, step = {}, 0
-    while engine.has_work:
-        while arrivals and arrivals[0] <= step:
-            arrivals.pop(0)
-            engine.add(realtime.pop(0))
-        report = engine.step()
-        step += 1
-        for r in report.finished if report else []:
-            busy[r.id] = r
+    engine, busy = run_interrupted(tiny, config, rerun, realtime, arrivals)
     assert engine.runner.parks >= 1 and engine.runner.recomputes >= 1
     assert {k: v for k, v in tokens(busy).items() if not k.startswith("rt-")} == tokens(calm)
     # Sampling really sampled: outputs differ from greedy ones.
