@@ -287,7 +287,8 @@ class Daemon:
                 self._fail(request_id, f"the model step failed {attempts} times: {failure}", [])
             else:
                 requeue.append(request_id)
-        self.flush(everything=True)
+        # Tokens since the last flush are gone with the engine's state; the
+        # requeued requests recompute them, identically (seeded per position).
         self.store.release(self.config.owner, requeue)
 
     def _beat(self, force: bool = False, stopped: bool = False) -> None:
