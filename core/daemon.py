@@ -131,6 +131,7 @@ class Daemon:
         self.stopping = False
         self._weights: dict[str, float] = {}
         self._weights_applied_at: float | None = None
+        self._step_failures: dict[int, int] = {}
         self._last_sync = self._last_batch_flush = self._last_beat = -math.inf
 
     def stop(self) -> None:
@@ -280,11 +281,15 @@ class Daemon:
         log.error("engine step failed: %s", failure)
         involved = {int(rid) for rid in failure.request_ids}
         requeue = []
-        for request_id, held in list(self.held.items()):
+        for request_id in list(self.held):
             del self.held[request_id]
-            attempts = held.claimed.attempts
-            if request_id in involved and attempts >= self.config.max_attempts:
-                self._fail(request_id, f"the model step failed {attempts} times: {failure}", [])
+            # Count the failed steps a request was in, not its claims: a request
+            # reclaimed after a daemon crash has not crashed anything.
+            if request_id in involved:
+                self._step_failures[request_id] = self._step_failures.get(request_id, 0) + 1
+            failures = self._step_failures.get(request_id, 0)
+            if failures >= self.config.max_attempts:
+                self._fail(request_id, f"the model step failed {failures} times with it: {failure}", [])
             else:
                 requeue.append(request_id)
         # Tokens since the last flush are gone with the engine's state; the
