@@ -365,6 +365,13 @@ class Scheduler:
                 break
             pending = r.pending_prefill
             n = min(pending, budget)
+            if n == pending - 1:
+                # Never stop a prefill one token short: `computed == context - 1`
+                # is what a decoding request looks like (pending_prefill 0), and a
+                # resumed request (generated > 0) would be planned as decoding.
+                n -= 1
+                if n == 0:
+                    continue
             chunks.append(PrefillChunk(r.id, r.computed, n, n == pending))
             budget -= n
         changed = bool(chunks or b.preempted or b.admitted)

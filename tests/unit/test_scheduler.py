@@ -316,3 +316,23 @@ def test_add_rejects_duplicates_and_requests_larger_than_the_kv_budget():
         sched.add(req("x"))
     with pytest.raises(ValueError, match="KV"):
         sched.add(req("y", prompt=4_000, output=1_000))
+
+
+def test_a_resumed_prefill_never_stops_one_token_short():
+    """A request resumed with tokens already generated prefills prompt + tokens; a chunk
+    ending at context - 1 would look like a decoding request (found by the crash test:
+    the plan decoded a request the engine was still prefilling)."""
+    cfg = SchedulerConfig(max_batch=2, kv_tokens=10_000, step_tokens=14)
+    sched = Scheduler(cfg, "fcfs")
+    r = req("r", prompt=10, output=20)
+    r.generated = 5  # context 15: one step's budget (14) would leave exactly one token
+    sched.add(r)
+    now, seen = 0.0, []
+    for _ in range(4):
+        plan = sched.schedule(now)
+        seen.append((tuple((c.start, c.tokens, c.produces_token) for c in plan.prefill), plan.decode))
+        now += 1.0
+        sched.postprocess(plan, Outcome(1.0), now)
+    assert seen[0] == (((0, 13, False),), ())
+    assert seen[1] == (((13, 2, True),), ())
+    assert seen[2] == ((), ("r",))
