@@ -55,3 +55,16 @@ def fsched(tmp_path) -> Fsched:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FSCHED_")}
     env.update(FSCHED_DB=f"sqlite:///{db_path}", USER="tester", LOGNAME="tester", COLUMNS="160")
     return Fsched(db_path=db_path, env=env)
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory) -> str:
+    """One tiny model for every daemon of the session (built by the first one)."""
+    return str(tmp_path_factory.mktemp("model-cache"))
+
+
+@pytest.fixture
+def fs(fsched: Fsched, model_cache) -> Fsched:
+    """`fsched` whose daemons share the session's tiny model."""
+    fsched.env["XDG_CACHE_HOME"] = model_cache
+    return fsched

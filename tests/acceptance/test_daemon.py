@@ -16,18 +16,6 @@ from .conftest import FSCHED, Fsched
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture(scope="session")
-def model_cache(tmp_path_factory) -> str:
-    """One tiny model for every daemon of the session (built by the first one)."""
-    return str(tmp_path_factory.mktemp("model-cache"))
-
-
-@pytest.fixture
-def fs(fsched: Fsched, model_cache) -> Fsched:
-    fsched.env["XDG_CACHE_HOME"] = model_cache
-    return fsched
-
-
 def start_daemon(fs: Fsched, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [FSCHED, "daemon", "--threads", "2", *args],

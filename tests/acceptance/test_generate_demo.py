@@ -19,18 +19,6 @@ from .conftest import FSCHED, Fsched
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def model_cache(tmp_path_factory) -> str:
-    """One tiny model for the module's daemons (built by the first one)."""
-    return str(tmp_path_factory.mktemp("model-cache"))
-
-
-@pytest.fixture
-def fs(fsched: Fsched, model_cache) -> Fsched:
-    fsched.env["XDG_CACHE_HOME"] = model_cache
-    return fsched
-
-
 @pytest.fixture
 def daemon(fs: Fsched):
     """A running daemon, serving (its heartbeat seen), stopped with SIGTERM afterwards."""
