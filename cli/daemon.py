@@ -8,6 +8,8 @@ import signal
 import socket
 import sys
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated
 
 import typer
@@ -22,7 +24,8 @@ def daemon(
     model: Annotated[
         str | None,
         typer.Option(
-            "--model", "-m", help="Model folder or cached hub id (default: the built-in tiny random model)."
+            "--model", "-m", help="Model folder or cached hub id (default: the built-in tiny random model); "
+            "'standin' or 'standin:<ms>' runs a deterministic stand-in without a model (tests, rehearsals)."
         ),
     ] = None,
     device: Annotated[
@@ -68,37 +71,36 @@ def daemon(
 
     from fsched.core.daemon import Daemon, DaemonConfig
     from fsched.core.engine import Engine
-    from fsched.core.runner.model import ModelLoadError, encode_prompt, load_model, set_threads
-    from fsched.core.runner.runner import ModelRunner
     from fsched.core.sched_config import SchedulerConfig
     from fsched.core.scheduler import Scheduler
+    from fsched.core.standin import StandInError, parse_standin
 
-    if threads:
-        set_threads(threads)
-    log.info("loading %s ...", model or "the built-in tiny model")
     try:
-        loaded = load_model(model, device=device, dtype=dtype)
-    except ModelLoadError as exc:
+        standin_step_s = parse_standin(model)
+    except StandInError as exc:
         raise UserError(str(exc)) from None
-    gpu = loaded.device.type == "cuda"
+    if standin_step_s is not None:
+        served = _standin_model(standin_step_s, device)
+    else:
+        served = _torch_model(model, device, dtype, threads, log)
     config = SchedulerConfig(
-        max_batch=max_batch or (64 if gpu else 32),
-        kv_tokens=kv_tokens or (131_072 if gpu else 32_768),
-        step_tokens=step_tokens or (2048 if gpu else 512),
+        max_batch=max_batch or (64 if served.gpu else 32),
+        kv_tokens=kv_tokens or (131_072 if served.gpu else 32_768),
+        step_tokens=step_tokens or (2048 if served.gpu else 512),
     )
     scheduler = Scheduler(config, policy, store.tenant_weights())
-    engine = Engine(ModelRunner(loaded), scheduler, loaded.context_length)
+    engine = Engine(served.runner, scheduler, served.context_length)
     owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     the_daemon = Daemon(
         store,
         engine,
-        lambda claimed: encode_prompt(loaded, claimed.prompt, claimed.messages),
+        served.encode,
         DaemonConfig(
             owner=owner,
             host=socket.gethostname(),
             pid=os.getpid(),
-            device=str(loaded.device),
-            model=loaded.name,
+            device=served.device,
+            model=served.name,
             policy=policy,
             claim_per_group=2 * config.max_batch,
             until_idle=until_idle,
@@ -116,7 +118,7 @@ def daemon(
         "serving %s with %s: model %s, policy %s, max batch %d, KV %d tokens, step %d tokens",
         store.db.display_url,
         owner,
-        loaded.describe(),
+        served.description,
         policy,
         config.max_batch,
         config.kv_tokens,
@@ -129,3 +131,54 @@ def daemon(
             lock.release()
     s = the_daemon.stats
     log.info("stopped after %d steps, %d tokens", s.steps, s.tokens)
+
+
+@dataclass(slots=True)
+class _Served:
+    """What the daemon serves with: a runner, its encoder and how to name it."""
+
+    runner: object
+    encode: Callable
+    name: str
+    description: str
+    device: str
+    context_length: int
+    gpu: bool
+
+
+def _torch_model(model: str | None, device: str, dtype: str, threads: int | None, log) -> _Served:
+    from fsched.core.runner.model import ModelLoadError, encode_prompt, load_model, set_threads
+    from fsched.core.runner.runner import ModelRunner
+
+    if threads:
+        set_threads(threads)
+    log.info("loading %s ...", model or "the built-in tiny model")
+    try:
+        loaded = load_model(model, device=device, dtype=dtype)
+    except ModelLoadError as exc:
+        raise UserError(str(exc)) from None
+    return _Served(
+        runner=ModelRunner(loaded),
+        encode=lambda claimed: encode_prompt(loaded, claimed.prompt, claimed.messages),
+        name=loaded.name,
+        description=loaded.describe(),
+        device=str(loaded.device),
+        context_length=loaded.context_length,
+        gpu=loaded.device.type == "cuda",
+    )
+
+
+def _standin_model(step_s: float, device: str) -> _Served:
+    from fsched.core.standin import STANDIN_NAME, StandInRunner, standin_encode
+
+    runner = StandInRunner(step_s=step_s)
+    label = "standin" if device == "auto" else device
+    return _Served(
+        runner=runner,
+        encode=lambda claimed: standin_encode(claimed.prompt, claimed.messages),
+        name=STANDIN_NAME,
+        description=f"{STANDIN_NAME}, {step_s * 1000:g} ms a step",
+        device=label,
+        context_length=runner.context_length,
+        gpu=False,
+    )

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from fsched.core.engine import Engine, EngineRequest, EngineResult, StepFailed, StepReport
 from fsched.core.explain import explain
+from fsched.core.faults import crash_point
 from fsched.core.store import ClaimedRequest, Completion, DaemonSummary, JobStore, TokenUpdate
 from fsched.core.types import RequestClass, RequestState, SamplingParams
 
@@ -206,7 +207,10 @@ class Daemon:
         for h in self.held.values():
             group = (h.claimed.tenant, h.claimed.request_class)
             held_per_group[group] = held_per_group.get(group, 0) + 1
-        for claimed in self.store.claim(self.config.owner, self.config.claim_per_group, held_per_group):
+        claimed_now = self.store.claim(self.config.owner, self.config.claim_per_group, held_per_group)
+        if claimed_now:
+            crash_point("after_claim")
+        for claimed in claimed_now:
             self._admit(claimed)
 
     def flush(self, everything: bool) -> None:
@@ -222,7 +226,8 @@ class Daemon:
             held.dirty = False
         if everything:
             self._last_batch_flush = self.clock()
-        self.store.flush_tokens(self.config.owner, updates)
+        if self.store.flush_tokens(self.config.owner, updates):
+            crash_point("after_flush")
 
     def shutdown(self) -> None:
         """Flush every token, hand unfinished requests back to the queue, say goodbye."""

@@ -15,6 +15,7 @@ from itertools import islice
 
 from sqlalchemy import Connection, func, select, update
 
+from fsched.core.faults import crash_point
 from fsched.core.jobstate import JobCounts, derive_job_state
 from fsched.core.store import (
     CancelOutcome,
@@ -137,6 +138,7 @@ class SqlJobStore:
         )
         while chunk := list(islice(rows, INSERT_CHUNK)):
             conn.execute(requests.insert(), chunk)
+            crash_point("mid_submit")
         return job_id
 
     # -- reading --------------------------------------------------------------
@@ -635,6 +637,8 @@ class SqlJobStore:
                 )
                 self._store_counts(conn, job, counts, num_output_tokens=job.num_output_tokens + tokens,
                                    now=now)
+            if per_job:
+                crash_point("before_done_commit")
         return outcome
 
     # -- helpers ------------------------------------------------------------------

@@ -1,0 +1,169 @@
+"""A stand-in for the model: deterministic tokens, no torch, configurable step time.
+
+`fsched daemon --model standin` (or `standin:<ms per step>`) serves the job
+table with this instead of a language model. It executes the scheduler's
+plans exactly as the ModelRunner does (prefill chunks, decode rows, park,
+recompute, resume) but a token is a pure function of (seed, prompt, position),
+so outputs are reproducible across restarts, preemptions and daemons. It is
+what the cluster, chaos and throughput tests run when the model would only
+slow them, and what a deployment can use to rehearse its database and
+daemons before a GPU is attached.
+
+Faults can be injected (`fail_when`): an exception raised from inside a step,
+as a real model raises on a bad input or an out-of-memory error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fsched.core.plan import Outcome, Plan
+from fsched.core.stopping import StopCheck, check_stop
+from fsched.core.types import SamplingParams
+
+STANDIN_SPEC = "standin"
+STANDIN_NAME = "fsched-standin (no model)"
+STANDIN_VOCAB = 50_000
+STANDIN_EOS = 0
+STANDIN_CONTEXT = 8192
+
+
+class StandInError(Exception):
+    """A stand-in spec that cannot be parsed."""
+
+
+def parse_standin(spec: str | None) -> float | None:
+    """Step time in seconds when `spec` names the stand-in ("standin" or "standin:5ms"), else None."""
+    if spec is None or not (spec == STANDIN_SPEC or spec.startswith(STANDIN_SPEC + ":")):
+        return None
+    _, _, arg = spec.partition(":")
+    if not arg:
+        return 0.0
+    try:
+        ms = float(arg.removesuffix("ms"))
+    except ValueError:
+        raise StandInError(
+            f"--model {spec!r}: write standin or standin:<ms per step>, e.g. standin:5ms"
+        ) from None
+    if not 0 <= ms <= 60_000:
+        raise StandInError(f"--model {spec!r}: the step time must be within 0..60000 ms")
+    return ms / 1000
+
+
+def standin_encode(prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
+    """Token ids for a prompt: one per whitespace-separated word (at least one)."""
+    if messages is not None:
+        prompt = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    words = (prompt or "").split() or [""]
+    return [1 + _hash(word) % (STANDIN_VOCAB - 1) for word in words]
+
+
+def standin_token(seed: int | None, context: list[int]) -> int:
+    """The token after `context`: depends on the seed, the prompt and the position only."""
+    digest = _hash(f"{seed}|{len(context)}|{context[-1] if context else 0}")
+    # About one token in 500 is EOS, so lengths vary as a model's would.
+    return STANDIN_EOS if digest % 500 == 0 else 1 + digest % (STANDIN_VOCAB - 1)
+
+
+def standin_text(tokens: list[int]) -> str:
+    return " ".join(f"w{t}" for t in tokens if t != STANDIN_EOS)
+
+
+def _hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+@dataclass(slots=True)
+class _Request:
+    tokens: list[int]
+    prompt_len: int
+    params: SamplingParams
+    computed: int = 0  # context positions whose KV exists (on the device or parked)
+    parked: bool = False
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+
+@dataclass(slots=True)
+class StandInResult:
+    outcome: Outcome
+    tokens: dict[str, int] = field(default_factory=dict)
+    finished: dict[str, StopCheck] = field(default_factory=dict)
+
+
+class StandInRunner:
+    """The ModelRunner interface over `standin_token`."""
+
+    def __init__(
+        self,
+        step_s: float = 0.0,
+        context_length: int = STANDIN_CONTEXT,
+        fail_when: Callable[[Plan], BaseException | None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.step_s = step_s
+        self.context_length = context_length
+        self.fail_when = fail_when
+        self.sleep = sleep
+        self._requests: dict[str, _Request] = {}
+        self.steps = 0
+
+    def add(self, request_id: str, prompt: list[int], params: SamplingParams, generated=()) -> None:
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} is already in the runner")
+        self._requests[request_id] = _Request([*prompt, *generated], len(prompt), params)
+
+    def release(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    def generated(self, request_id: str) -> list[int]:
+        return list(self._requests[request_id].generated)
+
+    def text(self, request_id: str) -> str:
+        return standin_text(self._requests[request_id].generated)
+
+    @property
+    def kv_tokens(self) -> int:
+        return sum(r.computed for r in self._requests.values() if not r.parked)
+
+    def run(self, plan: Plan) -> StandInResult:
+        start = time.perf_counter()
+        if self.fail_when is not None and (error := self.fail_when(plan)) is not None:
+            raise error
+        result = StandInResult(outcome=Outcome(elapsed_s=0.0))
+        for p in plan.preempted:
+            r = self._requests[p.request_id]
+            if p.checkpoint.name == "PARK":
+                r.parked = True
+            else:
+                r.computed = 0
+        for rid in plan.resumed:
+            self._requests[rid].parked = False
+        for rid in plan.decode:
+            self._emit(rid, result)
+        for chunk in plan.prefill:
+            r = self._requests[chunk.request_id]
+            r.computed = chunk.start + chunk.tokens
+            if chunk.produces_token:
+                self._emit(chunk.request_id, result)
+        if self.step_s:
+            self.sleep(self.step_s)
+        self.steps += 1
+        result.outcome = Outcome(elapsed_s=time.perf_counter() - start, finished=frozenset(result.finished))
+        return result
+
+    def _emit(self, rid: str, result: StandInResult) -> None:
+        r = self._requests[rid]
+        token = standin_token(r.params.seed, r.tokens)
+        r.tokens.append(token)
+        r.computed = len(r.tokens) - 1
+        result.tokens[rid] = token
+        check = check_stop(token, len(r.generated), r.params.max_tokens, len(r.tokens), self.context_length,
+                           frozenset({STANDIN_EOS}))
+        if check.finished is not None:
+            result.finished[rid] = check
