@@ -107,6 +107,9 @@ class DaemonSummary:
     heartbeat_at: float
     stopped_at: float | None
     stats: dict
+    # Seconds since the heartbeat on the database's clock (set when read
+    # back): the daemons' own clocks may disagree, the database's is one.
+    heartbeat_age_s: float | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -149,6 +152,9 @@ class ClaimedRequest:
     output_tokens: list[int]
     enqueued_at: float
     attempts: int = 1  # claims so far, this one included
+    # The fencing token: every write-back names it, and is refused once
+    # another claim (after this lease expired) has raised it.
+    lease_epoch: int = 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -195,6 +201,7 @@ class Completion:
     model: str | None = None
     error: str | None = None
     first_token_at: float | None = None
+    epoch: int | None = None  # the writer's lease epoch (None: not fenced by epoch)
 
 
 @dataclass(slots=True, frozen=True)
@@ -205,6 +212,18 @@ class TokenUpdate:
     tokens: tuple[int, ...]
     text: str
     first_token_at: float | None = None
+    epoch: int | None = None  # the writer's lease epoch (None: not fenced by epoch)
+
+
+@dataclass(slots=True, frozen=True)
+class PeerUsage:
+    """Another daemon's decayed usage of one tenant, as it last published it."""
+
+    daemon: str
+    tenant: str
+    gpu_s: float
+    kv_token_s: float
+    age_s: float  # since it was published, on the database's clock
 
 
 @runtime_checkable
@@ -239,6 +258,7 @@ class JobStore(Protocol):
         per_group: int,
         held: Mapping[tuple[str, RequestClass], int] | None = None,
         limit: int | None = None,
+        lease_s: float = 30.0,
     ) -> list[ClaimedRequest]: ...
 
     def flush_tokens(self, owner: str, updates: Sequence[TokenUpdate]) -> int: ...
@@ -246,6 +266,14 @@ class JobStore(Protocol):
     def finish_requests(self, completions: Sequence[Completion], owner: str | None = None) -> list[bool]: ...
 
     def release(self, owner: str | None = None, request_ids: Sequence[int] | None = None) -> int: ...
+
+    def renew_leases(self, owner: str, leases: Mapping[int, int], lease_s: float) -> set[int]: ...
+
+    def reclaim_expired(self) -> int: ...
+
+    def exchange_usage(
+        self, owner: str, usage: Mapping[str, tuple[float, float]]
+    ) -> list[PeerUsage]: ...
 
     def cancelled_held(self, owner: str) -> list[int]: ...
 
@@ -267,4 +295,5 @@ class JobStore(Protocol):
         error: str | None = None,
         owner: str | None = None,
         first_token_at: float | None = None,
+        epoch: int | None = None,
     ) -> bool: ...

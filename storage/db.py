@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, Float, cast, create_engine, event, func, literal_column
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
@@ -99,6 +99,13 @@ class Database:
             raise StorageError(f"cannot use database {self.url!r}: {exc}") from None
         if self.dialect == "sqlite":
             _wire_sqlite(self.engine, busy_timeout_ms)
+
+    def now(self):
+        """SQL for the database's clock in Unix seconds: leases and heartbeats use it, so
+        daemons on machines whose clocks disagree still agree on who holds what."""
+        if self.dialect == "postgresql":
+            return cast(func.extract("epoch", func.clock_timestamp()), Float)
+        return literal_column("((julianday('now') - 2440587.5) * 86400.0)", Float)
 
     @property
     def display_url(self) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from itertools import islice
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, delete, func, select, update
 
 from fsched.core.faults import crash_point
 from fsched.core.jobstate import JobCounts, derive_job_state
@@ -24,6 +24,7 @@ from fsched.core.store import (
     DaemonSummary,
     JobSubmission,
     JobSummary,
+    PeerUsage,
     RequestProgress,
     RequestResult,
     RequestTiming,
@@ -39,18 +40,20 @@ from fsched.core.store import (
 from fsched.core.tenants import validate_tenant_name, validate_weight
 from fsched.core.types import JobState, RequestClass, RequestState
 from fsched.storage.db import Database
-from fsched.storage.models import Daemon, Job, Request, Tenant
+from fsched.storage.models import Daemon, DaemonUsage, Job, Request, Tenant
 from fsched.storage.schema import ensure_schema
 
 jobs = Job.__table__
 requests = Request.__table__
 tenants = Tenant.__table__
 daemons = Daemon.__table__
+daemon_usage = DaemonUsage.__table__
 
 FINISHED_JOB_STATES = [s.value for s in JobState if s.finished]
 WAITING_REQUEST_STATES = [RequestState.QUEUED.value, RequestState.PREEMPTED.value]
 INSERT_CHUNK = 5_000
 RESULTS_BATCH = 1_000
+USAGE_KEPT_S = 86_400.0
 
 
 class SqlJobStore:
@@ -210,7 +213,10 @@ class SqlJobStore:
 
     def list_daemons(self) -> list[DaemonSummary]:
         with self.db.read() as conn:
-            rows = conn.execute(select(daemons).order_by(daemons.c.heartbeat_at.desc())).all()
+            rows = conn.execute(
+                select(daemons, (self.db.now() - daemons.c.heartbeat_at).label("age_s"))
+                .order_by(daemons.c.heartbeat_at.desc())
+            ).all()
         return [
             DaemonSummary(
                 id=row.id,
@@ -222,6 +228,7 @@ class SqlJobStore:
                 heartbeat_at=row.heartbeat_at,
                 stopped_at=row.stopped_at,
                 stats=row.stats or {},
+                heartbeat_age_s=max(0.0, row.age_s),
             )
             for row in rows
         ]
@@ -362,8 +369,12 @@ class SqlJobStore:
         per_group: int,
         held: Mapping[tuple[str, RequestClass], int] | None = None,
         limit: int | None = None,
+        lease_s: float = 30.0,
     ) -> list[ClaimedRequest]:
-        """Atomically move queued requests to `running`, held by `owner`.
+        """Atomically move queued requests to `running`, leased to `owner` for `lease_s`.
+
+        Each claim raises the request's lease epoch (the fencing token its
+        writes must name) and sets the lease's expiry on the database's clock.
 
         Fair by construction: up to `per_group` for each (tenant, class)
         group, less what `held` says the owner already holds of it, taking a
@@ -418,6 +429,7 @@ class SqlJobStore:
                         state=RequestState.RUNNING.value,
                         lease_owner=owner,
                         lease_epoch=requests.c.lease_epoch + 1,
+                        lease_expires_at=self.db.now() + lease_s,
                         attempts=requests.c.attempts + 1,
                     )
                 )
@@ -439,6 +451,7 @@ class SqlJobStore:
                 output_tokens=list(row.output_tokens or []),
                 enqueued_at=row.enqueued_at,
                 attempts=row.attempts + 1,
+                lease_epoch=row.lease_epoch + 1,
             )
             for row in claimed
         ]
@@ -446,8 +459,9 @@ class SqlJobStore:
     def flush_tokens(self, owner: str, updates: Sequence[TokenUpdate]) -> int:
         """Persist generated tokens so far, in one transaction; returns rows written.
 
-        Only requests `owner` still holds are written: a daemon that lost a
-        request (cancelled, reclaimed) writes nothing for it.
+        Only requests `owner` still holds, under the epoch each update names,
+        are written: a daemon that lost a request (cancelled, reclaimed after
+        its lease expired) writes nothing for it.
         """
         if not updates:
             return 0
@@ -456,7 +470,8 @@ class SqlJobStore:
             rows = {
                 row.id: row
                 for row in conn.execute(
-                    select(requests.c.id, requests.c.job_id, requests.c.num_output_tokens).where(
+                    select(requests.c.id, requests.c.job_id, requests.c.num_output_tokens,
+                           requests.c.lease_epoch).where(
                         requests.c.id.in_([u.request_id for u in updates]),
                         requests.c.lease_owner == owner,
                         requests.c.state == RequestState.RUNNING.value,
@@ -466,8 +481,8 @@ class SqlJobStore:
             per_job: dict[int, int] = {}
             for u in updates:
                 row = rows.get(u.request_id)
-                if row is None:
-                    continue
+                if row is None or (u.epoch is not None and row.lease_epoch != u.epoch):
+                    continue  # fenced: the lease was lost (reclaimed, cancelled, requeued)
                 values = {"output_tokens": list(u.tokens), "output_text": u.text,
                           "num_output_tokens": len(u.tokens)}
                 if u.first_token_at is not None:
@@ -497,22 +512,93 @@ class SqlJobStore:
             if request_ids is not None:
                 query = query.where(requests.c.id.in_(list(request_ids)))
             rows = conn.execute(query).all()
-            if not rows:
-                return 0
-            conn.execute(
-                update(requests)
-                .where(requests.c.id.in_([row.id for row in rows]))
-                .values(state=RequestState.QUEUED.value, lease_owner=None, lease_expires_at=None)
-            )
-            per_job: dict[int, int] = {}
-            for row in rows:
-                per_job[row.job_id] = per_job.get(row.job_id, 0) + 1
-            now = self.clock()
-            for job_id, count in per_job.items():
-                job = self._lock_job(conn, job_id)
-                counts = replace(_counts(job), num_running=job.num_running - count)
-                self._store_counts(conn, job, counts, now=now)
+            self._requeue(conn, rows)
         return len(rows)
+
+    def renew_leases(self, owner: str, leases: Mapping[int, int], lease_s: float) -> set[int]:
+        """Extend `owner`'s leases (request id -> epoch) by `lease_s` from now; return those still held.
+
+        A request missing from the answer was lost: its lease expired and was
+        reclaimed (or it was requeued or cancelled); the daemon drops it
+        without writing anything more for it.
+        """
+        if not leases:
+            return set()
+        with self.db.write() as conn:
+            rows = conn.execute(
+                update(requests)
+                .where(
+                    requests.c.id.in_(list(leases)),
+                    requests.c.lease_owner == owner,
+                    requests.c.state == RequestState.RUNNING.value,
+                )
+                .values(lease_expires_at=self.db.now() + lease_s)
+                .returning(requests.c.id, requests.c.lease_epoch)
+            ).all()
+        return {row.id for row in rows if leases.get(row.id) == row.lease_epoch}
+
+    def reclaim_expired(self) -> int:
+        """Requeue running requests whose lease expired (their daemon died or stalls).
+
+        Any live daemon sweeps; the requests resume from their flushed tokens
+        wherever they are claimed next, under a higher epoch, so the old
+        holder's late writes are refused.
+        """
+        query = select(requests.c.id, requests.c.job_id).where(
+            requests.c.state == RequestState.RUNNING.value,
+            requests.c.lease_expires_at < self.db.now(),
+        )
+        with self.db.read() as conn:  # most sweeps find nothing: no write lock for them
+            if conn.execute(query.limit(1)).first() is None:
+                return 0
+        if self.db.dialect == "postgresql":
+            query = query.with_for_update(of=requests, skip_locked=True)
+        with self.db.write() as conn:
+            rows = conn.execute(query).all()
+            self._requeue(conn, rows)
+        return len(rows)
+
+    def _requeue(self, conn: Connection, rows: Sequence) -> None:
+        """Running requests (id, job_id) back to `queued`, keeping their tokens; counters follow."""
+        if not rows:
+            return
+        conn.execute(
+            update(requests)
+            .where(requests.c.id.in_([row.id for row in rows]))
+            .values(state=RequestState.QUEUED.value, lease_owner=None, lease_expires_at=None)
+        )
+        per_job: dict[int, int] = {}
+        for row in rows:
+            per_job[row.job_id] = per_job.get(row.job_id, 0) + 1
+        now = self.clock()
+        for job_id in sorted(per_job):  # a fixed order: two sweepers never deadlock on jobs
+            job = self._lock_job(conn, job_id)
+            counts = replace(_counts(job), num_running=job.num_running - per_job[job_id])
+            self._store_counts(conn, job, counts, now=now)
+
+    def exchange_usage(self, owner: str, usage: Mapping[str, tuple[float, float]]) -> list[PeerUsage]:
+        """Publish `owner`'s decayed usage per tenant (GPU s, KV token-s); return the other daemons'.
+
+        Rows older than a day are dropped: with any sensible half-life they
+        weigh nothing, and a cluster's dead daemons should not pile up.
+        """
+        now = self.db.now()
+        with self.db.write() as conn:
+            conn.execute(delete(daemon_usage).where(
+                (daemon_usage.c.daemon == owner) | (daemon_usage.c.updated_at < now - USAGE_KEPT_S)
+            ))
+            if usage:
+                stamp = conn.execute(select(now)).scalar_one()
+                conn.execute(daemon_usage.insert(), [
+                    {"daemon": owner, "tenant": tenant, "gpu_s": gpu, "kv_token_s": kv, "updated_at": stamp}
+                    for tenant, (gpu, kv) in usage.items()
+                ])
+            rows = conn.execute(
+                select(daemon_usage, (now - daemon_usage.c.updated_at).label("age_s"))
+                .where(daemon_usage.c.daemon != owner)
+            ).all()
+        return [PeerUsage(row.daemon, row.tenant, row.gpu_s, row.kv_token_s, max(0.0, row.age_s))
+                for row in rows]
 
     def cancelled_held(self, owner: str) -> list[int]:
         """Requests `owner` holds whose job a user cancelled: stop them at the next step."""
@@ -541,10 +627,11 @@ class SqlJobStore:
 
     def heartbeat(self, daemon: DaemonSummary) -> None:
         """Insert or refresh a daemon's row: its host, engine and figures."""
+        now = self.db.now()  # the database's clock: daemons' clocks may disagree
         values = {
             "host": daemon.host, "pid": daemon.pid, "device": daemon.device, "model": daemon.model,
-            "started_at": daemon.started_at, "heartbeat_at": daemon.heartbeat_at,
-            "stopped_at": daemon.stopped_at, "stats": daemon.stats,
+            "started_at": daemon.started_at, "heartbeat_at": now,
+            "stopped_at": now if daemon.stopped_at is not None else None, "stats": daemon.stats,
         }
         with self.db.write() as conn:
             changed = conn.execute(update(daemons).where(daemons.c.id == daemon.id).values(**values)).rowcount
@@ -563,10 +650,11 @@ class SqlJobStore:
         error: str | None = None,
         owner: str | None = None,
         first_token_at: float | None = None,
+        epoch: int | None = None,
     ) -> bool:
         """End one request; see `finish_requests`."""
         completion = Completion(request_id, state, tuple(output_tokens), output_text, finish_reason,
-                                prompt_tokens, model, error, first_token_at)
+                                prompt_tokens, model, error, first_token_at, epoch)
         return self.finish_requests([completion], owner)[0]
 
     def finish_requests(self, completions: Sequence[Completion], owner: str | None = None) -> list[bool]:
@@ -574,7 +662,8 @@ class SqlJobStore:
 
         For each: False, changing nothing, when the request had already ended
         (no request ends twice) or, given an `owner`, when that owner no
-        longer holds it (a fenced daemon writes nothing).
+        longer holds it under the completion's epoch (a fenced daemon writes
+        nothing).
         """
         for c in completions:
             if not c.state.finished:
@@ -588,7 +677,7 @@ class SqlJobStore:
                 row.id: row
                 for row in conn.execute(
                     select(requests.c.id, requests.c.job_id, requests.c.state, requests.c.num_output_tokens,
-                           requests.c.lease_owner)
+                           requests.c.lease_owner, requests.c.lease_epoch)
                     .where(requests.c.id.in_([c.request_id for c in completions]))
                 )
             }
@@ -598,7 +687,10 @@ class SqlJobStore:
                 if row is None:
                     raise StoreError(f"no request with id {c.request_id}")
                 previous = RequestState(row.state)
-                if previous.finished or (owner is not None and row.lease_owner != owner):
+                fenced = owner is not None and (
+                    row.lease_owner != owner or (c.epoch is not None and row.lease_epoch != c.epoch)
+                )
+                if previous.finished or fenced:
                     outcome.append(False)
                     continue
                 conn.execute(

@@ -11,7 +11,6 @@ from __future__ import annotations
 from sqlalchemy import (
     JSON,
     BigInteger,
-    Boolean,
     Float,
     ForeignKey,
     Index,
@@ -112,6 +111,8 @@ class Request(Base):
         # The daemon's claim: a job's queued requests in input order.
         Index("ix_requests_job_state_idx", "job_id", "state", "idx"),
         Index("ix_requests_lease_owner", "lease_owner"),
+        # The sweep for expired leases (running requests by expiry).
+        Index("ix_requests_state_lease_expires", "state", "lease_expires_at"),
     )
 
 
@@ -130,12 +131,17 @@ class Daemon(Base):
     stats: Mapped[dict] = mapped_column(JSON, default=dict)
 
 
-class TenantUsage(Base):
-    """A tenant's decayed resource usage, shared by the daemons of a cluster."""
+class DaemonUsage(Base):
+    """One daemon's decayed usage of one tenant, as it last published it.
 
-    __tablename__ = "tenant_usage"
-    tenant: Mapped[str] = mapped_column(ForeignKey("tenants.name", ondelete="CASCADE"), primary_key=True)
-    compute: Mapped[float] = mapped_column(Float, default=0.0)
-    kv: Mapped[float] = mapped_column(Float, default=0.0)
-    updated_at: Mapped[float] = mapped_column(Float)
-    active: Mapped[bool] = mapped_column(Boolean, default=False)
+    Each daemon writes only its own rows (no contention between daemons) and
+    reads the others': the cluster's usage of a tenant is the sum, each row
+    decayed by its age on the database's clock.
+    """
+
+    __tablename__ = "daemon_usage"
+    daemon: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    gpu_s: Mapped[float] = mapped_column(Float, default=0.0)
+    kv_token_s: Mapped[float] = mapped_column(Float, default=0.0)
+    updated_at: Mapped[float] = mapped_column(Float)  # database clock, Unix seconds

@@ -23,12 +23,23 @@ from fsched.core.store import SchemaMismatch
 from fsched.storage.db import Database
 from fsched.storage.models import Base, Meta
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 VERSION_KEY = "schema_version"
 
 Migration = Callable[[Connection], None]
+
+
+def _v1_to_v2(conn: Connection) -> None:
+    """Cluster usage per daemon (was one unused row per tenant); an index for the lease sweep."""
+    conn.execute(text("DROP TABLE IF EXISTS tenant_usage"))
+    Base.metadata.tables["daemon_usage"].create(conn)
+    for index in Base.metadata.tables["requests"].indexes:
+        if index.name == "ix_requests_state_lease_expires":
+            index.create(conn)
+
+
 # MIGRATIONS[v] upgrades a database from version v to v + 1.
-MIGRATIONS: dict[int, Migration] = {}
+MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2}
 
 
 def ensure_schema(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from sqlalchemy.exc import IntegrityError
@@ -218,4 +219,90 @@ def test_cancelled_held_and_weights_and_heartbeat(store):
     store.heartbeat(beat)
     store.heartbeat(DaemonSummary("d1", "host", 1, "cpu", "tiny", 1.0, 3.0, None, {"batch": 4}))
     (row,) = store.list_daemons()
-    assert row.heartbeat_at == 3.0 and row.stats == {"batch": 4}
+    # The heartbeat is stamped by the database's clock, not the daemon's.
+    assert abs(row.heartbeat_at - time.time()) < 5 and 0 <= row.heartbeat_age_s < 5
+    assert row.stats == {"batch": 4}
+
+
+def test_a_claim_leases_with_an_epoch_and_writes_name_it(store):
+    from fsched.core.store import Completion, TokenUpdate
+
+    store.submit([submission(1)])
+    (first,) = store.claim("d1", per_group=5, lease_s=30)
+    assert first.lease_epoch == 1
+    assert store.renew_leases("d1", {first.id: 1}, lease_s=30) == {first.id}
+    assert store.renew_leases("d1", {first.id: 0}, lease_s=30) == set()  # a stale epoch holds nothing
+    assert store.release("d1") == 1
+    (second,) = store.claim("d1", per_group=5, lease_s=30)  # the same daemon, a new lease
+    assert second.id == first.id and second.lease_epoch == 2
+    # Writes under the old epoch are refused, though the owner is the same.
+    assert store.flush_tokens("d1", [TokenUpdate(first.id, (1, 2), "ab", epoch=1)]) == 0
+    stale = Completion(first.id, RequestState.DONE, (1,), "a", epoch=1)
+    assert store.finish_requests([stale], "d1") == [False]
+    assert store.flush_tokens("d1", [TokenUpdate(first.id, (1, 2), "ab", epoch=2)]) == 1
+    assert store.finish_requests([Completion(first.id, RequestState.DONE, (1, 2, 3), "abc", epoch=2)],
+                                 "d1") == [True]
+    (result,) = store.iter_results(first.job_id)
+    assert result.output_text == "abc" and result.num_output_tokens == 3
+
+
+def test_expired_leases_are_reclaimed_and_the_old_holder_is_fenced(store):
+    from fsched.core.store import Completion, TokenUpdate
+
+    (job,) = store.submit([submission(3)])
+    stale = store.claim("paused", per_group=2, lease_s=0.3)
+    live = store.claim("live", per_group=5, lease_s=60)
+    assert len(stale) == 2 and len(live) == 1
+    assert store.flush_tokens("paused", [TokenUpdate(stale[0].id, (7,), "x", epoch=1)]) == 1
+    assert store.reclaim_expired() == 0  # nothing has expired yet
+    time.sleep(0.5)
+    assert store.reclaim_expired() == 2  # only the expired ones, not the live daemon's
+    summary = store.list_jobs(job_id=job.job_id)[0]
+    assert summary.counts.num_running == 1 and summary.counts.num_waiting == 2
+    taken = {c.id: c for c in store.claim("live", per_group=5, lease_s=60)}
+    assert set(taken) == {c.id for c in stale}
+    assert taken[stale[0].id].output_tokens == [7] and taken[stale[0].id].lease_epoch == 2  # resumes
+    # The paused daemon wakes up: its renewals, flushes and completions change nothing.
+    assert store.renew_leases("paused", {c.id: 1 for c in stale}, lease_s=60) == set()
+    assert store.flush_tokens("paused", [TokenUpdate(c.id, (9, 9), "late", epoch=1) for c in stale]) == 0
+    late = [Completion(c.id, RequestState.DONE, (9, 9), "late", epoch=1) for c in stale]
+    assert store.finish_requests(late, "paused") == [False, False]
+    assert store.finish_requests(
+        [Completion(c.id, RequestState.DONE, (1,), "ok", epoch=2) for c in stale], "live"
+    ) == [True, True]
+    done = {r.id: r.output_text for r in store.iter_results(job.job_id)}
+    assert {done[c.id] for c in stale} == {"ok"}
+    assert store.list_jobs(job_id=job.job_id)[0].counts.num_done == 2
+
+
+def test_daemons_exchange_decayed_usage_through_the_table(store):
+    assert store.exchange_usage("a", {"alice": (2.0, 100.0)}) == []
+    peers = store.exchange_usage("b", {"bob": (1.0, 10.0)})
+    assert [(p.daemon, p.tenant, p.gpu_s, p.kv_token_s) for p in peers] == [("a", "alice", 2.0, 100.0)]
+    assert 0 <= peers[0].age_s < 5
+    # A daemon's new figures replace its old ones; it never sees its own.
+    store.exchange_usage("a", {"alice": (3.0, 0.0), "bob": (0.5, 0.0)})
+    peers = sorted((p.daemon, p.tenant, p.gpu_s) for p in store.exchange_usage("b", {}))
+    assert peers == [("a", "alice", 3.0), ("a", "bob", 0.5)]
+
+
+def test_schema_1_databases_are_migrated(db_url):
+    from sqlalchemy import inspect, text
+
+    from fsched.storage import schema
+
+    store = SqlJobStore(db_url)
+    store.submit([submission(2)])
+    with store.db.write() as conn:  # turn it back into a version-1 database
+        conn.execute(text("DROP TABLE daemon_usage"))
+        conn.execute(text("DROP INDEX ix_requests_state_lease_expires"))
+        conn.execute(text("CREATE TABLE tenant_usage (tenant VARCHAR(128) PRIMARY KEY, compute FLOAT)"))
+        conn.execute(text("UPDATE fsched_meta SET value = '1' WHERE key = 'schema_version'"))
+    assert schema.ensure_schema(store.db) == 1
+    with store.db.read() as conn:
+        tables = set(inspect(conn).get_table_names())
+        indexes = {i["name"] for i in inspect(conn).get_indexes("requests")}
+    assert "daemon_usage" in tables and "tenant_usage" not in tables
+    assert "ix_requests_state_lease_expires" in indexes
+    assert len(store.claim("d", per_group=5)) == 2  # the data came through
+    store.db.dispose()
