@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,10 @@ SIMPLE_KEYS = SAMPLING_KEYS | {"prompt", "messages", "custom_id"}
 # OpenAI body fields that cannot change what fsched generates; accepted and ignored.
 IGNORED_BODY_KEYS = frozenset({"model", "stream", "user", "n", "max_completion_tokens"})
 BODY_KEYS = SAMPLING_KEYS | IGNORED_BODY_KEYS | {"prompt", "messages"}
+# What a stored string may not hold: a NUL (PostgreSQL's text refuses it) or a
+# lone surrogate (JSON's "\ud800" escape: not Unicode, so not storable as UTF-8).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+SHOWN_CHARS = 80  # a value quoted in an error is cut to this many characters
 
 
 class JobFileError(ValueError):
@@ -36,10 +41,25 @@ class JobFileError(ValueError):
         self.line = line
         self.field = field
         self.message = message
-        where = source if line is None else f"{source}, line {line}"
+        # File and field names come from the user: one line, no terminal escapes.
+        where = printable(source, 200) if line is None else f"{printable(source, 200)}, line {line}"
         if field is not None:
-            where += f", field '{field}'"
-        super().__init__(f"{where}: {message}")
+            where += f", field '{printable(field)}'"
+        super().__init__(f"{where}: {printable(message, 1000)}")
+
+
+def printable(text: str, limit: int = SHOWN_CHARS) -> str:
+    """`text` fit for one line of an error: control characters escaped, cut to `limit`."""
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def _shown(value: Any) -> str:
+    """A JSON value quoted in an error message, cut short."""
+    return printable(repr(value))
 
 
 class _LineError(Exception):
@@ -115,7 +135,7 @@ def parse_job_file(
         if spec.custom_id in seen_ids:
             raise JobFileError(
                 source,
-                f"duplicate custom_id {spec.custom_id!r} (first on line {seen_ids[spec.custom_id]})",
+                f"duplicate custom_id {_shown(spec.custom_id)} (first on line {seen_ids[spec.custom_id]})",
                 line_no,
                 "custom_id",
             )
@@ -131,9 +151,20 @@ def _reject_constant(name: str) -> Any:
     raise _LineError(None, f"{name} is not valid JSON (numbers must be finite)")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _LineError(key, "duplicate key (a JSON object names each key once)")
+            seen.add(key)
+    return obj
+
+
 def _load_json(text: str, max_depth: int) -> dict:
     try:
-        obj = json.loads(text, parse_constant=_reject_constant)
+        obj = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise _LineError(None, f"JSON nested deeper than {max_depth} levels") from None
     except json.JSONDecodeError as exc:
@@ -195,19 +226,20 @@ def _parse_openai(obj: dict, limits: InputLimits, default_max_tokens: int) -> Re
             raise _LineError(key, "missing (required in the OpenAI batch form)")
     custom_id = _custom_id(obj["custom_id"], limits)
     if obj["method"] != "POST":
-        raise _LineError("method", f'unsupported method {obj["method"]!r}; only "POST"')
+        raise _LineError("method", f'unsupported method {_shown(obj["method"])}; only "POST"')
     try:
         endpoint = Endpoint(obj["url"])
     except ValueError:
         raise _LineError(
             "url",
-            f'unsupported url {obj["url"]!r}; use "/v1/completions" or "/v1/chat/completions"',
+            f'unsupported url {_shown(obj["url"])}; use "/v1/completions" or "/v1/chat/completions"',
         ) from None
     body = obj["body"]
     if not isinstance(body, dict):
         raise _LineError("body", f"must be an object, got {_json_type(body)}")
     _reject_unknown(body, BODY_KEYS, "body.")
-    if body.get("n", 1) != 1:
+    n = body.get("n", 1)
+    if n is not None and (isinstance(n, bool) or n != 1):
         raise _LineError("body.n", "only n=1 is supported")
     body_endpoint, prompt, messages = _prompt_or_messages(body, "body.")
     if body_endpoint is not endpoint:
@@ -216,8 +248,18 @@ def _parse_openai(obj: dict, limits: InputLimits, default_max_tokens: int) -> Re
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _LineError("body.model", f"must be a string, got {_json_type(model)}")
-    if "max_tokens" not in body and "max_completion_tokens" in body:
-        body = {**body, "max_tokens": body["max_completion_tokens"]}
+    if model is not None:
+        model = _storable(model, "body.model")
+    for key, kind, ok in (("stream", "a boolean", bool), ("user", "a string", str)):
+        if body.get(key) is not None and not isinstance(body[key], ok):
+            raise _LineError(f"body.{key}", f"must be {kind}, got {_json_type(body[key])}")
+    if body.get("max_completion_tokens") is not None:
+        # The newer name of max_tokens: checked alike; both at once must agree.
+        given = _integer(body, "max_completion_tokens", "body.", 1, limits.max_tokens, None)
+        if body.get("max_tokens") is None:
+            body = {**body, "max_tokens": given}
+        elif _integer(body, "max_tokens", "body.", 1, limits.max_tokens, None) != given:
+            raise _LineError("body.max_completion_tokens", "differs from max_tokens; give one of them")
     return RequestSpec(
         custom_id=custom_id,
         endpoint=endpoint,
@@ -239,7 +281,16 @@ def _custom_id(value: Any, limits: InputLimits) -> str:
         raise _LineError("custom_id", f"must be a non-empty string, got {_json_type(value)}")
     if len(value) > limits.max_custom_id_chars:
         raise _LineError("custom_id", f"longer than {limits.max_custom_id_chars} characters")
-    return value
+    return _storable(value, "custom_id")
+
+
+def _storable(text: str, field: str) -> str:
+    """`text` unless it holds a character no database column takes."""
+    bad = _UNSTORABLE.search(text)
+    if bad is not None:
+        what = "a NUL character" if bad.group() == "\x00" else "a lone surrogate (not valid Unicode)"
+        raise _LineError(field, f"contains {what}: \\u{ord(bad.group()):04x} at character {bad.start() + 1}")
+    return text
 
 
 def _prompt_or_messages(obj: dict, prefix: str) -> tuple[Endpoint, str | None, tuple[ChatMessage, ...]]:
@@ -254,7 +305,7 @@ def _prompt_or_messages(obj: dict, prefix: str) -> tuple[Endpoint, str | None, t
             raise _LineError(f"{prefix}prompt", f"must be a string, got {_json_type(prompt)}")
         if not prompt:
             raise _LineError(f"{prefix}prompt", "must not be empty")
-        return Endpoint.COMPLETIONS, prompt, ()
+        return Endpoint.COMPLETIONS, _storable(prompt, f"{prefix}prompt"), ()
     return Endpoint.CHAT, None, _messages(obj["messages"], f"{prefix}messages")
 
 
@@ -267,7 +318,7 @@ def _messages(value: Any, field: str) -> tuple[ChatMessage, ...]:
         if not isinstance(message, dict):
             raise _LineError(where, f"must be an object, got {_json_type(message)}")
         role = message.get("role")
-        if role not in CHAT_ROLES:
+        if not isinstance(role, str) or role not in CHAT_ROLES:
             raise _LineError(f"{where}.role", f"must be one of {', '.join(sorted(CHAT_ROLES))}")
         messages.append(ChatMessage(role=role, content=_content(message.get("content"), where)))
     return tuple(messages)
@@ -276,7 +327,7 @@ def _messages(value: Any, field: str) -> tuple[ChatMessage, ...]:
 def _content(value: Any, where: str) -> str:
     """A message's text: a string, or OpenAI's list of {"type": "text"} parts."""
     if isinstance(value, str):
-        return value
+        return _storable(value, f"{where}.content")
     if isinstance(value, list) and value:
         parts = []
         for j, part in enumerate(value):
@@ -284,7 +335,7 @@ def _content(value: Any, where: str) -> str:
                 isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
             ):
                 raise _LineError(f"{where}.content[{j}]", 'only {"type": "text", "text": ...} parts')
-            parts.append(part["text"])
+            parts.append(_storable(part["text"], f"{where}.content[{j}].text"))
         return "".join(parts)
     raise _LineError(f"{where}.content", "must be a string or a list of text parts")
 
@@ -297,6 +348,7 @@ def _sampling(obj: dict, limits: InputLimits, default_max_tokens: int, prefix: s
     seed = _integer(obj, "seed", prefix, 0, MAX_SEED, None) if obj.get("seed") is not None else None
     return SamplingParams(
         max_tokens=max_tokens,
+        max_tokens_is_default=obj.get("max_tokens") is None,
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
@@ -314,7 +366,7 @@ def _integer(obj: dict, key: str, prefix: str, low: int, high: int, default: int
     if isinstance(value, bool) or not isinstance(value, int):
         raise _LineError(f"{prefix}{key}", f"must be an integer, got {_json_type(value)}")
     if not low <= value <= high:
-        raise _LineError(f"{prefix}{key}", f"must be within {low:,}..{high:,}, got {value:,}")
+        raise _LineError(f"{prefix}{key}", f"must be within {low:,}..{high:,}, got {printable(f'{value:,}')}")
     return value
 
 
@@ -333,7 +385,9 @@ def _number(
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _LineError(f"{prefix}{key}", f"must be a number, got {_json_type(value)}")
     value = float(value)
-    if not (math.isfinite(value) and low <= value <= high and extra(value)):
+    if not math.isfinite(value):
+        raise _LineError(f"{prefix}{key}", "must be a finite number (this one overflows a float)")
+    if not (low <= value <= high and extra(value)):
         raise _LineError(f"{prefix}{key}", f"must be within {low}..{high}, got {value}")
     return value
 
@@ -347,4 +401,4 @@ def _stop(value: Any, limits: InputLimits, field: str) -> tuple[str, ...]:
         raise _LineError(field, "must be a non-empty string or an array of non-empty strings")
     if len(value) > limits.max_stop_sequences:
         raise _LineError(field, f"at most {limits.max_stop_sequences} stop sequences")
-    return tuple(value)
+    return tuple(_storable(s, field) for s in value)

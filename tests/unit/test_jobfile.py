@@ -167,6 +167,36 @@ BAD_INPUTS = [
     ("nesting 65", nested_line(65), 1, None, "nested deeper"),
     ("nesting 100k", ("[" * 100_000 + "]" * 100_000).encode(), 1, None, "nested deeper"),
     ("huge integer", b'{"prompt": "a", "seed": ' + b"9" * 5000 + b"}", 1, None, "invalid JSON"),
+    # Found by tests/chaos/test_fuzz.py:
+    ("role unhashable", lines({"messages": [{"role": [], "content": "x"}]}), 1, "messages[0].role", "one of"),
+    ("lone surrogate", b'{"prompt": "a\\ud800"}', 1, "prompt", "lone surrogate"),
+    ("NUL in custom_id", b'{"prompt": "a", "custom_id": "x\\u0000"}', 1, "custom_id", "NUL"),
+    (
+        "NUL in content part",
+        lines({"messages": [{"role": "user", "content": [{"type": "text", "text": "\0"}]}]}),
+        1,
+        "messages[0].content[0].text",
+        "NUL",
+    ),
+    ("surrogate in stop", b'{"prompt": "a", "stop": ["\\udfff"]}', 1, "stop", "lone surrogate"),
+    ("duplicate key", b'{"prompt": "a", "prompt": "b"}', 1, "prompt", "duplicate key"),
+    ("float overflow", b'{"prompt": "a", "temperature": 1e400}', 1, "temperature", "finite"),
+    ("stream", lines({**OPENAI_OK, "body": {"prompt": "p", "stream": "y"}}), 1, "body.stream", "a boolean"),
+    ("n true", lines({**OPENAI_OK, "body": {"prompt": "p", "n": True}}), 1, "body.n", "n=1"),
+    (
+        "max_completion_tokens wrong type",
+        lines({**OPENAI_OK, "body": {"prompt": "p", "max_tokens": 3, "max_completion_tokens": "x"}}),
+        1,
+        "body.max_completion_tokens",
+        "integer",
+    ),
+    (
+        "max_tokens and max_completion_tokens differ",
+        lines({**OPENAI_OK, "body": {"prompt": "p", "max_tokens": 3, "max_completion_tokens": 4}}),
+        1,
+        "body.max_completion_tokens",
+        "differs",
+    ),
 ]
 
 
@@ -182,6 +212,30 @@ def test_bad_input_names_line_and_field(data, line, field, text):
     assert text in str(error)
     assert str(error).startswith("jobs.jsonl")
     assert "\n" not in str(error)
+
+
+def test_error_messages_are_one_printable_line_whatever_the_input():
+    # Field names, values and file names come from the user: a newline or a
+    # terminal escape in them must not reach the terminal raw.
+    error = error_of(b'{"prompt": "a", "x\\n\\u001b[2Jy": 1}')
+    assert error.field == "x\n\x1b[2Jy"  # the attribute keeps the real name
+    assert "field 'x\\n\\x1b[2Jy'" in str(error) and str(error).isprintable()
+    long_url = lines({**OPENAI_OK, "url": "/v1/" + "x" * 10_000})
+    assert len(str(error_of(long_url))) < 300
+    with pytest.raises(JobFileError) as info:
+        parse_job_file(b"", "evil\nname\x1b.jsonl")
+    assert str(info.value).isprintable()
+
+
+def test_only_an_omitted_max_tokens_is_a_default():
+    simple = parse_job_file(lines({"prompt": "a"}, {"prompt": "b", "max_tokens": 9}), "f").requests
+    assert [(r.params.max_tokens, r.params.max_tokens_is_default) for r in simple] == [
+        (256, True),
+        (9, False),
+    ]
+    body = {"prompt": "c", "max_completion_tokens": 7}
+    (openai,) = parse_job_file(lines({**OPENAI_OK, "body": body}), "f").requests
+    assert (openai.params.max_tokens, openai.params.max_tokens_is_default) == (7, False)
 
 
 def test_nesting_limit_is_exactly_64():
