@@ -66,6 +66,34 @@ class StepFailed(Exception):
         self.error = error
 
 
+class ContextOverflow(ValueError):
+    """A request that cannot fit the model's context; it fails alone, with this message."""
+
+
+def fit_to_context(prompt_tokens: int, generated: int, params: SamplingParams, context_length: int) -> int:
+    """The max_tokens a request runs with, or ContextOverflow.
+
+    As vLLM and OpenAI do: a prompt plus an asked-for max_tokens over the
+    context is refused (asking for more than can be generated is an error,
+    not a silent cut). A max_tokens that only a default filled in is capped
+    at the room the prompt leaves, so a request that named none still runs.
+    """
+    if prompt_tokens + generated >= context_length:
+        raise ContextOverflow(
+            f"the prompt is {prompt_tokens} tokens; the model's context holds {context_length}"
+        )
+    room = context_length - prompt_tokens
+    if params.max_tokens <= room:
+        return params.max_tokens
+    if params.max_tokens_is_default:
+        return room
+    raise ContextOverflow(
+        f"the prompt ({prompt_tokens} tokens) plus max_tokens ({params.max_tokens}) is "
+        f"{prompt_tokens + params.max_tokens} tokens, over the model's context of {context_length}; "
+        f"lower max_tokens to at most {room} or shorten the prompt"
+    )
+
+
 class Engine:
     def __init__(
         self, runner, scheduler: Scheduler, context_length: int, clock: Callable[[], float] = time.monotonic
@@ -87,17 +115,12 @@ class Engine:
     def add(self, request: EngineRequest) -> EngineResult | None:
         """Queue a request; a request that can never run fails alone, at once."""
         now = self.clock()
-        context = len(request.prompt) + len(request.generated)
-        if context >= self.context_length:
-            return self._failed(
-                request,
-                now,
-                f"the prompt is {len(request.prompt)} tokens; the "
-                f"model's context holds {self.context_length}",
+        try:
+            max_tokens = fit_to_context(
+                len(request.prompt), len(request.generated), request.params, self.context_length
             )
-        # Generation stops when the context is full, whatever max_tokens says.
-        room = self.context_length - len(request.prompt)
-        max_tokens = min(request.params.max_tokens, room)
+        except ContextOverflow as exc:
+            return self._failed(request, now, str(exc))
         sched = SchedRequest(
             id=request.id,
             tenant=request.tenant,

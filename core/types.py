@@ -83,6 +83,11 @@ class SamplingParams:
 
     `seed` is always set once a request is stored, so a preempted, recomputed
     or restarted request draws the same tokens (DESIGN §4).
+
+    `max_tokens_is_default`: the request did not ask for `max_tokens` (a
+    default filled it in). The engine then caps it at the room the model's
+    context leaves; a `max_tokens` asked for that does not fit is refused
+    instead (the OpenAI/vLLM convention).
     """
 
     max_tokens: int
@@ -91,6 +96,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    max_tokens_is_default: bool = False
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -116,6 +122,7 @@ class SamplingParams:
             "top_k": self.top_k,
             "seed": self.seed,
             "stop": list(self.stop),
+            "max_tokens_is_default": self.max_tokens_is_default,
         }
 
     @classmethod
@@ -127,6 +134,8 @@ class SamplingParams:
             top_k=int(data.get("top_k", 0)),
             seed=data.get("seed"),
             stop=tuple(data.get("stop", ())),
+            # Rows stored before the flag existed were always capped, as now a default is.
+            max_tokens_is_default=bool(data.get("max_tokens_is_default", True)),
         )
 
 
