@@ -54,6 +54,14 @@ def daemon(
     ] = None,
     threads: Annotated[int | None, typer.Option("--threads", help="CPU threads for torch.")] = None,
     until_idle: Annotated[bool, typer.Option("--until-idle", help="Exit when no work is left.")] = False,
+    lease_ttl: Annotated[
+        float,
+        typer.Option(
+            "--lease-ttl",
+            help="Seconds a claimed request stays leased without a heartbeat; after that another "
+            "daemon on the same (PostgreSQL) queue takes it over.",
+        ),
+    ] = 10.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
     db: DbOption = None,
 ) -> None:
@@ -90,7 +98,9 @@ def daemon(
     )
     scheduler = Scheduler(config, policy, store.tenant_weights())
     engine = Engine(served.runner, scheduler, served.context_length)
-    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    if not lease_ttl > 2.0:
+        raise UserError(f"--lease-ttl must be more than 2 seconds (two heartbeats), got {lease_ttl:g}")
+    owner = f"{socket.gethostname()}:{served.device}:{os.getpid()}:{uuid.uuid4().hex[:4]}"
     the_daemon = Daemon(
         store,
         engine,
@@ -105,6 +115,7 @@ def daemon(
             claim_per_group=2 * config.max_batch,
             until_idle=until_idle,
             exclusive=lock is not None,
+            lease_s=lease_ttl,
         ),
     )
 

@@ -8,7 +8,8 @@ from fsched.cli.common import iso_time
 from fsched.core.shares import entitled_shares
 from fsched.core.store import DaemonSummary, JobSummary, TenantSummary
 
-# A daemon that has not beaten its heart for this long is shown as dead.
+# A daemon that has not beaten its heart for longer than its lease TTL (or
+# this, for one that did not say) is shown as dead: its leases are expiring.
 DAEMON_DEAD_AFTER_S = 15.0
 
 
@@ -67,14 +68,30 @@ def daemon_json(daemon: DaemonSummary, now: float) -> dict:
         "device": daemon.device,
         "model": daemon.model,
         "started_at": iso_time(daemon.started_at),
-        "heartbeat_age_s": round(now - daemon.heartbeat_at, 3),
+        "heartbeat_age_s": round(heartbeat_age(daemon, now), 3),
         "alive": daemon_alive(daemon, now),
+        "state": daemon_state(daemon, now),
         "stats": daemon.stats,
     }
 
 
+def heartbeat_age(daemon: DaemonSummary, now: float) -> float:
+    """Seconds since the daemon's last heartbeat, by the database's clock when it gave one."""
+    if daemon.heartbeat_age_s is not None:
+        return daemon.heartbeat_age_s
+    return max(0.0, now - daemon.heartbeat_at)
+
+
+def daemon_state(daemon: DaemonSummary, now: float) -> str:
+    """alive, stopped (said goodbye) or dead (silent past its lease: killed, hung, cut off)."""
+    if daemon.stopped_at is not None:
+        return "stopped"
+    dead_after = daemon.stats.get("lease_s") or DAEMON_DEAD_AFTER_S
+    return "dead" if heartbeat_age(daemon, now) > dead_after else "alive"
+
+
 def daemon_alive(daemon: DaemonSummary, now: float) -> bool:
-    return daemon.stopped_at is None and now - daemon.heartbeat_at < DAEMON_DEAD_AFTER_S
+    return daemon_state(daemon, now) == "alive"
 
 
 def live_daemon(daemons: list[DaemonSummary], now: float) -> DaemonSummary | None:

@@ -8,7 +8,13 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from fsched.cli.report import StatusSnapshot, daemon_alive, live_daemon, tenant_entitlements
+from fsched.cli.report import (
+    StatusSnapshot,
+    daemon_state,
+    heartbeat_age,
+    live_daemon,
+    tenant_entitlements,
+)
 from fsched.core.store import DaemonSummary, JobSummary, TenantSummary
 from fsched.core.types import JobState, RequestClass
 
@@ -108,7 +114,7 @@ def daemon_panel(daemon: DaemonSummary, now: float) -> Panel:
         f"[bold]KV[/] {kv:,}/{budget:,} tokens{kv_pct}",
         f"[bold]tok/s[/] {s.get('tok_s', 0.0):,.1f}   [bold]step[/] {s.get('step_ms', 0.0):.1f} ms   "
         f"[bold]steps[/] {s.get('steps', 0):,}   [bold]tokens[/] {s.get('tokens', 0):,}   "
-        f"[bold]heartbeat[/] {max(0.0, now - daemon.heartbeat_at):.1f}s ago",
+        f"[bold]heartbeat[/] {heartbeat_age(daemon, now):.1f}s ago",
     ]
     return Panel("\n".join(lines), title="Daemon", title_align="left", expand=False)
 
@@ -152,17 +158,21 @@ def why_table(requests: list[dict]) -> Table:
 
 def daemons_table(daemons: list[DaemonSummary], now: float) -> Table:
     table = Table(title="Daemons", title_justify="left")
-    for column in ("id", "host", "device", "model", "heartbeat", "state"):
-        table.add_column(column, no_wrap=True)
+    for column, justify in [("daemon", "left"), ("host", "left"), ("device", "left"), ("heartbeat", "right"),
+                            ("batch", "right"), ("tokens/s", "right"), ("state", "left")]:
+        table.add_column(column, justify=justify, no_wrap=True)
+    styles = {"alive": "green", "stopped": "dim", "dead": "red"}
     for daemon in daemons:
-        alive = daemon_alive(daemon, now)
+        state = daemon_state(daemon, now)
+        s = daemon.stats if state == "alive" else {}
         table.add_row(
             daemon.id,
             daemon.host,
             daemon.device,
-            daemon.model,
-            f"{format_age(now - daemon.heartbeat_at)} ago",
-            Text("alive", style="green") if alive else Text("dead", style="red"),
+            f"{format_age(heartbeat_age(daemon, now))} ago",
+            str(s.get("batch", "")),
+            f"{s['tok_s']:,.0f}" if "tok_s" in s else "",
+            Text(state, style=styles[state]),
         )
     return table
 

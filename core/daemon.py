@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from fsched.core.engine import Engine, EngineRequest, EngineResult, StepFailed, StepReport
 from fsched.core.explain import explain
 from fsched.core.faults import crash_point
-from fsched.core.store import ClaimedRequest, Completion, DaemonSummary, JobStore, TokenUpdate
+from fsched.core.store import ClaimedRequest, Completion, DaemonSummary, JobStore, StorageError, TokenUpdate
 from fsched.core.types import RequestClass, RequestState, SamplingParams
+from fsched.core.usage import peer_totals
 
 log = logging.getLogger("fsched.daemon")
 
@@ -50,13 +51,22 @@ class DaemonConfig:
     until_idle: bool = False
     exclusive: bool = True  # the only daemon on this job table (SQLite): it may reclaim everything
     share_half_life_s: float = 10.0  # of the served-share figures shown by status
+    # Several daemons on one queue (PostgreSQL): a lease lasts `lease_s`
+    # unless renewed (every heartbeat); every `sweep_s` a daemon requeues
+    # requests whose lease expired, and shares its tenants' usage.
+    lease_s: float = 10.0
+    sweep_s: float = 1.0
+    storage_patience_s: float = 60.0  # how long the job table may fail before the daemon gives up
 
     def __post_init__(self) -> None:
-        for name in ("sync_interval_s", "batch_flush_s", "heartbeat_s", "share_half_life_s"):
+        for name in ("sync_interval_s", "batch_flush_s", "heartbeat_s", "share_half_life_s", "lease_s",
+                     "sweep_s"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 raise ValueError(f"{name} must be > 0")
         if self.claim_per_group < 1 or self.max_attempts < 1:
             raise ValueError("claim_per_group and max_attempts must be >= 1")
+        if self.lease_s <= 2 * self.heartbeat_s:
+            raise ValueError("lease_s must be more than two heartbeats, or live daemons lose their leases")
 
 
 @dataclass(slots=True)
@@ -64,6 +74,10 @@ class _Held:
     claimed: ClaimedRequest
     first_token_at: float | None = None
     dirty: bool = False
+
+    @property
+    def epoch(self) -> int:
+        return self.claimed.lease_epoch
 
 
 @dataclass(slots=True)
@@ -133,7 +147,11 @@ class Daemon:
         self._weights: dict[str, float] = {}
         self._weights_applied_at: float | None = None
         self._step_failures: dict[int, int] = {}
-        self._last_sync = self._last_batch_flush = self._last_beat = -math.inf
+        self._last_sync = self._last_batch_flush = self._last_beat = self._last_sweep = -math.inf
+        self.fenced_writes = 0  # writes the job table refused: leases this daemon had lost
+        self._unwritten: list[Completion] = []  # finished in the engine, not yet in the table
+        self._storage_down_since: float | None = None
+        self.lost_leases = 0
 
     def stop(self) -> None:
         """Ask the loop to end after the current step (signal handlers call this)."""
@@ -148,18 +166,52 @@ class Daemon:
         self._beat(force=True)
         try:
             while not self.stopping:
-                now = self.clock()
-                if now - self._last_sync >= self.config.sync_interval_s or not self.engine.has_work:
-                    self.sync()
-                if not self.engine.has_work:
-                    if self.config.until_idle and not self.store.has_queued():
+                try:
+                    if self._serve_once():
                         break
-                    self._beat()
-                    time.sleep(self.config.idle_sleep_s)
-                    continue
-                self.turn()
+                    self._storage_down_since = None
+                except StorageError as exc:
+                    self._storage_trouble(exc)
         finally:
             self.shutdown()
+
+    def _serve_once(self) -> bool:
+        """One pass of the loop; True when `until_idle` finds nothing left to do."""
+        now = self.clock()
+        if now - self._last_sync >= self.config.sync_interval_s or not self.engine.has_work:
+            self.sync()
+        if not self.config.exclusive and now - self._last_sweep >= self.config.sweep_s:
+            self.sweep()
+        if self._unwritten:
+            self._write_completions()
+        if not self.engine.has_work:
+            # On a shared queue, idle means no daemon holds work either: a
+            # dead one's requests come back when their leases expire.
+            shared = not self.config.exclusive
+            if self.config.until_idle and not self.store.has_queued(running_too=shared):
+                return True
+            self._beat()
+            time.sleep(self.config.idle_sleep_s)
+            return False
+        self.turn()
+        return False
+
+    def _storage_trouble(self, exc: StorageError) -> None:
+        """The job table failed a call (connection lost, disk full, locked past the timeout).
+
+        Keep what is in memory and try again: completions wait in
+        `_unwritten`, dirty tokens stay dirty. Only an outage longer than
+        `storage_patience_s` ends the daemon (its leases then expire, and
+        other daemons, or its successor, resume the work).
+        """
+        now = self.clock()
+        if self._storage_down_since is None:
+            self._storage_down_since = now
+        down = now - self._storage_down_since
+        if down > self.config.storage_patience_s:
+            raise exc
+        log.warning("job table unavailable (%s); retrying (%.0f s so far)", exc, down)
+        time.sleep(min(1.0, self.config.storage_patience_s / 10))
 
     def turn(self) -> None:
         """One engine step and what follows it."""
@@ -202,12 +254,14 @@ class Daemon:
             tokens, text = self.engine.output(str(request_id))
             self.engine.cancel(str(request_id))
             self.store.finish_request(request_id, RequestState.CANCELLED, tokens, text,
-                                      owner=self.config.owner, first_token_at=held.first_token_at)
+                                      owner=self.config.owner, first_token_at=held.first_token_at,
+                                      epoch=held.epoch)
         held_per_group: dict[tuple[str, RequestClass], int] = {}
         for h in self.held.values():
             group = (h.claimed.tenant, h.claimed.request_class)
             held_per_group[group] = held_per_group.get(group, 0) + 1
-        claimed_now = self.store.claim(self.config.owner, self.config.claim_per_group, held_per_group)
+        claimed_now = self.store.claim(self.config.owner, self.config.claim_per_group, held_per_group,
+                                       lease_s=self.config.lease_s)
         if claimed_now:
             crash_point("after_claim")
         for claimed in claimed_now:
@@ -222,16 +276,50 @@ class Daemon:
             if not everything and held.claimed.request_class is RequestClass.BATCH:
                 continue
             tokens, text = self.engine.output(str(request_id))
-            updates.append(TokenUpdate(request_id, tuple(tokens), text, held.first_token_at))
-            held.dirty = False
+            updates.append(TokenUpdate(request_id, tuple(tokens), text, held.first_token_at, held.epoch))
         if everything:
             self._last_batch_flush = self.clock()
-        if self.store.flush_tokens(self.config.owner, updates):
+        written = self.store.flush_tokens(self.config.owner, updates)
+        for update in updates:  # only now: a failed write leaves them dirty, to be retried
+            if (held := self.held.get(update.request_id)) is not None:
+                held.dirty = False
+        self.fenced_writes += len(updates) - written
+        if written:
             crash_point("after_flush")
+
+    def sweep(self) -> None:
+        """On a shared queue: requeue expired leases (any daemon's) and share tenants' usage."""
+        self._last_sweep = self.clock()
+        reclaimed = self.store.reclaim_expired()
+        if reclaimed:
+            log.warning("requeued %d request(s) whose lease expired (a daemon died or stalled)", reclaimed)
+        meter = self.engine.scheduler.meter
+        now = self.engine.clock()
+        peers = self.store.exchange_usage(self.config.owner, meter.local_usage(now))
+        rows = ((p.tenant, p.gpu_s, p.kv_token_s, p.age_s) for p in peers)
+        meter.set_peer_usage(peer_totals(rows, self.engine.scheduler.config.usage_half_life_s), now)
+
+    def renew(self) -> None:
+        """Extend this daemon's leases; drop, without writing, the requests it lost."""
+        leases = {rid: h.epoch for rid, h in self.held.items()}
+        leases |= {c.request_id: c.epoch for c in self._unwritten if c.epoch is not None}
+        kept = self.store.renew_leases(self.config.owner, leases, self.config.lease_s)
+        lost = set(leases) - kept
+        if lost:
+            self._drop(lost)
+            log.warning("lost the lease of %d request(s) (this daemon stalled past its lease); "
+                        "another daemon resumes them", len(lost))
+
+    def _drop(self, request_ids) -> None:
+        for request_id in request_ids:
+            if self.held.pop(request_id, None) is not None:
+                self.engine.cancel(str(request_id))
+                self.lost_leases += 1
 
     def shutdown(self) -> None:
         """Flush every token, hand unfinished requests back to the queue, say goodbye."""
         try:
+            self._write_completions()
             self.flush(everything=True)
             self.store.release(self.config.owner)
         finally:
@@ -239,6 +327,11 @@ class Daemon:
 
     # -- helpers -------------------------------------------------------------------------
     def _admit(self, claimed: ClaimedRequest) -> None:
+        if claimed.id in self.held:
+            # Claimed again after this daemon lost its lease (it stalled, the
+            # lease was reclaimed, and it took the request back before its
+            # renewal noticed): restart it from the flushed tokens.
+            self._drop([claimed.id])
         try:
             prompt = self.encode(claimed)
             request = EngineRequest(
@@ -251,13 +344,14 @@ class Daemon:
                 generated=list(claimed.output_tokens),
             )
         except Exception as exc:  # a request that cannot even be encoded fails alone
-            self._fail(claimed.id, f"cannot prepare the request: {exc}", list(claimed.output_tokens))
+            self._fail(claimed.id, f"cannot prepare the request: {exc}", list(claimed.output_tokens),
+                       claimed.lease_epoch)
             return
         self.held[claimed.id] = _Held(claimed)
         failed = self.engine.add(request)
         if failed is not None:
             self.held.pop(claimed.id, None)
-            self._fail(claimed.id, failed.error or "rejected", failed.tokens)
+            self._fail(claimed.id, failed.error or "rejected", failed.tokens, claimed.lease_epoch)
 
     def _finish(self, results: list[EngineResult]) -> None:
         """Write the step's finished requests, output and final state, in one transaction."""
@@ -268,18 +362,29 @@ class Daemon:
                 continue
             if result.finish_reason is None:
                 completions.append(Completion(int(result.id), RequestState.FAILED, tuple(result.tokens),
-                                              error=result.error or "failed", model=self.config.model))
+                                              error=result.error or "failed", model=self.config.model,
+                                              epoch=held.epoch))
             else:
                 completions.append(Completion(
                     int(result.id), RequestState.DONE, tuple(result.tokens), result.text,
                     finish_reason=result.finish_reason.value, prompt_tokens=result.prompt_tokens,
-                    model=self.config.model, first_token_at=held.first_token_at,
+                    model=self.config.model, first_token_at=held.first_token_at, epoch=held.epoch,
                 ))
-        self.store.finish_requests(completions, self.config.owner)
+        self._unwritten.extend(completions)
+        self._write_completions()
 
-    def _fail(self, request_id: int, error: str, tokens: list[int]) -> None:
+    def _write_completions(self) -> None:
+        """Write finished requests, output and final state, in one transaction (kept on failure)."""
+        if not self._unwritten:
+            return
+        outcome = self.store.finish_requests(self._unwritten, self.config.owner)
+        self._unwritten = []
+        # A refused completion: the request already ended, or this daemon lost its lease.
+        self.fenced_writes += outcome.count(False)
+
+    def _fail(self, request_id: int, error: str, tokens: list[int], epoch: int | None = None) -> None:
         self.store.finish_request(request_id, RequestState.FAILED, tokens, "", error=error,
-                                  model=self.config.model, owner=self.config.owner)
+                                  model=self.config.model, owner=self.config.owner, epoch=epoch)
 
     def _step_failed(self, failure: StepFailed) -> None:
         """The engine dropped every request: requeue them, failing those that keep crashing it."""
@@ -306,6 +411,8 @@ class Daemon:
         if not force and now - self._last_beat < self.config.heartbeat_s:
             return
         self._last_beat = now
+        if not stopped:
+            self.renew()
         s = self.stats
         stats = {
             "policy": self.config.policy,
@@ -322,6 +429,9 @@ class Daemon:
             "served_share": {t: round(v, 4) for t, v in s.served_shares().items()},
             "weights": self._weights,
             "weights_applied_at": self._weights_applied_at,
+            "lease_s": self.config.lease_s,
+            "fenced_writes": self.fenced_writes,
+            "lost_leases": self.lost_leases,
             "requests": explain(self.engine.scheduler, self.engine.clock()),
         }
         self.store.heartbeat(DaemonSummary(

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 MIB = 1024 * 1024
+DEFAULT_MAX_QUEUED_PER_TENANT = 1_000_000
 
 
 @dataclass(slots=True, frozen=True)
@@ -29,6 +30,10 @@ class InputLimits:
     default_max_tokens: int = 256
     max_custom_id_chars: int = 512
     max_stop_sequences: int = 4
+    # Unfinished (queued, preempted or running) requests one tenant may
+    # have: a submit that would go over it is refused whole. Generous: it
+    # guards the job table against a runaway script, not a fair share.
+    max_queued_per_tenant: int = DEFAULT_MAX_QUEUED_PER_TENANT
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -44,6 +44,17 @@ class TenantBusy(StoreError):
     """A tenant with unfinished jobs cannot be removed."""
 
 
+class QueueFull(StoreError):
+    """A submit would take a tenant's unfinished requests over the limit; nothing was stored."""
+
+    def __init__(self, tenant: str, unfinished: int, adding: int, limit: int):
+        super().__init__(
+            f"tenant {tenant!r} has {unfinished:,} unfinished request(s); {adding:,} more would go "
+            f"over the limit of {limit:,} a tenant (FSCHED_MAX_QUEUED_PER_TENANT); nothing was submitted"
+        )
+        self.tenant = tenant
+
+
 class SchemaMismatch(StoreError):
     """The database was written by another version of fsched."""
 
@@ -228,7 +239,9 @@ class PeerUsage:
 
 @runtime_checkable
 class JobStore(Protocol):
-    def submit(self, submissions: Sequence[JobSubmission]) -> list[SubmittedJob]: ...
+    def submit(
+        self, submissions: Sequence[JobSubmission], max_queued_per_tenant: int = ...
+    ) -> list[SubmittedJob]: ...
 
     def list_jobs(
         self, job_id: int | None = None, tenant: str | None = None, include_finished: bool = True
@@ -279,7 +292,7 @@ class JobStore(Protocol):
 
     def tenant_weights(self) -> dict[str, float]: ...
 
-    def has_queued(self) -> bool: ...
+    def has_queued(self, running_too: bool = False) -> bool: ...
 
     def heartbeat(self, daemon: DaemonSummary) -> None: ...
 

@@ -62,10 +62,33 @@ class TenantMeter(Protocol):
         self, tenant: str, context: int, prefill: int, decode: int
     ) -> tuple[float, float]: ...
     def release(self, tenant: str, gpu_s: float, kv_token_s: float) -> None: ...
+    def local_usage(self, now: float) -> dict[str, tuple[float, float]]: ...
+    def set_peer_usage(self, usage: Mapping[str, tuple[float, float]], now: float) -> None: ...
+
+
+def peer_totals(
+    peers: Iterable[tuple[str, float, float, float]], half_life_s: float
+) -> dict[str, tuple[float, float]]:
+    """Sum other daemons' published usage per tenant, each (tenant, gpu_s, kv_token_s, age_s)
+    row decayed by its age: the rest of the cluster's usage, as of now."""
+    totals: dict[str, list[float]] = {}
+    for tenant, gpu_s, kv_token_s, age_s in peers:
+        f = decay_factor(age_s, half_life_s)
+        t = totals.setdefault(tenant, [0.0, 0.0])
+        t[0] += gpu_s * f
+        t[1] += kv_token_s * f
+    return {tenant: (gpu, kv) for tenant, (gpu, kv) in totals.items()}
 
 
 class _Weights:
     __slots__ = ("_weights", "_default")
+
+    # Meters that keep no decayed usage have nothing to share with a cluster.
+    def local_usage(self, now: float) -> dict[str, tuple[float, float]]:
+        return {}
+
+    def set_peer_usage(self, usage: Mapping[str, tuple[float, float]], now: float) -> None:
+        return None
 
     def __init__(self, weights: Mapping[str, float], default: float) -> None:
         self._weights: dict[str, float] = {}
@@ -118,7 +141,7 @@ class DrfMeter(_Weights):
 
     __slots__ = (
         "_usage", "_half_life", "_kv_capacity", "_lift", "_s_prefill", "_s_decode", "_step_s",
-        "_reserved",
+        "_reserved", "_peers",
     )
 
     def __init__(
@@ -144,6 +167,9 @@ class DrfMeter(_Weights):
         # tenant's share counts the work it has been given, so one free
         # batch of slots is not handed to a single tenant.
         self._reserved: dict[str, list[float]] = {}  # tenant -> [gpu_s, kv_token_s]
+        # The other daemons' usage on a shared queue (a cluster): it counts in
+        # every score, so weights hold across the cluster, not per daemon.
+        self._peers: dict[str, _Usage] = {}
 
     def _at(self, tenant: str, now: float) -> _Usage:
         usage = self._usage.get(tenant)
@@ -178,13 +204,30 @@ class DrfMeter(_Weights):
             reserved[1] *= factor
 
     def score(self, tenant: str, now: float) -> float:
+        gpu, kv = self._others(tenant, now)
         u = self._at(tenant, now)
-        gpu, kv = u.gpu_s, u.kv_token_s
+        return dominant_share(u.gpu_s + gpu, u.kv_token_s + kv, self._kv_capacity, self.weight(tenant))
+
+    def _others(self, tenant: str, now: float) -> tuple[float, float]:
+        """What counts in the score besides this daemon's own usage: reservations and peers."""
+        gpu = kv = 0.0
         res = self._reserved.get(tenant)
         if res is not None:
-            gpu += res[0]
-            kv += res[1]
-        return dominant_share(gpu, kv, self._kv_capacity, self.weight(tenant))
+            gpu, kv = res
+        peer = self._peers.get(tenant)
+        if peer is not None:
+            f = decay_factor(now - peer.at, self._half_life)
+            gpu += peer.gpu_s * f
+            kv += peer.kv_token_s * f
+        return gpu, kv
+
+    def local_usage(self, now: float) -> dict[str, tuple[float, float]]:
+        """This daemon's own decayed usage per tenant (what it publishes to its peers)."""
+        return {t: (u.gpu_s, u.kv_token_s) for t in list(self._usage) for u in (self._at(t, now),)}
+
+    def set_peer_usage(self, usage: Mapping[str, tuple[float, float]], now: float) -> None:
+        """The rest of the cluster's usage per tenant, decayed to `now` (replaces the last)."""
+        self._peers = {t: _Usage(gpu, kv, now) for t, (gpu, kv) in usage.items()}
 
     def scores(self, tenants: Iterable[str], now: float) -> dict[str, float]:
         return {t: self.score(t, now) for t in tenants}
@@ -199,12 +242,14 @@ class DrfMeter(_Weights):
         if factor == 1.0:
             return
         u = self._at(tenant, now)
+        gpu, kv = self._others(tenant, now)
+        # Only this daemon's own usage moves; what the others count stays.
         if math.isinf(factor):  # no usage at all: lift compute to the floor
-            u.gpu_s = floor * self.weight(tenant)
+            u.gpu_s = max(0.0, floor * self.weight(tenant) - gpu)
             u.kv_token_s = 0.0
         else:
-            u.gpu_s *= factor
-            u.kv_token_s *= factor
+            u.gpu_s = max(0.0, (u.gpu_s + gpu) * factor - gpu)
+            u.kv_token_s = max(0.0, (u.kv_token_s + kv) * factor - kv)
 
     def charge(
         self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float, steps: int = 1

@@ -23,6 +23,9 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from fsched.core.store import StorageError
 
 DEFAULT_BUSY_TIMEOUT_MS = 30_000
+# Shorter than any sensible lease TTL (the daemon's floor is 2 s), so a stalled
+# client's locks are gone before its leases expire.
+PG_IDLE_IN_TRANSACTION_MS = 2_000
 
 
 def default_database_path() -> Path:
@@ -79,6 +82,20 @@ def _wire_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
+def _wire_postgresql(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_connection, _record) -> None:
+        # A process stopped inside a transaction (SIGSTOP, a VM pause, swap)
+        # would hold its row locks forever, and FOR UPDATE SKIP LOCKED would
+        # skip those rows forever: nobody could reclaim its expired leases.
+        # The server ends such a transaction instead. Every fsched
+        # transaction is a few statements with no waiting in between.
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"SET idle_in_transaction_session_timeout = {int(PG_IDLE_IN_TRANSACTION_MS)}")
+        cursor.close()
+        dbapi_connection.commit()
+
+
 class Database:
     """One job table behind one SQLAlchemy URL."""
 
@@ -94,11 +111,14 @@ class Database:
                 raise StorageError("fsched needs an SQLite file, not an in-memory database")
             _prepare_sqlite_file(Path(parsed.database))
         try:
-            self.engine = create_engine(self.url)
+            # pre_ping: a connection the server closed (restart, timeout) is replaced, not used.
+            self.engine = create_engine(self.url, pool_pre_ping=self.dialect != "sqlite")
         except (ArgumentError, ImportError) as exc:
             raise StorageError(f"cannot use database {self.url!r}: {exc}") from None
         if self.dialect == "sqlite":
             _wire_sqlite(self.engine, busy_timeout_ms)
+        elif self.dialect == "postgresql":
+            _wire_postgresql(self.engine)
 
     def now(self):
         """SQL for the database's clock in Unix seconds: leases and heartbeats use it, so

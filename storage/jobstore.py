@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from itertools import islice
@@ -17,6 +18,7 @@ from sqlalchemy import Connection, delete, func, select, update
 
 from fsched.core.faults import crash_point
 from fsched.core.jobstate import JobCounts, derive_job_state
+from fsched.core.limits import DEFAULT_MAX_QUEUED_PER_TENANT
 from fsched.core.store import (
     CancelOutcome,
     ClaimedRequest,
@@ -25,6 +27,7 @@ from fsched.core.store import (
     JobSubmission,
     JobSummary,
     PeerUsage,
+    QueueFull,
     RequestProgress,
     RequestResult,
     RequestTiming,
@@ -64,14 +67,24 @@ class SqlJobStore:
 
     # -- submit ---------------------------------------------------------------
 
-    def submit(self, submissions: Sequence[JobSubmission]) -> list[SubmittedJob]:
-        """Store every job and all its requests in one transaction, or nothing."""
+    def submit(
+        self,
+        submissions: Sequence[JobSubmission],
+        max_queued_per_tenant: int = DEFAULT_MAX_QUEUED_PER_TENANT,
+    ) -> list[SubmittedJob]:
+        """Store every job and all its requests in one transaction, or nothing.
+
+        QueueFull when a tenant's unfinished requests would go over
+        `max_queued_per_tenant`: counted inside the transaction, so two
+        concurrent submits cannot both slip under the limit.
+        """
         now = self.clock()
         for submission in submissions:
             validate_tenant_name(submission.tenant)
         submitted = []
         with self.db.write() as conn:
             created = self._create_missing_tenants(conn, {s.tenant for s in submissions}, now)
+            self._check_queue_limit(conn, submissions, max_queued_per_tenant)
             for submission in submissions:
                 job_id = self._insert_job(conn, submission, now)
                 submitted.append(
@@ -84,6 +97,25 @@ class SqlJobStore:
                     )
                 )
         return submitted
+
+    def _check_queue_limit(self, conn: Connection, submissions: Sequence[JobSubmission], limit: int) -> None:
+        adding = Counter()
+        for submission in submissions:
+            adding[submission.tenant] += len(submission.parsed.requests)
+        # Lock the tenants' rows: concurrent submits of one tenant take turns
+        # on PostgreSQL (SQLite's BEGIN IMMEDIATE already serialises writers).
+        conn.execute(select(tenants.c.name).where(tenants.c.name.in_(adding)).with_for_update())
+        unfinished = jobs.c.num_requests - jobs.c.num_done - jobs.c.num_failed - jobs.c.num_cancelled
+        have = dict(
+            conn.execute(
+                select(jobs.c.tenant, func.sum(unfinished))
+                .where(jobs.c.tenant.in_(adding), jobs.c.state.not_in(FINISHED_JOB_STATES))
+                .group_by(jobs.c.tenant)
+            ).all()
+        )
+        for tenant in sorted(adding):
+            if int(have.get(tenant) or 0) + adding[tenant] > limit:
+                raise QueueFull(tenant, int(have.get(tenant) or 0), adding[tenant], limit)
 
     def _create_missing_tenants(self, conn: Connection, names: set[str], now: float) -> set[str]:
         existing = set(conn.execute(select(tenants.c.name).where(tenants.c.name.in_(names))).scalars())
@@ -619,10 +651,12 @@ class SqlJobStore:
         with self.db.read() as conn:
             return {row.name: row.weight for row in conn.execute(select(tenants.c.name, tenants.c.weight))}
 
-    def has_queued(self) -> bool:
+    def has_queued(self, running_too: bool = False) -> bool:
+        """Whether any request waits (or, with `running_too`, is still held by some daemon)."""
+        states = [RequestState.QUEUED.value] + ([RequestState.RUNNING.value] if running_too else [])
         with self.db.read() as conn:
             return conn.execute(
-                select(requests.c.id).where(requests.c.state == RequestState.QUEUED.value).limit(1)
+                select(requests.c.id).where(requests.c.state.in_(states)).limit(1)
             ).first() is not None
 
     def heartbeat(self, daemon: DaemonSummary) -> None:

@@ -58,6 +58,11 @@ def resolve_device(device: str = "auto") -> torch.device:
         raise ModelLoadError(f"unknown device {device!r}: {exc}") from None
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} asked for, but CUDA is not available here")
+    if resolved.type == "cuda" and resolved.index is not None:
+        count = torch.cuda.device_count()
+        if resolved.index >= count:
+            raise ModelLoadError(f"device {device!r} asked for, but this machine has {count} GPU(s): "
+                                 f"cuda:0 to cuda:{count - 1}")
     return resolved
 
 
