@@ -115,7 +115,8 @@ def generate(
     # Ctrl-C cancels the request even where the shell started us with SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     (job,) = store.submit([JobSubmission(parsed=parsed, tenant=tenant or getpass.getuser(),
-                                         request_class=cls, priority=5, name="generate")])
+                                         request_class=cls, priority=5, name="generate")],
+                           max_queued_per_tenant=limits.max_queued_per_tenant)
     try:
         final = _wait(store, job.job_id, stream and not as_json, timeout)
     except KeyboardInterrupt:

@@ -108,7 +108,8 @@ def submit(
                 name=name or ("stdin" if p.source == "<stdin>" else Path(p.source).name),
             )
             for p in parsed
-        ]
+        ],
+        max_queued_per_tenant=limits.max_queued_per_tenant,
     )
     for job in submitted:
         if as_json:
