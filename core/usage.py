@@ -223,7 +223,8 @@ class DrfMeter(_Weights):
 
     def local_usage(self, now: float) -> dict[str, tuple[float, float]]:
         """This daemon's own decayed usage per tenant (what it publishes to its peers)."""
-        return {t: (u.gpu_s, u.kv_token_s) for t in list(self._usage) for u in (self._at(t, now),)}
+        usage = {t: (u.gpu_s, u.kv_token_s) for t in list(self._usage) for u in (self._at(t, now),)}
+        return {t: u for t, u in usage.items() if u != (0.0, 0.0)}
 
     def set_peer_usage(self, usage: Mapping[str, tuple[float, float]], now: float) -> None:
         """The rest of the cluster's usage per tenant, decayed to `now` (replaces the last)."""

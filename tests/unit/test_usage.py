@@ -112,3 +112,67 @@ def test_drf_weight_change_keeps_the_score_continuous():
     meter.charge({"a": TenantCharge(gpu_s=3.0), "b": TenantCharge(gpu_s=1.0)}, 4.0, 1.0)
     later = meter.scores(["a", "b"], 1.0)
     assert later["a"] - after["a"] == pytest.approx(later["b"] - after["b"])
+
+
+# -- a cluster: daemons share usage through the job table ------------------------------
+
+
+def test_peer_totals_sum_and_decay_by_age():
+    from fsched.core.usage import peer_totals
+
+    rows = [("a", 4.0, 100.0, 0.0), ("a", 2.0, 0.0, 10.0), ("b", 1.0, 10.0, 20.0)]
+    totals = peer_totals(rows, half_life_s=10.0)
+    assert totals["a"] == pytest.approx((5.0, 100.0))
+    assert totals["b"] == pytest.approx((0.25, 2.5))
+
+
+def test_peer_usage_counts_in_scores_and_lift_moves_only_local_usage():
+    m = drf()
+    m.charge({"a": TenantCharge(gpu_s=3.0)}, 1.0, now=0.0)
+    m.set_peer_usage({"a": (3.0, 0.0), "b": (2.0, 0.0)}, now=0.0)
+    assert m.score("a", 0.0) == pytest.approx(6.0 / 3)  # own 3 + peers' 3, weight 3
+    assert m.score("b", 0.0) == pytest.approx(2.0)
+    assert m.local_usage(0.0) == {"a": (3.0, 0.0)}  # what it publishes: its own only
+    m.set_peer_usage({"b": (1.0, 0.0)}, now=10.0)  # a new exchange replaces the last
+    assert m.score("b", 10.0) == pytest.approx(1.0)
+    # "c" returns to a backlog: lifted to the lowest active share, counting peers' usage of it.
+    m.set_peer_usage({"c": (0.1, 0.0)}, now=10.0)
+    assert m.score("c", 10.0) < m.score("a", 10.0)
+    m.activate("c", ["a", "c"], now=10.0)
+    assert m.score("c", 10.0) == pytest.approx(m.score("a", 10.0))
+    assert m.local_usage(10.0)["c"][0] == pytest.approx(m.score("a", 10.0) - 0.1)  # weight of c: 1
+
+
+def _serve(meters: list[DrfMeter], backlog: list[set[str]], steps: int, share_usage: bool) -> float:
+    """Each step every daemon gives 1 GPU-second to its lowest-score backlogged tenant; returns
+    the cluster's share of tenant "a" (weight 3 of 4)."""
+    served = {"a": 0.0, "b": 0.0}
+    for step in range(steps):
+        now = float(step)
+        if share_usage:
+            published = [m.local_usage(now) for m in meters]
+            for i, m in enumerate(meters):
+                peers = {}
+                for j, usage in enumerate(published):
+                    for tenant, (gpu, kv) in usage.items():
+                        if j != i:
+                            g, k = peers.get(tenant, (0.0, 0.0))
+                            peers[tenant] = (g + gpu, k + kv)
+                m.set_peer_usage(peers, now)
+        for m, tenants in zip(meters, backlog, strict=True):
+            scores = m.scores(tenants, now)
+            tenant = min(sorted(tenants), key=scores.__getitem__)
+            m.charge({tenant: TenantCharge(gpu_s=1.0)}, 1.0, now + 1)
+            served[tenant] += 1
+    return served["a"] / sum(served.values())
+
+
+def test_weights_hold_across_daemons_only_when_they_share_usage():
+    # Daemon 0 holds only tenant a's work; daemon 1 holds both. Alone, daemon 1
+    # splits 3:1 and the cluster gives a 87.5%. Sharing usage, daemon 1 makes
+    # up for daemon 0 and the cluster splits 3:1.
+    backlog = [{"a"}, {"a", "b"}]
+    alone = _serve([drf(half_life_s=50.0), drf(half_life_s=50.0)], backlog, 400, share_usage=False)
+    shared = _serve([drf(half_life_s=50.0), drf(half_life_s=50.0)], backlog, 400, share_usage=True)
+    assert alone == pytest.approx(0.875, abs=0.02)
+    assert shared == pytest.approx(0.75, abs=0.02)
