@@ -621,7 +621,15 @@ class SqlJobStore:
         return len(rows)
 
     def _requeue(self, conn: Connection, rows: Sequence) -> None:
-        """Running requests (id, job_id) back to `queued`, keeping their tokens; counters follow."""
+        """Running requests (id, job_id) back to `queued`, keeping their tokens; counters follow.
+
+        A request whose job was cancelled ends `cancelled` instead (tokens kept): no
+        daemon claims work of a cancelled job, so requeued it would wait forever and
+        its job would read `cancelling` for good. That happens when the cancel lands
+        while the holder cannot act on it: a daemon killed, stopped or failing a step
+        before its next sync. The job's row is locked before its cancel mark is read,
+        so a concurrent `cancel` (which locks it too) is seen either way.
+        """
         if not rows:
             return
         conn.execute(
@@ -629,13 +637,22 @@ class SqlJobStore:
             .where(requests.c.id.in_([row.id for row in rows]))
             .values(state=RequestState.QUEUED.value, lease_owner=None, lease_expires_at=None)
         )
-        per_job: dict[int, int] = {}
+        per_job: dict[int, list[int]] = {}
         for row in rows:
-            per_job[row.job_id] = per_job.get(row.job_id, 0) + 1
+            per_job.setdefault(row.job_id, []).append(row.id)
         now = self.clock()
         for job_id in sorted(per_job):  # a fixed order: two sweepers never deadlock on jobs
             job = self._lock_job(conn, job_id)
-            counts = replace(_counts(job), num_running=job.num_running - per_job[job_id])
+            ids = per_job[job_id]
+            cancelled = 0
+            if job.cancel_requested_at is not None:
+                cancelled = conn.execute(
+                    update(requests)
+                    .where(requests.c.id.in_(ids))
+                    .values(state=RequestState.CANCELLED.value, finished_at=now)
+                ).rowcount
+            counts = replace(_counts(job), num_running=job.num_running - len(ids),
+                             num_cancelled=job.num_cancelled + cancelled)
             self._store_counts(conn, job, counts, now=now)
 
     def exchange_usage(self, owner: str, usage: Mapping[str, tuple[float, float]]) -> list[PeerUsage]:
