@@ -258,3 +258,35 @@ def test_two_real_model_daemons_on_postgres_match_one_on_sqlite(cluster, fs, tmp
     store = SqlJobStore(cluster.url)
     assert len({d.id for d in store.list_daemons()}) == 2
     store.db.dispose()
+
+
+def test_every_command_works_on_postgresql(cluster, tmp_path):
+    from .conftest import SAMPLE_JOBS
+
+    cluster.fsched("tenants", "add", "alice", "--weight", "2")
+    cluster.fsched("tenants", "set-weight", "alice", "3")
+    out = cluster.fsched("submit", *sorted(str(p) for p in SAMPLE_JOBS.glob("*.jsonl")), "--tenant", "alice")
+    assert out.count("submitted job") == 3
+    write_jobs(tmp_path / "doomed.jsonl", 5, "doomed")
+    cluster.fsched("submit", str(tmp_path / "doomed.jsonl"), "--tenant", "bob", "--class", "streaming")
+    assert "cancelled" in cluster.fsched("cancel", "4")
+    status = json.loads(cluster.fsched("status", "--json"))
+    assert [j["state"] for j in status["jobs"]] == ["queued", "queued", "queued", "cancelled"]
+    assert {t["name"]: t["weight"] for t in status["tenants"]} == {"alice": 3.0, "bob": 1.0}
+    cluster.start("--model", "standin", "--until-idle", "-q").wait(timeout=60)
+    status = json.loads(cluster.fsched("status", "--json"))
+    assert [j["state"] for j in status["jobs"]] == ["completed", "completed", "completed", "cancelled"]
+    results = [json.loads(line) for line in cluster.fsched("results", "3").splitlines()]
+    assert len(results) == status["jobs"][2]["num_requests"] and all(r["error"] is None for r in results)
+    assert "alice" in cluster.fsched("tenants", "list")
+    daemon = cluster.start("--model", "standin", "-q")
+    generated = json.loads(cluster.fsched("generate", "hello there", "--json", "--max-tokens", "5",
+                                          "--tenant", "carol", "--seed", "3"))
+    assert generated["state"] == "done" and generated["text"] == standin_expected("hello there", 3, 5)
+    daemon.terminate()
+    assert daemon.wait(timeout=15) == 0
+    # One daemon per GPU: a GPU this machine lacks is refused with a clear message.
+    proc = subprocess.run([FSCHED, "daemon", "--device", "cuda:7"], env=cluster.env, capture_output=True,
+                          timeout=120)
+    assert proc.returncode != 0
+    assert "cuda:7" in proc.stderr.decode() and "Traceback" not in proc.stderr.decode()
