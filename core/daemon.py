@@ -387,19 +387,45 @@ class Daemon:
                                   model=self.config.model, owner=self.config.owner, epoch=epoch)
 
     def _step_failed(self, failure: StepFailed) -> None:
-        """The engine dropped every request: requeue them, failing those that keep crashing it."""
+        """The engine dropped every request: requeue them, failing those that keep crashing it.
+
+        Whose fault was it? A step with one request in it is that request's:
+        it counts against it, and `max_attempts` such steps fail it. A step
+        with several could be any one's, or none's (a transient fault):
+
+        - Out of memory (torch.cuda.OutOfMemoryError, MemoryError): the batch
+          was too big. Halve it for the rest of the run (`_shrink_batch`) and
+          count nothing against anyone; a request that runs out of memory
+          alone does not fit at all, and fails after `max_attempts`.
+        - Any other error: counting it against every request in the step
+          would fail a poison request's batch mates with it (they are claimed
+          and batched together again, and all reached `max_attempts` at
+          once). So it counts against no one, and the batch is capped at half
+          the failed step's size for a while (`_isolate`): a request that
+          keeps failing steps ends up alone in one within log2(max batch)
+          failures, and then counts.
+
+        Only the failed steps a request was in count, not its claims: a request
+        reclaimed after a daemon crash has not crashed anything.
+        """
         log.error("engine step failed: %s", failure)
         involved = {int(rid) for rid in failure.request_ids}
+        out_of_memory = self._out_of_memory(failure.error)
+        if len(involved) > 1:
+            if out_of_memory:
+                self._shrink_batch(len(involved))
+            else:
+                self._isolate(len(involved))
         requeue = []
         for request_id in list(self.held):
             del self.held[request_id]
-            # Count the failed steps a request was in, not its claims: a request
-            # reclaimed after a daemon crash has not crashed anything.
-            if request_id in involved:
+            if len(involved) == 1 and request_id in involved:
                 self._step_failures[request_id] = self._step_failures.get(request_id, 0) + 1
             failures = self._step_failures.get(request_id, 0)
             if failures >= self.config.max_attempts:
-                self._fail(request_id, f"the model step failed {failures} times with it: {failure}", [])
+                del self._step_failures[request_id]
+                self._fail(request_id, f"the model step failed {failures} times with this request "
+                                       f"alone in it: {failure}", [])
             else:
                 requeue.append(request_id)
         # Tokens since the last flush are gone with the engine's state; the
@@ -439,3 +465,29 @@ class Daemon:
             model=self.config.model, started_at=self.started_at, heartbeat_at=now,
             stopped_at=now if stopped else None, stats=stats,
         ))
+
+    # -- faults of the model step (helpers of _step_failed) ------------------------------
+    @staticmethod
+    def _out_of_memory(error: BaseException) -> bool:
+        """torch.cuda.OutOfMemoryError (known by name: core does not import torch) or MemoryError."""
+        if isinstance(error, MemoryError):
+            return True
+        return any(cls.__name__ == "OutOfMemoryError" for cls in type(error).__mro__)
+
+    def _shrink_batch(self, failed_batch: int) -> None:
+        """Halve the batch that ran out of memory, for the rest of the run (floor 1)."""
+        scheduler = self.engine.scheduler
+        before = scheduler.config.max_batch
+        after = max(1, min(before, failed_batch) // 2)
+        if after < before:
+            scheduler.limit_batch(after)
+            log.warning("out of memory with %d requests in the step: max batch %d -> %d for the rest "
+                        "of this run; the requests are requeued, no attempt counted",
+                        failed_batch, before, after)
+
+    def _isolate(self, failed_batch: int, steps: int = 200) -> None:
+        """Cap the batch at half the failed step's size for the next `steps` steps."""
+        rows = max(1, failed_batch // 2)
+        self.engine.scheduler.cap_batch(rows, steps)
+        log.warning("a step with %d requests failed; at most %d a step for the next %d steps, "
+                    "to find the request that fails it", failed_batch, rows, steps)

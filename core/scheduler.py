@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fsched.core.plan import Outcome, Plan, Preemption, PrefillChunk
 from fsched.core.policy import INF, Policy, make_policy
@@ -109,6 +109,8 @@ class Scheduler:
         self._mean_output = 0.0  # running mean of output tokens of finished requests
         self._seq = itertools.count()
         self.preemptions = 0
+        self._batch_cap = self.config.max_batch  # a temporary limit below max_batch (cap_batch)
+        self._batch_cap_until = 0  # ... in force while self._step is below this
 
     # ------------------------------------------------------------------ views
     @property
@@ -197,6 +199,24 @@ class Scheduler:
         """Takes effect at the next `schedule()`."""
         self.meter.set_weight(tenant, weight)
 
+    def limit_batch(self, max_batch: int) -> None:
+        """Change `max_batch` from the next `schedule()` on (validated like any config).
+
+        Requests running beyond a lowered limit are not evicted; none is
+        admitted until the batch is under it. The daemon halves the batch
+        this way when a step runs out of device memory.
+        """
+        self.config = replace(self.config, max_batch=max_batch)
+
+    def cap_batch(self, rows: int, steps: int) -> None:
+        """Admit at most `rows` running requests for the next `steps` steps, then
+        `max_batch` again: a temporary limit (the daemon isolates a request that
+        crashes the model's step this way)."""
+        if rows < 1 or steps < 1:
+            raise ValueError("cap_batch needs rows >= 1 and steps >= 1")
+        self._batch_cap = rows
+        self._batch_cap_until = self._step + steps
+
     # --------------------------------------------------------------- schedule
     def schedule(self, now: float) -> Plan:
         """Decide the next engine step."""
@@ -278,7 +298,7 @@ class Scheduler:
     def _fits(self, cand: SchedRequest) -> bool:
         cfg = self.config
         n = len(self._running) + 1
-        if n > cfg.max_batch:
+        if n > cfg.max_batch or (n > self._batch_cap and self._step < self._batch_cap_until):
             return False
         reserve = n * cfg.min_quantum_steps
         return self._kv_committed + cand.context + reserve <= cfg.kv_tokens
