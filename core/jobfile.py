@@ -273,7 +273,8 @@ def _parse_openai(obj: dict, limits: InputLimits, default_max_tokens: int) -> Re
 def _reject_unknown(obj: dict, allowed: frozenset[str], prefix: str) -> None:
     for key in obj:
         if key not in allowed:
-            raise _LineError(f"{prefix}{key}", f"unknown field (accepted: {', '.join(sorted(allowed))})")
+            what = "unknown field" if key else 'unknown field: the empty name ""'
+            raise _LineError(f"{prefix}{key}", f"{what} (accepted: {', '.join(sorted(allowed))})")
 
 
 def _custom_id(value: Any, limits: InputLimits) -> str:
