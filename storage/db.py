@@ -50,15 +50,45 @@ def _prepare_sqlite_file(path: Path) -> None:
     are private too, whatever the umask.
     """
     folder = path.parent
-    if not folder.exists():
-        folder.mkdir(parents=True, mode=0o700)
-        os.chmod(folder, 0o700)  # mkdir's mode is filtered by the umask
-    if not path.exists():
-        fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
-        os.close(fd)
-        os.chmod(path, 0o600)
-    elif not stat.S_ISREG(path.stat().st_mode):
-        raise StorageError(f"database path {path} is not a regular file")
+    try:
+        if not folder.exists():
+            folder.mkdir(parents=True, mode=0o700)
+            os.chmod(folder, 0o700)  # mkdir's mode is filtered by the umask
+        if not path.exists():
+            fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+            os.close(fd)
+            os.chmod(path, 0o600)
+        elif not stat.S_ISREG(path.stat().st_mode):
+            raise StorageError(f"database path {path} is not a regular file")
+    except OSError as exc:
+        raise StorageError(f"cannot create the database {path}: {exc.strerror}{storage_hint(path)}") from None
+
+
+# SQLite's messages for failures of the file system under it (not of the SQL).
+_IO_WORDS = ("unable to open", "disk I/O error", "disk is full", "readonly", "read-only")
+
+
+def storage_hint(path: Path) -> str:
+    """Why writing beside `path` may fail, when the file system can tell: read-only, full.
+
+    SQLite's own words for these ("unable to open database file", "disk I/O
+    error") do not name the cause: opening a WAL database writes its -shm
+    file, so a full or read-only disk fails even a read.
+    """
+    folder = path if path.is_dir() else path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        fs = os.statvfs(folder)
+    except OSError:
+        return ""
+    if fs.f_flag & os.ST_RDONLY:
+        return f" (the file system holding {folder} is read-only)"
+    if fs.f_bavail * fs.f_frsize < 1 << 20:
+        return f" (the file system holding {folder} is full: {fs.f_bavail * fs.f_frsize:,} bytes free)"
+    if not os.access(folder, os.W_OK):
+        return f" (no write permission on {folder})"
+    return ""
 
 
 def _wire_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
@@ -150,6 +180,8 @@ class Database:
             yield
         except OperationalError as exc:
             reason = str(exc.orig).strip() if exc.orig is not None else str(exc)
+            if self.dialect == "sqlite" and any(word in reason for word in _IO_WORDS):
+                reason += storage_hint(Path(make_url(self.url).database))
             raise StorageError(f"database {self.display_url}: {reason}") from exc
         except DBAPIError as exc:
             if exc.connection_invalidated:
@@ -169,7 +201,11 @@ class Database:
         if self.dialect != "sqlite":
             return None
         path = Path(make_url(self.url).database + ".daemon.lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            hint = storage_hint(path)
+            raise StorageError(f"cannot open the daemon lock {path}: {exc.strerror}{hint}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -179,8 +215,13 @@ class Database:
                 f"another fsched daemon (pid {holder}) is already running on {self.display_url}; "
                 "one daemon per SQLite job table (several daemons need PostgreSQL)"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+        except OSError as exc:
+            os.close(fd)
+            hint = storage_hint(path)
+            raise StorageError(f"cannot write the daemon lock {path}: {exc.strerror}{hint}") from None
         return DaemonLock(fd)
 
 
