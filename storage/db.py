@@ -139,7 +139,12 @@ class Database:
         if self.dialect == "sqlite":
             if not parsed.database or parsed.database == ":memory:":
                 raise StorageError("fsched needs an SQLite file, not an in-memory database")
-            _prepare_sqlite_file(Path(parsed.database))
+            try:
+                _prepare_sqlite_file(Path(parsed.database))
+            except OSError as exc:  # no access to the folder or file: the OS's answer, in one line
+                raise StorageError(
+                    f"cannot use database file {parsed.database}: {exc.strerror or exc}"
+                ) from None
         try:
             # pre_ping: a connection the server closed (restart, timeout) is replaced, not used.
             self.engine = create_engine(self.url, pool_pre_ping=self.dialect != "sqlite")
