@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 if TYPE_CHECKING:
+    from fsched.core.access import Actor
     from fsched.storage.jobstore import SqlJobStore
 
 DbOption = Annotated[
@@ -62,6 +63,19 @@ def open_store(db: str | None) -> SqlJobStore:
     from fsched.storage.jobstore import SqlJobStore
 
     return SqlJobStore(db)
+
+
+def acting_user(store: SqlJobStore) -> Actor:
+    """Who runs this command, and whether they are an fsched admin of this job table."""
+    from fsched.core.access import local_actor
+
+    return local_actor(store.file_owner())
+
+
+def allow(refusal: str | None) -> None:
+    """Go on if an access decision (core/access.py) allowed it; else stop with its reason."""
+    if refusal is not None:
+        raise UserError(refusal)
 
 
 def print_json(obj: Any) -> None:

@@ -22,6 +22,8 @@ from fsched.cli.common import (
     DbOption,
     JsonOption,
     UserError,
+    acting_user,
+    allow,
     fail,
     handle_errors,
     note,
@@ -29,6 +31,7 @@ from fsched.cli.common import (
     print_json,
 )
 from fsched.cli.submit import CLASS_NAMES, parse_class
+from fsched.core.access import default_tenant, may_act_as
 from fsched.core.store import RequestProgress
 from fsched.core.types import RequestState
 
@@ -112,9 +115,12 @@ def generate(
     limits = InputLimits.from_env()
     parsed = parse_job_file(one_line_job(prompt, max_tokens, temperature, seed), "<generate>", limits)
     store = open_store(db)
+    actor = acting_user(store)
+    tenant = tenant or default_tenant(actor, getpass.getuser())
+    allow(may_act_as(actor, tenant))
     # Ctrl-C cancels the request even where the shell started us with SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    (job,) = store.submit([JobSubmission(parsed=parsed, tenant=tenant or getpass.getuser(),
+    (job,) = store.submit([JobSubmission(parsed=parsed, tenant=tenant,
                                          request_class=cls, priority=5, name="generate")],
                            max_queued_per_tenant=limits.max_queued_per_tenant)
     try:

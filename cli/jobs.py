@@ -14,6 +14,8 @@ import typer
 from fsched.cli.common import (
     DbOption,
     JsonOption,
+    acting_user,
+    allow,
     fail,
     handle_errors,
     note,
@@ -29,15 +31,23 @@ def cancel(
     db: DbOption = None,
 ) -> None:
     """Cancel jobs: waiting requests at once, running ones at the daemon's next step."""
+    from fsched.core.access import may_touch_job
     from fsched.core.store import UnknownJob
 
     store = open_store(db)
-    unknown = []
+    actor = acting_user(store)
+    refused = []
     for job_id in job_ids:
         try:
+            (job,) = store.list_jobs(job_id=job_id)
+            refusal = may_touch_job(actor, "cancel", job_id, job.tenant)
+            if refusal is not None:
+                refused.append(job_id)
+                print(f"fsched: error: {refusal}", file=sys.stderr)
+                continue
             outcome = store.cancel_job(job_id)
         except UnknownJob as exc:
-            unknown.append(job_id)
+            refused.append(job_id)
             print(f"fsched: error: {exc}", file=sys.stderr)
             continue
         if as_json:
@@ -62,7 +72,7 @@ def cancel(
             print(
                 f"job {job_id}: cancelled {outcome.cancelled_now} waiting request(s) ({outcome.state.value})"
             )
-    if unknown:
+    if refused:
         raise typer.Exit(1)
 
 
@@ -78,10 +88,12 @@ def results(
     db: DbOption = None,
 ) -> None:
     """Write a job's results as OpenAI batch output lines, in input order."""
+    from fsched.core.access import may_touch_job
     from fsched.core.results import output_line
 
     store = open_store(db)
     job = store.list_jobs(job_id=job_id)[0]
+    allow(may_touch_job(acting_user(store), "read the results of", job_id, job.tenant))
     lines = (
         json.dumps(output_line(r), ensure_ascii=False) + "\n" for r in store.iter_results(job_id, errors)
     )

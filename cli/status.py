@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from fsched.cli.common import DbOption, JsonOption, handle_errors, open_store, print_json
+from fsched.cli.common import DbOption, JsonOption, acting_user, allow, handle_errors, open_store, print_json
 
 RECENT_FINISHED_JOBS = 10
 
@@ -15,7 +15,9 @@ RECENT_FINISHED_JOBS = 10
 @handle_errors
 def status(
     job_id: Annotated[int | None, typer.Argument(help="Show this job only.")] = None,
-    tenant: Annotated[str | None, typer.Option("--tenant", "-t", help="Only this tenant's jobs.")] = None,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", "-t", help="Only this tenant's jobs (not an admin: only yours).")
+    ] = None,
     show_all: Annotated[
         bool,
         typer.Option(
@@ -27,10 +29,21 @@ def status(
     interval: Annotated[float, typer.Option("--interval", help="Seconds between redraws.")] = 1.0,
     db: DbOption = None,
 ) -> None:
-    """Show jobs (progress, tokens, age), tenants (weight, entitled share) and daemons."""
+    """Show jobs (progress, tokens, age), tenants (weight, entitled share) and daemons.
+
+    A user who is not an fsched admin sees their own jobs; other tenants only
+    as totals in the tenants table.
+    """
     from fsched.cli.report import StatusSnapshot, status_json
+    from fsched.core.access import may_touch_job, visible_tenant
 
     store = open_store(db)
+    actor = acting_user(store)
+    tenant, refusal = visible_tenant(actor, tenant)
+    allow(refusal)
+    if job_id is not None:
+        (job,) = store.list_jobs(job_id=job_id)
+        allow(may_touch_job(actor, "see", job_id, job.tenant))
 
     def snapshot() -> StatusSnapshot:
         return StatusSnapshot(

@@ -13,10 +13,13 @@ from fsched.cli.common import (
     DbOption,
     JsonOption,
     UserError,
+    acting_user,
+    allow,
     handle_errors,
     open_store,
     print_json,
 )
+from fsched.core.access import default_tenant, may_act_as
 from fsched.core.jobfile import JobFileError, ParsedJobFile, parse_job_file
 from fsched.core.limits import InputLimits
 from fsched.core.types import RequestClass
@@ -58,7 +61,8 @@ def read_job_file(name: str, limits: InputLimits) -> bytes:
 def submit(
     files: Annotated[list[str], typer.Argument(help="JSONL files of requests; '-' reads stdin.")],
     tenant: Annotated[
-        str | None, typer.Option("--tenant", "-t", help="Tenant (default: your OS user).")
+        str | None,
+        typer.Option("--tenant", "-t", help="Tenant (default: your OS user; another one needs an admin)."),
     ] = None,
     request_class: Annotated[
         str, typer.Option("--class", "-c", help=f"Service class: {CLASS_NAMES}.")
@@ -87,7 +91,6 @@ def submit(
     limits = InputLimits.from_env()
     if max_tokens is not None and not 1 <= max_tokens <= limits.max_tokens:
         raise UserError(f"--max-tokens must be within 1..{limits.max_tokens:,}, got {max_tokens}")
-    tenant = tenant or getpass.getuser()
     if files.count("-") > 1:
         raise UserError("standard input ('-') can be read only once")
 
@@ -98,6 +101,9 @@ def submit(
         parsed.append(parse_job_file(data, source, limits, default_max_tokens=max_tokens))
 
     store = open_store(db)
+    actor = acting_user(store)
+    tenant = tenant or default_tenant(actor, getpass.getuser())
+    allow(may_act_as(actor, tenant))
     submitted = store.submit(
         [
             JobSubmission(

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from fsched.cli.common import DbOption, JsonOption, handle_errors, open_store, print_json
+from fsched.cli.common import DbOption, JsonOption, acting_user, allow, handle_errors, open_store, print_json
+from fsched.core.access import may_administer
 
 app = typer.Typer(help="List and manage tenants and their weights.", no_args_is_help=True)
 
@@ -36,8 +37,10 @@ def add(
     weight: Annotated[float, typer.Option("--weight", "-w", help="Weight (> 0).")] = 1.0,
     db: DbOption = None,
 ) -> None:
-    """Add a tenant with a weight."""
-    open_store(db).add_tenant(name, weight)
+    """Add a tenant with a weight (an fsched admin only)."""
+    store = open_store(db)
+    allow(may_administer(acting_user(store), "adding a tenant"))
+    store.add_tenant(name, weight)
     print(f"added tenant {name} with weight {weight:g}")
 
 
@@ -48,8 +51,10 @@ def set_weight(
     weight: Annotated[float, typer.Argument(help="New weight (> 0).")],
     db: DbOption = None,
 ) -> None:
-    """Change a tenant's weight; a running daemon applies it within a second."""
-    open_store(db).set_weight(name, weight)
+    """Change a tenant's weight (an fsched admin only); a running daemon applies it within a second."""
+    store = open_store(db)
+    allow(may_administer(acting_user(store), "changing a weight"))
+    store.set_weight(name, weight)
     print(f"tenant {name} now has weight {weight:g}")
 
 
@@ -59,6 +64,8 @@ def remove(
     name: Annotated[str, typer.Argument(help="Tenant name.")],
     db: DbOption = None,
 ) -> None:
-    """Remove a tenant (refused while it has unfinished jobs)."""
-    open_store(db).remove_tenant(name)
+    """Remove a tenant (an fsched admin only; refused while it has unfinished jobs)."""
+    store = open_store(db)
+    allow(may_administer(acting_user(store), "removing a tenant"))
+    store.remove_tenant(name)
     print(f"removed tenant {name}")

@@ -96,6 +96,16 @@ class SqlJobStore:
         self.clock = clock
         ensure_schema(self.db)
 
+    def file_owner(self) -> int | None:
+        """The OS user id that owns the SQLite file (an fsched admin of it); None on PostgreSQL."""
+        import os
+
+        from sqlalchemy.engine import make_url
+
+        if self.db.dialect != "sqlite":
+            return None
+        return os.stat(make_url(self.db.url).database).st_uid
+
     # -- submit ---------------------------------------------------------------
 
     def submit(
