@@ -103,13 +103,14 @@ def test_migrations_run_in_order_from_the_stored_version(sqlite_url):
         applied.append(2)
         conn.execute(text("UPDATE tenants SET note = 'migrated'"))
 
-    steps = {1: add_column, 2: fill_column}
-    assert schema.ensure_schema(db, version=3, migrations=steps) == 1
+    current = schema.SCHEMA_VERSION
+    steps = {current: add_column, current + 1: fill_column}
+    assert schema.ensure_schema(db, version=current + 2, migrations=steps) == current
     assert applied == [1, 2]
-    assert schema.ensure_schema(db, version=3, migrations=steps) == 3  # nothing re-run
+    assert schema.ensure_schema(db, version=current + 2, migrations=steps) == current + 2  # nothing re-run
     assert applied == [1, 2]
-    with pytest.raises(SchemaMismatch, match="no migration from schema version 3"):
-        schema.ensure_schema(db, version=4, migrations=steps)
+    with pytest.raises(SchemaMismatch, match=f"no migration from schema version {current + 2}"):
+        schema.ensure_schema(db, version=current + 3, migrations=steps)
 
 
 def test_unusable_locations_give_clear_errors(tmp_path):
