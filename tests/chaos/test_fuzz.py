@@ -22,7 +22,7 @@ Case counts are fixed and derandomised (the same cases on every CI run):
 FSCHED_FUZZ_EXAMPLES (default 1,000) examples for each parser property, a
 quarter of that through the store, a 200th (at least 6) through the command.
 Each test adds a line to a "fuzz cases" section of pytest's terminal summary:
-cases run, accepted/rejected, time, slowest case. A long run (about
+cases run, accepted/rejected, time, slowest parse (CPU). A long run (about
 100,000 parser cases; the README has its figures):
 
     FSCHED_FUZZ_EXAMPLES=33334 .venv/bin/pytest tests/chaos/test_fuzz.py -q
@@ -58,7 +58,10 @@ from fsched.storage.jobstore import SqlJobStore
 FUZZ_EXAMPLES = int(os.environ.get("FSCHED_FUZZ_EXAMPLES", "1000"))
 STORE_EXAMPLES = max(20, FUZZ_EXAMPLES // 4)
 CLI_EXAMPLES = max(6, FUZZ_EXAMPLES // 200)
-CASE_LIMIT_S = 2.0  # one parse of one case, however nasty; the real figure is milliseconds
+# CPU time for one parse of one case (CPU, not wall: other processes' load does not count), so a
+# hang or a blow-up fails while the largest valid file (50,000 lines, ~0.5 s) passes with room.
+CASE_LIMIT_S = 2.0
+CASE_LIMIT_S_PER_MIB = 4.0
 FSCHED = str(Path(sys.executable).parent / "fsched")
 BOM = b"\xef\xbb\xbf"
 
@@ -124,7 +127,7 @@ class Run:
         parts = ", ".join(f"{k} {v:,}" for k, v in sorted(self.outcomes.items()))
         return (
             f"{self.name}: {self.cases:,} cases ({parts}) in {time.perf_counter() - self.started:.1f} s, "
-            f"slowest case {self.slowest_s * 1000:.1f} ms"
+            f"slowest parse {self.slowest_s * 1000:.1f} ms of CPU"
         )
 
 
@@ -364,15 +367,16 @@ def is_blank(line: bytes) -> bool:
 
 
 def timed_parse(run: Run, data: bytes, source: str, limits: InputLimits) -> ParsedJobFile | JobFileError:
-    start = time.perf_counter()
+    start = time.process_time()
     try:
         result = parse_job_file(data, source, limits)
     except JobFileError as error:
         result = error
     # Anything else (TypeError, RecursionError, UnicodeError, ...) propagates: the test fails.
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     run.slowest_s = max(run.slowest_s, elapsed)
-    assert elapsed < CASE_LIMIT_S, f"one parse took {elapsed:.2f} s"
+    limit = CASE_LIMIT_S + CASE_LIMIT_S_PER_MIB * len(data) / MIB
+    assert elapsed < limit, f"one parse of {len(data):,} bytes took {elapsed:.2f} s of CPU"
     return result
 
 
@@ -427,11 +431,12 @@ def check_rejected(run: Run, error: JobFileError, data: bytes, source: str, limi
     assert 1 <= error.line <= len(lines)
     assert error.field is None or error.field or "empty name" in message
     # The reported line is the first bad one: the lines before it make a valid file ...
-    prefix = b"\n".join(lines[: error.line - 1])
+    bom = BOM if data.startswith(BOM) else b""
+    prefix = bom + b"\n".join(lines[: error.line - 1])
     if any(not is_blank(line) for line in lines[: error.line - 1]):
         assert isinstance(timed_parse(run, prefix, source, limits), ParsedJobFile), message
     # ... and adding it brings back the same error.
-    again = timed_parse(run, b"\n".join(lines[: error.line]), source, limits)
+    again = timed_parse(run, bom + b"\n".join(lines[: error.line]), source, limits)
     assert isinstance(again, JobFileError) and str(again) == message
 
 
@@ -586,7 +591,7 @@ def test_store_takes_a_submit_whole_or_not_at_all(run, tmp_path, monkeypatch):
         st.lists(mostly_valid_file(), min_size=1, max_size=3),
         st.sampled_from(["alice", "bob", "carol", "not a tenant!"]),
         st.sampled_from([1_000_000, 1_000_000, 12]),
-        st.integers(-2, 2).map(lambda n: n if n > 0 else None),  # fail at the n-th file's insert
+        st.sampled_from([None, 1, 2]),  # fail at the n-th file's insert
     )
     def case(files, tenant, queue_limit, fail_at):
         before = dump(path)
