@@ -36,6 +36,7 @@ from fsched.core.store import RequestProgress
 from fsched.core.types import RequestState
 
 POLL_S = 0.02
+DEFAULT_MAX_TOKENS = 64
 # How often to look again for a live daemon while waiting (a heartbeat is ~1 s).
 DAEMON_CHECK_S = 2.0
 
@@ -63,8 +64,11 @@ def outcome(p: RequestProgress) -> Outcome:
     return Outcome(p.output_text, p.num_output_tokens, p.finish_reason, ttft, tok_s, total)
 
 
-def one_line_job(prompt: str, max_tokens: int, temperature: float | None, seed: int | None) -> bytes:
-    line: dict = {"custom_id": "generate", "prompt": prompt, "max_tokens": max_tokens}
+def one_line_job(prompt: str, max_tokens: int | None, temperature: float | None, seed: int | None) -> bytes:
+    """The request as a JSONL line; without --max-tokens the default applies (capped to the context)."""
+    line: dict = {"custom_id": "generate", "prompt": prompt}
+    if max_tokens is not None:
+        line["max_tokens"] = max_tokens
     if temperature is not None:
         line["temperature"] = temperature
     if seed is not None:
@@ -85,7 +89,10 @@ def generate(
     request_class: Annotated[
         str, typer.Option("--class", "-c", help=f"Service class: {CLASS_NAMES}.")
     ] = "realtime",
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens to generate at most.")] = 64,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option("--max-tokens", help=f"Tokens to generate at most (default: {DEFAULT_MAX_TOKENS})."),
+    ] = None,
     temperature: Annotated[
         float | None, typer.Option("--temperature", help="Sampling temperature, 0 is greedy (default: 1).")
     ] = None,
@@ -113,7 +120,9 @@ def generate(
     if timeout is not None and timeout <= 0:
         raise UserError(f"--timeout must be > 0, got {timeout:g}")
     limits = InputLimits.from_env()
-    parsed = parse_job_file(one_line_job(prompt, max_tokens, temperature, seed), "<generate>", limits)
+    parsed = parse_job_file(
+        one_line_job(prompt, max_tokens, temperature, seed), "<generate>", limits, DEFAULT_MAX_TOKENS
+    )
     store = open_store(db)
     actor = acting_user(store)
     tenant = tenant or default_tenant(actor, getpass.getuser())
