@@ -227,7 +227,8 @@ def test_the_file_owner_is_an_admin_and_the_file_mode_is_the_boundary(os_users, 
 
     # Someone outside the group cannot open the shared table at all: the OS refuses, fsched says so.
     (outside,) = as_user(os_users, outsider, env, [{"args": ["status", "--json"]}])
-    assert outside["code"] == 1 and outside["stderr"].startswith("fsched: error: ")
+    assert outside["code"] == 1 and outside["stderr"].startswith("fsched: error: cannot use database file")
+    assert outside["stderr"].endswith(": Permission denied\n")
     assert "Traceback" not in outside["stderr"] and outside["stderr"].count("\n") == 1
 
     # The documented limit: a member who can write the file can bypass fsched with sqlite3.
