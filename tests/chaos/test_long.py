@@ -85,7 +85,11 @@ class Round:
 
     def crash_point(self) -> bool:
         point = self.rng.choice(list(DAEMON_POINTS))
-        n = self.rng.randint(*DAEMON_POINTS[point])
+        # Deep crashes while there is much work left, shallow ones near the end of it.
+        waiting = sum(self.snap.states.get(s, 0) for s in ("queued", "running", "preempted"))
+        left = waiting / self.snap.requests
+        low, high = DAEMON_POINTS[point]
+        n = self.rng.randint(low, max(low, round(high * left)))
         proc = self.table.run(*self.daemon_args(), "--until-idle", crash_at=f"{point}:{n}", timeout=300)
         if proc.returncode == 0:  # the work ended before the point was reached
             self.tried.append(f"{point}:{n} (not reached)")
