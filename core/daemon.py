@@ -260,7 +260,10 @@ class Daemon:
         for h in self.held.values():
             group = (h.claimed.tenant, h.claimed.request_class)
             held_per_group[group] = held_per_group.get(group, 0) + 1
-        claimed_now = self.store.claim(self.config.owner, self.config.claim_per_group, held_per_group,
+        # Hold no more than twice the batch, as it is now (an out-of-memory step lowers it):
+        # what a daemon holds, other daemons cannot run.
+        per_group = min(self.config.claim_per_group, 2 * self.engine.scheduler.config.max_batch)
+        claimed_now = self.store.claim(self.config.owner, per_group, held_per_group,
                                        lease_s=self.config.lease_s)
         if claimed_now:
             crash_point("after_claim")
