@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from fsched.cli.common import DbOption, UserError, handle_errors, open_store
+from fsched.cli.common import DbOption, UserError, acting_user, allow, handle_errors, open_store
 
 POLICIES = ("fsched", "fcfs", "priority", "vtc")
 
@@ -75,6 +75,13 @@ def daemon(
     )
     log = logging.getLogger("fsched.daemon")
     store = open_store(db)
+    if store.db.dialect == "sqlite":
+        # The daemon reads every tenant's prompts and writes every output: on a
+        # shared SQLite table that is an admin's job. (On PostgreSQL, holding
+        # the database URL's credentials is what lets a daemon in.)
+        from fsched.core.access import may_administer
+
+        allow(may_administer(acting_user(store), "serving the job table (fsched daemon)"))
     lock = store.db.daemon_lock()
 
     from fsched.core.daemon import Daemon, DaemonConfig

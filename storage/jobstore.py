@@ -15,6 +15,8 @@ from dataclasses import replace
 from itertools import islice
 
 from sqlalchemy import Connection, Float, bindparam, delete, func, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from fsched.core.faults import crash_point
 from fsched.core.jobstate import JobCounts, derive_job_state
@@ -161,12 +163,18 @@ class SqlJobStore:
     def _create_missing_tenants(self, conn: Connection, names: set[str], now: float) -> set[str]:
         existing = set(conn.execute(select(tenants.c.name).where(tenants.c.name.in_(names))).scalars())
         missing = names - existing
-        if missing:
-            conn.execute(
-                tenants.insert(),
-                [{"name": name, "weight": 1.0, "created_at": now} for name in sorted(missing)],
-            )
-        return missing
+        if not missing:
+            return set()
+        # ON CONFLICT DO NOTHING: two first submits of one new tenant at once (on
+        # PostgreSQL both can pass the check above) both succeed; one creates it.
+        insert = postgresql_insert if self.db.dialect == "postgresql" else sqlite_insert
+        created = conn.execute(
+            insert(tenants)
+            .values([{"name": name, "weight": 1.0, "created_at": now} for name in sorted(missing)])
+            .on_conflict_do_nothing(index_elements=["name"])
+            .returning(tenants.c.name)
+        ).scalars()
+        return set(created)
 
     def _insert_job(self, conn: Connection, submission: JobSubmission, now: float) -> int:
         specs = submission.parsed.requests

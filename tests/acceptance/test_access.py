@@ -161,6 +161,7 @@ def test_a_tenant_cannot_act_on_another_tenants_work(os_users, shared):
         {"args": ["results", "2", "--errors"]},
         {"args": ["status", "2", "--json"]},
         {"args": ["tenants", "list", "--json"]},
+        {"args": ["daemon", "--model", "standin", "--until-idle"]},
     ])
     by_args = {" ".join(r["args"]): r for r in results}
 
@@ -178,6 +179,7 @@ def test_a_tenant_cannot_act_on_another_tenants_work(os_users, shared):
         f"status --tenant {bob}": f"may list only the jobs of tenant '{alice}', not '{bob}'",
         f"tenants set-weight {alice} 100": "changing a weight needs an fsched admin",
         "tenants add someone": "adding a tenant needs an fsched admin",
+        "daemon --model standin --until-idle": "serving the job table (fsched daemon) needs an fsched admin",
     }
     for args, text in refusals.items():
         r = by_args[args]

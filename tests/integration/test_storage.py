@@ -306,3 +306,30 @@ def test_schema_1_databases_are_migrated(db_url):
     assert "ix_requests_state_lease_expires" in indexes
     assert len(store.claim("d", per_group=5)) == 2  # the data came through
     store.db.dispose()
+
+
+def test_first_submits_of_a_new_tenant_at_once_all_land(db_url):
+    import threading
+
+    SqlJobStore(db_url).db.dispose()  # the schema, before the race
+    stores = [SqlJobStore(db_url) for _ in range(6)]
+    barrier = threading.Barrier(len(stores))
+    errors, created = [], []
+
+    def submit(store):
+        barrier.wait()
+        try:
+            created.extend(job.tenant_created for job in store.submit([submission(2, tenant="newbie")]))
+        except Exception as exc:  # noqa: BLE001 - any failure is the finding
+            errors.append(exc)
+
+    threads = [threading.Thread(target=submit, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(created) == len(stores)
+    assert sum(created) == 1  # one of them created the tenant
+    assert stores[0].list_tenants()[0].queued == 2 * len(stores)
+    for s in stores:
+        s.db.dispose()
