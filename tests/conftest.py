@@ -7,6 +7,18 @@ import uuid
 
 import pytest
 
+
+# The chaos suite's long variant (tests/chaos): an option of the whole run, so `pytest --long N` works
+# from the repository root as well as `pytest tests/chaos --long N`.
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("chaos", "fsched reliability suite")
+    group.addoption(
+        "--long", type=float, default=0.0, metavar="SECONDS",
+        help="run the long chaos loop (tests/chaos/test_long.py) for this many seconds",
+    )
+    group.addoption("--chaos-seed", type=int, default=None, help="seed of the long loop (default: random)")
+
+
 PG_ADMIN_URL = os.environ.get("FSCHED_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 

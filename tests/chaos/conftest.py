@@ -1,4 +1,4 @@
-"""The chaos suite's options: `--long` turns on the endless-until-told variant.
+"""The chaos suite's fixtures; its `--long` option is defined in tests/conftest.py.
 
     pytest tests/chaos                       # the quick suite (part of every run)
     pytest tests/chaos --long 600            # plus 10 minutes of random kills
@@ -7,15 +7,6 @@
 from __future__ import annotations
 
 import pytest
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("chaos", "fsched reliability suite")
-    group.addoption(
-        "--long", type=float, default=0.0, metavar="SECONDS",
-        help="run the long chaos loop (tests/chaos/test_long.py) for this many seconds",
-    )
-    group.addoption("--chaos-seed", type=int, default=None, help="seed of the long loop (default: random)")
 
 
 @pytest.fixture
