@@ -420,7 +420,7 @@ class Daemon:
             else:
                 self._isolate(len(involved))
         requeue = []
-        for request_id in list(self.held):
+        for request_id, held in list(self.held.items()):
             del self.held[request_id]
             if len(involved) == 1 and request_id in involved:
                 self._step_failures[request_id] = self._step_failures.get(request_id, 0) + 1
@@ -428,7 +428,7 @@ class Daemon:
             if failures >= self.config.max_attempts:
                 del self._step_failures[request_id]
                 self._fail(request_id, f"the model step failed {failures} times with this request "
-                                       f"alone in it: {failure}", [])
+                                       f"alone in it: {failure}", [], held.epoch)
             else:
                 requeue.append(request_id)
         # Tokens since the last flush are gone with the engine's state; the

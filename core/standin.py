@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fsched.core.plan import Outcome, Plan
+from fsched.core.schedreq import Checkpoint
 from fsched.core.stopping import StopCheck, check_stop
 from fsched.core.types import SamplingParams
 
@@ -138,7 +139,7 @@ class StandInRunner:
         result = StandInResult(outcome=Outcome(elapsed_s=0.0))
         for p in plan.preempted:
             r = self._requests[p.request_id]
-            if p.checkpoint.name == "PARK":
+            if p.checkpoint is Checkpoint.PARK:
                 r.parked = True
             else:
                 r.computed = 0

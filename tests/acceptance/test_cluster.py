@@ -18,6 +18,7 @@ import time
 import pytest
 
 from fsched.core.standin import STANDIN_CONTEXT, STANDIN_EOS, standin_encode, standin_text, standin_token
+from fsched.core.stopping import check_stop
 from fsched.core.types import RequestState
 from fsched.storage.jobstore import SqlJobStore
 
@@ -34,8 +35,9 @@ def standin_expected(prompt: str, seed: int, max_tokens: int) -> str:
     while True:
         token = standin_token(seed, context)
         context.append(token)
-        generated = len(context) - prompt_len
-        if token == STANDIN_EOS or generated >= max_tokens or len(context) >= STANDIN_CONTEXT:
+        stop = check_stop(token, len(context) - prompt_len, max_tokens, len(context), STANDIN_CONTEXT,
+                          frozenset({STANDIN_EOS}))
+        if stop.finished is not None:
             return standin_text(context[prompt_len:])
 
 
