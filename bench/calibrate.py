@@ -10,7 +10,7 @@ seconds), and fits
     step_s = base_s + token_s * tokens + kv_token_s * kv_held + swap_token_s * swapped
 
 by least squares with non-negative constants. Prints the constants (paste
-them into `core/costmodel.py` PROFILES), R² and the error of the fit, beside
+them into `core/sim/costmodel.py` PROFILES), R² and the error of the fit, beside
 a baseline: the error of the best constant-per-step model (base_s alone).
 """
 
@@ -24,10 +24,10 @@ import torch
 
 
 def collect(loaded, seed: int) -> list[tuple[int, int, int, float]]:
-    from fsched.core.engine import Engine, EngineRequest
-    from fsched.core.runner.runner import ModelRunner
-    from fsched.core.sched_config import SchedulerConfig
-    from fsched.core.scheduler import Scheduler
+    from fsched.core.runners.hf.runner import ModelRunner
+    from fsched.core.sched.config import SchedulerConfig
+    from fsched.core.sched.scheduler import Scheduler
+    from fsched.core.serve.engine import Engine, EngineRequest
     from fsched.core.types import RequestClass, SamplingParams
 
     rng = random.Random(seed)
@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from fsched.core.runner.model import load_model
+    from fsched.core.runners.hf.model import load_model
 
     loaded = load_model(None, device=args.device)
     with torch.inference_mode():

@@ -13,7 +13,7 @@ fairness  tenants a and b weighted 3:1, both backlogged: the served dominant
           resource split over 2 s windows after warm-up (goal 75% +- 5%);
           then `set-weight` to 1:1 mid-run: how long until the split is
           50% +- 5% (goal within 10 s).
-Each runs the real Daemon (core/daemon.py) in this process, composed as
+Each runs the real Daemon (core/serve/daemon.py) in this process, composed as
 `fsched daemon` composes it, with the store on a temporary SQLite file.
 """
 
@@ -33,12 +33,12 @@ import torch
 
 
 def compose(loaded, url: str, policy: str, max_batch: int = 32, until_idle: bool = True):
-    from fsched.core.daemon import Daemon, DaemonConfig
-    from fsched.core.engine import Engine
-    from fsched.core.runner.model import encode_prompt
-    from fsched.core.runner.runner import ModelRunner
-    from fsched.core.sched_config import SchedulerConfig
-    from fsched.core.scheduler import Scheduler
+    from fsched.core.runners.hf.model import encode_prompt
+    from fsched.core.runners.hf.runner import ModelRunner
+    from fsched.core.sched.config import SchedulerConfig
+    from fsched.core.sched.scheduler import Scheduler
+    from fsched.core.serve.daemon import Daemon, DaemonConfig
+    from fsched.core.serve.engine import Engine
     from fsched.storage.jobstore import SqlJobStore
 
     store = SqlJobStore(url)
@@ -62,7 +62,7 @@ def job_lines(n: int, seed: int, out=(8, 128), prompt=(4, 40)) -> bytes:
 
 
 def submit(store, data: bytes, tenant: str, cls: str = "batch", name: str = "job") -> int:
-    from fsched.core.jobfile import parse_job_file
+    from fsched.core.jobs.jobfile import parse_job_file
     from fsched.core.store import JobSubmission
     from fsched.core.types import RequestClass
 
@@ -71,11 +71,11 @@ def submit(store, data: bytes, tenant: str, cls: str = "batch", name: str = "job
 
 
 def overhead(loaded, folder: Path) -> None:
-    from fsched.core.engine import Engine, EngineRequest
-    from fsched.core.runner.model import encode_prompt
-    from fsched.core.runner.runner import ModelRunner
-    from fsched.core.sched_config import SchedulerConfig
-    from fsched.core.scheduler import Scheduler
+    from fsched.core.runners.hf.model import encode_prompt
+    from fsched.core.runners.hf.runner import ModelRunner
+    from fsched.core.sched.config import SchedulerConfig
+    from fsched.core.sched.scheduler import Scheduler
+    from fsched.core.serve.engine import Engine, EngineRequest
     from fsched.core.types import SamplingParams
 
     data = job_lines(64, seed=1)
@@ -157,7 +157,7 @@ def _pct(values, p: float) -> float:
 
 
 def fairness(loaded, folder: Path, seconds: float = 30.0, window_s: float = 2.0) -> None:
-    from fsched.core.daemon import served_shares
+    from fsched.core.serve.daemon import served_shares
 
     store, engine, daemon = compose(loaded, f"sqlite:///{folder}/fairness.db", "fsched", until_idle=False)
     store.add_tenant("a", 3)
@@ -213,7 +213,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from fsched.core.runner.model import load_model
+    from fsched.core.runners.hf.model import load_model
 
     loaded = load_model(None)
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():

@@ -102,10 +102,10 @@ def run_hf_cb(loaded, work, max_batch_tokens: int, num_blocks: int):
 
 
 def run_fsched(loaded, work, max_batch: int, kv_tokens: int, step_tokens: int):
-    from fsched.core.engine import Engine, EngineRequest
-    from fsched.core.runner.runner import ModelRunner
-    from fsched.core.sched_config import SchedulerConfig
-    from fsched.core.scheduler import Scheduler
+    from fsched.core.runners.hf.runner import ModelRunner
+    from fsched.core.sched.config import SchedulerConfig
+    from fsched.core.sched.scheduler import Scheduler
+    from fsched.core.serve.engine import Engine, EngineRequest
     from fsched.core.types import SamplingParams
 
     config = SchedulerConfig(max_batch=max_batch, kv_tokens=kv_tokens, step_tokens=step_tokens)
@@ -127,9 +127,9 @@ def timed(fn, *args):
 def preemption_cost(loaded, contexts: int, batch: int, repeat: int = 5):
     """ms for one park+restore and one drop+recompute of a request with `contexts` tokens,
     beside the mean decode step of a batch of `batch` such requests."""
-    from fsched.core.plan import Plan, Preemption, PrefillChunk
-    from fsched.core.runner.runner import ModelRunner
-    from fsched.core.schedreq import Checkpoint
+    from fsched.core.runners.hf.runner import ModelRunner
+    from fsched.core.sched.plan import Plan, Preemption, PrefillChunk
+    from fsched.core.sched.request import Checkpoint
     from fsched.core.types import SamplingParams
 
     runner = ModelRunner(loaded)
@@ -181,7 +181,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from fsched.core.runner.model import load_model
+    from fsched.core.runners.hf.model import load_model
 
     loaded = load_gpu_model(args.device) if args.gpu_model else load_model(None, device=args.device)
     print(
@@ -245,7 +245,7 @@ def load_gpu_model(device: str):
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from fsched.core.runner.model import ensure_tiny_model, load_model
+    from fsched.core.runners.hf.model import ensure_tiny_model, load_model
 
     tokenizer_dir = ensure_tiny_model()
     config = LlamaConfig(

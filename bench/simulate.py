@@ -31,12 +31,12 @@ from pathlib import Path
 from rich.console import Console
 
 from fsched.cli.simulate import comparison_table
-from fsched.core.plan import Outcome
-from fsched.core.sched_config import SchedulerConfig
-from fsched.core.schedreq import SchedRequest
-from fsched.core.scheduler import Scheduler
-from fsched.core.simulator import simulate
-from fsched.core.trace import load_trace, parse_mix
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.plan import Outcome
+from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.scheduler import Scheduler
+from fsched.core.sim.simulator import simulate
+from fsched.core.sim.trace import load_trace, parse_mix
 from fsched.core.types import RequestClass
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 if TYPE_CHECKING:
-    from fsched.core.access import Actor
+    from fsched.core.jobs.access import Actor
     from fsched.storage.jobstore import SqlJobStore
 
 DbOption = Annotated[
@@ -42,7 +42,7 @@ def note(message: str) -> None:
 
 def handle_errors(command: Callable) -> Callable:
     """Turn the errors a user can act on into one stderr line and a non-zero exit."""
-    from fsched.core.jobfile import JobFileError
+    from fsched.core.jobs.jobfile import JobFileError
     from fsched.core.store import StoreError
 
     @functools.wraps(command)
@@ -67,13 +67,13 @@ def open_store(db: str | None) -> SqlJobStore:
 
 def acting_user(store: SqlJobStore) -> Actor:
     """Who runs this command, and whether they are an fsched admin of this job table."""
-    from fsched.core.access import local_actor
+    from fsched.core.jobs.access import local_actor
 
     return local_actor(store.file_owner())
 
 
 def allow(refusal: str | None) -> None:
-    """Go on if an access decision (core/access.py) allowed it; else stop with its reason."""
+    """Go on if an access decision (core/jobs/access.py) allowed it; else stop with its reason."""
     if refusal is not None:
         raise UserError(refusal)
 

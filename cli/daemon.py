@@ -79,16 +79,16 @@ def daemon(
         # The daemon reads every tenant's prompts and writes every output: on a
         # shared SQLite table that is an admin's job. (On PostgreSQL, holding
         # the database URL's credentials is what lets a daemon in.)
-        from fsched.core.access import may_administer
+        from fsched.core.jobs.access import may_administer
 
         allow(may_administer(acting_user(store), "serving the job table (fsched daemon)"))
     lock = store.db.daemon_lock()
 
-    from fsched.core.daemon import Daemon, DaemonConfig
-    from fsched.core.engine import Engine
-    from fsched.core.sched_config import SchedulerConfig
-    from fsched.core.scheduler import Scheduler
-    from fsched.core.standin import StandInError, parse_standin
+    from fsched.core.runners.standin import StandInError, parse_standin
+    from fsched.core.sched.config import SchedulerConfig
+    from fsched.core.sched.scheduler import Scheduler
+    from fsched.core.serve.daemon import Daemon, DaemonConfig
+    from fsched.core.serve.engine import Engine
 
     try:
         standin_step_s = parse_standin(model)
@@ -165,8 +165,8 @@ class _Served:
 
 
 def _torch_model(model: str | None, device: str, dtype: str, threads: int | None, log) -> _Served:
-    from fsched.core.runner.model import ModelLoadError, encode_prompt, load_model, set_threads
-    from fsched.core.runner.runner import ModelRunner
+    from fsched.core.runners.hf.model import ModelLoadError, encode_prompt, load_model, set_threads
+    from fsched.core.runners.hf.runner import ModelRunner
 
     if threads:
         set_threads(threads)
@@ -187,7 +187,7 @@ def _torch_model(model: str | None, device: str, dtype: str, threads: int | None
 
 
 def _standin_model(step_s: float, device: str) -> _Served:
-    from fsched.core.standin import STANDIN_NAME, StandInRunner, standin_encode
+    from fsched.core.runners.standin import STANDIN_NAME, StandInRunner, standin_encode
 
     runner = StandInRunner(step_s=step_s)
     label = "standin" if device == "auto" else device

@@ -215,7 +215,7 @@ def demo(
 
 
 def _run(url: str, tmp: Path, policy: str, threads: int | None, size: float, as_json: bool) -> None:
-    from fsched.core.jobfile import parse_job_file
+    from fsched.core.jobs.jobfile import parse_job_file
     from fsched.core.store import JobSubmission, TenantExists
 
     store = open_store(url)

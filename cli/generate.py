@@ -31,7 +31,7 @@ from fsched.cli.common import (
     print_json,
 )
 from fsched.cli.submit import CLASS_NAMES, parse_class
-from fsched.core.access import default_tenant, may_act_as
+from fsched.core.jobs.access import default_tenant, may_act_as
 from fsched.core.store import RequestProgress
 from fsched.core.types import RequestState
 
@@ -112,8 +112,8 @@ def generate(
     and tokens/s on stderr. The request waits in the queue like any other, so
     a daemon must be running (`fsched daemon`).
     """
-    from fsched.core.jobfile import parse_job_file
-    from fsched.core.limits import InputLimits
+    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.jobs.limits import InputLimits
     from fsched.core.store import JobSubmission
 
     cls = parse_class(request_class)

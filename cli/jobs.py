@@ -31,7 +31,7 @@ def cancel(
     db: DbOption = None,
 ) -> None:
     """Cancel jobs: waiting requests at once, running ones at the daemon's next step."""
-    from fsched.core.access import may_touch_job
+    from fsched.core.jobs.access import may_touch_job
     from fsched.core.store import UnknownJob
 
     store = open_store(db)
@@ -88,8 +88,8 @@ def results(
     db: DbOption = None,
 ) -> None:
     """Write a job's results as OpenAI batch output lines, in input order."""
-    from fsched.core.access import may_touch_job
-    from fsched.core.results import output_line
+    from fsched.core.jobs.access import may_touch_job
+    from fsched.core.jobs.results import output_line
 
     store = open_store(db)
     job = store.list_jobs(job_id=job_id)[0]

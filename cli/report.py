@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsched.cli.common import iso_time
-from fsched.core.shares import entitled_shares
+from fsched.core.sched.shares import entitled_shares
 from fsched.core.store import DaemonSummary, JobSummary, TenantSummary
 
 # A daemon that has not beaten its heart for longer than its lease TTL (or

@@ -1,6 +1,6 @@
 """`fsched simulate`: replay a trace through the scheduler under several policies.
 
-Thin: parse the flags, call `fsched.core.simulator`, print. Imports stay
+Thin: parse the flags, call `fsched.core.sim.simulator`, print. Imports stay
 light (no torch, no SQLAlchemy).
 """
 
@@ -13,12 +13,12 @@ from typing import Annotated
 import typer
 
 from fsched.cli.common import fail
-from fsched.core.costmodel import DEFAULT_PROFILE, PROFILES
-from fsched.core.policy import POLICIES
-from fsched.core.sched_config import SchedulerConfig
-from fsched.core.simulator import PolicyReport
-from fsched.core.simulator import simulate as run_simulation
-from fsched.core.trace import DEFAULT_MIX, TraceError, load_trace, parse_assignments, parse_mix
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.policy import POLICIES
+from fsched.core.sim.costmodel import DEFAULT_PROFILE, PROFILES
+from fsched.core.sim.simulator import PolicyReport
+from fsched.core.sim.simulator import simulate as run_simulation
+from fsched.core.sim.trace import DEFAULT_MIX, TraceError, load_trace, parse_assignments, parse_mix
 
 _DEFAULT_MIX_TEXT = ",".join(f"{c.value}={p:g}" for c, p in DEFAULT_MIX.items())
 

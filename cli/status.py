@@ -35,7 +35,7 @@ def status(
     as totals in the tenants table.
     """
     from fsched.cli.report import StatusSnapshot, status_json
-    from fsched.core.access import may_touch_job, visible_tenant
+    from fsched.core.jobs.access import may_touch_job, visible_tenant
 
     store = open_store(db)
     actor = acting_user(store)

@@ -19,9 +19,9 @@ from fsched.cli.common import (
     open_store,
     print_json,
 )
-from fsched.core.access import default_tenant, may_act_as
-from fsched.core.jobfile import JobFileError, ParsedJobFile, parse_job_file
-from fsched.core.limits import InputLimits
+from fsched.core.jobs.access import default_tenant, may_act_as
+from fsched.core.jobs.jobfile import JobFileError, ParsedJobFile, parse_job_file
+from fsched.core.jobs.limits import InputLimits
 from fsched.core.types import RequestClass
 
 CLASS_NAMES = ", ".join(c.value for c in RequestClass)

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from fsched.cli.common import DbOption, JsonOption, acting_user, allow, handle_errors, open_store, print_json
-from fsched.core.access import may_administer
+from fsched.core.jobs.access import may_administer
 
 app = typer.Typer(help="List and manage tenants and their weights.", no_args_is_help=True)
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from fsched.core.jobfile import ParsedJobFile
-from fsched.core.jobstate import JobCounts
+from fsched.core.jobs.jobfile import ParsedJobFile
+from fsched.core.jobs.jobstate import JobCounts
 from fsched.core.types import JobState, RequestClass, RequestState
 
 

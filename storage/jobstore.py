@@ -19,8 +19,9 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from fsched.core.faults import crash_point
-from fsched.core.jobstate import JobCounts, derive_job_state
-from fsched.core.limits import DEFAULT_MAX_QUEUED_PER_TENANT
+from fsched.core.jobs.jobstate import JobCounts, derive_job_state
+from fsched.core.jobs.limits import DEFAULT_MAX_QUEUED_PER_TENANT
+from fsched.core.jobs.tenants import validate_tenant_name, validate_weight
 from fsched.core.store import (
     CancelOutcome,
     ClaimedRequest,
@@ -42,7 +43,6 @@ from fsched.core.store import (
     UnknownJob,
     UnknownTenant,
 )
-from fsched.core.tenants import validate_tenant_name, validate_weight
 from fsched.core.types import JobState, RequestClass, RequestState
 from fsched.storage.db import Database
 from fsched.storage.models import Daemon, DaemonUsage, Job, Request, Tenant

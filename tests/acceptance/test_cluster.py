@@ -17,8 +17,14 @@ import time
 
 import pytest
 
-from fsched.core.standin import STANDIN_CONTEXT, STANDIN_EOS, standin_encode, standin_text, standin_token
-from fsched.core.stopping import check_stop
+from fsched.core.runners.standin import (
+    STANDIN_CONTEXT,
+    STANDIN_EOS,
+    standin_encode,
+    standin_text,
+    standin_token,
+)
+from fsched.core.serve.stopping import check_stop
 from fsched.core.types import RequestState
 from fsched.storage.jobstore import SqlJobStore
 

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fsched.core.standin import standin_text
+from fsched.core.runners.standin import standin_text
 
 FSCHED = str(Path(sys.executable).parent / "fsched")
 SIGKILLED = -signal.SIGKILL

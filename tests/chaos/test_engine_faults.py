@@ -15,13 +15,13 @@ from collections.abc import Callable
 
 import pytest
 
-from fsched.core.daemon import Daemon, DaemonConfig
-from fsched.core.engine import Engine
-from fsched.core.jobfile import parse_job_file
-from fsched.core.plan import Plan
-from fsched.core.sched_config import SchedulerConfig
-from fsched.core.scheduler import Scheduler
-from fsched.core.standin import STANDIN_NAME, StandInRunner, standin_encode
+from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.runners.standin import STANDIN_NAME, StandInRunner, standin_encode
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.plan import Plan
+from fsched.core.sched.scheduler import Scheduler
+from fsched.core.serve.daemon import Daemon, DaemonConfig
+from fsched.core.serve.engine import Engine
 from fsched.core.store import JobSubmission
 from fsched.core.types import RequestClass
 from fsched.storage.jobstore import SqlJobStore
@@ -176,7 +176,7 @@ def test_out_of_memory_with_one_request_alone_fails_that_request(tmp_path, clean
 def test_the_batch_limit_can_be_lowered_while_requests_run():
     """Scheduler.limit_batch: a validated config change; runners beyond it are not evicted,
     and no request is admitted until the batch is under the new limit."""
-    from fsched.core.schedreq import SchedRequest
+    from fsched.core.sched.request import SchedRequest
 
     scheduler = Scheduler(SchedulerConfig(max_batch=8, kv_tokens=32_768, step_tokens=512), "fcfs")
     for i in range(12):

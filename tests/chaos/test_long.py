@@ -21,11 +21,11 @@ import time
 from collections import Counter
 from functools import partial
 
-from fsched.core.engine import Engine, EngineRequest
-from fsched.core.jobfile import parse_job_file
-from fsched.core.sched_config import SchedulerConfig
-from fsched.core.scheduler import Scheduler
-from fsched.core.standin import StandInRunner, standin_encode
+from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.runners.standin import StandInRunner, standin_encode
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.scheduler import Scheduler
+from fsched.core.serve.engine import Engine, EngineRequest
 
 from .harness import (
     SIGKILLED,

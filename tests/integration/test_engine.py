@@ -8,11 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fsched.core.engine import Engine, EngineRequest  # noqa: E402
-from fsched.core.runner.model import load_model  # noqa: E402
-from fsched.core.runner.runner import ModelRunner  # noqa: E402
-from fsched.core.sched_config import SchedulerConfig  # noqa: E402
-from fsched.core.scheduler import Scheduler  # noqa: E402
+from fsched.core.runners.hf.model import load_model  # noqa: E402
+from fsched.core.runners.hf.runner import ModelRunner  # noqa: E402
+from fsched.core.sched.config import SchedulerConfig  # noqa: E402
+from fsched.core.sched.scheduler import Scheduler  # noqa: E402
+from fsched.core.serve.engine import Engine, EngineRequest  # noqa: E402
 from fsched.core.types import RequestClass, SamplingParams  # noqa: E402
 
 N_REQUESTS = 64
@@ -193,7 +193,7 @@ def test_resume_from_generated_tokens_continues_the_same_output(tiny, reference)
 
 
 def test_stop_strings_and_eos(tiny):
-    from fsched.core.stopping import FinishReason
+    from fsched.core.serve.stopping import FinishReason
 
     prompt = tiny.tokenizer("The train left the coast at dawn")["input_ids"]
     free = EngineRequest("free", prompt, SamplingParams(max_tokens=40, temperature=0))
@@ -255,7 +255,7 @@ def test_a_gpt2_style_model_loads_and_batches_exactly(tiny, tmp_path):
 
 
 def test_chat_requests_use_the_chat_template(tiny):
-    from fsched.core.runner.model import encode_prompt
+    from fsched.core.runners.hf.model import encode_prompt
 
     messages = [{"role": "user", "content": "Hello there"}]
     ids = encode_prompt(tiny, messages=messages)

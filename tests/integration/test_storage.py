@@ -8,7 +8,7 @@ import time
 import pytest
 from sqlalchemy.exc import IntegrityError
 
-from fsched.core.jobfile import ParsedJobFile, parse_job_file
+from fsched.core.jobs.jobfile import ParsedJobFile, parse_job_file
 from fsched.core.store import (
     JobStore,
     JobSubmission,

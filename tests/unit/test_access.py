@@ -1,4 +1,4 @@
-"""The local trust model's decisions (core/access.py): pure functions of who acts on whose work."""
+"""The local trust model's decisions (core/jobs/access.py): pure functions of who acts on whose work."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from fsched.core.access import (
+from fsched.core.jobs.access import (
     Actor,
     admin_reason,
     default_tenant,

@@ -1,4 +1,10 @@
-"""DESIGN §1's import boundaries, checked on the source and on a live import."""
+"""The architecture's import rules, checked on the source and on a live import.
+
+The layers, from the bottom: `core.types` and `core.faults`; the scheduling core
+(`core.sched`); the simulator (`core.sim`) and the job rules (`core.jobs`) over it;
+serving (`core.serve`, `core.runners`) over those; `storage` implements the store
+protocols; `cli` composes everything.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +15,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"cli": "fsched.cli", "core": "fsched.core", "storage": "fsched.storage"}
-# The model runner (one package: loading, KV batch, sampling, runner) is the
-# only place allowed to import torch and transformers.
-RUNNER_PACKAGE = "core/runner/"
+# The Hugging Face runner (loading, KV batch, sampling, runner) is the only
+# place allowed to import torch and transformers.
+RUNNER_PACKAGE = "core/runners/hf/"
+# What each core package may import from fsched, beyond itself.
+CORE_LAYERS = {
+    "sched": ("fsched.core.types",),
+    "sim": ("fsched.core.types", "fsched.core.sched"),
+    "jobs": ("fsched.core.types", "fsched.core.store", "fsched.core.faults"),
+}
 
 
 def imports_of(path: Path) -> set[str]:
@@ -32,6 +44,27 @@ def test_core_imports_neither_storage_nor_cli():
     for path in sources("core"):
         bad = {n for n in imports_of(path) if n.startswith(("fsched.storage", "fsched.cli"))}
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_scheduling_core_imports_nothing_from_serving_or_storage():
+    for package, allowed in CORE_LAYERS.items():
+        for path in sources(f"core/{package}"):
+            own = f"fsched.core.{package}"
+            bad = {
+                n
+                for n in imports_of(path)
+                if n.startswith("fsched") and not n.startswith((own, *allowed))
+            }
+            assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_every_core_package_is_installed():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    for init in (ROOT / "core").rglob("__init__.py"):
+        dotted = "fsched." + ".".join(init.parent.relative_to(ROOT).parts)
+        assert dotted in listed, f"{dotted} is missing from pyproject.toml's packages"
 
 
 def test_sql_lives_only_in_storage():
@@ -60,7 +93,8 @@ def test_no_module_imports_its_package_by_folder_name():
 
 def test_cli_scheduler_and_engine_loop_start_without_torch():
     code = (
-        "import sys, fsched.cli.main, fsched.core.engine, fsched.core.simulator\n"
+        "import sys, fsched.cli.main, fsched.core.serve.daemon, fsched.core.sim.simulator\n"
+        "import fsched.core.runners.standin\n"
         "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
         "print(','.join(heavy))"
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fsched.cli.demo import ShareWindow, percentile, summary
-from fsched.core.jobstate import JobCounts
+from fsched.core.jobs.jobstate import JobCounts
 from fsched.core.store import JobSummary, RequestTiming
 from fsched.core.types import JobState, RequestClass, RequestState
 

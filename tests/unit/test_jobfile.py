@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsched.core.jobfile import JobFileError, parse_job_file
-from fsched.core.limits import InputLimits
+from fsched.core.jobs.jobfile import JobFileError, parse_job_file
+from fsched.core.jobs.limits import InputLimits
 from fsched.core.types import Endpoint
 
 

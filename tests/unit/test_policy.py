@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fsched.core.policy import INF, POLICIES, aged, make_policy, next_aging_change
-from fsched.core.sched_config import SchedulerConfig
-from fsched.core.schedreq import SchedRequest
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.policy import INF, POLICIES, aged, make_policy, next_aging_change
+from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.waitqueue import WaitQueue
 from fsched.core.types import RequestClass
-from fsched.core.waitqueue import WaitQueue
 
 RT, ST, BA = RequestClass.REALTIME, RequestClass.STREAMING, RequestClass.BATCH
 CFG = SchedulerConfig(aging_s=10.0)

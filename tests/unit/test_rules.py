@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fsched.core.jobstate import JobCounts, derive_job_state
-from fsched.core.results import output_line
-from fsched.core.shares import entitled_shares
+from fsched.core.jobs.jobstate import JobCounts, derive_job_state
+from fsched.core.jobs.results import output_line
+from fsched.core.jobs.tenants import validate_tenant_name, validate_weight
+from fsched.core.sched.shares import entitled_shares
 from fsched.core.store import RequestResult
-from fsched.core.tenants import validate_tenant_name, validate_weight
 from fsched.core.types import JobState, RequestState, SamplingParams
 
 

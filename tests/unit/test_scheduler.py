@@ -12,12 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsched.core.plan import Outcome
-from fsched.core.sched_config import SchedulerConfig
-from fsched.core.schedreq import Checkpoint, SchedRequest
-from fsched.core.scheduler import Scheduler
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.plan import Outcome
+from fsched.core.sched.request import Checkpoint, SchedRequest
+from fsched.core.sched.scheduler import Scheduler
+from fsched.core.sched.usage import TenantCharge
 from fsched.core.types import RequestClass, RequestState
-from fsched.core.usage import TenantCharge
 
 CLASSES = list(RequestClass)
 

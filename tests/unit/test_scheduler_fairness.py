@@ -11,15 +11,15 @@ from collections import defaultdict
 
 import pytest
 
-from fsched.core.bounds import completion_bound_s
-from fsched.core.costmodel import CostModel
-from fsched.core.metrics import dominant_fractions
-from fsched.core.plan import Outcome
-from fsched.core.sched_config import SchedulerConfig
-from fsched.core.schedreq import SchedRequest
-from fsched.core.scheduler import Scheduler
-from fsched.core.simulator import simulate
-from fsched.core.trace import TraceRequest
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.plan import Outcome
+from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.scheduler import Scheduler
+from fsched.core.sim.bounds import completion_bound_s
+from fsched.core.sim.costmodel import CostModel
+from fsched.core.sim.metrics import dominant_fractions
+from fsched.core.sim.simulator import simulate
+from fsched.core.sim.trace import TraceRequest
 from fsched.core.types import RequestClass
 
 UNIT = CostModel(base_s=1.0, token_s=0.0, kv_token_s=0.0, swap_token_s=0.0)

@@ -12,11 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from fsched.core.costmodel import CostModel
-from fsched.core.metrics import dominant_fractions, jain_index, percentile
-from fsched.core.sched_config import SchedulerConfig
-from fsched.core.simulator import simulate
-from fsched.core.trace import TraceRequest
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sim.costmodel import CostModel
+from fsched.core.sim.metrics import dominant_fractions, jain_index, percentile
+from fsched.core.sim.simulator import simulate
+from fsched.core.sim.trace import TraceRequest
 from fsched.core.types import RequestClass
 
 CFG = SchedulerConfig(max_batch=6, kv_tokens=20_000, step_tokens=600, min_quantum_steps=3,
@@ -155,7 +155,7 @@ def test_simulate_command_table_and_errors(small_trace):
 
 def test_simulate_imports_neither_torch_nor_sqlalchemy():
     code = (
-        "import sys, fsched.cli.simulate, fsched.core.simulator; "
+        "import sys, fsched.cli.simulate, fsched.core.sim.simulator; "
         "bad = [m for m in ('torch', 'transformers', 'sqlalchemy') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )

@@ -6,11 +6,7 @@ import random
 
 import pytest
 
-from fsched.core.engine import Engine, EngineRequest
-from fsched.core.sched_config import SchedulerConfig
-from fsched.core.schedreq import Checkpoint
-from fsched.core.scheduler import Scheduler
-from fsched.core.standin import (
+from fsched.core.runners.standin import (
     STANDIN_CONTEXT,
     STANDIN_EOS,
     StandInError,
@@ -20,6 +16,10 @@ from fsched.core.standin import (
     standin_text,
     standin_token,
 )
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.request import Checkpoint
+from fsched.core.sched.scheduler import Scheduler
+from fsched.core.serve.engine import Engine, EngineRequest
 from fsched.core.types import RequestClass, SamplingParams
 
 

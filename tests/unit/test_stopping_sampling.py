@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fsched.core.stopping import FinishReason, check_stop
+from fsched.core.serve.stopping import FinishReason, check_stop
 
 EOS = frozenset({2})
 
@@ -27,7 +27,7 @@ def test_stop_string_cuts_the_text_at_the_earliest_match():
 
 
 def test_position_seed_mixes_seed_and_position():
-    from fsched.core.runner.sampling import position_seed
+    from fsched.core.runners.hf.sampling import position_seed
 
     seeds = {position_seed(s, p) for s in range(20) for p in range(20)}
     assert len(seeds) == 400 and all(0 <= s < 2**63 for s in seeds)
@@ -36,7 +36,7 @@ def test_position_seed_mixes_seed_and_position():
 
 def test_sampling_depends_only_on_seed_and_position():
     torch = pytest.importorskip("torch")
-    from fsched.core.runner.sampling import choose_tokens, sample
+    from fsched.core.runners.hf.sampling import choose_tokens, sample
     from fsched.core.types import SamplingParams
 
     logits = torch.randn(50, generator=torch.Generator().manual_seed(0))

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from fsched.core.trace import TraceError, load_trace, parse_assignments, parse_mix
+from fsched.core.sim.trace import TraceError, load_trace, parse_assignments, parse_mix
 from fsched.core.types import RequestClass
 
 AZURE = (

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fsched.core.usage import (
+from fsched.core.sched.usage import (
     DrfMeter,
     TenantCharge,
     VtcMeter,
@@ -100,7 +100,7 @@ def test_vtc_counts_weighted_input_and_output_tokens_and_lifts():
 
 
 def test_drf_weight_change_keeps_the_score_continuous():
-    from fsched.core.usage import DrfMeter, TenantCharge
+    from fsched.core.sched.usage import DrfMeter, TenantCharge
 
     meter = DrfMeter({"a": 1.0, "b": 1.0}, default_weight=1.0, kv_capacity=1000, half_life_s=600)
     meter.charge({"a": TenantCharge(gpu_s=3.0, kv_token_s=10.0), "b": TenantCharge(gpu_s=1.0)}, 4.0, 1.0)
@@ -118,7 +118,7 @@ def test_drf_weight_change_keeps_the_score_continuous():
 
 
 def test_peer_totals_sum_and_decay_by_age():
-    from fsched.core.usage import peer_totals
+    from fsched.core.sched.usage import peer_totals
 
     rows = [("a", 4.0, 100.0, 0.0), ("a", 2.0, 0.0, 10.0), ("b", 1.0, 10.0, 20.0)]
     totals = peer_totals(rows, half_life_s=10.0)

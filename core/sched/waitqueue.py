@@ -25,8 +25,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Hashable, Iterator, Mapping
 
-from fsched.core.policy import INF, Policy
-from fsched.core.schedreq import SchedRequest
+from fsched.core.sched.policy import INF, Policy
+from fsched.core.sched.request import SchedRequest
 
 _Entry = tuple[tuple, SchedRequest]
 

@@ -1,7 +1,7 @@
 """ModelRunner: executes the scheduler's plans on a Hugging Face causal LM.
 
 One `run(plan)` is one engine step, in the order the plan promises (see
-core/plan.py): checkpoint the preempted (park their KV in host memory, or
+core/sched/plan.py): checkpoint the preempted (park their KV in host memory, or
 drop it for recompute), restore the resumed, decode one token for every row
 of the batch, then run the prefill chunks; a chunk that completes its
 prefill yields the request's next token and its KV joins the batch.
@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from fsched.core.plan import Outcome, Plan, PrefillChunk
-from fsched.core.runner.kvbatch import BatchKV, ParkedKV, RowGroup, cache_from_layers, layers_of
-from fsched.core.runner.model import LoadedModel
-from fsched.core.runner.sampling import choose_tokens
-from fsched.core.schedreq import Checkpoint
-from fsched.core.stopping import FinishReason, StopCheck, check_stop
+from fsched.core.runners.hf.kvbatch import BatchKV, ParkedKV, RowGroup, cache_from_layers, layers_of
+from fsched.core.runners.hf.model import LoadedModel
+from fsched.core.runners.hf.sampling import choose_tokens
+from fsched.core.sched.plan import Outcome, Plan, PrefillChunk
+from fsched.core.sched.request import Checkpoint
+from fsched.core.serve.stopping import FinishReason, StopCheck, check_stop
 from fsched.core.types import SamplingParams
 
 

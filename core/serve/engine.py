@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from fsched.core.schedreq import SchedRequest
-from fsched.core.scheduler import Scheduler
-from fsched.core.stopping import FinishReason
+from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.scheduler import Scheduler
+from fsched.core.sched.usage import TenantCharge
+from fsched.core.serve.stopping import FinishReason
 from fsched.core.types import RequestClass, SamplingParams
-from fsched.core.usage import TenantCharge
 
 
 @dataclass(slots=True)

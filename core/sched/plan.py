@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fsched.core.schedreq import Checkpoint
+from fsched.core.sched.request import Checkpoint
 
 
 @dataclass(slots=True, frozen=True)

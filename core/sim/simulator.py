@@ -16,14 +16,14 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fsched.core.costmodel import CostModel
-from fsched.core.metrics import dominant_fractions, jain_index, percentile
-from fsched.core.plan import Outcome, Plan
-from fsched.core.sched_config import SchedulerConfig
-from fsched.core.schedreq import SchedRequest
-from fsched.core.scheduler import Scheduler
-from fsched.core.shares import entitled_shares
-from fsched.core.trace import TraceRequest
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.plan import Outcome, Plan
+from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.scheduler import Scheduler
+from fsched.core.sched.shares import entitled_shares
+from fsched.core.sim.costmodel import CostModel
+from fsched.core.sim.metrics import dominant_fractions, jain_index, percentile
+from fsched.core.sim.trace import TraceRequest
 from fsched.core.types import RequestClass
 
 

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import math
 
-from fsched.core.costmodel import CostModel
-from fsched.core.sched_config import SchedulerConfig
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sim.costmodel import CostModel
 
 
 def longest_step_s(config: SchedulerConfig, cost: CostModel) -> float:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fsched.core.policy import aged
-from fsched.core.scheduler import Scheduler
+from fsched.core.sched.policy import aged
+from fsched.core.sched.scheduler import Scheduler
 from fsched.core.types import RequestState
 
 

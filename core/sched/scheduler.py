@@ -28,13 +28,13 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from fsched.core.plan import Outcome, Plan, Preemption, PrefillChunk
-from fsched.core.policy import INF, Policy, make_policy
-from fsched.core.sched_config import SchedulerConfig
-from fsched.core.schedreq import Checkpoint, SchedRequest
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.plan import Outcome, Plan, Preemption, PrefillChunk
+from fsched.core.sched.policy import INF, Policy, make_policy
+from fsched.core.sched.request import Checkpoint, SchedRequest
+from fsched.core.sched.usage import TenantCharge
+from fsched.core.sched.waitqueue import WaitQueue
 from fsched.core.types import RequestClass, RequestState
-from fsched.core.usage import TenantCharge
-from fsched.core.waitqueue import WaitQueue
 
 
 def demote(level: int, level_tokens: int, produced: int, quanta: tuple[int, ...]):

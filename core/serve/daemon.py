@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fsched.core.engine import Engine, EngineRequest, EngineResult, StepFailed, StepReport
-from fsched.core.explain import explain
 from fsched.core.faults import crash_point
+from fsched.core.sched.explain import explain
+from fsched.core.sched.usage import peer_totals
+from fsched.core.serve.engine import Engine, EngineRequest, EngineResult, StepFailed, StepReport
 from fsched.core.store import ClaimedRequest, Completion, DaemonSummary, JobStore, StorageError, TokenUpdate
 from fsched.core.types import RequestClass, RequestState, SamplingParams
-from fsched.core.usage import peer_totals
 
 log = logging.getLogger("fsched.daemon")
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fsched.core.limits import InputLimits
+from fsched.core.jobs.limits import InputLimits
 from fsched.core.types import MAX_SEED, ChatMessage, Endpoint, RequestSpec, SamplingParams
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})

@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fsched.core.plan import Outcome, Plan
-from fsched.core.schedreq import Checkpoint
-from fsched.core.stopping import StopCheck, check_stop
+from fsched.core.sched.plan import Outcome, Plan
+from fsched.core.sched.request import Checkpoint
+from fsched.core.serve.stopping import StopCheck, check_stop
 from fsched.core.types import SamplingParams
 
 STANDIN_SPEC = "standin"

@@ -34,10 +34,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from typing import Protocol
 
-from fsched.core.sched_config import SchedulerConfig
-from fsched.core.schedreq import SchedRequest
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.usage import DrfMeter, NullMeter, TenantMeter, VtcMeter
 from fsched.core.types import RequestClass
-from fsched.core.usage import DrfMeter, NullMeter, TenantMeter, VtcMeter
 
 INF = float("inf")
 
