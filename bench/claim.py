@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 
 from fsched.core.jobs.jobfile import parse_job_file
-from fsched.core.store import Completion, JobSubmission
+from fsched.core.store.records import Completion, JobSubmission
 from fsched.core.types import RequestClass, RequestState
 from fsched.storage.jobstore import SqlJobStore
 

@@ -63,7 +63,7 @@ def job_lines(n: int, seed: int, out=(8, 128), prompt=(4, 40)) -> bytes:
 
 def submit(store, data: bytes, tenant: str, cls: str = "batch", name: str = "job") -> int:
     from fsched.core.jobs.jobfile import parse_job_file
-    from fsched.core.store import JobSubmission
+    from fsched.core.store.records import JobSubmission
     from fsched.core.types import RequestClass
 
     parsed = parse_job_file(data, name)

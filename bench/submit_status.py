@@ -66,7 +66,7 @@ def bare_insert_seconds(job_file: Path, folder: Path) -> float:
 def fill_to(total: int, job_file: Path, url: str) -> None:
     """Submit the same file as further jobs (in-process) until `total` requests are stored."""
     from fsched.core.jobs.jobfile import parse_job_file
-    from fsched.core.store import JobSubmission
+    from fsched.core.store.records import JobSubmission
     from fsched.core.types import RequestClass
     from fsched.storage.jobstore import SqlJobStore
 

@@ -13,7 +13,9 @@ import typer
 
 if TYPE_CHECKING:
     from fsched.core.jobs.access import Actor
-    from fsched.storage.jobstore import SqlJobStore
+    from fsched.storage.base import SqlStoreBase
+    from fsched.storage.catalog import SqlCatalogStore
+    from fsched.storage.queue import SqlQueueStore
 
 DbOption = Annotated[
     str | None,
@@ -43,7 +45,7 @@ def note(message: str) -> None:
 def handle_errors(command: Callable) -> Callable:
     """Turn the errors a user can act on into one stderr line and a non-zero exit."""
     from fsched.core.jobs.jobfile import JobFileError
-    from fsched.core.store import StoreError
+    from fsched.core.store.records import StoreError
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -59,13 +61,21 @@ def handle_errors(command: Callable) -> Callable:
     return wrapper
 
 
-def open_store(db: str | None) -> SqlJobStore:
-    from fsched.storage.jobstore import SqlJobStore
+def open_catalog(db: str | None) -> SqlCatalogStore:
+    """The commands' side of the job table: submit, list, results, cancel, tenants, daemons."""
+    from fsched.storage.catalog import SqlCatalogStore
 
-    return SqlJobStore(db)
+    return SqlCatalogStore(db)
 
 
-def acting_user(store: SqlJobStore) -> Actor:
+def open_queue(db: str | None) -> SqlQueueStore:
+    """The daemon's side of the job table: claim, write back, leases, heartbeats."""
+    from fsched.storage.queue import SqlQueueStore
+
+    return SqlQueueStore(db)
+
+
+def acting_user(store: SqlStoreBase) -> Actor:
     """Who runs this command, and whether they are an fsched admin of this job table."""
     from fsched.core.jobs.access import local_actor
 

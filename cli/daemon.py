@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from fsched.cli.common import DbOption, UserError, acting_user, allow, handle_errors, open_store
+from fsched.cli.common import DbOption, UserError, acting_user, allow, handle_errors, open_queue
 
 POLICIES = ("fsched", "fcfs", "priority", "vtc")
 
@@ -74,7 +74,7 @@ def daemon(
         format="fsched daemon: %(message)s",
     )
     log = logging.getLogger("fsched.daemon")
-    store = open_store(db)
+    store = open_queue(db)
     if store.db.dialect == "sqlite":
         # The daemon reads every tenant's prompts and writes every output: on a
         # shared SQLite table that is an admin's job. (On PostgreSQL, holding

@@ -32,10 +32,10 @@ from fsched.cli.common import (
     fail,
     handle_errors,
     note,
-    open_store,
+    open_catalog,
     print_json,
 )
-from fsched.core.store import JobSummary, RequestTiming
+from fsched.core.store.records import JobSummary, RequestTiming
 from fsched.core.types import RequestClass, RequestState
 
 WEIGHTS = {"alice": 3.0, "bob": 1.0}
@@ -216,9 +216,9 @@ def demo(
 
 def _run(url: str, tmp: Path, policy: str, threads: int | None, size: float, as_json: bool) -> None:
     from fsched.core.jobs.jobfile import parse_job_file
-    from fsched.core.store import JobSubmission, TenantExists
+    from fsched.core.store.records import JobSubmission, TenantExists
 
-    store = open_store(url)
+    store = open_catalog(url)
     for name, weight in WEIGHTS.items():
         try:
             store.add_tenant(name, weight)

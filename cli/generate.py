@@ -27,12 +27,12 @@ from fsched.cli.common import (
     fail,
     handle_errors,
     note,
-    open_store,
+    open_catalog,
     print_json,
 )
 from fsched.cli.submit import CLASS_NAMES, parse_class
 from fsched.core.jobs.access import default_tenant, may_act_as
-from fsched.core.store import RequestProgress
+from fsched.core.store.records import RequestProgress
 from fsched.core.types import RequestState
 
 POLL_S = 0.02
@@ -114,7 +114,7 @@ def generate(
     """
     from fsched.core.jobs.jobfile import parse_job_file
     from fsched.core.jobs.limits import InputLimits
-    from fsched.core.store import JobSubmission
+    from fsched.core.store.records import JobSubmission
 
     cls = parse_class(request_class)
     if timeout is not None and timeout <= 0:
@@ -123,7 +123,7 @@ def generate(
     parsed = parse_job_file(
         one_line_job(prompt, max_tokens, temperature, seed), "<generate>", limits, DEFAULT_MAX_TOKENS
     )
-    store = open_store(db)
+    store = open_catalog(db)
     actor = acting_user(store)
     tenant = tenant or default_tenant(actor, getpass.getuser())
     allow(may_act_as(actor, tenant))

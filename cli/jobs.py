@@ -19,7 +19,7 @@ from fsched.cli.common import (
     fail,
     handle_errors,
     note,
-    open_store,
+    open_catalog,
     print_json,
 )
 
@@ -32,9 +32,9 @@ def cancel(
 ) -> None:
     """Cancel jobs: waiting requests at once, running ones at the daemon's next step."""
     from fsched.core.jobs.access import may_touch_job
-    from fsched.core.store import UnknownJob
+    from fsched.core.store.records import UnknownJob
 
-    store = open_store(db)
+    store = open_catalog(db)
     actor = acting_user(store)
     refused = []
     for job_id in job_ids:
@@ -91,7 +91,7 @@ def results(
     from fsched.core.jobs.access import may_touch_job
     from fsched.core.jobs.results import output_line
 
-    store = open_store(db)
+    store = open_catalog(db)
     job = store.list_jobs(job_id=job_id)[0]
     allow(may_touch_job(acting_user(store), "read the results of", job_id, job.tenant))
     lines = (

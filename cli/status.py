@@ -7,7 +7,15 @@ from typing import Annotated
 
 import typer
 
-from fsched.cli.common import DbOption, JsonOption, acting_user, allow, handle_errors, open_store, print_json
+from fsched.cli.common import (
+    DbOption,
+    JsonOption,
+    acting_user,
+    allow,
+    handle_errors,
+    open_catalog,
+    print_json,
+)
 
 RECENT_FINISHED_JOBS = 10
 
@@ -37,7 +45,7 @@ def status(
     from fsched.cli.report import StatusSnapshot, status_json
     from fsched.core.jobs.access import may_touch_job, visible_tenant
 
-    store = open_store(db)
+    store = open_catalog(db)
     actor = acting_user(store)
     tenant, refusal = visible_tenant(actor, tenant)
     allow(refusal)

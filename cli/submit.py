@@ -16,7 +16,7 @@ from fsched.cli.common import (
     acting_user,
     allow,
     handle_errors,
-    open_store,
+    open_catalog,
     print_json,
 )
 from fsched.core.jobs.access import default_tenant, may_act_as
@@ -83,7 +83,7 @@ def submit(
     Every file is validated whole before anything is stored; all the jobs are
     stored in one transaction.
     """
-    from fsched.core.store import JobSubmission
+    from fsched.core.store.records import JobSubmission
 
     cls = parse_class(request_class)
     if not 0 <= priority <= 9:
@@ -100,7 +100,7 @@ def submit(
         source = "<stdin>" if file == "-" else file
         parsed.append(parse_job_file(data, source, limits, default_max_tokens=max_tokens))
 
-    store = open_store(db)
+    store = open_catalog(db)
     actor = acting_user(store)
     tenant = tenant or default_tenant(actor, getpass.getuser())
     allow(may_act_as(actor, tenant))

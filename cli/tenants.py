@@ -6,7 +6,15 @@ from typing import Annotated
 
 import typer
 
-from fsched.cli.common import DbOption, JsonOption, acting_user, allow, handle_errors, open_store, print_json
+from fsched.cli.common import (
+    DbOption,
+    JsonOption,
+    acting_user,
+    allow,
+    handle_errors,
+    open_catalog,
+    print_json,
+)
 from fsched.core.jobs.access import may_administer
 
 app = typer.Typer(help="List and manage tenants and their weights.", no_args_is_help=True)
@@ -18,7 +26,7 @@ def list_tenants(as_json: JsonOption = False, db: DbOption = None) -> None:
     """List tenants: weight, entitled share, active jobs, queued and running requests."""
     from fsched.cli.report import tenant_entitlements, tenant_json
 
-    tenants = open_store(db).list_tenants()
+    tenants = open_catalog(db).list_tenants()
     if as_json:
         entitled = tenant_entitlements(tenants)
         print_json([tenant_json(t, entitled[t.name]) for t in tenants])
@@ -38,7 +46,7 @@ def add(
     db: DbOption = None,
 ) -> None:
     """Add a tenant with a weight (an fsched admin only)."""
-    store = open_store(db)
+    store = open_catalog(db)
     allow(may_administer(acting_user(store), "adding a tenant"))
     store.add_tenant(name, weight)
     print(f"added tenant {name} with weight {weight:g}")
@@ -52,7 +60,7 @@ def set_weight(
     db: DbOption = None,
 ) -> None:
     """Change a tenant's weight (an fsched admin only); a running daemon applies it within a second."""
-    store = open_store(db)
+    store = open_catalog(db)
     allow(may_administer(acting_user(store), "changing a weight"))
     store.set_weight(name, weight)
     print(f"tenant {name} now has weight {weight:g}")
@@ -65,7 +73,7 @@ def remove(
     db: DbOption = None,
 ) -> None:
     """Remove a tenant (an fsched admin only; refused while it has unfinished jobs)."""
-    store = open_store(db)
+    store = open_catalog(db)
     allow(may_administer(acting_user(store), "removing a tenant"))
     store.remove_tenant(name)
     print(f"removed tenant {name}")

@@ -113,7 +113,7 @@ def owner_of(store: SqlJobStore, pid: int, timeout: float = 20) -> str:
 def held_by(store: SqlJobStore, owner: str) -> int:
     from sqlalchemy import func, select
 
-    from fsched.storage.jobstore import requests
+    from fsched.storage.rows import requests
 
     with store.db.read() as conn:
         return conn.execute(

@@ -22,7 +22,7 @@ from fsched.core.sched.plan import Plan
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.serve.daemon import Daemon, DaemonConfig
 from fsched.core.serve.engine import Engine
-from fsched.core.store import JobSubmission
+from fsched.core.store.records import JobSubmission
 from fsched.core.types import RequestClass
 from fsched.storage.jobstore import SqlJobStore
 

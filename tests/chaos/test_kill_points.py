@@ -25,7 +25,7 @@ import sqlite3
 
 import pytest
 
-from fsched.storage.jobstore import INSERT_CHUNK
+from fsched.storage.submit import INSERT_CHUNK
 
 from .harness import (
     SIGKILLED,

@@ -9,8 +9,9 @@ import pytest
 from sqlalchemy.exc import IntegrityError
 
 from fsched.core.jobs.jobfile import ParsedJobFile, parse_job_file
-from fsched.core.store import (
-    JobStore,
+from fsched.core.store.catalog import CatalogStore
+from fsched.core.store.queue import QueueStore
+from fsched.core.store.records import (
     JobSubmission,
     StoreError,
     TenantBusy,
@@ -19,7 +20,7 @@ from fsched.core.store import (
     UnknownTenant,
 )
 from fsched.core.types import Endpoint, JobState, RequestClass, RequestSpec, RequestState, SamplingParams
-from fsched.storage import jobstore as jobstore_module
+from fsched.storage import catalog as catalog_module
 from fsched.storage.jobstore import SqlJobStore
 
 
@@ -41,8 +42,13 @@ def store(db_url) -> SqlJobStore:
     store.db.dispose()
 
 
-def test_sql_store_implements_the_core_protocol(store):
-    assert isinstance(store, JobStore)
+def test_sql_stores_implement_the_core_protocols(store):
+    from fsched.storage.catalog import SqlCatalogStore
+    from fsched.storage.queue import SqlQueueStore
+
+    assert isinstance(store, CatalogStore) and isinstance(store, QueueStore)
+    assert isinstance(SqlCatalogStore(store.db), CatalogStore)
+    assert isinstance(SqlQueueStore(store.db), QueueStore)
 
 
 def test_submit_stores_job_requests_and_new_tenant(store):
@@ -123,7 +129,7 @@ def test_unknown_job(store):
 
 
 def test_results_in_input_order_across_pages(store, monkeypatch):
-    monkeypatch.setattr(jobstore_module, "RESULTS_BATCH", 7)
+    monkeypatch.setattr(catalog_module, "RESULTS_BATCH", 7)
     (job,) = store.submit([submission(30)])
     claimed = store.claim("d", per_group=30)
     for c in reversed(claimed):  # finish in reverse order
@@ -163,9 +169,9 @@ def test_tenants_add_reweight_remove(store):
 def test_finish_request_rejects_non_final_state_and_unknown_id(store):
     store.submit([submission(1)])
     with pytest.raises(ValueError):
-        store.finish_request(1, RequestState.RUNNING)
+        store.finish_request("1", RequestState.RUNNING)
     with pytest.raises(StoreError, match="no request"):
-        store.finish_request(999, RequestState.DONE)
+        store.finish_request("999", RequestState.DONE)
 
 
 def test_claim_is_fair_across_tenants_and_classes(store):
@@ -187,7 +193,7 @@ def test_claim_is_fair_across_tenants_and_classes(store):
 
 
 def test_flush_release_and_fencing(store):
-    from fsched.core.store import TokenUpdate
+    from fsched.core.store.records import TokenUpdate
 
     (job,) = store.submit([submission(3)])
     a, b, c = store.claim("d1", per_group=10)
@@ -206,7 +212,7 @@ def test_flush_release_and_fencing(store):
 
 
 def test_cancelled_held_and_weights_and_heartbeat(store):
-    from fsched.core.store import DaemonSummary
+    from fsched.core.store.records import DaemonSummary
 
     (job,) = store.submit([submission(2)])
     store.claim("d1", per_group=1)
@@ -225,7 +231,7 @@ def test_cancelled_held_and_weights_and_heartbeat(store):
 
 
 def test_a_claim_leases_with_an_epoch_and_writes_name_it(store):
-    from fsched.core.store import Completion, TokenUpdate
+    from fsched.core.store.records import Completion, TokenUpdate
 
     store.submit([submission(1)])
     (first,) = store.claim("d1", per_group=5, lease_s=30)
@@ -247,7 +253,7 @@ def test_a_claim_leases_with_an_epoch_and_writes_name_it(store):
 
 
 def test_expired_leases_are_reclaimed_and_the_old_holder_is_fenced(store):
-    from fsched.core.store import Completion, TokenUpdate
+    from fsched.core.store.records import Completion, TokenUpdate
 
     (job,) = store.submit([submission(3)])
     stale = store.claim("paused", per_group=2, lease_s=0.3)
@@ -270,8 +276,8 @@ def test_expired_leases_are_reclaimed_and_the_old_holder_is_fenced(store):
     assert store.finish_requests(
         [Completion(c.id, RequestState.DONE, (1,), "ok", epoch=2) for c in stale], "live"
     ) == [True, True]
-    done = {r.id: r.output_text for r in store.iter_results(job.job_id)}
-    assert {done[c.id] for c in stale} == {"ok"}
+    done = {r.custom_id: r.output_text for r in store.iter_results(job.job_id)}
+    assert {done[c.custom_id] for c in stale} == {"ok"}
     assert store.list_jobs(job_id=job.job_id)[0].counts.num_done == 2
 
 

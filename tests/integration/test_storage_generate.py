@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fsched.core.jobs.jobfile import parse_job_file
-from fsched.core.store import JobSubmission, TokenUpdate, UnknownJob
+from fsched.core.store.records import JobSubmission, TokenUpdate, UnknownJob
 from fsched.core.types import RequestClass, RequestState
 from fsched.storage.jobstore import SqlJobStore
 

@@ -6,7 +6,7 @@ import pytest
 
 from fsched.cli.demo import ShareWindow, percentile, summary
 from fsched.core.jobs.jobstate import JobCounts
-from fsched.core.store import JobSummary, RequestTiming
+from fsched.core.store.records import JobSummary, RequestTiming
 from fsched.core.types import JobState, RequestClass, RequestState
 
 

@@ -1,18 +1,22 @@
-"""What the core needs from a job table, and the errors any store raises.
+"""The records the job store hands back and takes, and the errors any store raises.
 
-`storage` implements JobStore over SQL; tests may implement it in memory.
-The core never imports `storage` (DESIGN §1).
+Shared by both sides of the store: the queue the daemons serve
+(`queue.QueueStore`) and the catalog the commands read and change
+(`catalog.CatalogStore`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.jobs.jobstate import JobCounts
 from fsched.core.types import JobState, RequestClass, RequestState
+
+# A request's id inside the core: the job table's key, as text. The scheduler,
+# the engine and the runners key requests by it; storage converts it to and
+# from its integer column at its own boundary, and nowhere else.
+RequestId = str
 
 
 class StoreError(Exception):
@@ -150,7 +154,7 @@ class RequestResult:
 
 @dataclass(slots=True, frozen=True)
 class ClaimedRequest:
-    id: int
+    id: RequestId
     job_id: int
     tenant: str
     request_class: RequestClass
@@ -203,7 +207,7 @@ class RequestTiming:
 class Completion:
     """A request's end: final state and output, written in one transaction."""
 
-    request_id: int
+    request_id: RequestId
     state: RequestState
     output_tokens: tuple[int, ...] = ()
     output_text: str = ""
@@ -219,7 +223,7 @@ class Completion:
 class TokenUpdate:
     """A running request's output so far, to persist."""
 
-    request_id: int
+    request_id: RequestId
     tokens: tuple[int, ...]
     text: str
     first_token_at: float | None = None
@@ -235,78 +239,3 @@ class PeerUsage:
     gpu_s: float
     kv_token_s: float
     age_s: float  # since it was published, on the database's clock
-
-
-@runtime_checkable
-class JobStore(Protocol):
-    def submit(
-        self, submissions: Sequence[JobSubmission], max_queued_per_tenant: int = ...
-    ) -> list[SubmittedJob]: ...
-
-    def list_jobs(
-        self, job_id: int | None = None, tenant: str | None = None, include_finished: bool = True
-    ) -> list[JobSummary]: ...
-
-    def cancel_job(self, job_id: int) -> CancelOutcome: ...
-
-    def iter_results(self, job_id: int, errors: bool = False) -> Iterator[RequestResult]: ...
-
-    def request_progress(self, job_id: int) -> list[RequestProgress]: ...
-
-    def request_timings(self, job_ids: Sequence[int]) -> list[RequestTiming]: ...
-
-    def list_tenants(self) -> list[TenantSummary]: ...
-
-    def add_tenant(self, name: str, weight: float = 1.0) -> None: ...
-
-    def set_weight(self, name: str, weight: float) -> None: ...
-
-    def remove_tenant(self, name: str) -> None: ...
-
-    def list_daemons(self) -> list[DaemonSummary]: ...
-
-    def claim(
-        self,
-        owner: str,
-        per_group: int,
-        held: Mapping[tuple[str, RequestClass], int] | None = None,
-        limit: int | None = None,
-        lease_s: float = 30.0,
-    ) -> list[ClaimedRequest]: ...
-
-    def flush_tokens(self, owner: str, updates: Sequence[TokenUpdate]) -> int: ...
-
-    def finish_requests(self, completions: Sequence[Completion], owner: str | None = None) -> list[bool]: ...
-
-    def release(self, owner: str | None = None, request_ids: Sequence[int] | None = None) -> int: ...
-
-    def renew_leases(self, owner: str, leases: Mapping[int, int], lease_s: float) -> set[int]: ...
-
-    def reclaim_expired(self) -> int: ...
-
-    def exchange_usage(
-        self, owner: str, usage: Mapping[str, tuple[float, float]]
-    ) -> list[PeerUsage]: ...
-
-    def cancelled_held(self, owner: str) -> list[int]: ...
-
-    def tenant_weights(self) -> dict[str, float]: ...
-
-    def has_queued(self, running_too: bool = False) -> bool: ...
-
-    def heartbeat(self, daemon: DaemonSummary) -> None: ...
-
-    def finish_request(
-        self,
-        request_id: int,
-        state: RequestState,
-        output_tokens: Sequence[int] = (),
-        output_text: str = "",
-        finish_reason: str | None = None,
-        prompt_tokens: int | None = None,
-        model: str | None = None,
-        error: str | None = None,
-        owner: str | None = None,
-        first_token_at: float | None = None,
-        epoch: int | None = None,
-    ) -> bool: ...

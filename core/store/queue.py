@@ -1,0 +1,143 @@
+"""QueueStore: what a daemon needs from the job table.
+
+A daemon claims queued requests under a lease, writes their tokens back as
+they come, ends them, and hands back what it cannot finish. Several daemons
+may share one queue; leases and epochs keep each request in one daemon's
+hands at a time.
+
+What every implementation must hold:
+
+1. **Atomic claims.** A queued request is claimed by at most one caller;
+   two concurrent claims never return the same request.
+2. **Leases with epochs.** A claim moves a request to `running`, leased to
+   its owner until `lease_s` from now, and raises its lease epoch by one
+   (the fencing token). Renewal extends a lease only for its owner, under
+   the epoch the owner names.
+3. **Fencing.** A write (tokens, completion) that names an owner is applied
+   only while that owner holds the request under the epoch the write names.
+   Anything else is refused and changes nothing: a daemon that lost a
+   request (reclaimed, requeued, cancelled) cannot overwrite its successor.
+4. **Nothing ends twice.** A finished request never changes again.
+5. **Resume, never restart.** A request handed back (released, reclaimed,
+   failed step) keeps its flushed tokens, and its next claim returns them.
+6. **Cancels end work.** A request of a cancelled job is never claimed;
+   one handed back after its job was cancelled ends `cancelled`.
+7. **Short transactions.** Each call is one transaction; none is held
+   across calls, so a daemon never holds the table during a model step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from fsched.core.store.records import (
+    ClaimedRequest,
+    Completion,
+    DaemonSummary,
+    PeerUsage,
+    RequestId,
+    TokenUpdate,
+)
+from fsched.core.types import RequestClass, RequestState
+
+
+@runtime_checkable
+class QueueStore(Protocol):
+    def claim(
+        self,
+        owner: str,
+        per_group: int,
+        held: Mapping[tuple[str, RequestClass], int] | None = None,
+        limit: int | None = None,
+        lease_s: float = 30.0,
+    ) -> list[ClaimedRequest]:
+        """Lease queued requests to `owner`, fairly, and return them with their tokens so far.
+
+        Up to `per_group` for each (tenant, class) group, less what `held`
+        says the owner already holds of it, and at most `limit` in all. A
+        group's jobs go by base priority then age, each job's requests in
+        input order, so one tenant's large file never hides another's work.
+        Each returned request carries its new lease epoch and attempt count.
+        """
+        ...
+
+    def flush_tokens(self, owner: str, updates: Sequence[TokenUpdate]) -> int:
+        """Persist running requests' output so far; return how many were written.
+
+        An update is written only if `owner` still holds the request, under
+        the update's epoch when it names one; the others are skipped, silently
+        (the caller counts them as fenced).
+        """
+        ...
+
+    def finish_requests(self, completions: Sequence[Completion], owner: str | None = None) -> list[bool]:
+        """End requests with their final output; one answer per completion, in order.
+
+        False, changing nothing, when the request had already ended or, given
+        an `owner`, when that owner no longer holds it under the completion's
+        epoch. Raises ValueError for a state that is not final and StoreError
+        for an unknown request.
+        """
+        ...
+
+    def finish_request(
+        self,
+        request_id: RequestId,
+        state: RequestState,
+        output_tokens: Sequence[int] = (),
+        output_text: str = "",
+        finish_reason: str | None = None,
+        prompt_tokens: int | None = None,
+        model: str | None = None,
+        error: str | None = None,
+        owner: str | None = None,
+        first_token_at: float | None = None,
+        epoch: int | None = None,
+    ) -> bool:
+        """End one request: `finish_requests` with one completion."""
+        ...
+
+    def release(self, owner: str | None = None, request_ids: Sequence[RequestId] | None = None) -> int:
+        """Hand running requests back to the queue with their flushed tokens; return how many.
+
+        `owner` None releases every running request, whoever holds it: only
+        a daemon that is alone on the table may do that, at its start.
+        Requests of a cancelled job end `cancelled` instead.
+        """
+        ...
+
+    def renew_leases(self, owner: str, leases: Mapping[RequestId, int], lease_s: float) -> set[RequestId]:
+        """Extend `owner`'s leases (request -> epoch) by `lease_s` from now; return those still held.
+
+        A request missing from the answer is lost to this owner: it must be
+        dropped without writing anything more for it.
+        """
+        ...
+
+    def reclaim_expired(self) -> int:
+        """Requeue (or, for a cancelled job, cancel) running requests whose lease expired."""
+        ...
+
+    def exchange_usage(self, owner: str, usage: Mapping[str, tuple[float, float]]) -> list[PeerUsage]:
+        """Publish `owner`'s decayed usage per tenant (GPU s, KV token-s); return the other daemons'.
+
+        `owner`'s new figures replace its old ones; it never sees its own.
+        """
+        ...
+
+    def cancelled_held(self, owner: str) -> list[RequestId]:
+        """Requests `owner` holds whose job a user cancelled: to stop at the next step."""
+        ...
+
+    def tenant_weights(self) -> dict[str, float]:
+        """Every tenant's weight, as last set."""
+        ...
+
+    def has_queued(self, running_too: bool = False) -> bool:
+        """Whether any request waits to be claimed (with `running_too`: or is held by a daemon)."""
+        ...
+
+    def heartbeat(self, daemon: DaemonSummary) -> None:
+        """Insert or refresh a daemon's row; a summary with `stopped_at` set is its goodbye."""
+        ...

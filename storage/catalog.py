@@ -1,0 +1,279 @@
+"""SqlCatalogStore: the commands' side of the job table (CatalogStore) over SQLAlchemy Core.
+
+Every method is one transaction; reads of big jobs page by key, so a slow
+reader never holds a transaction open for long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+
+from sqlalchemy import func, select, update
+
+from fsched.core.jobs.limits import DEFAULT_MAX_QUEUED_PER_TENANT
+from fsched.core.jobs.tenants import validate_tenant_name, validate_weight
+from fsched.core.store.records import (
+    CancelOutcome,
+    DaemonSummary,
+    JobSubmission,
+    JobSummary,
+    RequestProgress,
+    RequestResult,
+    RequestTiming,
+    SubmittedJob,
+    TenantBusy,
+    TenantExists,
+    TenantSummary,
+    UnknownJob,
+    UnknownTenant,
+)
+from fsched.core.types import JobState, RequestClass, RequestState
+from fsched.storage.base import SqlStoreBase
+from fsched.storage.counters import lock_job, store_counts
+from fsched.storage.rows import (
+    FINISHED_JOB_STATES,
+    WAITING,
+    WAITING_REQUEST_STATES,
+    daemons,
+    job_counts,
+    job_summary,
+    jobs,
+    request_result,
+    requests,
+    tenants,
+)
+from fsched.storage.submit import check_queue_limit, create_missing_tenants, insert_job
+
+RESULTS_BATCH = 1_000
+
+
+class SqlCatalogStore(SqlStoreBase):
+    """Submit, list, results, cancel, tenants and daemons: what the commands do."""
+
+    # -- submit ---------------------------------------------------------------
+
+    def submit(
+        self,
+        submissions: Sequence[JobSubmission],
+        max_queued_per_tenant: int = DEFAULT_MAX_QUEUED_PER_TENANT,
+    ) -> list[SubmittedJob]:
+        """Store every job and all its requests in one transaction, or nothing.
+
+        QueueFull when a tenant's unfinished requests would go over
+        `max_queued_per_tenant`: counted inside the transaction, so two
+        concurrent submits cannot both slip under the limit.
+        """
+        now = self.clock()
+        for submission in submissions:
+            validate_tenant_name(submission.tenant)
+        with self.db.write() as conn:
+            created = create_missing_tenants(conn, self.db.dialect, {s.tenant for s in submissions}, now)
+            check_queue_limit(conn, submissions, max_queued_per_tenant)
+            return [
+                SubmittedJob(
+                    job_id=insert_job(conn, s, now),
+                    num_requests=len(s.parsed.requests),
+                    tenant=s.tenant,
+                    request_class=s.request_class,
+                    tenant_created=s.tenant in created,
+                )
+                for s in submissions
+            ]
+
+    # -- reading --------------------------------------------------------------
+
+    def list_jobs(
+        self,
+        job_id: int | None = None,
+        tenant: str | None = None,
+        include_finished: bool = True,
+        finished_limit: int | None = None,
+    ) -> list[JobSummary]:
+        """Jobs by id; finished ones only up to the newest `finished_limit`."""
+        query = select(jobs)
+        if job_id is not None:
+            query = query.where(jobs.c.id == job_id)
+        if tenant is not None:
+            query = query.where(jobs.c.tenant == tenant)
+        with self.db.read() as conn:
+            active = conn.execute(
+                query.where(jobs.c.state.not_in(FINISHED_JOB_STATES)).order_by(jobs.c.id)
+            ).all()
+            finished = []
+            if include_finished or job_id is not None:
+                finished_query = query.where(jobs.c.state.in_(FINISHED_JOB_STATES)).order_by(jobs.c.id.desc())
+                if finished_limit is not None and job_id is None:
+                    finished_query = finished_query.limit(finished_limit)
+                finished = conn.execute(finished_query).all()
+        if job_id is not None and not (active or finished):
+            raise UnknownJob(job_id)
+        rows = sorted([*active, *finished], key=lambda row: row.id)
+        return [job_summary(row) for row in rows]
+
+    def list_tenants(self) -> list[TenantSummary]:
+        load = (
+            select(
+                jobs.c.tenant,
+                func.count().label("active_jobs"),
+                func.sum(WAITING).label("queued"),
+                func.sum(jobs.c.num_running).label("running"),
+            )
+            .where(jobs.c.state.not_in(FINISHED_JOB_STATES))
+            .group_by(jobs.c.tenant)
+            .subquery()
+        )
+        query = (
+            select(tenants.c.name, tenants.c.weight, load.c.active_jobs, load.c.queued, load.c.running)
+            .select_from(tenants.outerjoin(load, load.c.tenant == tenants.c.name))
+            .order_by(tenants.c.name)
+        )
+        with self.db.read() as conn:
+            rows = conn.execute(query).all()
+        return [
+            TenantSummary(name=row.name, weight=row.weight, active_jobs=int(row.active_jobs or 0),
+                          queued=int(row.queued or 0), running=int(row.running or 0))
+            for row in rows
+        ]
+
+    def list_daemons(self) -> list[DaemonSummary]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                select(daemons, (self.db.now() - daemons.c.heartbeat_at).label("age_s"))
+                .order_by(daemons.c.heartbeat_at.desc())
+            ).all()
+        return [
+            DaemonSummary(
+                id=row.id, host=row.host, pid=row.pid, device=row.device, model=row.model,
+                started_at=row.started_at, heartbeat_at=row.heartbeat_at, stopped_at=row.stopped_at,
+                stats=row.stats or {}, heartbeat_age_s=max(0.0, row.age_s),
+            )
+            for row in rows
+        ]
+
+    def iter_results(self, job_id: int, errors: bool = False) -> Iterator[RequestResult]:
+        """Finished requests in input order: done ones, or with `errors` the rest."""
+        wanted = (
+            [RequestState.FAILED.value, RequestState.CANCELLED.value] if errors else [RequestState.DONE.value]
+        )
+        self._check_job(job_id)
+        last_idx = -1
+        while True:
+            # Keyset pages, each its own short read: a slow reader of a big
+            # job never holds a transaction open for long.
+            with self.db.read() as conn:
+                page = conn.execute(
+                    select(requests)
+                    .where(requests.c.job_id == job_id, requests.c.idx > last_idx,
+                           requests.c.state.in_(wanted))
+                    .order_by(requests.c.idx)
+                    .limit(RESULTS_BATCH)
+                ).all()
+            if not page:
+                return
+            for row in page:
+                yield request_result(row)
+            last_idx = page[-1].idx
+
+    def request_progress(self, job_id: int) -> list[RequestProgress]:
+        """A job's requests in input order with their output so far: one short read."""
+        self._check_job(job_id)
+        with self.db.read() as conn:
+            rows = conn.execute(
+                select(
+                    requests.c.id, requests.c.job_id, requests.c.state, requests.c.output_text,
+                    requests.c.num_output_tokens, requests.c.enqueued_at, requests.c.first_token_at,
+                    requests.c.finished_at, requests.c.finish_reason, requests.c.error,
+                )
+                .where(requests.c.job_id == job_id)
+                .order_by(requests.c.idx)
+            ).all()
+        return [
+            RequestProgress(
+                id=row.id, job_id=row.job_id, state=RequestState(row.state), output_text=row.output_text,
+                num_output_tokens=row.num_output_tokens, enqueued_at=row.enqueued_at,
+                first_token_at=row.first_token_at, finished_at=row.finished_at,
+                finish_reason=row.finish_reason, error=row.error,
+            )
+            for row in rows
+        ]
+
+    def request_timings(self, job_ids: Sequence[int]) -> list[RequestTiming]:
+        """The given jobs' requests (by id) with tenant, class and timestamps: one read."""
+        if not job_ids:
+            return []
+        with self.db.read() as conn:
+            rows = conn.execute(
+                select(
+                    requests.c.id, requests.c.job_id, jobs.c.tenant, jobs.c["class"], requests.c.state,
+                    requests.c.num_output_tokens, requests.c.enqueued_at, requests.c.first_token_at,
+                    requests.c.finished_at,
+                )
+                .select_from(requests.join(jobs, jobs.c.id == requests.c.job_id))
+                .where(requests.c.job_id.in_(list(job_ids)))
+                .order_by(requests.c.id)
+            ).all()
+        return [
+            RequestTiming(
+                id=row.id, job_id=row.job_id, tenant=row.tenant, request_class=RequestClass(row[3]),
+                state=RequestState(row.state), num_output_tokens=row.num_output_tokens,
+                enqueued_at=row.enqueued_at, first_token_at=row.first_token_at, finished_at=row.finished_at,
+            )
+            for row in rows
+        ]
+
+    def _check_job(self, job_id: int) -> None:
+        with self.db.read() as conn:
+            if conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is None:
+                raise UnknownJob(job_id)
+
+    # -- cancelling -------------------------------------------------------------
+
+    def cancel_job(self, job_id: int) -> CancelOutcome:
+        now = self.clock()
+        with self.db.write() as conn:
+            job = lock_job(conn, self.db.dialect, job_id)
+            state = JobState(job.state)
+            if state.finished:
+                return CancelOutcome(job_id, state, 0, 0, already_finished=True)
+            cancelled_now = conn.execute(
+                update(requests)
+                .where(requests.c.job_id == job_id, requests.c.state.in_(WAITING_REQUEST_STATES))
+                .values(state=RequestState.CANCELLED.value, finished_at=now)
+            ).rowcount
+            counts = replace(job_counts(job), num_cancelled=job.num_cancelled + cancelled_now)
+            state = store_counts(conn, job, counts, now, cancel_requested_at=now)
+        return CancelOutcome(job_id, state, cancelled_now, counts.num_running, already_finished=False)
+
+    # -- tenants ----------------------------------------------------------------
+
+    def add_tenant(self, name: str, weight: float = 1.0) -> None:
+        validate_tenant_name(name)
+        weight = validate_weight(weight)
+        with self.db.write() as conn:
+            if conn.execute(select(tenants.c.name).where(tenants.c.name == name)).first():
+                raise TenantExists(name)
+            conn.execute(tenants.insert().values(name=name, weight=weight, created_at=self.clock()))
+
+    def set_weight(self, name: str, weight: float) -> None:
+        weight = validate_weight(weight)
+        with self.db.write() as conn:
+            changed = conn.execute(
+                update(tenants).where(tenants.c.name == name).values(weight=weight)
+            ).rowcount
+            if not changed:
+                raise UnknownTenant(name)
+
+    def remove_tenant(self, name: str) -> None:
+        with self.db.write() as conn:
+            if not conn.execute(select(tenants.c.name).where(tenants.c.name == name)).first():
+                raise UnknownTenant(name)
+            unfinished = conn.execute(
+                select(func.count()).where(jobs.c.tenant == name, jobs.c.state.not_in(FINISHED_JOB_STATES))
+            ).scalar_one()
+            if unfinished:
+                raise TenantBusy(
+                    f"tenant {name!r} has {unfinished} unfinished job(s); cancel them or "
+                    "wait for them to finish first"
+                )
+            conn.execute(tenants.delete().where(tenants.c.name == name))

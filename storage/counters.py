@@ -1,0 +1,115 @@
+"""A job's counters and state, kept in step with its request rows: written once, used by both stores.
+
+Every writer that changes request states locks the job's row, adjusts its
+counters in the same transaction, and derives the job's state with the
+core's pure `derive_job_state`, so there is one rule for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from sqlalchemy import Connection, select, update
+
+from fsched.core.jobs.jobstate import JobCounts, derive_job_state
+from fsched.core.store.records import UnknownJob
+from fsched.core.types import JobState, RequestState
+from fsched.storage.rows import job_counts, jobs, requests
+
+
+@dataclass(slots=True)
+class CountDelta:
+    """How one transaction changes a job's counters."""
+
+    running: int = 0
+    done: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    output_tokens: int = 0
+
+    def ended(self, previous: RequestState, state: RequestState, tokens_added: int) -> None:
+        """Count one request that ended in `state`, having been `previous`."""
+        self.running -= previous is RequestState.RUNNING
+        self.done += state is RequestState.DONE
+        self.failed += state is RequestState.FAILED
+        self.cancelled += state is RequestState.CANCELLED
+        self.output_tokens += tokens_added
+
+
+def lock_job(conn: Connection, dialect: str, job_id: int):
+    """The job's row, locked for this transaction on PostgreSQL (SQLite's writers take turns)."""
+    query = select(jobs).where(jobs.c.id == job_id)
+    if dialect == "postgresql":
+        query = query.with_for_update()
+    job = conn.execute(query).first()
+    if job is None:
+        raise UnknownJob(job_id)
+    return job
+
+
+def store_counts(conn: Connection, job, counts: JobCounts, now: float, **extra) -> JobState:
+    """Write a job's new counters and the state they derive; return that state."""
+    cancel_requested = (extra.get("cancel_requested_at") or job.cancel_requested_at) is not None
+    started = (extra.get("started_at") or job.started_at) is not None
+    state = derive_job_state(counts, started=started, cancel_requested=cancel_requested)
+    values = {
+        "num_done": counts.num_done,
+        "num_failed": counts.num_failed,
+        "num_cancelled": counts.num_cancelled,
+        "num_running": counts.num_running,
+        "state": state.value,
+        **extra,
+    }
+    if state.finished and job.finished_at is None:
+        values["finished_at"] = now
+    conn.execute(update(jobs).where(jobs.c.id == job.id).values(**values))
+    return state
+
+
+def apply_delta(conn: Connection, dialect: str, job_id: int, delta: CountDelta, now: float) -> JobState:
+    """Lock a job and move its counters by `delta`."""
+    job = lock_job(conn, dialect, job_id)
+    counts = replace(
+        job_counts(job),
+        num_running=job.num_running + delta.running,
+        num_done=job.num_done + delta.done,
+        num_failed=job.num_failed + delta.failed,
+        num_cancelled=job.num_cancelled + delta.cancelled,
+    )
+    return store_counts(conn, job, counts, now, num_output_tokens=job.num_output_tokens + delta.output_tokens)
+
+
+def requeue(conn: Connection, dialect: str, rows: Sequence, now: float) -> None:
+    """Running requests (id, job_id) back to `queued`, keeping their tokens; counters follow.
+
+    A request whose job was cancelled ends `cancelled` instead (tokens kept): no
+    daemon claims work of a cancelled job, so requeued it would wait forever and
+    its job would read `cancelling` for good. That happens when the cancel lands
+    while the holder cannot act on it: a daemon killed, stopped or failing a step
+    before its next sync. The job's row is locked before its cancel mark is read,
+    so a concurrent `cancel` (which locks it too) is seen either way.
+    """
+    if not rows:
+        return
+    conn.execute(
+        update(requests)
+        .where(requests.c.id.in_([row.id for row in rows]))
+        .values(state=RequestState.QUEUED.value, lease_owner=None, lease_expires_at=None)
+    )
+    per_job: dict[int, list[int]] = {}
+    for row in rows:
+        per_job.setdefault(row.job_id, []).append(row.id)
+    for job_id in sorted(per_job):  # a fixed order: two sweepers never deadlock on jobs
+        job = lock_job(conn, dialect, job_id)
+        ids = per_job[job_id]
+        cancelled = 0
+        if job.cancel_requested_at is not None:
+            cancelled = conn.execute(
+                update(requests)
+                .where(requests.c.id.in_(ids))
+                .values(state=RequestState.CANCELLED.value, finished_at=now)
+            ).rowcount
+        counts = replace(job_counts(job), num_running=job.num_running - len(ids),
+                         num_cancelled=job.num_cancelled + cancelled)
+        store_counts(conn, job, counts, now=now)

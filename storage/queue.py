@@ -1,0 +1,324 @@
+"""SqlQueueStore: the daemons' side of the job table (QueueStore) over SQLAlchemy Core.
+
+Every method is one transaction. Leases and heartbeats are stamped by the
+database's clock, so daemons whose clocks disagree still agree on who holds
+what. Request ids are the core's text ids outside this module and integer
+keys inside it (`rows.row_id`, `rows.core_id`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from sqlalchemy import Connection, Float, bindparam, delete, func, select, update
+
+from fsched.core.faults import crash_point
+from fsched.core.store.records import (
+    ClaimedRequest,
+    Completion,
+    DaemonSummary,
+    PeerUsage,
+    RequestId,
+    StoreError,
+    TokenUpdate,
+)
+from fsched.core.types import RequestClass, RequestState
+from fsched.storage.base import SqlStoreBase
+from fsched.storage.claim import claim_requests
+from fsched.storage.counters import CountDelta, apply_delta, requeue
+from fsched.storage.rows import core_id, daemon_usage, daemons, jobs, requests, row_id, tenants
+
+USAGE_KEPT_S = 86_400.0
+
+# The daemon's hot writes, built once and run as executemany: building an
+# UPDATE per row cost more than executing it.
+FLUSH_TOKENS = (
+    update(requests)
+    .where(requests.c.id == bindparam("b_id"))
+    .values(
+        output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type),
+        output_text=bindparam("b_text"),
+        num_output_tokens=bindparam("b_num"),
+        first_token_at=func.coalesce(requests.c.first_token_at, bindparam("b_first", type_=Float)),
+    )
+)
+FINISH_REQUEST = (
+    update(requests)
+    .where(requests.c.id == bindparam("b_id"))
+    .values(
+        state=bindparam("b_state"),
+        output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type),
+        output_text=bindparam("b_text"),
+        num_output_tokens=bindparam("b_num"),
+        finish_reason=bindparam("b_reason"),
+        prompt_tokens=bindparam("b_prompt"),
+        model=bindparam("b_model"),
+        error=bindparam("b_error"),
+        finished_at=bindparam("b_now", type_=Float),
+        lease_owner=None,
+        lease_expires_at=None,
+        first_token_at=func.coalesce(requests.c.first_token_at, bindparam("b_first", type_=Float)),
+    )
+)
+
+
+class SqlQueueStore(SqlStoreBase):
+    """Claim, write back, hand back, leases, usage and heartbeats: what a daemon does."""
+
+    def claim(
+        self,
+        owner: str,
+        per_group: int,
+        held: Mapping[tuple[str, RequestClass], int] | None = None,
+        limit: int | None = None,
+        lease_s: float = 30.0,
+    ) -> list[ClaimedRequest]:
+        """Atomically move queued requests to `running`, leased to `owner` for `lease_s`.
+
+        Fair by construction: up to `per_group` for each (tenant, class)
+        group, less what `held` says the owner already holds of it; see
+        `claim.claim_requests`.
+        """
+        return claim_requests(self.db, self.clock(), owner, per_group, held or {}, limit, lease_s)
+
+    def flush_tokens(self, owner: str, updates: Sequence[TokenUpdate]) -> int:
+        """Persist generated tokens so far, in one transaction; returns rows written.
+
+        Only requests `owner` still holds, under the epoch each update names,
+        are written: a daemon that lost a request (cancelled, reclaimed after
+        its lease expired) writes nothing for it.
+        """
+        if not updates:
+            return 0
+        with self.db.write() as conn:
+            rows = {
+                row.id: row
+                for row in conn.execute(
+                    select(requests.c.id, requests.c.job_id, requests.c.num_output_tokens,
+                           requests.c.lease_epoch).where(
+                        requests.c.id.in_([row_id(u.request_id) for u in updates]),
+                        requests.c.lease_owner == owner,
+                        requests.c.state == RequestState.RUNNING.value,
+                    )
+                )
+            }
+            per_job: dict[int, int] = {}
+            writes = []
+            for u in updates:
+                row = rows.get(row_id(u.request_id))
+                if row is None or (u.epoch is not None and row.lease_epoch != u.epoch):
+                    continue  # fenced: the lease was lost (reclaimed, cancelled, requeued)
+                writes.append({"b_id": row.id, "b_tokens": list(u.tokens), "b_text": u.text,
+                               "b_num": len(u.tokens), "b_first": u.first_token_at})
+                per_job[row.job_id] = per_job.get(row.job_id, 0) + len(u.tokens) - row.num_output_tokens
+            if writes:
+                conn.execute(FLUSH_TOKENS, writes)  # one executemany, not a statement per row
+            for job_id, delta in per_job.items():
+                if delta:
+                    conn.execute(update(jobs).where(jobs.c.id == job_id)
+                                 .values(num_output_tokens=jobs.c.num_output_tokens + delta))
+        return len(writes)
+
+    def finish_request(
+        self,
+        request_id: RequestId,
+        state: RequestState,
+        output_tokens: Sequence[int] = (),
+        output_text: str = "",
+        finish_reason: str | None = None,
+        prompt_tokens: int | None = None,
+        model: str | None = None,
+        error: str | None = None,
+        owner: str | None = None,
+        first_token_at: float | None = None,
+        epoch: int | None = None,
+    ) -> bool:
+        """End one request; see `finish_requests`."""
+        completion = Completion(request_id, state, tuple(output_tokens), output_text, finish_reason,
+                                prompt_tokens, model, error, first_token_at, epoch)
+        return self.finish_requests([completion], owner)[0]
+
+    def finish_requests(self, completions: Sequence[Completion], owner: str | None = None) -> list[bool]:
+        """End requests with their final output, in one transaction with their jobs' counters.
+
+        For each: False, changing nothing, when the request had already ended
+        (no request ends twice) or, given an `owner`, when that owner no
+        longer holds it under the completion's epoch (a fenced daemon writes
+        nothing).
+        """
+        for c in completions:
+            if not c.state.finished:
+                raise ValueError(f"{c.state} is not a final state")
+        if not completions:
+            return []
+        now = self.clock()
+        with self.db.write() as conn:
+            outcome, writes, per_job = self._completion_writes(conn, completions, owner, now)
+            if writes:
+                conn.execute(FINISH_REQUEST, writes)  # one executemany, not a statement per row
+            for job_id, delta in per_job.items():
+                apply_delta(conn, self.db.dialect, job_id, delta, now)
+            if per_job:
+                crash_point("before_done_commit")
+        return outcome
+
+    def _completion_writes(
+        self, conn: Connection, completions: Sequence[Completion], owner: str | None, now: float
+    ) -> tuple[list[bool], list[dict], dict[int, CountDelta]]:
+        """Which completions may be written (fencing), their rows, and each job's counter change."""
+        keys = [row_id(c.request_id) for c in completions]
+        rows = {
+            row.id: row
+            for row in conn.execute(
+                select(requests.c.id, requests.c.job_id, requests.c.state, requests.c.num_output_tokens,
+                       requests.c.lease_owner, requests.c.lease_epoch)
+                .where(requests.c.id.in_(keys))
+            )
+        }
+        outcome, writes, per_job = [], [], {}
+        for key, c in zip(keys, completions, strict=True):
+            row = rows.get(key)
+            if row is None:
+                raise StoreError(f"no request with id {c.request_id}")
+            previous = RequestState(row.state)
+            fenced = owner is not None and (
+                row.lease_owner != owner or (c.epoch is not None and row.lease_epoch != c.epoch)
+            )
+            outcome.append(not (previous.finished or fenced))
+            if not outcome[-1]:
+                continue
+            writes.append({
+                "b_id": key, "b_state": c.state.value, "b_tokens": list(c.output_tokens),
+                "b_text": c.output_text, "b_num": len(c.output_tokens), "b_reason": c.finish_reason,
+                "b_prompt": c.prompt_tokens, "b_model": c.model, "b_error": c.error, "b_now": now,
+                "b_first": c.first_token_at,
+            })
+            per_job.setdefault(row.job_id, CountDelta()).ended(
+                previous, c.state, len(c.output_tokens) - row.num_output_tokens)
+        return outcome, writes, per_job
+
+    def release(self, owner: str | None = None, request_ids: Sequence[RequestId] | None = None) -> int:
+        """Hand running requests back to the queue, keeping their flushed tokens.
+
+        `owner` None releases every running request: on SQLite, one daemon
+        at a time, so requests still `running` at its start were left by a
+        dead one. Returns how many were released.
+        """
+        with self.db.write() as conn:
+            query = select(requests.c.id, requests.c.job_id).where(
+                requests.c.state == RequestState.RUNNING.value
+            )
+            if owner is not None:
+                query = query.where(requests.c.lease_owner == owner)
+            if request_ids is not None:
+                query = query.where(requests.c.id.in_([row_id(rid) for rid in request_ids]))
+            rows = conn.execute(query).all()
+            requeue(conn, self.db.dialect, rows, self.clock())
+        return len(rows)
+
+    def renew_leases(self, owner: str, leases: Mapping[RequestId, int], lease_s: float) -> set[RequestId]:
+        """Extend `owner`'s leases (request id -> epoch) by `lease_s` from now; return those still held.
+
+        A request missing from the answer was lost: its lease expired and was
+        reclaimed (or it was requeued or cancelled); the daemon drops it
+        without writing anything more for it.
+        """
+        if not leases:
+            return set()
+        epochs = {row_id(rid): epoch for rid, epoch in leases.items()}
+        with self.db.write() as conn:
+            rows = conn.execute(
+                update(requests)
+                .where(
+                    requests.c.id.in_(list(epochs)),
+                    requests.c.lease_owner == owner,
+                    requests.c.state == RequestState.RUNNING.value,
+                )
+                .values(lease_expires_at=self.db.now() + lease_s)
+                .returning(requests.c.id, requests.c.lease_epoch)
+            ).all()
+        return {core_id(row.id) for row in rows if epochs.get(row.id) == row.lease_epoch}
+
+    def reclaim_expired(self) -> int:
+        """Requeue running requests whose lease expired (their daemon died or stalls).
+
+        Any live daemon sweeps; the requests resume from their flushed tokens
+        wherever they are claimed next, under a higher epoch, so the old
+        holder's late writes are refused.
+        """
+        query = select(requests.c.id, requests.c.job_id).where(
+            requests.c.state == RequestState.RUNNING.value,
+            requests.c.lease_expires_at < self.db.now(),
+        )
+        with self.db.read() as conn:  # most sweeps find nothing: no write lock for them
+            if conn.execute(query.limit(1)).first() is None:
+                return 0
+        if self.db.dialect == "postgresql":
+            query = query.with_for_update(of=requests, skip_locked=True)
+        with self.db.write() as conn:
+            rows = conn.execute(query).all()
+            requeue(conn, self.db.dialect, rows, self.clock())
+        return len(rows)
+
+    def exchange_usage(self, owner: str, usage: Mapping[str, tuple[float, float]]) -> list[PeerUsage]:
+        """Publish `owner`'s decayed usage per tenant (GPU s, KV token-s); return the other daemons'.
+
+        Rows older than a day are dropped: with any sensible half-life they
+        weigh nothing, and a cluster's dead daemons should not pile up.
+        """
+        now = self.db.now()
+        with self.db.write() as conn:
+            conn.execute(delete(daemon_usage).where(
+                (daemon_usage.c.daemon == owner) | (daemon_usage.c.updated_at < now - USAGE_KEPT_S)
+            ))
+            if usage:
+                stamp = conn.execute(select(now)).scalar_one()
+                conn.execute(daemon_usage.insert(), [
+                    {"daemon": owner, "tenant": tenant, "gpu_s": gpu, "kv_token_s": kv, "updated_at": stamp}
+                    for tenant, (gpu, kv) in usage.items()
+                ])
+            rows = conn.execute(
+                select(daemon_usage, (now - daemon_usage.c.updated_at).label("age_s"))
+                .where(daemon_usage.c.daemon != owner)
+            ).all()
+        return [PeerUsage(row.daemon, row.tenant, row.gpu_s, row.kv_token_s, max(0.0, row.age_s))
+                for row in rows]
+
+    def cancelled_held(self, owner: str) -> list[RequestId]:
+        """Requests `owner` holds whose job a user cancelled: stop them at the next step."""
+        with self.db.read() as conn:
+            keys = conn.execute(
+                select(requests.c.id)
+                .join(jobs, jobs.c.id == requests.c.job_id)
+                .where(
+                    requests.c.lease_owner == owner,
+                    requests.c.state == RequestState.RUNNING.value,
+                    jobs.c.cancel_requested_at.is_not(None),
+                )
+            ).scalars()
+            return [core_id(key) for key in keys]
+
+    def tenant_weights(self) -> dict[str, float]:
+        with self.db.read() as conn:
+            return {row.name: row.weight for row in conn.execute(select(tenants.c.name, tenants.c.weight))}
+
+    def has_queued(self, running_too: bool = False) -> bool:
+        """Whether any request waits (or, with `running_too`, is still held by some daemon)."""
+        states = [RequestState.QUEUED.value] + ([RequestState.RUNNING.value] if running_too else [])
+        with self.db.read() as conn:
+            return conn.execute(
+                select(requests.c.id).where(requests.c.state.in_(states)).limit(1)
+            ).first() is not None
+
+    def heartbeat(self, daemon: DaemonSummary) -> None:
+        """Insert or refresh a daemon's row: its host, engine and figures."""
+        now = self.db.now()  # the database's clock: daemons' clocks may disagree
+        values = {
+            "host": daemon.host, "pid": daemon.pid, "device": daemon.device, "model": daemon.model,
+            "started_at": daemon.started_at, "heartbeat_at": now,
+            "stopped_at": now if daemon.stopped_at is not None else None, "stats": daemon.stats,
+        }
+        with self.db.write() as conn:
+            changed = conn.execute(update(daemons).where(daemons.c.id == daemon.id).values(**values)).rowcount
+            if not changed:
+                conn.execute(daemons.insert().values(id=daemon.id, **values))

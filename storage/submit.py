@@ -1,0 +1,119 @@
+"""Storing submitted jobs: tenants created on first use, the queue limit, the rows in chunks.
+
+Functions of an open write transaction; `SqlCatalogStore.submit` runs them
+all in one, so a submit lands whole or not at all.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+from itertools import islice
+
+from sqlalchemy import Connection, func, select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from fsched.core.faults import crash_point
+from fsched.core.store.records import JobSubmission, QueueFull
+from fsched.core.types import JobState, RequestState
+from fsched.storage.rows import FINISHED_JOB_STATES, UNFINISHED, jobs, requests, tenants
+
+INSERT_CHUNK = 5_000
+
+
+def check_queue_limit(conn: Connection, submissions: Sequence[JobSubmission], limit: int) -> None:
+    """QueueFull when a tenant's unfinished requests would go over `limit`."""
+    adding = Counter()
+    for submission in submissions:
+        adding[submission.tenant] += len(submission.parsed.requests)
+    # Lock the tenants' rows: concurrent submits of one tenant take turns
+    # on PostgreSQL (SQLite's BEGIN IMMEDIATE already serialises writers).
+    conn.execute(select(tenants.c.name).where(tenants.c.name.in_(adding)).with_for_update())
+    have = dict(
+        conn.execute(
+            select(jobs.c.tenant, func.sum(UNFINISHED))
+            .where(jobs.c.tenant.in_(adding), jobs.c.state.not_in(FINISHED_JOB_STATES))
+            .group_by(jobs.c.tenant)
+        ).all()
+    )
+    for tenant in sorted(adding):
+        if int(have.get(tenant) or 0) + adding[tenant] > limit:
+            raise QueueFull(tenant, int(have.get(tenant) or 0), adding[tenant], limit)
+
+
+def create_missing_tenants(conn: Connection, dialect: str, names: set[str], now: float) -> set[str]:
+    """Create the tenants not there yet (weight 1); return those this call created."""
+    existing = set(conn.execute(select(tenants.c.name).where(tenants.c.name.in_(names))).scalars())
+    missing = names - existing
+    if not missing:
+        return set()
+    # ON CONFLICT DO NOTHING: two first submits of one new tenant at once (on
+    # PostgreSQL both can pass the check above) both succeed; one creates it.
+    insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
+    created = conn.execute(
+        insert(tenants)
+        .values([{"name": name, "weight": 1.0, "created_at": now} for name in sorted(missing)])
+        .on_conflict_do_nothing(index_elements=["name"])
+        .returning(tenants.c.name)
+    ).scalars()
+    return set(created)
+
+
+def insert_job(conn: Connection, submission: JobSubmission, now: float) -> int:
+    """The job's row, then its requests in chunks; return the job's id."""
+    specs = submission.parsed.requests
+    job_id = conn.execute(
+        jobs.insert()
+        .values(
+            tenant=submission.tenant,
+            **{"class": submission.request_class.value},
+            priority=submission.priority,
+            name=submission.name,
+            state=JobState.QUEUED.value,
+            num_requests=len(specs),
+            num_done=0,
+            num_failed=0,
+            num_cancelled=0,
+            num_running=0,
+            num_output_tokens=0,
+            submitted_at=now,
+        )
+        .returning(jobs.c.id)
+    ).scalar_one()
+    rows = (_request_row(job_id, idx, spec, now) for idx, spec in enumerate(specs))
+    while chunk := list(islice(rows, INSERT_CHUNK)):
+        conn.execute(requests.insert(), chunk)
+        crash_point("mid_submit")
+    return job_id
+
+
+def _request_row(job_id: int, idx: int, spec, now: float) -> dict:
+    return {
+        "job_id": job_id,
+        "idx": idx,
+        "custom_id": spec.custom_id,
+        "endpoint": spec.endpoint.value,
+        "prompt": spec.prompt,
+        "messages": [{"role": m.role, "content": m.content} for m in spec.messages]
+        if spec.messages
+        else None,
+        "params": _with_seed(spec.params).to_json(),
+        "max_tokens": spec.params.max_tokens,
+        "model": spec.model,
+        "state": RequestState.QUEUED.value,
+        "output_tokens": [],
+        "output_text": "",
+        "num_output_tokens": 0,
+        "attempts": 0,
+        "mlfq_level": 0,
+        "enqueued_at": now,
+        "lease_epoch": 0,
+    }
+
+
+def _with_seed(params):
+    """Every stored request has a seed, so its sampling replays after a restart."""
+    return params if params.seed is not None else replace(params, seed=secrets.randbits(63))
