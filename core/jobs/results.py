@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fsched.core.store import RequestResult
+from fsched.core.store.records import RequestResult
 from fsched.core.types import Endpoint, RequestState
 
 DEFAULT_MODEL_NAME = "fsched"

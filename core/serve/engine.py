@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from fsched.core.sched.explain import explain
 from fsched.core.sched.request import SchedRequest
 from fsched.core.sched.scheduler import Scheduler
-from fsched.core.sched.usage import TenantCharge
+from fsched.core.sched.usage import TenantCharge, peer_totals
 from fsched.core.serve.stopping import FinishReason
 from fsched.core.types import RequestClass, SamplingParams
 
@@ -55,6 +56,14 @@ class StepReport:
     batch_size: int
     kv_tokens: int
     charges: Mapping[str, TenantCharge] = field(default_factory=dict)  # what each tenant consumed
+
+
+@dataclass(slots=True, frozen=True)
+class EngineSnapshot:
+    running: int
+    waiting: int
+    kv_budget: int  # KV cache budget in tokens
+    requests: list[dict]  # each request's standing, running ones first (see sched.explain)
 
 
 class StepFailed(Exception):
@@ -106,7 +115,6 @@ class Engine:
         self._arrival: dict[str, float] = {}
         self._first_token: dict[str, float] = {}
         self.steps = 0
-        self.max_kv_tokens_seen = 0
 
     @property
     def has_work(self) -> bool:
@@ -166,7 +174,6 @@ class Engine:
         post = self.scheduler.postprocess(plan, result.outcome, now)
         self.steps += 1
         kv = self.runner.kv_tokens
-        self.max_kv_tokens_seen = max(self.max_kv_tokens_seen, kv)
         for rid in result.tokens:
             self._first_token.setdefault(rid, now)
         finished = [self._finish(rid, check.finished, now) for rid, check in result.finished.items()]
@@ -185,6 +192,49 @@ class Engine:
     @property
     def request_ids(self) -> list[str]:
         return list(self._requests)
+
+    # -- what the daemon steers and reads, without reaching into the scheduler -----------
+
+    def set_weight(self, tenant: str, weight: float) -> None:
+        """A tenant's new weight, from the next step on."""
+        self.scheduler.set_weight(tenant, weight)
+
+    @property
+    def max_batch(self) -> int:
+        """The running batch's limit as it is now (an out-of-memory shrink lowers it)."""
+        return self.scheduler.config.max_batch
+
+    def shrink_batch(self, failed_batch: int) -> tuple[int, int]:
+        """Halve the batch after a step of `failed_batch` requests ran out of memory, for good
+        (floor 1); return the limit before and after."""
+        before = self.scheduler.config.max_batch
+        after = max(1, min(before, failed_batch) // 2)
+        if after < before:
+            self.scheduler.limit_batch(after)
+        return before, after
+
+    def cap_batch(self, rows: int, steps: int) -> None:
+        """At most `rows` running requests for the next `steps` steps, then the limit again."""
+        self.scheduler.cap_batch(rows, steps)
+
+    def local_usage(self) -> dict[str, tuple[float, float]]:
+        """This engine's decayed usage per tenant (GPU s, KV token-s), as of now."""
+        return self.scheduler.meter.local_usage(self.clock())
+
+    def set_peer_usage(self, peers: Iterable[tuple[str, float, float, float]]) -> None:
+        """Other engines' published usage, (tenant, gpu_s, kv_token_s, age_s) rows, decayed by age."""
+        now = self.clock()
+        totals = peer_totals(peers, self.scheduler.config.usage_half_life_s)
+        self.scheduler.meter.set_peer_usage(totals, now)
+
+    def snapshot(self) -> EngineSnapshot:
+        """What the engine holds and why each request runs or waits: for a status view."""
+        return EngineSnapshot(
+            running=len(self.scheduler.running),
+            waiting=self.scheduler.waiting_count,
+            kv_budget=self.scheduler.config.kv_tokens,
+            requests=explain(self.scheduler, self.clock()),
+        )
 
     def output(self, request_id: str) -> tuple[list[int], str]:
         """A live request's tokens and text so far."""

@@ -1,0 +1,103 @@
+"""Writing a daemon's output back to the queue: tokens as they come, completions whole.
+
+Every write names the lease epoch it was made under, so the queue refuses it
+once the daemon has lost the request; refusals are counted (`fenced`). A
+write the queue could not take (StorageError) is kept and tried again:
+completions stay in `unwritten`, tokens stay dirty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fsched.core.faults import crash_point
+from fsched.core.serve.engine import EngineResult
+from fsched.core.serve.holdings import Held, Holdings
+from fsched.core.store.queue import QueueStore
+from fsched.core.store.records import Completion, RequestId, TokenUpdate
+from fsched.core.types import RequestState
+
+Output = Callable[[RequestId], tuple[list[int], str]]  # a live request's tokens and text so far
+
+
+class Writer:
+    def __init__(self, store: QueueStore, owner: str, model: str, holdings: Holdings, output: Output,
+                 batch_flush_s: float):
+        self.store = store
+        self.owner = owner
+        self.model = model
+        self.holdings = holdings
+        self.output = output
+        self.batch_flush_s = batch_flush_s
+        self.unwritten: list[Completion] = []  # finished in the engine, not yet in the table
+        self.fenced = 0  # writes the queue refused: leases this daemon had lost
+        self._last_batch_flush = float("-inf")
+
+    def after_step(self, now: float) -> None:
+        """Latency classes' tokens every step; batch ones at least every `batch_flush_s`."""
+        self.flush(everything=now - self._last_batch_flush >= self.batch_flush_s, now=now)
+
+    def flush(self, everything: bool, now: float) -> None:
+        """Persist dirty tokens: latency-sensitive requests' always, batch ones when `everything`."""
+        updates = [
+            self._update(rid, held)
+            for rid, held in self.holdings
+            if held.dirty and (everything or held.latency_sensitive)
+        ]
+        if everything:
+            self._last_batch_flush = now
+        written = self.store.flush_tokens(self.owner, updates)
+        for update in updates:  # only now: a failed write leaves them dirty, to be retried
+            if (held := self.holdings.get(update.request_id)) is not None:
+                held.dirty = False
+        self.fenced += len(updates) - written
+        if written:
+            crash_point("after_flush")
+
+    def finished(self, results: list[EngineResult]) -> None:
+        """Write the step's finished requests, output and final state, in one transaction."""
+        for result in results:
+            held = self.holdings.pop(result.id)
+            if held is not None:
+                self.unwritten.append(self._completion(result, held))
+        self.write_completions()
+
+    def write_completions(self) -> None:
+        """Write pending completions in one transaction (kept for a retry if it fails)."""
+        if not self.unwritten:
+            return
+        outcome = self.store.finish_requests(self.unwritten, self.owner)
+        self.unwritten = []
+        # A refused completion: the request already ended, or this daemon lost its lease.
+        self.fenced += outcome.count(False)
+
+    def cancelled(self, request_id: RequestId, held: Held, tokens: list[int], text: str) -> None:
+        """End a request whose job was cancelled, keeping its output so far."""
+        self._one(Completion(request_id, RequestState.CANCELLED, tuple(tokens), text,
+                             first_token_at=held.first_token_at, epoch=held.epoch))
+
+    def failed(self, request_id: RequestId, error: str, tokens: list[int], epoch: int) -> None:
+        self._one(Completion(request_id, RequestState.FAILED, tuple(tokens), "", error=error,
+                             model=self.model, epoch=epoch))
+
+    def pending_leases(self) -> dict[RequestId, int]:
+        """The leases of completions not written yet: they must be renewed like held requests."""
+        return {c.request_id: c.epoch for c in self.unwritten if c.epoch is not None}
+
+    def _one(self, completion: Completion) -> None:
+        (written,) = self.store.finish_requests([completion], self.owner)
+        self.fenced += not written
+
+    def _update(self, request_id: RequestId, held: Held) -> TokenUpdate:
+        tokens, text = self.output(request_id)
+        return TokenUpdate(request_id, tuple(tokens), text, held.first_token_at, held.epoch)
+
+    def _completion(self, result: EngineResult, held: Held) -> Completion:
+        if result.finish_reason is None:
+            return Completion(result.id, RequestState.FAILED, tuple(result.tokens),
+                              error=result.error or "failed", model=self.model, epoch=held.epoch)
+        return Completion(
+            result.id, RequestState.DONE, tuple(result.tokens), result.text,
+            finish_reason=result.finish_reason.value, prompt_tokens=result.prompt_tokens,
+            model=self.model, first_token_at=held.first_token_at, epoch=held.epoch,
+        )
