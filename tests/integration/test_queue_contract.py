@@ -1,0 +1,227 @@
+"""The QueueStore contract, one set of tests run on every implementation: in memory, SQLite, PostgreSQL.
+
+Each test states a rule of `core/store/queue.py`'s contract; the in-memory
+store (what the daemon's unit tests run on) is held to the same rules as
+the SQL one the daemons use.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.store.memory import MemoryQueueStore
+from fsched.core.store.queue import QueueStore
+from fsched.core.store.records import Completion, JobSubmission, StoreError, TokenUpdate
+from fsched.core.types import RequestClass, RequestState
+
+from ..fakes import FakeClock
+
+SHORT_LEASE_S = 0.3
+
+
+def submission(n: int, tenant: str, cls: RequestClass) -> JobSubmission:
+    data = "".join(json.dumps({"prompt": f"p{i}", "custom_id": f"c{i}", "max_tokens": 4}) + "\n"
+                   for i in range(n))
+    return JobSubmission(parse_job_file(data.encode(), "f.jsonl"), tenant, cls, 5, "job")
+
+
+class InMemory:
+    def __init__(self):
+        self.clock = FakeClock()
+        self.queue = MemoryQueueStore(self.clock)
+
+    def submit(self, n: int, tenant: str = "alice", cls: RequestClass = RequestClass.BATCH) -> int:
+        return self.queue.submit([submission(n, tenant, cls)])[0].job_id
+
+    def cancel(self, job_id: int) -> None:
+        self.queue.cancel_job(job_id)
+
+    def set_weight(self, tenant: str, weight: float) -> None:
+        self.queue.set_weight(tenant, weight)
+
+    def expire(self) -> None:
+        self.clock.advance(SHORT_LEASE_S + 1)
+
+    def view(self, job_id: int) -> dict[str, tuple[RequestState, str, int]]:
+        """Request id -> (state, text, tokens), as a reader of the job sees it."""
+        return {r.id: (r.state, r.output_text, len(r.output_tokens))
+                for r in self.queue.requests() if r.job_id == job_id}
+
+    def close(self) -> None:
+        pass
+
+
+class InSql:
+    def __init__(self, url: str):
+        from fsched.storage.catalog import SqlCatalogStore
+        from fsched.storage.queue import SqlQueueStore
+
+        self.queue = SqlQueueStore(url)
+        self.catalog = SqlCatalogStore(self.queue.db)  # both sides over one Database
+
+    def submit(self, n: int, tenant: str = "alice", cls: RequestClass = RequestClass.BATCH) -> int:
+        return self.catalog.submit([submission(n, tenant, cls)])[0].job_id
+
+    def cancel(self, job_id: int) -> None:
+        self.catalog.cancel_job(job_id)
+
+    def set_weight(self, tenant: str, weight: float) -> None:
+        self.catalog.set_weight(tenant, weight)
+
+    def expire(self) -> None:
+        time.sleep(SHORT_LEASE_S + 0.3)  # leases run on the database's clock
+
+    def view(self, job_id: int) -> dict[str, tuple[RequestState, str, int]]:
+        return {str(p.id): (p.state, p.output_text, p.num_output_tokens)
+                for p in self.catalog.request_progress(job_id)}
+
+    def close(self) -> None:
+        self.queue.db.dispose()
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+def table(request):
+    if request.param == "memory":
+        made = InMemory()
+    else:
+        made = InSql(request.getfixturevalue(f"{'pg' if request.param == 'postgresql' else 'sqlite'}_url"))
+    yield made
+    made.close()
+
+
+def test_it_is_a_queue_store(table):
+    assert isinstance(table.queue, QueueStore)
+
+
+def test_claims_are_fair_per_group_capped_and_never_twice(table):
+    q = table.queue
+    table.submit(50, "big")
+    table.submit(3, "small")
+    table.submit(4, "big", RequestClass.REALTIME)
+    claimed = q.claim("d", per_group=5)
+    groups: dict = {}
+    for c in claimed:
+        groups.setdefault((c.tenant, c.request_class), []).append(c.custom_id)
+    assert groups == {
+        ("big", RequestClass.BATCH): ["c0", "c1", "c2", "c3", "c4"],
+        ("small", RequestClass.BATCH): ["c0", "c1", "c2"],
+        ("big", RequestClass.REALTIME): ["c0", "c1", "c2", "c3"],
+    }
+    assert all(isinstance(c.id, str) for c in claimed)  # the core's one id type
+    more = q.claim("e", per_group=7, held={("big", RequestClass.BATCH): 5}, limit=100)
+    assert [c.custom_id for c in more] == ["c5", "c6"]
+    rest = q.claim("e", per_group=100, limit=10)
+    assert len(rest) == 10
+    ids = [c.id for c in [*claimed, *more, *rest]]
+    assert len(ids) == len(set(ids))  # no request in two claims
+
+
+def test_a_claim_raises_the_epoch_and_stale_epochs_write_nothing(table):
+    q = table.queue
+    job = table.submit(1)
+    (first,) = q.claim("d1", per_group=5, lease_s=30)
+    assert (first.lease_epoch, first.attempts) == (1, 1)
+    assert q.renew_leases("d1", {first.id: 1}, lease_s=30) == {first.id}
+    assert q.renew_leases("d1", {first.id: 0}, lease_s=30) == set()
+    assert q.release("d1") == 1
+    (second,) = q.claim("d1", per_group=5, lease_s=30)  # the same owner, a new lease
+    assert (second.id, second.lease_epoch, second.attempts) == (first.id, 2, 2)
+    assert q.flush_tokens("d1", [TokenUpdate(first.id, (1, 2), "ab", epoch=1)]) == 0
+    assert q.finish_requests([Completion(first.id, RequestState.DONE, (1,), "a", epoch=1)], "d1") == [False]
+    assert table.view(job)[first.id] == (RequestState.RUNNING, "", 0)
+    assert q.flush_tokens("d1", [TokenUpdate(first.id, (1, 2), "ab", epoch=2)]) == 1
+    done = Completion(first.id, RequestState.DONE, (1, 2, 3), "abc", epoch=2)
+    assert q.finish_requests([done], "d1") == [True]
+    assert table.view(job)[first.id] == (RequestState.DONE, "abc", 3)
+
+
+def test_another_owner_writes_nothing_and_nothing_ends_twice(table):
+    q = table.queue
+    job = table.submit(2)
+    a, b = q.claim("d1", per_group=5)
+    assert q.flush_tokens("intruder", [TokenUpdate(a.id, (9,), "x")]) == 0
+    assert not q.finish_request(a.id, RequestState.DONE, [9], "x", owner="intruder")
+    assert q.finish_request(a.id, RequestState.DONE, [1], "ok", owner="d1", epoch=a.lease_epoch)
+    assert not q.finish_request(a.id, RequestState.FAILED, error="late")  # ended already
+    assert q.finish_requests([Completion(b.id, RequestState.FAILED, error="boom")]) == [True]
+    view = table.view(job)
+    assert view[a.id] == (RequestState.DONE, "ok", 1) and view[b.id][0] is RequestState.FAILED
+    with pytest.raises(ValueError):
+        q.finish_request(b.id, RequestState.RUNNING)
+    with pytest.raises(StoreError, match="no request"):
+        q.finish_request("999999", RequestState.DONE)
+
+
+def test_released_requests_resume_with_their_tokens(table):
+    q = table.queue
+    table.submit(3)
+    a, b, c = q.claim("d1", per_group=10)
+    assert q.flush_tokens("d1", [TokenUpdate(a.id, (5, 6), "xy", epoch=1), TokenUpdate(b.id, (7,), "z")]) == 2
+    assert q.release("d1", [b.id]) == 1
+    (again,) = q.claim("d2", per_group=10)
+    assert (again.id, again.output_tokens) == (b.id, [7])
+    assert q.release() == 3  # everything running, whoever holds it
+    assert q.has_queued() and not q.cancelled_held("d1")
+    resumed = {x.id: x.output_tokens for x in q.claim("d3", per_group=10)}
+    assert resumed == {a.id: [5, 6], b.id: [7], c.id: []}
+
+
+def test_expired_leases_are_reclaimed_and_the_old_holder_is_fenced(table):
+    q = table.queue
+    job = table.submit(3)
+    stale = q.claim("paused", per_group=2, lease_s=SHORT_LEASE_S)
+    (live,) = q.claim("live", per_group=5, lease_s=60)
+    assert q.flush_tokens("paused", [TokenUpdate(stale[0].id, (7,), "x", epoch=1)]) == 1
+    assert q.reclaim_expired() == 0
+    table.expire()
+    assert q.reclaim_expired() == 2  # only the expired ones
+    taken = {c.id: c for c in q.claim("live", per_group=5, lease_s=60)}
+    assert set(taken) == {c.id for c in stale}
+    assert (taken[stale[0].id].output_tokens, taken[stale[0].id].lease_epoch) == ([7], 2)
+    assert q.renew_leases("paused", {c.id: 1 for c in stale}, lease_s=60) == set()
+    assert q.flush_tokens("paused", [TokenUpdate(c.id, (9, 9), "late", epoch=1) for c in stale]) == 0
+    late = [Completion(c.id, RequestState.DONE, (9,), "late", epoch=1) for c in stale]
+    assert q.finish_requests(late, "paused") == [False, False]
+    assert q.renew_leases("live", {live.id: 1, **{c.id: 2 for c in stale}}, lease_s=60) == {
+        live.id, *(c.id for c in stale)}
+    assert all(state is RequestState.RUNNING for state, _, _ in table.view(job).values())
+
+
+def test_a_cancelled_job_is_never_claimed_and_its_held_requests_end(table):
+    q = table.queue
+    job = table.submit(4)
+    held = q.claim("d1", per_group=2)
+    other = table.submit(1, "bob")
+    table.cancel(job)
+    assert sorted(q.cancelled_held("d1")) == sorted(c.id for c in held)
+    assert [c.job_id for c in q.claim("d1", per_group=10)] == [other]  # nothing of the cancelled job
+    assert q.release("d1", [c.id for c in held]) == 2
+    view = table.view(job)
+    assert {state for state, _, _ in view.values()} == {RequestState.CANCELLED}  # handed back: ended
+    assert not q.has_queued()
+
+
+def test_usage_exchange_shows_only_the_other_daemons(table):
+    q = table.queue
+    assert q.exchange_usage("a", {"alice": (2.0, 100.0)}) == []
+    peers = q.exchange_usage("b", {"bob": (1.0, 10.0)})
+    assert [(p.daemon, p.tenant, p.gpu_s, p.kv_token_s) for p in peers] == [("a", "alice", 2.0, 100.0)]
+    assert 0 <= peers[0].age_s < 5
+    q.exchange_usage("a", {"alice": (3.0, 0.0), "bob": (0.5, 0.0)})
+    assert sorted((p.daemon, p.tenant, p.gpu_s) for p in q.exchange_usage("b", {})) == [
+        ("a", "alice", 3.0), ("a", "bob", 0.5)]
+
+
+def test_weights_and_has_queued(table):
+    q = table.queue
+    assert not q.has_queued(running_too=True)
+    table.submit(1)
+    table.set_weight("alice", 3)
+    assert q.tenant_weights() == {"alice": 3.0}
+    assert q.has_queued()
+    q.claim("d", per_group=1)
+    assert not q.has_queued() and q.has_queued(running_too=True)
