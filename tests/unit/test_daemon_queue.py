@@ -1,0 +1,283 @@
+"""The real Daemon on the in-memory queue store with the stand-in runner: no SQLite, no model.
+
+Leases, fencing and step-failure attribution, driven step by step on a fake
+clock (the daemon's one clock, which the engine shares here). Every run
+ends equal to a reference: the same requests through a bare Engine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Callable
+
+import pytest
+
+from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.runners.standin import STANDIN_NAME, StandInRunner, standin_encode
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.plan import Plan
+from fsched.core.sched.scheduler import Scheduler
+from fsched.core.serve.daemon import Daemon, DaemonConfig
+from fsched.core.serve.engine import Engine, EngineRequest, StepFailed
+from fsched.core.serve.stepfaults import StepFaults
+from fsched.core.store.memory import MemoryQueueStore
+from fsched.core.store.records import JobSubmission
+from fsched.core.types import RequestClass, RequestState, SamplingParams
+
+from ..fakes import FakeClock
+
+MAX_STEPS = 5_000  # a daemon still stepping after this many is stuck: the test stops it and fails
+
+
+class OutOfMemoryError(RuntimeError):
+    """What torch.cuda.OutOfMemoryError looks like to code that does not import torch."""
+
+
+def job(n: int, seed: int, tenant: str = "alice", cls: RequestClass = RequestClass.BATCH) -> JobSubmission:
+    rng = random.Random(seed)
+    lines = "".join(
+        json.dumps({"custom_id": f"c{i}", "prompt": " ".join(f"w{rng.randrange(50)}" for _ in range(5)),
+                    "max_tokens": rng.randint(4, 24), "seed": rng.randrange(1 << 40)}) + "\n"
+        for i in range(n)
+    )
+    return JobSubmission(parse_job_file(lines.encode(), "job.jsonl"), tenant, cls, 5, "job")
+
+
+def plan_ids(plan: Plan) -> set[str]:
+    return set(plan.decode) | {c.request_id for c in plan.prefill}
+
+
+class Rig:
+    """One daemon over a MemoryQueueStore (shared when given), recording every step's batch."""
+
+    def __init__(self, store: MemoryQueueStore, clock: FakeClock, owner: str = "d1",
+                 fail_when: Callable[[Plan], BaseException | None] | None = None, max_batch: int = 8,
+                 exclusive: bool = True, lease_s: float = 10.0, heartbeat_s: float = 1.0):
+        self.store, self.clock = store, clock
+        self.batches: list[int] = []
+        self.failures: list[int] = []  # the size of each failed step
+
+        def step_fault(plan: Plan) -> BaseException | None:
+            self.batches.append(len(plan_ids(plan)))
+            if len(self.batches) > MAX_STEPS:
+                self.daemon.stop()
+            error = fail_when(plan) if fail_when else None
+            if error is not None:
+                self.failures.append(len(plan_ids(plan)))
+            return error
+
+        runner = StandInRunner(fail_when=step_fault)
+        config = SchedulerConfig(max_batch=max_batch, kv_tokens=32_768, step_tokens=512)
+        self.engine = Engine(runner, Scheduler(config, "fsched", store.tenant_weights()),
+                             runner.context_length, clock=clock)
+        self.daemon = Daemon(
+            store, self.engine, lambda c: standin_encode(c.prompt, c.messages),
+            DaemonConfig(owner=owner, host="test", pid=0, device="standin", model=STANDIN_NAME,
+                         policy="fsched", claim_per_group=2 * max_batch, until_idle=True,
+                         exclusive=exclusive, lease_s=lease_s, heartbeat_s=heartbeat_s,
+                         sync_interval_s=0.01, idle_sleep_s=0.05),
+            clock=clock, sleep=clock.advance,
+        )
+
+    def run(self) -> None:
+        self.daemon.run()
+        assert not self.daemon.stopping, f"still stepping after {MAX_STEPS} steps: {self.failures}"
+
+
+def reference(store: MemoryQueueStore) -> dict[str, list[int]]:
+    """Every request's tokens through a bare engine: no store, no daemon, no faults."""
+    runner = StandInRunner()
+    config = SchedulerConfig(max_batch=64, kv_tokens=32_768, step_tokens=512)
+    engine = Engine(runner, Scheduler(config, "fcfs"), runner.context_length)
+    requests = [EngineRequest(r.id, standin_encode(r.prompt, r.messages), SamplingParams.from_json(r.params))
+                for r in store.requests()]
+    return {rid: result.tokens for rid, result in engine.run_all(requests).items()}
+
+
+def outputs(store: MemoryQueueStore) -> dict[str, list[int]]:
+    return {r.id: r.output_tokens for r in store.requests()}
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(tick=0.001)
+
+
+class RecordingStore(MemoryQueueStore):
+    """Keeps the request id of every write it is asked for, applied or refused."""
+
+    def __init__(self, clock: FakeClock):
+        super().__init__(clock)
+        self.writes: list[str] = []
+
+    def flush_tokens(self, owner, updates):
+        self.writes += [u.request_id for u in updates]
+        return super().flush_tokens(owner, updates)
+
+    def finish_requests(self, completions, owner=None):
+        self.writes += [c.request_id for c in completions]
+        return super().finish_requests(completions, owner)
+
+
+@pytest.fixture
+def store(clock) -> RecordingStore:
+    return RecordingStore(clock)
+
+
+def test_a_plain_run_ends_every_request_with_the_reference_output(store, clock):
+    store.submit([job(12, seed=1), job(5, seed=2, tenant="bob", cls=RequestClass.REALTIME)])
+    rig = Rig(store, clock)
+    rig.run()
+    assert {r.state for r in store.requests()} == {RequestState.DONE}
+    assert outputs(store) == reference(store)
+    assert all(r.attempts == 1 and r.first_token_at is not None for r in store.requests())
+    assert rig.daemon.fenced_writes == 0 and store.refused == 0
+    goodbye = store.daemons["d1"]
+    assert goodbye.stopped_at is not None and goodbye.stats["steps"] == rig.daemon.stats.steps > 0
+
+
+def test_a_request_whose_lease_was_taken_is_dropped_without_writing(store, clock):
+    store.submit([job(4, seed=3)])
+    rig = Rig(store, clock, exclusive=False, lease_s=3.0)
+    rig.daemon.sync()
+    assert len(rig.daemon.held) == 4
+    rig.daemon.turn()
+    rig.daemon.turn()
+    at_takeover = outputs(store)
+    clock.advance(10)  # the daemon stalled past its lease
+    assert store.reclaim_expired() == 4
+    assert len(store.claim("d2", per_group=10)) == 4  # another daemon took them over
+    store.writes.clear()
+    rig.daemon.renew()
+    assert rig.daemon.lost_leases == 4 and len(rig.daemon.held) == 0 and not rig.engine.has_work
+    rig.daemon.shutdown()
+    assert store.writes == []  # nothing even attempted for a lost request
+    assert store.refused == 0 and outputs(store) == at_takeover
+    assert {(r.state, r.lease_owner, r.lease_epoch) for r in store.requests()} == {
+        (RequestState.RUNNING, "d2", 2)}
+
+
+def test_writes_under_a_stale_lease_are_refused_and_counted(store, clock):
+    store.submit([job(4, seed=4, cls=RequestClass.REALTIME)])  # realtime: flushed every step
+    rig = Rig(store, clock, exclusive=False, lease_s=250.0, heartbeat_s=100.0)
+    rig.daemon.sync()
+    rig.daemon.turn()
+    clock.advance(260)  # the lease runs out before this daemon's next renewal
+    store.reclaim_expired()
+    store.claim("d2", per_group=10)
+    at_takeover = outputs(store)
+    rig.daemon._last_beat = clock.now  # the renewal is not due: the daemon writes before it learns
+    for _ in range(200):
+        if not rig.engine.has_work:
+            break
+        rig.daemon.turn()
+    assert not rig.engine.has_work  # it ran its requests to the end, and every write bounced
+    assert rig.daemon.fenced_writes == store.refused > 4  # token flushes and the four completions
+    assert outputs(store) == at_takeover
+    assert {(r.state, r.lease_owner) for r in store.requests()} == {(RequestState.RUNNING, "d2")}
+
+
+def test_a_failed_step_with_one_request_counts_against_it(store, clock, caplog):
+    """A poison request fails after max_attempts steps alone; the requests that shared its steps
+    finish with the reference output; the batch is halved until the poison runs alone."""
+    store.submit([job(12, seed=5)])
+    poison = "7"
+    rig = Rig(store, clock, fail_when=lambda plan: RuntimeError("bad input") if poison in plan_ids(plan)
+              else None)
+    with caplog.at_level(logging.WARNING, logger="fsched.daemon"):
+        rig.run()
+    bad = store.request(poison)
+    assert bad.state is RequestState.FAILED and "3 times with this request alone" in bad.error
+    want = reference(store)
+    assert {r.id: r.output_tokens for r in store.requests() if r.id != poison} == {
+        rid: tokens for rid, tokens in want.items() if rid != poison}
+    assert rig.failures[-3:] == [1, 1, 1]
+    assert len(rig.failures) <= 3 + (8).bit_length()  # bounded: log2(batch) halvings, then 3 alone
+    assert rig.daemon.faults.failures == {}
+
+
+def test_a_failed_step_with_several_counts_against_none_and_caps_the_batch(store, clock):
+    store.submit([job(12, seed=6)])
+    seen: list[set[str]] = []
+
+    def once(plan: Plan):
+        seen.append(plan_ids(plan))
+        return RuntimeError("transient device error") if len(seen) == 3 else None
+
+    rig = Rig(store, clock, fail_when=once)
+    rig.run()
+    involved = seen[2]
+    assert len(involved) > 1 and rig.failures == [len(involved)]
+    assert {r.state for r in store.requests()} == {RequestState.DONE}
+    assert outputs(store) == reference(store)  # recomputed identically
+    assert {store.request(rid).attempts for rid in involved} == {2}  # claimed again, nothing failed
+    assert rig.daemon.faults.failures == {}  # counted against none
+    assert max(rig.batches[3:]) <= len(involved) // 2  # capped while the rest ran
+
+
+@pytest.mark.parametrize("error", [OutOfMemoryError("CUDA out of memory"), MemoryError()],
+                         ids=["cuda-oom", "host-oom"])
+def test_out_of_memory_halves_the_batch_for_good(store, clock, error):
+    store.submit([job(12, seed=7)])
+    rig = Rig(store, clock, fail_when=lambda plan: error if len(plan_ids(plan)) > 3 else None)
+    rig.run()
+    assert rig.engine.max_batch == 2 and len(rig.failures) == 2  # 8 -> 4 -> 2
+    assert {r.state for r in store.requests()} == {RequestState.DONE}
+    assert outputs(store) == reference(store)
+
+
+def test_a_dead_daemons_requests_are_reclaimed_after_their_lease_and_finished(store, clock):
+    store.submit([job(10, seed=8)])
+    dead = Rig(store, clock, owner="dead", exclusive=False, lease_s=3.0)
+    dead.daemon.sync()
+    dead.daemon.turn()  # it takes everything, runs a step, flushes, and dies (no goodbye)
+    live = Rig(store, clock, owner="live", exclusive=False, lease_s=3.0)
+    live.run()  # idle until the leases expire; its sweep requeues them; it claims and finishes them
+    assert {r.state for r in store.requests()} == {RequestState.DONE}
+    assert outputs(store) == reference(store)
+    assert {(r.attempts, r.lease_epoch) for r in store.requests()} == {(2, 2)}
+    assert live.daemon.fenced_writes == 0 and clock.now > 3.0 + 1_000.0
+
+
+def test_a_cancelled_job_stops_at_the_next_sync_with_its_output_so_far(store, clock):
+    (submitted,) = store.submit([job(4, seed=9)])
+    rig = Rig(store, clock)
+    rig.daemon.sync()
+    rig.daemon.turn()
+    rig.daemon.flush(everything=True)
+    store.cancel_job(submitted.job_id)
+    rig.daemon.sync()
+    assert len(rig.daemon.held) == 0 and not rig.engine.has_work
+    assert {r.state for r in store.requests()} == {RequestState.CANCELLED}
+    assert all(len(r.output_tokens) == 1 for r in store.requests())
+
+
+class FakeEngine:
+    """What StepFaults steers: the batch limit and the temporary cap."""
+
+    def __init__(self, max_batch: int):
+        self.max_batch = max_batch
+        self.caps: list[tuple[int, int]] = []
+
+    def shrink_batch(self, failed_batch: int) -> tuple[int, int]:
+        before, self.max_batch = self.max_batch, max(1, min(self.max_batch, failed_batch) // 2)
+        return before, self.max_batch
+
+    def cap_batch(self, rows: int, steps: int) -> None:
+        self.caps.append((rows, steps))
+
+
+def test_step_fault_attribution_rule():
+    engine = FakeEngine(8)
+    faults = StepFaults(engine, max_attempts=2)
+    several = faults.judge(StepFailed(["1", "2", "3", "4"], RuntimeError("x")), ["1", "2", "3", "4", "5"])
+    assert several.fail == {} and several.requeue == ["1", "2", "3", "4", "5"] and faults.failures == {}
+    assert engine.caps == [(2, 200)] and engine.max_batch == 8
+    alone = faults.judge(StepFailed(["3"], RuntimeError("x")), ["3", "5"])
+    assert (alone.fail, alone.requeue, faults.failures) == ({}, ["3", "5"], {"3": 1})
+    again = faults.judge(StepFailed(["3"], RuntimeError("x")), ["3"])
+    assert (again.fail, again.requeue, faults.failures) == ({"3": 2}, [], {})
+    oom = faults.judge(StepFailed(["1", "2", "3", "4", "5", "6"], MemoryError()), ["1"])
+    assert oom.requeue == ["1"] and engine.max_batch == 3 and len(engine.caps) == 1
