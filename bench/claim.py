@@ -29,14 +29,15 @@ from pathlib import Path
 from fsched.core.jobs.jobfile import parse_job_file
 from fsched.core.store.records import Completion, JobSubmission
 from fsched.core.types import RequestClass, RequestState
-from fsched.storage.jobstore import SqlJobStore
+from fsched.storage.catalog import SqlCatalogStore
+from fsched.storage.queue import SqlQueueStore
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
 def fill(url: str, n: int) -> None:
     """n requests, half for each of two tenants."""
-    store = SqlJobStore(url)
+    store = SqlCatalogStore(url)
     for tenant in ("alice", "bob"):
         lines = (json.dumps({"prompt": f"p{i}", "max_tokens": 8, "seed": i}) for i in range(n // 2))
         data = "".join(line + "\n" for line in lines)
@@ -46,7 +47,7 @@ def fill(url: str, n: int) -> None:
 
 
 def worker(url: str, per_group: int, start, done_count) -> None:
-    store = SqlJobStore(url)
+    store = SqlQueueStore(url)
     owner = f"bench-{uuid.uuid4().hex[:8]}"
     start.wait()
     finished = 0

@@ -68,9 +68,9 @@ def fill_to(total: int, job_file: Path, url: str) -> None:
     from fsched.core.jobs.jobfile import parse_job_file
     from fsched.core.store.records import JobSubmission
     from fsched.core.types import RequestClass
-    from fsched.storage.jobstore import SqlJobStore
+    from fsched.storage.catalog import SqlCatalogStore
 
-    store = SqlJobStore(url)
+    store = SqlCatalogStore(url)
     parsed = parse_job_file(job_file.read_bytes(), str(job_file))
     stored = sum(j.counts.num_requests for j in store.list_jobs())
     tenants = ["alice", "bob", "carol", "dave"]
@@ -94,9 +94,9 @@ def naive_status_seconds(db_path: Path) -> float:
 
 def counter_query_seconds(url: str, repeat: int) -> float:
     """What status's queries cost in-process (jobs, tenants, daemons), median of `repeat`."""
-    from fsched.storage.jobstore import SqlJobStore
+    from fsched.storage.catalog import SqlCatalogStore
 
-    store = SqlJobStore(url)
+    store = SqlCatalogStore(url)
     runs = []
     for _ in range(repeat):
         start = time.perf_counter()
