@@ -23,7 +23,11 @@ CORE_LAYERS = {
     "sched": ("fsched.core.types",),
     "sim": ("fsched.core.types", "fsched.core.sched"),
     "jobs": ("fsched.core.types", "fsched.core.store", "fsched.core.faults"),
+    "store": ("fsched.core.types", "fsched.core.jobs"),
 }
+# The daemon's side of serving goes through the engine's own methods and the
+# queue protocol: never into the scheduler, never to a concrete store.
+DAEMON_MODULES = ("daemon", "holdings", "leases", "stepfaults", "writer")
 
 
 def imports_of(path: Path) -> set[str]:
@@ -56,6 +60,13 @@ def test_scheduling_core_imports_nothing_from_serving_or_storage():
                 if n.startswith("fsched") and not n.startswith((own, *allowed))
             }
             assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_the_daemon_reaches_the_scheduler_only_through_the_engine():
+    for name in DAEMON_MODULES:
+        path = ROOT / "core" / "serve" / f"{name}.py"
+        bad = {n for n in imports_of(path) if n.startswith(("fsched.core.sched", "fsched.core.store.memory"))}
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 
 
 def test_every_core_package_is_installed():
