@@ -53,7 +53,7 @@ from fsched.core.jobs.jobfile import CHAT_ROLES, JobFileError, ParsedJobFile, pa
 from fsched.core.jobs.limits import MIB, InputLimits
 from fsched.core.store.records import JobSubmission, QueueFull
 from fsched.core.types import MAX_SEED, RequestClass, RequestSpec
-from fsched.storage import jobstore as jobstore_module
+from fsched.storage import submit as submit_module
 from fsched.storage.jobstore import SqlJobStore
 
 FUZZ_EXAMPLES = int(os.environ.get("FSCHED_FUZZ_EXAMPLES", "1000"))
@@ -590,7 +590,7 @@ def test_store_takes_a_submit_whole_or_not_at_all(run, tmp_path, monkeypatch):
             if fault["seen"] == fault["at"]:
                 raise InjectedFault(f"injected at chunk {fault['seen']}")
 
-    monkeypatch.setattr(jobstore_module, "crash_point", crash_point)
+    monkeypatch.setattr(submit_module, "crash_point", crash_point)
 
     @fuzz_settings(STORE_EXAMPLES)
     @given(
