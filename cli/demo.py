@@ -35,6 +35,9 @@ from fsched.cli.common import (
     open_store,
     print_json,
 )
+from fsched.cli.daemon import POLICY_NAMES
+from fsched.core.sched.policy import POLICIES
+from fsched.core.serve.build import DEFAULTS
 from fsched.core.store import JobSummary, RequestTiming
 from fsched.core.types import RequestClass, RequestState
 
@@ -189,7 +192,7 @@ def summary_view(s: dict):
 
 @handle_errors
 def demo(
-    policy: Annotated[str, typer.Option("--policy", help="fsched, fcfs, priority or vtc.")] = "fsched",
+    policy: Annotated[str, typer.Option("--policy", help=f"One of {POLICY_NAMES}.")] = DEFAULTS.policy,
     threads: Annotated[int | None, typer.Option("--threads", help="CPU threads for the daemon.")] = None,
     size: Annotated[float, typer.Option("--size", help="Scale the batch work (1: about a minute on a "
                                         "2-core CPU).")] = 1.0,
@@ -201,10 +204,8 @@ def demo(
     Uses its own job table (a temporary one unless --db), starts and stops its
     own daemon. Takes about a minute on a laptop CPU.
     """
-    from fsched.cli.daemon import POLICIES
-
     if policy not in POLICIES:
-        raise UserError(f"--policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        raise UserError(f"--policy must be one of {POLICY_NAMES}, got {policy!r}")
     if not 0 < size <= 100:
         raise UserError(f"--size must be within (0, 100], got {size:g}")
     # Ctrl-C stops the demo (and its daemon) even where the shell started us with SIGINT ignored.
