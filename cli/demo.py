@@ -85,12 +85,20 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[rank - 1]
 
 
+@dataclass(slots=True, frozen=True)
+class TokenMark:
+    """The output tokens each tenant had been served by a moment."""
+
+    at: float
+    tokens: dict[str, int]
+
+
 @dataclass(slots=True)
 class ShareWindow:
     """Tokens served per tenant while every tenant still had batch work (both backlogged)."""
 
-    start: tuple[float, dict[str, int]] | None = None
-    end: tuple[float, dict[str, int]] | None = None
+    start: TokenMark | None = None
+    end: TokenMark | None = None
     daemon_share: dict[str, float] = field(default_factory=dict)
 
     def observe(self, now: float, jobs: list[JobSummary], served_share: dict[str, float] | None) -> None:
@@ -102,18 +110,18 @@ class ShareWindow:
         tokens = {t: sum(j.num_output_tokens for j in jobs if j.tenant == t) for t in WEIGHTS}
         if self.start is None:
             if all(tokens.values()):  # warm-up: both have been served something
-                self.start = (now, tokens)
+                self.start = TokenMark(now, tokens)
             return
-        self.end = (now, tokens)
+        self.end = TokenMark(now, tokens)
         if served_share:
             self.daemon_share = dict(served_share)
 
     def shares(self) -> tuple[float, dict[str, float]]:
         if self.start is None or self.end is None:
             return 0.0, {}
-        served = {t: self.end[1][t] - self.start[1][t] for t in WEIGHTS}
+        served = {t: self.end.tokens[t] - self.start.tokens[t] for t in WEIGHTS}
         total = sum(served.values())
-        return self.end[0] - self.start[0], ({t: v / total for t, v in served.items()} if total else {})
+        return self.end.at - self.start.at, ({t: v / total for t, v in served.items()} if total else {})
 
 
 def summary(timings: list[RequestTiming], window: ShareWindow, policy: str, startup_s: float,
