@@ -90,6 +90,7 @@ class DaemonSettings:
     until_idle: bool = False
     # Seconds a claimed request stays leased without a heartbeat (the daemon's config says why).
     lease_s: float = _daemon_default("lease_s")
+    # A runner that drives a remote engine adds its setting here (its URL), and its kind to RUNNER_KINDS.
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
