@@ -1,202 +1,118 @@
-"""`fsched daemon`: load the model and serve the job table until stopped."""
+"""`fsched daemon`: parse the options, build the daemon (core/serve/build.py), serve until stopped."""
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import socket
 import sys
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Annotated
 
 import typer
 
 from fsched.cli.common import DbOption, UserError, acting_user, allow, handle_errors, open_queue
+from fsched.core.sched.policy import POLICIES
+from fsched.core.serve.build import (
+    CPU_LIMITS,
+    DEFAULTS,
+    GPU_LIMITS,
+    DaemonSettings,
+    RunnerUnavailable,
+    SettingsError,
+)
 
-POLICIES = ("fsched", "fcfs", "priority", "vtc")
+POLICY_NAMES = ", ".join(POLICIES)
+
+# The option of each setting, for error messages.
+OPTIONS = {
+    "model": "--model", "device": "--device", "dtype": "--dtype", "policy": "--policy",
+    "max_batch": "--max-batch", "kv_tokens": "--kv-tokens", "step_tokens": "--step-tokens",
+    "threads": "--threads", "until_idle": "--until-idle", "lease_s": "--lease-ttl",
+}
+
+
+def _by_device(what: str, limit: str) -> str:
+    return f"{what} (default: {getattr(CPU_LIMITS, limit)} on CPU, {getattr(GPU_LIMITS, limit)} on CUDA)."
+
+
+ModelOption = Annotated[str | None, typer.Option(
+    "--model", "-m", help="Model folder or cached hub id (default: the built-in tiny random model); "
+    "'standin' or 'standin:<ms>' runs a deterministic stand-in without a model (tests, rehearsals).")]
+DeviceOption = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda, cuda:N.")]
+DtypeOption = Annotated[str, typer.Option(
+    "--dtype", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16.")]
+PolicyOption = Annotated[str, typer.Option("--policy", help=f"One of {POLICY_NAMES}.")]
+MaxBatchOption = Annotated[int | None, typer.Option(
+    "--max-batch", help=_by_device("Requests in the running batch", "max_batch"))]
+KvTokensOption = Annotated[int | None, typer.Option(
+    "--kv-tokens", help=_by_device("KV cache budget in tokens", "kv_tokens"))]
+StepTokensOption = Annotated[int | None, typer.Option(
+    "--step-tokens", help=_by_device("Tokens a step processes, decodes plus prefill chunks", "step_tokens"))]
+ThreadsOption = Annotated[int | None, typer.Option("--threads", help="CPU threads for torch.")]
+UntilIdleOption = Annotated[bool, typer.Option("--until-idle", help="Exit when no work is left.")]
+LeaseOption = Annotated[float, typer.Option(
+    "--lease-ttl", help="Seconds a claimed request stays leased without a heartbeat; after that another "
+    "daemon on the same (PostgreSQL) queue takes it over.")]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")]
+# A runner that drives a remote engine adds its option here (and its setting to DaemonSettings).
 
 
 @handle_errors
 def daemon(
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model", "-m", help="Model folder or cached hub id (default: the built-in tiny random model); "
-            "'standin' or 'standin:<ms>' runs a deterministic stand-in without a model (tests, rehearsals)."
-        ),
-    ] = None,
-    device: Annotated[
-        str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda, cuda:N.")
-    ] = "auto",
-    dtype: Annotated[
-        str, typer.Option("--dtype", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16.")
-    ] = "auto",
-    policy: Annotated[str, typer.Option("--policy", help="fsched, fcfs, priority or vtc.")] = "fsched",
-    max_batch: Annotated[
-        int | None,
-        typer.Option("--max-batch", help="Requests in the running batch (default: 32 on CPU, 64 on CUDA)."),
-    ] = None,
-    kv_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--kv-tokens", help="KV cache budget in tokens (default: 32768 on CPU, 131072 on CUDA)."
-        ),
-    ] = None,
-    step_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--step-tokens",
-            help="Tokens a step processes, decodes plus prefill chunks (default: 512 on CPU, 2048 on CUDA).",
-        ),
-    ] = None,
-    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads for torch.")] = None,
-    until_idle: Annotated[bool, typer.Option("--until-idle", help="Exit when no work is left.")] = False,
-    lease_ttl: Annotated[
-        float,
-        typer.Option(
-            "--lease-ttl",
-            help="Seconds a claimed request stays leased without a heartbeat; after that another "
-            "daemon on the same (PostgreSQL) queue takes it over.",
-        ),
-    ] = 10.0,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")] = False,
+    model: ModelOption = DEFAULTS.model,
+    device: DeviceOption = DEFAULTS.device,
+    dtype: DtypeOption = DEFAULTS.dtype,
+    policy: PolicyOption = DEFAULTS.policy,
+    max_batch: MaxBatchOption = DEFAULTS.max_batch,
+    kv_tokens: KvTokensOption = DEFAULTS.kv_tokens,
+    step_tokens: StepTokensOption = DEFAULTS.step_tokens,
+    threads: ThreadsOption = DEFAULTS.threads,
+    until_idle: UntilIdleOption = DEFAULTS.until_idle,
+    lease_ttl: LeaseOption = DEFAULTS.lease_s,
+    quiet: QuietOption = False,
     db: DbOption = None,
 ) -> None:
     """Run the scheduler and the model over the job table: continuous batching, fairly."""
-    if policy not in POLICIES:
-        raise UserError(f"--policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-    logging.basicConfig(
-        level=logging.WARNING if quiet else logging.INFO,
-        stream=sys.stderr,
-        format="fsched daemon: %(message)s",
-    )
+    try:
+        settings = DaemonSettings(
+            model=model, device=device, dtype=dtype, policy=policy, max_batch=max_batch,
+            kv_tokens=kv_tokens, step_tokens=step_tokens, threads=threads, until_idle=until_idle,
+            lease_s=lease_ttl,
+        )
+    except SettingsError as exc:
+        raise UserError(f"{OPTIONS[exc.setting]}: {exc}") from None
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, stream=sys.stderr,
+                        format="fsched daemon: %(message)s")
+    serve(settings, db)
+
+
+def serve(settings: DaemonSettings, db: str | None) -> None:
+    """Take the job table (as an admin on SQLite, alone where it has a lock) and serve it until stopped."""
+    from fsched.core.jobs.access import may_administer
+    from fsched.core.serve.build import build_daemon
+
     log = logging.getLogger("fsched.daemon")
     store = open_queue(db)
     if store.db.dialect == "sqlite":
         # The daemon reads every tenant's prompts and writes every output: on a
         # shared SQLite table that is an admin's job. (On PostgreSQL, holding
         # the database URL's credentials is what lets a daemon in.)
-        from fsched.core.jobs.access import may_administer
-
         allow(may_administer(acting_user(store), "serving the job table (fsched daemon)"))
     lock = store.db.daemon_lock()
-
-    from fsched.core.runners.standin import StandInError, parse_standin
-    from fsched.core.sched.config import SchedulerConfig
-    from fsched.core.sched.scheduler import Scheduler
-    from fsched.core.serve.daemon import Daemon, DaemonConfig
-    from fsched.core.serve.engine import Engine
-
     try:
-        standin_step_s = parse_standin(model)
-    except StandInError as exc:
-        raise UserError(str(exc)) from None
-    if standin_step_s is not None:
-        served = _standin_model(standin_step_s, device)
-    else:
-        served = _torch_model(model, device, dtype, threads, log)
-    config = SchedulerConfig(
-        max_batch=max_batch or (64 if served.gpu else 32),
-        kv_tokens=kv_tokens or (131_072 if served.gpu else 32_768),
-        step_tokens=step_tokens or (2048 if served.gpu else 512),
-    )
-    scheduler = Scheduler(config, policy, store.tenant_weights())
-    engine = Engine(served.runner, scheduler, served.context_length)
-    if not lease_ttl > 2.0:
-        raise UserError(f"--lease-ttl must be more than 2 seconds (two heartbeats), got {lease_ttl:g}")
-    owner = f"{socket.gethostname()}:{served.device}:{os.getpid()}:{uuid.uuid4().hex[:4]}"
-    the_daemon = Daemon(
-        store,
-        engine,
-        served.encode,
-        DaemonConfig(
-            owner=owner,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            device=served.device,
-            model=served.name,
-            policy=policy,
-            claim_per_group=2 * config.max_batch,
-            until_idle=until_idle,
-            exclusive=lock is not None,
-            lease_s=lease_ttl,
-        ),
-    )
+        try:
+            the_daemon = build_daemon(settings, store, exclusive=lock is not None)
+        except RunnerUnavailable as exc:
+            raise UserError(str(exc)) from None
 
-    def stop(signum, _frame) -> None:
-        log.info("%s: finishing the step, saving progress", signal.Signals(signum).name)
-        the_daemon.stop()
+        def stop(signum, _frame) -> None:
+            log.info("%s: finishing the step, saving progress", signal.Signals(signum).name)
+            the_daemon.stop()
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    log.info(
-        "serving %s with %s: model %s, policy %s, max batch %d, KV %d tokens, step %d tokens",
-        store.db.display_url,
-        owner,
-        served.description,
-        policy,
-        config.max_batch,
-        config.kv_tokens,
-        config.step_tokens,
-    )
-    try:
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        log.info("serving %s", store.db.display_url)
         the_daemon.run()
     finally:
         if lock is not None:
             lock.release()
-    s = the_daemon.stats
-    log.info("stopped after %d steps, %d tokens", s.steps, s.tokens)
-
-
-@dataclass(slots=True)
-class _Served:
-    """What the daemon serves with: a runner, its encoder and how to name it."""
-
-    runner: object
-    encode: Callable
-    name: str
-    description: str
-    device: str
-    context_length: int
-    gpu: bool
-
-
-def _torch_model(model: str | None, device: str, dtype: str, threads: int | None, log) -> _Served:
-    from fsched.core.runners.hf.model import ModelLoadError, encode_prompt, load_model, set_threads
-    from fsched.core.runners.hf.runner import ModelRunner
-
-    if threads:
-        set_threads(threads)
-    log.info("loading %s ...", model or "the built-in tiny model")
-    try:
-        loaded = load_model(model, device=device, dtype=dtype)
-    except ModelLoadError as exc:
-        raise UserError(str(exc)) from None
-    return _Served(
-        runner=ModelRunner(loaded),
-        encode=lambda claimed: encode_prompt(loaded, claimed.prompt, claimed.messages),
-        name=loaded.name,
-        description=loaded.describe(),
-        device=str(loaded.device),
-        context_length=loaded.context_length,
-        gpu=loaded.device.type == "cuda",
-    )
-
-
-def _standin_model(step_s: float, device: str) -> _Served:
-    from fsched.core.runners.standin import STANDIN_NAME, StandInRunner, standin_encode
-
-    runner = StandInRunner(step_s=step_s)
-    label = "standin" if device == "auto" else device
-    return _Served(
-        runner=runner,
-        encode=lambda claimed: standin_encode(claimed.prompt, claimed.messages),
-        name=STANDIN_NAME,
-        description=f"{STANDIN_NAME}, {step_s * 1000:g} ms a step",
-        device=label,
-        context_length=runner.context_length,
-        gpu=False,
-    )
+    log.info("stopped after %d steps, %d tokens", the_daemon.stats.steps, the_daemon.stats.tokens)

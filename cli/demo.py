@@ -35,6 +35,9 @@ from fsched.cli.common import (
     open_catalog,
     print_json,
 )
+from fsched.cli.daemon import POLICY_NAMES
+from fsched.core.sched.policy import POLICIES
+from fsched.core.serve.build import DEFAULTS
 from fsched.core.store.records import JobSummary, RequestTiming
 from fsched.core.types import RequestClass, RequestState
 
@@ -82,12 +85,20 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[rank - 1]
 
 
+@dataclass(slots=True, frozen=True)
+class TokenMark:
+    """The output tokens each tenant had been served by a moment."""
+
+    at: float
+    tokens: dict[str, int]
+
+
 @dataclass(slots=True)
 class ShareWindow:
     """Tokens served per tenant while every tenant still had batch work (both backlogged)."""
 
-    start: tuple[float, dict[str, int]] | None = None
-    end: tuple[float, dict[str, int]] | None = None
+    start: TokenMark | None = None
+    end: TokenMark | None = None
     daemon_share: dict[str, float] = field(default_factory=dict)
 
     def observe(self, now: float, jobs: list[JobSummary], served_share: dict[str, float] | None) -> None:
@@ -99,18 +110,18 @@ class ShareWindow:
         tokens = {t: sum(j.num_output_tokens for j in jobs if j.tenant == t) for t in WEIGHTS}
         if self.start is None:
             if all(tokens.values()):  # warm-up: both have been served something
-                self.start = (now, tokens)
+                self.start = TokenMark(now, tokens)
             return
-        self.end = (now, tokens)
+        self.end = TokenMark(now, tokens)
         if served_share:
             self.daemon_share = dict(served_share)
 
     def shares(self) -> tuple[float, dict[str, float]]:
         if self.start is None or self.end is None:
             return 0.0, {}
-        served = {t: self.end[1][t] - self.start[1][t] for t in WEIGHTS}
+        served = {t: self.end.tokens[t] - self.start.tokens[t] for t in WEIGHTS}
         total = sum(served.values())
-        return self.end[0] - self.start[0], ({t: v / total for t, v in served.items()} if total else {})
+        return self.end.at - self.start.at, ({t: v / total for t, v in served.items()} if total else {})
 
 
 def summary(timings: list[RequestTiming], window: ShareWindow, policy: str, startup_s: float,
@@ -189,7 +200,7 @@ def summary_view(s: dict):
 
 @handle_errors
 def demo(
-    policy: Annotated[str, typer.Option("--policy", help="fsched, fcfs, priority or vtc.")] = "fsched",
+    policy: Annotated[str, typer.Option("--policy", help=f"One of {POLICY_NAMES}.")] = DEFAULTS.policy,
     threads: Annotated[int | None, typer.Option("--threads", help="CPU threads for the daemon.")] = None,
     size: Annotated[float, typer.Option("--size", help="Scale the batch work (1: about a minute on a "
                                         "2-core CPU).")] = 1.0,
@@ -201,10 +212,8 @@ def demo(
     Uses its own job table (a temporary one unless --db), starts and stops its
     own daemon. Takes about a minute on a laptop CPU.
     """
-    from fsched.cli.daemon import POLICIES
-
     if policy not in POLICIES:
-        raise UserError(f"--policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        raise UserError(f"--policy must be one of {POLICY_NAMES}, got {policy!r}")
     if not 0 < size <= 100:
         raise UserError(f"--size must be within (0, 100], got {size:g}")
     # Ctrl-C stops the demo (and its daemon) even where the shell started us with SIGINT ignored.

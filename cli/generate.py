@@ -33,7 +33,7 @@ from fsched.cli.common import (
 from fsched.cli.submit import CLASS_NAMES, parse_class
 from fsched.core.jobs.access import default_tenant, may_act_as
 from fsched.core.store.records import RequestProgress
-from fsched.core.types import RequestState
+from fsched.core.types import RequestClass, RequestState
 
 POLL_S = 0.02
 DEFAULT_MAX_TOKENS = 64
@@ -42,7 +42,7 @@ DAEMON_CHECK_S = 2.0
 
 
 @dataclass(slots=True, frozen=True)
-class Outcome:
+class Answer:
     """What a finished request gives the user: text and timing figures."""
 
     text: str
@@ -53,7 +53,7 @@ class Outcome:
     total_ms: float | None  # submit to finish
 
 
-def outcome(p: RequestProgress) -> Outcome:
+def answer_of(p: RequestProgress) -> Answer:
     ttft = None if p.first_token_at is None else (p.first_token_at - p.enqueued_at) * 1000
     total = None if p.finished_at is None else (p.finished_at - p.enqueued_at) * 1000
     tok_s = None
@@ -61,7 +61,7 @@ def outcome(p: RequestProgress) -> Outcome:
         decode_s = p.finished_at - p.first_token_at
         if decode_s > 0:
             tok_s = (p.num_output_tokens - 1) / decode_s
-    return Outcome(p.output_text, p.num_output_tokens, p.finish_reason, ttft, tok_s, total)
+    return Answer(p.output_text, p.num_output_tokens, p.finish_reason, ttft, tok_s, total)
 
 
 def one_line_job(prompt: str, max_tokens: int | None, temperature: float | None, seed: int | None) -> bytes:
@@ -80,29 +80,28 @@ def _fmt(value: float | None, unit: str, digits: int = 0) -> str:
     return "n/a" if value is None else f"{value:,.{digits}f} {unit}"
 
 
+TenantOption = Annotated[str | None, typer.Option("--tenant", "-t", help="Tenant (default: your OS user).")]
+ClassOption = Annotated[str, typer.Option("--class", "-c", help=f"Service class: {CLASS_NAMES}.")]
+MaxTokensOption = Annotated[int | None, typer.Option(
+    "--max-tokens", help=f"Tokens to generate at most (default: {DEFAULT_MAX_TOKENS}).")]
+TemperatureOption = Annotated[float | None, typer.Option(
+    "--temperature", help="Sampling temperature, 0 is greedy (default: 1).")]
+SeedOption = Annotated[int | None, typer.Option("--seed", help="Sampling seed (default: random).")]
+StreamOption = Annotated[bool, typer.Option("--stream", "-s", help="Print the text as it is generated.")]
+TimeoutOption = Annotated[float | None, typer.Option(
+    "--timeout", help="Give up (and cancel) after this many seconds.")]
+
+
 @handle_errors
 def generate(
     prompt: Annotated[str, typer.Argument(help="The prompt text.")],
-    tenant: Annotated[
-        str | None, typer.Option("--tenant", "-t", help="Tenant (default: your OS user).")
-    ] = None,
-    request_class: Annotated[
-        str, typer.Option("--class", "-c", help=f"Service class: {CLASS_NAMES}.")
-    ] = "realtime",
-    max_tokens: Annotated[
-        int | None,
-        typer.Option("--max-tokens", help=f"Tokens to generate at most (default: {DEFAULT_MAX_TOKENS})."),
-    ] = None,
-    temperature: Annotated[
-        float | None, typer.Option("--temperature", help="Sampling temperature, 0 is greedy (default: 1).")
-    ] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed (default: random).")] = None,
-    stream: Annotated[
-        bool, typer.Option("--stream", "-s", help="Print the text as it is generated.")
-    ] = False,
-    timeout: Annotated[
-        float | None, typer.Option("--timeout", help="Give up (and cancel) after this many seconds.")
-    ] = None,
+    tenant: TenantOption = None,
+    request_class: ClassOption = "realtime",
+    max_tokens: MaxTokensOption = None,
+    temperature: TemperatureOption = None,
+    seed: SeedOption = None,
+    stream: StreamOption = False,
+    timeout: TimeoutOption = None,
     as_json: JsonOption = False,
     db: DbOption = None,
 ) -> None:
@@ -141,24 +140,32 @@ def generate(
             sys.stdout.flush()
         note(f"fsched: interrupted; job {job.job_id} cancelled")
         raise typer.Exit(130) from None
-
-    result = outcome(final)
     if as_json:
-        print_json({
-            "job_id": job.job_id, "request_id": final.id, "tenant": job.tenant, "class": cls.value,
-            "state": final.state.value, "text": result.text, "tokens": result.tokens,
-            "finish_reason": result.finish_reason,
-            "ttft_ms": None if result.ttft_ms is None else round(result.ttft_ms, 1),
-            "tok_s": None if result.tok_s is None else round(result.tok_s, 1),
-            "total_ms": None if result.total_ms is None else round(result.total_ms, 1),
-        })
-        return
-    if not stream:
-        sys.stdout.write(result.text)
+        print_json(answer_json(answer_of(final), final, job.job_id, job.tenant, cls))
+    else:
+        print_answer(answer_of(final), job.job_id, streamed=stream)
+
+
+def answer_json(answer: Answer, final: RequestProgress, job_id: int, tenant: str, cls: RequestClass) -> dict:
+    def rounded(value: float | None) -> float | None:
+        return None if value is None else round(value, 1)
+
+    return {
+        "job_id": job_id, "request_id": final.id, "tenant": tenant, "class": cls.value,
+        "state": final.state.value, "text": answer.text, "tokens": answer.tokens,
+        "finish_reason": answer.finish_reason, "ttft_ms": rounded(answer.ttft_ms),
+        "tok_s": rounded(answer.tok_s), "total_ms": rounded(answer.total_ms),
+    }
+
+
+def print_answer(answer: Answer, job_id: int, streamed: bool) -> None:
+    """The text on stdout (unless it was streamed already), the figures on stderr."""
+    if not streamed:
+        sys.stdout.write(answer.text)
     sys.stdout.write("\n")
     sys.stdout.flush()
-    note(f"first token {_fmt(result.ttft_ms, 'ms')}, {_fmt(result.tok_s, 'tok/s', 1)}, "
-         f"{result.tokens} tokens ({result.finish_reason or 'n/a'}), job {job.job_id}")
+    note(f"first token {_fmt(answer.ttft_ms, 'ms')}, {_fmt(answer.tok_s, 'tok/s', 1)}, "
+         f"{answer.tokens} tokens ({answer.finish_reason or 'n/a'}), job {job_id}")
 
 
 def _wait(store, job_id: int, stream: bool, timeout: float | None) -> RequestProgress:

@@ -21,9 +21,17 @@ class StatusSnapshot:
     now: float
 
 
-def tenant_entitlements(tenants: list[TenantSummary]) -> dict[str, float]:
+def tenant_entitlements(tenants: list[TenantSummary]) -> dict[str, float | None]:
+    """Each tenant's entitled share: its weight over the weights of the tenants with work.
+
+    A tenant without work is shown the share it would get by submitting now.
+    When no tenant has work nobody is entitled to anything: every share is
+    None (a dash in the view, null in JSON), not a misleading 100% each.
+    """
     weights = {t.name: t.weight for t in tenants}
     active = {t.name for t in tenants if t.queued or t.running}
+    if not active:
+        return dict.fromkeys(weights)
     return entitled_shares(weights, active)
 
 
@@ -49,11 +57,11 @@ def job_json(job: JobSummary) -> dict:
     }
 
 
-def tenant_json(tenant: TenantSummary, entitled: float) -> dict:
+def tenant_json(tenant: TenantSummary, entitled: float | None) -> dict:
     return {
         "name": tenant.name,
         "weight": tenant.weight,
-        "entitled_share": round(entitled, 4),
+        "entitled_share": None if entitled is None else round(entitled, 4),
         "active_jobs": tenant.active_jobs,
         "queued": tenant.queued,
         "running": tenant.running,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import getpass
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,6 +23,9 @@ from fsched.core.jobs.access import default_tenant, may_act_as
 from fsched.core.jobs.jobfile import JobFileError, ParsedJobFile, parse_job_file
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.types import RequestClass
+
+if TYPE_CHECKING:
+    from fsched.core.store.records import SubmittedJob
 
 CLASS_NAMES = ", ".join(c.value for c in RequestClass)
 
@@ -57,24 +60,23 @@ def read_job_file(name: str, limits: InputLimits) -> bytes:
         raise JobFileError(name, exc.strerror or str(exc)) from None
 
 
+TenantOption = Annotated[str | None, typer.Option(
+    "--tenant", "-t", help="Tenant (default: your OS user; another one needs an admin).")]
+ClassOption = Annotated[str, typer.Option("--class", "-c", help=f"Service class: {CLASS_NAMES}.")]
+PriorityOption = Annotated[int, typer.Option("--priority", "-p", help="Base priority, 0 (most urgent) to 9.")]
+NameOption = Annotated[str | None, typer.Option("--name", "-n", help="Job name (default: file name).")]
+MaxTokensOption = Annotated[int | None, typer.Option(
+    "--max-tokens", help="max_tokens for lines that give none (default: 256).")]
+
+
 @handle_errors
 def submit(
     files: Annotated[list[str], typer.Argument(help="JSONL files of requests; '-' reads stdin.")],
-    tenant: Annotated[
-        str | None,
-        typer.Option("--tenant", "-t", help="Tenant (default: your OS user; another one needs an admin)."),
-    ] = None,
-    request_class: Annotated[
-        str, typer.Option("--class", "-c", help=f"Service class: {CLASS_NAMES}.")
-    ] = "batch",
-    priority: Annotated[
-        int, typer.Option("--priority", "-p", help="Base priority, 0 (most urgent) to 9.")
-    ] = 5,
-    name: Annotated[str | None, typer.Option("--name", "-n", help="Job name (default: file name).")] = None,
-    max_tokens: Annotated[
-        int | None,
-        typer.Option("--max-tokens", help="max_tokens for lines that give none (default: 256)."),
-    ] = None,
+    tenant: TenantOption = None,
+    request_class: ClassOption = "batch",
+    priority: PriorityOption = 5,
+    name: NameOption = None,
+    max_tokens: MaxTokensOption = None,
     as_json: JsonOption = False,
     db: DbOption = None,
 ) -> None:
@@ -89,50 +91,44 @@ def submit(
     if not 0 <= priority <= 9:
         raise UserError(f"--priority must be within 0..9, got {priority}")
     limits = InputLimits.from_env()
-    if max_tokens is not None and not 1 <= max_tokens <= limits.max_tokens:
-        raise UserError(f"--max-tokens must be within 1..{limits.max_tokens:,}, got {max_tokens}")
-    if files.count("-") > 1:
-        raise UserError("standard input ('-') can be read only once")
-
-    parsed: list[ParsedJobFile] = []
-    for file in files:
-        data = read_job_file(file, limits)
-        source = "<stdin>" if file == "-" else file
-        parsed.append(parse_job_file(data, source, limits, default_max_tokens=max_tokens))
-
+    parsed = parse_files(files, limits, max_tokens)
     store = open_catalog(db)
     actor = acting_user(store)
     tenant = tenant or default_tenant(actor, getpass.getuser())
     allow(may_act_as(actor, tenant))
-    submitted = store.submit(
-        [
-            JobSubmission(
-                parsed=p,
-                tenant=tenant,
-                request_class=cls,
-                priority=priority,
-                name=name or ("stdin" if p.source == "<stdin>" else Path(p.source).name),
-            )
-            for p in parsed
-        ],
-        max_queued_per_tenant=limits.max_queued_per_tenant,
-    )
+    jobs = [
+        JobSubmission(parsed=p, tenant=tenant, request_class=cls, priority=priority,
+                      name=name or ("stdin" if p.source == "<stdin>" else Path(p.source).name))
+        for p in parsed
+    ]
+    submitted = store.submit(jobs, max_queued_per_tenant=limits.max_queued_per_tenant)
     for job in submitted:
-        if as_json:
-            print_json(
-                {
-                    "job_id": job.job_id,
-                    "num_requests": job.num_requests,
-                    "tenant": job.tenant,
-                    "class": job.request_class.value,
-                    "priority": priority,
-                    "tenant_created": job.tenant_created,
-                }
-            )
-        else:
-            created = " (new tenant, weight 1)" if job.tenant_created else ""
-            print(
-                f"submitted job {job.job_id}: {job.num_requests} request(s), "
-                f"tenant {job.tenant}{created}, class {job.request_class.value}, "
-                f"priority {priority}"
-            )
+        print_submitted(job, priority, as_json)
+
+
+def parse_files(files: list[str], limits: InputLimits, max_tokens: int | None) -> list[ParsedJobFile]:
+    """Every file read and validated whole, before anything is stored."""
+    if max_tokens is not None and not 1 <= max_tokens <= limits.max_tokens:
+        raise UserError(f"--max-tokens must be within 1..{limits.max_tokens:,}, got {max_tokens}")
+    if files.count("-") > 1:
+        raise UserError("standard input ('-') can be read only once")
+    parsed = []
+    for file in files:
+        data = read_job_file(file, limits)
+        source = "<stdin>" if file == "-" else file
+        parsed.append(parse_job_file(data, source, limits, default_max_tokens=max_tokens))
+    return parsed
+
+
+def print_submitted(job: SubmittedJob, priority: int, as_json: bool) -> None:
+    if as_json:
+        print_json({
+            "job_id": job.job_id, "num_requests": job.num_requests, "tenant": job.tenant,
+            "class": job.request_class.value, "priority": priority, "tenant_created": job.tenant_created,
+        })
+        return
+    created = " (new tenant, weight 1)" if job.tenant_created else ""
+    print(
+        f"submitted job {job.job_id}: {job.num_requests} request(s), "
+        f"tenant {job.tenant}{created}, class {job.request_class.value}, priority {priority}"
+    )

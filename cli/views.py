@@ -26,6 +26,7 @@ STATE_STYLES = {
     JobState.CANCELLING: "magenta",
     JobState.CANCELLED: "dim",
 }
+NO_SHARE = "\u2013"  # en dash: no tenant has work, so nobody is entitled to a share
 
 
 def format_age(seconds: float) -> str:
@@ -83,21 +84,23 @@ def tenants_table(tenants: list[TenantSummary], served: dict[str, float] | None 
         table.add_column(column, justify=justify, no_wrap=True)
     for tenant in tenants:
         active = tenant.queued or tenant.running
-        cells = [
-            tenant.name,
-            f"{tenant.weight:g}",
-            Text(f"{entitled[tenant.name]:.0%}", style="" if active else "dim"),
-        ]
+        share = entitled[tenant.name]
+        cells = [tenant.name, f"{tenant.weight:g}", Text(percent(share), style="" if active else "dim")]
         if served is not None:
-            cells.append(served_cell(served.get(tenant.name, 0.0), entitled[tenant.name], bool(active)))
+            cells.append(served_cell(served.get(tenant.name, 0.0), share, bool(active)))
         cells += [str(tenant.active_jobs), f"{tenant.queued:,}", f"{tenant.running:,}"]
         table.add_row(*cells)
     return table
 
 
-def served_cell(served: float, entitled: float, active: bool) -> Text:
+def percent(share: float | None) -> str:
+    """A share as a whole percentage; a dash for none."""
+    return NO_SHARE if share is None else f"{share:.0%}"
+
+
+def served_cell(served: float, entitled: float | None, active: bool) -> Text:
     """Served dominant share; yellow when an active tenant is more than 5 points off its entitlement."""
-    off = active and abs(served - entitled) > 0.05
+    off = active and entitled is not None and abs(served - entitled) > 0.05
     return Text(f"{served:.0%}", style="yellow" if off else ("" if active else "dim"))
 
 

@@ -2,7 +2,7 @@
 
 `fsched daemon --model standin` (or `standin:<ms per step>`) serves the job
 table with this instead of a language model. It executes the scheduler's
-plans exactly as the ModelRunner does (prefill chunks, decode rows, park,
+plans exactly as the model runner does (prefill chunks, decode rows, park,
 recompute, resume) but a token is a pure function of (seed, prompt, position),
 so outputs are reproducible across restarts, preemptions and daemons. It is
 what the cluster, chaos and throughput tests run when the model would only
@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from fsched.core.sched.plan import Outcome, Plan
 from fsched.core.sched.request import Checkpoint
-from fsched.core.serve.stopping import StopCheck, check_stop
+from fsched.core.serve.runner import Runner, RunResult
+from fsched.core.serve.stopping import check_stop
 from fsched.core.types import SamplingParams
 
 STANDIN_SPEC = "standin"
@@ -47,10 +48,10 @@ def parse_standin(spec: str | None) -> float | None:
         ms = float(arg.removesuffix("ms"))
     except ValueError:
         raise StandInError(
-            f"--model {spec!r}: write standin or standin:<ms per step>, e.g. standin:5ms"
+            f"{spec!r}: write standin or standin:<ms per step>, e.g. standin:5ms"
         ) from None
     if not 0 <= ms <= 60_000:
-        raise StandInError(f"--model {spec!r}: the step time must be within 0..60000 ms")
+        raise StandInError(f"{spec!r}: the step time must be within 0..60000 ms")
     return ms / 1000
 
 
@@ -78,7 +79,7 @@ def _hash(text: str) -> int:
 
 
 @dataclass(slots=True)
-class _Request:
+class _StandInRequest:
     tokens: list[int]
     prompt_len: int
     params: SamplingParams
@@ -90,15 +91,8 @@ class _Request:
         return self.tokens[self.prompt_len :]
 
 
-@dataclass(slots=True)
-class StandInResult:
-    outcome: Outcome
-    tokens: dict[str, int] = field(default_factory=dict)
-    finished: dict[str, StopCheck] = field(default_factory=dict)
-
-
-class StandInRunner:
-    """The ModelRunner interface over `standin_token`."""
+class StandInRunner(Runner):
+    """The Runner protocol over `standin_token`."""
 
     def __init__(
         self,
@@ -108,16 +102,24 @@ class StandInRunner:
         sleep: Callable[[float], None] = time.sleep,
     ):
         self.step_s = step_s
-        self.context_length = context_length
+        self._context_length = context_length
         self.fail_when = fail_when
         self.sleep = sleep
-        self._requests: dict[str, _Request] = {}
-        self.steps = 0
+        self._requests: dict[str, _StandInRequest] = {}
 
-    def add(self, request_id: str, prompt: list[int], params: SamplingParams, generated=()) -> None:
+    @property
+    def context_length(self) -> int:
+        return self._context_length
+
+    def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
+        return standin_encode(prompt, messages)
+
+    def add(
+        self, request_id: str, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
+    ) -> None:
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} is already in the runner")
-        self._requests[request_id] = _Request([*prompt, *generated], len(prompt), params)
+        self._requests[request_id] = _StandInRequest([*prompt, *generated], len(prompt), params)
 
     def release(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
@@ -132,11 +134,11 @@ class StandInRunner:
     def kv_tokens(self) -> int:
         return sum(r.computed for r in self._requests.values() if not r.parked)
 
-    def run(self, plan: Plan) -> StandInResult:
+    def run(self, plan: Plan) -> RunResult:
         start = time.perf_counter()
         if self.fail_when is not None and (error := self.fail_when(plan)) is not None:
             raise error
-        result = StandInResult(outcome=Outcome(elapsed_s=0.0))
+        result = RunResult(outcome=Outcome(elapsed_s=0.0))
         for p in plan.preempted:
             r = self._requests[p.request_id]
             if p.checkpoint is Checkpoint.PARK:
@@ -154,11 +156,10 @@ class StandInRunner:
                 self._emit(chunk.request_id, result)
         if self.step_s:
             self.sleep(self.step_s)
-        self.steps += 1
         result.outcome = Outcome(elapsed_s=time.perf_counter() - start, finished=frozenset(result.finished))
         return result
 
-    def _emit(self, rid: str, result: StandInResult) -> None:
+    def _emit(self, rid: str, result: RunResult) -> None:
         r = self._requests[rid]
         token = standin_token(r.params.seed, r.tokens)
         r.tokens.append(token)

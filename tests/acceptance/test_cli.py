@@ -254,7 +254,7 @@ def test_tenants_commands(fsched):
     fsched.ok("tenants", "set-weight", "alice", "1.5")
     listing = json.loads(fsched.ok("tenants", "list", "--json"))
     assert listing == [
-        {"name": "alice", "weight": 1.5, "entitled_share": 1.0, "active_jobs": 0, "queued": 0, "running": 0}
+        {"name": "alice", "weight": 1.5, "entitled_share": None, "active_jobs": 0, "queued": 0, "running": 0}
     ]
     for bad in ("0", "-2", "nan", "inf"):
         proc = fsched.run("tenants", "set-weight", "alice", "--", bad)

@@ -74,9 +74,10 @@ def test_a_failed_request_is_an_error():
         gen._wait(ScriptedStore([failed]), 3, stream=False, timeout=None)
 
 
-def test_outcome_figures():
+def test_answer_figures():
     done = progress("x" * 11, RequestState.DONE, tokens=11, first=100.25, finished=100.75)
-    o = gen.outcome(done)
+    o = gen.answer_of(done)
     assert (o.ttft_ms, o.tok_s, o.total_ms, o.tokens) == (250.0, 20.0, 750.0, 11)
-    assert gen.outcome(progress("", RequestState.QUEUED)).ttft_ms is None
-    assert gen.outcome(progress("x", RequestState.DONE, tokens=1, first=100.1, finished=100.1)).tok_s is None
+    assert gen.answer_of(progress("", RequestState.QUEUED)).ttft_ms is None
+    one = progress("x", RequestState.DONE, tokens=1, first=100.1, finished=100.1)
+    assert gen.answer_of(one).tok_s is None

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from rich.console import Console
 
-from fsched.cli.report import StatusSnapshot, live_daemon
+from fsched.cli.report import StatusSnapshot, live_daemon, status_json, tenant_entitlements
 from fsched.cli.views import daemon_panel, status_view, tenants_table, why_table
 from fsched.core.jobs.jobstate import JobCounts
 from fsched.core.store.records import DaemonSummary, JobSummary, TenantSummary
@@ -100,3 +101,27 @@ def test_status_view_without_a_live_daemon_has_no_panel_and_no_served_column():
     assert "dead" in text
     empty = render(status_view(StatusSnapshot(jobs=[], tenants=[], daemons=[], now=NOW)))
     assert "No daemon has run" in empty
+
+
+IDLE = [TenantSummary("alice", 3.0, 0, 0, 0), TenantSummary("bob", 1.0, 0, 0, 0)]
+
+
+def test_no_tenant_with_work_means_no_entitled_share():
+    assert tenant_entitlements(IDLE) == {"alice": None, "bob": None}
+    text = render(tenants_table(IDLE))
+    for name in ("alice", "bob"):
+        line = next(line for line in text.splitlines() if f" {name} " in line)
+        assert [c.strip() for c in line.split("│")[1:4]] == [name, "3" if name == "alice" else "1", "–"]
+    assert "100%" not in text
+    shares = [t["entitled_share"] for t in status_json(StatusSnapshot([], IDLE, [], NOW))["tenants"]]
+    assert shares == [None, None]
+
+
+def test_entitled_shares_are_by_weight_among_the_tenants_with_work():
+    entitled = tenant_entitlements(TENANTS)  # alice 3 and bob 1 have work; carol has none
+    assert entitled["alice"] == 0.75 and entitled["bob"] == 0.25
+    assert entitled["carol"] == pytest.approx(1 / 5)  # what she would get by submitting now
+    busy = [TenantSummary("alice", 3.0, 1, 4, 0), TenantSummary("bob", 1.0, 0, 0, 0)]
+    assert tenant_entitlements(busy) == {"alice": 1.0, "bob": 0.25}
+    tenants = status_json(StatusSnapshot([], busy, [], NOW))["tenants"]
+    assert [t["entitled_share"] for t in tenants] == [1.0, 0.25]

@@ -1,4 +1,4 @@
-"""The model runner: the only place that imports torch and transformers (DESIGN §1).
+"""The model runner: the only place that imports torch and transformers; the boundary test keeps it so.
 
 - model.py   loads a Hugging Face causal LM (or builds the tiny default)
 - kvbatch.py one KV cache for the running batch: rows join, leave, park

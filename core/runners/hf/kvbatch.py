@@ -62,10 +62,6 @@ class ParkedKV:
     layers: LayerKV
     length: int
 
-    @property
-    def nbytes(self) -> int:
-        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.layers)
-
 
 class SlotLayer(DynamicLayer):
     """A cache layer over a BatchKV's buffers: a forward appends in place."""
@@ -102,18 +98,10 @@ class BatchKV:
     def __contains__(self, row: str) -> bool:
         return row in self._index
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
     @property
     def tokens(self) -> int:
         """Real KV tokens held (what the KV budget counts)."""
         return sum(self.lengths)
-
-    @property
-    def slots(self) -> int:
-        """KV slots in use, padding included."""
-        return len(self.rows) * self.width
 
     def length_of(self, row: str) -> int:
         return self.lengths[self._index[row]]

@@ -10,17 +10,19 @@ prefill yields the request's next token and its KV joins the batch.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
 from fsched.core.runners.hf.kvbatch import BatchKV, ParkedKV, RowGroup, cache_from_layers, layers_of
-from fsched.core.runners.hf.model import LoadedModel
+from fsched.core.runners.hf.model import LoadedModel, encode_prompt
 from fsched.core.runners.hf.sampling import choose_tokens
 from fsched.core.sched.plan import Outcome, Plan, PrefillChunk
 from fsched.core.sched.request import Checkpoint
-from fsched.core.serve.stopping import FinishReason, StopCheck, check_stop
+from fsched.core.serve.runner import Runner, RunResult
+from fsched.core.serve.stopping import StopCheck, check_stop
 from fsched.core.types import SamplingParams
 
 
@@ -29,7 +31,7 @@ class RunnerError(Exception):
 
 
 @dataclass(slots=True, eq=False)
-class _Request:
+class _ModelRequest:
     id: str
     tokens: list[int]  # prompt, then every generated token
     prompt_len: int
@@ -48,13 +50,14 @@ class _Parked:
 
 
 @dataclass(slots=True)
-class StepResult:
-    outcome: Outcome
-    tokens: dict[str, int] = field(default_factory=dict)  # the token each producing request yielded
-    finished: dict[str, StopCheck] = field(default_factory=dict)
+class _Prefilling:
+    """A prompt whose prefill runs in chunks: its own cache until the last chunk joins the batch."""
+
+    cache: DynamicCache
+    computed: int  # context positions whose KV the cache holds
 
 
-class ModelRunner:
+class ModelRunner(Runner):
     def __init__(self, loaded: LoadedModel):
         self.loaded = loaded
         self.model = loaded.model
@@ -62,26 +65,29 @@ class ModelRunner:
         # Parked KV lives in host memory; pinned on a GPU so the copy back is fast.
         self.host = torch.device("cpu")
         self.batch = BatchKV(self.device)
-        self._requests: dict[str, _Request] = {}
-        self._prefilling: dict[str, tuple[DynamicCache, int]] = {}  # cache, tokens computed
+        self._requests: dict[str, _ModelRequest] = {}
+        self._prefilling: dict[str, _Prefilling] = {}
         self._parked: dict[str, _Parked] = {}
         self.parks = 0  # checkpoints kept in host memory
         self.recomputes = 0  # checkpoints dropped, to be recomputed
 
     # -- requests ----------------------------------------------------------------------
+    @property
+    def context_length(self) -> int:
+        return self.loaded.context_length
+
+    def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
+        return encode_prompt(self.loaded, prompt, messages)
+
     def add(
-        self,
-        request_id: str,
-        prompt: list[int],
-        params: SamplingParams,
-        generated: list[int] | tuple[int, ...] = (),
+        self, request_id: str, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
     ) -> None:
         """Register a request; `generated` are tokens it produced before (a resume)."""
         if request_id in self._requests:
             raise RunnerError(f"request {request_id!r} is already in the runner")
         if not prompt:
             raise RunnerError(f"request {request_id!r} has an empty prompt")
-        self._requests[request_id] = _Request(request_id, [*prompt, *generated], len(prompt), params)
+        self._requests[request_id] = _ModelRequest(request_id, [*prompt, *generated], len(prompt), params)
 
     @torch.inference_mode()
     def release(self, request_id: str) -> None:
@@ -108,17 +114,13 @@ class ModelRunner:
     @property
     def kv_tokens(self) -> int:
         """KV tokens on the device: the batch's rows and the partial prefills."""
-        return self.batch.tokens + sum(n for _, n in self._prefilling.values())
-
-    @property
-    def host_kv_tokens(self) -> int:
-        return sum(p.kv.length for p in self._parked.values())
+        return self.batch.tokens + sum(p.computed for p in self._prefilling.values())
 
     # -- one step ------------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, plan: Plan) -> StepResult:
+    def run(self, plan: Plan) -> RunResult:
         start = time.perf_counter()
-        result = StepResult(outcome=Outcome(elapsed_s=0.0))
+        result = RunResult(outcome=Outcome(elapsed_s=0.0))
         self._checkpoint(plan)
         self._restore(plan.resumed)
         if plan.decode:
@@ -146,9 +148,10 @@ class ModelRunner:
                     self._parked[rid] = _Parked(self._to_host(self.batch.extract(rid)), True)
                 leaving.add(rid)
             elif rid in self._prefilling:
-                cache, n = self._prefilling.pop(rid)
+                partial = self._prefilling.pop(rid)
                 if p.checkpoint is Checkpoint.PARK:
-                    self._parked[rid] = _Parked(self._to_host(ParkedKV(layers_of(cache), n)), False)
+                    kv = ParkedKV(layers_of(partial.cache), partial.computed)
+                    self._parked[rid] = _Parked(self._to_host(kv), False)
             elif p.checkpoint is Checkpoint.PARK:
                 raise RunnerError(f"cannot park {rid!r}: it holds no KV")
         self.batch.remove(leaving)
@@ -173,10 +176,10 @@ class ModelRunner:
                 joining.append(RowGroup([rid], parked.kv.layers, [parked.kv.length]))
             else:
                 layers = [(k.to(self.device), v.to(self.device)) for k, v in parked.kv.layers]
-                self._prefilling[rid] = (cache_from_layers(layers), parked.kv.length)
+                self._prefilling[rid] = _Prefilling(cache_from_layers(layers), parked.kv.length)
         self.batch.add(joining)
 
-    def _decode(self, decode: tuple[str, ...], result: StepResult) -> None:
+    def _decode(self, decode: tuple[str, ...], result: RunResult) -> None:
         if set(decode) != set(self.batch.rows):
             raise RunnerError(f"plan decodes {sorted(decode)} but the batch holds {sorted(self.batch.rows)}")
         rows = [self._requests[rid] for rid in self.batch.rows]
@@ -193,7 +196,7 @@ class ModelRunner:
         self.batch.advanced()
         self._emit(rows, out.logits[:, -1, :], result)
 
-    def _prefill(self, chunks: tuple[PrefillChunk, ...], result: StepResult) -> list[RowGroup]:
+    def _prefill(self, chunks: tuple[PrefillChunk, ...], result: RunResult) -> list[RowGroup]:
         """Run the step's prefill chunks; return the rows whose prefill completed.
 
         Fresh prompts are prefilled together in one left-padded forward (one
@@ -202,7 +205,7 @@ class ModelRunner:
         """
         for chunk in chunks:
             r = self._requests[chunk.request_id]
-            computed = self._prefilling[r.id][1] if r.id in self._prefilling else 0
+            computed = self._prefilling[r.id].computed if r.id in self._prefilling else 0
             if chunk.start != computed:
                 raise RunnerError(
                     f"prefill chunk of {r.id!r} starts at {chunk.start}, but {computed} tokens are computed"
@@ -218,7 +221,7 @@ class ModelRunner:
                 joining.append(self._prefill_continued(chunk, result))
         return joining
 
-    def _prefill_fresh(self, chunks: list[PrefillChunk], result: StepResult) -> RowGroup:
+    def _prefill_fresh(self, chunks: list[PrefillChunk], result: RunResult) -> RowGroup:
         requests = [self._requests[c.request_id] for c in chunks]
         lengths = [c.tokens for c in chunks]
         width = max(lengths)
@@ -248,7 +251,7 @@ class ModelRunner:
                     (k[i : i + 1, :, width - c.tokens :, :], v[i : i + 1, :, width - c.tokens :, :])
                     for k, v in layers
                 ]
-                self._prefilling[c.request_id] = (cache_from_layers(own), c.tokens)
+                self._prefilling[c.request_id] = _Prefilling(cache_from_layers(own), c.tokens)
         if not done:
             return RowGroup([], [], [])
         self._emit([requests[i] for i in done], out.logits[done, -1, :], result)
@@ -259,9 +262,9 @@ class ModelRunner:
             [lengths[i] for i in done],
         )
 
-    def _prefill_continued(self, chunk: PrefillChunk, result: StepResult) -> RowGroup:
+    def _prefill_continued(self, chunk: PrefillChunk, result: RunResult) -> RowGroup:
         r = self._requests[chunk.request_id]
-        cache, _ = self._prefilling.pop(r.id)
+        cache = self._prefilling.pop(r.id).cache
         end = chunk.start + chunk.tokens
         input_ids = torch.tensor([r.tokens[chunk.start : end]], device=self.device)
         positions = torch.arange(chunk.start, end, device=self.device).unsqueeze(0)
@@ -269,12 +272,12 @@ class ModelRunner:
             input_ids=input_ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
         )
         if not chunk.produces_token:
-            self._prefilling[r.id] = (cache, end)
+            self._prefilling[r.id] = _Prefilling(cache, end)
             return RowGroup([], [], [])
         self._emit([r], out.logits[:, -1, :], result)
         return RowGroup([r.id], layers_of(cache), [end])
 
-    def _emit(self, rows: list[_Request], logits: torch.Tensor, result: StepResult) -> None:
+    def _emit(self, rows: list[_ModelRequest], logits: torch.Tensor, result: RunResult) -> None:
         tokens = choose_tokens(logits, [r.params for r in rows], [len(r.generated) for r in rows])
         for r, token in zip(rows, tokens, strict=True):
             r.tokens.append(token)
@@ -297,4 +300,4 @@ class ModelRunner:
                 result.finished[r.id] = check
 
 
-__all__ = ["FinishReason", "ModelRunner", "RunnerError", "StepResult"]
+__all__ = ["ModelRunner", "RunnerError"]

@@ -3,7 +3,7 @@
 Every sampled token's randomness comes from (request seed, output position)
 alone, never from a shared generator, so a request that is preempted,
 recomputed or resumed after a restart draws exactly the tokens an
-uninterrupted run draws (DESIGN §4).
+uninterrupted run draws.
 """
 
 from __future__ import annotations

@@ -1,0 +1,233 @@
+"""The composition root: the daemon's settings in, a Daemon ready to run out.
+
+Every default a daemon starts with is stated here or in the config it comes
+from (the scheduler's, the daemon's), once: the `fsched daemon` command
+reads its option defaults from `DEFAULTS` and only parses and calls
+`build_daemon`. Which runner serves is chosen by `make_runner` from
+`RUNNER_KINDS`; a new kind of runner joins with one entry there.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+
+from fsched.core.runners.standin import StandInError, parse_standin
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.policy import POLICIES
+from fsched.core.serve.daemon import Daemon, DaemonConfig
+from fsched.core.serve.runner import Runner
+from fsched.core.store.queue import QueueStore
+
+log = logging.getLogger("fsched.daemon")
+
+
+class SettingsError(ValueError):
+    """A daemon setting that cannot be used; `setting` names the field."""
+
+    def __init__(self, setting: str, message: str):
+        super().__init__(message)
+        self.setting = setting
+
+
+class RunnerUnavailable(Exception):
+    """The runner the settings ask for cannot be made (a model that does not load, a device not here)."""
+
+
+@dataclass(slots=True, frozen=True)
+class StepLimits:
+    """What one engine step may hold: the scheduler's three device-sized limits."""
+
+    max_batch: int
+    kv_tokens: int
+    step_tokens: int
+
+
+# A GPU daemon takes the scheduler's own defaults, which describe one modern GPU.
+_GPU = SchedulerConfig()
+GPU_LIMITS = StepLimits(_GPU.max_batch, _GPU.kv_tokens, _GPU.step_tokens)
+# A CPU computes a forward at a cost close to its token count and has far less memory bandwidth and
+# KV room, so its limits are a quarter to a half of the GPU's: 32 rows already give most of what
+# batching gains there; 32k KV tokens hold 32 requests of 1k context; 512-token steps keep a prefill
+# step short enough that the decoding rows are not held up long behind it.
+CPU_LIMITS = StepLimits(max_batch=32, kv_tokens=32_768, step_tokens=512)
+# A daemon holds at most this many batches of claimed work per tenant and class: enough to refill its
+# batch between two claims, not more, since what one daemon holds no other daemon can run.
+HELD_BATCHES = 2
+
+
+def _daemon_default(name: str):
+    """A DaemonConfig field's default: the daemon's config states it, with its reason."""
+    return next(f.default for f in fields(DaemonConfig) if f.name == name)
+
+
+@dataclass(slots=True)
+class DaemonSettings:
+    """What `fsched daemon` is told; validated on construction, so a bad value fails before a model loads."""
+
+    # What serves: None is the built-in tiny model (it builds offline, so a fresh install runs);
+    # a model folder or a cached hub id; "standin" or "standin:<ms>" the deterministic stand-in.
+    model: str | None = None
+    # auto: CUDA when present, else the CPU, so a machine with a GPU uses it without being told.
+    device: str = "auto"
+    # auto: bf16 on CUDA (half the memory of fp32, the precision models are trained in), fp32 on a
+    # CPU (where bf16 kernels are slow).
+    dtype: str = "auto"
+    # fsched's own ordering; the single-purpose policies are there to compare it against.
+    policy: str = "fsched"
+    # Step limits; None takes the device's (GPU_LIMITS or CPU_LIMITS).
+    max_batch: int | None = None
+    kv_tokens: int | None = None
+    step_tokens: int | None = None
+    # CPU threads for torch; None leaves torch's choice (one per core).
+    threads: int | None = None
+    # Exit when no work is left, for one-shot runs and tests; a service runs until stopped.
+    until_idle: bool = False
+    # Seconds a claimed request stays leased without a heartbeat (the daemon's config says why).
+    lease_s: float = _daemon_default("lease_s")
+    # A runner that drives a remote engine adds its setting here (its URL), and its kind to RUNNER_KINDS.
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise SettingsError("policy", f"must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        try:
+            parse_standin(self.model)
+        except StandInError as exc:
+            raise SettingsError("model", str(exc)) from None
+        for name in ("max_batch", "kv_tokens", "step_tokens", "threads"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise SettingsError(name, f"must be a positive integer, got {value!r}")
+        if not math.isfinite(self.lease_s):
+            raise SettingsError("lease_s", f"must be a finite number of seconds, got {self.lease_s!r}")
+        try:
+            daemon_config(self)
+        except ValueError as exc:
+            raise SettingsError("lease_s", f"{self.lease_s:g} s is refused: {exc}") from None
+
+    def limits(self, gpu: bool) -> StepLimits:
+        """The step limits: each one set, else the device's default."""
+        default = GPU_LIMITS if gpu else CPU_LIMITS
+        return StepLimits(
+            max_batch=self.max_batch or default.max_batch,
+            kv_tokens=self.kv_tokens or default.kv_tokens,
+            step_tokens=self.step_tokens or default.step_tokens,
+        )
+
+
+def daemon_config(settings: DaemonSettings) -> DaemonConfig:
+    """The daemon's config from what is known before the model loads; `build_daemon` adds the rest."""
+    return DaemonConfig(
+        owner="", host=socket.gethostname(), pid=os.getpid(), device=settings.device,
+        model=settings.model or "", policy=settings.policy, until_idle=settings.until_idle,
+        lease_s=settings.lease_s,
+    )
+
+
+DEFAULTS = DaemonSettings()  # the command's option defaults read these
+
+
+# -- which runner serves -------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class Served:
+    """A runner and how the daemon names it (its row in the job table, its log)."""
+
+    runner: Runner
+    name: str
+    description: str
+    device: str
+    gpu: bool
+
+
+@dataclass(slots=True, frozen=True)
+class RunnerKind:
+    """One way to serve: `claims` says whether the settings ask for it, `build` makes it."""
+
+    name: str
+    claims: Callable[[DaemonSettings], bool]
+    build: Callable[[DaemonSettings], Served]
+
+
+def _standin_runner(settings: DaemonSettings) -> Served:
+    from fsched.core.runners.standin import STANDIN_NAME, StandInRunner
+
+    step_s = parse_standin(settings.model) or 0.0
+    return Served(
+        runner=StandInRunner(step_s=step_s),
+        name=STANDIN_NAME,
+        description=f"{STANDIN_NAME}, {step_s * 1000:g} ms a step",
+        device="standin" if settings.device == "auto" else settings.device,
+        gpu=False,
+    )
+
+
+def _model_runner(settings: DaemonSettings) -> Served:
+    from fsched.core.runners.hf.model import ModelLoadError, load_model, set_threads
+    from fsched.core.runners.hf.runner import ModelRunner
+
+    if settings.threads:
+        set_threads(settings.threads)
+    log.info("loading %s ...", settings.model or "the built-in tiny model")
+    try:
+        loaded = load_model(settings.model, device=settings.device, dtype=settings.dtype)
+    except ModelLoadError as exc:
+        raise RunnerUnavailable(str(exc)) from None
+    return Served(
+        runner=ModelRunner(loaded),
+        name=loaded.name,
+        description=loaded.describe(),
+        device=str(loaded.device),
+        gpu=loaded.device.type == "cuda",
+    )
+
+
+# The first kind that claims the settings serves. A runner that forwards the work to a remote
+# engine joins as one more entry, ahead of the model (the model claims whatever is left).
+RUNNER_KINDS: tuple[RunnerKind, ...] = (
+    RunnerKind("standin", lambda s: parse_standin(s.model) is not None, _standin_runner),
+    RunnerKind("model", lambda s: True, _model_runner),
+)
+
+
+def make_runner(settings: DaemonSettings, kinds: tuple[RunnerKind, ...] = RUNNER_KINDS) -> Served:
+    return next(kind for kind in kinds if kind.claims(settings)).build(settings)
+
+
+# -- the daemon ------------------------------------------------------------------------------------
+
+
+def build_daemon(settings: DaemonSettings, store: QueueStore, exclusive: bool) -> Daemon:
+    """A Daemon over `store`, serving with the runner the settings choose.
+
+    `exclusive`: this daemon is the only one on the job table (it holds the
+    table's lock), so at start it may take back everything left running.
+    """
+    from fsched.core.sched.scheduler import Scheduler
+    from fsched.core.serve.engine import Engine
+
+    config = daemon_config(settings)
+    served = make_runner(settings)
+    limits = settings.limits(served.gpu)
+    scheduler_config = SchedulerConfig(
+        max_batch=limits.max_batch, kv_tokens=limits.kv_tokens, step_tokens=limits.step_tokens
+    )
+    scheduler = Scheduler(scheduler_config, settings.policy, store.tenant_weights())
+    engine = Engine(served.runner, scheduler, served.runner.context_length)
+    owner = f"{config.host}:{served.device}:{config.pid}:{uuid.uuid4().hex[:4]}"
+    config = replace(
+        config, owner=owner, device=served.device, model=served.name, exclusive=exclusive,
+        claim_per_group=HELD_BATCHES * limits.max_batch,
+    )
+    log.info(
+        "%s: model %s, policy %s, max batch %d, KV %d tokens, step %d tokens",
+        owner, served.description, settings.policy, limits.max_batch, limits.kv_tokens, limits.step_tokens,
+    )
+    runner = served.runner
+    return Daemon(store, engine, lambda claimed: runner.encode(claimed.prompt, claimed.messages), config)

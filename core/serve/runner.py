@@ -1,0 +1,99 @@
+"""The runner: what executes the scheduler's plans, as the engine drives it.
+
+The engine owns the order of work and the runner owns the model: the engine
+registers a request (`add`), asks for one step at a time (`run(plan)`),
+reads a request's output (`generated`, `text`) and forgets it (`release`).
+The torch model runner, the stand-in and a runner that forwards the work to
+a remote engine all implement this one protocol, so the scheduler, the
+engine and the daemon are the same code over each of them.
+
+What every runner must hold (the tests of each runner check it):
+- Tokens are a function of the request alone: its seed, its prompt and the
+  position of the token. Never of the batch it ran in, of the step, or of a
+  global random state. So a request resumed after a preemption, a daemon
+  restart or on another daemon produces the same tokens.
+- Preemption never changes an output: a request parked (KV kept in host
+  memory) or dropped (KV recomputed from prompt plus generated tokens) and
+  resumed yields exactly what an uninterrupted run would have.
+- `run` executes the plan as `Plan` documents it (checkpoint the preempted,
+  restore the resumed, decode, prefill) and raises when the plan does not
+  match its state (a bug upstream). A step that raises leaves the runner
+  untrusted: the engine releases every request it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from fsched.core.sched.plan import Outcome, Plan
+from fsched.core.serve.stopping import StopCheck
+from fsched.core.types import SamplingParams
+
+
+@dataclass(slots=True)
+class RunResult:
+    """What one `run(plan)` did.
+
+    `tokens` maps each request that produced a token in the step to the last
+    token it produced (a runner that computes in place produces exactly one
+    for every decode row and every prefill chunk that completes its prefill).
+    A runner whose work happens elsewhere may report only the requests whose
+    tokens have arrived, and several tokens for one request; it then says so
+    in `outcome.produced` (tokens per request), which the scheduler charges.
+    `finished` maps the requests that stopped in this step to why; their
+    output stays readable until `release`.
+    """
+
+    outcome: Outcome
+    tokens: dict[str, int] = field(default_factory=dict)
+    finished: dict[str, StopCheck] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Executes plans on a model; one instance serves one engine."""
+
+    @property
+    def context_length(self) -> int:
+        """Tokens a request's prompt plus output may hold at most."""
+        ...
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV tokens held on the device now (what the scheduler's KV budget counts)."""
+        ...
+
+    def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
+        """Token ids of a completion prompt, or of chat messages (at least one id)."""
+        ...
+
+    def add(
+        self, request_id: str, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
+    ) -> None:
+        """Register a request; `generated` are tokens it produced before (a resume after a restart).
+
+        Nothing runs yet: its prefill comes in a later plan. Raises when the
+        id is already registered.
+        """
+        ...
+
+    def run(self, plan: Plan) -> RunResult:
+        """One engine step: execute `plan` and report what it produced."""
+        ...
+
+    def generated(self, request_id: str) -> list[int]:
+        """The tokens a registered request has produced so far (from before a restart too)."""
+        ...
+
+    def text(self, request_id: str) -> str:
+        """A registered request's output text, cut before the stop string that ended it."""
+        ...
+
+    def release(self, request_id: str) -> None:
+        """Forget a request (finished or cancelled) and free what it holds; unknown ids are ignored."""
+        ...
+
+
+__all__ = ["RunResult", "Runner"]

@@ -1,0 +1,87 @@
+"""The size rules, as tests: short functions, classes of one job, a core/ grouped by role.
+
+A function over 60 lines or a class over 300 does more than one thing and
+hides it; more than a handful of modules flat in core/ means a subsystem
+has not been given its folder. Counted on the source with `ast` (a
+function's lines from its `def` to its last statement, docstring included).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = ("cli", "core", "storage")
+MAX_FUNCTION_LINES = 60
+MAX_CLASS_LINES = 300
+MAX_FLAT_CORE_MODULES = 6
+
+
+def definitions(root: Path = ROOT) -> list[tuple[str, ast.AST]]:
+    """(path:line name, node) for every function and class in the package's folders."""
+    found = []
+    for folder in FOLDERS:
+        for path in sorted((root / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    found.append((f"{path.relative_to(root)}:{node.lineno} {node.name}", node))
+    return found
+
+
+def lines(node: ast.AST) -> int:
+    return node.end_lineno - node.lineno + 1
+
+
+def over(kind: type | tuple[type, ...], limit: int, root: Path = ROOT) -> list[str]:
+    return [f"{where} ({lines(node)} lines)" for where, node in definitions(root)
+            if isinstance(node, kind) and lines(node) > limit]
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "functions still over the limit: cli/simulate.py simulate (88 lines), "
+    "core/jobs/jobfile.py parse_job_file (67), core/sched/scheduler.py postprocess (72), "
+    "core/sim/simulator.py simulate (94), storage/jobstore.py claim (92) and finish_requests (66)"
+))
+def test_no_function_is_over_60_lines():
+    offenders = over((ast.FunctionDef, ast.AsyncFunctionDef), MAX_FUNCTION_LINES)
+    assert not offenders, "over 60 lines: " + "; ".join(offenders)
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "classes still over the limit: core/sched/scheduler.py Scheduler (452 lines), "
+    "core/serve/daemon.py Daemon (368), storage/jobstore.py SqlJobStore (758)"
+))
+def test_no_class_is_over_300_lines():
+    offenders = over(ast.ClassDef, MAX_CLASS_LINES)
+    assert not offenders, "over 300 lines: " + "; ".join(offenders)
+
+
+def test_core_keeps_at_most_6_modules_flat():
+    flat = sorted(p.name for p in (ROOT / "core").glob("*.py") if p.name != "__init__.py")
+    assert len(flat) <= MAX_FLAT_CORE_MODULES, f"{len(flat)} modules flat in core/: {flat}"
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "Daemon is both the daemon loop (core/serve/daemon.py) and the daemons' table row "
+    "(storage/models.py); one of them is to be renamed"
+))
+def test_no_two_public_classes_share_a_name():
+    places = defaultdict(list)
+    for where, node in definitions():
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            places[node.name].append(where)
+    shared = {name: found for name, found in places.items() if len(found) > 1}
+    assert not shared, f"one name, several classes: {shared}"
+
+
+def test_the_rules_catch_what_they_are_for(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(60))
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "long.py").write_text(f"def long():\n{body}\n\n\ndef short():\n    return 1\n")
+    assert over(ast.FunctionDef, MAX_FUNCTION_LINES, tmp_path) == ["core/long.py:1 long (61 lines)"]
+    assert over(ast.FunctionDef, 61, tmp_path) == []
