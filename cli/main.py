@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from fsched.cli import tenants
+from fsched.cli import keys, limits, tenants
 from fsched.cli.daemon import daemon
 from fsched.cli.demo import demo
 from fsched.cli.generate import generate
@@ -26,6 +26,8 @@ app.command("status")(status)
 app.command("cancel")(cancel)
 app.command("results")(results)
 app.add_typer(tenants.app, name="tenants")
+app.add_typer(keys.app, name="keys")
+app.add_typer(limits.app, name="limits")
 app.command("daemon")(daemon)
 app.command("simulate")(simulate)
 app.command("generate")(generate)

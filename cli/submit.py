@@ -57,6 +57,12 @@ def read_job_file(name: str, limits: InputLimits) -> bytes:
         raise JobFileError(name, exc.strerror or str(exc)) from None
 
 
+def parse_all(
+    inputs: list[tuple[bytes, str]], limits: InputLimits, max_tokens: int | None
+) -> list[ParsedJobFile]:
+    return [parse_job_file(data, source, limits, default_max_tokens=max_tokens) for data, source in inputs]
+
+
 @handle_errors
 def submit(
     files: Annotated[list[str], typer.Argument(help="JSONL files of requests; '-' reads stdin.")],
@@ -94,16 +100,20 @@ def submit(
     if files.count("-") > 1:
         raise UserError("standard input ('-') can be read only once")
 
-    parsed: list[ParsedJobFile] = []
-    for file in files:
-        data = read_job_file(file, limits)
-        source = "<stdin>" if file == "-" else file
-        parsed.append(parse_job_file(data, source, limits, default_max_tokens=max_tokens))
+    inputs = [(read_job_file(file, limits), "<stdin>" if file == "-" else file) for file in files]
+    parsed = parse_all(inputs, limits, max_tokens)
 
     store = open_store(db)
     actor = acting_user(store)
     tenant = tenant or default_tenant(actor, getpass.getuser())
     allow(may_act_as(actor, tenant))
+    from fsched.cli.limits import limits_in_force
+
+    if (stored := limits_in_force(store)) != limits:
+        # The files were checked by the defaults first (no database needed for a bad file);
+        # an admin stored other limits: check them again by those.
+        limits = stored
+        parsed = parse_all(inputs, limits, max_tokens)
     submitted = store.submit(
         [
             JobSubmission(
