@@ -9,6 +9,7 @@ from fsched.cli.daemon import daemon
 from fsched.cli.demo import demo
 from fsched.cli.generate import generate
 from fsched.cli.jobs import cancel, results
+from fsched.cli.serve import serve
 from fsched.cli.simulate import simulate
 from fsched.cli.status import status
 from fsched.cli.submit import submit
@@ -32,6 +33,7 @@ app.command("daemon")(daemon)
 app.command("simulate")(simulate)
 app.command("generate")(generate)
 app.command("demo")(demo)
+app.command("serve")(serve)
 
 if __name__ == "__main__":
     app()

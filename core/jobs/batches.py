@@ -21,7 +21,7 @@ MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 
 _JOB_STATUS = {
-    JobState.QUEUED: "validating",
+    JobState.QUEUED: "in_progress",  # validated when created; waiting for a daemon
     JobState.IN_PROGRESS: "in_progress",
     JobState.COMPLETED: "completed",
     JobState.FAILED: "completed",  # every line ended; the failed ones are in the error file
@@ -99,10 +99,7 @@ def validate_metadata(metadata: object) -> dict | None:
 def batch_status(record: BatchRecord, job: JobSummary | None) -> str:
     if record.failed_at is not None or job is None:
         return "failed"
-    status = _JOB_STATUS[job.state]
-    if status == "validating" and job.started_at is None and job.counts.num_requests:
-        return "in_progress" if job.counts.num_running else "validating"
-    return status
+    return _JOB_STATUS[job.state]
 
 
 def batch_object(record: BatchRecord, job: JobSummary | None) -> dict:
