@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -152,12 +153,14 @@ async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_
                   online: OnlineRequest) -> AsyncIterator[str]:
     """Server-sent events: chunks as tokens are flushed, the usage chunk if asked, `[DONE]`.
 
-    Starlette cancels this generator when the client disconnects; the
-    `finally` then cancels the request, unless it had already ended.
+    A client that hangs up cancels the request: a task waits for the
+    disconnect (the server does not fail a write to a closed connection), and
+    the `finally` covers a generator closed early.
     """
     created, shown, first, final = int(time.time()), 0, True, None
     model = online.spec.model or DEFAULT_MODEL_NAME
     usage = online.include_usage
+    hang_up = asyncio.ensure_future(_cancel_on_disconnect(request, state, job_id))
     try:
         if endpoint is Endpoint.CHAT:  # the role comes first, as OpenAI sends it
             yield _event(chunk(endpoint, job_id, created, model, "", first=True, include_usage=usage))
@@ -181,8 +184,16 @@ async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_
                                          final.num_output_tokens))
         yield "data: [DONE]\n\n"
     finally:
+        hang_up.cancel()
         if final is None or not final.state.finished:
-            await _cancel(state, job_id)
+            with anyio.CancelScope(shield=True):  # the generator itself may be being cancelled
+                await _cancel(state, job_id)
+
+
+async def _cancel_on_disconnect(request: Request, state: ServerState, job_id: int) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    await _cancel(state, job_id)
 
 
 def _event(obj: dict) -> str:

@@ -28,7 +28,8 @@ def output_line(result: RequestResult) -> dict:
 def _response_body(result: RequestResult) -> dict:
     return response_body(
         Endpoint(result.endpoint), result.id, int(result.finished_at or 0),
-        result.model or DEFAULT_MODEL_NAME, result.output_text, result.finish_reason, result.prompt_tokens, result.num_output_tokens,
+        result.model or DEFAULT_MODEL_NAME, result.output_text, result.finish_reason, result.prompt_tokens,
+        result.num_output_tokens,
     )
 
 
