@@ -170,7 +170,8 @@ class FileRow(Base):
     tenant: Mapped[str] = mapped_column(String(128))
     purpose: Mapped[str] = mapped_column(String(32))
     filename: Mapped[str] = mapped_column(String(256))
-    bytes: Mapped[int] = mapped_column(BigInteger)
+    # Not named `bytes`: that would hide the builtin from the annotations below.
+    size: Mapped[int] = mapped_column("bytes", BigInteger)
     created_at: Mapped[float] = mapped_column(Float)
     content: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     job_id: Mapped[int | None] = mapped_column(Id, nullable=True)  # output files: whose results

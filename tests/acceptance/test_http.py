@@ -12,6 +12,8 @@ import time
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from fsched.core.runners.standin import STANDIN_EOS, standin_encode, standin_token
 
@@ -170,19 +172,26 @@ def test_each_error_reaches_the_sdk_as_its_exception(server):
     assert too_big.value.status_code == 413 and too_big.value.body["type"] == "invalid_request_error"
 
 
-def test_the_queue_limit_answers_429_with_retry_after(server, tmp_path):
+def test_the_queue_limit_answers_429_with_retry_after(server):
+    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.store import JobSubmission
+    from fsched.core.types import RequestClass
+    from fsched.storage.jobstore import SqlJobStore
+
     c = client(server, server.key("crowd"))
-    (tmp_path / "long.jsonl").write_bytes(batch_file(200, max_tokens=2000))
-    job = json.loads(server.cli("submit", str(tmp_path / "long.jsonl"), "-t", "crowd", "--json"))["job_id"]
+    jobs = SqlJobStore(server.env["FSCHED_DB"])
+    parsed = parse_job_file(batch_file(200, max_tokens=2000), "long.jsonl")
+    (job,) = jobs.submit([JobSubmission(parsed, "crowd", RequestClass.BATCH, 9, "long")])
     server.cli("limits", "set", "max_queued_per_tenant", "100")  # 200 queued: over it for seconds
     try:
-        time.sleep(1.2)  # a server re-reads the stored limits every second
+        time.sleep(1.1)  # a server re-reads the stored limits every second
         with pytest.raises(openai.RateLimitError) as limited:
             c.completions.create(model="m", prompt="p", max_tokens=1)
         assert limited.value.response.headers["retry-after"] == "1"
     finally:
         server.cli("limits", "unset", "max_queued_per_tenant")
-        server.cli("cancel", str(job))
+        jobs.cancel_job(job.job_id)
+        jobs.db.dispose()
 
 
 def test_a_revoked_key_is_refused_at_once(server):
@@ -246,21 +255,6 @@ def test_a_client_that_disconnects_cancels_its_request(server):
     assert states == ["cancelled", "cancelled"]
 
 
-def test_no_daemon_is_503_at_once(tmp_path):
-    s = make_server(tmp_path)
-    key = s.key("lonely")
-    s.start_server()
-    try:
-        s.wait_ready(daemons=0, timeout=30)
-        start = time.monotonic()
-        with pytest.raises(openai.InternalServerError) as unavailable:
-            client(s, key).completions.create(model="m", prompt="p", max_tokens=1)
-        assert unavailable.value.status_code == 503 and time.monotonic() - start < 2
-        assert s.counts()["jobs"] == 0
-    finally:
-        s.stop()
-
-
 def test_metrics_and_health(server):
     c = client(server, server.key("measured", "realtime"))
     c.completions.create(model="m", prompt="p", max_tokens=3)
@@ -272,3 +266,92 @@ def test_metrics_and_health(server):
                  "fsched:daemons_alive 1.0", "fsched:kv_cache_usage_perc"):
         assert name in text, name
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok", "daemons_alive": 1}
+
+
+# -- fuzzed bodies -------------------------------------------------------------------------------
+
+_leaf = (st.none() | st.booleans() | st.integers(-3, 3) | st.integers(10**6, 10**20)
+         | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12))
+_json = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
+_fields = st.sampled_from(["model", "prompt", "messages", "max_tokens", "max_completion_tokens",
+                           "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options", "user",
+                           "priority", "service_tier", "logprobs", "input_file_id", "endpoint",
+                           "completion_window"])
+_values = {
+    "max_tokens": st.integers(-2, 24) | _json,
+    "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "bot"]),
+                                                "content": st.text(max_size=20) | _json}), max_size=2)
+    | _json,
+    "prompt": st.text(max_size=30) | _json,
+    "service_tier": st.sampled_from(["priority", "default", "flex", "auto", "gold"]) | _json,
+}
+_random_body = st.dictionaries(_fields, _json, max_size=6).flatmap(
+    lambda d: st.fixed_dictionaries({k: _values.get(k, st.just(v)) for k, v in d.items()}))
+# Mostly well-formed bodies with one or two fields gone astray, so some are accepted and run.
+_near_valid = st.builds(
+    lambda base, extra: {**base, **extra},
+    st.sampled_from([{"model": "m", "prompt": "a b", "max_tokens": 3},
+                     {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}]),
+    st.just({}) | st.just({"stream": True}) | _random_body.map(lambda d: dict(list(d.items())[:1])),
+)
+_body = _random_body | _near_valid
+_raw = st.one_of(_body.map(lambda b: json.dumps(b).encode()), st.binary(max_size=64),
+                 st.text(max_size=64).map(str.encode))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(path=st.sampled_from(["/v1/completions", "/v1/chat/completions", "/v1/batches", "/v1/files"]),
+       raw=_raw)
+def test_fuzzed_bodies_never_500_nor_change_the_table_unless_accepted(server, fuzz_key, path, raw):
+    before = server.counts()
+    response = httpx.post(f"{server.url}{path}", content=raw, timeout=30,
+                          headers={"Authorization": f"Bearer {fuzz_key}", "Content-Type": "application/json"})
+    assert response.status_code < 500, response.text
+    event(f"HTTP {response.status_code}")
+    if response.status_code != 200:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        if error["code"] != "request_failed":  # accepted, then refused by the engine (too long)
+            assert server.counts() == before
+
+
+@pytest.fixture(scope="module")
+def fuzz_key(server) -> str:
+    return server.key("fuzzer", "streaming")
+
+
+def test_no_daemon_is_503_at_once(server):
+    """Last in the module: it stops the module's daemon."""
+    key = server.key("lonely")
+    daemon = server.procs[0]
+    daemon.terminate()  # a stopped daemon says goodbye in the table: no longer alive
+    daemon.wait(timeout=30)
+    time.sleep(0.6)  # a server trusts what it read of the daemons for half a second
+    before = server.counts()
+    start = time.monotonic()
+    with pytest.raises(openai.InternalServerError) as unavailable:
+        client(server, key).completions.create(model="m", prompt="p", max_tokens=1)
+    assert unavailable.value.status_code == 503 and time.monotonic() - start < 2
+    assert server.counts() == before
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok", "daemons_alive": 0}
+
+
+def test_the_tiny_model_answers_over_http(tmp_path, model_cache):
+    s = make_server(tmp_path, model_cache)
+    key = s.key("tiny", "realtime")
+    s.start_daemon()  # the built-in tiny model
+    s.start_server()
+    try:
+        s.wait_ready(timeout=300)
+        chunks = list(client(s, key).chat.completions.create(
+            model="tiny", messages=CHAT, max_tokens=16, temperature=0, stream=True,
+            stream_options={"include_usage": True}))
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        ((stored, tokens, prompt_tokens),) = s.rows(
+            "SELECT output_text, num_output_tokens, prompt_tokens FROM requests")
+        assert text == stored and text.strip()
+        assert (chunks[-1].usage.completion_tokens, chunks[-1].usage.prompt_tokens) == (tokens, prompt_tokens)
+        assert prompt_tokens > 0
+    finally:
+        s.stop()

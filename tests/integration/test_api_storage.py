@@ -59,3 +59,32 @@ def test_schema_2_databases_gain_the_server_tables(db_url):
     assert schema.ensure_schema(store.db) == schema.SCHEMA_VERSION
     SqlKeyStore(store.db).create_key("alice", RequestClass.STREAMING)
     store.db.dispose()
+
+
+def test_files_and_batches_are_seen_only_by_their_tenant(db_url):
+    from fsched.core.jobs.batches import BatchRecord, new_batch_id
+    from fsched.storage.files import SqlFileStore
+
+    jobs = SqlJobStore(db_url)
+    files = SqlFileStore(jobs.db)
+    f = files.add_file("alice", "batch", "in.jsonl", b"line\n")
+    assert files.get_file("alice", f.id) == f and files.file_content("alice", f.id) == b"line\n"
+    assert files.get_file("bob", f.id) is None and files.file_content("bob", f.id) is None
+    assert files.list_files("bob") == [] and not files.delete_file("bob", f.id)
+    made = []
+    for i in range(5):
+        record = BatchRecord(new_batch_id(), "alice", None, "/v1/completions", f.id, "24h", {"i": str(i)},
+                             1.0 + i)
+        files.add_batch(record)
+        made.append(record.id)
+    assert files.get_batch("bob", made[0]) is None and files.list_batches("bob", None, 10) == []
+    newest_first = [b.id for b in files.list_batches("alice", None, 3)]
+    assert newest_first == made[::-1][:3]
+    assert [b.id for b in files.list_batches("alice", newest_first[-1], 10)] == made[::-1][3:]
+    first = files.attach_outputs(files.get_batch("alice", made[0]), (10, 0))
+    again = files.attach_outputs(files.get_batch("alice", made[0]), (10, 0))
+    assert first.output_file_id == again.output_file_id is not None  # once, whoever asks twice
+    assert files.get_file("alice", first.output_file_id).purpose == "batch_output"
+    assert len(files.list_files("alice")) == 3
+    assert files.delete_file("alice", f.id) and files.get_file("alice", f.id) is None
+    jobs.db.dispose()
