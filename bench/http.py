@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/http.py [first_token] [loaded] [concurrent] [upload]
 
-first_token  the tiny model, requests one at a time: first token as an HTTP
+first_token  the tiny model (then the stand-in, which takes no CPU to speak of, to
+             show the path alone), requests one at a time: first token as an HTTP
              streaming client sees it, as `fsched generate`'s path sees it
              (submit a one-line job, poll every 20 ms, in this process: no
              interpreter start counted), and the daemon's own stamp (first
@@ -120,13 +121,14 @@ def tiny_server(root: Path, model_cache: str, *daemon_args: str) -> Server:
     return s
 
 
-def bench_first_token(root: Path, model_cache: str, n: int) -> None:
-    s = tiny_server(root / "first", model_cache)
+def bench_first_token(root: Path, model_cache: str, n: int, model: str | None = None) -> None:
+    """On the tiny model (`model` None) or, to see the path without a model's CPU use, the stand-in."""
+    s = tiny_server(root / f"first-{model}", model_cache, *(("--model", model) if model else ()))
     try:
         key = s.key("http", "realtime")
         for _ in range(3):
             stream_first_token(s.url, key)  # warm up both processes
-        print("== first_token (tiny model, one request at a time)")
+        print(f"== first_token ({model or 'tiny model'}, one request at a time)")
         for max_tokens, what in ((1, "the only token: the path alone"), (8, "first visible text")):
             http, stamps = [], []
             for _ in range(n):
@@ -258,6 +260,7 @@ def main() -> None:
         model_cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
         if "first_token" in args.which:
             bench_first_token(root, model_cache, args.n)
+            bench_first_token(root, model_cache, args.n, "standin")
         if "loaded" in args.which:
             bench_loaded(root, model_cache, args.n)
         if "concurrent" in args.which:

@@ -201,6 +201,8 @@ def test_a_revoked_key_is_refused_at_once(server):
     server.cli("keys", "revoke", created["id"])
     with pytest.raises(openai.AuthenticationError):
         c.completions.create(model="m", prompt="p", max_tokens=1)
+    (listed,) = [k for k in json.loads(server.cli("keys", "list", "--json")) if k["id"] == created["id"]]
+    assert listed["tenant"] == "leaver" and listed["revoked_at"] is not None and "key" not in listed
 
 
 def test_one_tenant_cannot_see_anothers_files_batches_or_requests(server):
