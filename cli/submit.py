@@ -127,6 +127,10 @@ def submit(
         ],
         max_queued_per_tenant=limits.max_queued_per_tenant,
     )
+    _print_submitted(submitted, priority, as_json)
+
+
+def _print_submitted(submitted, priority: int, as_json: bool) -> None:
     for job in submitted:
         if as_json:
             print_json(
