@@ -8,6 +8,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from fsched.core.store import StorageError
+
 # OpenAI's error type for each status fsched answers with.
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -57,6 +59,16 @@ def install(app: FastAPI) -> None:
         message = "no such endpoint" if exc.status_code == 404 else str(exc.detail)
         headers = getattr(exc, "headers", None)
         return JSONResponse(error_body(exc.status_code, message), exc.status_code, headers)
+
+    @app.exception_handler(StorageError)
+    async def storage_error(_request: Request, _exc: StorageError) -> JSONResponse:
+        # The table is locked past its timeout, full or gone: the client may retry.
+        body = error_body(503, "the job table is unavailable; retry shortly", code="storage")
+        return JSONResponse(body, 503, {"Retry-After": "1"})
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, _exc: Exception) -> JSONResponse:
+        return JSONResponse(error_body(500, "internal error"), 500)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
