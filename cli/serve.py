@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from fsched.cli.common import DbOption, UserError, handle_errors, open_store
+from fsched.cli.common import DbOption, UserError, acting_user, allow, handle_errors, open_store
 
 POLL_MS = 5.0
 
@@ -20,6 +20,12 @@ def build_backend(db: str | None):
     from fsched.storage.serving import SqlServingStore
 
     jobs = open_store(db)
+    if jobs.db.dialect == "sqlite":
+        # The server reads every tenant's requests and keys: on a shared SQLite table that is an
+        # admin's job, as the daemon is. (On PostgreSQL, the URL's credentials let a server in.)
+        from fsched.core.jobs.access import may_administer
+
+        allow(may_administer(acting_user(jobs), "serving the HTTP API (fsched serve)"))
     return Backend(jobs=jobs, keys=SqlKeyStore(jobs.db), files=SqlFileStore(jobs.db),
                    serving=SqlServingStore(jobs.db), daemon_alive=daemon_alive)
 
