@@ -334,7 +334,9 @@ def test_no_daemon_is_503_at_once(server):
     start = time.monotonic()
     with pytest.raises(openai.InternalServerError) as unavailable:
         client(server, key).completions.create(model="m", prompt="p", max_tokens=1)
-    assert unavailable.value.status_code == 503 and time.monotonic() - start < 2
+    took = time.monotonic() - start
+    assert unavailable.value.status_code == 503, unavailable.value.body
+    assert took < 5, f"503 after {took:.1f} s"  # at once: no waiting for a daemon (loose for a busy CI)
     assert server.counts() == before
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok", "daemons_alive": 0}
 
