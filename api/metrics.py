@@ -97,10 +97,15 @@ class _TableCollector:
         yield alive
         kv = GaugeMetricFamily(f"{PREFIX}kv_cache_usage_perc", "KV cache in use over its budget, per daemon",
                                labels=["daemon"])
+        preempted = CounterMetricFamily(f"{PREFIX}num_preemptions", "Preemptions since the daemon started",
+                                        labels=["daemon"])
         for d in live:
             budget = d.stats.get("kv_budget") or 0
             kv.add_metric([d.id], (d.stats.get("kv_tokens") or 0) / budget if budget else 0.0)
+            if "preemptions" in d.stats:  # published by daemons whose heartbeat carries it
+                preempted.add_metric([d.id], d.stats["preemptions"])
         yield kv
+        yield preempted
 
     def _live(self):
         now = time.time()
