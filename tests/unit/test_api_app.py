@@ -105,3 +105,44 @@ def test_unknown_paths_and_bad_bodies_answer_in_openai_shape():
     assert error_of(three, 400)["param"] == "n"
     forbidden = client.post("/v1/chat/completions", headers=AUTH, json={**CHAT, "service_tier": "priority"})
     assert error_of(forbidden, 403)["param"] == "service_tier"
+
+
+def test_metrics_read_the_table_and_the_daemons_figures():
+    from fsched.api.metrics import Metrics
+    from fsched.core.jobs.jobstate import JobCounts
+    from fsched.core.jobs.openai import OnlineProgress
+    from fsched.core.store import DaemonSummary, JobSummary, TenantSummary
+    from fsched.core.types import JobState, RequestState
+
+    class Table:
+        def list_jobs(self, include_finished):
+            counts = JobCounts(5, 1, 0, 0, 2)
+            return [JobSummary(1, "a", RequestClass.BATCH, 5, "j", JobState.IN_PROGRESS, counts, 9, 0.0, 1.0,
+                               None)]
+
+        def list_tenants(self):
+            return [TenantSummary("a", 3.0, 1, 2, 2), TenantSummary("b", 1.0, 0, 0, 0)]
+
+        def list_daemons(self):
+            stats = {"kv_tokens": 50, "kv_budget": 200, "preemptions": 4, "served_share": {"a": 1.0}}
+            return [DaemonSummary("d1", "h", 1, "cpu", "m", 0.0, 0.0, None, stats, 0.1)]
+
+        def generated_tokens(self):
+            return [("a", "batch", 9)]
+
+    table = Table()
+    backend = Backend(jobs=table, keys=None, files=None, serving=table, daemon_alive=lambda d, now: True)
+    metrics = Metrics(backend)
+    done = OnlineProgress(1, 1, RequestState.DONE, "x", 1, 1, "stop", None, None, 10.0, 10.2, 11.0)
+    metrics.observe(RequestClass.REALTIME, done)
+    text = metrics.render().decode()
+    for line in ('fsched:num_requests_waiting{class="batch",tenant="a"} 2.0',
+                 'fsched:num_requests_running{class="batch",tenant="a"} 2.0',
+                 'fsched:generation_tokens_total{class="batch",tenant="a"} 9.0',
+                 'fsched:tenant_entitled_share{tenant="a"} 1.0',
+                 'fsched:tenant_entitled_share{tenant="b"} 0.25',
+                 'fsched:tenant_served_share{tenant="a"} 1.0', 'fsched:kv_cache_usage_perc{daemon="d1"} 0.25',
+                 'fsched:num_preemptions_total{daemon="d1"} 4.0', "fsched:daemons_alive 1.0",
+                 'fsched:time_to_first_token_seconds_bucket{class="realtime",le="0.25"} 1.0',
+                 'fsched:e2e_request_latency_seconds_count{class="realtime"} 1.0'):
+        assert line in text, line
