@@ -126,6 +126,13 @@ def generate(
     actor = acting_user(store)
     tenant = tenant or default_tenant(actor, getpass.getuser())
     allow(may_act_as(actor, tenant))
+    from fsched.cli.limits import limits_in_force
+
+    if (stored := limits_in_force(store)) != limits:  # an admin's stored limits apply
+        limits = stored
+        parsed = parse_job_file(
+            one_line_job(prompt, max_tokens, temperature, seed), "<generate>", limits, DEFAULT_MAX_TOKENS
+        )
     # Ctrl-C cancels the request even where the shell started us with SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     (job,) = store.submit([JobSubmission(parsed=parsed, tenant=tenant,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from fsched.cli import tenants
+from fsched.cli import keys, limits, tenants
 from fsched.cli.daemon import daemon
 from fsched.cli.demo import demo
 from fsched.cli.generate import generate
 from fsched.cli.jobs import cancel, results
+from fsched.cli.serve import serve
 from fsched.cli.simulate import simulate
 from fsched.cli.status import status
 from fsched.cli.submit import submit
@@ -26,10 +27,13 @@ app.command("status")(status)
 app.command("cancel")(cancel)
 app.command("results")(results)
 app.add_typer(tenants.app, name="tenants")
+app.add_typer(keys.app, name="keys")
+app.add_typer(limits.app, name="limits")
 app.command("daemon")(daemon)
 app.command("simulate")(simulate)
 app.command("generate")(generate)
 app.command("demo")(demo)
+app.command("serve")(serve)
 
 if __name__ == "__main__":
     app()

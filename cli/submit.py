@@ -91,11 +91,19 @@ def submit(
     if not 0 <= priority <= 9:
         raise UserError(f"--priority must be within 0..9, got {priority}")
     limits = InputLimits.from_env()
-    parsed = parse_files(files, limits, max_tokens)
+    inputs = read_files(files, limits, max_tokens)
+    parsed = parse_all(inputs, limits, max_tokens)
     store = open_catalog(db)
     actor = acting_user(store)
     tenant = tenant or default_tenant(actor, getpass.getuser())
     allow(may_act_as(actor, tenant))
+    from fsched.cli.limits import limits_in_force
+
+    if (stored := limits_in_force(store)) != limits:
+        # The files were checked by the defaults first (a bad file needs no database); an admin
+        # stored other limits: check them again by those.
+        limits = stored
+        parsed = parse_all(inputs, limits, max_tokens)
     jobs = [
         JobSubmission(parsed=p, tenant=tenant, request_class=cls, priority=priority,
                       name=name or ("stdin" if p.source == "<stdin>" else Path(p.source).name))
@@ -106,18 +114,20 @@ def submit(
         print_submitted(job, priority, as_json)
 
 
-def parse_files(files: list[str], limits: InputLimits, max_tokens: int | None) -> list[ParsedJobFile]:
-    """Every file read and validated whole, before anything is stored."""
+def read_files(files: list[str], limits: InputLimits, max_tokens: int | None) -> list[tuple[bytes, str]]:
+    """Every file read whole (with its name for errors), before anything is parsed or stored."""
     if max_tokens is not None and not 1 <= max_tokens <= limits.max_tokens:
         raise UserError(f"--max-tokens must be within 1..{limits.max_tokens:,}, got {max_tokens}")
     if files.count("-") > 1:
         raise UserError("standard input ('-') can be read only once")
-    parsed = []
-    for file in files:
-        data = read_job_file(file, limits)
-        source = "<stdin>" if file == "-" else file
-        parsed.append(parse_job_file(data, source, limits, default_max_tokens=max_tokens))
-    return parsed
+    inputs = [(read_job_file(file, limits), "<stdin>" if file == "-" else file) for file in files]
+    return inputs
+
+
+def parse_all(
+    inputs: list[tuple[bytes, str]], limits: InputLimits, max_tokens: int | None
+) -> list[ParsedJobFile]:
+    return [parse_job_file(data, source, limits, default_max_tokens=max_tokens) for data, source in inputs]
 
 
 def print_submitted(job: SubmittedJob, priority: int, as_json: bool) -> None:

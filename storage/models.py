@@ -15,6 +15,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -145,3 +146,60 @@ class DaemonUsage(Base):
     gpu_s: Mapped[float] = mapped_column(Float, default=0.0)
     kv_token_s: Mapped[float] = mapped_column(Float, default=0.0)
     updated_at: Mapped[float] = mapped_column(Float)  # database clock, Unix seconds
+
+
+class ApiKeyRow(Base):
+    """An HTTP API key: its tenant, its highest class, and the SHA-256 of its secret (never the key)."""
+
+    __tablename__ = "api_keys"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    request_class: Mapped[str] = mapped_column("class", String(16))
+    name: Mapped[str] = mapped_column(String(128), default="")
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class FileRow(Base):
+    """A file of the Batch API: an upload (content here), or a batch's output or errors
+    (no content: rendered from the job's results when read)."""
+
+    __tablename__ = "files"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    purpose: Mapped[str] = mapped_column(String(32))
+    filename: Mapped[str] = mapped_column(String(256))
+    # Not named `bytes`: that would hide the builtin from the annotations below.
+    size: Mapped[int] = mapped_column("bytes", BigInteger)
+    created_at: Mapped[float] = mapped_column(Float)
+    content: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    job_id: Mapped[int | None] = mapped_column(Id, nullable=True)  # output files: whose results
+    errors: Mapped[bool] = mapped_column(Integer, default=0)  # output files: the failed lines
+    deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    __table_args__ = (Index("ix_files_tenant_created", "tenant", "created_at"),)
+
+
+class BatchRow(Base):
+    """A Batch API batch: the job it runs (none when its input was refused) and OpenAI's fields."""
+
+    __tablename__ = "batches"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger)  # creation order, for `after` paging
+    tenant: Mapped[str] = mapped_column(String(128))
+    job_id: Mapped[int | None] = mapped_column(Id, nullable=True)
+    endpoint: Mapped[str] = mapped_column(String(32))
+    input_file_id: Mapped[str] = mapped_column(String(40))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    batch_metadata: Mapped[dict | None] = mapped_column("metadata", JSON, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    errors: Mapped[list | None] = mapped_column(JSON, nullable=True)  # why it failed validation
+    failed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    output_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    error_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+
+    __table_args__ = (
+        Index("ix_batches_tenant_seq", "tenant", "seq"),
+        UniqueConstraint("job_id", name="uq_batches_job"),
+    )

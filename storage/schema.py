@@ -23,7 +23,7 @@ from fsched.core.store.records import SchemaMismatch
 from fsched.storage.db import Database
 from fsched.storage.models import Base, Meta
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 VERSION_KEY = "schema_version"
 
 Migration = Callable[[Connection], None]
@@ -38,8 +38,14 @@ def _v1_to_v2(conn: Connection) -> None:
             index.create(conn)
 
 
+def _v2_to_v3(conn: Connection) -> None:
+    """The HTTP server's tables: API keys, Batch API files and batches."""
+    for name in ("api_keys", "files", "batches"):
+        Base.metadata.tables[name].create(conn, checkfirst=True)
+
+
 # MIGRATIONS[v] upgrades a database from version v to v + 1.
-MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 def ensure_schema(

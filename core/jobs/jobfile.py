@@ -147,6 +147,32 @@ def parse_job_file(
     return ParsedJobFile(source=source, requests=tuple(requests), form=form or "simple")
 
 
+def load_json_object(text: str, max_depth: int) -> dict:
+    """One JSON object by the job file's rules (finite numbers, unique keys, bounded depth).
+
+    Raises JobFileError (source "<body>", the offending field when known).
+    """
+    try:
+        return _load_json(text, max_depth)
+    except _LineError as exc:
+        raise JobFileError("<body>", exc.message, field=exc.field) from None
+
+
+def parse_openai_body(
+    endpoint: Endpoint, body: dict, limits: InputLimits, default_max_tokens: int, custom_id: str = "request"
+) -> RequestSpec:
+    """One OpenAI request body (what a batch line's `body` holds) as a request spec.
+
+    The same checks as a batch line's; a problem raises JobFileError naming the body's field.
+    """
+    envelope = {"custom_id": custom_id, "method": "POST", "url": endpoint.value, "body": body}
+    try:
+        return _parse_openai(envelope, limits, default_max_tokens)
+    except _LineError as exc:
+        field = exc.field[len("body."):] if exc.field and exc.field.startswith("body.") else exc.field
+        raise JobFileError("<body>", exc.message, field=field) from None
+
+
 def _reject_constant(name: str) -> Any:
     raise _LineError(None, f"{name} is not valid JSON (numbers must be finite)")
 

@@ -55,3 +55,31 @@ class InputLimits:
             except ValueError:
                 raise ValueError(f"FSCHED_{f.name.upper()} must be an integer, got {raw!r}") from None
         return cls(**overrides)
+
+
+LIMIT_NAMES = tuple(f.name for f in fields(InputLimits))
+
+
+def effective_limits(stored: Mapping[str, int], environ: Mapping[str, str] = os.environ) -> InputLimits:
+    """The limits in force: an admin's stored ones (the defaults where none is stored).
+
+    The environment (FSCHED_MAX_LINES=..., as before) may lower a limit for one
+    command, never raise it: a user's environment must not lift what the admin set.
+    """
+    defaults = InputLimits()
+    values = {name: int(stored.get(name, getattr(defaults, name))) for name in LIMIT_NAMES}
+    asked = InputLimits.from_env(environ)
+    for name in LIMIT_NAMES:
+        if f"FSCHED_{name.upper()}" in environ:
+            values[name] = min(values[name], getattr(asked, name))
+    values["default_max_tokens"] = min(values["default_max_tokens"], values["max_tokens"])
+    return InputLimits(**values)
+
+
+def validate_limit(name: str, value: int) -> int:
+    """A limit an admin may store: a known name and a value of at least 1."""
+    if name not in LIMIT_NAMES:
+        raise ValueError(f"unknown limit {name!r}; the limits are {', '.join(LIMIT_NAMES)}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"limit {name} must be an integer >= 1, got {value!r}")
+    return value

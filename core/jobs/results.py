@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fsched.core.jobs.openai import response_body
 from fsched.core.store.records import RequestResult
 from fsched.core.types import Endpoint, RequestState
 
@@ -25,45 +26,11 @@ def output_line(result: RequestResult) -> dict:
 
 
 def _response_body(result: RequestResult) -> dict:
-    created = int(result.finished_at or 0)
-    model = result.model or DEFAULT_MODEL_NAME
-    prompt_tokens = result.prompt_tokens or 0
-    usage = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": result.num_output_tokens,
-        "total_tokens": prompt_tokens + result.num_output_tokens,
-    }
-    finish_reason = result.finish_reason or "stop"
-    if result.endpoint == Endpoint.CHAT.value:
-        return {
-            "id": f"chatcmpl-{result.id}",
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": result.output_text},
-                    "finish_reason": finish_reason,
-                }
-            ],
-            "usage": usage,
-        }
-    return {
-        "id": f"cmpl-{result.id}",
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "text": result.output_text,
-                "finish_reason": finish_reason,
-                "logprobs": None,
-            }
-        ],
-        "usage": usage,
-    }
+    return response_body(
+        Endpoint(result.endpoint), result.id, int(result.finished_at or 0),
+        result.model or DEFAULT_MODEL_NAME, result.output_text, result.finish_reason, result.prompt_tokens,
+        result.num_output_tokens,
+    )
 
 
 def _error(result: RequestResult) -> dict:

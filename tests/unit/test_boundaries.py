@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"cli": "fsched.cli", "core": "fsched.core", "storage": "fsched.storage"}
+PACKAGES = {"api": "fsched.api", "cli": "fsched.cli", "core": "fsched.core", "storage": "fsched.storage"}
 # The Hugging Face runner (loading, KV batch, sampling, runner) is the only
 # place allowed to import torch and transformers.
 RUNNER_PACKAGE = "core/runners/hf/"
@@ -46,6 +46,12 @@ def sources(folder: str) -> list[Path]:
 
 def test_core_imports_neither_storage_nor_cli():
     for path in sources("core"):
+        bad = {n for n in imports_of(path) if n.startswith(("fsched.storage", "fsched.cli", "fsched.api"))}
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_http_handlers_reach_the_table_only_through_the_stores_they_are_given():
+    for path in sources("api"):
         bad = {n for n in imports_of(path) if n.startswith(("fsched.storage", "fsched.cli"))}
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 
@@ -79,14 +85,14 @@ def test_every_core_package_is_installed():
 
 
 def test_sql_lives_only_in_storage():
-    for folder in ("core", "cli"):
+    for folder in ("core", "cli", "api"):
         for path in sources(folder):
             bad = {n for n in imports_of(path) if n.split(".")[0] in ("sqlalchemy", "sqlite3", "psycopg")}
             assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 
 
 def test_torch_only_in_the_runner():
-    for folder in ("core", "cli", "storage"):
+    for folder in ("core", "cli", "storage", "api"):
         for path in sources(folder):
             rel = str(path.relative_to(ROOT))
             if rel.startswith(RUNNER_PACKAGE):

@@ -1,0 +1,67 @@
+"""The HTTP application: routes, error shapes, body limits and the progress hub, composed.
+
+FastAPI on uvicorn, the field's convention for OpenAI-compatible servers
+(vLLM, SGLang): the OpenAI SDK's expectations (SSE streaming, multipart
+uploads, error bodies) are met with the framework's own pieces, and the
+handlers stay thin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from fsched.api import batch, errors, online
+from fsched.api.hub import ProgressHub
+from fsched.api.limits import BodyLimit
+from fsched.api.metrics import Metrics
+from fsched.api.state import Backend, ServerState, state_of
+from fsched.core.jobs.limits import InputLimits
+
+# Bodies other than uploads are small JSON: an OpenAI request is bounded by a batch line's limit.
+JSON_BODY_LIMIT = InputLimits().max_line_bytes
+MULTIPART_OVERHEAD = 64 * 1024
+
+
+def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None = None) -> FastAPI:
+    """The server over `backend`; `poll_s` is how often the hub reads open requests' progress."""
+    hub = ProgressHub(backend.serving.progress, poll_s)
+    state = ServerState(backend=backend, hub=hub, metrics=Metrics(backend))
+    upload_limit = upload_limit or InputLimits().max_bytes
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(hub.run())
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    app = FastAPI(title="fsched", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.fsched = state
+    errors.install(app)
+    app.include_router(online.router)
+    app.include_router(batch.router)
+
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        try:
+            alive = len(await state_of(request).live_daemons())
+        except Exception:  # noqa: BLE001 - the table cannot be read: not healthy
+            return JSONResponse({"status": "error", "detail": "the job table cannot be read"}, 503)
+        return JSONResponse({"status": "ok", "daemons_alive": alive})
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        body = await state_of(request).call(state.metrics.render)
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def limit_for(path: str) -> int:
+        return upload_limit + MULTIPART_OVERHEAD if path == "/v1/files" else JSON_BODY_LIMIT
+
+    app.add_middleware(BodyLimit, limit_for=limit_for)
+    return app

@@ -1,0 +1,237 @@
+"""The Batch API: files (upload, list, get, content, delete) and batches (create, get, list, cancel).
+
+A batch is a job of class batch of the key's tenant. Its input file is
+checked by `fsched submit`'s parser when the batch is created: a bad line
+makes the batch `failed` with the line named, and nothing runs. Output and
+error files are rendered from the job's results when read.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from fsched.api.errors import ApiError, not_found
+from fsched.api.state import ServerState, state_of
+from fsched.core.jobs.apikeys import ApiKey
+from fsched.core.jobs.batches import (
+    BATCH_PURPOSE,
+    COMPLETION_WINDOW,
+    BatchRecord,
+    batch_object,
+    file_object,
+    new_batch_id,
+    validate_metadata,
+)
+from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_job_file
+from fsched.core.jobs.results import output_line
+from fsched.core.store.records import JobSubmission, QueueFull
+from fsched.core.types import Endpoint, RequestClass
+
+router = APIRouter()
+BATCH_PRIORITY = 5
+MAX_LIST = 100
+
+
+# -- files ------------------------------------------------------------------------------------
+
+
+@router.post("/v1/files")
+async def upload(request: Request) -> dict:
+    state = state_of(request)
+    key = await state.authenticate(request)
+    try:
+        form = await request.form(max_files=1, max_fields=4)
+    except Exception as exc:  # noqa: BLE001 - any unparseable multipart body is the client's
+        raise ApiError(400, f"expected a multipart/form-data body with 'file' and 'purpose': {exc}") from None
+    purpose, upload = form.get("purpose"), form.get("file")
+    if purpose != BATCH_PURPOSE:
+        raise ApiError(400, f"purpose must be {BATCH_PURPOSE!r} (the only purpose fsched serves)", "purpose")
+    if upload is None or isinstance(upload, str):
+        raise ApiError(400, "missing the 'file' part", "file")
+    content = await upload.read()
+    filename = (upload.filename or "upload.jsonl")[:256]
+    stored = await state.call(state.backend.files.add_file, key.tenant, BATCH_PURPOSE, filename, content)
+    return file_object(stored)
+
+
+@router.get("/v1/files")
+async def list_files(request: Request, purpose: str | None = None) -> dict:
+    state = state_of(request)
+    key = await state.authenticate(request)
+    found = await state.call(state.backend.files.list_files, key.tenant, purpose)
+    return {"object": "list", "data": [file_object(f) for f in found], "has_more": False}
+
+
+@router.get("/v1/files/{file_id}")
+async def get_file(request: Request, file_id: str) -> dict:
+    state = state_of(request)
+    key = await state.authenticate(request)
+    return file_object(await _file(state, key, file_id))
+
+
+@router.delete("/v1/files/{file_id}")
+async def delete_file(request: Request, file_id: str) -> dict:
+    state = state_of(request)
+    key = await state.authenticate(request)
+    if not await state.call(state.backend.files.delete_file, key.tenant, file_id):
+        raise not_found("file", file_id)
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
+@router.get("/v1/files/{file_id}/content")
+async def file_content(request: Request, file_id: str):
+    state = state_of(request)
+    key = await state.authenticate(request)
+    f = await _file(state, key, file_id)
+    if f.job_id is None:
+        content = await state.call(state.backend.files.file_content, key.tenant, file_id)
+        return StreamingResponse(iter([content or b""]), media_type="application/octet-stream")
+    return StreamingResponse(_results(state, f.job_id, f.errors), media_type="application/jsonl")
+
+
+def _results(state: ServerState, job_id: int, errors: bool):
+    """Output lines, read in pages (a sync generator: Starlette runs it in a worker thread)."""
+    for result in state.backend.jobs.iter_results(job_id, errors=errors):
+        yield (json.dumps(output_line(result), ensure_ascii=False) + "\n").encode()
+
+
+async def _file(state: ServerState, key: ApiKey, file_id: str):
+    f = await state.call(state.backend.files.get_file, key.tenant, file_id)
+    if f is None:
+        raise not_found("file", file_id)
+    return f
+
+
+# -- batches ----------------------------------------------------------------------------------
+
+
+@router.post("/v1/batches")
+async def create_batch(request: Request) -> dict:
+    state = state_of(request)
+    key = await state.authenticate(request)
+    body = await _json_body(request)
+    endpoint, metadata = _batch_fields(body)
+    f = await state.call(state.backend.files.get_file, key.tenant, body["input_file_id"])
+    if f is None:
+        raise not_found("file", body["input_file_id"], "input_file_id")
+    if f.purpose != BATCH_PURPOSE or f.job_id is not None:
+        raise ApiError(400, f"file {f.id!r} was not uploaded with purpose 'batch'", "input_file_id")
+    content = await state.call(state.backend.files.file_content, key.tenant, f.id)
+    record = BatchRecord(id=new_batch_id(), tenant=key.tenant, job_id=None, endpoint=endpoint.value,
+                         input_file_id=f.id, completion_window=COMPLETION_WINDOW, metadata=metadata,
+                         created_at=time.time())
+    limits = await state.limits()
+    try:
+        parsed = await state.call(parse_job_file, content or b"", f.filename, limits)
+        _same_endpoint(parsed, endpoint, content or b"")
+    except JobFileError as exc:
+        failed = _refused(record, exc)
+        await state.call(state.backend.files.add_batch, failed)
+        return batch_object(failed, None)
+    submission = JobSubmission(parsed=parsed, tenant=key.tenant, request_class=RequestClass.BATCH,
+                               priority=BATCH_PRIORITY, name=record.id)
+    try:
+        (job,) = await state.call(state.backend.jobs.submit, [submission],
+                                  max_queued_per_tenant=limits.max_queued_per_tenant)
+    except QueueFull as exc:
+        raise ApiError(429, str(exc), code="queue_full", headers={"Retry-After": "60"}) from None
+    record = replace(record, job_id=job.job_id)
+    await state.call(state.backend.files.add_batch, record)
+    return await _batch_json(state, record)
+
+
+@router.get("/v1/batches/{batch_id}")
+async def get_batch(request: Request, batch_id: str) -> dict:
+    state = state_of(request)
+    key = await state.authenticate(request)
+    return await _batch_json(state, await _batch(state, key, batch_id))
+
+
+@router.get("/v1/batches")
+async def list_batches(request: Request, after: str | None = None, limit: int = 20) -> dict:
+    state = state_of(request)
+    key = await state.authenticate(request)
+    if not 1 <= limit <= MAX_LIST:
+        raise ApiError(400, f"limit must be within 1..{MAX_LIST}", "limit")
+    records = await state.call(state.backend.files.list_batches, key.tenant, after, limit + 1)
+    data = [await _batch_json(state, r) for r in records[:limit]]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(records) > limit}
+
+
+@router.post("/v1/batches/{batch_id}/cancel")
+async def cancel_batch(request: Request, batch_id: str) -> dict:
+    state = state_of(request)
+    key = await state.authenticate(request)
+    record = await _batch(state, key, batch_id)
+    if record.job_id is not None:
+        await state.call(state.backend.jobs.cancel_job, record.job_id)
+    return await _batch_json(state, record)
+
+
+async def _batch(state: ServerState, key: ApiKey, batch_id: str) -> BatchRecord:
+    record = await state.call(state.backend.files.get_batch, key.tenant, batch_id)
+    if record is None:
+        raise not_found("batch", batch_id)
+    return record
+
+
+async def _batch_json(state: ServerState, record: BatchRecord) -> dict:
+    """The batch object; a batch seen finished for the first time gets its output files."""
+    job = None
+    if record.job_id is not None:
+        (job,) = await state.call(state.backend.jobs.list_jobs, job_id=record.job_id)
+        if job.state.finished and record.output_file_id is None:
+            sizes = await state.call(_output_sizes, state, record.job_id)
+            record = await state.call(state.backend.files.attach_outputs, record, sizes)
+    return batch_object(record, job)
+
+
+def _output_sizes(state: ServerState, job_id: int) -> tuple[int, int]:
+    return tuple(sum(len(chunk) for chunk in _results(state, job_id, errors)) for errors in (False, True))
+
+
+async def _json_body(request: Request) -> dict:
+    raw = await request.body()
+    try:
+        return load_json_object(raw.decode("utf-8"), 16)
+    except (UnicodeDecodeError, JobFileError) as exc:
+        raise ApiError(400, f"the body must be a JSON object: {exc}") from None
+
+
+def _batch_fields(body: dict) -> tuple[Endpoint, dict | None]:
+    for name in ("input_file_id", "endpoint", "completion_window"):
+        if not isinstance(body.get(name), str):
+            raise ApiError(400, f"{name} is required (a string)", name)
+    unknown = set(body) - {"input_file_id", "endpoint", "completion_window", "metadata"}
+    if unknown:
+        raise ApiError(400, f"unknown field {sorted(unknown)[0]!r}", sorted(unknown)[0])
+    try:
+        endpoint = Endpoint(body["endpoint"])
+    except ValueError:
+        raise ApiError(400, "endpoint must be /v1/completions or /v1/chat/completions", "endpoint") from None
+    if body["completion_window"] != COMPLETION_WINDOW:
+        raise ApiError(400, f"completion_window must be {COMPLETION_WINDOW!r}", "completion_window")
+    try:
+        return endpoint, validate_metadata(body.get("metadata"))
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "metadata") from None
+
+
+def _same_endpoint(parsed, endpoint: Endpoint, content: bytes) -> None:
+    """Every line of a batch asks for the batch's endpoint (OpenAI's rule)."""
+    for index, spec in enumerate(parsed.requests):
+        if spec.endpoint is not endpoint:
+            lines = [n for n, raw in enumerate(content.split(b"\n"), start=1) if raw.strip()]
+            raise JobFileError(parsed.source, f"asks for {spec.endpoint.value}; this batch's endpoint is "
+                               f"{endpoint.value}", lines[index], "url")
+
+
+def _refused(record: BatchRecord, exc: JobFileError) -> BatchRecord:
+    error = {"code": "invalid_request", "message": exc.message, "param": exc.field, "line": exc.line}
+    return replace(record, errors=[error], failed_at=time.time())

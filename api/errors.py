@@ -1,0 +1,77 @@
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with the status
+codes the OpenAI SDK maps to its exception classes."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from fsched.core.store.records import StorageError
+
+# OpenAI's error type for each status fsched answers with.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
+                      "param": param, "code": code}}
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(exc.status, exc.message, exc.param, exc.code), exc.status, exc.headers)
+
+
+def not_found(what: str, object_id: str, param: str | None = None) -> ApiError:
+    """Unknown and another tenant's objects read the same: nothing tells that the id exists."""
+    return ApiError(404, f"no {what} with id {object_id!r}", param, "not_found")
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = "no such endpoint" if exc.status_code == 404 else str(exc.detail)
+        headers = getattr(exc, "headers", None)
+        return JSONResponse(error_body(exc.status_code, message), exc.status_code, headers)
+
+    @app.exception_handler(StorageError)
+    async def storage_error(_request: Request, _exc: StorageError) -> JSONResponse:
+        # The table is locked past its timeout, full or gone: the client may retry.
+        body = error_body(503, "the job table is unavailable; retry shortly", code="storage")
+        return JSONResponse(body, 503, {"Retry-After": "1"})
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, _exc: Exception) -> JSONResponse:
+        return JSONResponse(error_body(500, "internal error"), 500)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return JSONResponse(error_body(400, first.get("msg", "invalid request"), param), 400)

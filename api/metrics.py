@@ -1,0 +1,119 @@
+"""`GET /metrics`: Prometheus text, named after vLLM's metrics where they mean the same.
+
+Two sources. The table, read at each scrape (any number of servers report
+the same figures): requests waiting and running by tenant and class, tokens
+generated, each tenant's entitled and served share, live daemons and their KV
+use. And this server's own requests, as histograms: first-token and
+end-to-end latency by class, from the rows' timestamps (enqueued, first
+token, finished), so they include the time in the queue.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from fsched.core.jobs.openai import OnlineProgress
+from fsched.core.sched.shares import entitled_shares
+from fsched.core.types import RequestClass
+
+PREFIX = "fsched:"
+# Buckets of vLLM's time_to_first_token_seconds, up to a batch class's minutes.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+               240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class Metrics:
+    def __init__(self, backend):
+        self.backend = backend
+        self.registry = CollectorRegistry()
+        self.ttft = Histogram(f"{PREFIX}time_to_first_token_seconds",
+                              "Time from enqueued to first token, of this server's requests",
+                              ["class"], buckets=TTFT_BUCKETS, registry=self.registry)
+        self.e2e = Histogram(f"{PREFIX}e2e_request_latency_seconds",
+                             "Time from enqueued to finished, of this server's requests",
+                             ["class"], buckets=E2E_BUCKETS, registry=self.registry)
+        self.registry.register(_TableCollector(backend))
+
+    def observe(self, request_class: RequestClass, p: OnlineProgress) -> None:
+        if p.first_token_at is not None:
+            self.ttft.labels(request_class.value).observe(max(0.0, p.first_token_at - p.enqueued_at))
+        if p.finished_at is not None:
+            self.e2e.labels(request_class.value).observe(max(0.0, p.finished_at - p.enqueued_at))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _TableCollector:
+    def __init__(self, backend):
+        self.backend = backend
+
+    def collect(self):
+        jobs = self.backend.jobs.list_jobs(include_finished=False)
+        waiting, running = Counter(), Counter()
+        for job in jobs:
+            group = (job.tenant, job.request_class.value)
+            waiting[group] += job.counts.num_waiting
+            running[group] += job.counts.num_running
+        yield _gauge("num_requests_waiting", "Requests waiting (queued or preempted)", waiting)
+        yield _gauge("num_requests_running", "Requests held by a daemon", running)
+        tokens = CounterMetricFamily(f"{PREFIX}generation_tokens", "Tokens generated",
+                                     labels=["tenant", "class"])
+        for tenant, cls, count in self.backend.serving.generated_tokens():
+            tokens.add_metric([tenant, cls], count)
+        yield tokens
+        yield from self._shares()
+        yield from self._daemons()
+
+    def _shares(self):
+        tenants = self.backend.jobs.list_tenants()
+        weights = {t.name: t.weight for t in tenants}
+        entitled = entitled_shares(weights, {t.name for t in tenants if t.queued or t.running})
+        family = GaugeMetricFamily(f"{PREFIX}tenant_entitled_share",
+                                   "A tenant's weight over the weights of tenants with work",
+                                   labels=["tenant"])
+        for name, share in entitled.items():
+            family.add_metric([name], share)
+        yield family
+        served = GaugeMetricFamily(f"{PREFIX}tenant_served_share",
+                                   "A tenant's recent part of the dominant resource (newest live daemon)",
+                                   labels=["tenant"])
+        live = self._live()
+        newest = max(live, key=lambda d: d.heartbeat_at) if live else None
+        for name, share in ((newest.stats.get("served_share") or {}) if newest else {}).items():
+            served.add_metric([name], float(share))
+        yield served
+
+    def _daemons(self):
+        live = self._live()
+        alive = GaugeMetricFamily(f"{PREFIX}daemons_alive", "Daemons with a fresh heartbeat")
+        alive.add_metric([], len(live))
+        yield alive
+        kv = GaugeMetricFamily(f"{PREFIX}kv_cache_usage_perc", "KV cache in use over its budget, per daemon",
+                               labels=["daemon"])
+        preempted = CounterMetricFamily(f"{PREFIX}num_preemptions", "Preemptions since the daemon started",
+                                        labels=["daemon"])
+        for d in live:
+            budget = d.stats.get("kv_budget") or 0
+            kv.add_metric([d.id], (d.stats.get("kv_tokens") or 0) / budget if budget else 0.0)
+            if "preemptions" in d.stats:  # published by daemons whose heartbeat carries it
+                preempted.add_metric([d.id], d.stats["preemptions"])
+        yield kv
+        yield preempted
+
+    def _live(self):
+        now = time.time()
+        return [d for d in self.backend.jobs.list_daemons() if self.backend.daemon_alive(d, now)]
+
+
+def _gauge(name: str, doc: str, values: Counter) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(f"{PREFIX}{name}", doc, labels=["tenant", "class"])
+    for (tenant, cls), value in sorted(values.items()):
+        family.add_metric([tenant, cls], value)
+    return family

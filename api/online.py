@@ -1,0 +1,215 @@
+"""Online endpoints: /v1/models, /v1/completions and /v1/chat/completions.
+
+A request becomes a one-row job of the key's tenant (as `fsched generate`
+makes), its tokens come back through the progress hub, and a client that
+goes away cancels it. The translation both ways lives in core/jobs/openai.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from fsched.api.errors import ApiError, error_body
+from fsched.api.state import ServerState, state_of
+from fsched.core.jobs.apikeys import ApiKey
+from fsched.core.jobs.jobfile import ParsedJobFile
+from fsched.core.jobs.openai import (
+    BodyError,
+    ClassRefused,
+    OnlineProgress,
+    OnlineRequest,
+    chunk,
+    failure_status,
+    parse_online,
+    response_body,
+    usage_chunk,
+    visible_text,
+)
+from fsched.core.jobs.results import DEFAULT_MODEL_NAME
+from fsched.core.store.records import JobSubmission, QueueFull
+from fsched.core.types import Endpoint, RequestState
+
+router = APIRouter()
+RETRY_AFTER_S = 1
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict:
+    state = state_of(request)
+    await state.authenticate(request)
+    names = sorted({d.model for d in await state.live_daemons()})
+    created = int(time.time())
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": created, "owned_by": "fsched"} for name in names
+    ]}
+
+
+@router.post("/v1/completions")
+async def completions(request: Request):
+    return await _serve(request, Endpoint.COMPLETIONS)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    return await _serve(request, Endpoint.CHAT)
+
+
+async def _serve(request: Request, endpoint: Endpoint):
+    state = state_of(request)
+    key = await state.authenticate(request)
+    online = await _parse(request, endpoint, key, state)
+    await state.require_daemon()
+    job_id = await _submit(state, key, online)
+    if online.stream:
+        return StreamingResponse(_stream(request, state, endpoint, job_id, online),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return await _answer(request, state, endpoint, job_id, online)
+
+
+async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: ServerState) -> OnlineRequest:
+    raw = await request.body()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "the request body is not valid UTF-8") from None
+    try:
+        return parse_online(text, endpoint, key.request_class, await state.limits())
+    except ClassRefused as exc:
+        raise ApiError(403, exc.message, exc.param, "class_not_allowed") from None
+    except BodyError as exc:
+        raise ApiError(400, exc.message, exc.param, "invalid_value") from None
+
+
+async def _submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
+    limits = await state.limits()
+    submission = JobSubmission(
+        parsed=ParsedJobFile(source="<http>", requests=(online.spec,), form="openai"),
+        tenant=key.tenant, request_class=online.request_class, priority=online.priority, name="http",
+    )
+    try:
+        (job,) = await state.call(state.backend.jobs.submit, [submission],
+                                  max_queued_per_tenant=limits.max_queued_per_tenant)
+    except QueueFull:
+        raise ApiError(429, f"tenant {key.tenant!r} has too many unfinished requests "
+                            f"(limit {limits.max_queued_per_tenant:,}); retry later",
+                       code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    return job.job_id
+
+
+async def _cancel(state: ServerState, job_id: int) -> None:
+    await state.call(state.backend.jobs.cancel_job, job_id)
+
+
+async def _answer(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
+                  online: OnlineRequest) -> JSONResponse:
+    """Wait for the whole answer; a client gone before it comes cancels the request."""
+    final = await _final_or_disconnect(request, state, job_id)
+    if final is None:
+        await _cancel(state, job_id)
+        return JSONResponse(error_body(499, "client closed the request"), 499)
+    _observe(state, online, final)
+    if final.state is not RequestState.DONE:
+        status, message = _failure(final)
+        raise ApiError(status, message, code="request_failed")
+    created = int(final.finished_at or time.time())
+    return JSONResponse(response_body(
+        endpoint, job_id, created, _model(online, final), final.output_text, final.finish_reason,
+        final.prompt_tokens, final.num_output_tokens,
+    ))
+
+
+async def _final_or_disconnect(request: Request, state: ServerState, job_id: int) -> OnlineProgress | None:
+    """The request's final row, or None when the client disconnected first."""
+
+    async def final() -> OnlineProgress | None:
+        last = None
+        async for progress in state.hub.watch(job_id):
+            last = progress
+        return last
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    waiting = asyncio.ensure_future(final())
+    gone = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not waiting.done():
+            waiting.cancel()
+    return waiting.result() if waiting.done() and not waiting.cancelled() else None
+
+
+async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
+                  online: OnlineRequest) -> AsyncIterator[str]:
+    """Server-sent events: chunks as tokens are flushed, the usage chunk if asked, `[DONE]`.
+
+    A client that hangs up cancels the request: a task waits for the
+    disconnect (the server does not fail a write to a closed connection), and
+    the `finally` covers a generator closed early.
+    """
+    created, shown, first, final = int(time.time()), 0, True, None
+    model = online.spec.model or DEFAULT_MODEL_NAME
+    usage = online.include_usage
+    hang_up = asyncio.ensure_future(_cancel_on_disconnect(request, state, job_id))
+    try:
+        if endpoint is Endpoint.CHAT:  # the role comes first, as OpenAI sends it
+            yield _event(chunk(endpoint, job_id, created, model, "", first=True, include_usage=usage))
+            first = False
+        async for progress in state.hub.watch(job_id):
+            final = progress
+            text = visible_text(progress)
+            if len(text) > shown:
+                yield _event(chunk(endpoint, job_id, created, model, text[shown:], first=first,
+                                   include_usage=usage))
+                shown, first = len(text), False
+        _observe(state, online, final)
+        if final.state is not RequestState.DONE:
+            status, message = _failure(final)
+            yield _event(error_body(status, message, code="request_failed"))
+        else:
+            yield _event(chunk(endpoint, job_id, created, model, "", final.finish_reason or "stop",
+                               include_usage=usage))
+            if usage:
+                yield _event(usage_chunk(endpoint, job_id, created, model, final.prompt_tokens,
+                                         final.num_output_tokens))
+        yield "data: [DONE]\n\n"
+    finally:
+        hang_up.cancel()
+        if final is None or not final.state.finished:
+            with anyio.CancelScope(shield=True):  # the generator itself may be being cancelled
+                await _cancel(state, job_id)
+
+
+async def _cancel_on_disconnect(request: Request, state: ServerState, job_id: int) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    await _cancel(state, job_id)
+
+
+def _event(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _model(online: OnlineRequest, progress: OnlineProgress) -> str:
+    return online.spec.model or progress.model or DEFAULT_MODEL_NAME
+
+
+def _failure(progress: OnlineProgress) -> tuple[int, str]:
+    if progress.state is RequestState.CANCELLED:
+        return 500, "the request was cancelled (by an admin, or its job was cancelled) before it finished"
+    return failure_status(progress.error), progress.error or "the request failed"
+
+
+def _observe(state: ServerState, online: OnlineRequest, progress: OnlineProgress) -> None:
+    if state.metrics is not None:
+        state.metrics.observe(online.request_class, progress)

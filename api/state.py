@@ -1,0 +1,88 @@
+"""What every handler shares: the stores, the progress hub, and short caches of table facts."""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio.to_thread
+from fastapi import Request
+
+from fsched.api.errors import ApiError
+from fsched.api.hub import ProgressHub
+from fsched.core.jobs.apikeys import ApiKey, secret_matches, split_key
+from fsched.core.jobs.limits import InputLimits, effective_limits
+
+# How long a server trusts what it read of the table: daemons come and go, and
+# an admin's new limits apply, within these; a revoked key is refused at once.
+DAEMONS_TTL_S = 0.5
+LIMITS_TTL_S = 1.0
+
+
+@dataclass(slots=True)
+class Backend:
+    """The stores a server uses, all over one database (built by `fsched serve`)."""
+
+    jobs: Any  # the job store: submit, list_jobs, cancel_job, iter_results, list_tenants, list_daemons
+    keys: Any  # API keys and stored limits
+    files: Any  # Batch API files and batches
+    serving: Any  # online requests' progress, metric totals
+    daemon_alive: Any  # (DaemonSummary, now) -> bool: the CLI's rule for a live daemon
+
+
+@dataclass(slots=True)
+class _Cached:
+    value: Any = None
+    at: float = -1e18
+
+
+@dataclass(slots=True)
+class ServerState:
+    backend: Backend
+    hub: ProgressHub
+    metrics: Any = None
+    _daemons: _Cached = field(default_factory=_Cached)
+    _limits: _Cached = field(default_factory=_Cached)
+
+    async def call(self, fn, *args, **kwargs):
+        """A store call in a worker thread: the event loop never waits on the database."""
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+    async def live_daemons(self) -> list:
+        now = time.monotonic()
+        if now - self._daemons.at > DAEMONS_TTL_S:
+            daemons = await self.call(self.backend.jobs.list_daemons)
+            wall = time.time()
+            self._daemons = _Cached([d for d in daemons if self.backend.daemon_alive(d, wall)], now)
+        return self._daemons.value
+
+    async def require_daemon(self) -> None:
+        if not await self.live_daemons():
+            raise ApiError(503, "no fsched daemon is serving this job table; start one with `fsched daemon`",
+                           code="no_daemon")
+
+    async def limits(self) -> InputLimits:
+        now = time.monotonic()
+        if now - self._limits.at > LIMITS_TTL_S:
+            stored = await self.call(self.backend.keys.stored_limits)
+            self._limits = _Cached(effective_limits(stored, {}), now)
+        return self._limits.value
+
+    async def authenticate(self, request: Request) -> ApiKey:
+        """The key of `Authorization: Bearer <key>`; 401 for none, a malformed, unknown or revoked one."""
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        parts = split_key(key.strip()) if scheme.lower() == "bearer" else None
+        if parts is None:
+            raise ApiError(401, "missing or malformed API key (Authorization: Bearer fsk-...)",
+                           code="invalid_api_key")
+        stored = await self.call(self.backend.keys.get_key, parts[0])
+        if not secret_matches(parts[1], stored):
+            raise ApiError(401, "invalid or revoked API key", code="invalid_api_key")
+        return stored
+
+
+def state_of(request: Request) -> ServerState:
+    return request.app.state.fsched

@@ -1,0 +1,83 @@
+"""API keys and admin-set limits in the job table: small tables, one transaction a call."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import select, update
+
+from fsched.core.jobs.apikeys import ApiKey, new_key, validate_key_name
+from fsched.core.jobs.tenants import validate_tenant_name
+from fsched.core.store.records import StoreError
+from fsched.core.types import RequestClass
+from fsched.storage.db import Database
+from fsched.storage.models import ApiKeyRow, Meta
+from fsched.storage.schema import ensure_schema
+
+keys = ApiKeyRow.__table__
+meta = Meta.__table__
+LIMIT_PREFIX = "limit."
+
+
+class UnknownKey(StoreError):
+    def __init__(self, key_id: str):
+        super().__init__(f"no API key with id {key_id!r}")
+
+
+class SqlKeyStore:
+    def __init__(self, db: Database | str | None = None, clock=time.time):
+        self.db = db if isinstance(db, Database) else Database(db)
+        self.clock = clock
+        ensure_schema(self.db)
+
+    def create_key(self, tenant: str, request_class: RequestClass, name: str = "") -> tuple[ApiKey, str]:
+        """Store a new key for `tenant`; return it and the key itself (shown once, never stored)."""
+        validate_tenant_name(tenant)
+        validate_key_name(name)
+        made = new_key()
+        row = {"id": made.id, "tenant": tenant, "class": request_class.value, "name": name,
+               "secret_hash": made.secret_hash, "created_at": self.clock()}
+        with self.db.write() as conn:
+            conn.execute(keys.insert().values(**row))
+        return _key(row), made.key
+
+    def get_key(self, key_id: str) -> ApiKey | None:
+        with self.db.read() as conn:
+            row = conn.execute(select(keys).where(keys.c.id == key_id)).first()
+        return None if row is None else _key(row._mapping)
+
+    def list_keys(self) -> list[ApiKey]:
+        with self.db.read() as conn:
+            rows = conn.execute(select(keys).order_by(keys.c.created_at, keys.c.id)).all()
+        return [_key(row._mapping) for row in rows]
+
+    def revoke_key(self, key_id: str) -> ApiKey:
+        """Revoke a key at once (the next request with it is refused); revoking twice is no error."""
+        with self.db.write() as conn:
+            conn.execute(update(keys).where(keys.c.id == key_id, keys.c.revoked_at.is_(None))
+                         .values(revoked_at=self.clock()))
+            row = conn.execute(select(keys).where(keys.c.id == key_id)).first()
+        if row is None:
+            raise UnknownKey(key_id)
+        return _key(row._mapping)
+
+    # -- limits set by an admin -------------------------------------------------------------
+
+    def stored_limits(self) -> dict[str, int]:
+        with self.db.read() as conn:
+            rows = conn.execute(select(meta).where(meta.c.key.like(f"{LIMIT_PREFIX}%"))).all()
+        return {row.key[len(LIMIT_PREFIX):]: int(row.value) for row in rows}
+
+    def set_limit(self, name: str, value: int | None) -> None:
+        """Store a limit (None: back to its default)."""
+        key = LIMIT_PREFIX + name
+        with self.db.write() as conn:
+            conn.execute(meta.delete().where(meta.c.key == key))
+            if value is not None:
+                conn.execute(meta.insert().values(key=key, value=str(int(value))))
+
+
+def _key(row) -> ApiKey:
+    return ApiKey(id=row["id"], tenant=row["tenant"], request_class=RequestClass(row["class"]),
+                  name=row["name"], secret_hash=row["secret_hash"], created_at=row["created_at"],
+                  revoked_at=row.get("revoked_at"))

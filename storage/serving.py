@@ -1,0 +1,57 @@
+"""Reads the HTTP server makes of the job table: its online requests' progress, and metric totals.
+
+One query answers every request a server process is waiting on, so a poll
+costs one short read whatever the number of open streams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import func, select
+
+from fsched.core.jobs.openai import OnlineProgress
+from fsched.core.types import RequestState
+from fsched.storage.db import Database
+from fsched.storage.models import Job, Request
+
+jobs = Job.__table__
+requests = Request.__table__
+PROGRESS_COLUMNS = (
+    requests.c.id, requests.c.job_id, requests.c.state, requests.c.output_text, requests.c.num_output_tokens,
+    requests.c.prompt_tokens, requests.c.finish_reason, requests.c.error, requests.c.model,
+    requests.c.enqueued_at, requests.c.first_token_at, requests.c.finished_at,
+)
+
+
+class SqlServingStore:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def progress(self, job_ids: Sequence[int]) -> dict[int, OnlineProgress]:
+        """The first request of each given job (an online request is a one-row job), by job id."""
+        if not job_ids:
+            return {}
+        with self.db.read() as conn:
+            rows = conn.execute(
+                select(*PROGRESS_COLUMNS).where(requests.c.job_id.in_(list(job_ids)), requests.c.idx == 0)
+            ).all()
+        return {
+            row.job_id: OnlineProgress(
+                job_id=row.job_id, request_id=row.id, state=RequestState(row.state),
+                output_text=row.output_text, num_output_tokens=row.num_output_tokens,
+                prompt_tokens=row.prompt_tokens, finish_reason=row.finish_reason, error=row.error,
+                model=row.model, enqueued_at=row.enqueued_at, first_token_at=row.first_token_at,
+                finished_at=row.finished_at,
+            )
+            for row in rows
+        }
+
+    def generated_tokens(self) -> list[tuple[str, str, int]]:
+        """(tenant, class, output tokens so far) over every job the table holds."""
+        with self.db.read() as conn:
+            rows = conn.execute(
+                select(jobs.c.tenant, jobs.c["class"], func.sum(jobs.c.num_output_tokens))
+                .group_by(jobs.c.tenant, jobs.c["class"])
+            ).all()
+        return [(row[0], row[1], int(row[2] or 0)) for row in rows]

@@ -1,0 +1,108 @@
+"""A real `fsched serve` (and daemon) in subprocesses, for the HTTP acceptance tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from .conftest import FSCHED
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    root: Path
+    env: dict
+    port: int = 0
+    procs: list = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def db_path(self) -> Path:
+        return self.root / "fsched.db"
+
+    def cli(self, *args: str, timeout: float = 60) -> str:
+        proc = subprocess.run([FSCHED, *args], capture_output=True, env=self.env, timeout=timeout)
+        assert proc.returncode == 0, proc.stderr.decode()
+        return proc.stdout.decode()
+
+    def key(self, tenant: str, cls: str = "streaming") -> str:
+        """A new key, made in this process (the CLI's own path is tested apart: it costs a second)."""
+        from fsched.core.types import RequestClass
+        from fsched.storage.keys import SqlKeyStore
+
+        keys = SqlKeyStore(self.env["FSCHED_DB"])
+        try:
+            return keys.create_key(tenant, RequestClass(cls))[1]
+        finally:
+            keys.db.dispose()
+
+    def start_daemon(self, *args: str) -> subprocess.Popen:
+        proc = subprocess.Popen([FSCHED, "daemon", "--threads", "2", "--quiet", *args], env=self.env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.procs.append(proc)
+        return proc
+
+    def start_server(self, *args: str) -> None:
+        self.port = free_port()
+        proc = subprocess.Popen([FSCHED, "serve", "--port", str(self.port), "--no-access-log", *args],
+                                env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.procs.append(proc)
+
+    def wait_ready(self, daemons: int = 1, timeout: float = 120) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                health = httpx.get(f"{self.url}/health", timeout=2).json()
+                if health.get("daemons_alive", 0) >= daemons:
+                    return
+            except httpx.HTTPError:
+                pass
+            for proc in self.procs:
+                assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.1)
+        raise TimeoutError("the server or daemon did not come up")
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def rows(self, sql: str, *params) -> list:
+        conn = sqlite3.connect(self.db_path)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+    def counts(self) -> dict[str, int]:
+        """Rows per table that only an accepted request may add to."""
+        return {t: self.rows(f"SELECT COUNT(*) FROM {t}")[0][0]
+                for t in ("jobs", "requests", "tenants", "files", "batches", "api_keys")}
+
+
+def make_server(root: Path, model_cache: str | None = None) -> Server:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FSCHED_")}
+    env.update(FSCHED_DB=f"sqlite:///{root / 'fsched.db'}", USER="tester", LOGNAME="tester")
+    if model_cache:
+        env["XDG_CACHE_HOME"] = model_cache
+    return Server(root=root, env=env)

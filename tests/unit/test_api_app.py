@@ -1,0 +1,148 @@
+"""The HTTP app in process, over stand-in stores: error shapes, body limits, auth."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from fsched.api.app import create_app
+from fsched.api.state import Backend
+from fsched.core.jobs.apikeys import ApiKey, new_key
+from fsched.core.store.records import StorageError
+from fsched.core.types import RequestClass
+
+MADE = new_key()
+
+
+class Keys:
+    def __init__(self, revoked: bool = False):
+        self.key = ApiKey(MADE.id, "alice", RequestClass.STREAMING, "", MADE.secret_hash, 0.0,
+                          1.0 if revoked else None)
+
+    def get_key(self, key_id):
+        return self.key if key_id == self.key.id else None
+
+    def stored_limits(self):
+        return {}
+
+
+class Jobs:
+    def __init__(self, down: bool = False):
+        self.down = down
+        self.submitted = []
+
+    def list_daemons(self):
+        if self.down:
+            raise StorageError("database is locked")
+        return []
+
+    def submit(self, submissions, max_queued_per_tenant):
+        self.submitted.append(submissions)
+        raise AssertionError("nothing is submitted without a daemon")
+
+
+class Serving:
+    def progress(self, job_ids):
+        return {}
+
+
+def app(down=False, revoked=False) -> tuple[TestClient, Jobs]:
+    jobs = Jobs(down)
+    backend = Backend(jobs=jobs, keys=Keys(revoked), files=None, serving=Serving(),
+                      daemon_alive=lambda d, now: True)
+    return TestClient(create_app(backend)), jobs
+
+
+AUTH = {"Authorization": f"Bearer {MADE.key}"}
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def error_of(response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def test_keys_are_checked_before_anything_else():
+    client, jobs = app()
+    assert error_of(client.get("/v1/models"), 401)["code"] == "invalid_api_key"
+    assert error_of(client.get("/v1/models", headers={"Authorization": "Bearer fsk-nope"}), 401)
+    wrong = MADE.key[:-1] + ("A" if MADE.key[-1] != "A" else "B")
+    assert error_of(client.get("/v1/models", headers={"Authorization": f"Bearer {wrong}"}), 401)
+    client, _ = app(revoked=True)
+    assert error_of(client.get("/v1/models", headers=AUTH), 401)
+
+
+def test_no_daemon_is_503_and_nothing_is_submitted():
+    client, jobs = app()
+    assert client.get("/v1/models", headers=AUTH).json() == {"object": "list", "data": []}
+    error = error_of(client.post("/v1/chat/completions", headers=AUTH, json=CHAT), 503)
+    assert error["code"] == "no_daemon" and jobs.submitted == []
+
+
+def test_a_table_that_fails_is_503_with_retry_after():
+    client, _ = app(down=True)
+    response = client.get("/v1/models", headers=AUTH)
+    assert error_of(response, 503)["code"] == "storage" and response.headers["retry-after"] == "1"
+    assert client.get("/health").status_code == 503
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_bodies_over_the_limit_are_413_declared_or_not(chunked):
+    client, jobs = app()
+    big = b'{"prompt": "' + b"x" * (1 << 21) + b'"}'
+    content = iter([big[i:i + 65536] for i in range(0, len(big), 65536)]) if chunked else big
+    error = error_of(client.post("/v1/completions", headers=AUTH, content=content), 413)
+    assert "over the limit" in error["message"] and jobs.submitted == []
+
+
+def test_unknown_paths_and_bad_bodies_answer_in_openai_shape():
+    client, _ = app()
+    assert error_of(client.get("/v1/nothing", headers=AUTH), 404)
+    assert error_of(client.post("/v1/completions", headers=AUTH, content=b"\xff"), 400)
+    three = client.post("/v1/chat/completions", headers=AUTH, json={**CHAT, "n": 3})
+    assert error_of(three, 400)["param"] == "n"
+    forbidden = client.post("/v1/chat/completions", headers=AUTH, json={**CHAT, "service_tier": "priority"})
+    assert error_of(forbidden, 403)["param"] == "service_tier"
+
+
+def test_metrics_read_the_table_and_the_daemons_figures():
+    from fsched.api.metrics import Metrics
+    from fsched.core.jobs.jobstate import JobCounts
+    from fsched.core.jobs.openai import OnlineProgress
+    from fsched.core.store.records import DaemonSummary, JobSummary, TenantSummary
+    from fsched.core.types import JobState, RequestState
+
+    class Table:
+        def list_jobs(self, include_finished):
+            counts = JobCounts(5, 1, 0, 0, 2)
+            return [JobSummary(1, "a", RequestClass.BATCH, 5, "j", JobState.IN_PROGRESS, counts, 9, 0.0, 1.0,
+                               None)]
+
+        def list_tenants(self):
+            return [TenantSummary("a", 3.0, 1, 2, 2), TenantSummary("b", 1.0, 0, 0, 0)]
+
+        def list_daemons(self):
+            stats = {"kv_tokens": 50, "kv_budget": 200, "preemptions": 4, "served_share": {"a": 1.0}}
+            return [DaemonSummary("d1", "h", 1, "cpu", "m", 0.0, 0.0, None, stats, 0.1)]
+
+        def generated_tokens(self):
+            return [("a", "batch", 9)]
+
+    table = Table()
+    backend = Backend(jobs=table, keys=None, files=None, serving=table, daemon_alive=lambda d, now: True)
+    metrics = Metrics(backend)
+    done = OnlineProgress(1, 1, RequestState.DONE, "x", 1, 1, "stop", None, None, 10.0, 10.2, 11.0)
+    metrics.observe(RequestClass.REALTIME, done)
+    text = metrics.render().decode()
+    for line in ('fsched:num_requests_waiting{class="batch",tenant="a"} 2.0',
+                 'fsched:num_requests_running{class="batch",tenant="a"} 2.0',
+                 'fsched:generation_tokens_total{class="batch",tenant="a"} 9.0',
+                 'fsched:tenant_entitled_share{tenant="a"} 1.0',
+                 'fsched:tenant_entitled_share{tenant="b"} 0.25',
+                 'fsched:tenant_served_share{tenant="a"} 1.0', 'fsched:kv_cache_usage_perc{daemon="d1"} 0.25',
+                 'fsched:num_preemptions_total{daemon="d1"} 4.0', "fsched:daemons_alive 1.0",
+                 'fsched:time_to_first_token_seconds_bucket{class="realtime",le="0.25"} 1.0',
+                 'fsched:e2e_request_latency_seconds_count{class="realtime"} 1.0'):
+        assert line in text, line

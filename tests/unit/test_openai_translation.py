@@ -1,0 +1,154 @@
+"""OpenAI bodies to fsched requests and back: the pure translation the HTTP server uses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fsched.core.jobs.batches import BatchRecord, batch_object, validate_metadata
+from fsched.core.jobs.jobstate import JobCounts
+from fsched.core.jobs.openai import (
+    BodyError,
+    ClassRefused,
+    OnlineProgress,
+    chunk,
+    failure_status,
+    parse_online,
+    response_body,
+    usage_chunk,
+    visible_text,
+)
+from fsched.core.store.records import JobSummary
+from fsched.core.types import Endpoint, JobState, RequestClass, RequestState
+
+CHAT = Endpoint.CHAT
+COMPLETIONS = Endpoint.COMPLETIONS
+
+
+def body(**fields) -> str:
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields})
+
+
+def test_a_chat_body_becomes_a_request_of_the_keys_class():
+    online = parse_online(body(max_completion_tokens=7, temperature=0, seed=3, stop=["x"], user="u", n=1),
+                          CHAT, RequestClass.STREAMING)
+    spec = online.spec
+    assert (spec.params.max_tokens, spec.params.temperature, spec.params.seed, spec.params.stop) == (
+        7, 0.0, 3, ("x",))
+    assert spec.messages[0].content == "hi" and spec.model == "m"
+    assert (online.request_class, online.priority, online.stream, online.include_usage) == (
+        RequestClass.STREAMING, 5, False, False)
+
+
+def test_service_tier_asks_for_a_class_never_above_the_keys():
+    def tier(name: str, key_class: RequestClass) -> RequestClass:
+        return parse_online(body(service_tier=name), CHAT, key_class).request_class
+
+    assert tier("flex", RequestClass.STREAMING) is RequestClass.BATCH
+    assert tier("priority", RequestClass.REALTIME) is RequestClass.REALTIME
+    assert tier("auto", RequestClass.BATCH) is RequestClass.BATCH
+    with pytest.raises(ClassRefused) as refused:
+        parse_online(body(service_tier="priority"), CHAT, RequestClass.STREAMING)
+    assert refused.value.param == "service_tier"
+    with pytest.raises(ClassRefused):
+        parse_online(body(service_tier="default"), CHAT, RequestClass.BATCH)
+
+
+@pytest.mark.parametrize(("text", "param"), [
+    (body(priority=12), "priority"),
+    (body(service_tier="gold"), "service_tier"),
+    (body(stream_options={"include_usage": True}), "stream_options"),
+    (body(stream=True, stream_options={"include_usage": 1}), "stream_options.include_usage"),
+    (body(n=2), "n"),
+    (body(temperature=3), "temperature"),
+    (body(logit_bias={}), "logit_bias"),
+    (json.dumps({"model": "m", "prompt": "p"}), "messages"),
+    ('{"messages": [], "messages": []}', "messages"),
+    ('{"temperature": NaN}', None),
+    ("[1]", None),
+    ("not json", None),
+])
+def test_bad_bodies_name_the_field(text, param):
+    with pytest.raises(BodyError) as error:
+        parse_online(text, CHAT, RequestClass.REALTIME)
+    assert error.value.param == param and not isinstance(error.value, ClassRefused)
+
+
+def test_streaming_with_usage_and_a_completions_body():
+    online = parse_online(json.dumps({"model": "m", "prompt": "p", "stream": True, "priority": 0,
+                                      "stream_options": {"include_usage": True}}), COMPLETIONS,
+                          RequestClass.BATCH)
+    assert online.stream and online.include_usage and online.priority == 0 and online.spec.prompt == "p"
+
+
+def test_response_objects_follow_openai():
+    chat = response_body(CHAT, 4, 10, "m", "hello", "length", 3, 5)
+    assert chat["object"] == "chat.completion" and chat["id"] == "chatcmpl-4"
+    assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
+    assert chat["choices"][0]["finish_reason"] == "length"
+    assert chat["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    text = response_body(COMPLETIONS, 4, 10, "m", "hello", None, None, 1)
+    assert text["object"] == "text_completion" and text["choices"][0]["text"] == "hello"
+    assert text["choices"][0]["finish_reason"] == "stop" and text["usage"]["prompt_tokens"] == 0
+
+
+def test_chunks_carry_deltas_then_the_finish_then_the_usage():
+    first = chunk(CHAT, 1, 0, "m", "", first=True, include_usage=True)
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""} and first["usage"] is None
+    middle = chunk(CHAT, 1, 0, "m", "ab")
+    assert middle["choices"][0]["delta"] == {"content": "ab"} and "usage" not in middle
+    last = chunk(CHAT, 1, 0, "m", "", "stop")
+    assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "stop"
+    usage = usage_chunk(CHAT, 1, 0, "m", 2, 3)
+    assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 5
+    assert chunk(COMPLETIONS, 1, 0, "m", "ab")["choices"][0]["text"] == "ab"
+
+
+def progress(state: RequestState, text: str) -> OnlineProgress:
+    return OnlineProgress(1, 1, state, text, 1, None, None, None, None, 0.0, None, None)
+
+
+def test_a_partial_character_waits_for_the_end():
+    assert visible_text(progress(RequestState.RUNNING, "ab\ufffd")) == "ab"
+    assert visible_text(progress(RequestState.DONE, "ab\ufffd")) == "ab\ufffd"
+
+
+def test_a_request_too_long_for_the_context_is_the_clients_error():
+    assert failure_status("asks for 900 tokens, over the model's context of 512; ...") == 400
+    assert failure_status("the model step failed 3 times") == 500 and failure_status(None) == 500
+
+
+def job(state: JobState, done=0, failed=0, cancelled=0, running=0) -> JobSummary:
+    counts = JobCounts(3, done, failed, cancelled, running)
+    return JobSummary(7, "alice", RequestClass.BATCH, 5, "b", state, counts, 0, 100.0, 101.0,
+                      102.0 if state.finished else None)
+
+
+def record(**fields) -> BatchRecord:
+    return BatchRecord(**{"id": "batch_1", "tenant": "alice", "job_id": 7, "endpoint": "/v1/completions",
+                          "input_file_id": "file-1", "completion_window": "24h", "metadata": {"k": "v"},
+                          "created_at": 100.0, **fields})
+
+
+def test_a_batch_reads_as_openai_batch_objects():
+    running = batch_object(record(), job(JobState.IN_PROGRESS, done=1, running=2))
+    assert running["status"] == "in_progress" and running["request_counts"] == {
+        "total": 3, "completed": 1, "failed": 0}
+    assert running["expires_at"] == 100 + 86400 and running["metadata"] == {"k": "v"}
+    done = batch_object(record(output_file_id="file-o", error_file_id="file-e"),
+                        job(JobState.FAILED, done=2, failed=1))
+    assert done["status"] == "completed" and done["completed_at"] == 102
+    assert (done["output_file_id"], done["request_counts"]["failed"]) == ("file-o", 1)
+    assert batch_object(record(), job(JobState.CANCELLED, cancelled=3))["status"] == "cancelled"
+    error = {"code": "invalid_request", "message": "bad", "param": "url", "line": 2}
+    refused = batch_object(record(job_id=None, errors=[error], failed_at=100.5), None)
+    assert refused["status"] == "failed" and refused["errors"]["data"][0]["line"] == 2
+    assert refused["request_counts"]["total"] == 0
+
+
+def test_metadata_is_bounded_string_pairs():
+    assert validate_metadata(None) is None and validate_metadata({"a": "b"}) == {"a": "b"}
+    for bad in ([1], {"a": 1}, {str(i): "x" for i in range(17)}, {"a": "x" * 513}):
+        with pytest.raises(ValueError):
+            validate_metadata(bad)
