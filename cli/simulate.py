@@ -25,7 +25,8 @@ _DEFAULT_MIX_TEXT = ",".join(f"{c.value}={p:g}" for c, p in DEFAULT_MIX.items())
 
 def simulate(
     trace: Annotated[
-        Path, typer.Argument(help="Azure LLM trace CSV or fsched JSONL trace.", show_default=False)
+        Path,
+        typer.Argument(help="Azure LLM trace CSV, Mooncake JSONL or fsched JSONL trace.", show_default=False),
     ],
     policy: Annotated[
         list[str] | None,
@@ -165,5 +166,6 @@ def comparison_table(trace: str, n: int, reports: list[PolicyReport]):
     table.add_row("throughput tok/s", *[_fmt(r.throughput_tok_s, "n") for r in reports])
     table.add_row("max wait", *[_fmt(r.max_wait_s) for r in reports])
     table.add_row("preemptions", *[f"{r.preemptions:,}" for r in reports])
+    table.add_row("refused (beyond the KV budget)", *[f"{r.rejected:,}" for r in reports])
     table.add_row("makespan", *[_fmt(r.makespan_s) for r in reports])
     return table
