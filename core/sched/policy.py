@@ -247,7 +247,7 @@ class FschedPolicy(Fcfs):
         standing = stand[victim.tenant]
         if victim.cls.band < BATCH_BAND and standing.precedence:
             return None
-        return (standing.score, -victim.computed, victim.arrival, victim.seq)
+        return (standing.score, -victim.computed / victim.context, victim.arrival, victim.seq)
 
     def next_change(self, r: SchedRequest, now: float) -> float:
         if r.cls.band < BATCH_BAND:

@@ -4,8 +4,9 @@ A preemption pays or is not taken:
 * a waiter that may preempt (the policy says which) waits instead when a
   running request reaches its max_tokens within the policy's grace steps
   and its leaving makes room;
-* victims are the policy's choice among running requests past their
-  minimum quantum and under the preemption bound, in the policy's order;
+* victims are the policy's choice among running requests under the
+  preemption bound and, when re-admitted after a preemption, past their
+  minimum quantum, in the policy's order;
 * each victim's KV is parked in the host pool when there is room (a copy
   out and back, about a tenth of recomputing it on the modelled GPU), else
   dropped and recomputed, but only when it holds at most
@@ -49,6 +50,15 @@ def slot_frees_soon(running: Iterable[SchedRequest], steps: int, need_kv: int, f
     return bool(leaving) and free_kv + sum(r.context for r in leaving) >= need_kv
 
 
+def preemptible(r: SchedRequest, config: SchedulerConfig) -> bool:
+    """Under the preemption bound, and, when it was preempted before, past its
+    minimum quantum since it came back (a first preemption costs only the
+    checkpoint; a second one right after re-admission would thrash)."""
+    if r.preemptions >= config.max_preemptions:
+        return False
+    return r.preemptions == 0 or r.run_steps >= config.min_quantum_steps
+
+
 def choose_victims(
     waiter: SchedRequest,
     running: Iterable[SchedRequest],
@@ -62,7 +72,7 @@ def choose_victims(
     the policy's order, or None when no such set exists."""
     ordered = []
     for r in running:
-        if r.run_steps < config.min_quantum_steps or r.preemptions >= config.max_preemptions:
+        if not preemptible(r, config):
             continue
         key = policy.victim_order(waiter, r, stand)
         if key is not None:

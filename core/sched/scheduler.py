@@ -82,7 +82,6 @@ class Scheduler:
         self._host_used = 0
         self._step = 0
         self._now = 0.0  # latest time seen (cancel() takes none)
-        self._mean_output = 0.0  # running mean of output tokens of finished requests
         self._seq = itertools.count()
         self.preemptions = 0
         self._batch_cap = self.config.max_batch  # a temporary limit below max_batch (cap_batch)
@@ -219,7 +218,7 @@ class Scheduler:
                 break
             self._start(cand, b)
             prefill = cand.pending_prefill
-            decode = expected_decode(cand, self._mean_output, self.config.min_quantum_steps)
+            decode = expected_decode(cand)
             cand.res_gpu, cand.res_kv = self.meter.reserve(cand.tenant, cand.context, prefill, decode)
             scores[cand.tenant] = self.meter.provisional(scores[cand.tenant], cand.tenant, prefill, now)
             stand = self.standings(now, scores)
@@ -347,7 +346,6 @@ class Scheduler:
 
     def _finish(self, r: SchedRequest) -> None:
         self._leave_running(r)
-        self._mean_output += 0.02 * (r.generated - self._mean_output)
         r.state = RequestState.DONE
         del self._live[r.id]
         self._tenant_live[r.tenant] -= 1
