@@ -150,7 +150,7 @@ def row(s: Scenario, by: dict[str, PolicyReport], cs: list[Check]) -> str:
     figures = (
         f"thr {f.throughput_tok_s:,.0f} (fcfs {by['fcfs'].throughput_tok_s:,.0f}) | "
         f"rt p99 {f.classes['realtime'].ttft_p99_s:.2f} s (prio {p.classes['realtime'].ttft_p99_s:.2f}) | "
-        f"Jain {f.jain_index:.3f} (vtc {by['vtc'].jain_index:.3f}) | "
+        f"Jain {f.jain_index:.3f} (vtc {by['vtc'].jain_index:.3f}; both waiting {f.backlogged_s:,.0f} s) | "
         f"a {f.tenants['a'].share:.3f} (prio {p.tenants['a'].share:.3f}, "
         f"vtc {by['vtc'].tenants['a'].share:.3f})"
     )

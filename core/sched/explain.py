@@ -13,25 +13,24 @@ def explain(scheduler: Scheduler, now: float, running_limit: int = 8, waiting_li
     (each list capped, so a full batch does not hide the queue's head).
 
     Each: its class band; `tier` "precedence" (realtime or streaming work of a
-    tenant within its share, or batch past its first-token target of such a
-    tenant) or "share" (ordered by tenant score); `age_boost` 1 for batch
-    promoted past its target (`aged_band` is then the band it competes at,
-    ahead of fresh batch); base priority; how long it has waited; its
-    tenant's weighted dominant use (the score: lower goes first) and whether
-    the tenant is within its share. `level` is kept for readers of the old
-    layout and is always 0.
+    tenant whose recent realtime and streaming use is within its share) or
+    "share" (ordered by tenant score); base priority; how long it has waited;
+    whether it is past its class's first-token target (`late`); its tenant's
+    weighted dominant use (the score: lower goes first) and whether the
+    tenant is within its share. `aged_band` (= band), `age_boost` and `level`
+    (0) are kept for readers of the earlier layout.
     """
     stand = scheduler.standings(now)
     policy = scheduler.policy
-    target = scheduler.config.batch_target_s
+    config = scheduler.config
 
     def row(r) -> dict:
         band = r.cls.band
         waiting = r.state is not RequestState.RUNNING
         standing = stand.get(r.tenant)
         in_share = standing is None or standing.in_share
-        promoted = waiting and band == _BATCH and now - r.arrival >= target
-        tier = "precedence" if in_share and (band < _BATCH or promoted) else "share"
+        precedence = standing is None or standing.precedence
+        tier = "precedence" if band < _BATCH and precedence else "share"
         return {
             "id": r.id,
             "tenant": r.tenant,
@@ -39,7 +38,7 @@ def explain(scheduler: Scheduler, now: float, running_limit: int = 8, waiting_li
             "state": "running" if not waiting else r.state.value,
             "band": band,
             "aged_band": band,
-            "age_boost": int(promoted),
+            "age_boost": 0,
             "level": 0,
             "priority": r.priority,
             "waited_s": round(max(0.0, now - r.wait_since), 3) if waiting else 0.0,
@@ -47,6 +46,7 @@ def explain(scheduler: Scheduler, now: float, running_limit: int = 8, waiting_li
             "tenant_share": round(standing.score if standing else 0.0, 6),
             "in_share": in_share,
             "tier": tier,
+            "late": waiting and r.generated == 0 and now - r.arrival > config.target_s(r.cls),
         }
 
     running = sorted(scheduler.running.values(), key=lambda r: policy.running_rank(r, stand))

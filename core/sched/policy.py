@@ -15,13 +15,14 @@ is the same for all four).
 
 fsched's order has two tiers:
 
-1. **Precedence**: realtime and streaming work of tenants within their
-   share, and batch work past its first-token target of such tenants; by
-   (class, base priority, arrival) across tenants. Only precedence work
-   may preempt, and only work outside precedence.
+1. **Precedence**: realtime and streaming work of tenants whose recent
+   realtime and streaming use is within their share; by (class, base
+   priority, arrival) across tenants. Only precedence work may preempt, and
+   only work outside precedence.
 2. **Share**: everything else, by tenant score (weighted dominant use,
    lowest first, as DRF), then within the tenant by class, priority and
-   arrival.
+   arrival: a request waits only behind its own tenant's older work of its
+   class, so the longest waiter of a class is next in its tenant's line.
 
 A tenant beyond its share competes in the second tier with all its work,
 however it labels it: labels order a tenant's work, the weights order the
@@ -88,7 +89,6 @@ class Policy(Protocol):
     def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool: ...
     def victim_order(self, waiter: SchedRequest, victim: SchedRequest,
                      stand: Mapping[str, Standing]) -> tuple | None: ...
-    def next_change(self, r: SchedRequest, now: float) -> float: ...
 
 
 class Fcfs:
@@ -129,10 +129,6 @@ class Fcfs:
                      stand: Mapping[str, Standing]) -> tuple | None:
         """None when `waiter` may not displace `victim`; else a key, largest preempted first."""
         return None
-
-    def next_change(self, r: SchedRequest, now: float) -> float:
-        """Clock time at which `static_rank(r)` next changes (inf: never)."""
-        return INF
 
 
 class StrictPriority(Fcfs):
@@ -207,25 +203,11 @@ class FschedPolicy(Fcfs):
     def partition(self, r: SchedRequest) -> str:
         return r.tenant
 
-    def class_key(self, r: SchedRequest, now: float) -> int:
-        """The class band, with batch past its first-token target ahead of fresh batch (2 vs 3)."""
-        band = r.cls.band
-        if band < BATCH_BAND:
-            return band
-        return BATCH_BAND if now - r.arrival >= self.config.batch_target_s else BATCH_BAND + 1
-
     def static_rank(self, r: SchedRequest, now: float) -> tuple:
-        return (self.class_key(r, now), r.priority, r.arrival, r.seq)
-
-    @staticmethod
-    def first_tier(class_key: int, standing: Standing) -> bool:
-        """Whether work of this class key goes in the precedence tier."""
-        if class_key < BATCH_BAND:
-            return standing.precedence
-        return class_key == BATCH_BAND and standing.in_share  # batch past its target
+        return (r.cls.band, r.priority, r.arrival, r.seq)
 
     def compose(self, static: tuple, standing: Standing) -> tuple:
-        if self.first_tier(static[0], standing):
+        if static[0] < BATCH_BAND and standing.precedence:
             return (0, *static)  # precedence tier: class, priority, arrival across tenants
         return (1, standing.score, *static)  # share tier: DRF across tenants
 
@@ -248,12 +230,6 @@ class FschedPolicy(Fcfs):
         if victim.cls.band < BATCH_BAND and standing.precedence:
             return None
         return (standing.score, -victim.computed / victim.context, victim.arrival, victim.seq)
-
-    def next_change(self, r: SchedRequest, now: float) -> float:
-        if r.cls.band < BATCH_BAND:
-            return INF
-        due = r.arrival + self.config.batch_target_s
-        return due if due > now else INF
 
 
 POLICIES: dict[str, type] = {

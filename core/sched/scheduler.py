@@ -34,7 +34,7 @@ from fsched.core.sched.accounting import apply_step, expected_decode
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Outcome, Plan, Preemption
 from fsched.core.sched.planning import split_rows, stable_steps
-from fsched.core.sched.policy import INF, Policy, Standing, make_policy, standings
+from fsched.core.sched.policy import Policy, Standing, make_policy, standings
 from fsched.core.sched.preemption import Room, checkpoint_for, choose_victims, memory_victim, slot_frees_soon
 from fsched.core.sched.request import Checkpoint, SchedRequest
 from fsched.core.sched.shares import entitled_shares
@@ -204,7 +204,7 @@ class Scheduler:
             self._preempt(victim, checkpoint_for(victim, self._host_free(), self.config)
                           or Checkpoint.RECOMPUTE, b, now)
         stand = self._admit(scores, stand, b, now)
-        return self._compose(stand, b, now)
+        return self._compose(stand, b)
 
     def _admit(self, scores: dict[str, float], stand: dict[str, Standing], b: _StepBuilder,
                now: float) -> dict[str, Standing]:
@@ -294,7 +294,7 @@ class Scheduler:
         self.preemptions += 1
         self._enqueue(r, now)
 
-    def _compose(self, stand: Mapping[str, Standing], b: _StepBuilder, now: float) -> Plan:
+    def _compose(self, stand: Mapping[str, Standing], b: _StepBuilder) -> Plan:
         cfg = self.config
         rank = self.policy.running_rank
         decode, chunks = split_rows(self._running.values(), lambda r: rank(r, stand), cfg.step_tokens,
@@ -314,7 +314,6 @@ class Scheduler:
             kv_tokens=self._kv_committed,
             swap_tokens=b.swap_tokens,
             stable_steps=steps,
-            wakeup_at=self._waiting.next_change(now) if waiting else INF,
         )
 
     # ------------------------------------------------------------ postprocess

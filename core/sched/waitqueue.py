@@ -1,6 +1,6 @@
-"""Waiting requests: heaps whose order stays valid while scores and the clock move.
+"""Waiting requests: heaps whose order stays valid while tenant standings move.
 
-Three layers:
+Two layers:
 
 * **Groups** (`policy.group`): requests that share every part of the rank
   except their arrival. Each group is a heap in arrival order, so its head
@@ -10,9 +10,6 @@ Three layers:
   group heads keyed by the score-free `static_rank`. Within a partition
   every request has the same tenant standing, so this order is the rank
   order.
-* **Timers**: when a head's static rank changes with the clock
-  (`policy.next_change`: batch passing its first-token target), its group
-  is re-filed then.
 
 A pick composes each partition's top with its tenant's standing and takes
 the best: O(partitions) plus O(log n) heap work. Entries are invalidated
@@ -24,7 +21,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Iterator, Mapping
 
-from fsched.core.sched.policy import INF, Policy, Standing
+from fsched.core.sched.policy import Policy, Standing
 from fsched.core.sched.request import SchedRequest
 
 _Entry = tuple[tuple, SchedRequest]
@@ -42,7 +39,7 @@ class _Group:
 
 
 class WaitQueue:
-    __slots__ = ("_policy", "_groups", "_parts", "_timers", "_len", "_tick")
+    __slots__ = ("_policy", "_groups", "_parts", "_len", "_tick")
 
     def __init__(self, policy: Policy) -> None:
         self._policy = policy
@@ -50,7 +47,6 @@ class WaitQueue:
         # (tenant, band) -> heap of (static rank, version, tick, group, head);
         # the tick is unique, so entries never compare further
         self._parts: dict[tuple[str, int], list[tuple[tuple, int, int, _Group, SchedRequest]]] = {}
-        self._timers: list[tuple[float, int, int, _Group]] = []  # (time, version, tick, group)
         self._len = 0
         self._tick = 0
 
@@ -98,7 +94,7 @@ class WaitQueue:
         return False
 
     def _refresh(self, g: _Group, now: float) -> None:
-        """Re-file a group whose head, or its head's static rank, may have changed."""
+        """Re-file a group whose head may have changed."""
         g.version += 1
         if not g.heap:
             del self._groups[g.key]
@@ -108,17 +104,6 @@ class WaitQueue:
         part = self._parts.setdefault((policy.partition(head), g.band), [])
         self._tick += 1
         heapq.heappush(part, (policy.static_rank(head, now), g.version, self._tick, g, head))
-        t = policy.next_change(head, now)
-        if t < INF:
-            heapq.heappush(self._timers, (t, g.version, self._tick, g))
-
-    def _advance(self, now: float) -> None:
-        """Apply every change of static rank due by `now`."""
-        timers = self._timers
-        while timers and timers[0][0] <= now:
-            _, version, _, g = heapq.heappop(timers)
-            if self._current(version, g):
-                self._refresh(g, now)
 
     def _current(self, version: int, g: _Group) -> bool:
         return version == g.version and self._groups.get(g.key) is g
@@ -126,7 +111,6 @@ class WaitQueue:
     # ------------------------------------------------------------- queries
     def best(self, now: float, stand: Mapping[str, Standing]) -> tuple[tuple, SchedRequest] | None:
         """The best waiting request and its rank, or None when there is none."""
-        self._advance(now)
         compose = self._policy.compose
         best: tuple[tuple, SchedRequest] | None = None
         for part_key, part in list(self._parts.items()):
@@ -140,14 +124,3 @@ class WaitQueue:
             if best is None or rank < best[0]:
                 best = (rank, head)
         return best
-
-    def next_change(self, now: float) -> float:
-        """Earliest time a group head's static rank changes (inf: never)."""
-        self._advance(now)
-        timers = self._timers
-        while timers:
-            _, version, _, g = timers[0]
-            if self._current(version, g):
-                return timers[0][0]
-            heapq.heappop(timers)
-        return INF

@@ -3,9 +3,8 @@
 Each loop turn is one `schedule()` / `postprocess()` pair, exactly as the
 engine drives it. A decode-only plan is repeated for as many steps as
 nothing can change: the scheduler says how many (`plan.stable_steps`:
-minimum-quantum expiries, KV pressure, max_tokens) and when a waiting
-request's rank next changes (`plan.wakeup_at`); the simulator adds the next
-arrival. So the loop turns once per decision, not once per token.
+minimum-quantum expiries, KV pressure, max_tokens); the simulator adds the
+next arrival. So the loop turns once per decision, not once per token.
 
 A request the engine could never hold (prompt + output beyond the KV
 budget) is refused on arrival, alone: it is counted in `rejected` and in
@@ -78,7 +77,7 @@ class _Run:
         """Run `plan` (repeated when it may be) on the cost model and account for it."""
         cost, steps = self.cost, plan.stable_steps if jump else 1
         if steps > 1:
-            t_next = min(self.next_arrival(), plan.wakeup_at)
+            t_next = self.next_arrival()
             if t_next < math.inf:
                 steps = min(steps, cost.decode_steps_within(t_next - self.now, len(plan.decode),
                                                             plan.kv_tokens))

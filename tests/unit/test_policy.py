@@ -14,7 +14,7 @@ from fsched.core.sched.waitqueue import WaitQueue
 from fsched.core.types import RequestClass
 
 RT, ST, BA = RequestClass.REALTIME, RequestClass.STREAMING, RequestClass.BATCH
-CFG = SchedulerConfig(batch_target_s=30.0)
+CFG = SchedulerConfig()
 IN = Standing(1.0, True, True)
 
 
@@ -75,16 +75,13 @@ def test_fsched_precedence_tier_first_then_drf_by_score():
     assert order(p, reqs, 5.0, stand) == ["b-rt", "a-rt", "a-st", "c-rt", "b-ba", "a-ba"]
 
 
-def test_fsched_batch_past_its_target_joins_the_precedence_tier_only_within_share():
+def test_fsched_long_waiting_batch_never_jumps_another_tenant():
+    """However long a's batch waited, b (lower score) goes first; within a, oldest first."""
     p = make_policy("fsched", CFG, {})
-    old, fresh = r("old", BA, "a", arrival=0.0), r("fresh", BA, "b", arrival=25.0, seq=1)
-    st_ = r("st", ST, "b", arrival=29.0, seq=2)
-    both_in = {"a": Standing(2.0, True, True), "b": Standing(1.0, True, True)}
-    assert order(p, [old, fresh, st_], 29.0, both_in) == ["st", "fresh", "old"]  # old not yet due
-    assert order(p, [old, fresh, st_], 30.0, both_in) == ["st", "old", "fresh"]  # due: ahead of b's batch
-    a_over = {"a": Standing(2.0, False, True), "b": Standing(1.0, True, True)}
-    assert order(p, [old, fresh, st_], 30.0, a_over) == ["st", "fresh", "old"]  # never past another's share
-    assert p.next_change(old, 10.0) == 30.0 and p.next_change(old, 31.0) == float("inf")
+    old, older = r("old", BA, "a", arrival=10.0, seq=1), r("older", BA, "a", arrival=0.0)
+    fresh = r("fresh", BA, "b", arrival=999.0, seq=2)
+    stand = {"a": Standing(2.0, True, True), "b": Standing(1.0, True, True)}
+    assert order(p, [old, fresh, older], 1000.0, stand) == ["fresh", "older", "old"]
 
 
 def test_fsched_preemption_rights_and_victim_order():
@@ -118,7 +115,7 @@ def test_factory_knows_the_four_policies_and_rejects_others():
         make_policy("lottery", CFG, {})
 
 
-def test_waitqueue_remove_and_next_change():
+def test_waitqueue_remove():
     p = make_policy("fsched", CFG, {})
     q = WaitQueue(p)
     reqs = [r(str(i), BA, arrival=float(i), seq=i) for i in range(5)]
@@ -126,7 +123,7 @@ def test_waitqueue_remove_and_next_change():
         q.push(x, x.arrival)
     assert q.remove(reqs[2], 5.0) and not q.remove(reqs[2], 5.0)
     assert len(q) == 4 and reqs[2] not in list(q)
-    assert q.next_change(5.0) == 30.0  # request 0 passes the batch target at 30 s
+    assert q.best(5.0, {"t": IN})[1] is reqs[0]
 
 
 ops = st.lists(
@@ -146,7 +143,7 @@ ops = st.lists(
 @given(ops=ops, policy_name=st.sampled_from(["fcfs", "priority", "vtc", "fsched"]))
 def test_waitqueue_best_is_the_minimum_rank_over_all_waiting(ops, policy_name):
     """The heads-of-heaps pick equals a brute-force minimum of `rank` over
-    every waiting request, as the clock and the standings change."""
+    every waiting request, as the standings change."""
     policy = make_policy(policy_name, CFG, {})
     q = WaitQueue(policy)
     now, seq = 0.0, 0
@@ -173,6 +170,5 @@ def test_waitqueue_best_is_the_minimum_rank_over_all_waiting(ops, policy_name):
         assert len(q) == len(live)
         if live:
             assert q.best(now, stand)[0] == min(policy.rank(x, now, stand) for x in live)
-            assert q.next_change(now) <= min(policy.next_change(x, now) for x in live) + 1e-9
         else:
             assert q.best(now, stand) is None

@@ -2,9 +2,9 @@
 
 Each test drives a Scheduler one 1-second step at a time with a fake engine
 and checks one promise: weights are the floor whatever the labels, class
-precedence inside the share, promotion past the batch target never past
-another tenant's share, no waste (work-conserving, preemption only when it
-pays). Costs ~3 s in all.
+precedence inside the share, a long wait is no claim on another tenant's
+share, no waste (work-conserving, preemption only when it pays). Costs ~3 s
+in all.
 """
 
 from __future__ import annotations
@@ -141,33 +141,32 @@ def test_realtime_first_token_within_prefill_plus_two_steps_with_the_batch_full(
     assert d.first_token["rt"] - arrived <= prefill_steps + 2
 
 
-# 3. Promotion by target, never past another tenant's share ------------------------------------
+# 3. No starvation: a long wait is no claim on another tenant's share ---------------------------
 
-@pytest.mark.parametrize("lift", [False, True])
-def test_overdue_batch_is_promoted_within_its_share_only(lift):
-    """b ran alone for 100 s, then a arrives; b's waiters are long past the batch
-    target. Without the idle lift, b is far beyond its share: its overdue work
-    never jumps a's fresh work (a takes the admissions until the scores meet).
-    With the lift, a starts at b's score, b is within its share, and b's overdue
-    work goes first while it stays so (the control: promotion does act)."""
-    cfg = SchedulerConfig(max_batch=4, kv_tokens=200_000, step_tokens=1024, min_quantum_steps=4,
-                          batch_target_s=20.0, usage_half_life_s=200.0, lift_idle_tenants=lift)
-    sched = Scheduler(cfg, "fsched", {"a": 1, "b": 1})
-    d = Driver(sched)
-    for i in range(300):
-        d.add(SchedRequest(f"b{i}", "b", BA, 50, 3, i * 1e-3))
-    for _ in range(100):
-        d.step()
-    for i in range(300):
-        d.add(SchedRequest(f"a{i}", "a", BA, 50, 3, d.now + i * 1e-3))
-    for _ in range(15):  # a's requests are not yet due
-        d.step()
-    late = [r.tenant for t, r in d.admitted if t >= 100]
-    assert len(late) >= 5
-    if lift:  # within its share (until its score passes the slack), b's overdue work goes first
-        assert late.count("b") > len(late) / 2
-    else:
-        assert late.count("a") == len(late)
+def test_a_tenant_beyond_its_share_does_not_get_ahead_by_waiting():
+    """b ran alone for 100 s, then a arrives. Without the idle lift, b is far
+    beyond its share: its long-waiting work never jumps a's fresh work, a takes
+    the admissions until the scores meet. With the lift (the default), a starts
+    at b's score and the two share the admissions by weight."""
+    for lift in (False, True):
+        cfg = SchedulerConfig(max_batch=4, kv_tokens=200_000, step_tokens=1024, min_quantum_steps=4,
+                              usage_half_life_s=200.0, lift_idle_tenants=lift)
+        sched = Scheduler(cfg, "fsched", {"a": 1, "b": 1})
+        d = Driver(sched)
+        for i in range(300):
+            d.add(SchedRequest(f"b{i}", "b", BA, 50, 3, i * 1e-3))
+        for _ in range(100):
+            d.step()
+        for i in range(300):
+            d.add(SchedRequest(f"a{i}", "a", BA, 50, 3, d.now + i * 1e-3))
+        for _ in range(15):
+            d.step()
+        late = [r.tenant for t, r in d.admitted if t >= 100]
+        assert len(late) >= 5
+        if lift:
+            assert 0.3 <= late.count("a") / len(late) <= 0.7
+        else:
+            assert late.count("a") == len(late)
 
 
 # 4. No waste ----------------------------------------------------------------------------------

@@ -204,13 +204,11 @@ def test_a_tenants_own_realtime_flood_goes_before_its_batch():
     assert rec.first_token_s > 250
 
 
-def test_weights_hold_when_work_arrives_over_time_past_the_batch_target():
+def test_weights_hold_when_work_arrives_over_time_and_waits_long():
     """As a daemon feeds the scheduler: each tenant's waiting work is topped up as it is
-    served, so the less-served tenant's requests wait longer, past the batch target.
-    Promotion past the target applies within a tenant's share only, so waiting alone
-    does not let them overtake the weights."""
-    # Short outputs: a (12 of 16 slots) waits ~10 steps, under the target; b (4 slots)
-    # waits ~30, past it.
+    served, so the less-served tenant's requests wait longer (past the batch target):
+    waiting alone does not let them overtake the weights."""
+    # Short outputs: a (12 of 16 slots) waits ~10 steps; b (4 slots) waits ~30, past the target.
     config = SchedulerConfig(max_batch=16, kv_tokens=100_000, step_tokens=512, batch_target_s=20.0)
     sched = Scheduler(config, "fsched", {"a": 3, "b": 1})
     rng = random.Random(4)

@@ -19,8 +19,7 @@ from fsched.core.sim.simulator import simulate
 from fsched.core.sim.trace import TraceRequest
 from fsched.core.types import RequestClass
 
-CFG = SchedulerConfig(max_batch=6, kv_tokens=20_000, step_tokens=600, min_quantum_steps=3,
-                      batch_target_s=2.0)
+CFG = SchedulerConfig(max_batch=6, kv_tokens=20_000, step_tokens=600, min_quantum_steps=3)
 
 traces = st.lists(
     st.tuples(
