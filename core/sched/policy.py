@@ -8,10 +8,10 @@ is the same for all four).
   order: everything in a group shares the parts of the rank that do not
   depend on arrival, so the oldest member is the group's best.
 * `rank` is the total order (smaller first). It is `compose(static_rank,
-  standing)`: the part that depends only on the request and the clock, and
-  the standing of its tenant (`Standing`: score and whether the tenant is
-  within its share). Within a tenant the static part alone orders the
-  requests, so the queue keeps one heap of group heads per tenant and class.
+  standing)`: the part that depends only on the request, and the standing
+  of its tenant (`Standing`: score, within its share, precedence). Within
+  a tenant the static part alone orders the requests, so the queue keeps
+  one heap of group heads per tenant and class.
 
 fsched's order has two tiers:
 
@@ -218,7 +218,7 @@ class FschedPolicy(Fcfs):
 
     def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool:
         # Only realtime and streaming work with precedence displaces others:
-        # promoted batch takes the next free slot, it does not evict.
+        # batch has no latency to protect, so it takes the next free slot.
         return waiter.cls.band < BATCH_BAND and stand[waiter.tenant].precedence
 
     def victim_order(self, waiter: SchedRequest, victim: SchedRequest,
