@@ -9,9 +9,10 @@ Runs the same code as
         --policy priority --policy vtc --policy fsched --tenants a=3,b=1 \\
         --mix realtime=0.1,streaming=0.2,batch=0.7 --rate-scale 3 --cost-model h100-8b
 
-prints its table, then the ratios against fcfs that docs/scheduling.md
-records: realtime TTFT p99, Jain index, batch max wait, throughput, and the
-simulator's own wall time per policy (simulated time is not wall time).
+prints its table, then the ratios against fcfs: realtime TTFT p99, Jain
+index, batch max wait, throughput, and the simulator's own wall time per
+policy (simulated time is not wall time). The goals across traces, seeds
+and loads are checked by bench/policy_matrix.py.
 
 Why --rate-scale 3: at 1x the modelled GPU is ~60% busy and nothing waits;
 at 2x the offered load is ~1.3x what it serves; at 3x it is ~2x, so both
