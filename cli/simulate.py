@@ -23,50 +23,51 @@ from fsched.core.sim.trace import DEFAULT_MIX, TraceError, load_trace, parse_ass
 _DEFAULT_MIX_TEXT = ",".join(f"{c.value}={p:g}" for c, p in DEFAULT_MIX.items())
 
 
+_Trace = Annotated[
+    Path,
+    typer.Argument(help="Azure LLM trace CSV, Mooncake JSONL or fsched JSONL trace.", show_default=False),
+]
+_Policy = Annotated[
+    list[str] | None,
+    typer.Option("--policy", metavar="POLICY", show_default=False,
+                 help=f"Policy to run; repeat to compare ({', '.join(POLICIES)}). Default: fsched."),
+]
+_Tenants = Annotated[str, typer.Option("--tenants", metavar="NAME=W,...", help="Tenant weights (W > 0).")]
+_Mix = Annotated[
+    str,
+    typer.Option("--mix", metavar="CLASS=P,...", help="Class probabilities for requests without a class."),
+]
+_RateScale = Annotated[
+    float, typer.Option("--rate-scale", help="Multiply the arrival rate (divide times) by X.")
+]
+_Limit = Annotated[int | None, typer.Option("--limit", help="Read only the first N requests.")]
+_Seed = Annotated[int, typer.Option("--seed", help="Seed for tenant/class assignment.")]
+_MaxBatch = Annotated[
+    int | None, typer.Option("--max-batch", help="Requests in the running batch.", show_default=False)
+]
+_KvTokens = Annotated[
+    int | None, typer.Option("--kv-tokens", help="KV cache budget in token slots.", show_default=False)
+]
+_CostModel = Annotated[
+    str,
+    typer.Option("--cost-model", help="Engine to simulate: tiny-cpu (fitted to fsched's engine on "
+                 "the built-in model, CPU) or h100-8b (an ~8B model on one H100-class GPU)."),
+]
+_Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts (per tenant and class too).")]
+
+
 def simulate(
-    trace: Annotated[
-        Path, typer.Argument(help="Azure LLM trace CSV or fsched JSONL trace.", show_default=False)
-    ],
-    policy: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--policy",
-            metavar="POLICY",
-            help=f"Policy to run; repeat to compare ({', '.join(POLICIES)}). Default: fsched.",
-            show_default=False,
-        ),
-    ] = None,
-    tenants: Annotated[
-        str,
-        typer.Option("--tenants", metavar="NAME=W,...", help="Tenant weights (W > 0)."),
-    ] = "default=1",
-    mix: Annotated[
-        str,
-        typer.Option(
-            "--mix", metavar="CLASS=P,...", help="Class probabilities for requests without a class."
-        ),
-    ] = _DEFAULT_MIX_TEXT,
-    rate_scale: Annotated[
-        float, typer.Option("--rate-scale", help="Multiply the arrival rate (divide times) by X.")
-    ] = 1.0,
-    limit: Annotated[
-        int | None, typer.Option("--limit", help="Read only the first N requests.")
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for tenant/class assignment.")] = 0,
-    max_batch: Annotated[
-        int | None,
-        typer.Option("--max-batch", help="Requests in the running batch.", show_default=False),
-    ] = None,
-    kv_tokens: Annotated[
-        int | None,
-        typer.Option("--kv-tokens", help="KV cache budget in token slots.", show_default=False),
-    ] = None,
-    cost_model: Annotated[
-        str,
-        typer.Option("--cost-model", help="Engine to simulate: tiny-cpu (fitted to fsched's engine on "
-                     "the built-in model, CPU) or h100-8b (an ~8B model on one H100-class GPU)."),
-    ] = DEFAULT_PROFILE,
-    json_out: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+    trace: _Trace,
+    policy: _Policy = None,
+    tenants: _Tenants = "default=1",
+    mix: _Mix = _DEFAULT_MIX_TEXT,
+    rate_scale: _RateScale = 1.0,
+    limit: _Limit = None,
+    seed: _Seed = 0,
+    max_batch: _MaxBatch = None,
+    kv_tokens: _KvTokens = None,
+    cost_model: _CostModel = DEFAULT_PROFILE,
+    json_out: _Json = False,
 ) -> None:
     """Replay a request trace through the scheduler against the engine cost model."""
     policies = list(policy or ["fsched"])
@@ -85,14 +86,8 @@ def simulate(
         if limit is not None and limit < 1:
             raise ValueError("--limit must be >= 1")
         config = _config(max_batch, kv_tokens)
-        requests = load_trace(
-            trace,
-            tenants=sorted(weights),
-            mix=classes,
-            rate_scale=rate_scale,
-            limit=limit,
-            seed=seed,
-        )
+        requests = load_trace(trace, tenants=sorted(weights), mix=classes, rate_scale=rate_scale, limit=limit,
+                              seed=seed)
         if cost_model not in PROFILES:
             raise ValueError(f"--cost-model must be one of {', '.join(PROFILES)}, got {cost_model!r}")
         cost = PROFILES[cost_model]
@@ -100,12 +95,8 @@ def simulate(
     except (TraceError, ValueError) as exc:
         fail(str(exc), 2)
     if json_out:
-        doc = {
-            "trace": str(trace),
-            "cost_model": cost_model,
-            "requests": len(requests),
-            "policies": {r.policy: r.to_json() for r in reports},
-        }
+        doc = {"trace": str(trace), "cost_model": cost_model, "requests": len(requests),
+               "policies": {r.policy: r.to_json() for r in reports}}
         print(json.dumps(doc, indent=2))
         return
     from rich.console import Console
@@ -165,5 +156,6 @@ def comparison_table(trace: str, n: int, reports: list[PolicyReport]):
     table.add_row("throughput tok/s", *[_fmt(r.throughput_tok_s, "n") for r in reports])
     table.add_row("max wait", *[_fmt(r.max_wait_s) for r in reports])
     table.add_row("preemptions", *[f"{r.preemptions:,}" for r in reports])
+    table.add_row("refused (beyond the KV budget)", *[f"{r.rejected:,}" for r in reports])
     table.add_row("makespan", *[_fmt(r.makespan_s) for r in reports])
     return table

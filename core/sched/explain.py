@@ -2,45 +2,53 @@
 
 from __future__ import annotations
 
-from fsched.core.sched.policy import aged
 from fsched.core.sched.scheduler import Scheduler
-from fsched.core.types import RequestState
+from fsched.core.types import RequestClass, RequestState
+
+_BATCH = RequestClass.BATCH.band
 
 
 def explain(scheduler: Scheduler, now: float, running_limit: int = 8, waiting_limit: int = 8) -> list[dict]:
     """Running requests, then the waiting ones in the order they would be admitted
     (each list capped, so a full batch does not hide the queue's head).
 
-    Each: its class band, the band it competes at after aging (and the boost
-    that aging gave), its MLFQ level, base priority, how long it has aged
-    (waited since it, or its group, last ran), and its tenant's weighted dominant share (the DRF
-    score: lower goes first).
+    Each: its class band; `tier` "precedence" (realtime or streaming work of a
+    tenant whose recent realtime and streaming use is within its share) or
+    "share" (ordered by tenant score); base priority; how long it has waited;
+    whether it is past its class's first-token target (`late`); its tenant's
+    weighted dominant use (the score: lower goes first) and whether the
+    tenant is within its share. `aged_band` (= band), `age_boost` and `level`
+    (0) are kept for readers of the earlier layout.
     """
-    tenants = {r.tenant for r in scheduler.running.values()} | {r.tenant for r in scheduler.waiting()}
-    scores = scheduler.meter.scores(tenants, now) if tenants else {}
-    aging_s = scheduler.config.aging_s
+    stand = scheduler.standings(now)
     policy = scheduler.policy
+    config = scheduler.config
 
     def row(r) -> dict:
         band = r.cls.band
         waiting = r.state is not RequestState.RUNNING
-        waited = max(0.0, now - policy.aging_since(r)) if waiting else 0.0
-        aged_band, level, priority = aged(band, r.level, r.priority, waited, aging_s)
+        standing = stand.get(r.tenant)
+        in_share = standing is None or standing.in_share
+        precedence = standing is None or standing.precedence
+        tier = "precedence" if band < _BATCH and precedence else "share"
         return {
             "id": r.id,
             "tenant": r.tenant,
             "class": r.cls.value,
             "state": "running" if not waiting else r.state.value,
             "band": band,
-            "aged_band": aged_band,
-            "age_boost": band - aged_band,
-            "level": level,
-            "priority": priority,
-            "waited_s": round(waited, 3),
+            "aged_band": band,
+            "age_boost": 0,
+            "level": 0,
+            "priority": r.priority,
+            "waited_s": round(max(0.0, now - r.wait_since), 3) if waiting else 0.0,
             "generated": r.generated,
-            "tenant_share": round(scores.get(r.tenant, 0.0), 6),
+            "tenant_share": round(standing.score if standing else 0.0, 6),
+            "in_share": in_share,
+            "tier": tier,
+            "late": waiting and r.generated == 0 and now - r.arrival > config.target_s(r.cls),
         }
 
-    running = sorted(scheduler.running.values(), key=lambda r: policy.running_rank(r, scores))
-    waiting = sorted(scheduler.waiting(), key=lambda r: policy.rank(r, now, scores))
+    running = sorted(scheduler.running.values(), key=lambda r: policy.running_rank(r, stand))
+    waiting = sorted(scheduler.waiting(), key=lambda r: policy.rank(r, now, stand))
     return [row(r) for r in [*running[:running_limit], *waiting[:waiting_limit]]]

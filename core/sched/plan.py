@@ -41,10 +41,8 @@ class Plan:
     swap_tokens: int = 0  # KV tokens copied to or from the host pool
     # How many times this plan may run back to back (decode-only plans)
     # before the scheduler has a decision to make, absent arrivals,
-    # completions and cancels; and the clock time at which waiting work
-    # changes rank (aging). The simulator uses both to skip ahead.
+    # completions and cancels. The simulator uses it to skip ahead.
     stable_steps: int = 1
-    wakeup_at: float = float("inf")
 
     @property
     def tokens(self) -> int:
@@ -54,10 +52,6 @@ class Plan:
     @property
     def empty(self) -> bool:
         return not (self.prefill or self.decode)
-
-    def producing(self) -> tuple[str, ...]:
-        """Requests that yield a token in this step."""
-        return tuple(c.request_id for c in self.prefill if c.produces_token) + self.decode
 
 
 @dataclass(slots=True, frozen=True)

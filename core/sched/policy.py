@@ -1,37 +1,38 @@
-"""Ordering policies behind one small interface, made by name (DESIGN §7.3).
+"""Ordering policies behind one small interface, made by name.
 
-A policy says how requests are ordered, never what the batch holds; the
-mechanism in `scheduler.py` is the same for all four.
+A policy says how requests are ordered and which running request a waiter
+may displace; never what the batch holds (the mechanism in `scheduler.py`
+is the same for all four).
 
-* Waiting requests sit in per-group heaps (`group`, `heap_key`). Everything
-  in a group shares the parts of the rank that do not change over time, so
-  the heap order stays valid while tenants' scores and requests' ages move;
-  once a request is fully aged (`settles_at`) it moves to the group's
-  second heap, ordered by arrival, so a preempted request (reset wait,
-  old arrival) regains its place in line instead of queueing behind every
-  younger request that has waited longer. The best waiting request is the
-  best group head, found by `rank` in O(groups) plus O(log n) a pop.
-* `rank` is the total order (smaller first): fsched's is
-  (aged band, tenant score, aged MLFQ level, aged priority, arrival, seq).
-  It is `compose(static_rank, score)`: the part that does not depend on
-  the tenant's score, and the score of the request's `partition` (its
-  tenant). Within a partition the static part alone orders the requests,
-  so the queue keeps one heap of group heads per tenant and a pick costs
-  O(tenants) plus heap operations.
-* `may_preempt` says whether a waiting request may displace a running
-  victim (the mechanism picks the victim: the last running one by
-  `running_rank` that has run its minimum quantum). It compares the
-  requests' own class and level, not their aged ones: aging orders the
-  wait queue (who takes the next free slot), it does not let a waiting
-  batch request evict a running one of its own class. With aged
-  preemption every aged request evicted a younger one of the same class
-  under overload and the engine thrashed (measured on the Azure trace at
-  2x: 712,956 preemptions, throughput 142 vs 1,746 tok/s for fcfs).
+* Waiting requests sit in per-group heaps (`group`), each in arrival
+  order: everything in a group shares the parts of the rank that do not
+  depend on arrival, so the oldest member is the group's best.
+* `rank` is the total order (smaller first). It is `compose(static_rank,
+  standing)`: the part that depends only on the request, and the standing
+  of its tenant (`Standing`: score, within its share, precedence). Within
+  a tenant the static part alone orders the requests, so the queue keeps
+  one heap of group heads per tenant and class.
+
+fsched's order has two tiers:
+
+1. **Precedence**: realtime and streaming work of tenants whose recent
+   realtime and streaming use is within their share; by (class, base
+   priority, arrival) across tenants. Only precedence work may preempt, and
+   only work outside precedence.
+2. **Share**: everything else, by tenant score (weighted dominant use,
+   lowest first, as DRF), then within the tenant by class, priority and
+   arrival: a request waits only behind its own tenant's older work of its
+   class, so the longest waiter of a class is next in its tenant's line.
+
+A tenant beyond its share competes in the second tier with all its work,
+however it labels it: labels order a tenant's work, the weights order the
+tenants.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from fsched.core.sched.config import SchedulerConfig
@@ -40,50 +41,54 @@ from fsched.core.sched.usage import DrfMeter, NullMeter, TenantMeter, VtcMeter
 from fsched.core.types import RequestClass
 
 INF = float("inf")
+BATCH_BAND = RequestClass.BATCH.band
 
 
-def aged(band: int, level: int, priority: int, waited_s: float, aging_s: float):
-    """(band, level, priority) of a request that has waited `waited_s` since it last ran.
+@dataclass(slots=True, frozen=True)
+class Standing:
+    """A tenant's place among the tenants.
 
-    The band improves by one per `aging_s`; one `aging_s` after reaching the
-    top band the level and base priority are boosted to the top as well, so
-    the request then loses only to its tenant's older work and to tenants
-    with a lower share.
+    `score`: its weighted dominant use (lower is further below its share);
+    `in_share`: its score is within the slack of the lowest score among
+    the tenants with work waiting; `precedence`: its realtime and streaming
+    work recently used at most its entitled share of the machine (with the
+    slack), so that work may go first.
     """
-    steps = int(waited_s // aging_s) if waited_s > 0 else 0
-    if steps > band:
-        return 0, 0, 0
-    return band - steps, level, priority
+
+    score: float = 0.0
+    in_share: bool = True
+    precedence: bool = True
 
 
-def next_aging_change(band: int, level: int, priority: int, since: float, now: float,
-                      aging_s: float) -> float:
-    """Clock time at which `aged(...)` next changes (inf when it never does)."""
-    steps = int((now - since) // aging_s) if now > since else 0
-    if steps > band or (steps == band and level == 0 and priority == 0):
-        return INF  # fully aged already, or the next step changes nothing
-    return since + (steps + 1) * aging_s
+def standings(scores: Mapping[str, float], backlogged: Iterable[str], slack: float,
+              precedence_use: Mapping[str, float] | None = None,
+              entitled: Mapping[str, float] | None = None) -> dict[str, Standing]:
+    """Each scored tenant's standing (see `Standing`); `precedence_use` and
+    `entitled` are fractions of the machine (a tenant missing from either has
+    precedence)."""
+    waiting = [scores[t] for t in backlogged if t in scores]
+    ceiling = min(waiting) * (1.0 + slack) if waiting else INF
+    use, share = precedence_use or {}, entitled or {}
+    return {
+        t: Standing(s, s <= ceiling, use.get(t, 0.0) <= share.get(t, 1.0) * (1.0 + slack))
+        for t, s in scores.items()
+    }
 
 
 class Policy(Protocol):
     name: str
     preemptive: bool
-    time_slicing: bool
     meter: TenantMeter
 
     def group(self, r: SchedRequest) -> Hashable: ...
-    def heap_key(self, r: SchedRequest) -> tuple: ...
-    def settles_at(self, r: SchedRequest) -> float: ...
     def partition(self, r: SchedRequest) -> str: ...
     def static_rank(self, r: SchedRequest, now: float) -> tuple: ...
-    def compose(self, static: tuple, score: float) -> tuple: ...
-    def rank(self, r: SchedRequest, now: float, scores: Mapping[str, float]) -> tuple: ...
-    def running_rank(self, r: SchedRequest, scores: Mapping[str, float]) -> tuple: ...
-    def may_preempt(self, waiter: SchedRequest, victim: SchedRequest) -> bool: ...
-    def preempts_within(self, band: int, victim: SchedRequest | None = None) -> bool: ...
-    def next_change(self, r: SchedRequest, now: float) -> float: ...
-    def note_admitted(self, r: SchedRequest, now: float) -> None: ...
-    def aging_since(self, r: SchedRequest) -> float: ...
+    def compose(self, static: tuple, standing: Standing) -> tuple: ...
+    def rank(self, r: SchedRequest, now: float, stand: Mapping[str, Standing]) -> tuple: ...
+    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple: ...
+    def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool: ...
+    def victim_order(self, waiter: SchedRequest, victim: SchedRequest,
+                     stand: Mapping[str, Standing]) -> tuple | None: ...
 
 
 class Fcfs:
@@ -91,19 +96,14 @@ class Fcfs:
 
     name = "fcfs"
     preemptive = False
-    time_slicing = False
+    grace_steps = 0  # preemptive policies: steps a waiter waits for a slot instead of preempting
 
     def __init__(self, config: SchedulerConfig, weights: Mapping[str, float]) -> None:
-        self.meter = NullMeter(weights, config.default_weight)
+        self.meter: TenantMeter = NullMeter(weights, config.default_weight)
+        self.config = config
 
     def group(self, r: SchedRequest) -> Hashable:
         return ()
-
-    def heap_key(self, r: SchedRequest) -> tuple:
-        return (r.arrival, r.seq)
-
-    def settles_at(self, r: SchedRequest) -> float:
-        return INF  # ranks never change with time: heap_key order is final
 
     def partition(self, r: SchedRequest) -> str:
         return ""  # no tenants: one partition
@@ -111,37 +111,29 @@ class Fcfs:
     def static_rank(self, r: SchedRequest, now: float) -> tuple:
         return (r.arrival, r.seq)
 
-    def compose(self, static: tuple, score: float) -> tuple:
+    def compose(self, static: tuple, standing: Standing) -> tuple:
         return static
 
-    def rank(self, r: SchedRequest, now: float, scores: Mapping[str, float]) -> tuple:
+    def rank(self, r: SchedRequest, now: float, stand: Mapping[str, Standing]) -> tuple:
         """The total order of waiting requests (smaller first)."""
-        return self.compose(self.static_rank(r, now), scores.get(self.partition(r), 0.0))
+        return self.compose(self.static_rank(r, now), stand.get(self.partition(r), Standing()))
 
-    def running_rank(self, r: SchedRequest, scores: Mapping[str, float]) -> tuple:
+    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple:
         return (r.arrival, r.seq)
 
-    def may_preempt(self, waiter: SchedRequest, victim: SchedRequest) -> bool:
+    def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool:
+        """Whether `waiter` may displace running work at all."""
         return False
 
-    def preempts_within(self, band: int, victim: SchedRequest | None = None) -> bool:
-        """Whether a waiter may displace a runner of its own class band
-        (that runner, when given)."""
-        return False
-
-    def next_change(self, r: SchedRequest, now: float) -> float:
-        return INF
-
-    def note_admitted(self, r: SchedRequest, now: float) -> None:
+    def victim_order(self, waiter: SchedRequest, victim: SchedRequest,
+                     stand: Mapping[str, Standing]) -> tuple | None:
+        """None when `waiter` may not displace `victim`; else a key, largest preempted first."""
         return None
-
-    def aging_since(self, r: SchedRequest) -> float:
-        return r.wait_since
 
 
 class StrictPriority(Fcfs):
     """Class band, then base priority, then arrival; preempts strictly worse
-    running work (vLLM's priority policy). No aging, no tenants."""
+    running work, latest arrival first (vLLM's priority policy). No tenants."""
 
     name = "priority"
     preemptive = True
@@ -152,14 +144,17 @@ class StrictPriority(Fcfs):
     def static_rank(self, r: SchedRequest, now: float) -> tuple:
         return (r.cls.band, r.priority, r.arrival, r.seq)
 
-    def running_rank(self, r: SchedRequest, scores: Mapping[str, float]) -> tuple:
+    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple:
         return (r.cls.band, r.priority, r.arrival, r.seq)
 
-    def may_preempt(self, waiter: SchedRequest, victim: SchedRequest) -> bool:
-        return (waiter.cls.band, waiter.priority) < (victim.cls.band, victim.priority)
+    def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool:
+        return True
 
-    def preempts_within(self, band: int, victim: SchedRequest | None = None) -> bool:
-        return victim is None or victim.priority > 0  # by base priority
+    def victim_order(self, waiter: SchedRequest, victim: SchedRequest,
+                     stand: Mapping[str, Standing]) -> tuple | None:
+        if (waiter.cls.band, waiter.priority) >= (victim.cls.band, victim.priority):
+            return None
+        return self.running_rank(victim, stand)
 
 
 class Vtc(Fcfs):
@@ -169,9 +164,8 @@ class Vtc(Fcfs):
     name = "vtc"
 
     def __init__(self, config: SchedulerConfig, weights: Mapping[str, float]) -> None:
-        self.meter = VtcMeter(
-            weights, default_weight=config.default_weight, lift=config.lift_idle_tenants
-        )
+        super().__init__(config, weights)
+        self.meter = VtcMeter(weights, default_weight=config.default_weight, lift=config.lift_idle_tenants)
 
     def group(self, r: SchedRequest) -> Hashable:
         return r.tenant
@@ -179,28 +173,22 @@ class Vtc(Fcfs):
     def partition(self, r: SchedRequest) -> str:
         return r.tenant
 
-    def compose(self, static: tuple, score: float) -> tuple:
-        return (score, *static)
+    def compose(self, static: tuple, standing: Standing) -> tuple:
+        return (standing.score, *static)
 
-    def running_rank(self, r: SchedRequest, scores: Mapping[str, float]) -> tuple:
-        return (scores[r.tenant], r.arrival, r.seq)
+    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple:
+        return (stand[r.tenant].score, r.arrival, r.seq)
 
 
-class FschedPolicy:
-    """DESIGN §3: aged bands, weighted DRF, skip-join MLFQ, base priority, arrival."""
+class FschedPolicy(Fcfs):
+    """Precedence for in-share realtime and streaming work, weighted DRF for the rest."""
 
     name = "fsched"
     preemptive = True
-    time_slicing = True
 
     def __init__(self, config: SchedulerConfig, weights: Mapping[str, float]) -> None:
-        self.aging_s = config.aging_s
-        # Group -> when one of its requests was last admitted. A request ages
-        # from the later of its own wait start and that moment: a group that
-        # is being served (its tenant gets its fair share of admissions) is
-        # not starving, so its waiters do not age past other tenants' work;
-        # a group that gets nothing for aging_s ages as before.
-        self._served: dict[Hashable, float] = {}
+        super().__init__(config, weights)
+        self.grace_steps = config.preempt_grace_steps
         self.meter = DrfMeter(
             weights,
             default_weight=config.default_weight,
@@ -210,69 +198,38 @@ class FschedPolicy:
         )
 
     def group(self, r: SchedRequest) -> Hashable:
-        # Everything a waiting request's rank depends on except its wait
-        # time and its tenant's score, which are the same across the group
-        # (score) or monotone in the heap key (wait_since).
-        return (r.tenant, r.cls.band, r.level, r.priority)
-
-    def heap_key(self, r: SchedRequest) -> tuple:
-        # While aging, the longest waiter of a group is the most aged (the
-        # group's served time lifts every member's start alike).
-        return (r.wait_since, r.arrival, r.seq)
-
-    def aging_since(self, r: SchedRequest) -> float:
-        """When `r` started aging: its wait start, or its group's last admission if later."""
-        served = self._served.get(self.group(r))
-        return r.wait_since if served is None or served < r.wait_since else served
-
-    def note_admitted(self, r: SchedRequest, now: float) -> None:
-        self._served[self.group(r)] = now
-
-    def settles_at(self, r: SchedRequest) -> float:
-        # Fully aged (band, level and priority at the top): from then on the
-        # rank within the group is by arrival alone.
-        return self.aging_since(r) + (r.cls.band + 1) * self.aging_s
+        return (r.tenant, r.cls.band, r.priority)
 
     def partition(self, r: SchedRequest) -> str:
         return r.tenant
 
     def static_rank(self, r: SchedRequest, now: float) -> tuple:
-        band, level, prio = aged(r.cls.band, r.level, r.priority, now - self.aging_since(r), self.aging_s)
-        return (band, level, prio, r.arrival, r.seq)
+        return (r.cls.band, r.priority, r.arrival, r.seq)
 
-    def compose(self, static: tuple, score: float) -> tuple:
-        return (static[0], score, *static[1:])
+    def compose(self, static: tuple, standing: Standing) -> tuple:
+        if static[0] < BATCH_BAND and standing.precedence:
+            return (0, *static)  # precedence tier: class, priority, arrival across tenants
+        return (1, standing.score, *static)  # share tier: DRF across tenants
 
-    rank = Fcfs.rank
+    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple:
+        standing = stand[r.tenant]
+        tier = 0 if r.cls.band < BATCH_BAND and standing.precedence else 1
+        return (tier, standing.score if tier else 0.0, r.cls.band, r.priority, r.arrival, r.seq)
 
-    def running_rank(self, r: SchedRequest, scores: Mapping[str, float]) -> tuple:
-        # A running request has waited 0 s: it ranks by its class band, so
-        # aging buys admission, not immunity from preemption.
-        return (r.cls.band, scores[r.tenant], r.level, r.priority, r.arrival, r.seq)
+    def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool:
+        # Only realtime and streaming work with precedence displaces others:
+        # batch has no latency to protect, so it takes the next free slot.
+        return waiter.cls.band < BATCH_BAND and stand[waiter.tenant].precedence
 
-    def may_preempt(self, waiter: SchedRequest, victim: SchedRequest) -> bool:
-        band = waiter.cls.band
-        if band != victim.cls.band:
-            return band < victim.cls.band
-        # Time slicing within a band (FastServe): the victim used up the
-        # quantum of the level it was admitted at, and the waiter's level is
-        # better. Not in the batch band: batch has no latency target, so a
-        # swap there only costs throughput.
-        return (
-            band < RequestClass.BATCH.band
-            and victim.level > victim.admit_level
-            and waiter.level < victim.level
-        )
-
-    def preempts_within(self, band: int, victim: SchedRequest | None = None) -> bool:
-        # Time slicing, not in the batch band, and only of a runner that
-        # used up the quantum of the level it was admitted at.
-        if band >= RequestClass.BATCH.band:
-            return False
-        return victim is None or victim.level > victim.admit_level
-
-    def next_change(self, r: SchedRequest, now: float) -> float:
-        return next_aging_change(r.cls.band, r.level, r.priority, self.aging_since(r), now, self.aging_s)
+    def victim_order(self, waiter: SchedRequest, victim: SchedRequest,
+                     stand: Mapping[str, Standing]) -> tuple | None:
+        # Victims: work outside the precedence tier (batch, and any work of a
+        # tenant beyond its share). The tenant furthest over its share first,
+        # then the cheapest to checkpoint (least KV), then the youngest.
+        standing = stand[victim.tenant]
+        if victim.cls.band < BATCH_BAND and standing.precedence:
+            return None
+        return (standing.score, -victim.computed / victim.context, victim.arrival, victim.seq)
 
 
 POLICIES: dict[str, type] = {

@@ -1,4 +1,4 @@
-"""The scheduler's view of one request: lengths, progress, MLFQ level, timers.
+"""The scheduler's view of one request: lengths, progress, timers.
 
 Token bookkeeping: `context` is prompt plus generated tokens; `computed` is
 how many of them have KV on the device. A decoding request has
@@ -31,17 +31,14 @@ class SchedRequest:
     prompt_tokens: int
     max_tokens: int
     arrival: float
-    priority: int = 5  # base priority: 0 most urgent .. 9 least (DESIGN §2)
+    priority: int = 5  # base priority: 0 most urgent .. 9 least (the priority baseline orders by it)
 
     # Mutable progress, owned by the scheduler.
     state: RequestState = RequestState.QUEUED
     generated: int = 0
     computed: int = 0
     parked: bool = False
-    level: int = 0
-    level_tokens: int = 0  # output tokens decoded at the current level
-    admit_level: int = 0  # level when last admitted (time slicing: quantum used up?)
-    wait_since: float = 0.0
+    wait_since: float = 0.0  # when it last started waiting (arrival or preemption)
     run_steps: int = 0  # steps with progress since last admission (minimum quantum)
     idle_steps: int = 0  # consecutive running steps without a prefill chunk
     preemptions: int = 0

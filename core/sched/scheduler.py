@@ -1,7 +1,7 @@
 """The scheduling mechanism: iteration-level admission, chunked prefill,
 preemption with checkpointing, minimum quantum, cancellation, accounting.
 
-The engine loop reads (DESIGN §7.2)::
+The engine loop reads::
 
     plan = scheduler.schedule(now)
     outcome = runner.run(plan)
@@ -9,7 +9,9 @@ The engine loop reads (DESIGN §7.2)::
 
 Time is always passed in; nothing here reads a clock, so every decision is
 a function of the scheduler's state and `now`, and the simulator replays
-the same object against a cost model.
+the same object against a cost model. The order is the policy's
+(`policy.py`), the choice of victims `preemption.py`'s, the step's
+bookkeeping `accounting.py`'s, the plan's shape `planning.py`'s.
 
 Budgets, all enforced in `schedule()`:
 * slots: at most `max_batch` running requests;
@@ -28,43 +30,23 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from fsched.core.sched.accounting import apply_step, expected_decode
 from fsched.core.sched.config import SchedulerConfig
-from fsched.core.sched.plan import Outcome, Plan, Preemption, PrefillChunk
-from fsched.core.sched.policy import INF, Policy, make_policy
+from fsched.core.sched.plan import Outcome, Plan, Preemption
+from fsched.core.sched.planning import split_rows, stable_steps
+from fsched.core.sched.policy import Policy, Standing, make_policy, standings
+from fsched.core.sched.preemption import Room, checkpoint_for, choose_victims, memory_victim, slot_frees_soon
 from fsched.core.sched.request import Checkpoint, SchedRequest
-from fsched.core.sched.usage import TenantCharge
+from fsched.core.sched.shares import entitled_shares
+from fsched.core.sched.usage import PrecedenceUsage, TenantCharge
 from fsched.core.sched.waitqueue import WaitQueue
-from fsched.core.types import RequestClass, RequestState
-
-
-def demote(level: int, level_tokens: int, produced: int, quanta: tuple[int, ...]):
-    """MLFQ demotion: (level, tokens used at it) after decoding `produced` tokens."""
-    level_tokens += produced
-    while level < len(quanta) and level_tokens >= quanta[level]:
-        level_tokens -= quanta[level]
-        level += 1
-    return level, level_tokens
-
-
-def expected_work(
-    r: SchedRequest, quanta: tuple[int, ...], mean_output: float = 0.0
-) -> tuple[int, int]:
-    """(prefill, decode) tokens an admitted request is expected to process:
-    what is left to prefill, and the longer of the rest of its level's
-    quantum (the last level: one more last-level quantum) and the mean
-    output length seen so far, capped by max_tokens."""
-    quantum = quanta[r.level] - r.level_tokens if r.level < len(quanta) else quanta[-1]
-    decode = max(quantum, int(mean_output) - r.generated)
-    return r.pending_prefill, min(r.remaining_tokens, decode)
-
-
-def should_stop(r: SchedRequest) -> bool:
-    """The scheduler's own stop check: max_tokens reached (EOS/stop come from the engine)."""
-    return r.generated >= r.max_tokens
+from fsched.core.types import RequestState
 
 
 @dataclass(slots=True, frozen=True)
-class StepResult:
+class PostprocessResult:
+    """What `postprocess` reports: each tenant's charge, and the requests that left."""
+
     charges: Mapping[str, TenantCharge]
     finished: tuple[str, ...]  # left the running set: done
 
@@ -79,12 +61,8 @@ class _StepBuilder:
 
 
 class Scheduler:
-    def __init__(
-        self,
-        config: SchedulerConfig | None = None,
-        policy: Policy | str = "fsched",
-        weights: Mapping[str, float] | None = None,
-    ) -> None:
+    def __init__(self, config: SchedulerConfig | None = None, policy: Policy | str = "fsched",
+                 weights: Mapping[str, float] | None = None) -> None:
         self.config = config or SchedulerConfig()
         if isinstance(policy, str):
             policy = make_policy(policy, self.config, weights or {})
@@ -93,20 +71,17 @@ class Scheduler:
                 policy.meter.set_weight(tenant, w)
         self.policy = policy
         self.meter = policy.meter
+        self._precedence = PrecedenceUsage(kv_capacity=self.config.kv_tokens,
+                                           half_life_s=self.config.usage_half_life_s)
         self._waiting = WaitQueue(policy)
         self._running: dict[str, SchedRequest] = {}
         self._live: dict[str, SchedRequest] = {}
         self._tenant_live: Counter[str] = Counter()
         self._tenant_waiting: Counter[str] = Counter()
-        # Requests per class band, waiting and running: a cheap test of
-        # whether any preemption is possible before searching for a victim.
-        self._waiting_bands = [0] * len(RequestClass)
-        self._running_bands = [0] * len(RequestClass)
         self._kv_committed = 0  # sum of running contexts
         self._host_used = 0
         self._step = 0
         self._now = 0.0  # latest time seen (cancel() takes none)
-        self._mean_output = 0.0  # running mean of output tokens of finished requests
         self._seq = itertools.count()
         self.preemptions = 0
         self._batch_cap = self.config.max_batch  # a temporary limit below max_batch (cap_batch)
@@ -143,6 +118,15 @@ class Scheduler:
         """Tenants with work waiting: the ones competing for the next slot."""
         return [t for t, n in self._tenant_waiting.items() if n > 0]
 
+    def standings(self, now: float, scores: Mapping[str, float] | None = None) -> dict[str, Standing]:
+        """Every live tenant's standing (score, within its share, precedence) as of `now`."""
+        live = [t for t, n in self._tenant_live.items() if n > 0]
+        if scores is None:
+            scores = self.meter.scores(live, now)
+        entitled = entitled_shares({t: self.meter.weight(t) for t in live}, live)
+        use = {t: self._precedence.fraction(t, now) for t in live}
+        return standings(scores, self.backlogged_tenants(), self.config.share_slack, use, entitled)
+
     # ---------------------------------------------------------------- changes
     def add(self, r: SchedRequest) -> None:
         """Queue a new request; `r.arrival` is the time it arrived."""
@@ -150,15 +134,10 @@ class Scheduler:
         if r.id in self._live:
             raise ValueError(f"request {r.id!r} is already scheduled")
         if r.prompt_tokens + r.max_tokens + cfg.min_quantum_steps > cfg.kv_tokens:
-            raise ValueError(
-                f"request {r.id!r} needs {r.prompt_tokens + r.max_tokens} KV slots; "
-                f"the budget is {cfg.kv_tokens}"
-            )
+            raise ValueError(f"request {r.id!r} needs {r.prompt_tokens + r.max_tokens} KV slots; "
+                             f"the budget is {cfg.kv_tokens}")
         r.state = RequestState.QUEUED
         r.seq = next(self._seq)
-        r.wait_since = r.arrival
-        r.level = r.admit_level = cfg.entry_level(r.prompt_tokens)
-        r.level_tokens = 0
         self._live[r.id] = r
         self._tenant_live[r.tenant] += 1
         self._now = max(self._now, r.arrival)
@@ -171,7 +150,7 @@ class Scheduler:
         if self._tenant_waiting[r.tenant] == 0:
             self.meter.activate(r.tenant, self.backlogged_tenants(), now)
         self._tenant_waiting[r.tenant] += 1
-        self._waiting_bands[r.cls.band] += 1
+        r.wait_since = now
         self._waiting.push(r, now)
 
     def cancel(self, request_id: str) -> bool:
@@ -180,14 +159,10 @@ class Scheduler:
         if r is None:
             return False
         if r.state is RequestState.RUNNING:
-            self._release(r)
-            del self._running[r.id]
-            self._running_bands[r.cls.band] -= 1
-            self._kv_committed -= r.context
+            self._leave_running(r)
         else:
             self._waiting.remove(r, self._now)
             self._tenant_waiting[r.tenant] -= 1
-            self._waiting_bands[r.cls.band] -= 1
             if r.parked:
                 self._host_used -= r.computed
                 r.parked = False
@@ -221,109 +196,68 @@ class Scheduler:
     def schedule(self, now: float) -> Plan:
         """Decide the next engine step."""
         self._now = max(self._now, now)
-        scores = self.meter.scores(self._tenant_live, now)
         b = _StepBuilder()
-        self._relieve_memory(scores, b, now)
-        self._admit(scores, b, now)
-        return self._compose(scores, b, now)
-
-    def _relieve_memory(self, scores: dict[str, float], b: _StepBuilder, now: float) -> None:
+        scores = self.meter.scores([t for t, n in self._tenant_live.items() if n > 0], now)
+        stand = self.standings(now, scores)
         while self._kv_committed > self.config.kv_tokens and self._running:
-            victim = self._victim(scores) or self._victim(scores, respect_quantum=False)
-            self._preempt(victim, b, now)
+            victim = memory_victim(self._running.values(), self.policy, stand, self.config.min_quantum_steps)
+            self._preempt(victim, checkpoint_for(victim, self._host_free(), self.config)
+                          or Checkpoint.RECOMPUTE, b, now)
+        stand = self._admit(scores, stand, b, now)
+        return self._compose(stand, b)
 
-    def _admit(self, scores: dict[str, float], b: _StepBuilder, now: float) -> None:
-        policy = self.policy
+    def _admit(self, scores: dict[str, float], stand: dict[str, Standing], b: _StepBuilder,
+               now: float) -> dict[str, Standing]:
+        """Admit waiting requests in rank order while they fit or may make room;
+        the standings after the admissions."""
         while self._waiting:
-            _, cand = self._waiting.best(now, scores)
+            _, cand = self._waiting.best(now, stand)
             if cand.id in b.touched:
-                return  # preempted this very step: nothing better fits
-            if not self._fits(cand):
-                if not policy.preemptive:
-                    return
-                cand = self._make_room(cand, scores, b, now)
-                if cand is None:
-                    return
+                break  # preempted this very step: nothing better fits
+            if not self._fits(cand) and not self._make_room(cand, stand, b, now):
+                break
             self._start(cand, b)
-            prefill, decode = expected_work(cand, self.config.quanta, self._mean_output)
+            prefill = cand.pending_prefill
+            decode = expected_decode(cand)
             cand.res_gpu, cand.res_kv = self.meter.reserve(cand.tenant, cand.context, prefill, decode)
-            scores[cand.tenant] = self.meter.provisional(
-                scores[cand.tenant], cand.tenant, prefill, now
-            )
+            scores[cand.tenant] = self.meter.provisional(scores[cand.tenant], cand.tenant, prefill, now)
+            stand = self.standings(now, scores)
+        return stand
 
-    def _make_room(self, head: SchedRequest, scores: dict[str, float], b: _StepBuilder,
-                   now: float) -> SchedRequest | None:
-        """Preempt for the best waiter allowed to displace the last-ranked runner.
+    def _room(self) -> Room:
+        cfg = self.config
+        n = len(self._running)
+        cap = self._batch_cap if self._step < self._batch_cap_until else cfg.max_batch
+        kv = cfg.kv_tokens - self._kv_committed - (n + 1) * cfg.min_quantum_steps
+        return Room(min(cap, cfg.max_batch) - n, kv, self._host_free())
 
-        That is the queue's head unless the head is aged work of the
-        victim's own class; then the best waiter of a better class (or
-        level) goes in, and the head keeps its place for the next free slot.
-        Returns the request that now fits, or None.
-        """
-        policy = self.policy
-        best_waiting = next((b for b, n in enumerate(self._waiting_bands) if n), len(RequestClass))
-        worst_running = max((b for b, n in enumerate(self._running_bands) if n), default=-1)
-        if best_waiting > worst_running or (
-            best_waiting == worst_running and not policy.preempts_within(worst_running)
-        ):
-            return None  # no waiter outranks any runner by class: nothing to search
-        victim = self._victim(scores)
-        if victim is None:
-            return None
-        cand = head
-        if not policy.may_preempt(head, victim):
-            cand = self._best_preempting(victim, scores, now)
-            if cand is None or cand.id in b.touched:
-                return None
-        while True:
-            self._preempt(victim, b, now)
-            if self._fits(cand):
-                return cand
-            victim = self._victim(scores)
-            if victim is None or not policy.may_preempt(cand, victim):
-                return None
-
-    def _best_preempting(self, victim: SchedRequest, scores: dict[str, float], now: float):
-        """The best waiter allowed to displace `victim`: of a better class,
-        or of its class when the policy slices time there."""
-        policy, band = self.policy, victim.cls.band
-        found = [self._waiting.best(now, scores, below_band=band)]
-        if policy.preempts_within(band, victim):
-            found.append(
-                self._waiting.best_in_band(now, scores, band, lambda w: policy.may_preempt(w, victim))
-            )
-        found = [f for f in found if f is not None and policy.may_preempt(f[1], victim)]
-        return min(found, key=lambda f: f[0])[1] if found else None
+    def _host_free(self) -> int:
+        return self.config.host_kv_tokens - self._host_used
 
     def _fits(self, cand: SchedRequest) -> bool:
-        cfg = self.config
-        n = len(self._running) + 1
-        if n > cfg.max_batch or (n > self._batch_cap and self._step < self._batch_cap_until):
-            return False
-        reserve = n * cfg.min_quantum_steps
-        return self._kv_committed + cand.context + reserve <= cfg.kv_tokens
+        room = self._room()
+        return room.slots >= 1 and room.kv_tokens >= cand.context
 
-    def _victim(self, scores: Mapping[str, float], respect_quantum: bool = True):
-        """The last-ranked running request (that has run its minimum quantum)."""
-        mq = self.config.min_quantum_steps
-        rank = self.policy.running_rank
-        worst, worst_rank = None, None
-        for r in self._running.values():
-            if respect_quantum and r.run_steps < mq:
-                continue
-            r_rank = rank(r, scores)
-            if worst is None or r_rank > worst_rank:
-                worst, worst_rank = r, r_rank
-        return worst
+    def _make_room(self, cand: SchedRequest, stand: Mapping[str, Standing], b: _StepBuilder,
+                   now: float) -> bool:
+        """Preempt for `cand` when the policy lets it and it pays; whether it now fits."""
+        policy = self.policy
+        if not (policy.preemptive and policy.may_preempt(cand, now, stand)):
+            return False
+        room = self._room()
+        if slot_frees_soon(self._running.values(), policy.grace_steps, cand.context, room.kv_tokens):
+            return False  # a running request leaves within the grace: wait for its slot
+        victims = choose_victims(cand, self._running.values(), room, cand.context, policy, stand,
+                                 self.config)
+        if not victims:
+            return False
+        for victim, checkpoint in victims:
+            self._preempt(victim, checkpoint, b, now)
+        return self._fits(cand)
 
     def _start(self, r: SchedRequest, b: _StepBuilder) -> None:
-        # Before the pop: the group's next head is re-filed with its age
-        # counted from this admission.
-        self.policy.note_admitted(r, self._now)
         self._waiting.pop_head(r, self._now)
         self._tenant_waiting[r.tenant] -= 1
-        self._waiting_bands[r.cls.band] -= 1
-        self._running_bands[r.cls.band] += 1
         if r.parked:
             self._host_used -= r.computed
             r.parked = False
@@ -331,25 +265,22 @@ class Scheduler:
             b.swap_tokens += r.computed
         r.state = RequestState.RUNNING
         r.run_steps = r.idle_steps = 0
-        r.admit_level = r.level
         self._running[r.id] = r
         self._kv_committed += r.context
         b.admitted.append(r.id)
         b.touched.add(r.id)
 
-    def _release(self, r: SchedRequest) -> None:
+    def _leave_running(self, r: SchedRequest) -> None:
         if r.res_gpu or r.res_kv:
             self.meter.release(r.tenant, r.res_gpu, r.res_kv)
         r.res_gpu = r.res_kv = 0.0
-
-    def _preempt(self, r: SchedRequest, b: _StepBuilder, now: float) -> None:
-        self._release(r)
         del self._running[r.id]
-        self._running_bands[r.cls.band] -= 1
         self._kv_committed -= r.context
+
+    def _preempt(self, r: SchedRequest, checkpoint: Checkpoint, b: _StepBuilder, now: float) -> None:
+        self._leave_running(r)
         kv = r.computed
-        if kv > 0 and self._host_used + kv <= self.config.host_kv_tokens:
-            checkpoint = Checkpoint.PARK
+        if checkpoint is Checkpoint.PARK and kv > 0:
             self._host_used += kv
             r.parked = True
             b.swap_tokens += kv
@@ -359,43 +290,20 @@ class Scheduler:
         b.preempted.append(Preemption(r.id, checkpoint, kv))
         b.touched.add(r.id)
         r.state = RequestState.PREEMPTED
-        r.wait_since = now
         r.preemptions += 1
         self.preemptions += 1
         self._enqueue(r, now)
 
-    def _compose(self, scores: Mapping[str, float], b: _StepBuilder, now: float) -> Plan:
-        decode: list[str] = []
-        prefilling: list[tuple[tuple, SchedRequest]] = []
+    def _compose(self, stand: Mapping[str, Standing], b: _StepBuilder) -> Plan:
+        cfg = self.config
         rank = self.policy.running_rank
-        for r in self._running.values():
-            if r.pending_prefill == 0:
-                decode.append(r.id)
-            else:
-                prefilling.append((rank(r, scores), r))
-        budget = self.config.step_tokens - len(decode)
-        chunks: list[PrefillChunk] = []
-        # Chunks go by rank, except that a prefill starved of budget for a
-        # whole minimum quantum goes first: nothing admitted stalls forever
-        # behind a stream of better-ranked prefills.
-        mq = self.config.min_quantum_steps
-        prefilling.sort(key=lambda item: (item[1].idle_steps < mq, item[0]))
-        for _, r in prefilling:
-            if budget <= 0:
-                break
-            pending = r.pending_prefill
-            n = min(pending, budget)
-            if n == pending - 1:
-                # Never stop a prefill one token short: `computed == context - 1`
-                # is what a decoding request looks like (pending_prefill 0), and a
-                # resumed request (generated > 0) would be planned as decoding.
-                n -= 1
-                if n == 0:
-                    continue
-            chunks.append(PrefillChunk(r.id, r.computed, n, n == pending))
-            budget -= n
-        changed = bool(chunks or b.preempted or b.admitted)
+        decode, chunks = split_rows(self._running.values(), lambda r: rank(r, stand), cfg.step_tokens,
+                                    cfg.min_quantum_steps)
         waiting = len(self._waiting) > 0
+        steps = 1
+        if decode and not (chunks or b.preempted or b.admitted):
+            steps = stable_steps(self._running.values(), cfg, self._kv_committed, len(decode),
+                                 waiting and self.policy.preemptive)
         return Plan(
             step=self._step,
             prefill=tuple(chunks),
@@ -405,128 +313,38 @@ class Scheduler:
             admitted=tuple(b.admitted),
             kv_tokens=self._kv_committed,
             swap_tokens=b.swap_tokens,
-            stable_steps=1 if changed or not decode else self._stable_steps(len(decode), waiting),
-            wakeup_at=self._waiting.next_change(now) if waiting else INF,
+            stable_steps=steps,
         )
 
-    def _stable_steps(self, n_decode: int, waiting: bool) -> int:
-        """Steps this decode-only plan can repeat before a decision is due:
-        a request reaching max_tokens, KV pressure, and with work waiting a
-        minimum quantum ending (a victim appears) or a quantum running out
-        (time slicing)."""
-        cfg = self.config
-        steps = (cfg.kv_tokens - self._kv_committed) // n_decode + 1  # memory pressure
-        mq, quanta = cfg.min_quantum_steps, cfg.quanta
-        last = len(quanta)
-        quantum_ends = waiting and self.policy.preemptive
-        slicing = waiting and self.policy.time_slicing
-        for r in self._running.values():
-            left = r.max_tokens - r.generated
-            if left < steps:
-                steps = left
-            if quantum_ends and r.run_steps < mq and mq - r.run_steps < steps:
-                steps = mq - r.run_steps
-            if slicing and r.level < last and quanta[r.level] - r.level_tokens < steps:
-                steps = quanta[r.level] - r.level_tokens
-        return max(1, steps)
-
     # ------------------------------------------------------------ postprocess
-    def postprocess(self, plan: Plan, outcome: Outcome, now: float) -> StepResult:
+    def postprocess(self, plan: Plan, outcome: Outcome, now: float) -> PostprocessResult:
         """Apply what the engine did; `now` is the time the step(s) ended.
 
         Returns the requests that finished (the engine's and those that
         reached max_tokens) and what each tenant consumed, as charged to the
-        usage meter:
-        each step's time apportioned by the tokens each request processed,
-        and the KV each held times the time (at the midpoint of a repeated
-        decode run, where it grew linearly).
+        usage meter (see `accounting.py`).
         """
-        steps = outcome.steps
-        if steps < 1 or (steps > 1 and plan.prefill):
+        if outcome.steps < 1 or (outcome.steps > 1 and plan.prefill):
             raise ValueError("only decode-only plans may be repeated")
-        elapsed = outcome.elapsed_s
-        per_token = elapsed / (plan.tokens * steps) if plan.tokens else 0.0
-        quanta = self.config.quanta
-        chunks = {c.request_id: c for c in plan.prefill}
-        decoded = set(plan.decode)
-        tokens_of = outcome.tokens_of
-        half = (steps - 1) / 2
-        # tenant -> [gpu_s, kv_token_s, prefill, decode, reserved gpu used, reserved kv used]
-        acc: dict[str, list[float]] = {}
-        for r in self._running.values():
-            a = acc.get(r.tenant)
-            if a is None:
-                a = acc[r.tenant] = [0.0, 0.0, 0, 0, 0.0, 0.0]
-            rid = r.id
-            chunk = None if rid in decoded else chunks.get(rid)
-            if rid in decoded:
-                n = tokens_of(rid)
-                r.computed += n
-                a[3] += n
-                gpu = per_token * n
-                held = r.computed - half
-                self._produced(r, n, quanta)
-            elif chunk is not None:
-                r.computed += chunk.tokens
-                a[2] += chunk.tokens
-                gpu = per_token * chunk.tokens
-                held = r.computed
-                if chunk.produces_token:
-                    self._produced(r, tokens_of(rid), quanta)
-            else:
-                gpu, held = 0.0, r.computed
-            if gpu:
-                r.run_steps += steps
-                r.idle_steps = 0
-            else:
-                r.idle_steps += steps
-            kv = held * elapsed
-            a[0] += gpu
-            a[1] += kv
-            if r.res_gpu or r.res_kv:
-                used_gpu = gpu if gpu < r.res_gpu else r.res_gpu
-                used_kv = kv if kv < r.res_kv else r.res_kv
-                r.res_gpu -= used_gpu
-                r.res_kv -= used_kv
-                a[4] += used_gpu
-                a[5] += used_kv
+        totals = apply_step(self._running.values(), plan, outcome)
         charges: dict[str, TenantCharge] = {}
-        for tenant, a in acc.items():
-            charges[tenant] = TenantCharge(a[0], a[1], int(a[2]), int(a[3]))
-            if a[4] or a[5]:
-                self.meter.release(tenant, a[4], a[5])
+        for tenant, t in totals.items():
+            charges[tenant] = t.charge
+            self._kv_committed += t.generated
+            if t.reserved_gpu_s or t.reserved_kv_token_s:
+                self.meter.release(tenant, t.reserved_gpu_s, t.reserved_kv_token_s)
         finished = [rid for rid in outcome.finished if rid in self._running]
-        finished += [r.id for r in self._running.values() if should_stop(r) and r.id not in
-                     outcome.finished]
+        finished += [r.id for r in self._running.values()
+                     if r.generated >= r.max_tokens and r.id not in outcome.finished]
         for rid in finished:
-            self._finish(rid)
-        self._step += steps
-        self.meter.charge(charges, elapsed, now, steps)
-        return StepResult(charges, tuple(finished))
+            self._finish(self._running[rid])
+        self._step += outcome.steps
+        self.meter.charge(charges, outcome.elapsed_s, now, outcome.steps)
+        self._precedence.charge({t: s.precedence for t, s in totals.items()}, outcome.elapsed_s, now)
+        return PostprocessResult(charges, tuple(finished))
 
-    def _produced(self, r: SchedRequest, n: int, quanta: tuple[int, ...]) -> None:
-        r.generated += n
-        self._kv_committed += n
-        level = r.level
-        if level >= len(quanta) or r.level_tokens + n < quanta[level]:
-            r.level_tokens += n  # no demotion: the common case
-            return
-        r.level, r.level_tokens = demote(r.level, r.level_tokens, n, quanta)
-        if r.level != level and r.remaining_tokens > 0 and r.res_gpu <= 0:
-            # Demoted with its reservation used up: reserve its next quantum.
-            _, decode = expected_work(r, quanta)
-            gpu, kv = self.meter.reserve(r.tenant, r.context, 0, decode)
-            r.res_gpu += gpu
-            r.res_kv += kv
-
-    def _finish(self, request_id: str) -> None:
-        r = self._running.pop(request_id, None)
-        if r is None:
-            return
-        self._release(r)
-        self._running_bands[r.cls.band] -= 1
-        self._kv_committed -= r.context
-        self._mean_output += 0.02 * (r.generated - self._mean_output)
+    def _finish(self, r: SchedRequest) -> None:
+        self._leave_running(r)
         r.state = RequestState.DONE
         del self._live[r.id]
         self._tenant_live[r.tenant] -= 1

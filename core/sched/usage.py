@@ -4,14 +4,12 @@ A meter turns what each step consumed into one score per tenant; within a
 band the tenant with the lowest score goes first. The arithmetic lives in
 pure functions; the meters only hold state.
 
-Weighted DRF (DESIGN §3): two resources, compute (GPU seconds, each step's
-time apportioned by the tokens each request processed) and KV memory
+Weighted DRF: two resources, compute (GPU seconds, each step's time
+apportioned by the tokens each request processed) and KV memory
 (token-slots held x seconds). Usage decays with a half-life. A tenant's
-dominant share is max(gpu_s / 1 GPU, kv_token_s / kv_capacity) / weight;
-both resources are measured over the same decayed window, so the window
-length divides out of the comparison. Dividing by capacity (not by total
-usage, as the seed did) keeps a tenant's share independent of how busy the
-others are.
+score is its dominant use over its weight (`shares.weighted_score`, where
+the dominant use is defined once); both resources are measured over the
+same decayed window, so the window length divides out of the comparison.
 """
 
 from __future__ import annotations
@@ -20,6 +18,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
+
+from fsched.core.sched.shares import dominant_use, weighted_score
 
 
 @dataclass(slots=True)
@@ -35,11 +35,6 @@ class TenantCharge:
 def decay_factor(dt: float, half_life_s: float) -> float:
     """Weight left on usage `dt` seconds old."""
     return 0.5 ** (max(dt, 0.0) / half_life_s)
-
-
-def dominant_share(gpu_s: float, kv_token_s: float, kv_capacity: float, weight: float) -> float:
-    """Weighted dominant share over a (decayed) window; capacities per second."""
-    return max(gpu_s, kv_token_s / kv_capacity) / weight
 
 
 def lift_factor(score: float, floor: float) -> float:
@@ -203,15 +198,16 @@ class DrfMeter(_Weights):
             reserved[0] *= factor
             reserved[1] *= factor
 
-    def score(self, tenant: str, now: float) -> float:
-        gpu, kv = self._others(tenant, now)
+    def score(self, tenant: str, now: float, reserved: bool = True) -> float:
+        """Weighted dominant use: used (here and by peers) plus, by default, reserved."""
+        gpu, kv = self._others(tenant, now, reserved)
         u = self._at(tenant, now)
-        return dominant_share(u.gpu_s + gpu, u.kv_token_s + kv, self._kv_capacity, self.weight(tenant))
+        return weighted_score(u.gpu_s + gpu, u.kv_token_s + kv, self._kv_capacity, self.weight(tenant))
 
-    def _others(self, tenant: str, now: float) -> tuple[float, float]:
+    def _others(self, tenant: str, now: float, reserved: bool = True) -> tuple[float, float]:
         """What counts in the score besides this daemon's own usage: reservations and peers."""
         gpu = kv = 0.0
-        res = self._reserved.get(tenant)
+        res = self._reserved.get(tenant) if reserved else None
         if res is not None:
             gpu, kv = res
         peer = self._peers.get(tenant)
@@ -234,16 +230,21 @@ class DrfMeter(_Weights):
         return {t: self.score(t, now) for t in tenants}
 
     def activate(self, tenant: str, active: Iterable[str], now: float) -> None:
-        others = [self.score(t, now) for t in active if t != tenant]
+        # The lift compares what was used, not what was reserved: a tenant
+        # returning to a machine full of another's admitted work is lifted
+        # to that tenant's use so far, not to the use it is expected to make
+        # (lifting to the reservations hands the other tenant a head start
+        # of a whole batch of expected work).
+        others = [self.score(t, now, reserved=False) for t in active if t != tenant]
         if not self._lift or not others:
             return
         floor = min(others)
-        mine = self.score(tenant, now)
+        mine = self.score(tenant, now, reserved=False)
         factor = lift_factor(mine, floor)
         if factor == 1.0:
             return
         u = self._at(tenant, now)
-        gpu, kv = self._others(tenant, now)
+        gpu, kv = self._others(tenant, now, reserved=False)
         # Only this daemon's own usage moves; what the others count stays.
         if math.isinf(factor):  # no usage at all: lift compute to the floor
             u.gpu_s = max(0.0, floor * self.weight(tenant) - gpu)
@@ -293,6 +294,51 @@ class DrfMeter(_Weights):
         if mine is not None:
             mine[0] = max(0.0, mine[0] - gpu_s)
             mine[1] = max(0.0, mine[1] - kv_token_s)
+
+
+class PrecedenceUsage:
+    """Each tenant's decayed use of the machine by realtime and streaming work,
+    as a fraction of capacity: what class precedence gave it recently.
+
+    The fraction is the tenant's dominant use (`shares.dominant_use`) over
+    the decayed engine time of the same window, so it is meaningful from
+    the first step on and independent of the other tenants.
+    """
+
+    __slots__ = ("_usage", "_elapsed", "_half_life", "_kv_capacity")
+
+    def __init__(self, *, kv_capacity: int, half_life_s: float) -> None:
+        self._usage: dict[str, _Usage] = {}
+        self._elapsed = _Usage()  # gpu_s holds the decayed engine seconds
+        self._half_life = half_life_s
+        self._kv_capacity = float(kv_capacity)
+
+    def _decayed(self, u: _Usage, now: float) -> _Usage:
+        if u.at != now:
+            f = decay_factor(now - u.at, self._half_life)
+            u.gpu_s *= f
+            u.kv_token_s *= f
+            u.at = now
+        return u
+
+    def charge(self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float) -> None:
+        self._decayed(self._elapsed, now).gpu_s += elapsed_s
+        for tenant, c in charges.items():
+            u = self._usage.get(tenant)
+            if u is None:
+                u = self._usage[tenant] = _Usage(at=now)
+            u = self._decayed(u, now)
+            u.gpu_s += c.gpu_s
+            u.kv_token_s += c.kv_token_s
+
+    def fraction(self, tenant: str, now: float) -> float:
+        """The tenant's recent precedence use as a fraction of the machine (0 when none)."""
+        u = self._usage.get(tenant)
+        window = self._decayed(self._elapsed, now).gpu_s
+        if u is None or window <= 0:
+            return 0.0
+        u = self._decayed(u, now)
+        return dominant_use(u.gpu_s, u.kv_token_s, self._kv_capacity, window)
 
 
 class VtcMeter(_Weights):

@@ -1,9 +1,13 @@
-"""Request traces for the simulator: the Azure LLM CSV and fsched's JSONL.
+"""Request traces for the simulator: the Azure LLM CSV, the Mooncake JSONL and fsched's JSONL.
 
 Azure (`TIMESTAMP,ContextTokens,GeneratedTokens`, CRLF): arrival times are
 made relative to the first request. fsched JSONL: one object a line with
 `arrival_s`, `prompt_tokens`, `output_tokens` and optionally `tenant`,
-`class`, `priority`.
+`class`, `priority`. Mooncake JSONL (the FAST'25 trace release): one object
+a line with `timestamp` (milliseconds), `input_length`, `output_length`
+(other fields, such as `hash_ids`, are ignored); recognised line by line by
+its `timestamp` field. Requests longer than an engine can hold are kept:
+the simulator refuses them one by one and counts them.
 
 Tenants and classes a trace lacks are drawn from a `random.Random(seed)`
 in file order: tenants uniformly (so the offered load is equal and the
@@ -155,6 +159,9 @@ def _read_jsonl(path: Path, limit: int | None) -> list[_Raw]:
             obj = json.loads(line)
             if not isinstance(obj, dict):
                 raise ValueError("expected a JSON object")
+            if "timestamp" in obj and "arrival_s" not in obj:
+                raws.append(_mooncake(obj))
+                continue
             arrival = float(obj["arrival_s"])
             if not arrival >= 0:
                 raise ValueError("arrival_s must be >= 0")
@@ -177,6 +184,14 @@ def _read_jsonl(path: Path, limit: int | None) -> list[_Raw]:
         except (ValueError, TypeError) as exc:
             raise TraceError(f"{path}: line {lineno}: {exc}") from None
     return raws
+
+
+def _mooncake(obj: dict) -> _Raw:
+    """One Mooncake record: `timestamp` in ms, `input_length`, `output_length`."""
+    arrival = float(obj["timestamp"]) / 1000.0
+    if not arrival >= 0:
+        raise ValueError("timestamp must be >= 0")
+    return _Raw(arrival, _tokens(obj["input_length"], 1), _tokens(obj["output_length"], 1))
 
 
 def parse_assignments(text: str, what: str) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""Policies: the aging rule, each policy's order, preemption rights, the factory."""
+"""Policies: standings, each policy's order, preemption rights and victim order, the factory,
+and the wait queue's pick against a brute-force minimum."""
 
 from __future__ import annotations
 
@@ -7,126 +8,103 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fsched.core.sched.config import SchedulerConfig
-from fsched.core.sched.policy import INF, POLICIES, aged, make_policy, next_aging_change
+from fsched.core.sched.policy import POLICIES, Standing, make_policy, standings
 from fsched.core.sched.request import SchedRequest
 from fsched.core.sched.waitqueue import WaitQueue
 from fsched.core.types import RequestClass
 
 RT, ST, BA = RequestClass.REALTIME, RequestClass.STREAMING, RequestClass.BATCH
-CFG = SchedulerConfig(aging_s=10.0)
+CFG = SchedulerConfig()
+IN = Standing(1.0, True, True)
 
 
-def r(rid, cls=BA, tenant="t", prompt=100, arrival=0.0, prio=5, seq=0, level=None):
+def r(rid, cls=BA, tenant="t", prompt=100, arrival=0.0, prio=5, seq=0):
     x = SchedRequest(rid, tenant, cls, prompt, 10, arrival, priority=prio)
     x.seq = seq
     x.wait_since = arrival
-    x.level = x.admit_level = CFG.entry_level(prompt) if level is None else level
     return x
 
 
-def test_aging_improves_band_then_boosts_level_and_priority():
-    assert aged(2, 3, 7, 0.0, 10.0) == (2, 3, 7)
-    assert aged(2, 3, 7, 9.9, 10.0) == (2, 3, 7)
-    assert aged(2, 3, 7, 10.0, 10.0) == (1, 3, 7)
-    assert aged(2, 3, 7, 20.0, 10.0) == (0, 3, 7)
-    assert aged(2, 3, 7, 30.0, 10.0) == (0, 0, 0)
-    assert aged(0, 2, 5, 10.0, 10.0) == (0, 0, 0)
+def order(policy, reqs, now, stand):
+    return [x.id for x in sorted(reqs, key=lambda x: policy.rank(x, now, stand))]
 
 
-@given(
-    band=st.integers(0, 2), level=st.integers(0, 3), prio=st.integers(0, 9),
-    waited=st.floats(0, 1e4), aging=st.floats(0.1, 100),
-)
-def test_aging_is_monotone_and_next_change_is_exact(band, level, prio, waited, aging):
-    now = 1000.0
-    since = now - waited
-    waited = now - since  # the same float next_aging_change sees
-    cur = aged(band, level, prio, waited, aging)
-    later = aged(band, level, prio, waited + aging / 3, aging)
-    assert later <= cur
-    t = next_aging_change(band, level, prio, since, now, aging)
-    if t == INF:
-        assert cur == (0, 0, 0) or aged(band, level, prio, waited + 1e6, aging) == cur
-    else:
-        assert t > now - 1e-9
-        assert aged(band, level, prio, t - since - 1e-6, aging) == cur
-        assert aged(band, level, prio, t - since + 1e-6, aging) != cur
+def test_standings_in_share_within_the_slack_of_the_lowest_waiting_score():
+    s = standings({"a": 1.0, "b": 1.04, "c": 1.2, "idle": 0.1}, backlogged=["a", "b", "c"], slack=0.05)
+    assert [s[t].in_share for t in "abc"] == [True, True, False]
+    assert s["idle"].in_share  # below everyone: not waiting, still within its share
+    assert all(x.in_share for x in standings({"a": 5.0, "b": 1.0}, [], 0.05).values())  # none waits
 
 
-def pop_order(policy_name, requests, now=0.0, scores=None):
-    policy = make_policy(policy_name, CFG, {})
-    q = WaitQueue(policy)
-    for x in requests:
-        q.push(x)
-    scores = scores or {x.tenant: 0.0 for x in requests}
-    order = []
-    while len(q):
-        _, best = q.best(now, scores)
-        q.pop_head(best, now)
-        order.append(best.id)
-    return order
+def test_standings_precedence_by_recent_realtime_and_streaming_use_against_entitlement():
+    s = standings({"a": 1.0, "b": 1.0}, ["a", "b"], 0.05, precedence_use={"a": 0.2, "b": 0.27},
+                  entitled={"a": 0.75, "b": 0.25})
+    assert s["a"].precedence and not s["b"].precedence  # 0.27 > 0.25 x 1.05
+    assert standings({"b": 1.0}, ["b"], 0.05, {"b": 0.26}, {"b": 0.25})["b"].precedence
 
 
 def test_fcfs_is_arrival_order():
-    reqs = [r("b", BA, arrival=1, seq=1), r("r", RT, arrival=2, seq=2), r("a", ST, arrival=0)]
-    assert pop_order("fcfs", reqs) == ["a", "b", "r"]
+    p = make_policy("fcfs", CFG, {})
+    reqs = [r("2", RT, arrival=2.0, seq=2), r("1", BA, arrival=1.0, seq=1)]
+    assert order(p, reqs, 5.0, {}) == ["1", "2"]
 
 
-def test_priority_is_class_then_base_priority_then_arrival_without_aging():
-    reqs = [
-        r("b-old", BA, arrival=0, seq=0),
-        r("s", ST, arrival=5, seq=1),
-        r("r-p9", RT, arrival=6, prio=9, seq=2),
-        r("r-p1", RT, arrival=7, prio=1, seq=3),
-    ]
-    assert pop_order("priority", reqs, now=10_000) == ["r-p1", "r-p9", "s", "b-old"]
+def test_priority_is_class_then_base_priority_then_arrival():
+    p = make_policy("priority", CFG, {})
+    reqs = [r("b", BA, arrival=0.0), r("s9", ST, prio=9, arrival=1.0, seq=1),
+            r("s1", ST, prio=1, arrival=2.0, seq=2), r("rt", RT, arrival=3.0, seq=3)]
+    assert order(p, reqs, 1000.0, {}) == ["rt", "s1", "s9", "b"]  # no aging, however long b waits
 
 
 def test_vtc_picks_lowest_counter_tenant_then_its_oldest():
-    reqs = [r("x1", tenant="x", arrival=0), r("y1", tenant="y", arrival=1, seq=1)]
-    assert pop_order("vtc", reqs, scores={"x": 5.0, "y": 1.0}) == ["y1", "x1"]
+    p = make_policy("vtc", CFG, {})
+    reqs = [r("x1", RT, "x", arrival=0.0), r("y2", BA, "y", arrival=2.0, seq=2),
+            r("y1", BA, "y", arrival=1.0, seq=1)]
+    assert order(p, reqs, 5.0, {"x": Standing(9.0), "y": Standing(1.0)}) == ["y1", "y2", "x1"]
 
 
-def test_fsched_order_band_tenant_level_priority_arrival():
-    reqs = [
-        r("batch", BA, tenant="low", arrival=9.0, seq=0),
-        r("rt-heavy", RT, tenant="high", prompt=100, arrival=9.1, seq=1),
-        r("rt-long", RT, tenant="low", prompt=5000, arrival=9.2, seq=2),  # skip-join: level 2
-        r("rt-p1", RT, tenant="low", prompt=100, arrival=9.4, prio=1, seq=3),
-        r("rt-p5", RT, tenant="low", prompt=100, arrival=9.3, prio=5, seq=4),
-    ]
-    order = pop_order("fsched", reqs, now=9.5, scores={"low": 0.1, "high": 0.9})
-    assert order == ["rt-p1", "rt-p5", "rt-long", "rt-heavy", "batch"]
-
-
-def test_fsched_aged_batch_reaches_the_top_band_and_a_preempted_request_keeps_its_place():
-    def pair():
-        return [r("old-batch", BA, arrival=0.0, seq=0), r("fresh-rt", RT, arrival=14.0, seq=1)]
-
-    assert pop_order("fsched", pair(), now=19.9) == ["fresh-rt", "old-batch"]  # band 1 vs 0
-    assert pop_order("fsched", pair(), now=20.0) == ["old-batch", "fresh-rt"]  # both band 0
-    # Preempted (wait reset at 100) but arrived first: once settled it goes
-    # before the younger requests that have waited longer.
-    pre = r("preempted", BA, arrival=0.0, seq=0)
-    pre.wait_since = 100.0
-    younger = [r(f"y{i}", BA, arrival=50.0 + i, seq=i + 1) for i in range(3)]
-    assert pop_order("fsched", [pre, *younger], now=131.0)[0] == "preempted"
-
-
-def test_may_preempt_compares_own_class_not_aged_band():
+def test_fsched_precedence_tier_first_then_drf_by_score():
+    """In-share realtime/streaming go first (class, then arrival, across tenants);
+    batch and the work of a tenant without precedence follow by tenant score."""
     p = make_policy("fsched", CFG, {})
-    victim = r("v", BA)
-    assert p.may_preempt(r("w", RT), victim)
-    assert p.may_preempt(r("w", ST), victim)
-    assert not p.may_preempt(r("w", BA, prompt=10), victim)  # same class, even if aged
-    rt_victim = r("rv", RT, prompt=100)
-    rt_victim.level = 1  # used up the quantum it was admitted with (level 0)
-    assert p.may_preempt(r("w", RT, prompt=10), rt_victim)  # time slicing
-    rt_victim.admit_level = 1
-    assert not p.may_preempt(r("w", RT, prompt=10), rt_victim)
-    assert not make_policy("fcfs", CFG, {}).may_preempt(r("w", RT), victim)
-    assert not make_policy("vtc", CFG, {}).may_preempt(r("w", RT), victim)
-    assert make_policy("priority", CFG, {}).may_preempt(r("w", RT), victim)
+    stand = {"a": Standing(2.0, True, True), "b": Standing(1.0, True, True), "c": Standing(0.5, True, False)}
+    reqs = [r("a-st", ST, "a", arrival=0.0), r("b-rt", RT, "b", arrival=1.0, seq=1),
+            r("a-rt", RT, "a", arrival=2.0, seq=2), r("a-ba", BA, "a", arrival=3.0, seq=3),
+            r("b-ba", BA, "b", arrival=4.0, seq=4), r("c-rt", RT, "c", arrival=0.0, seq=5)]
+    # c labels realtime but has used its precedence: it competes by score (lowest here).
+    assert order(p, reqs, 5.0, stand) == ["b-rt", "a-rt", "a-st", "c-rt", "b-ba", "a-ba"]
+
+
+def test_fsched_long_waiting_batch_never_jumps_another_tenant():
+    """However long a's batch waited, b (lower score) goes first; within a, oldest first."""
+    p = make_policy("fsched", CFG, {})
+    old, older = r("old", BA, "a", arrival=10.0, seq=1), r("older", BA, "a", arrival=0.0)
+    fresh = r("fresh", BA, "b", arrival=999.0, seq=2)
+    stand = {"a": Standing(2.0, True, True), "b": Standing(1.0, True, True)}
+    assert order(p, [old, fresh, older], 1000.0, stand) == ["fresh", "older", "old"]
+
+
+def test_fsched_preemption_rights_and_victim_order():
+    p = make_policy("fsched", CFG, {})
+    stand = {"a": Standing(1.0, True, True), "b": Standing(3.0, False, False)}
+    rt_a, ba_a = r("rt-a", RT, "a"), r("ba-a", BA, "a")
+    assert p.may_preempt(rt_a, 0.0, stand) and not p.may_preempt(ba_a, 0.0, stand)
+    assert not p.may_preempt(r("rt-b", RT, "b"), 0.0, stand)  # b used up its precedence
+    assert p.victim_order(rt_a, r("st-a", ST, "a"), stand) is None  # precedence work is not a victim
+    cheap, dear = r("cheap", BA, "b", prompt=1000), r("dear", BA, "b", prompt=1000, seq=1)
+    cheap.computed, dear.computed = 100, 900
+    own = r("own", BA, "a", prompt=1000, seq=2)
+    victims = sorted([own, dear, cheap], key=lambda v: p.victim_order(rt_a, v, stand), reverse=True)
+    assert [v.id for v in victims] == ["cheap", "dear", "own"]  # furthest over its share, then cheapest
+
+
+def test_priority_preempts_only_strictly_worse_class_or_priority():
+    p = make_policy("priority", CFG, {})
+    w = r("w", ST, prio=5)
+    assert p.victim_order(w, r("v", BA), {}) is not None
+    assert p.victim_order(w, r("v", ST, prio=5), {}) is None
+    assert p.victim_order(w, r("v", ST, prio=6), {}) is not None
+    assert p.victim_order(w, r("v", RT), {}) is None
 
 
 def test_factory_knows_the_four_policies_and_rejects_others():
@@ -137,15 +115,15 @@ def test_factory_knows_the_four_policies_and_rejects_others():
         make_policy("lottery", CFG, {})
 
 
-def test_waitqueue_remove_and_next_change():
+def test_waitqueue_remove():
     p = make_policy("fsched", CFG, {})
     q = WaitQueue(p)
     reqs = [r(str(i), BA, arrival=float(i), seq=i) for i in range(5)]
     for x in reqs:
-        q.push(x)
+        q.push(x, x.arrival)
     assert q.remove(reqs[2], 5.0) and not q.remove(reqs[2], 5.0)
     assert len(q) == 4 and reqs[2] not in list(q)
-    assert q.next_change(5.0) == 10.0  # request 0 (waiting since 0) reaches band 1 at 10 s
+    assert q.best(5.0, {"t": IN})[1] is reqs[0]
 
 
 ops = st.lists(
@@ -155,7 +133,8 @@ ops = st.lists(
         st.tuples(st.just("pop")),
         st.tuples(st.just("cancel"), st.integers(0, 200)),
         st.tuples(st.just("wait"), st.floats(0.0, 25.0)),
-        st.tuples(st.just("score"), st.sampled_from("xyz"), st.floats(0.0, 10.0)),
+        st.tuples(st.just("score"), st.sampled_from("xyz"), st.floats(0.0, 10.0), st.booleans(),
+                  st.booleans()),
     ),
     max_size=120,
 )
@@ -164,11 +143,11 @@ ops = st.lists(
 @given(ops=ops, policy_name=st.sampled_from(["fcfs", "priority", "vtc", "fsched"]))
 def test_waitqueue_best_is_the_minimum_rank_over_all_waiting(ops, policy_name):
     """The heads-of-heaps pick equals a brute-force minimum of `rank` over
-    every waiting request, as ages and scores change."""
+    every waiting request, as the standings change."""
     policy = make_policy(policy_name, CFG, {})
     q = WaitQueue(policy)
     now, seq = 0.0, 0
-    scores = {"x": 0.0, "y": 0.0, "z": 0.0}
+    stand = {"x": IN, "y": IN, "z": IN}
     live: list[SchedRequest] = []
     for op in ops:
         if op[0] == "add":
@@ -180,19 +159,16 @@ def test_waitqueue_best_is_the_minimum_rank_over_all_waiting(ops, policy_name):
         elif op[0] == "wait":
             now += op[1]
         elif op[0] == "score":
-            scores[op[1]] = op[2]
+            stand[op[1]] = Standing(op[2], op[3], op[4])
         elif op[0] == "cancel" and live:
             victim = live.pop(op[1] % len(live))
             assert q.remove(victim, now)
         elif op[0] == "pop" and live:
-            rank, best = q.best(now, scores)
+            _, best = q.best(now, stand)
             q.pop_head(best, now)
             live.remove(best)
         assert len(q) == len(live)
         if live:
-            expected = min(policy.rank(x, now, scores) for x in live)
-            assert q.best(now, scores)[0] == expected
-            changes = [policy.next_change(x, now) for x in live]
-            assert q.next_change(now) <= min(changes) + 1e-9
+            assert q.best(now, stand)[0] == min(policy.rank(x, now, stand) for x in live)
         else:
-            assert q.best(now, scores) is None
+            assert q.best(now, stand) is None

@@ -7,6 +7,7 @@ A tiny fake engine drives `schedule()` / `postprocess()` one step at a time
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -32,6 +33,7 @@ class FakeEngine:
         self.first_token: dict[str, float] = {}
         self.admitted_at: dict[str, int] = {}
         self.violations: list[str] = []
+        self.preempted: Counter[str] = Counter()
 
     def step(self):
         s = self.sched
@@ -66,9 +68,12 @@ class FakeEngine:
             self.violations.append("host pool overflow")
         for p in plan.preempted:
             ran = s.step - self.admitted_at[p.request_id]
-            # run_steps counts steps with progress, which is <= steps since admission
-            if ran < cfg.min_quantum_steps:
-                self.violations.append(f"{p.request_id} preempted after {ran} steps")
+            # run_steps counts steps with progress, which is <= steps since admission.
+            # A request never preempted may be (its checkpoint is all it costs); a
+            # re-admitted one runs its minimum quantum first: no thrashing.
+            if self.preempted[p.request_id] and ran < cfg.min_quantum_steps:
+                self.violations.append(f"{p.request_id} preempted again after {ran} steps")
+            self.preempted[p.request_id] += 1
         for rid in plan.admitted:
             self.admitted_at[rid] = s.step
 
@@ -115,7 +120,7 @@ def test_budgets_min_quantum_and_drain(specs, policy, max_batch, kv_tokens, step
     mq = min(mq, (kv_tokens - 1) // max_batch)
     cfg = SchedulerConfig(
         max_batch=max_batch, kv_tokens=kv_tokens, step_tokens=step_tokens,
-        host_kv_tokens=host, min_quantum_steps=mq, aging_s=5.0, quanta=(4, 8, 16),
+        host_kv_tokens=host, min_quantum_steps=mq,
     )
     sched = Scheduler(cfg, policy, {"a": 3, "b": 1})
     specs = sorted(specs)
@@ -157,7 +162,7 @@ def _full_batch_of_batch(cfg: SchedulerConfig, n_steps: int):
 @given(prompt=st.integers(1, 5000), warm=st.integers(0, 30), tenant=st.sampled_from(["t", "u"]))
 def test_realtime_first_token_within_its_prefill_plus_two_steps(prompt, warm, tenant):
     cfg = SchedulerConfig(
-        max_batch=8, kv_tokens=200_000, step_tokens=512, min_quantum_steps=4, aging_s=5.0
+        max_batch=8, kv_tokens=200_000, step_tokens=512, min_quantum_steps=4
     )
     sched, eng, outputs = _full_batch_of_batch(cfg, cfg.min_quantum_steps + 4 + warm)
     rt = req("rt", tenant, RequestClass.REALTIME, prompt=prompt, output=5, arrival=eng.now)
@@ -173,21 +178,76 @@ def test_realtime_first_token_within_its_prefill_plus_two_steps(prompt, warm, te
     assert eng.violations == []
 
 
-def test_realtime_waits_for_min_quantum_of_freshly_admitted_batch():
-    """Negative control: the latency property needs a victim past its quantum."""
-    cfg = SchedulerConfig(
-        max_batch=2, kv_tokens=100_000, step_tokens=512, min_quantum_steps=6, aging_s=5.0
-    )
+@pytest.mark.parametrize("preempted_before", [0, 1])
+def test_a_readmitted_request_runs_its_minimum_quantum_before_it_is_preempted_again(preempted_before):
+    """Negative control of the latency property: a victim that was preempted
+    before is protected for its minimum quantum; a fresh one costs only its
+    checkpoint and is not."""
+    cfg = SchedulerConfig(max_batch=2, kv_tokens=100_000, step_tokens=512, min_quantum_steps=6)
     sched = Scheduler(cfg, "fsched")
     outputs = {"b0": 100, "b1": 100, "rt": 3}
     eng = FakeEngine(sched, outputs)
-    sched.add(req("b0", output=100))
-    sched.add(req("b1", output=100))
+    for rid in ("b0", "b1"):
+        b = req(rid, output=100)
+        b.preemptions = preempted_before
+        sched.add(b)
     eng.step()
     sched.add(req("rt", cls=RequestClass.REALTIME, prompt=10, output=3, arrival=eng.now))
     plans = [eng.step() for _ in range(8)]
     admitted_at = next(i for i, p in enumerate(plans) if "rt" in p.admitted)
-    assert admitted_at == cfg.min_quantum_steps - 1  # b0/b1 ran 1 step before rt arrived
+    # b0/b1 ran 1 step before rt arrived
+    assert admitted_at == (cfg.min_quantum_steps - 1 if preempted_before else 0)
+
+
+def test_no_preemption_when_a_slot_frees_within_the_grace_steps():
+    """A running request reaching max_tokens within 2 steps frees its slot in
+    time: waiting for it costs the realtime request nothing against its bound."""
+    cfg = SchedulerConfig(max_batch=2, kv_tokens=100_000, step_tokens=512, min_quantum_steps=1)
+    sched = Scheduler(cfg, "fsched")
+    outputs = {"long": 100, "short": 4, "rt": 3}
+    eng = FakeEngine(sched, outputs)
+    sched.add(req("long", output=100))
+    sched.add(req("short", output=4))
+    eng.step()  # both prefilled; short has 3 tokens left
+    eng.step()  # 2 left
+    sched.add(req("rt", cls=RequestClass.REALTIME, prompt=10, output=3, arrival=eng.now))
+    plans = [eng.step() for _ in range(4)]
+    assert not any(p.preempted for p in plans)
+    assert "rt" in plans[2].admitted  # short finished after 2 steps
+
+
+def test_preemptions_per_request_are_bounded():
+    """After max_preemptions a request runs to completion however much
+    realtime work arrives."""
+    cfg = SchedulerConfig(max_batch=1, kv_tokens=100_000, step_tokens=512, min_quantum_steps=1,
+                          max_preemptions=2, preempt_grace_steps=0)
+    sched = Scheduler(cfg, "fsched")
+    outputs = {"b": 40}
+    eng = FakeEngine(sched, outputs)
+    sched.add(req("b", output=40))
+    for i in range(30):
+        rid = f"rt{i}"
+        outputs[rid] = 2
+        sched.add(req(rid, "u", RequestClass.REALTIME, prompt=5, output=2, arrival=eng.now))
+        eng.step()
+    assert eng.preempted["b"] == 2
+
+
+def test_a_long_context_is_not_recomputed_when_it_cannot_be_parked():
+    """No host room: a victim holding more than max_recompute_tokens is not a
+    victim; a short one is dropped and recomputed."""
+    cfg = SchedulerConfig(max_batch=2, kv_tokens=100_000, step_tokens=4096, min_quantum_steps=1,
+                          host_kv_tokens=0, max_recompute_tokens=1000, preempt_grace_steps=0)
+    sched = Scheduler(cfg, "fsched")
+    outputs = {"big": 50, "small": 50, "rt": 2}
+    eng = FakeEngine(sched, outputs)
+    sched.add(req("small", prompt=500, output=50))
+    sched.add(req("big", prompt=3000, output=50, arrival=0.5))  # the younger: first in victim order
+    eng.step()
+    eng.step()
+    sched.add(req("rt", "u", RequestClass.REALTIME, prompt=10, output=2, arrival=eng.now))
+    plan = eng.step()
+    assert [(p.request_id, p.checkpoint) for p in plan.preempted] == [("small", Checkpoint.RECOMPUTE)]
 
 
 def test_preemption_parks_when_host_has_room_else_recomputes():
@@ -252,7 +312,7 @@ def test_recomputed_request_prefills_its_whole_context_and_resumes_generation():
 def test_cancel_removes_from_every_queue(n, run_steps, cancel_mask, host, policy):
     cfg = SchedulerConfig(
         max_batch=4, kv_tokens=4_000, step_tokens=256, min_quantum_steps=2,
-        host_kv_tokens=host, aging_s=3.0,
+        host_kv_tokens=host,
     )
     sched = Scheduler(cfg, policy)
     outputs = {}

@@ -14,13 +14,12 @@ from typer.testing import CliRunner
 
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sim.costmodel import CostModel
-from fsched.core.sim.metrics import dominant_fractions, jain_index, percentile
+from fsched.core.sim.metrics import jain_index, percentile
 from fsched.core.sim.simulator import simulate
 from fsched.core.sim.trace import TraceRequest
 from fsched.core.types import RequestClass
 
-CFG = SchedulerConfig(max_batch=6, kv_tokens=20_000, step_tokens=600, min_quantum_steps=3,
-                      aging_s=2.0, quanta=(8, 32, 128))
+CFG = SchedulerConfig(max_batch=6, kv_tokens=20_000, step_tokens=600, min_quantum_steps=3)
 
 traces = st.lists(
     st.tuples(
@@ -71,8 +70,6 @@ def test_metric_functions():
     assert percentile(list(range(101)), 99) == pytest.approx(99)
     assert jain_index([1, 1, 1]) == 1.0
     assert jain_index([1, 0, 0, 0]) == pytest.approx(0.25)
-    shares = dominant_fractions({"a": 3.0, "b": 1.0}, {"a": 0.0, "b": 2_000.0}, 1_000.0)
-    assert shares == {"a": pytest.approx(0.6), "b": pytest.approx(0.4)}
 
 
 def test_report_is_consistent_with_its_records():
@@ -91,9 +88,9 @@ def test_report_is_consistent_with_its_records():
 
 
 SCHEMA_CLASS = {"count", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "jct_p50_s",
-                "jct_p99_s"}
+                "jct_p99_s", "max_wait_s", "on_target"}
 SCHEMA_POLICY = {"classes", "throughput_tok_s", "tenants", "jain_index", "max_wait_s",
-                 "preemptions", "makespan_s"}
+                 "preemptions", "rejected", "makespan_s"}
 
 
 @pytest.fixture
@@ -127,10 +124,39 @@ def test_simulate_command_json_schema(small_trace):
         assert set(pol) == SCHEMA_POLICY
         assert set(pol["tenants"]) == {"a", "b"}
         for t in pol["tenants"].values():
-            assert set(t) == {"weight", "entitled", "share"}
-        for c in pol["classes"].values():
+            assert set(t) == {"weight", "entitled", "share", "classes"}
+            for c in t["classes"].values():
+                assert set(c) == SCHEMA_CLASS
+        for name, c in pol["classes"].items():
             assert set(c) == SCHEMA_CLASS
+            # per tenant and class: the counts add up to the class's
+            assert sum(t["classes"].get(name, {"count": 0})["count"] for t in pol["tenants"].values()) \
+                == c["count"]
         assert sum(c["count"] for c in pol["classes"].values()) == 100
+        assert pol["rejected"] == 0
+
+
+def test_a_request_beyond_the_kv_budget_is_refused_alone():
+    cfg = SchedulerConfig(max_batch=4, kv_tokens=2_000, step_tokens=600, min_quantum_steps=2)
+    trace = [TraceRequest(0.0, "a", RequestClass.BATCH, 100, 20),
+             TraceRequest(0.1, "a", RequestClass.REALTIME, 5_000, 20),  # can never fit
+             TraceRequest(0.2, "b", RequestClass.BATCH, 100, 20)]
+    for policy in ("fcfs", "fsched"):
+        rep = simulate(trace, policy, config=cfg)
+        assert rep.rejected == 1
+        assert sum(c.count for c in rep.classes.values()) == 2 and "realtime" not in rep.classes
+
+
+def test_per_tenant_class_figures_match_the_records():
+    trace = [TraceRequest(i * 0.1, "ab"[i % 2], list(RequestClass)[i % 3], 100 + i, 10 + i)
+             for i in range(30)]
+    rep = simulate(trace, "fsched", weights={"a": 3, "b": 1}, config=CFG)
+    for tenant, classes in rep.tenant_classes.items():
+        for cls, stats in classes.items():
+            mine = [r for r in rep.records if r.tenant == tenant and r.cls.value == cls]
+            assert stats.count == len(mine)
+            assert stats.ttft_p99_s == pytest.approx(max(r.first_token_s - r.arrival_s for r in mine),
+                                                     rel=0.05)
 
 
 def test_simulate_command_table_and_errors(small_trace):

@@ -1,9 +1,11 @@
-"""Trace reading: Azure CSV (CRLF), fsched JSONL, deterministic assignment."""
+"""Trace reading: Azure CSV (CRLF), Mooncake JSONL, fsched JSONL, deterministic assignment."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,17 @@ AZURE = (
     "2023-11-16 23:59:59.5000000,10,1\r\n"
     "2023-11-17 00:00:00.5000000,20,2\r\n"
 )
+
+
+TRACES = Path(os.environ.get("FSCHED_TRACES", Path(__file__).resolve().parents[3] / "shared" / "traces"))
+
+
+@pytest.fixture
+def mooncake():
+    path = TRACES / "mooncake_synthetic.jsonl"
+    if not path.exists():
+        pytest.skip(f"{path} not found (set FSCHED_TRACES to the traces folder)")
+    return path
 
 
 @pytest.fixture
@@ -72,6 +85,26 @@ def test_jsonl_keeps_given_tenant_class_priority(tmp_path):
     reqs = load_trace(p, tenants=["q"])
     assert [(r.tenant, r.arrival_s) for r in reqs] == [("q", 0.0), ("z", 1.0)]
     assert reqs[1].cls is RequestClass.REALTIME and reqs[1].priority == 1
+
+
+def test_mooncake_records_timestamp_ms_and_lengths(tmp_path):
+    p = tmp_path / "mooncake.jsonl"
+    p.write_text(
+        json.dumps({"timestamp": 1500, "input_length": 9000, "output_length": 70, "hash_ids": [1, 2]}) + "\n"
+        + json.dumps({"timestamp": 500, "input_length": 200_000, "output_length": 5, "hash_ids": []}) + "\n"
+    )
+    reqs = load_trace(p, tenants=["a"])
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in reqs] == [(0.0, 200_000, 5),
+                                                                             (1.0, 9000, 70)]
+    p.write_text(json.dumps({"timestamp": 1, "input_length": 0, "output_length": 5}) + "\n")
+    with pytest.raises(TraceError, match="line 1: token count"):
+        load_trace(p)
+
+
+def test_the_shared_mooncake_trace_loads_whole(mooncake):
+    reqs = load_trace(mooncake, tenants=["a", "b"])
+    assert len(reqs) == 3_993 and reqs[0].arrival_s == 0.0
+    assert max(r.prompt_tokens for r in reqs) > 131_072  # some fit no engine here: refused one by one
 
 
 @pytest.mark.parametrize(

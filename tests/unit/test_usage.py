@@ -1,4 +1,5 @@
-"""Usage accounting: decay, dominant share, lift, reservations, VTC counters."""
+"""Usage accounting and shares: decay, the dominant-share definition, lift, reservations,
+precedence use, VTC counters."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fsched.core.sched.shares import dominant_use, entitled_shares, served_shares, weighted_score
 from fsched.core.sched.usage import (
     DrfMeter,
+    PrecedenceUsage,
     TenantCharge,
     VtcMeter,
     decay_factor,
-    dominant_share,
     lift_factor,
 )
 
@@ -29,10 +31,39 @@ def test_decay_halves_per_half_life():
     assert decay_factor(-5, 10) == 1.0
 
 
-def test_dominant_share_is_max_over_resources_by_capacity_over_weight():
-    assert dominant_share(2.0, 500.0, 1_000.0, 1.0) == 2.0
-    assert dominant_share(0.1, 500.0, 1_000.0, 1.0) == 0.5
-    assert dominant_share(0.1, 500.0, 1_000.0, 2.0) == 0.25
+def test_weighted_score_is_dominant_use_over_weight():
+    assert weighted_score(2.0, 500.0, 1_000.0, 1.0) == 2.0
+    assert weighted_score(0.1, 500.0, 1_000.0, 1.0) == 0.5
+    assert weighted_score(0.1, 500.0, 1_000.0, 2.0) == 0.25
+
+
+def test_dominant_use_is_the_larger_fraction_of_capacity_over_the_window():
+    assert dominant_use(5.0, 0.0, 1_000.0, window_s=10.0) == 0.5  # half the GPU
+    assert dominant_use(1.0, 8_000.0, 1_000.0, window_s=10.0) == 0.8  # 80% of the KV cache
+    with pytest.raises(ValueError):
+        dominant_use(1.0, 1.0, 0.0)
+
+
+def test_served_shares_sum_to_one_and_read_against_entitlement():
+    shares = served_shares({"a": (3.0, 0.0), "b": (1.0, 2_000.0)}, 1_000.0)
+    assert shares == {"a": pytest.approx(0.6), "b": pytest.approx(0.4)}  # b's KV use dominates
+    assert served_shares({"a": (0.0, 0.0)}, 1_000.0) == {}
+    # The window divides out: the same use over a longer window gives the same shares.
+    assert served_shares({"a": (6.0, 0.0), "b": (2.0, 4_000.0)}, 1_000.0) == shares
+
+
+def test_entitled_shares_among_tenants_with_work():
+    e = entitled_shares({"a": 3.0, "b": 1.0, "c": 4.0}, ["a", "b"])
+    assert e["a"] == 0.75 and e["b"] == 0.25 and e["c"] == pytest.approx(0.5)  # c would get half
+
+
+def test_precedence_usage_is_a_fraction_of_the_machine():
+    p = PrecedenceUsage(kv_capacity=1_000, half_life_s=10.0)
+    assert p.fraction("a", 0.0) == 0.0
+    p.charge({"a": TenantCharge(gpu_s=0.25), "b": TenantCharge(gpu_s=0.5)}, 1.0, 1.0)
+    assert p.fraction("a", 1.0) == pytest.approx(0.25) and p.fraction("b", 1.0) == pytest.approx(0.5)
+    p.charge({}, 1.0, 11.0)  # a second of nothing, 10 s later: both decayed alike
+    assert p.fraction("a", 11.0) == pytest.approx(0.125 / 1.5)
 
 
 @given(score=st.floats(0, 100), floor=st.floats(0, 100))

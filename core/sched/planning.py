@@ -1,0 +1,58 @@
+"""Turning the running set into one step: prefill chunks, decode rows, repeatable steps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.plan import PrefillChunk
+from fsched.core.sched.request import SchedRequest
+
+
+def split_rows(running: Iterable[SchedRequest], rank: Callable[[SchedRequest], tuple], budget: int,
+               min_quantum: int) -> tuple[list[str], list[PrefillChunk]]:
+    """Decode rows for every decoding request, then prefill chunks within the
+    token budget left, by rank, except that a prefill starved of budget for a
+    whole minimum quantum goes first: nothing admitted stalls forever behind
+    a stream of better-ranked prefills."""
+    decode: list[str] = []
+    prefilling: list[tuple[tuple, SchedRequest]] = []
+    for r in running:
+        if r.pending_prefill == 0:
+            decode.append(r.id)
+        else:
+            prefilling.append(((r.idle_steps < min_quantum, rank(r)), r))
+    budget -= len(decode)
+    prefilling.sort(key=lambda item: item[0])
+    chunks: list[PrefillChunk] = []
+    for _, r in prefilling:
+        if budget <= 0:
+            break
+        pending = r.pending_prefill
+        n = min(pending, budget)
+        if n == pending - 1:
+            # Never stop a prefill one token short: `computed == context - 1`
+            # is what a decoding request looks like (pending_prefill 0), and a
+            # resumed request (generated > 0) would be planned as decoding.
+            n -= 1
+            if n == 0:
+                continue
+        chunks.append(PrefillChunk(r.id, r.computed, n, n == pending))
+        budget -= n
+    return decode, chunks
+
+
+def stable_steps(running: Iterable[SchedRequest], config: SchedulerConfig, kv_committed: int,
+                 n_decode: int, quantum_ends: bool) -> int:
+    """Steps a decode-only plan can repeat before a decision is due: a request
+    reaching max_tokens, KV pressure, and (when work waits and the policy
+    preempts) a minimum quantum ending, which makes a victim."""
+    steps = (config.kv_tokens - kv_committed) // n_decode + 1  # memory pressure
+    mq = config.min_quantum_steps
+    for r in running:
+        left = r.max_tokens - r.generated
+        if left < steps:
+            steps = left
+        if quantum_ends and r.run_steps < mq and mq - r.run_steps < steps:
+            steps = mq - r.run_steps
+    return max(1, steps)

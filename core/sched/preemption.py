@@ -1,0 +1,109 @@
+"""Whether to preempt, whom, and how: pure functions of the running set.
+
+A preemption pays or is not taken:
+* a waiter that may preempt (the policy says which) waits instead when a
+  running request reaches its max_tokens within the policy's grace steps
+  and its leaving makes room;
+* victims are the policy's choice among running requests under the
+  preemption bound and, when re-admitted after a preemption, past their
+  minimum quantum, in the policy's order;
+* each victim's KV is parked in the host pool when there is room (a copy
+  out and back, about a tenth of recomputing it on the modelled GPU), else
+  dropped and recomputed, but only when it holds at most
+  `max_recompute_tokens`: a long context is never re-prefilled to save a
+  short wait. A victim that can be neither is not a victim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.policy import Policy, Standing
+from fsched.core.sched.request import Checkpoint, SchedRequest
+
+
+@dataclass(slots=True, frozen=True)
+class Room:
+    """What the running batch has free: slots and KV token slots (after the reserve)."""
+
+    slots: int
+    kv_tokens: int
+    host_tokens: int  # free host pool for parked KV
+
+
+def checkpoint_for(victim: SchedRequest, host_free: int, config: SchedulerConfig) -> Checkpoint | None:
+    """Park when the host pool has room, recompute a short context, else None (not a victim)."""
+    kv = victim.computed
+    if kv == 0 or kv <= host_free:
+        return Checkpoint.PARK if kv else Checkpoint.RECOMPUTE
+    return Checkpoint.RECOMPUTE if kv <= config.max_recompute_tokens else None
+
+
+def slot_frees_soon(running: Iterable[SchedRequest], steps: int, need_kv: int, free_kv: int) -> bool:
+    """Whether a decoding request reaches max_tokens within `steps` steps and,
+    with what finishing frees, `need_kv` more KV slots fit."""
+    if steps <= 0:
+        return False
+    leaving = [r for r in running if r.pending_prefill == 0 and r.remaining_tokens <= steps]
+    return bool(leaving) and free_kv + sum(r.context for r in leaving) >= need_kv
+
+
+def preemptible(r: SchedRequest, config: SchedulerConfig) -> bool:
+    """Under the preemption bound, and, when it was preempted before, past its
+    minimum quantum since it came back (a first preemption costs only the
+    checkpoint; a second one right after re-admission would thrash)."""
+    if r.preemptions >= config.max_preemptions:
+        return False
+    return r.preemptions == 0 or r.run_steps >= config.min_quantum_steps
+
+
+def choose_victims(
+    waiter: SchedRequest,
+    running: Iterable[SchedRequest],
+    room: Room,
+    need_kv: int,
+    policy: Policy,
+    stand: Mapping[str, Standing],
+    config: SchedulerConfig,
+) -> list[tuple[SchedRequest, Checkpoint]] | None:
+    """Victims that make room for `waiter` (one slot and `need_kv` KV slots), in
+    the policy's order, or None when no such set exists."""
+    ordered = []
+    for r in running:
+        if not preemptible(r, config):
+            continue
+        key = policy.victim_order(waiter, r, stand)
+        if key is not None:
+            ordered.append((key, r))
+    ordered.sort(key=lambda item: item[0], reverse=True)
+    slots, kv, host = room.slots, room.kv_tokens, room.host_tokens
+    chosen: list[tuple[SchedRequest, Checkpoint]] = []
+    for _, r in ordered:
+        if slots >= 1 and kv >= need_kv:
+            break
+        checkpoint = checkpoint_for(r, host, config)
+        if checkpoint is None:
+            continue
+        if checkpoint is Checkpoint.PARK:
+            host -= r.computed
+        chosen.append((r, checkpoint))
+        # A freed slot also frees that request's share of the decode reserve.
+        slots, kv = slots + 1, kv + r.context + config.min_quantum_steps
+    return chosen if slots >= 1 and kv >= need_kv else None
+
+
+def memory_victim(running: Iterable[SchedRequest], policy: Policy, stand: Mapping[str, Standing],
+                  min_quantum: int) -> SchedRequest | None:
+    """The last-ranked running request past its minimum quantum (any, when none is):
+    whom decode growth past the KV budget evicts."""
+    worst = worst_any = None
+    for r in running:
+        rank = policy.running_rank(r, stand)
+        if worst_any is None or rank > worst_any[0]:
+            worst_any = (rank, r)
+        if r.run_steps >= min_quantum and (worst is None or rank > worst[0]):
+            worst = (rank, r)
+    pick = worst or worst_any
+    return None if pick is None else pick[1]
