@@ -157,13 +157,14 @@ def _pct(values, p: float) -> float:
 
 
 def fairness(loaded, folder: Path, seconds: float = 30.0, window_s: float = 2.0) -> None:
-    from fsched.core.serve.daemon import served_shares
+    from fsched.core.sched.shares import served_shares
 
     store, engine, daemon = compose(loaded, f"sqlite:///{folder}/fairness.db", "fsched", until_idle=False)
     store.add_tenant("a", 3)
     store.add_tenant("b", 1)
     submit(store, job_lines(600, seed=3, out=(32, 96)), "a")
     submit(store, job_lines(600, seed=4, out=(32, 96)), "b")
+    kv_budget = engine.snapshot().kv_budget
     windows: list[tuple[float, dict[str, float]]] = []
     current: dict[str, list[float]] = {}
     window_start = [time.time()]
@@ -178,7 +179,7 @@ def fairness(loaded, folder: Path, seconds: float = 30.0, window_s: float = 2.0)
                 usage[1] += charge.kv_token_s
         now = time.time()
         if now - window_start[0] >= window_s:
-            windows.append((now, served_shares({t: list(u) for t, u in current.items()})))
+            windows.append((now, served_shares({t: (u[0], u[1]) for t, u in current.items()}, kv_budget)))
             current.clear()
             window_start[0] = now
         return report

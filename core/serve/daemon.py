@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fsched.core.faults import crash_point
+from fsched.core.sched.shares import served_shares
 from fsched.core.serve.engine import Engine, EngineRequest, StepFailed, StepReport
 from fsched.core.serve.holdings import Holdings
 from fsched.core.serve.leases import LeaseKeeper
@@ -105,19 +106,10 @@ class DaemonStats:
             usage[0] += charge.gpu_s
             usage[1] += charge.kv_token_s
 
-    def served_shares(self) -> dict[str, float]:
-        """Each tenant's part of the dominant resource recently served (sums to 1)."""
-        return served_shares(self.served)
-
-
-def served_shares(served: dict[str, list[float]]) -> dict[str, float]:
-    """Normalised dominant shares: max over resources of the tenant's fraction of it."""
-    totals = [sum(u[i] for u in served.values()) for i in range(2)]
-    dominant = {
-        t: max((u[i] / totals[i]) if totals[i] else 0.0 for i in range(2)) for t, u in served.items()
-    }
-    total = sum(dominant.values())
-    return {t: d / total for t, d in dominant.items()} if total else {}
+    def served_shares(self, kv_capacity: int) -> dict[str, float]:
+        """Each tenant's part of the dominant resource recently served (sums to 1), as the scheduler
+        and the simulator define it."""
+        return served_shares({t: (u[0], u[1]) for t, u in self.served.items()}, kv_capacity)
 
 
 class Daemon:
@@ -360,7 +352,7 @@ class Daemon:
             "held": len(self.held),
             "kv_tokens": s.kv_tokens,
             "kv_budget": engine.kv_budget,
-            "served_share": {t: round(v, 4) for t, v in s.served_shares().items()},
+            "served_share": {t: round(v, 4) for t, v in s.served_shares(engine.kv_budget).items()},
             "weights": self._weights,
             "weights_applied_at": self._weights_applied_at,
             "lease_s": self.config.lease_s,
