@@ -117,7 +117,7 @@ class Request(Base):
     )
 
 
-class Daemon(Base):
+class DaemonHeartbeat(Base):
     """A running (or dead) daemon's heartbeat and engine figures."""
 
     __tablename__ = "daemons"

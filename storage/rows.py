@@ -14,12 +14,12 @@ from fsched.core.store.records import (
     StoreError,
 )
 from fsched.core.types import JobState, RequestClass, RequestState
-from fsched.storage.models import Daemon, DaemonUsage, Job, Request, Tenant
+from fsched.storage.models import DaemonHeartbeat, DaemonUsage, Job, Request, Tenant
 
 jobs = Job.__table__
 requests = Request.__table__
 tenants = Tenant.__table__
-daemons = Daemon.__table__
+daemons = DaemonHeartbeat.__table__
 daemon_usage = DaemonUsage.__table__
 
 FINISHED_JOB_STATES = [s.value for s in JobState if s.finished]

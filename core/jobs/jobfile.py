@@ -95,41 +95,15 @@ def parse_job_file(
 
     requests: list[RequestSpec] = []
     seen_ids: dict[str, int] = {}
-    form: str | None = None
-    form_line = 0
-    line_no = 0
+    form = _FormOfFile()
     for line_no, raw in enumerate(data.split(b"\n"), start=1):
-        if len(raw) > limits.max_line_bytes:
-            raise JobFileError(
-                source,
-                f"line is {len(raw):,} bytes, over the limit of {limits.max_line_bytes:,}",
-                line_no,
-            )
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise JobFileError(
-                source, f"not valid UTF-8 (byte {exc.start + 1} of the line)", line_no
-            ) from None
+        text = _decoded_line(raw, source, line_no, limits)
         if not text.strip():
             continue
         if len(requests) >= limits.max_lines:
             raise JobFileError(source, f"more than {limits.max_lines:,} requests in one file", line_no)
         try:
-            obj = _load_json(text, limits.max_depth)
-            line_form = "openai" if OPENAI_ENVELOPE_KEYS & obj.keys() - {"custom_id"} else "simple"
-            if form is None:
-                form, form_line = line_form, line_no
-            elif line_form != form:
-                raise _LineError(
-                    None,
-                    f"mixes the {line_form} form with the {form} form of line {form_line}; "
-                    "use one form per file",
-                )
-            if line_form == "openai":
-                spec = _parse_openai(obj, limits, default_max_tokens)
-            else:
-                spec = _parse_simple(obj, limits, default_max_tokens, len(requests) + 1)
+            spec = _parse_line(text, line_no, form, limits, default_max_tokens, len(requests) + 1)
         except _LineError as exc:
             raise JobFileError(source, exc.message, line_no, exc.field) from None
         if spec.custom_id in seen_ids:
@@ -144,7 +118,44 @@ def parse_job_file(
 
     if not requests:
         raise JobFileError(source, "file has no requests (it is empty or blank)")
-    return ParsedJobFile(source=source, requests=tuple(requests), form=form or "simple")
+    return ParsedJobFile(source=source, requests=tuple(requests), form=form.name or "simple")
+
+
+@dataclass(slots=True)
+class _FormOfFile:
+    """The form the first request of a file took, which every later line must keep."""
+
+    name: str | None = None
+    line: int = 0
+
+
+def _decoded_line(raw: bytes, source: str, line_no: int, limits: InputLimits) -> str:
+    if len(raw) > limits.max_line_bytes:
+        raise JobFileError(
+            source, f"line is {len(raw):,} bytes, over the limit of {limits.max_line_bytes:,}", line_no
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JobFileError(source, f"not valid UTF-8 (byte {exc.start + 1} of the line)", line_no) from None
+
+
+def _parse_line(
+    text: str, line_no: int, form: _FormOfFile, limits: InputLimits, default_max_tokens: int, index: int
+) -> RequestSpec:
+    obj = _load_json(text, limits.max_depth)
+    line_form = "openai" if OPENAI_ENVELOPE_KEYS & obj.keys() - {"custom_id"} else "simple"
+    if form.name is None:
+        form.name, form.line = line_form, line_no
+    elif line_form != form.name:
+        raise _LineError(
+            None,
+            f"mixes the {line_form} form with the {form.name} form of line {form.line}; "
+            "use one form per file",
+        )
+    if line_form == "openai":
+        return _parse_openai(obj, limits, default_max_tokens)
+    return _parse_simple(obj, limits, default_max_tokens, index)
 
 
 def load_json_object(text: str, max_depth: int) -> dict:

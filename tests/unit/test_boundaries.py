@@ -75,7 +75,8 @@ def test_the_daemon_reaches_the_scheduler_only_through_the_engine():
         bad = {
             n
             for n in imports_of(path)
-            if n.startswith(("fsched.core.sched", "fsched.core.store.memory")) and n != "fsched.core.sched.shares"
+            if n.startswith(("fsched.core.sched", "fsched.core.store.memory"))
+            and n != "fsched.core.sched.shares"
         }
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 

@@ -12,8 +12,6 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("cli", "core", "storage")
 MAX_FUNCTION_LINES = 60
@@ -42,20 +40,11 @@ def over(kind: type | tuple[type, ...], limit: int, root: Path = ROOT) -> list[s
             if isinstance(node, kind) and lines(node) > limit]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "functions still over the limit: cli/simulate.py simulate (88 lines), "
-    "core/jobs/jobfile.py parse_job_file (67), core/sched/scheduler.py postprocess (72), "
-    "core/sim/simulator.py simulate (94), storage/jobstore.py claim (92) and finish_requests (66)"
-))
 def test_no_function_is_over_60_lines():
     offenders = over((ast.FunctionDef, ast.AsyncFunctionDef), MAX_FUNCTION_LINES)
     assert not offenders, "over 60 lines: " + "; ".join(offenders)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "classes still over the limit: core/sched/scheduler.py Scheduler (452 lines), "
-    "core/serve/daemon.py Daemon (368), storage/jobstore.py SqlJobStore (758)"
-))
 def test_no_class_is_over_300_lines():
     offenders = over(ast.ClassDef, MAX_CLASS_LINES)
     assert not offenders, "over 300 lines: " + "; ".join(offenders)
@@ -66,10 +55,6 @@ def test_core_keeps_at_most_6_modules_flat():
     assert len(flat) <= MAX_FLAT_CORE_MODULES, f"{len(flat)} modules flat in core/: {flat}"
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "Daemon is both the daemon loop (core/serve/daemon.py) and the daemons' table row "
-    "(storage/models.py); one of them is to be renamed"
-))
 def test_no_two_public_classes_share_a_name():
     places = defaultdict(list)
     for where, node in definitions():
