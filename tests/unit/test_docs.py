@@ -42,7 +42,9 @@ CITATIONS = {
     "a section sign": re.compile("§"),
     "an issue number": re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE),
     "the issue tracker's command": re.compile(r"`issues(\s+show)?[^`]*`"),
-    "a work session": re.compile(r"\b(work|this|previous|next) session\b", re.IGNORECASE),
+    "a work session": re.compile(
+        r"\bwork sessions?\b|\b(previous|earlier|next|later) sessions?\b", re.IGNORECASE
+    ),
     "a file beside the repository": re.compile(r"(?<![\w.])\.\./shared\b|\bshared/DESIGN"),
 }
 # Repository paths a doc names in code spans must exist.
@@ -309,6 +311,20 @@ def test_no_doc_cites_what_a_reader_cannot_open(doc: Path):
     assert found == []
 
 
+def test_no_source_cites_what_a_reader_cannot_open():
+    """The same rule for code, docstrings and comments, outside this file (which names the patterns)."""
+    found = []
+    for folder in ("cli", "core", "storage", "tests", "bench", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix not in (".py", ".sh", ".md") or path == Path(__file__).resolve():
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), start=1):
+                hits = [what for what, pattern in CITATIONS.items() if pattern.search(line)]
+                if hits and "https://" not in line:
+                    found.append(f"{_rel(path)}:{number}: {hits[0]}: {line.strip()}")
+    assert found == [], "\n".join(found)
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=_rel)
 def test_relative_links_resolve_inside_the_repository(doc: Path):
     broken = []
@@ -421,5 +437,7 @@ def test_citations_and_links_are_caught():
     assert CITATIONS["the design file"].search("see DESIGN §3")
     assert CITATIONS["an issue number"].search("(issue 4/6)")
     assert CITATIONS["a file beside the repository"].search("fsched simulate ../shared/traces/x.csv")
-    assert not any(p.search("every fsched session sets a timeout") for p in CITATIONS.values())
+    assert CITATIONS["a work session"].search("as the previous session measured")
+    for fine in ("every fsched session sets a timeout", "one tiny model for this session", "issued 3 claims"):
+        assert not any(p.search(fine) for p in CITATIONS.values()), fine
     assert "limits" in _anchors("## Limits\n") and "access-and-trust" in _anchors("## Access and trust")
