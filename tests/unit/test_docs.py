@@ -5,11 +5,12 @@ command or flag that is renamed or removed fails here, and one that is added
 needs nothing but its docs. What is checked of a command line: the command and
 each subcommand exist, and every `--flag` or `-f` belongs to the command it is
 given to. Placeholders (`<job>`, `FILE`, `$VAR`) are values and are not checked.
-Costs well under a second (imports the CLI, reads a few Markdown files).
+Costs a few seconds at most (imports the CLI once, reads the docs and the sources).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from dataclasses import dataclass
@@ -155,6 +156,12 @@ def command_lines(snippet: Snippet) -> list[list[str]]:
     return out
 
 
+@functools.cache
+def _root():
+    """The live command tree (built once: typer rebuilds it on every call)."""
+    return typer.main.get_command(app)
+
+
 def _placeholder(word: str) -> bool:
     word = word.strip("[]().,")
     return word.startswith(("<", "$", "{")) or word.isupper() or word in ("...", "…")
@@ -174,7 +181,7 @@ def _options(command) -> dict[str, bool]:
 
 def check_command(words: list[str], root=None) -> list[str]:
     """What is wrong with one invocation (`fsched` already dropped): unknown commands and flags."""
-    command = root if root is not None else typer.main.get_command(app)
+    command = root if root is not None else _root()
     path = ["fsched"]
     words = [w for w in words if w]
     i = 0
@@ -264,7 +271,7 @@ def test_every_command_and_option_is_documented():
             for words in command_lines(snippet):
                 shown.update(_shown_options(words))
     missing = []
-    for path, command in _leaves(typer.main.get_command(app), "fsched"):
+    for path, command in _leaves(_root(), "fsched"):
         if (path, "") not in shown:
             missing.append(path)
         for param in command.params:
@@ -283,7 +290,7 @@ def _leaves(command, path: str):
 
 
 def _shown_options(words: list[str]) -> set[tuple[str, str]]:
-    command = typer.main.get_command(app)
+    command = _root()
     path = "fsched"
     rest = list(words)
     while hasattr(command, "commands") and rest and rest[0] in command.commands:
