@@ -204,11 +204,20 @@ def check_command(words: list[str], root=None) -> list[str]:
     return _check_options(command, words[i:], " ".join(path))
 
 
+def _alternatives(words: list[str]) -> list[str]:
+    """`[--access-log|--no-access-log]` in a synopsis: each alternative is a flag to check."""
+    out = []
+    for word in words:
+        parts = word.strip("[]").split("|")
+        out.extend(parts if len(parts) > 1 and all(p.startswith("-") for p in parts) else [word])
+    return out
+
+
 def _check_options(command, words: list[str], name: str) -> list[str]:
     options = _options(command)
     problems = []
     skip_value = False
-    for raw in words:
+    for raw in _alternatives(words):
         if REDIRECT.match(raw) or raw == "--":
             break
         word = raw.strip("[](),")
@@ -298,7 +307,7 @@ def _shown_options(words: list[str]) -> set[tuple[str, str]]:
         path = f"{path} {rest.pop(0)}"
     if hasattr(command, "commands"):
         return set()
-    flags = {w.strip("[](),").split("=")[0] for w in rest if w.strip("[(").startswith("-")}
+    flags = {w.strip("[](),").split("=")[0] for w in _alternatives(rest) if w.strip("[(").startswith("-")}
     return {(path, "")} | {(path, flag) for flag in flags}
 
 
@@ -425,6 +434,8 @@ def test_continuations_pipes_variables_and_placeholders():
     bad = "```\nfsched daemon --model standin \\\n  --max-batch 8 \\\n  --bogus 3\n```\n"
     assert problems_in(bad) == ["<snippet>:2: `fsched daemon --model standin --max-batch 8 --bogus 3`: "
                                 "fsched daemon: no option --bogus"]
+    assert problems_in("`fsched status [--json|--watch]`") == []
+    assert "no option --wach" in problems_in("`fsched status [--json|--wach]`")[0]
     piped = "```\ncat x | fsched submit - --nope\n```\n"
     assert "no option --nope" in problems_in(piped)[0]
 
