@@ -12,7 +12,7 @@ way a naive queue works), so the figure says what batching the claim buys.
     .venv/bin/python bench/claim.py --backend sqlite --requests 50000
     .venv/bin/python bench/claim.py --pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test
 
-Goals (issue 6/6): PostgreSQL with 4 daemons >= 2,000 requests/s; SQLite
+Goals: PostgreSQL with 4 daemons >= 2,000 requests/s; SQLite
 with one daemon >= 5,000 requests/s.
 """
 

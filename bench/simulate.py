@@ -5,7 +5,7 @@ cost of one `schedule()` call with 100,000 requests waiting.
 
 Runs the same code as
 
-    fsched simulate ../shared/traces/azure_llm_2023_conv.csv --policy fcfs \\
+    fsched simulate TRACES/azure_llm_2023_conv.csv --policy fcfs \\
         --policy priority --policy vtc --policy fsched --tenants a=3,b=1 \\
         --mix realtime=0.1,streaming=0.2,batch=0.7 --rate-scale 3 --cost-model h100-8b
 

@@ -9,7 +9,7 @@ Each figure is printed beside a baseline measured in the same run:
 - status: the whole `fsched status --json` command against `fsched --help`
   (the cost of starting Python and importing), and its queries against the
   one it would need without per-job counters (a GROUP BY over every request).
-Goals (issue 1/6): submit <= 10 s, status <= 1 s.
+Goals: submit <= 10 s, status <= 1 s.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ class RequestClass(enum.StrEnum):
 
     @property
     def band(self) -> int:
-        """The class's starting band: 0 is served first (DESIGN §3)."""
+        """The class's precedence: 0 is served first."""
         return _BANDS[self]
 
 
@@ -82,7 +82,7 @@ class SamplingParams:
     """How to draw tokens. `temperature == 0` means greedy.
 
     `seed` is always set once a request is stored, so a preempted, recomputed
-    or restarted request draws the same tokens (DESIGN §4).
+    or restarted request draws the same tokens.
 
     `max_tokens_is_default`: the request did not ask for `max_tokens` (a
     default filled it in). The engine then caps it at the room the model's

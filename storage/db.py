@@ -3,7 +3,7 @@
 SQLite (one machine) runs in WAL mode with a busy timeout, and every write
 transaction starts with `BEGIN IMMEDIATE`: a writer takes the lock up front
 and waits its turn, instead of upgrading a read lock mid-transaction and
-failing with "database is locked" (DESIGN §5). Reads use a plain deferred
+failing with "database is locked". Reads use a plain deferred
 `BEGIN` and never block writers.
 """
 

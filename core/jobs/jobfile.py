@@ -1,6 +1,6 @@
 """Parse and validate a submitted JSONL file, whole, before anything is stored.
 
-Two line forms are accepted (DESIGN §6), one per file:
+Two line forms are accepted, one per file:
 - simple: {"prompt": "...", "max_tokens": 128, "custom_id": "a1"}  (or "messages")
 - OpenAI batch: {"custom_id": ..., "method": "POST", "url": "/v1/completions"
   | "/v1/chat/completions", "body": {...}}

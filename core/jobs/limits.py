@@ -1,4 +1,4 @@
-"""Limits on what `fsched submit` accepts (DESIGN §6), in one validated config."""
+"""Limits on what `fsched submit` and the HTTP API accept, in one validated config."""
 
 from __future__ import annotations
 

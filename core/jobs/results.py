@@ -1,4 +1,4 @@
-"""Finished requests as OpenAI batch output lines (DESIGN §6)."""
+"""Finished requests as OpenAI batch output lines."""
 
 from __future__ import annotations
 

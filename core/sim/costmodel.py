@@ -7,7 +7,7 @@ H100-class GPU: a decode step reads the weights (~16 GB at ~3 TB/s, plus
 launch overhead: base 8 ms), each processed token costs ~60 us of compute
 (~16k prefill tokens/s), each KV token held is read once per step (128 KiB
 at ~3 TB/s: ~45 ns), and parking or restoring KV crosses PCIe (128 KiB at
-~45 GB/s: ~3 us a token). Issue 4/6 calibrates these against the real
+~45 GB/s: ~3 us a token). bench/calibrate.py fits the same shape to the real
 engine; the simulator only needs them to be the right shape.
 """
 

@@ -1,4 +1,4 @@
-"""DESIGN §3's fairness, DRF, idle-return and starvation properties.
+"""The fairness contract's properties: DRF, idle return and no starvation.
 
 Everything runs with one second per engine step, so time is steps and
 the assertions are ratios or step counts.
