@@ -11,7 +11,7 @@ of the SQLite file (who can rewrite it anyway), and members of the OS group
 What this is and is not: on SQLite every user of a shared queue can write
 the database file, so these checks keep honest users to their own work and
 make the rules visible; the boundary against a user who bypasses fsched is
-the file's permissions (README, "Access and trust"). The decisions below are
+the file's permissions (docs/deployment.md, "Access and trust"). The decisions below are
 pure; `local_actor` is the one place that asks the OS who is acting.
 """
 

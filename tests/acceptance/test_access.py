@@ -1,7 +1,7 @@
 """Tenants on one machine are OS users: the real `fsched` commands, run as real other OS users.
 
 A session fixture creates throwaway OS users (useradd) in a group that
-shares one SQLite job table, the way README's "Access and trust" sets a
+shares one SQLite job table, the way "Access and trust" in docs/deployment.md sets a
 shared queue up. Each user's commands run in a process whose real and
 effective uid are that user's: the process starts as root, imports what the
 commands need (the interpreter here lives under /root, which other users
@@ -102,7 +102,7 @@ def os_users():
 
 @pytest.fixture
 def shared(os_users):
-    """A job table shared by the group: folder 2770 root:group, files 0660 (README's recipe)."""
+    """A job table shared by the group: folder 2770 root:group, files 0660 (the recipe in docs/deployment.md)."""
     folder = Path(tempfile.mkdtemp(prefix="fsched-shared-", dir="/tmp"))
     os.chown(folder, 0, grp.getgrnam(os_users.group).gr_gid)
     os.chmod(folder, 0o2770)

@@ -95,7 +95,7 @@ def test_crash_resume_kill_9_ten_times_loses_and_duplicates_nothing(fs, tmp_path
     # uniform within fp32 noise of a CDF boundary, so a resume that recomputed
     # its prefix (prefill instead of step-by-step decode) could flip it. That
     # limit of bit-exact resume without batch-invariant kernels is documented
-    # in README; this workload has no such draw.
+    # in docs/reliability.md; this workload has no such draw.
     path = job_file(tmp_path / "job.jsonl", seed=1)
     # The uninterrupted run, on its own job table.
     reference = Fsched(

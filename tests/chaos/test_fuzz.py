@@ -23,7 +23,7 @@ FSCHED_FUZZ_EXAMPLES (default 1,000) examples for each parser property, a
 quarter of that through the store, a 200th (at least 6) through the command.
 Each test adds a line to a "fuzz cases" section of pytest's terminal summary:
 cases run, accepted/rejected, time, slowest parse (CPU). A long run (about
-100,000 parser cases; the README has its figures):
+100,000 parser cases; docs/reliability.md has its figures):
 
     FSCHED_FUZZ_EXAMPLES=33334 .venv/bin/pytest tests/chaos/test_fuzz.py -q
 

@@ -143,7 +143,7 @@ def test_real_tiny_model_killed_before_a_completion_commits(tmp_path, tiny_model
     transformers, the model), so this test alone takes ~50 s. The normal run has the
     real model killed -9 at random moments in tests/acceptance/test_daemon.py."""
     # Greedy: a resumed request recomputes its prefix in one prefill, whose logits may
-    # differ from step-by-step decoding in the last bits (README, "Crash resume"); a
+    # differ from step-by-step decoding in the last bits (docs/reliability.md); a
     # sampled draw near a CDF boundary could then flip, a greedy near-tie hardly ever.
     path = write_job_file(tmp_path / "tiny.jsonl", 24, seed=3, max_tokens=(4, 24), temperatures=(0,))
     daemon = ("daemon", "--threads", "2", "--until-idle", "--quiet")
