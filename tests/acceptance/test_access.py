@@ -102,7 +102,7 @@ def os_users():
 
 @pytest.fixture
 def shared(os_users):
-    """A job table shared by the group: folder 2770 root:group, files 0660 (the recipe in docs/deployment.md)."""
+    """A job table shared by the group: folder 2770 root:group, files 0660 (docs/deployment.md)."""
     folder = Path(tempfile.mkdtemp(prefix="fsched-shared-", dir="/tmp"))
     os.chown(folder, 0, grp.getgrnam(os_users.group).gr_gid)
     os.chmod(folder, 0o2770)
