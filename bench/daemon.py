@@ -47,7 +47,7 @@ def compose(loaded, url: str, policy: str, max_batch: int = 32, until_idle: bool
                     loaded.context_length)
     daemon = Daemon(store, engine, lambda c: encode_prompt(loaded, c.prompt, c.messages),
                     DaemonConfig(owner="bench", host="bench", pid=0, device=str(loaded.device),
-                                 model=loaded.name, policy=policy, claim_per_group=2 * max_batch,
+                                 model=loaded.name, policy=policy,
                                  until_idle=until_idle))
     return store, engine, daemon
 

@@ -56,9 +56,6 @@ GPU_LIMITS = StepLimits(_GPU.max_batch, _GPU.kv_tokens, _GPU.step_tokens)
 # batching gains there; 32k KV tokens hold 32 requests of 1k context; 512-token steps keep a prefill
 # step short enough that the decoding rows are not held up long behind it.
 CPU_LIMITS = StepLimits(max_batch=32, kv_tokens=32_768, step_tokens=512)
-# A daemon holds at most this many batches of claimed work per tenant and class: enough to refill its
-# batch between two claims, not more, since what one daemon holds no other daemon can run.
-HELD_BATCHES = 2
 
 
 def _daemon_default(name: str):
@@ -223,7 +220,6 @@ def build_daemon(settings: DaemonSettings, store: QueueStore, exclusive: bool) -
     owner = f"{config.host}:{served.device}:{config.pid}:{uuid.uuid4().hex[:4]}"
     config = replace(
         config, owner=owner, device=served.device, model=served.name, exclusive=exclusive,
-        claim_per_group=HELD_BATCHES * limits.max_batch,
     )
     log.info(
         "%s: model %s, policy %s, max batch %d, KV %d tokens, step %d tokens",

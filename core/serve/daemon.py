@@ -9,7 +9,7 @@ short transaction between steps.
 
 Each turn:
 1. every `sync_interval_s`: apply weight changes, stop requests whose job
-   was cancelled, claim new work fairly (up to `claim_per_group` held per
+   was cancelled, claim new work fairly (up to `held_batches` batches held per
    tenant and class);
 2. one engine step;
 3. persist tokens: realtime and streaming requests every step, batch ones
@@ -52,7 +52,9 @@ class DaemonConfig:
     batch_flush_s: float = 1.0
     heartbeat_s: float = 1.0
     idle_sleep_s: float = 0.02
-    claim_per_group: int = 64
+    # Batches of claimed work held per (tenant, class) group: enough to refill the batch between two
+    # claims, no more, since what one daemon holds no other daemon can run.
+    held_batches: int = 2
     max_attempts: int = 3
     until_idle: bool = False
     exclusive: bool = True  # the only daemon on this job table (SQLite): it may reclaim everything
@@ -69,8 +71,8 @@ class DaemonConfig:
                      "sweep_s"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 raise ValueError(f"{name} must be > 0")
-        if self.claim_per_group < 1 or self.max_attempts < 1:
-            raise ValueError("claim_per_group and max_attempts must be >= 1")
+        if self.held_batches < 1 or self.max_attempts < 1:
+            raise ValueError("held_batches and max_attempts must be >= 1")
         if self.lease_s <= 2 * self.heartbeat_s:
             raise ValueError("lease_s must be more than two heartbeats, or live daemons lose their leases")
 
@@ -239,9 +241,8 @@ class Daemon:
             tokens, text = self.engine.output(request_id)
             self.engine.cancel(request_id)
             self.writer.cancelled(request_id, held, tokens, text)
-        # Hold no more than twice the batch, as it is now (an out-of-memory step lowers it):
-        # what a daemon holds, other daemons cannot run.
-        per_group = min(self.config.claim_per_group, 2 * self.engine.max_batch)
+        # The batch as it is now: an out-of-memory step lowers it.
+        per_group = self.config.held_batches * self.engine.max_batch
         claimed_now = self.store.claim(self.config.owner, per_group, self.held.per_group(),
                                        lease_s=self.config.lease_s)
         if claimed_now:

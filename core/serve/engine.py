@@ -4,8 +4,8 @@
     result = runner.run(plan)
     scheduler.postprocess(plan, result.outcome, now)
 
-No torch here: the runner is passed in (anything with the ModelRunner
-interface), so the loop is the same for the real model and for stand-ins.
+No torch here: the runner is passed in (any `Runner`: the model runner, the
+stand-in, a remote engine), so the loop is the same over each of them.
 `Engine.run_all` drives it standalone over a list of requests (tests and
 benchmarks); the daemon drives `step()` itself.
 """
@@ -20,6 +20,7 @@ from fsched.core.sched.explain import explain
 from fsched.core.sched.request import SchedRequest
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sched.usage import TenantCharge, peer_totals
+from fsched.core.serve.runner import Runner
 from fsched.core.serve.stopping import FinishReason
 from fsched.core.types import RequestClass, SamplingParams
 
@@ -105,7 +106,11 @@ def fit_to_context(prompt_tokens: int, generated: int, params: SamplingParams, c
 
 class Engine:
     def __init__(
-        self, runner, scheduler: Scheduler, context_length: int, clock: Callable[[], float] = time.monotonic
+        self,
+        runner: Runner,
+        scheduler: Scheduler,
+        context_length: int,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.runner = runner
         self.scheduler = scheduler

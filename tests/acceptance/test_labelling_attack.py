@@ -47,7 +47,7 @@ def _compose(url: str, policy: str):
     engine = Engine(runner, Scheduler(config, policy, store.tenant_weights()), runner.context_length)
     daemon = Daemon(store, engine, lambda c: standin_encode(c.prompt, c.messages),
                     DaemonConfig(owner="test", host="test", pid=0, device="standin", model="standin",
-                                 policy=policy, claim_per_group=64))
+                                 policy=policy))
     return store, engine, daemon
 
 

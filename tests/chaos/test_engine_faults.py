@@ -67,7 +67,7 @@ class Served:
         self.daemon = Daemon(
             self.store, engine, lambda c: standin_encode(c.prompt, c.messages),
             DaemonConfig(owner="test", host="test", pid=0, device="standin", model=STANDIN_NAME,
-                         policy="fsched", claim_per_group=2 * max_batch, max_attempts=max_attempts,
+                         policy="fsched", max_attempts=max_attempts,
                          until_idle=True, sync_interval_s=0.01, idle_sleep_s=0.001),
         )
 

@@ -14,7 +14,6 @@ from fsched.core.serve.build import (
     CPU_LIMITS,
     DEFAULTS,
     GPU_LIMITS,
-    HELD_BATCHES,
     RUNNER_KINDS,
     DaemonSettings,
     RunnerKind,
@@ -79,7 +78,7 @@ def test_build_daemon_wires_settings_runner_scheduler_and_store():
     assert (config.model, config.device, config.policy) == (STANDIN_NAME, "standin", "vtc")
     assert config.lease_s == 6.0
     assert config.until_idle and config.exclusive
-    assert config.claim_per_group == HELD_BATCHES * CPU_LIMITS.max_batch
+    assert daemon.engine.max_batch == CPU_LIMITS.max_batch
     assert config.owner.split(":")[1] == "standin"
     claimed = SimpleNamespace(prompt="hello there", messages=None)
     assert daemon.encode(claimed) == standin_encode("hello there")

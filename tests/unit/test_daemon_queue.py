@@ -75,7 +75,7 @@ class Rig:
         self.daemon = Daemon(
             store, self.engine, lambda c: standin_encode(c.prompt, c.messages),
             DaemonConfig(owner=owner, host="test", pid=0, device="standin", model=STANDIN_NAME,
-                         policy="fsched", claim_per_group=2 * max_batch, until_idle=True,
+                         policy="fsched", until_idle=True,
                          exclusive=exclusive, lease_s=lease_s, heartbeat_s=heartbeat_s,
                          sync_interval_s=0.01, idle_sleep_s=0.05),
             clock=clock, sleep=clock.advance,
