@@ -53,7 +53,7 @@ def _compose(url: str, policy: str):
 
 def _submit(store, data: bytes, tenant: str, cls: str) -> None:
     from fsched.core.jobs.jobfile import parse_job_file
-    from fsched.core.store import JobSubmission
+    from fsched.core.store.records import JobSubmission
     from fsched.core.types import RequestClass
 
     store.submit([JobSubmission(parse_job_file(data, f"{tenant}-{cls}"), tenant, RequestClass(cls), 5,
