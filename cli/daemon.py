@@ -34,10 +34,19 @@ def daemon(
     dtype: Annotated[
         str, typer.Option("--dtype", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16.")
     ] = "auto",
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine", help="hf: run the model here (default). An OpenAI-compatible engine's URL "
+            "(e.g. http://127.0.0.1:8000 of `vllm serve`): fsched schedules, that engine executes; "
+            "--model then names the model folder whose tokenizer encodes the prompts."
+        ),
+    ] = "hf",
     policy: Annotated[str, typer.Option("--policy", help="fsched, fcfs, priority or vtc.")] = "fsched",
     max_batch: Annotated[
         int | None,
-        typer.Option("--max-batch", help="Requests in the running batch (default: 32 on CPU, 64 on CUDA)."),
+        typer.Option("--max-batch", help="Requests in the running batch (default: 32 on CPU, 64 on CUDA; "
+                     "with --engine URL: the engine's max_num_seqs where it says, else 64)."),
     ] = None,
     kv_tokens: Annotated[
         int | None,
@@ -94,14 +103,17 @@ def daemon(
         standin_step_s = parse_standin(model)
     except StandInError as exc:
         raise UserError(str(exc)) from None
-    if standin_step_s is not None:
+    if engine != "hf":
+        served = make_remote_runner(engine, model, log)
+    elif standin_step_s is not None:
         served = _standin_model(standin_step_s, device)
     else:
         served = _torch_model(model, device, dtype, threads, log)
     config = SchedulerConfig(
-        max_batch=max_batch or (64 if served.gpu else 32),
-        kv_tokens=kv_tokens or (131_072 if served.gpu else 32_768),
-        step_tokens=step_tokens or (2048 if served.gpu else 512),
+        max_batch=max_batch or served.max_batch or (64 if served.gpu else 32),
+        kv_tokens=kv_tokens or served.kv_tokens or (131_072 if served.gpu else 32_768),
+        step_tokens=step_tokens or served.step_tokens or (2048 if served.gpu else 512),
+        **({} if served.host_kv_tokens is None else {"host_kv_tokens": served.host_kv_tokens}),
     )
     scheduler = Scheduler(config, policy, store.tenant_weights())
     engine = Engine(served.runner, scheduler, served.context_length)
@@ -162,6 +174,11 @@ class _Served:
     device: str
     context_length: int
     gpu: bool
+    # Budgets the executor knows better than the defaults (a remote engine's batch and KV cache).
+    max_batch: int | None = None
+    kv_tokens: int | None = None
+    step_tokens: int | None = None
+    host_kv_tokens: int | None = None
 
 
 def _torch_model(model: str | None, device: str, dtype: str, threads: int | None, log) -> _Served:
@@ -199,4 +216,50 @@ def _standin_model(step_s: float, device: str) -> _Served:
         device=label,
         context_length=runner.context_length,
         gpu=False,
+    )
+
+
+def make_remote_runner(url: str, model: str | None, log) -> _Served:
+    """A runner over the OpenAI-compatible engine at `url`; `model` gives the tokenizer.
+
+    The engine's batch (`max_num_seqs`) and KV cache (blocks x block size) become
+    the scheduler's budgets where its metrics say them; a preempted request's KV
+    is never parked (the engine keeps none for fsched): it resumes by a new call.
+    """
+    from fsched.core.runners.openai_http import EngineClient, EngineHTTPError
+    from fsched.core.runners.remote import Codec, RemoteRunner
+    from fsched.core.runners.standin import (
+        STANDIN_EOS,
+        STANDIN_NAME,
+        parse_standin,
+        standin_encode,
+        standin_text,
+    )
+
+    try:
+        client = EngineClient(url)
+        info = client.info()
+    except (ValueError, EngineHTTPError) as exc:
+        raise UserError(f"--engine {url}: {exc}") from None
+    if parse_standin(model) is not None:
+        name, context, encode = STANDIN_NAME, 8192, lambda c: standin_encode(c.prompt, c.messages)
+        decode, eos = standin_text, frozenset({STANDIN_EOS})
+    else:
+        from fsched.core.runners.hf.model import ModelLoadError, encode_prompt
+        from fsched.core.runners.hf.tokenizer import load_tokenizer
+
+        try:
+            tok = load_tokenizer(model)
+        except ModelLoadError as exc:
+            raise UserError(str(exc)) from None
+        name, context, decode, eos = tok.name, tok.context_length, tok.decode, tok.eos_token_ids
+        encode = lambda c: encode_prompt(tok, c.prompt, c.messages)  # noqa: E731
+    context = min(context, info.max_model_len or context)
+    log.info("engine %s serves %s (context %d, KV %s tokens, batch %s)", client.url, info.model, context,
+             info.kv_tokens or "unknown", info.max_num_seqs or "unknown")
+    runner = RemoteRunner(client, Codec(decode, eos, context), info.model)
+    return _Served(
+        runner=runner, encode=encode, name=name, description=f"{name} on {client.url} ({info.model})",
+        device=client.url, context_length=context, gpu=False, max_batch=info.max_num_seqs or 64,
+        kv_tokens=info.kv_tokens, step_tokens=8192, host_kv_tokens=0,
     )

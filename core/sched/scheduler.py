@@ -445,11 +445,14 @@ class Scheduler:
         if steps < 1 or (steps > 1 and plan.prefill):
             raise ValueError("only decode-only plans may be repeated")
         elapsed = outcome.elapsed_s
-        per_token = elapsed / (plan.tokens * steps) if plan.tokens else 0.0
+        tokens_of = outcome.tokens_of
+        # Tokens processed: a decode row yields one a step, or what the engine reports (a
+        # remote engine may have run ahead several tokens between two steps).
+        processed = sum(c.tokens for c in plan.prefill) + sum(tokens_of(rid) for rid in plan.decode)
+        per_token = elapsed / processed if processed else 0.0
         quanta = self.config.quanta
         chunks = {c.request_id: c for c in plan.prefill}
         decoded = set(plan.decode)
-        tokens_of = outcome.tokens_of
         half = (steps - 1) / 2
         # tenant -> [gpu_s, kv_token_s, prefill, decode, reserved gpu used, reserved kv used]
         acc: dict[str, list[float]] = {}

@@ -170,6 +170,10 @@ class Engine:
         for rid in result.tokens:
             self._first_token.setdefault(rid, now)
         finished = [self._finish(rid, check.finished, now) for rid, check in result.finished.items()]
+        # A remote engine can refuse one request (its own error answer): it fails alone.
+        for rid, error in getattr(result, "failed", {}).items():
+            if rid in self._requests:
+                finished.append(self._refused(rid, error, now))
         # The scheduler also ends a request at max_tokens on its own count.
         finished += [self._finish(rid, FinishReason.LENGTH, now) for rid in post.finished
                      if rid not in result.finished and rid in self._requests]
@@ -221,6 +225,16 @@ class Engine:
             first_token_at=self._first_token.get(rid),
             finished_at=now,
         )
+        self.runner.release(rid)
+        self._forget(rid)
+        return result
+
+    def _refused(self, rid: str, error: str, now: float) -> EngineResult:
+        """A request the runner reports failed: out of the scheduler, out of the runner, failed."""
+        result = self._failed(self._requests[rid], now, error)
+        result.tokens = self.runner.generated(rid)
+        result.arrival = self._arrival[rid]
+        self.scheduler.cancel(rid)
         self.runner.release(rid)
         self._forget(rid)
         return result
