@@ -148,7 +148,7 @@ def test_engine_restart_mid_run_loses_nothing(fake, caplog):
 
 
 def test_a_refused_request_fails_alone_with_the_engine_message(fake):
-    fake.refuse = lambda body: "prompt too nasty" if body["prompt"][:5] == [1, 2, 3, 4, 5] else None
+    fake.refuse = lambda body: "prompt too nasty" if body["prompt"] == [1, 2, 3, 4, 5] else None
     results = run(remote_runner(fake), requests(8))
     failed = {k for k, v in results.items() if v.finish_reason is None}
     assert failed == {"2"}  # the one with prompt [1, 2, 3, 4, 5]
