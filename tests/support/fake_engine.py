@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import select
 import socket
 import threading
-import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -142,8 +142,8 @@ class FakeEngine:
         seed, temperature = body.get("seed"), float(body.get("temperature", 1.0))
         context, n, finish = list(prompt), 0, "length"
         while n < max_tokens:
-            if self.step_s:
-                time.sleep(self.step_s)
+            if self.step_s and select.select([handler.connection], [], [], self.step_s)[0]:
+                raise ConnectionAbortedError("the client went away")  # EOF while it waited: abort
             s = seed if temperature == 0 else draw_seed(seed, n)
             token = fake_token(s, context, self.vocab, self.eos)
             context.append(token)
