@@ -137,7 +137,8 @@ def test_a_request_the_engine_refuses_fails_alone_with_its_message(fs, tmp_path,
     assert (job["num_done"], job["num_failed"]) == (5, 1)
     (err,) = [json.loads(x) for x in fs.ok("results", "1", "--errors").splitlines()]
     assert err["custom_id"] == "q0"
-    assert "the engine refused the request: HTTP 400: this engine refuses that prompt" in err["error"]["message"]
+    message = err["error"]["message"]
+    assert "the engine refused the request: HTTP 400: this engine refuses that prompt" in message
 
 
 def test_the_engine_context_is_the_limit(fs, tmp_path, fake):
