@@ -161,6 +161,10 @@ def daemon(
             lock.release()
     s = the_daemon.stats
     log.info("stopped after %d steps, %d tokens", s.steps, s.tokens)
+    if engine != "hf":
+        r = served.runner
+        log.info("engine streams: %d opened, %d resumed, %d outage(s)",
+                 r.streams_opened, r.resumes, r.outages)
 
 
 @dataclass(slots=True)
