@@ -34,7 +34,7 @@ def daemon(
     dtype: Annotated[
         str, typer.Option("--dtype", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16.")
     ] = "auto",
-    engine: Annotated[
+    executor: Annotated[
         str,
         typer.Option(
             "--engine", help="hf: run the model here (default). An OpenAI-compatible engine's URL "
@@ -103,8 +103,8 @@ def daemon(
         standin_step_s = parse_standin(model)
     except StandInError as exc:
         raise UserError(str(exc)) from None
-    if engine != "hf":
-        served = make_remote_runner(engine, model, log)
+    if executor != "hf":
+        served = make_remote_runner(executor, model, log)
     elif standin_step_s is not None:
         served = _standin_model(standin_step_s, device)
     else:
@@ -113,7 +113,8 @@ def daemon(
         max_batch=max_batch or served.max_batch or (64 if served.gpu else 32),
         kv_tokens=kv_tokens or served.kv_tokens or (131_072 if served.gpu else 32_768),
         step_tokens=step_tokens or served.step_tokens or (2048 if served.gpu else 512),
-        **({} if served.host_kv_tokens is None else {"host_kv_tokens": served.host_kv_tokens}),
+        **{k: v for k, v in (("host_kv_tokens", served.host_kv_tokens),
+                             ("min_quantum_steps", served.min_quantum_steps)) if v is not None},
     )
     scheduler = Scheduler(config, policy, store.tenant_weights())
     engine = Engine(served.runner, scheduler, served.context_length)
@@ -161,7 +162,7 @@ def daemon(
             lock.release()
     s = the_daemon.stats
     log.info("stopped after %d steps, %d tokens", s.steps, s.tokens)
-    if engine != "hf":
+    if executor != "hf":
         r = served.runner
         log.info("engine streams: %d opened, %d resumed, %d outage(s)",
                  r.streams_opened, r.resumes, r.outages)
@@ -183,6 +184,7 @@ class _Served:
     kv_tokens: int | None = None
     step_tokens: int | None = None
     host_kv_tokens: int | None = None
+    min_quantum_steps: int | None = None
 
 
 def _torch_model(model: str | None, device: str, dtype: str, threads: int | None, log) -> _Served:
@@ -266,4 +268,7 @@ def make_remote_runner(url: str, model: str | None, log) -> _Served:
         runner=runner, encode=encode, name=name, description=f"{name} on {client.url} ({info.model})",
         device=client.url, context_length=context, gpu=False, max_batch=info.max_num_seqs or 64,
         kv_tokens=info.kv_tokens, step_tokens=8192, host_kv_tokens=0,
+        # A step here gathers what the engine produced since the last one (several of its
+        # iterations): two steps of progress are the minimum quantum before a preemption.
+        min_quantum_steps=2,
     )

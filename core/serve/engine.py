@@ -55,6 +55,11 @@ class StepReport:
     batch_size: int
     kv_tokens: int
     charges: Mapping[str, TenantCharge] = field(default_factory=dict)  # what each tenant consumed
+    produced: int = 0  # tokens produced: one per entry of `tokens`, more where a remote engine ran ahead
+
+    @property
+    def token_count(self) -> int:
+        return max(self.produced, len(self.tokens))
 
 
 class StepFailed(Exception):
@@ -184,6 +189,7 @@ class Engine:
             batch_size=len(plan.decode) + len(plan.prefill),
             kv_tokens=kv,
             charges=post.charges,
+            produced=sum(result.outcome.tokens_of(rid) for rid in result.tokens),
         )
 
     @property

@@ -158,14 +158,17 @@ def test_vllm_outputs_equal_transformers_generate(name, models, tmp_path):
         straight.run("daemon", *common, "--until-idle")
         assert_equal(straight, expected)
 
+        # Long batch requests fill the batch and run past their minimum quantum; then the
+        # rest arrives, half of it realtime: it preempts them.
         preempted = Table(tmp_path / "preempted.db", env)
-        preempted.submit(fillers + lines[::2])
+        preempted.submit(fillers)
         d = preempted.daemon(*common, "--max-batch", "4")
-        deadline = time.time() + 120
-        while time.time() < deadline and preempted.query(
-                "SELECT COUNT(*) FROM requests WHERE state = 'running' AND num_output_tokens > 0")[0][0] < 4:
+        deadline = time.time() + 300
+        long_running = "SELECT COUNT(*) FROM requests WHERE num_output_tokens >= 40 AND state = 'running'"
+        while time.time() < deadline and preempted.query(long_running)[0][0] < 2:
             time.sleep(0.05)
-        preempted.submit(lines[1::2], "--class", "realtime")  # the batch is full: they preempt
+        preempted.submit(lines[1::2], "--class", "realtime")
+        preempted.submit(lines[::2])
         log = stop_when_done(preempted, d)
         assert_equal(preempted, expected)
         resumed = [line for line in log.splitlines() if "engine streams:" in line]

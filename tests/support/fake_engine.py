@@ -81,7 +81,7 @@ class FakeEngine:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), _handler(self))
+        server = _Server(("127.0.0.1", self.port), _handler(self))
         server.daemon_threads = True
         self.port = server.server_address[1]
         self._server = server
@@ -165,6 +165,10 @@ class FakeEngine:
         if self.kv_tokens is None:
             return "# no cache metrics\n"
         return f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="{self.kv_tokens // 16}"}} 1.0\n'
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # a daemon opens its whole batch at once (the default backlog is 5)
 
 
 def _handler(engine: FakeEngine):
