@@ -3,8 +3,8 @@
 The engine (tests/support/fake_engine.py) runs in this process on a loopback
 port; the daemons are real `fsched daemon` subprocesses. Its greedy tokens are
 the stand-in model's, so `--model standin --engine URL` must store exactly what
-the built-in `--model standin` stores. About 40 s in all on a loaded 2-core
-machine.
+the built-in `--model standin` stores. 1 to 4 minutes in all on a 2-core machine,
+depending on its load (3.6 min measured under heavy load).
 """
 
 from __future__ import annotations
