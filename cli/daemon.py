@@ -26,7 +26,7 @@ POLICY_NAMES = ", ".join(POLICIES)
 OPTIONS = {
     "model": "--model", "device": "--device", "dtype": "--dtype", "policy": "--policy",
     "max_batch": "--max-batch", "kv_tokens": "--kv-tokens", "step_tokens": "--step-tokens",
-    "threads": "--threads", "until_idle": "--until-idle", "lease_s": "--lease-ttl",
+    "threads": "--threads", "until_idle": "--until-idle", "lease_s": "--lease-ttl", "engine": "--engine",
 }
 
 
@@ -53,7 +53,11 @@ LeaseOption = Annotated[float, typer.Option(
     "--lease-ttl", help="Seconds a claimed request stays leased without a heartbeat; after that another "
     "daemon on the same (PostgreSQL) queue takes it over.")]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")]
-# A runner that drives a remote engine adds its option here (and its setting to DaemonSettings).
+EngineOption = Annotated[str, typer.Option(
+    "--engine", help="hf: run the model in this process. An OpenAI-compatible engine's URL (e.g. "
+    "http://127.0.0.1:8000 of vLLM): fsched schedules, that engine executes; --model then names the model "
+    "folder whose tokenizer encodes the prompts. --max-batch and --kv-tokens default to what the engine "
+    "says (else 64 requests).")]
 
 
 @handle_errors
@@ -61,6 +65,7 @@ def daemon(
     model: ModelOption = DEFAULTS.model,
     device: DeviceOption = DEFAULTS.device,
     dtype: DtypeOption = DEFAULTS.dtype,
+    engine: EngineOption = DEFAULTS.engine,
     policy: PolicyOption = DEFAULTS.policy,
     max_batch: MaxBatchOption = DEFAULTS.max_batch,
     kv_tokens: KvTokensOption = DEFAULTS.kv_tokens,
@@ -76,7 +81,7 @@ def daemon(
         settings = DaemonSettings(
             model=model, device=device, dtype=dtype, policy=policy, max_batch=max_batch,
             kv_tokens=kv_tokens, step_tokens=step_tokens, threads=threads, until_idle=until_idle,
-            lease_s=lease_ttl,
+            lease_s=lease_ttl, engine=engine,
         )
     except SettingsError as exc:
         raise UserError(f"{OPTIONS[exc.setting]}: {exc}") from None

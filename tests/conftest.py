@@ -17,6 +17,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the long chaos loop (tests/chaos/test_long.py) for this many seconds",
     )
     group.addoption("--chaos-seed", type=int, default=None, help="seed of the long loop (default: random)")
+    parser.addoption("--vllm", action="store_true", default=False,
+                     help="run the end-to-end tests against a real vLLM server (tests/e2e; minutes)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "vllm: needs a real vLLM server (run with --vllm)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--vllm"):
+        return
+    skip = pytest.mark.skip(reason="needs --vllm (a real vLLM server; scripts/test_vllm.sh)")
+    for item in items:
+        if "vllm" in item.keywords:
+            item.add_marker(skip)
 
 
 PG_ADMIN_URL = os.environ.get("FSCHED_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")

@@ -47,7 +47,10 @@ def apply_step(running: Iterable[SchedRequest], plan: Plan, outcome: Outcome) ->
     reservation of each request.
     """
     steps, elapsed = outcome.steps, outcome.elapsed_s
-    per_token = elapsed / (plan.tokens * steps) if plan.tokens else 0.0
+    # Tokens processed: a decode row yields one a step, or what the runner reports (a remote engine
+    # may have run several tokens ahead between two steps).
+    processed = sum(c.tokens for c in plan.prefill) + sum(outcome.tokens_of(rid) for rid in plan.decode)
+    per_token = elapsed / processed if processed else 0.0
     chunks = {c.request_id: c for c in plan.prefill}
     decoded = set(plan.decode)
     half = (steps - 1) / 2

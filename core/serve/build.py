@@ -15,7 +15,7 @@ import os
 import socket
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from fsched.core.runners.standin import StandInError, parse_standin
 from fsched.core.sched.config import SchedulerConfig
@@ -44,7 +44,7 @@ class StepLimits:
     """What one engine step may hold: the scheduler's three device-sized limits."""
 
     max_batch: int
-    kv_tokens: int
+    kv_tokens: int | None
     step_tokens: int
 
 
@@ -87,7 +87,10 @@ class DaemonSettings:
     until_idle: bool = False
     # Seconds a claimed request stays leased without a heartbeat (the daemon's config says why).
     lease_s: float = _daemon_default("lease_s")
-    # A runner that drives a remote engine adds its setting here (its URL), and its kind to RUNNER_KINDS.
+    # "hf": run the model in this process. An http(s) URL: an OpenAI-compatible engine that takes
+    # token-id prompts (vLLM) executes, fsched schedules; `model` then names the folder whose
+    # tokenizer encodes prompts (or "standin" for the stand-in engine's ids).
+    engine: str = "hf"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -100,6 +103,8 @@ class DaemonSettings:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise SettingsError(name, f"must be a positive integer, got {value!r}")
+        if self.engine != "hf" and not self.engine.startswith(("http://", "https://")):
+            raise SettingsError("engine", f"must be hf or an http(s) URL of an engine, got {self.engine!r}")
         if not math.isfinite(self.lease_s):
             raise SettingsError("lease_s", f"must be a finite number of seconds, got {self.lease_s!r}")
         try:
@@ -107,13 +112,16 @@ class DaemonSettings:
         except ValueError as exc:
             raise SettingsError("lease_s", f"{self.lease_s:g} s is refused: {exc}") from None
 
-    def limits(self, gpu: bool) -> StepLimits:
-        """The step limits: each one set, else the device's default."""
-        default = GPU_LIMITS if gpu else CPU_LIMITS
+    def limits(self, gpu: bool, engine: StepLimits | None = None) -> StepLimits:
+        """The step limits: each one set, else what the engine says, else the device's default."""
+        device = GPU_LIMITS if gpu else CPU_LIMITS
+
+        def pick(name: str) -> int:
+            said = getattr(engine, name) if engine is not None else None
+            return getattr(self, name) or said or getattr(device, name)
+
         return StepLimits(
-            max_batch=self.max_batch or default.max_batch,
-            kv_tokens=self.kv_tokens or default.kv_tokens,
-            step_tokens=self.step_tokens or default.step_tokens,
+            max_batch=pick("max_batch"), kv_tokens=pick("kv_tokens"), step_tokens=pick("step_tokens")
         )
 
 
@@ -141,6 +149,10 @@ class Served:
     description: str
     device: str
     gpu: bool
+    # A remote engine knows its own batch and KV budget better than the device defaults.
+    limits: StepLimits | None = None
+    # Scheduler settings that differ for this runner (a remote engine keeps no parked KV).
+    scheduler: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True, frozen=True)
@@ -185,9 +197,24 @@ def _model_runner(settings: DaemonSettings) -> Served:
     )
 
 
-# The first kind that claims the settings serves. A runner that forwards the work to a remote
-# engine joins as one more entry, ahead of the model (the model claims whatever is left).
+def _remote_runner(settings: DaemonSettings) -> Served:
+    from fsched.core.runners.connect import connect_remote_engine
+
+    try:
+        remote = connect_remote_engine(settings.engine, settings.model)
+    except ValueError as exc:
+        raise RunnerUnavailable(f"--engine {settings.engine}: {exc}") from None
+    return Served(
+        runner=remote.runner, name=remote.name, description=remote.description, device=remote.url,
+        gpu=False, limits=StepLimits(remote.max_batch, remote.kv_tokens, remote.step_tokens),
+        scheduler={"host_kv_tokens": 0, "min_quantum_steps": remote.min_quantum_steps},
+    )
+
+
+# The first kind that claims the settings serves: a remote engine when one is named, then the
+# stand-in, then the model (which claims whatever is left).
 RUNNER_KINDS: tuple[RunnerKind, ...] = (
+    RunnerKind("remote", lambda s: s.engine != "hf", _remote_runner),
     RunnerKind("standin", lambda s: parse_standin(s.model) is not None, _standin_runner),
     RunnerKind("model", lambda s: True, _model_runner),
 )
@@ -211,9 +238,10 @@ def build_daemon(settings: DaemonSettings, store: QueueStore, exclusive: bool) -
 
     config = daemon_config(settings)
     served = make_runner(settings)
-    limits = settings.limits(served.gpu)
+    limits = settings.limits(served.gpu, served.limits)
     scheduler_config = SchedulerConfig(
-        max_batch=limits.max_batch, kv_tokens=limits.kv_tokens, step_tokens=limits.step_tokens
+        max_batch=limits.max_batch, kv_tokens=limits.kv_tokens, step_tokens=limits.step_tokens,
+        **served.scheduler,
     )
     scheduler = Scheduler(scheduler_config, settings.policy, store.tenant_weights())
     engine = Engine(served.runner, scheduler, served.runner.context_length)

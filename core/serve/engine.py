@@ -57,6 +57,11 @@ class StepReport:
     batch_size: int
     kv_tokens: int
     charges: Mapping[str, TenantCharge] = field(default_factory=dict)  # what each tenant consumed
+    produced: int = 0  # tokens produced: one per entry of `tokens`, more where a remote engine ran ahead
+
+    @property
+    def token_count(self) -> int:
+        return max(self.produced, len(self.tokens))
 
 
 @dataclass(slots=True, frozen=True)
@@ -182,6 +187,10 @@ class Engine:
         for rid in result.tokens:
             self._first_token.setdefault(rid, now)
         finished = [self._finish(rid, check.finished, now) for rid, check in result.finished.items()]
+        # A remote engine can refuse one request (its own error answer): it fails alone.
+        for rid, error in result.failed.items():
+            if rid in self._requests:
+                finished.append(self._refused(rid, error, now))
         # The scheduler also ends a request at max_tokens on its own count.
         finished += [self._finish(rid, FinishReason.LENGTH, now) for rid in post.finished
                      if rid not in result.finished and rid in self._requests]
@@ -192,6 +201,7 @@ class Engine:
             batch_size=len(plan.decode) + len(plan.prefill),
             kv_tokens=kv,
             charges=post.charges,
+            produced=sum(result.outcome.tokens_of(rid) for rid in result.tokens),
         )
 
     @property
@@ -276,6 +286,16 @@ class Engine:
             first_token_at=self._first_token.get(rid),
             finished_at=now,
         )
+        self.runner.release(rid)
+        self._forget(rid)
+        return result
+
+    def _refused(self, rid: str, error: str, now: float) -> EngineResult:
+        """A request the runner reports failed: out of the scheduler, out of the runner, failed."""
+        result = self._failed(self._requests[rid], now, error)
+        result.tokens = self.runner.generated(rid)
+        result.arrival = self._arrival[rid]
+        self.scheduler.cancel(rid)
         self.runner.release(rid)
         self._forget(rid)
         return result

@@ -43,12 +43,15 @@ class RunResult:
     tokens have arrived, and several tokens for one request; it then says so
     in `outcome.produced` (tokens per request), which the scheduler charges.
     `finished` maps the requests that stopped in this step to why; their
-    output stays readable until `release`.
+    output stays readable until `release`. `failed` maps a request the
+    executor refused (a remote engine's error answer, such as a prompt over
+    its context) to that message: the request fails alone.
     """
 
     outcome: Outcome
     tokens: dict[str, int] = field(default_factory=dict)
     finished: dict[str, StopCheck] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 @runtime_checkable

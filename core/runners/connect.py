@@ -1,0 +1,75 @@
+"""Connecting to a remote engine: its figures, the model's tokenizer, a RemoteRunner over both.
+
+The engine's batch (`max_num_seqs`) and KV cache (blocks x block size) become
+the scheduler's budgets where its metrics say them. fsched encodes prompts
+itself, with the model folder's tokenizer and chat template, exactly as the
+built-in runner does, and the engine sees token ids only; `standin` as the
+model gives the stand-in's ids instead (for the stand-in engine server).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from fsched.core.runners.openai_http import EngineClient, EngineHTTPError
+from fsched.core.runners.remote import Codec, RemoteRunner
+from fsched.core.runners.standin import STANDIN_EOS, STANDIN_NAME, parse_standin, standin_encode, standin_text
+
+log = logging.getLogger("fsched.daemon")
+
+# Without a figure from the engine: vLLM's own default number of sequences in a batch.
+DEFAULT_ENGINE_BATCH = 64
+# A step gathers what the engine produced since the last one; the prefill budget per step is the
+# engine's concern, so fsched's own is large enough never to hold an admission back.
+ENGINE_STEP_TOKENS = 8192
+# A step here is several of the engine's iterations: two steps of progress are the minimum quantum
+# before a request may be preempted (an abort and a resume cost a prefix-cache hit, not nothing).
+ENGINE_MIN_QUANTUM_STEPS = 2
+
+
+@dataclass(slots=True, frozen=True)
+class RemoteEngine:
+    runner: RemoteRunner
+    name: str
+    description: str
+    url: str
+    max_batch: int
+    kv_tokens: int | None
+    step_tokens: int
+    min_quantum_steps: int
+
+
+def _codec(model: str | None) -> tuple[str, Codec]:
+    if parse_standin(model) is not None:
+        return STANDIN_NAME, Codec(standin_text, frozenset({STANDIN_EOS}), 8192, standin_encode)
+    from fsched.core.runners.hf.model import ModelLoadError, encode_prompt
+    from fsched.core.runners.hf.tokenizer import load_tokenizer
+
+    try:
+        tok = load_tokenizer(model)
+    except ModelLoadError as exc:
+        raise ValueError(str(exc)) from None
+    return tok.name, Codec(
+        tok.decode, tok.eos_token_ids, tok.context_length, lambda p, m: encode_prompt(tok, p, m)
+    )
+
+
+def connect_remote_engine(url: str, model: str | None) -> RemoteEngine:
+    """A runner over the engine at `url`; raises ValueError when it cannot be reached or used."""
+    try:
+        client = EngineClient(url)
+        info = client.info()
+    except EngineHTTPError as exc:
+        raise ValueError(str(exc)) from None
+    name, codec = _codec(model)
+    context = min(codec.context_length, info.max_model_len or codec.context_length)
+    codec = Codec(codec.decode, codec.eos_token_ids, context, codec.encode)
+    log.info("engine %s serves %s (context %d, KV %s tokens, batch %s)", client.url, info.model, context,
+             info.kv_tokens or "unknown", info.max_num_seqs or "unknown")
+    return RemoteEngine(
+        runner=RemoteRunner(client, codec, info.model), name=name,
+        description=f"{name} on {client.url} ({info.model})", url=client.url,
+        max_batch=info.max_num_seqs or DEFAULT_ENGINE_BATCH, kv_tokens=info.kv_tokens,
+        step_tokens=ENGINE_STEP_TOKENS, min_quantum_steps=ENGINE_MIN_QUANTUM_STEPS,
+    )

@@ -1,0 +1,321 @@
+"""RemoteRunner: the scheduler's plans executed by an OpenAI-compatible engine (vLLM).
+
+fsched still decides who runs: the scheduler admits, orders and preempts as
+with the built-in runner. The engine executes: every running request is one
+streamed `/v1/completions` call whose prompt is token ids (fsched's own
+encoding, chat template included) and whose stream returns token ids, so the
+tokens fsched stores are exactly the engine's.
+
+How a plan maps onto streams:
+- a request that appears in the plan (a prefill chunk, a decode row, a
+  resume) and has no stream gets one, with prompt + tokens generated so far
+  as its prompt: a fresh start and a resume are the same call;
+- a preempted request's stream is aborted; its tokens so far are kept, and
+  it resumes later from them (the engine's prefix cache makes that cheap);
+- a step returns the tokens that arrived for the requests the plan lets
+  produce (several per request when the engine ran ahead); it waits until
+  one arrives or `max_wait_s` passes, so the daemon loop never spins.
+
+Sampling: greedy output is exact across preemptions and restarts (the
+engine's next token depends only on the context). A seeded request is
+reproducible while it runs uninterrupted; a resume restarts the engine's
+generator, with the seed derived from (seed, tokens already generated), so
+the output is then a deterministic function of the seed and of the points
+where the request was interrupted, not the uninterrupted run's output.
+
+Faults: an engine that goes away (connection refused or reset, 503, a stream
+cut short) does not fail anything: the requests keep the tokens they have,
+the runner probes the engine with backoff, logs one line when it goes and
+one when it is back, and reopens their streams. A request the engine
+refuses (its own error answer, e.g. a prompt over its context) fails alone
+with the engine's message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from fsched.core.runners.openai_http import EngineClient, Fault, Stream, StreamEvent
+from fsched.core.sched.plan import Outcome, Plan
+from fsched.core.serve.runner import Runner, RunResult
+from fsched.core.serve.stopping import FinishReason, StopCheck, check_stop
+from fsched.core.types import SamplingParams
+
+log = logging.getLogger("fsched.daemon")
+
+MAX_ENGINE_SEED = 2**31 - 1
+
+
+@dataclass(slots=True, frozen=True)
+class Codec:
+    """What the runner needs of the model's tokenizer: text of ids, end-of-sequence ids, context,
+    and the prompt's ids (fsched applies the chat template; the engine only sees token ids)."""
+
+    decode: Callable[[list[int]], str]
+    eos_token_ids: frozenset[int]
+    context_length: int
+    encode: Callable[[str | None, list[dict] | None], list[int]] | None = None
+
+
+def resume_seed(seed: int | None, generated: int) -> int | None:
+    """The engine seed of a stream that starts after `generated` tokens: the request's own at 0."""
+    if seed is None or generated == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:{generated}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % MAX_ENGINE_SEED
+
+
+def completion_body(model: str, context: list[int], params: SamplingParams, generated: int,
+                    context_length: int) -> dict:
+    """The `/v1/completions` request that continues a request from `context`."""
+    room = context_length - len(context)
+    body = {
+        "model": model,
+        "prompt": list(context),
+        "max_tokens": max(1, min(params.max_tokens - generated, room)),
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "stream": True,
+        "return_token_ids": True,
+    }
+    if params.top_k > 0:
+        body["top_k"] = params.top_k
+    # Greedy ignores the seed; it is passed unchanged (a stand-in engine may use it).
+    seed = params.seed if params.greedy else resume_seed(params.seed, generated)
+    if seed is not None:
+        body["seed"] = seed
+    return body
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    id: str
+    tokens: list[int]  # prompt, then every generated token reported to the scheduler
+    prompt_len: int
+    params: SamplingParams
+    stream: Stream | None = None
+    streams: int = 0  # streams opened so far (events of older ones are ignored)
+    pending: list[int] = field(default_factory=list)  # arrived, not yet reported
+    ended: str | None = None  # the engine's finish reason: no more tokens will come
+    finish: StopCheck | None = None
+    error: str | None = None  # the engine refused it
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+
+class RemoteRunner(Runner):
+    """The Runner protocol over a remote engine's streamed completions."""
+
+    def __init__(self, client: EngineClient, codec: Codec, model: str, max_wait_s: float = 0.05,
+                 gather_s: float = 0.003, backoff_s: tuple[float, float] = (0.5, 8.0)):
+        self.client = client
+        self.codec = codec
+        self.model = model
+        self.max_wait_s = max_wait_s
+        self.gather_s = gather_s
+        self.backoff_s = backoff_s
+        self._events: queue.Queue[StreamEvent] = queue.Queue()
+        self._requests: dict[str, _Request] = {}
+        self._down_since: float | None = None
+        self._backoff = backoff_s[0]
+        self._next_probe = 0.0
+        self.streams_opened = 0
+        self.resumes = 0  # streams opened after tokens were generated (preemption, outage, restart)
+        self.outages = 0
+
+    # -- requests ----------------------------------------------------------------------
+    def add(
+        self, request_id: str, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
+    ) -> None:
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} is already in the runner")
+        if not prompt:
+            raise ValueError(f"request {request_id!r} has an empty prompt")
+        self._requests[request_id] = _Request(request_id, [*prompt, *generated], len(prompt), params)
+
+    def release(self, request_id: str) -> None:
+        r = self._requests.pop(request_id, None)
+        if r is not None:
+            self._close(r)
+
+    def generated(self, request_id: str) -> list[int]:
+        return list(self._requests[request_id].generated)
+
+    def text(self, request_id: str) -> str:
+        """The output text, without a final EOS and cut before a stop string that ended it."""
+        r = self._requests[request_id]
+        tokens = r.generated
+        if tokens and tokens[-1] in self.codec.eos_token_ids:
+            tokens = tokens[:-1]
+        text = self.codec.decode(tokens)
+        if r.finish is not None and r.finish.text_end is not None:
+            text = text[: r.finish.text_end]
+        return text
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens the engine holds for fsched: the context of every open stream."""
+        return sum(len(r.tokens) + len(r.pending) for r in self._requests.values() if r.stream is not None)
+
+    @property
+    def engine_down(self) -> bool:
+        return self._down_since is not None
+
+    # -- one step ------------------------------------------------------------------------
+    @property
+    def context_length(self) -> int:
+        return self.codec.context_length
+
+    def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
+        if self.codec.encode is None:
+            raise ValueError("this runner was given no tokenizer to encode prompts with")
+        return self.codec.encode(prompt, messages)
+
+    def run(self, plan: Plan) -> RunResult:
+        start = time.perf_counter()
+        for p in plan.preempted:
+            if (r := self._requests.get(p.request_id)) is not None:
+                self._close(r)
+        self._probe_if_down()
+        for rid in (*plan.resumed, *(c.request_id for c in plan.prefill), *plan.decode):
+            self._open(self._requests[rid])
+        producing = plan.producing()
+        self._await(set(producing), start)
+        result = RunResult(outcome=Outcome(elapsed_s=0.0))
+        produced: dict[str, int] = {}
+        for rid in producing:
+            produced[rid] = self._deliver(self._requests[rid], result)
+        result.outcome = Outcome(elapsed_s=time.perf_counter() - start, finished=frozenset(result.finished),
+                                 produced=produced)
+        return result
+
+    def _open(self, r: _Request) -> None:
+        if r.stream is not None or r.ended or r.finish or r.error or self._down_since is not None:
+            return
+        generated = len(r.tokens) - r.prompt_len
+        body = completion_body(self.model, r.tokens, r.params, generated, self.context_length)
+        r.streams += 1
+        r.pending.clear()
+        r.stream = self.client.stream(r.id, r.streams, body, self._events)
+        self.streams_opened += 1
+        self.resumes += generated > 0
+
+    def _close(self, r: _Request) -> None:
+        """Abort the stream, keeping the tokens reported; unreported ones come again on resume."""
+        if r.stream is not None:
+            r.stream.abort()
+            r.stream = None
+        r.pending.clear()
+        r.ended = None
+
+    def _await(self, producing: set[str], start: float) -> None:
+        """Apply what arrived; wait (up to `max_wait_s`) until a producing request has news."""
+        self._drain(0.0)
+        ready = any(self._has_news(self._requests[rid]) for rid in producing)
+        waiting_for = [rid for rid in producing if self._requests[rid].stream is not None]
+        if not ready and (waiting_for or self._down_since is not None):
+            deadline = start + self.max_wait_s
+            if self._down_since is not None:
+                deadline = min(deadline, max(self._next_probe, time.perf_counter()))
+            while (left := deadline - time.perf_counter()) > 0:
+                try:
+                    event = self._events.get(timeout=left)
+                except queue.Empty:
+                    break
+                self._apply(event)
+                if event.request_id in producing and self._has_news(self._requests[event.request_id]):
+                    break
+        if self.gather_s:
+            self._drain(self.gather_s)  # the rest of the engine step's tokens, as they come in together
+
+    def _drain(self, for_s: float) -> None:
+        end = time.perf_counter() + for_s
+        while True:
+            try:
+                left = end - time.perf_counter()
+                event = self._events.get(timeout=left) if left > 0 else self._events.get_nowait()
+            except queue.Empty:
+                return
+            self._apply(event)
+
+    @staticmethod
+    def _has_news(r: _Request) -> bool:
+        return bool(r.pending) or r.ended is not None or r.error is not None
+
+    def _apply(self, event: StreamEvent) -> None:
+        r = self._requests.get(event.request_id)
+        if r is None or event.stream != r.streams or r.stream is None:
+            return  # from a stream since aborted or released
+        r.pending.extend(event.tokens)
+        if event.finish_reason is not None:
+            r.ended, r.stream = event.finish_reason, None
+        elif event.fault is Fault.REFUSED:
+            r.error, r.stream = event.error, None
+            r.pending.clear()
+        elif event.fault is Fault.UNAVAILABLE:
+            r.stream = None
+            r.pending.clear()
+            self._engine_lost(event.error or "unavailable")
+
+    def _deliver(self, r: _Request, result: RunResult) -> int:
+        """Report the tokens that arrived for a producing request; how many."""
+        if r.error is not None:
+            result.failed[r.id] = f"the engine refused the request: {r.error}"
+            return 0
+        n = 0
+        for token in r.pending:
+            r.tokens.append(token)
+            n += 1
+            check = self._check(r, token)
+            if check.finished is not None:
+                r.finish = check
+                break
+        r.pending.clear()
+        if n:
+            result.tokens[r.id] = r.tokens[-1]
+        if r.finish is None and r.ended is not None:
+            # The engine stopped on its own (its EOS or length): take its word.
+            reason = FinishReason.LENGTH if r.ended == "length" else FinishReason.STOP
+            r.finish = StopCheck(reason)
+        if r.finish is not None:
+            self._close(r)
+            result.finished[r.id] = r.finish
+        return n
+
+    def _check(self, r: _Request, token: int) -> StopCheck:
+        generated = len(r.tokens) - r.prompt_len
+        text = self.codec.decode(r.generated) if r.params.stop else None
+        return check_stop(token, generated, r.params.max_tokens, len(r.tokens), self.context_length,
+                          self.codec.eos_token_ids, text, r.params.stop)
+
+    # -- the engine going away and coming back ----------------------------------------------
+    def _engine_lost(self, error: str) -> None:
+        if self._down_since is not None:
+            return
+        self._down_since = time.perf_counter()
+        self._backoff = self.backoff_s[0]
+        self._next_probe = self._down_since + self._backoff
+        self.outages += 1
+        for r in self._requests.values():
+            if r.stream is not None:  # a stream that ended keeps its tokens
+                self._close(r)
+        log.warning("engine %s unavailable (%s); %d request(s) keep their tokens and resume when it is back",
+                    self.client.url, error, len(self._requests))
+
+    def _probe_if_down(self) -> None:
+        if self._down_since is None or time.perf_counter() < self._next_probe:
+            return
+        if self.client.healthy():
+            log.warning("engine %s is back after %.1f s; resuming %d request(s)", self.client.url,
+                        time.perf_counter() - self._down_since, len(self._requests))
+            self._down_since = None
+            return
+        self._backoff = min(self._backoff * 2, self.backoff_s[1])
+        self._next_probe = time.perf_counter() + self._backoff

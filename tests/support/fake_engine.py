@@ -1,0 +1,243 @@
+"""A stand-in OpenAI-compatible engine: what the quick tests run instead of vLLM.
+
+It serves `/v1/completions` the way vLLM does for what fsched asks of it
+(token-id prompts, `stream: true`, `return_token_ids: true`, server-sent
+events ending with `data: [DONE]`), plus `/health`, `/v1/models` and
+`/metrics`. Its tokens are a pure function of (seed, context, position):
+- greedy (temperature 0): the stand-in model's token after the context
+  (`standin_token(seed, context)`), so resuming from prompt + generated
+  continues exactly, and outputs equal the built-in stand-in runner's;
+- sampled: the seed is mixed with the draw's index within the stream, as an
+  engine whose per-request generator restarts with every request does.
+
+A stream stops at EOS, at max_tokens, or when the client disconnects (the
+request is then aborted, as vLLM does). Faults: `restart(down_s)` drops every
+connection and stops listening for a while; `refuse` makes chosen requests
+fail with HTTP 400; a prompt plus max_tokens over `context` is refused with
+vLLM's kind of message.
+
+Run alone: `python -m tests.support.fake_engine --port 8011`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import select
+import socket
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from fsched.core.runners.standin import STANDIN_EOS, _hash, standin_token
+
+
+def fake_token(seed: int | None, context: list[int], vocab: int | None, eos: int) -> int:
+    """The token after `context`; the built-in stand-in's when `vocab` is None."""
+    if vocab is None:
+        return standin_token(seed, context)
+    digest = _hash(f"{seed}|{len(context)}|{context[-1] if context else 0}")
+    return eos if digest % 500 == 0 else 3 + digest % (vocab - 3)
+
+
+def draw_seed(seed: int | None, index: int) -> int:
+    return _hash(f"draw|{seed}|{index}") % (2**31)
+
+
+def expected_tokens(prompt: list[int], max_tokens: int, seed: int | None, vocab: int | None = None,
+                    eos: int = STANDIN_EOS, temperature: float = 0.0) -> list[int]:
+    """What one uninterrupted stream returns (tests compare against it)."""
+    context, out = list(prompt), []
+    while len(out) < max_tokens:
+        s = seed if temperature == 0 else draw_seed(seed, len(out))
+        token = fake_token(s, context, vocab, eos)
+        context.append(token)
+        out.append(token)
+        if token == eos:
+            break
+    return out
+
+
+class FakeEngine:
+    def __init__(self, port: int = 0, model: str = "fake-engine", context: int = 8192,
+                 vocab: int | None = None,
+                 eos: int = STANDIN_EOS, step_s: float = 0.0, kv_tokens: int | None = None,
+                 refuse: Callable[[dict], str | None] | None = None):
+        self.model, self.context, self.vocab, self.eos = model, context, vocab, eos
+        self.step_s, self.kv_tokens, self.refuse = step_s, kv_tokens, refuse
+        self.port = port
+        self.bodies: list[dict] = []  # every completion request received
+        self.aborted = 0  # streams the client left before their end
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.tokens_sent = 0
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._server: ThreadingHTTPServer | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        server = _Server(("127.0.0.1", self.port), _handler(self))
+        server.daemon_threads = True
+        self.port = server.server_address[1]
+        self._server = server
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop listening and drop every connection (streams end mid-way, as in a crash)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def restart(self, down_s: float) -> None:
+        """Crash now and come back after `down_s` seconds (in the background)."""
+        self.stop()
+        timer = threading.Timer(down_s, self.start)
+        timer.daemon = True
+        timer.start()
+
+    # -- serving -------------------------------------------------------------------------
+    def completion(self, handler: BaseHTTPRequestHandler, body: dict) -> None:
+        prompt, max_tokens = body.get("prompt"), int(body.get("max_tokens") or 16)
+        if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
+            return handler.reply(400, {"error": {"message": "prompt must be a list of token ids"}})
+        if len(prompt) + max_tokens > self.context:
+            return handler.reply(400, {"error": {"message": (
+                f"This model's maximum context length is {self.context} tokens. However, you requested "
+                f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, {max_tokens} in the "
+                "completion). Please reduce the length of the messages or completion.")}})
+        if self.refuse is not None and (message := self.refuse(body)) is not None:
+            return handler.reply(400, {"error": {"message": message}})
+        with self._lock:
+            self.bodies.append(body)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            self._stream(handler, prompt, max_tokens, body)
+        except OSError:
+            with self._lock:
+                self.aborted += 1
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def _stream(self, handler, prompt: list[int], max_tokens: int, body: dict) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        seed, temperature = body.get("seed"), float(body.get("temperature", 1.0))
+        context, n, finish = list(prompt), 0, "length"
+        while n < max_tokens:
+            if self.step_s and select.select([handler.connection], [], [], self.step_s)[0]:
+                raise ConnectionAbortedError("the client went away")  # EOF while it waited: abort
+            s = seed if temperature == 0 else draw_seed(seed, n)
+            token = fake_token(s, context, self.vocab, self.eos)
+            context.append(token)
+            n += 1
+            done = token == self.eos or n >= max_tokens
+            finish = "stop" if token == self.eos else "length"
+            choice = {"index": 0, "text": f" w{token}", "token_ids": [token],
+                      "finish_reason": finish if done else None}
+            handler.event({"id": "cmpl-fake", "object": "text_completion", "model": self.model,
+                           "choices": [choice]})
+            with self._lock:
+                self.tokens_sent += 1
+            if done:
+                break
+        handler.wfile.write(b"data: [DONE]\n\n")
+        handler.wfile.flush()
+
+    def metrics(self) -> str:
+        if self.kv_tokens is None:
+            return "# no cache metrics\n"
+        return f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="{self.kv_tokens // 16}"}} 1.0\n'
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # a daemon opens its whole batch at once (the default backlog is 5)
+
+
+def _handler(engine: FakeEngine):
+    class Handler(BaseHTTPRequestHandler):
+        def setup(self) -> None:
+            super().setup()
+            with engine._lock:
+                engine._conns.add(self.connection)
+
+        def finish(self) -> None:
+            with engine._lock:
+                engine._conns.discard(self.connection)
+            try:
+                super().finish()
+            except OSError:
+                pass
+
+        def log_message(self, *args) -> None:  # quiet
+            pass
+
+        def reply(self, status: int, payload, content_type: str = "application/json") -> None:
+            data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def event(self, payload: dict) -> None:
+            self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+            self.wfile.flush()
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self.reply(200, "", "text/plain")
+            elif self.path == "/v1/models":
+                self.reply(200, {"object": "list", "data": [
+                    {"id": engine.model, "object": "model", "max_model_len": engine.context}]})
+            elif self.path == "/metrics":
+                self.reply(200, engine.metrics(), "text/plain")
+            else:
+                self.reply(404, {"error": {"message": "not found"}})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError:
+                return self.reply(400, {"error": {"message": "invalid JSON"}})
+            if self.path != "/v1/completions":
+                return self.reply(404, {"error": {"message": "not found"}})
+            engine.completion(self, body)
+
+    return Handler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=8011)
+    parser.add_argument("--context", type=int, default=8192)
+    parser.add_argument("--vocab", type=int, default=None)
+    parser.add_argument("--eos", type=int, default=STANDIN_EOS)
+    parser.add_argument("--step-ms", type=float, default=0.0)
+    args = parser.parse_args()
+    engine = FakeEngine(args.port, context=args.context, vocab=args.vocab, eos=args.eos,
+                        step_s=args.step_ms / 1000)
+    print(engine.url, flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""RemoteRunner against the stand-in engine server: streams, preemption, faults, sampling.
+
+Each test starts a FakeEngine on a loopback port (in this process) and runs the
+real engine loop (scheduler + RemoteRunner) over it; about 5 s in all.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+
+from fsched.core.runners.openai_http import EngineClient
+from fsched.core.runners.remote import Codec, RemoteRunner, completion_body, resume_seed
+from fsched.core.runners.standin import STANDIN_EOS, StandInRunner, standin_text
+from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.plan import Plan, PrefillChunk
+from fsched.core.sched.scheduler import Scheduler
+from fsched.core.serve.engine import Engine, EngineRequest
+from fsched.core.types import RequestClass, SamplingParams
+from tests.support.fake_engine import FakeEngine, expected_tokens
+
+pytestmark = pytest.mark.timeout(120)
+
+CODEC = Codec(standin_text, frozenset({STANDIN_EOS}), 8192)
+
+
+@pytest.fixture
+def fake():
+    engine = FakeEngine(step_s=0.001)
+    yield engine
+    engine.stop()
+
+
+def remote_runner(fake: FakeEngine, **kw) -> RemoteRunner:
+    return RemoteRunner(EngineClient(fake.url), CODEC, fake.model, **kw)
+
+
+def config(**kw) -> SchedulerConfig:
+    base = dict(max_batch=8, kv_tokens=4096, step_tokens=1024, host_kv_tokens=0, min_quantum_steps=2)
+    return SchedulerConfig(**{**base, **kw})
+
+
+def requests(n=24, temperature=0.0, seed0=0):
+    return [EngineRequest(str(i), list(range(1, 4 + i % 7)), SamplingParams(
+        max_tokens=10 + (i * 7) % 40, temperature=temperature, seed=seed0 + i)) for i in range(n)]
+
+
+def run(runner, reqs, cfg=None, on_step=None):
+    return Engine(runner, Scheduler(cfg or config(), "fsched", {}), 8192).run_all(reqs, on_step)
+
+
+def test_greedy_outputs_equal_the_builtin_standin(fake):
+    remote = run(remote_runner(fake), requests())
+    local = run(StandInRunner(), requests())
+    assert set(remote) == set(local)
+    for rid, result in local.items():
+        assert remote[rid].tokens == result.tokens, rid
+        assert remote[rid].finish_reason == result.finish_reason
+        assert remote[rid].text == result.text
+    assert fake.max_in_flight <= 8  # never more than the batch in flight
+    assert all(b["return_token_ids"] and b["stream"] for b in fake.bodies)
+
+
+def test_a_step_reports_every_token_that_arrived_and_waits_when_none_did(fake):
+    fake.step_s = 0.01
+    runner = remote_runner(fake, max_wait_s=0.2)
+    params = SamplingParams(max_tokens=30, temperature=0, seed=3)
+    runner.add("a", [5, 6, 7], params)
+    first = runner.run(Plan(step=0, prefill=(PrefillChunk("a", 0, 3, True),)))
+    assert first.outcome.produced["a"] >= 1  # waited for the first token
+    time.sleep(0.1)  # the engine runs ahead: the next step collects all it sent
+    result = runner.run(Plan(step=1, decode=("a",)))
+    assert result.outcome.produced["a"] > 1
+    assert runner.generated("a") == expected_tokens([5, 6, 7], 30, 3)[: len(runner.generated("a"))]
+    # A slow engine: the step returns after max_wait_s with nothing, neither sooner nor later.
+    runner.release("a")
+    fake.step_s = 1.0
+    runner.add("b", [1, 2], params)
+    start = time.perf_counter()
+    empty = runner.run(Plan(step=2, prefill=(PrefillChunk("b", 0, 2, True),)))
+    took = time.perf_counter() - start
+    assert empty.outcome.produced.get("b", 0) == 0 and 0.19 <= took < 0.6
+
+
+def test_preemption_aborts_the_stream_and_resumes_from_prompt_plus_generated(fake):
+    fake.step_s = 0.005
+    runner = remote_runner(fake)
+    params = SamplingParams(max_tokens=60, temperature=0, seed=11)
+    runner.add("a", [9, 8, 7], params)
+    runner.run(Plan(step=0, prefill=(PrefillChunk("a", 0, 3, True),)))
+    for step in range(1, 4):
+        runner.run(Plan(step=step, decode=("a",)))
+    from fsched.core.sched.plan import Preemption
+    from fsched.core.sched.request import Checkpoint
+
+    kept = runner.generated("a")
+    assert 0 < len(kept) < 60
+    runner.run(Plan(step=4, preempted=(Preemption("a", Checkpoint.RECOMPUTE, 3),)))
+    assert runner.generated("a") == kept and runner.kv_tokens == 0
+    time.sleep(0.05)
+    deadline = time.time() + 10
+    while "a" not in runner.run(Plan(step=5, decode=("a",))).finished and time.time() < deadline:
+        pass
+    assert runner.generated("a") == expected_tokens([9, 8, 7], 60, 11)
+    assert fake.bodies[-1]["prompt"] == [9, 8, 7, *kept]  # the resume: prompt + generated ids
+    assert fake.bodies[-1]["max_tokens"] == 60 - len(kept)
+    assert runner.resumes == 1
+    time.sleep(0.05)
+    assert fake.aborted == 1  # the engine saw the disconnect and stopped the first stream
+
+
+def test_forced_preemptions_keep_greedy_outputs_exact(fake):
+    fake.step_s = 0.002
+    cfg = config(max_batch=4, quanta=(4, 8, 16), min_quantum_steps=1)
+    reqs = requests(16)
+    for r in reqs[::3]:
+        r.cls = RequestClass.REALTIME  # realtime arrivals preempt the batch work
+    runner = remote_runner(fake)
+    remote = run(runner, reqs, cfg)
+    local = run(StandInRunner(), requests(16))
+    assert {k: v.tokens for k, v in remote.items()} == {k: v.tokens for k, v in local.items()}
+    originals = {tuple(r.prompt) for r in requests(16)}
+    resumed = [b for b in fake.bodies if tuple(b["prompt"]) not in originals]
+    assert runner.resumes == len(resumed) > 0
+
+
+def test_engine_restart_mid_run_loses_nothing(fake, caplog):
+    fake.step_s = 0.003
+    runner = remote_runner(fake, backoff_s=(0.1, 0.4))
+    crashed = []
+
+    def on_step(report):
+        if not crashed and sum(len(runner.generated(r)) for r in runner._requests) > 40:
+            crashed.append(True)
+            fake.restart(down_s=0.6)
+
+    with caplog.at_level(logging.WARNING, logger="fsched.daemon"):
+        remote = run(runner, requests(12), on_step=on_step)
+    local = run(StandInRunner(), requests(12))
+    assert not [v.error for v in remote.values() if v.error]
+    assert crashed and runner.outages == 1
+    assert {k: v.tokens for k, v in remote.items()} == {k: v.tokens for k, v in local.items()}
+    lines = [r.message for r in caplog.records]
+    assert sum("unavailable" in m for m in lines) == 1 and sum("is back after" in m for m in lines) == 1
+
+
+def test_a_refused_request_fails_alone_with_the_engine_message(fake):
+    fake.refuse = lambda body: "prompt too nasty" if body["prompt"] == [1, 2, 3, 4, 5] else None
+    results = run(remote_runner(fake), requests(8))
+    failed = {k for k, v in results.items() if v.finish_reason is None}
+    assert failed == {"2"}  # the one with prompt [1, 2, 3, 4, 5]
+    assert "the engine refused the request: HTTP 400: prompt too nasty" == results["2"].error
+    local = run(StandInRunner(), requests(8))
+    assert all(results[k].tokens == local[k].tokens for k in local if k != "2")
+
+
+def test_context_too_long_is_refused_by_the_engine_with_its_message(fake):
+    fake.context = 64
+    reqs = [EngineRequest("long", list(range(1, 40)), SamplingParams(max_tokens=50, temperature=0, seed=1)),
+            EngineRequest("ok", [1, 2, 3], SamplingParams(max_tokens=20, temperature=0, seed=1))]
+    results = run(remote_runner(fake), reqs)
+    assert results["ok"].finish_reason is not None
+    assert results["long"].finish_reason is None
+    assert "maximum context length is 64 tokens" in results["long"].error
+
+
+def test_seeded_sampling_is_reproducible_uninterrupted_and_per_interruption_point(fake):
+    """What is reproducible: an uninterrupted seeded request (the engine's own seeded run), and
+    an interrupted one given the same interruption points. What is not: an interrupted request
+    does not continue as the uninterrupted run would (the engine's generator restarts)."""
+    prompt, params = [4, 5, 6], SamplingParams(max_tokens=40, temperature=0.8, seed=123)
+    whole = expected_tokens(prompt, 40, 123, temperature=0.8)
+    assert completion_body("m", prompt, params, 0, 8192)["seed"] == 123
+
+    def interrupted_at(k: int) -> list[int]:
+        runner = remote_runner(fake)
+        runner.add("s", prompt, params, generated=whole[:k])  # a resume after k tokens
+        runner.run(Plan(step=0, prefill=(PrefillChunk("s", 0, 3 + k, True),)))
+        while "s" not in runner.run(Plan(step=1, decode=("s",))).finished:
+            pass
+        return runner.generated("s")
+
+    fresh = interrupted_at(0)
+    assert fresh == whole
+    once, again = interrupted_at(10), interrupted_at(10)
+    assert once == again and once[:10] == whole[:10]
+    assert once != whole
+    assert fake.bodies[-1]["seed"] == resume_seed(123, 10) != 123
+
+
+def test_greedy_requests_keep_their_seed_on_resume():
+    params = SamplingParams(max_tokens=10, temperature=0, seed=5)
+    assert completion_body("m", [1, 2, 3], params, 4, 100)["seed"] == 5
+    body = completion_body("m", [1] * 95, params, 4, 100)
+    assert body["max_tokens"] == 5  # capped at the room the context leaves
+
+
+def test_a_stream_thread_per_request_and_no_leak(fake):
+    run(remote_runner(fake), requests(12))
+    time.sleep(0.1)
+    assert not [t for t in threading.enumerate() if t.name.startswith("fsched-stream-")]
