@@ -53,6 +53,10 @@ class Plan:
     def empty(self) -> bool:
         return not (self.prefill or self.decode)
 
+    def producing(self) -> tuple[str, ...]:
+        """Requests that yield a token in this step (what a remote runner waits for)."""
+        return tuple(c.request_id for c in self.prefill if c.produces_token) + self.decode
+
 
 @dataclass(slots=True, frozen=True)
 class Outcome:

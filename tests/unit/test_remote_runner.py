@@ -112,17 +112,38 @@ def test_preemption_aborts_the_stream_and_resumes_from_prompt_plus_generated(fak
     assert fake.aborted == 1  # the engine saw the disconnect and stopped the first stream
 
 
+def run_with_late_realtime(runner, batch, late, cfg, every=3):
+    """Run `batch`, adding a realtime request of `late` every `every` steps: each finds the batch full."""
+    engine = Engine(runner, Scheduler(cfg, "fsched", {}), 8192)
+    for r in batch:
+        engine.add(r)
+    results, step = {}, 0
+    while engine.has_work or late:
+        if late and step and step % every == 0:
+            engine.add(late.pop(0))
+        report = engine.step()
+        step += 1
+        for r in report.finished if report else []:
+            results[r.id] = r
+    return engine, results
+
+
+def late_realtime(n=4):
+    late = requests(n, seed0=100)
+    for r in late:
+        r.id, r.cls = "rt-" + r.id, RequestClass.REALTIME
+    return late
+
+
 def test_forced_preemptions_keep_greedy_outputs_exact(fake):
     fake.step_s = 0.002
-    cfg = config(max_batch=4, quanta=(4, 8, 16), min_quantum_steps=1)
-    reqs = requests(16)
-    for r in reqs[::3]:
-        r.cls = RequestClass.REALTIME  # realtime arrivals preempt the batch work
+    cfg = config(max_batch=4, preempt_grace_steps=0, min_quantum_steps=1)
     runner = remote_runner(fake)
-    remote = run(runner, reqs, cfg)
-    local = run(StandInRunner(), requests(16))
+    engine, remote = run_with_late_realtime(runner, requests(12), late_realtime(), cfg)
+    local = run(StandInRunner(), requests(12) + late_realtime())
+    assert engine.scheduler.preemptions > 0
     assert {k: v.tokens for k, v in remote.items()} == {k: v.tokens for k, v in local.items()}
-    originals = {tuple(r.prompt) for r in requests(16)}
+    originals = {tuple(r.prompt) for r in requests(12) + late_realtime()}
     resumed = [b for b in fake.bodies if tuple(b["prompt"]) not in originals]
     assert runner.resumes == len(resumed) > 0
 
