@@ -93,7 +93,7 @@ def daemon(
 def serve(settings: DaemonSettings, db: str | None) -> None:
     """Take the job table (as an admin on SQLite, alone where it has a lock) and serve it until stopped."""
     from fsched.core.jobs.access import may_administer
-    from fsched.core.serve.build import build_daemon
+    from fsched.core.serve.build import build_daemon, runner_summary
 
     log = logging.getLogger("fsched.daemon")
     store = open_queue(db)
@@ -121,3 +121,5 @@ def serve(settings: DaemonSettings, db: str | None) -> None:
         if lock is not None:
             lock.release()
     log.info("stopped after %d steps, %d tokens", the_daemon.stats.steps, the_daemon.stats.tokens)
+    if summary := runner_summary(the_daemon):
+        log.info("%s", summary)

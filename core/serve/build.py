@@ -255,3 +255,16 @@ def build_daemon(settings: DaemonSettings, store: QueueStore, exclusive: bool) -
     )
     runner = served.runner
     return Daemon(store, engine, lambda claimed: runner.encode(claimed.prompt, claimed.messages), config)
+
+
+def runner_summary(daemon: Daemon) -> str | None:
+    """A closing line about the runner's own traffic, where it has any (a remote engine's streams)."""
+    from fsched.core.runners.remote import RemoteRunner
+
+    runner = daemon.engine.runner
+    if not isinstance(runner, RemoteRunner):
+        return None
+    return (
+        f"engine streams: {runner.streams_opened} opened, {runner.resumes} resumed, "
+        f"{runner.outages} outage(s)"
+    )
