@@ -1,6 +1,6 @@
 """Benchmarks of `fsched serve`: real server and daemon processes, real HTTP clients.
 
-    .venv/bin/python bench/http.py [first_token] [loaded] [concurrent] [upload]
+    .venv/bin/python bench/http_api.py [first_token] [loaded] [concurrent] [upload]
 
 first_token  the tiny model (then the stand-in, which takes no CPU to speak of, to
              show the path alone), requests one at a time: first token as an HTTP
