@@ -23,10 +23,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# Run as a script, this file's folder leads sys.path, and its name would hide the standard
-# library's `http` package from everything imported below: put the repository there instead.
-HERE = Path(__file__).resolve().parent
-sys.path[:] = [str(HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != HERE]
+# The test suite's server fixtures are reused: the repository goes on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
