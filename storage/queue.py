@@ -119,25 +119,6 @@ class SqlQueueStore(SqlStoreBase):
                                  .values(num_output_tokens=jobs.c.num_output_tokens + delta))
         return len(writes)
 
-    def finish_request(
-        self,
-        request_id: RequestId,
-        state: RequestState,
-        output_tokens: Sequence[int] = (),
-        output_text: str = "",
-        finish_reason: str | None = None,
-        prompt_tokens: int | None = None,
-        model: str | None = None,
-        error: str | None = None,
-        owner: str | None = None,
-        first_token_at: float | None = None,
-        epoch: int | None = None,
-    ) -> bool:
-        """End one request; see `finish_requests`."""
-        completion = Completion(request_id, state, tuple(output_tokens), output_text, finish_reason,
-                                prompt_tokens, model, error, first_token_at, epoch)
-        return self.finish_requests([completion], owner)[0]
-
     def finish_requests(self, completions: Sequence[Completion], owner: str | None = None) -> list[bool]:
         """End requests with their final output, in one transaction with their jobs' counters.
 

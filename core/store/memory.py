@@ -172,24 +172,6 @@ class MemoryQueueStore:
                 raise StoreError(f"no request with id {c.request_id}")
         return [self._complete(c, owner) for c in completions]
 
-    def finish_request(
-        self,
-        request_id: RequestId,
-        state: RequestState,
-        output_tokens: Sequence[int] = (),
-        output_text: str = "",
-        finish_reason: str | None = None,
-        prompt_tokens: int | None = None,
-        model: str | None = None,
-        error: str | None = None,
-        owner: str | None = None,
-        first_token_at: float | None = None,
-        epoch: int | None = None,
-    ) -> bool:
-        completion = Completion(request_id, state, tuple(output_tokens), output_text, finish_reason,
-                                prompt_tokens, model, error, first_token_at, epoch)
-        return self.finish_requests([completion], owner)[0]
-
     def release(self, owner: str | None = None, request_ids: Sequence[RequestId] | None = None) -> int:
         wanted = None if request_ids is None else set(request_ids)
         running = [

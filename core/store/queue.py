@@ -39,7 +39,7 @@ from fsched.core.store.records import (
     RequestId,
     TokenUpdate,
 )
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import RequestClass
 
 
 @runtime_checkable
@@ -79,23 +79,6 @@ class QueueStore(Protocol):
         epoch. Raises ValueError for a state that is not final and StoreError
         for an unknown request.
         """
-        ...
-
-    def finish_request(
-        self,
-        request_id: RequestId,
-        state: RequestState,
-        output_tokens: Sequence[int] = (),
-        output_text: str = "",
-        finish_reason: str | None = None,
-        prompt_tokens: int | None = None,
-        model: str | None = None,
-        error: str | None = None,
-        owner: str | None = None,
-        first_token_at: float | None = None,
-        epoch: int | None = None,
-    ) -> bool:
-        """End one request: `finish_requests` with one completion."""
         ...
 
     def release(self, owner: str | None = None, request_ids: Sequence[RequestId] | None = None) -> int:

@@ -17,6 +17,7 @@ from fsched.core.store.memory import MemoryQueueStore
 from fsched.core.store.queue import QueueStore
 from fsched.core.store.records import Completion, JobSubmission, StoreError, TokenUpdate
 from fsched.core.types import RequestClass, RequestState
+from tests.support.store import finish
 
 from ..fakes import FakeClock
 
@@ -144,16 +145,16 @@ def test_another_owner_writes_nothing_and_nothing_ends_twice(table):
     job = table.submit(2)
     a, b = q.claim("d1", per_group=5)
     assert q.flush_tokens("intruder", [TokenUpdate(a.id, (9,), "x")]) == 0
-    assert not q.finish_request(a.id, RequestState.DONE, [9], "x", owner="intruder")
-    assert q.finish_request(a.id, RequestState.DONE, [1], "ok", owner="d1", epoch=a.lease_epoch)
-    assert not q.finish_request(a.id, RequestState.FAILED, error="late")  # ended already
+    assert not finish(q, a.id, RequestState.DONE, [9], "x", owner="intruder")
+    assert finish(q, a.id, RequestState.DONE, [1], "ok", owner="d1", epoch=a.lease_epoch)
+    assert not finish(q, a.id, RequestState.FAILED, error="late")  # ended already
     assert q.finish_requests([Completion(b.id, RequestState.FAILED, error="boom")]) == [True]
     view = table.view(job)
     assert view[a.id] == (RequestState.DONE, "ok", 1) and view[b.id][0] is RequestState.FAILED
     with pytest.raises(ValueError):
-        q.finish_request(b.id, RequestState.RUNNING)
+        finish(q, b.id, RequestState.RUNNING)
     with pytest.raises(StoreError, match="no request"):
-        q.finish_request("999999", RequestState.DONE)
+        finish(q, "999999", RequestState.DONE)
 
 
 def test_released_requests_resume_with_their_tokens(table):

@@ -22,6 +22,7 @@ from fsched.core.store.records import (
 from fsched.core.types import Endpoint, JobState, RequestClass, RequestSpec, RequestState, SamplingParams
 from fsched.storage import catalog as catalog_module
 from fsched.storage.jobstore import SqlJobStore
+from tests.support.store import finish
 
 
 def parsed(n: int, source: str = "f.jsonl") -> ParsedJobFile:
@@ -89,16 +90,16 @@ def test_claim_finish_and_counters(store):
     claimed = store.claim("daemon-1", per_group=2)
     assert [c.custom_id for c in claimed] == ["c0", "c1"]
     assert store.list_jobs(job_id=job.job_id)[0].state is JobState.IN_PROGRESS
-    assert store.finish_request(claimed[0].id, RequestState.DONE, [5, 6, 7], "abc", "length", 3, "tiny")
+    assert finish(store, claimed[0].id, RequestState.DONE, [5, 6, 7], "abc", "length", 3, "tiny")
     # No request ends twice: a second finish changes nothing.
-    assert not store.finish_request(claimed[0].id, RequestState.FAILED, error="late")
-    assert store.finish_request(claimed[1].id, RequestState.FAILED, error="boom")
+    assert not finish(store, claimed[0].id, RequestState.FAILED, error="late")
+    assert finish(store, claimed[1].id, RequestState.FAILED, error="boom")
     summary = store.list_jobs(job_id=job.job_id)[0]
     c = summary.counts
     assert (c.num_done, c.num_failed, c.num_running, c.num_waiting) == (1, 1, 0, 1)
     assert summary.num_output_tokens == 3
     (rest,) = store.claim("daemon-1", per_group=5)
-    store.finish_request(rest.id, RequestState.DONE, [1], "z")
+    finish(store, rest.id, RequestState.DONE, [1], "z")
     summary = store.list_jobs(job_id=job.job_id)[0]
     assert summary.state is JobState.COMPLETED and summary.finished_at is not None
 
@@ -106,11 +107,11 @@ def test_claim_finish_and_counters(store):
 def test_cancel_waiting_at_once_and_running_by_the_daemon(store):
     (job,) = store.submit([submission(4)])
     running = store.claim("d", per_group=2)
-    store.finish_request(running[0].id, RequestState.DONE, [1, 2], "ok")
+    finish(store, running[0].id, RequestState.DONE, [1, 2], "ok")
     outcome = store.cancel_job(job.job_id)
     assert (outcome.cancelled_now, outcome.stopping, outcome.state) == (2, 1, JobState.CANCELLING)
     assert store.claim("d", per_group=10) == []  # nothing of a cancelled job is claimed again
-    store.finish_request(running[1].id, RequestState.CANCELLED, [3], "c")
+    finish(store, running[1].id, RequestState.CANCELLED, [3], "c")
     summary = store.list_jobs(job_id=job.job_id)[0]
     assert summary.state is JobState.CANCELLED
     assert [r.output_text for r in store.iter_results(job.job_id)] == ["ok"]  # finished work kept
@@ -133,7 +134,7 @@ def test_results_in_input_order_across_pages(store, monkeypatch):
     (job,) = store.submit([submission(30)])
     claimed = store.claim("d", per_group=30)
     for c in reversed(claimed):  # finish in reverse order
-        store.finish_request(c.id, RequestState.DONE, [1], c.custom_id)
+        finish(store, c.id, RequestState.DONE, [1], c.custom_id)
     assert [r.custom_id for r in store.iter_results(job.job_id)] == [f"c{i}" for i in range(30)]
 
 
@@ -169,9 +170,9 @@ def test_tenants_add_reweight_remove(store):
 def test_finish_request_rejects_non_final_state_and_unknown_id(store):
     store.submit([submission(1)])
     with pytest.raises(ValueError):
-        store.finish_request("1", RequestState.RUNNING)
+        finish(store, "1", RequestState.RUNNING)
     with pytest.raises(StoreError, match="no request"):
-        store.finish_request("999", RequestState.DONE)
+        finish(store, "999", RequestState.DONE)
 
 
 def test_claim_is_fair_across_tenants_and_classes(store):
@@ -201,7 +202,7 @@ def test_flush_release_and_fencing(store):
                                      TokenUpdate(b.id, (7,), "z")]) == 2
     assert store.flush_tokens("intruder", [TokenUpdate(c.id, (1,), "no")]) == 0  # not its lease
     assert store.list_jobs(job_id=job.job_id)[0].num_output_tokens == 3
-    assert not store.finish_request(a.id, RequestState.DONE, [5, 6, 9], "xyw", owner="intruder")
+    assert not finish(store, a.id, RequestState.DONE, [5, 6, 9], "xyw", owner="intruder")
     assert store.release("d1", [b.id]) == 1  # back to the queue, tokens kept
     (again,) = store.claim("d2", per_group=10)
     assert again.id == b.id and again.output_tokens == [7]

@@ -10,6 +10,7 @@ from fsched.core.jobs.jobfile import parse_job_file
 from fsched.core.store.records import JobSubmission, TokenUpdate, UnknownJob
 from fsched.core.types import RequestClass, RequestState
 from fsched.storage.jobstore import SqlJobStore
+from tests.support.store import finish
 
 
 def submit(store: SqlJobStore, n: int, tenant: str, cls: RequestClass) -> int:
@@ -37,7 +38,7 @@ def test_request_progress_follows_flushes_and_the_finish(store):
     assert (mid.state, mid.output_text, mid.num_output_tokens, mid.first_token_at) == (
         RequestState.RUNNING, "he", 2, 100.25)
 
-    store.finish_request(claimed.id, RequestState.DONE, (5, 6, 7), "hey", finish_reason="length", owner="d")
+    finish(store, claimed.id, RequestState.DONE, (5, 6, 7), "hey", finish_reason="length", owner="d")
     (end,) = store.request_progress(job_id)
     assert (end.state, end.output_text, end.num_output_tokens, end.finish_reason) == (
         RequestState.DONE, "hey", 3, "length")

@@ -1,0 +1,28 @@
+"""Test shorthand over the queue: end one request, as the daemon ends many."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fsched.core.store.queue import QueueStore
+from fsched.core.store.records import Completion, RequestId
+from fsched.core.types import RequestState
+
+
+def finish(
+    store: QueueStore,
+    request_id: RequestId,
+    state: RequestState,
+    output_tokens: Sequence[int] = (),
+    output_text: str = "",
+    finish_reason: str | None = None,
+    prompt_tokens: int | None = None,
+    model: str | None = None,
+    error: str | None = None,
+    owner: str | None = None,
+    epoch: int | None = None,
+) -> bool:
+    """`store.finish_requests` with one completion; whether it was written."""
+    completion = Completion(request_id, state, tuple(output_tokens), output_text, finish_reason,
+                            prompt_tokens, model, error, epoch=epoch)
+    return store.finish_requests([completion], owner)[0]
