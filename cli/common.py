@@ -88,6 +88,15 @@ def allow(refusal: str | None) -> None:
         raise UserError(refusal)
 
 
+def open_catalog_as_admin(db: str | None, doing: str) -> SqlCatalogStore:
+    """The catalog, for a command only an fsched admin may run (`doing` names it in the refusal)."""
+    from fsched.core.jobs.access import may_administer
+
+    store = open_catalog(db)
+    allow(may_administer(acting_user(store), doing))
+    return store
+
+
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
 

@@ -9,15 +9,12 @@ import typer
 from fsched.cli.common import (
     DbOption,
     JsonOption,
-    acting_user,
-    allow,
     handle_errors,
     iso_time,
-    open_catalog,
+    open_catalog_as_admin,
     print_json,
 )
 from fsched.cli.submit import CLASS_NAMES, parse_class
-from fsched.core.jobs.access import may_administer
 
 app = typer.Typer(help="Create, list and revoke API keys of `fsched serve` (admins only).",
                   no_args_is_help=True)
@@ -26,8 +23,7 @@ app = typer.Typer(help="Create, list and revoke API keys of `fsched serve` (admi
 def _admin_key_store(db: str | None, what: str):
     from fsched.storage.keys import SqlKeyStore
 
-    store = open_catalog(db)
-    allow(may_administer(acting_user(store), what))
+    store = open_catalog_as_admin(db, what)
     return SqlKeyStore(store.db)
 
 

@@ -13,13 +13,11 @@ import typer
 from fsched.cli.common import (
     DbOption,
     JsonOption,
-    acting_user,
-    allow,
     handle_errors,
     open_catalog,
+    open_catalog_as_admin,
     print_json,
 )
-from fsched.core.jobs.access import may_administer
 
 app = typer.Typer(help="Show and set the limits on what clients may submit (setting: admins only).",
                   no_args_is_help=True)
@@ -68,8 +66,7 @@ def set_limit(
     from fsched.core.jobs.limits import validate_limit
     from fsched.storage.keys import SqlKeyStore
 
-    store = open_catalog(db)
-    allow(may_administer(acting_user(store), "setting a limit"))
+    store = open_catalog_as_admin(db, "setting a limit")
     SqlKeyStore(store.db).set_limit(name, validate_limit(name, value))
     print(f"limit {name} is now {value:,}")
 
@@ -86,7 +83,6 @@ def unset(
 
     if name not in LIMIT_NAMES:
         raise ValueError(f"unknown limit {name!r}; the limits are {', '.join(LIMIT_NAMES)}")
-    store = open_catalog(db)
-    allow(may_administer(acting_user(store), "setting a limit"))
+    store = open_catalog_as_admin(db, "setting a limit")
     SqlKeyStore(store.db).set_limit(name, None)
     print(f"limit {name} is back to its default")

@@ -9,13 +9,11 @@ import typer
 from fsched.cli.common import (
     DbOption,
     JsonOption,
-    acting_user,
-    allow,
     handle_errors,
     open_catalog,
+    open_catalog_as_admin,
     print_json,
 )
-from fsched.core.jobs.access import may_administer
 
 app = typer.Typer(help="List and manage tenants and their weights.", no_args_is_help=True)
 
@@ -46,8 +44,7 @@ def add(
     db: DbOption = None,
 ) -> None:
     """Add a tenant with a weight (an fsched admin only)."""
-    store = open_catalog(db)
-    allow(may_administer(acting_user(store), "adding a tenant"))
+    store = open_catalog_as_admin(db, "adding a tenant")
     store.add_tenant(name, weight)
     print(f"added tenant {name} with weight {weight:g}")
 
@@ -60,8 +57,7 @@ def set_weight(
     db: DbOption = None,
 ) -> None:
     """Change a tenant's weight (an fsched admin only); a running daemon applies it within a second."""
-    store = open_catalog(db)
-    allow(may_administer(acting_user(store), "changing a weight"))
+    store = open_catalog_as_admin(db, "changing a weight")
     store.set_weight(name, weight)
     print(f"tenant {name} now has weight {weight:g}")
 
@@ -73,7 +69,6 @@ def remove(
     db: DbOption = None,
 ) -> None:
     """Remove a tenant (an fsched admin only; refused while it has unfinished jobs)."""
-    store = open_catalog(db)
-    allow(may_administer(acting_user(store), "removing a tenant"))
+    store = open_catalog_as_admin(db, "removing a tenant")
     store.remove_tenant(name)
     print(f"removed tenant {name}")
