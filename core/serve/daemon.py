@@ -92,10 +92,10 @@ class DaemonStats:
 
     def record(self, report: StepReport, wall_s: float, now: float, half_life_s: float) -> None:
         self.steps += 1
-        self.tokens += report.token_count
+        self.tokens += report.produced
         alpha = 0.1
         self.step_ms += alpha * (report.elapsed_s * 1000 - self.step_ms)
-        rate = report.token_count / wall_s if wall_s > 0 else 0.0
+        rate = report.produced / wall_s if wall_s > 0 else 0.0
         self.tok_s += alpha * (rate - self.tok_s)
         self.batch, self.kv_tokens = report.batch_size, report.kv_tokens
         factor = 0.5 ** ((now - self.last_decay) / half_life_s) if self.last_decay else 1.0

@@ -59,10 +59,6 @@ class StepReport:
     charges: Mapping[str, TenantCharge] = field(default_factory=dict)  # what each tenant consumed
     produced: int = 0  # tokens produced: one per entry of `tokens`, more where a remote engine ran ahead
 
-    @property
-    def token_count(self) -> int:
-        return max(self.produced, len(self.tokens))
-
 
 @dataclass(slots=True, frozen=True)
 class EngineSnapshot:
