@@ -19,6 +19,14 @@ prefix      what a resume costs: first-token time of prompt + generated tokens s
             again right after (the engine's prefix cache holds them) against a
             fresh context of the same length.
 vLLM runs in its own environment (scripts/vllm_env.sh). Prints one JSON line per case.
+
+The engine runs at a lower CPU priority (--engine-nice, default 10, set on its
+whole session) in every case and both arms. vLLM's CPU build keeps both of
+this machine's cores busy polling; at equal priority it starves whichever
+client drives it, fsched's daemon or the bare client alike, for up to seconds
+at a time (measured: a 10 ms sleep in the client's session overshooting by
+545 ms, a single 10 ms queue wait taking 3.1 s), which is not what a GPU box
+does, where the engine computes on the GPU and the host has cores to spare.
 """
 
 from __future__ import annotations
@@ -202,7 +210,8 @@ def fsched_throughput(url: str, folder: Path, lines: list[dict], batch: int, tmp
 
 def case_throughput(args, tok, folder: Path, tmp: Path) -> dict:
     lines = workload(tok, args.requests)
-    with VllmServer(folder, tmp / "vllm-throughput.log", extra=("--max-num-seqs", str(args.batch))) as server:
+    with VllmServer(folder, tmp / "vllm-throughput.log", extra=("--max-num-seqs", str(args.batch)),
+                    nice=args.engine_nice) as server:
         client = EngineClient(server.url)
         model = client.info().model
         reqs = [(encode_prompt(tok, x["prompt"]), x["max_tokens"]) for x in lines]
@@ -283,7 +292,7 @@ def case_latency(args, tok, folder: Path, tmp: Path) -> dict:
         for i in range(20)
     ]
     extra = ("--scheduling-policy", "priority", "--max-num-seqs", "8")
-    with VllmServer(folder, tmp / "vllm-latency.log", extra=extra) as server:
+    with VllmServer(folder, tmp / "vllm-latency.log", extra=extra, nice=args.engine_nice) as server:
         client = EngineClient(server.url)
         bare = latency_bare(client, client.info().model, tok, batch_lines, chats)
         server.restart()  # nothing left over from the bare run
@@ -307,7 +316,7 @@ def case_latency(args, tok, folder: Path, tmp: Path) -> dict:
 
 
 def case_fairness(args, tok, folder: Path, tmp: Path) -> dict:
-    with VllmServer(folder, tmp / "vllm-fair.log", extra=("--max-num-seqs", "16")) as server:
+    with VllmServer(folder, tmp / "vllm-fair.log", extra=("--max-num-seqs", "16"), nice=args.engine_nice) as server:
         table = Table(tmp / "fair")
         table.fsched("tenants", "add", "heavy", "--weight", "3")
         table.fsched("tenants", "add", "light", "--weight", "1")
@@ -341,7 +350,7 @@ def case_fairness(args, tok, folder: Path, tmp: Path) -> dict:
 
 def case_prefix(args, tok, folder: Path, tmp: Path) -> dict:
     rng = random.Random(5)
-    with VllmServer(folder, tmp / "vllm-prefix.log") as server:
+    with VllmServer(folder, tmp / "vllm-prefix.log", nice=args.engine_nice) as server:
         client = EngineClient(server.url)
         model = client.info().model
         hit, miss = [], []
@@ -367,6 +376,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=128)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--fair-s", type=int, default=20)
+    parser.add_argument(
+        "--engine-nice", type=int, default=10,
+        help="CPU nice of the vLLM server's session, the same in both arms (0: none); see the module doc",
+    )
     args = parser.parse_args()
     folder = ensure_tiny_model()
     tok = load_tokenizer(str(folder))
