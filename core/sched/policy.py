@@ -225,11 +225,17 @@ class FschedPolicy(Fcfs):
                      stand: Mapping[str, Standing]) -> tuple | None:
         # Victims: work outside the precedence tier (batch, and any work of a
         # tenant beyond its share). The tenant furthest over its share first,
-        # then the cheapest to checkpoint (least KV), then the youngest.
+        # then the cheapest to checkpoint (least KV), then the youngest. Then
+        # the waiter's own tenant's precedence work strictly behind it in class
+        # and base priority, the last in the tier's order first: labels order a
+        # tenant's own work only, so no label displaces another tenant's.
         standing = stand[victim.tenant]
         if victim.cls.band < BATCH_BAND and standing.precedence:
-            return None
-        return (standing.score, -victim.computed / victim.context, victim.arrival, victim.seq)
+            if victim.tenant != waiter.tenant or \
+                    (waiter.cls.band, waiter.priority) >= (victim.cls.band, victim.priority):
+                return None
+            return (0, victim.cls.band, victim.priority, victim.arrival, victim.seq)
+        return (1, standing.score, -victim.computed / victim.context, victim.arrival, victim.seq)
 
 
 POLICIES: dict[str, type] = {
