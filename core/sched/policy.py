@@ -17,8 +17,9 @@ fsched's order has two tiers:
 
 1. **Precedence**: realtime and streaming work of tenants whose recent
    realtime and streaming use is within their share; by (class, base
-   priority, arrival) across tenants. Only precedence work may preempt, and
-   only work outside precedence.
+   priority, arrival) across tenants. Only precedence work may preempt: work
+   outside precedence, then its own tenant's precedence work of a worse
+   class.
 2. **Share**: everything else, by tenant score (weighted dominant use,
    lowest first, as DRF), then within the tenant by class, priority and
    arrival: a request waits only behind its own tenant's older work of its
