@@ -12,7 +12,10 @@ latency   tenant a's batch work fills the batch; 20 realtime requests of
 fairness  tenants a and b weighted 3:1, both backlogged: the served dominant
           resource split over 2 s windows after warm-up (goal 75% +- 5%);
           then `set-weight` to 1:1 mid-run: how long until the split is
-          50% +- 5% (goal within 10 s).
+          50% +- 5% (goal within 10 s). Each tenant's backlog is topped up
+          while it runs (a job of 600 requests whenever fewer than 300 wait),
+          so neither runs out of work however fast the machine; the report
+          says how few ever waited.
 Each runs the real Daemon (core/serve/daemon.py) in this process, composed as
 `fsched daemon` composes it, with the store on a temporary SQLite file.
 """
@@ -156,14 +159,41 @@ def _pct(values, p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
+class Backlog:
+    """Keeps each tenant's queue from running dry: a job of `batch` requests
+    whenever fewer than `low` of its requests wait; remembers the fewest seen."""
+
+    def __init__(self, store, tenants: dict[str, int], batch: int = 600, low: int = 300) -> None:
+        self.store, self.tenants, self.batch, self.low = store, tenants, batch, low
+        self.fewest = dict.fromkeys(tenants, batch)
+        self.jobs = 0
+        self.stop = threading.Event()
+
+    def waiting(self, tenant: str) -> int:
+        return sum(j.counts.num_waiting for j in self.store.list_jobs(tenant=tenant, include_finished=False))
+
+    def top_up(self, note: bool = True) -> None:
+        for tenant, seed in self.tenants.items():
+            n = self.waiting(tenant)
+            if note:
+                self.fewest[tenant] = min(self.fewest[tenant], n)
+            if n < self.low:
+                submit(self.store, job_lines(self.batch, seed=seed + 100 * self.jobs, out=(32, 96)), tenant)
+                self.jobs += 1
+
+    def run(self) -> None:
+        while not self.stop.wait(0.25):
+            self.top_up()
+
+
 def fairness(loaded, folder: Path, seconds: float = 30.0, window_s: float = 2.0) -> None:
     from fsched.core.sched.shares import served_shares
 
     store, engine, daemon = compose(loaded, f"sqlite:///{folder}/fairness.db", "fsched", until_idle=False)
     store.add_tenant("a", 3)
     store.add_tenant("b", 1)
-    submit(store, job_lines(600, seed=3, out=(32, 96)), "a")
-    submit(store, job_lines(600, seed=4, out=(32, 96)), "b")
+    backlog = Backlog(store, {"a": 3, "b": 4})
+    backlog.top_up(note=False)
     kv_budget = engine.snapshot().kv_budget
     windows: list[tuple[float, dict[str, float]]] = []
     current: dict[str, list[float]] = {}
@@ -185,15 +215,25 @@ def fairness(loaded, folder: Path, seconds: float = 30.0, window_s: float = 2.0)
         return report
 
     engine.step = recording_step
-    thread = threading.Thread(target=daemon.run)
+    threads = [threading.Thread(target=daemon.run), threading.Thread(target=backlog.run)]
     start = time.time()
-    thread.start()
+    for thread in threads:
+        thread.start()
     time.sleep(seconds)
     changed_at = time.time()
     store.set_weight("a", 1)
     time.sleep(seconds)
     daemon.stop()
-    thread.join()
+    backlog.stop.set()
+    for thread in threads:
+        thread.join()
+    print(f"fairness: both tenants backlogged throughout: fewest requests waiting a {backlog.fewest['a']}, "
+          f"b {backlog.fewest['b']} ({backlog.jobs} jobs of {backlog.batch} submitted)")
+    _fairness_report(windows, start, changed_at, window_s)
+
+
+def _fairness_report(windows: list[tuple[float, dict[str, float]]], start: float, changed_at: float,
+                     window_s: float) -> None:
     warm = [w for t, w in windows if start + 6 <= t <= changed_at]
     before = [w.get("a", 0.0) for w in warm]
     print(f"fairness 3:1: tenant a's share of the dominant resource over {len(before)} windows of "

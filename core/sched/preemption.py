@@ -6,7 +6,8 @@ A preemption pays or is not taken:
   and its leaving makes room;
 * victims are the policy's choice among running requests under the
   preemption bound and, when re-admitted after a preemption, past their
-  minimum quantum, in the policy's order;
+  minimum quantum, in the policy's order, and no more of them than the
+  room needs (one spared when later, larger victims make its room anyway);
 * each victim's KV is parked in the host pool when there is room (a copy
   out and back, about a tenth of recomputing it on the modelled GPU), else
   dropped and recomputed, but only when it holds at most
@@ -69,7 +70,11 @@ def choose_victims(
     config: SchedulerConfig,
 ) -> list[tuple[SchedRequest, Checkpoint]] | None:
     """Victims that make room for `waiter` (one slot and `need_kv` KV slots), in
-    the policy's order, or None when no such set exists."""
+    the policy's order, or None when no such set exists.
+
+    Taken in the policy's order until the room suffices; then every victim that
+    the later (larger) ones made unnecessary is spared, so no request is
+    preempted for room that is not needed."""
     ordered = []
     for r in running:
         if not preemptible(r, config):
@@ -79,7 +84,7 @@ def choose_victims(
             ordered.append((key, r))
     ordered.sort(key=lambda item: item[0], reverse=True)
     slots, kv, host = room.slots, room.kv_tokens, room.host_tokens
-    chosen: list[tuple[SchedRequest, Checkpoint]] = []
+    chosen: list[SchedRequest] = []
     for _, r in ordered:
         if slots >= 1 and kv >= need_kv:
             break
@@ -88,10 +93,30 @@ def choose_victims(
             continue
         if checkpoint is Checkpoint.PARK:
             host -= r.computed
-        chosen.append((r, checkpoint))
+        chosen.append(r)
         # A freed slot also frees that request's share of the decode reserve.
         slots, kv = slots + 1, kv + r.context + config.min_quantum_steps
-    return chosen if slots >= 1 and kv >= need_kv else None
+    if not (slots >= 1 and kv >= need_kv):
+        return None
+    for r in reversed(chosen[:-1]):  # the last one taken was needed
+        freed = r.context + config.min_quantum_steps
+        if slots >= 2 and kv - freed >= need_kv:
+            chosen.remove(r)
+            slots, kv = slots - 1, kv - freed
+    return _checkpoints(chosen, room.host_tokens, config)
+
+
+def _checkpoints(victims: list[SchedRequest], host: int, config: SchedulerConfig
+                 ) -> list[tuple[SchedRequest, Checkpoint]]:
+    """Each victim's checkpoint, the host pool filled in victim order (sparing
+    victims only leaves more room, so each still has one)."""
+    out = []
+    for r in victims:
+        checkpoint = checkpoint_for(r, host, config) or Checkpoint.RECOMPUTE
+        if checkpoint is Checkpoint.PARK:
+            host -= r.computed
+        out.append((r, checkpoint))
+    return out
 
 
 def memory_victim(running: Iterable[SchedRequest], policy: Policy, stand: Mapping[str, Standing],

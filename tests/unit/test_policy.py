@@ -90,12 +90,18 @@ def test_fsched_preemption_rights_and_victim_order():
     rt_a, ba_a = r("rt-a", RT, "a"), r("ba-a", BA, "a")
     assert p.may_preempt(rt_a, 0.0, stand) and not p.may_preempt(ba_a, 0.0, stand)
     assert not p.may_preempt(r("rt-b", RT, "b"), 0.0, stand)  # b used up its precedence
-    assert p.victim_order(rt_a, r("st-a", ST, "a"), stand) is None  # precedence work is not a victim
+    st_a = r("st-a", ST, "a")
+    # Precedence work is a victim only of precedence work ahead of it in the tier's order.
+    assert p.victim_order(r("st-a2", ST, "a", seq=3), st_a, stand) is None
+    assert p.victim_order(r("rt-a2", RT, "a", seq=3), r("rt-a3", RT, "a", seq=4), stand) is None
+    both = {"a": Standing(1.0, True, True), "b": Standing(1.0, True, True)}
+    assert p.victim_order(rt_a, r("st-b", ST, "b"), both) is None  # nor of another tenant's label
     cheap, dear = r("cheap", BA, "b", prompt=1000), r("dear", BA, "b", prompt=1000, seq=1)
     cheap.computed, dear.computed = 100, 900
     own = r("own", BA, "a", prompt=1000, seq=2)
-    victims = sorted([own, dear, cheap], key=lambda v: p.victim_order(rt_a, v, stand), reverse=True)
-    assert [v.id for v in victims] == ["cheap", "dear", "own"]  # furthest over its share, then cheapest
+    victims = sorted([st_a, own, dear, cheap], key=lambda v: p.victim_order(rt_a, v, stand), reverse=True)
+    # Furthest over its share, then cheapest; precedence streaming only after all work outside it.
+    assert [v.id for v in victims] == ["cheap", "dear", "own", "st-a"]
 
 
 def test_priority_preempts_only_strictly_worse_class_or_priority():

@@ -216,6 +216,24 @@ def test_no_preemption_when_a_slot_frees_within_the_grace_steps():
     assert "rt" in plans[2].admitted  # short finished after 2 steps
 
 
+def test_no_victim_is_preempted_for_room_a_later_victim_makes_anyway():
+    """The policy prefers the small victim, but only the big one's KV makes room
+    for the long realtime prompt: the big one alone is preempted."""
+    cfg = SchedulerConfig(max_batch=4, kv_tokens=10_000, step_tokens=8192, min_quantum_steps=1,
+                          preempt_grace_steps=0)
+    sched = Scheduler(cfg, "fsched")
+    outputs = {"big": 500, "small": 500, "rt": 2}
+    eng = FakeEngine(sched, outputs)
+    sched.add(req("big", prompt=6000, output=500))
+    sched.add(req("small", prompt=1000, output=500, arrival=0.5))  # the younger: first in victim order
+    eng.step()
+    eng.step()
+    sched.add(req("rt", "u", RequestClass.REALTIME, prompt=7000, output=2, arrival=eng.now))
+    plan = eng.step()
+    assert [p.request_id for p in plan.preempted] == ["big"] and "rt" in plan.admitted
+    assert "small" in sched.running
+
+
 def test_preemptions_per_request_are_bounded():
     """After max_preemptions a request runs to completion however much
     realtime work arrives."""

@@ -141,6 +141,30 @@ def test_realtime_first_token_within_prefill_plus_two_steps_with_the_batch_full(
     assert d.first_token["rt"] - arrived <= prefill_steps + 2
 
 
+
+def test_realtime_displaces_streaming_when_nothing_outside_precedence_can_make_room():
+    """Class order inside a tenant's share: the batch is full of a's in-share
+    streaming prefills and batch work at its preemption bound; a's realtime
+    request takes the place of a's latest streaming one, while a
+    streaming request never displaces streaming work."""
+    cfg = SchedulerConfig(max_batch=4, kv_tokens=200_000, step_tokens=512, min_quantum_steps=4)
+    sched = Scheduler(cfg, "fsched", {"a": 3, "b": 1})
+    d = Driver(sched)
+    spent = SchedRequest("ba", "a", BA, 400, 500, 0.0)
+    d.add(spent)
+    for i in range(3):
+        d.add(SchedRequest(f"st{i}", "a", ST, 20_000, 5, 0.001 * (i + 1)))
+    d.step()
+    spent.preemptions = cfg.max_preemptions  # under its bound no more
+    assert set(sched.running) == {"ba", "st0", "st1", "st2"}
+    d.add(SchedRequest("st-late", "a", ST, 100, 5, d.now))
+    d.step()
+    assert "st-late" not in sched.running  # streaming waits for streaming
+    d.add(SchedRequest("rt", "a", RT, 100, 5, d.now))
+    d.step()
+    assert "rt" in sched.running and sched.get("st2").preemptions == 1  # the last in line made room
+    assert {"ba", "st0", "st1"} <= set(sched.running)
+
 # 3. No starvation: a long wait is no claim on another tenant's share ---------------------------
 
 def test_a_tenant_beyond_its_share_does_not_get_ahead_by_waiting():
