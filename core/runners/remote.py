@@ -114,7 +114,7 @@ class RemoteRunner(Runner):
     """The Runner protocol over a remote engine's streamed completions."""
 
     def __init__(self, client: EngineClient, codec: Codec, model: str, max_wait_s: float = 0.05,
-                 gather_s: float = 0.003, backoff_s: tuple[float, float] = (0.5, 8.0)):
+                 gather_s: float = 0.010, backoff_s: tuple[float, float] = (0.5, 8.0)):
         self.client = client
         self.codec = codec
         self.model = model
