@@ -3,13 +3,13 @@
 Only with `pytest --vllm` (scripts/test_vllm.sh runs it; the vLLM environment is
 created once by scripts/vllm_env.sh and cached). For each model (the tiny Llama
 and a GPT-2 style model, both random, built here): 44 mixed requests (plain
-prompts and chat messages, 8-64 output tokens, greedy) and 4 of 400 tokens, stored by
+prompts and chat messages, 8-64 output tokens, greedy) and 4 of up to 400 tokens, stored by
 fsched must equal one-at-a-time `generate` in transformers, token for token:
 1. straight through;
 2. with forced preemptions (batch of 4, realtime work arriving mid-run);
 3. after `kill -9` of the daemon twice and one hard restart of the engine mid-run.
-Each model starts vLLM twice and generates the reference one request at a time:
-about 25 minutes per model measured on a heavily loaded 2-core machine.
+Each model starts vLLM once (and restarts it once) and generates the reference one
+request at a time: 4 min 26 s for both models on 2 quiet cores.
 """
 
 from __future__ import annotations
