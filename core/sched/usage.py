@@ -130,6 +130,15 @@ class _Usage:
     kv_token_s: float = 0.0
     at: float = 0.0  # time both values are decayed to
 
+    def decayed_to(self, now: float, half_life_s: float) -> _Usage:
+        """Both values decayed from `at` to `now` (in place); self."""
+        if self.at != now:
+            f = decay_factor(now - self.at, half_life_s)
+            self.gpu_s *= f
+            self.kv_token_s *= f
+            self.at = now
+        return self
+
 
 class DrfMeter(_Weights):
     """Weighted DRF over compute and KV, decayed, with the idle-return lift."""
@@ -170,12 +179,7 @@ class DrfMeter(_Weights):
         usage = self._usage.get(tenant)
         if usage is None:
             usage = self._usage[tenant] = _Usage(at=now)
-        elif usage.at != now:
-            f = decay_factor(now - usage.at, self._half_life)
-            usage.gpu_s *= f
-            usage.kv_token_s *= f
-            usage.at = now
-        return usage
+        return usage.decayed_to(now, self._half_life)
 
     def set_weight(self, tenant: str, weight: float) -> None:
         """Change a weight without a jump in the tenant's score.
@@ -313,31 +317,23 @@ class PrecedenceUsage:
         self._half_life = half_life_s
         self._kv_capacity = float(kv_capacity)
 
-    def _decayed(self, u: _Usage, now: float) -> _Usage:
-        if u.at != now:
-            f = decay_factor(now - u.at, self._half_life)
-            u.gpu_s *= f
-            u.kv_token_s *= f
-            u.at = now
-        return u
-
     def charge(self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float) -> None:
-        self._decayed(self._elapsed, now).gpu_s += elapsed_s
+        self._elapsed.decayed_to(now, self._half_life).gpu_s += elapsed_s
         for tenant, c in charges.items():
             u = self._usage.get(tenant)
             if u is None:
                 u = self._usage[tenant] = _Usage(at=now)
-            u = self._decayed(u, now)
+            u = u.decayed_to(now, self._half_life)
             u.gpu_s += c.gpu_s
             u.kv_token_s += c.kv_token_s
 
     def fraction(self, tenant: str, now: float) -> float:
         """The tenant's recent precedence use as a fraction of the machine (0 when none)."""
         u = self._usage.get(tenant)
-        window = self._decayed(self._elapsed, now).gpu_s
+        window = self._elapsed.decayed_to(now, self._half_life).gpu_s
         if u is None or window <= 0:
             return 0.0
-        u = self._decayed(u, now)
+        u = u.decayed_to(now, self._half_life)
         return dominant_use(u.gpu_s, u.kv_token_s, self._kv_capacity, window)
 
 
