@@ -316,7 +316,8 @@ def case_latency(args, tok, folder: Path, tmp: Path) -> dict:
 
 
 def case_fairness(args, tok, folder: Path, tmp: Path) -> dict:
-    with VllmServer(folder, tmp / "vllm-fair.log", extra=("--max-num-seqs", "16"), nice=args.engine_nice) as server:
+    extra = ("--max-num-seqs", "16")
+    with VllmServer(folder, tmp / "vllm-fair.log", extra=extra, nice=args.engine_nice) as server:
         table = Table(tmp / "fair")
         table.fsched("tenants", "add", "heavy", "--weight", "3")
         table.fsched("tenants", "add", "light", "--weight", "1")

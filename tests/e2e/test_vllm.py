@@ -147,8 +147,10 @@ def test_vllm_outputs_equal_transformers_generate(name, models, tmp_path):
     lines = workload()
     # Long batch requests that still run when the realtime work arrives: of twelve candidates,
     # the four whose greedy output is longest (a random model ends some early with EOS).
-    candidates = [{"custom_id": f"long{i}", "prompt": " ".join(WORDS[i:]), "max_tokens": 400, "temperature": 0}
-                  for i in range(12)]
+    candidates = [
+        {"custom_id": f"long{i}", "prompt": " ".join(WORDS[i:]), "max_tokens": 400, "temperature": 0}
+        for i in range(12)
+    ]
     expected = reference_outputs(folder, lines + candidates)
     fillers = sorted(candidates, key=lambda x: len(expected[x["custom_id"]]), reverse=True)[:4]
     for dropped in (c for c in candidates if c not in fillers):
