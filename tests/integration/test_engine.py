@@ -81,8 +81,10 @@ def tokens(results):
 
 @pytest.mark.parametrize("max_batch", [1, 8, 32])
 def test_batched_greedy_equals_one_at_a_time_generate(tiny, reference, max_batch):
-    engine, results = run(tiny, workload(tiny), max_batch=max_batch)
-    assert tokens(results) == reference
+    # One row at a time is the slow case (a step per token): 16 requests show it.
+    requests = workload(tiny)[:16] if max_batch == 1 else workload(tiny)
+    engine, results = run(tiny, requests, max_batch=max_batch)
+    assert tokens(results) == {r.id: reference[r.id] for r in requests}
     assert all(r.finish_reason is not None for r in results.values())
     if max_batch > 1:
         assert engine.steps < sum(len(t) for t in reference.values())  # it really batched
