@@ -156,6 +156,7 @@ def comparison_table(trace: str, n: int, reports: list[PolicyReport]):
     table.add_row("throughput tok/s", *[_fmt(r.throughput_tok_s, "n") for r in reports])
     table.add_row("max wait", *[_fmt(r.max_wait_s) for r in reports])
     table.add_row("preemptions", *[f"{r.preemptions:,}" for r in reports])
+    table.add_row("backfilled", *[f"{r.backfilled:,}" for r in reports])
     table.add_row("refused (beyond the KV budget)", *[f"{r.rejected:,}" for r in reports])
     table.add_row("makespan", *[_fmt(r.makespan_s) for r in reports])
     return table

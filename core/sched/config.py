@@ -77,6 +77,10 @@ class SchedulerConfig:
     # default): a long prompt is not re-prefilled to save a short wait.
     max_recompute_tokens: int = 2048
 
+    # Admit requests behind a head that does not fit when that leaves the
+    # head's reservation where it was (backfill.py). Off only for ablation.
+    backfill: bool = True
+
     # --- tenant usage (weighted DRF) --------------------------------------
     # Half-life of the decayed usage. Long against a request (~10 s) so
     # shares integrate thousands of requests, and long enough that DRF can

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from fsched.core.sched.config import SchedulerConfig
-from fsched.core.sched.plan import PrefillChunk
+from fsched.core.sched.plan import Plan, Preemption, PrefillChunk
 from fsched.core.sched.request import SchedRequest
 
 
@@ -56,3 +56,18 @@ def stable_steps(running: Iterable[SchedRequest], config: SchedulerConfig, kv_co
         if quantum_ends and r.run_steps < mq and mq - r.run_steps < steps:
             steps = mq - r.run_steps
     return max(1, steps)
+
+
+def compose_plan(step: int, running: Sequence[SchedRequest], rank: Callable[[SchedRequest], tuple],
+                 config: SchedulerConfig, changes: tuple[list[Preemption], list[str], list[str]],
+                 kv_committed: int, swap_tokens: int, quantum_ends: bool) -> Plan:
+    """The plan of one step (repeatable when only decodes run and nothing changed);
+    `changes` are this step's preemptions, resumed and admitted request ids."""
+    preempted, resumed, admitted = changes
+    decode, chunks = split_rows(running, rank, config.step_tokens, config.min_quantum_steps)
+    steps = 1
+    if decode and not (chunks or preempted or admitted):
+        steps = stable_steps(running, config, kv_committed, len(decode), quantum_ends)
+    return Plan(step=step, prefill=tuple(chunks), decode=tuple(decode), preempted=tuple(preempted),
+                resumed=tuple(resumed), admitted=tuple(admitted), kv_tokens=kv_committed,
+                swap_tokens=swap_tokens, stable_steps=steps)

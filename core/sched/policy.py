@@ -98,6 +98,7 @@ class Fcfs:
     name = "fcfs"
     preemptive = False
     grace_steps = 0  # preemptive policies: steps a waiter waits for a slot instead of preempting
+    backfills = False  # admits behind a blocked head (backfill.py); the baselines stop at it, as engines do
 
     def __init__(self, config: SchedulerConfig, weights: Mapping[str, float]) -> None:
         self.meter: TenantMeter = NullMeter(weights, config.default_weight)
@@ -190,6 +191,7 @@ class FschedPolicy(Fcfs):
     def __init__(self, config: SchedulerConfig, weights: Mapping[str, float]) -> None:
         super().__init__(config, weights)
         self.grace_steps = config.preempt_grace_steps
+        self.backfills = config.backfill
         self.meter = DrfMeter(
             weights,
             default_weight=config.default_weight,

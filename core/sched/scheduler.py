@@ -31,9 +31,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from fsched.core.sched.accounting import apply_step, expected_decode
+from fsched.core.sched.backfill import BACKFILL_SCAN, backfills, reserve_for
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Outcome, Plan, Preemption
-from fsched.core.sched.planning import split_rows, stable_steps
+from fsched.core.sched.planning import compose_plan
 from fsched.core.sched.policy import Policy, Standing, make_policy, standings
 from fsched.core.sched.preemption import Room, checkpoint_for, choose_victims, memory_victim, slot_frees_soon
 from fsched.core.sched.request import Checkpoint, SchedRequest
@@ -84,6 +85,7 @@ class Scheduler:
         self._now = 0.0  # latest time seen (cancel() takes none)
         self._seq = itertools.count()
         self.preemptions = 0
+        self.backfilled = 0  # admitted behind a head that did not fit
         self._batch_cap = self.config.max_batch  # a temporary limit below max_batch (cap_batch)
         self._batch_cap_until = 0  # ... in force while self._step is below this
 
@@ -215,13 +217,32 @@ class Scheduler:
             if cand.id in b.touched:
                 break  # preempted this very step: nothing better fits
             if not self._fits(cand) and not self._make_room(cand, stand, b, now):
+                if self.policy.backfills and not self.policy.may_preempt(cand, now, stand):
+                    stand = self._backfill(cand, scores, stand, b, now)
                 break
             self._start(cand, b)
-            prefill = cand.pending_prefill
-            decode = expected_decode(cand)
-            cand.res_gpu, cand.res_kv = self.meter.reserve(cand.tenant, cand.context, prefill, decode)
-            scores[cand.tenant] = self.meter.provisional(scores[cand.tenant], cand.tenant, prefill, now)
-            stand = self.standings(now, scores)
+            stand = self._charge_admission(cand, scores, now)
+        return stand
+
+    def _charge_admission(self, r: SchedRequest, scores: dict[str, float], now: float) -> dict[str, Standing]:
+        """Reserve an admitted request's work in its tenant's score; the standings after it."""
+        prefill = r.pending_prefill
+        r.res_gpu, r.res_kv = self.meter.reserve(r.tenant, r.context, prefill, expected_decode(r))
+        scores[r.tenant] = self.meter.provisional(scores[r.tenant], r.tenant, prefill, now)
+        return self.standings(now, scores)
+
+    def _backfill(self, head: SchedRequest, scores: dict[str, float], stand: dict[str, Standing],
+                  b: _StepBuilder, now: float) -> dict[str, Standing]:
+        """Admit requests behind a blocked `head` that leave its reservation where it was."""
+        room = self._room()
+        reservation = reserve_for(head, self._running.values(), self.config, room.slots + len(self._running))
+        if reservation is None or room.slots < 1:
+            return stand
+        ranked = [r for r in self._waiting.ranked(now, stand, BACKFILL_SCAN) if r.id not in b.touched]
+        for cand in backfills(head, ranked, reservation, stand, self.config, self._room):
+            self._start(cand, b)
+            self.backfilled += 1
+            stand = self._charge_admission(cand, scores, now)
         return stand
 
     def _room(self) -> Room:
@@ -256,7 +277,7 @@ class Scheduler:
         return self._fits(cand)
 
     def _start(self, r: SchedRequest, b: _StepBuilder) -> None:
-        self._waiting.pop_head(r, self._now)
+        self._waiting.take(r, self._now)
         self._tenant_waiting[r.tenant] -= 1
         if r.parked:
             self._host_used -= r.computed
@@ -295,26 +316,10 @@ class Scheduler:
         self._enqueue(r, now)
 
     def _compose(self, stand: Mapping[str, Standing], b: _StepBuilder) -> Plan:
-        cfg = self.config
         rank = self.policy.running_rank
-        decode, chunks = split_rows(self._running.values(), lambda r: rank(r, stand), cfg.step_tokens,
-                                    cfg.min_quantum_steps)
-        waiting = len(self._waiting) > 0
-        steps = 1
-        if decode and not (chunks or b.preempted or b.admitted):
-            steps = stable_steps(self._running.values(), cfg, self._kv_committed, len(decode),
-                                 waiting and self.policy.preemptive)
-        return Plan(
-            step=self._step,
-            prefill=tuple(chunks),
-            decode=tuple(decode),
-            preempted=tuple(b.preempted),
-            resumed=tuple(b.resumed),
-            admitted=tuple(b.admitted),
-            kv_tokens=self._kv_committed,
-            swap_tokens=b.swap_tokens,
-            stable_steps=steps,
-        )
+        return compose_plan(self._step, list(self._running.values()), lambda r: rank(r, stand), self.config,
+                            (b.preempted, b.resumed, b.admitted), self._kv_committed, b.swap_tokens,
+                            quantum_ends=len(self._waiting) > 0 and self.policy.preemptive)
 
     # ------------------------------------------------------------ postprocess
     def postprocess(self, plan: Plan, outcome: Outcome, now: float) -> PostprocessResult:

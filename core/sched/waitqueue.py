@@ -78,6 +78,14 @@ class WaitQueue:
         self._len -= 1
         self._refresh(g, now)
 
+    def take(self, r: SchedRequest, now: float) -> None:
+        """Remove `r`, wherever it is in its group (the head: O(log n))."""
+        g = self._groups[self._policy.group(r)]
+        if g.heap[0][1] is r:
+            self.pop_head(r, now)
+        elif not self.remove(r, now):
+            raise ValueError(f"{r.id} is not waiting")
+
     def remove(self, r: SchedRequest, now: float) -> bool:
         """Remove `r` from anywhere in its group (cancellation): O(group size)."""
         g = self._groups.get(self._policy.group(r))
@@ -124,3 +132,32 @@ class WaitQueue:
             if best is None or rank < best[0]:
                 best = (rank, head)
         return best
+
+    def ranked(self, now: float, stand: Mapping[str, Standing], limit: int) -> list[SchedRequest]:
+        """The first `limit` waiting requests in rank order: the `limit` oldest of
+        each group, ranked with their tenant's standing."""
+        policy = self._policy
+        ranked: list[tuple[tuple, int, SchedRequest]] = []
+        for g in self._groups.values():
+            for r in _oldest(g.heap, limit):
+                rank = policy.compose(policy.static_rank(r, now), stand.get(policy.partition(r), _NEUTRAL))
+                ranked.append((rank, r.seq, r))
+        ranked.sort(key=lambda item: item[:2])
+        return [r for _, _, r in ranked[:limit]]
+
+
+def _oldest(heap: list[_Entry], k: int) -> Iterator[SchedRequest]:
+    """The k smallest entries of a heap, smallest first, in O(k log k): a
+    best-first walk down the heap's tree, whose children never precede
+    their parent."""
+    if not heap:
+        return
+    frontier = [(heap[0][0], 0)]
+    for _ in range(k):
+        if not frontier:
+            return
+        _, i = heapq.heappop(frontier)
+        yield heap[i][1]
+        for child in (2 * i + 1, 2 * i + 2):
+            if child < len(heap):
+                heapq.heappush(frontier, (heap[child][0], child))

@@ -99,6 +99,7 @@ class PolicyReport:
     makespan_s: float
     tenant_classes: dict[str, dict[str, ClassStats]] = field(default_factory=dict)
     preemptions: int = 0
+    backfilled: int = 0  # requests admitted behind a head that did not fit
     rejected: int = 0  # requests longer than the KV budget, refused on arrival
     # Diagnostics outside the JSON.
     decisions: int = 0
@@ -119,6 +120,7 @@ class PolicyReport:
             "jain_index": self.jain_index,
             "max_wait_s": self.max_wait_s,
             "preemptions": self.preemptions,
+            "backfilled": self.backfilled,
             "rejected": self.rejected,
             "makespan_s": self.makespan_s,
         }

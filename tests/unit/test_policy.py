@@ -149,7 +149,8 @@ ops = st.lists(
 @given(ops=ops, policy_name=st.sampled_from(["fcfs", "priority", "vtc", "fsched"]))
 def test_waitqueue_best_is_the_minimum_rank_over_all_waiting(ops, policy_name):
     """The heads-of-heaps pick equals a brute-force minimum of `rank` over
-    every waiting request, as the standings change."""
+    every waiting request, as the standings change; `ranked` equals the
+    brute-force order's first few."""
     policy = make_policy(policy_name, CFG, {})
     q = WaitQueue(policy)
     now, seq = 0.0, 0
@@ -176,5 +177,7 @@ def test_waitqueue_best_is_the_minimum_rank_over_all_waiting(ops, policy_name):
         assert len(q) == len(live)
         if live:
             assert q.best(now, stand)[0] == min(policy.rank(x, now, stand) for x in live)
+            by_rank = sorted(live, key=lambda x: policy.rank(x, now, stand))
+            assert q.ranked(now, stand, 5) == by_rank[:5]  # what backfill looks at
         else:
             assert q.best(now, stand) is None

@@ -90,7 +90,7 @@ def test_report_is_consistent_with_its_records():
 SCHEMA_CLASS = {"count", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "jct_p50_s",
                 "jct_p99_s", "max_wait_s", "on_target"}
 SCHEMA_POLICY = {"classes", "throughput_tok_s", "tenants", "jain_index", "max_wait_s",
-                 "preemptions", "rejected", "makespan_s"}
+                 "preemptions", "backfilled", "rejected", "makespan_s"}
 
 
 @pytest.fixture
