@@ -18,8 +18,8 @@ fsched's order has two tiers:
 1. **Precedence**: realtime and streaming work of tenants whose recent
    realtime and streaming use is within their share; by (class, base
    priority, arrival) across tenants. Only precedence work may preempt: work
-   outside precedence, then its own tenant's precedence work of a worse
-   class.
+   outside precedence, then precedence work of a worse class of its own
+   tenant, or of a tenant whose score is above its tenant's.
 2. **Share**: everything else, by tenant score (weighted dominant use,
    lowest first, as DRF), then within the tenant by class, priority and
    arrival: a request waits only behind its own tenant's older work of its
@@ -229,15 +229,17 @@ class FschedPolicy(Fcfs):
         # Victims: work outside the precedence tier (batch, and any work of a
         # tenant beyond its share). The tenant furthest over its share first,
         # then the cheapest to checkpoint (least KV), then the youngest. Then
-        # the waiter's own tenant's precedence work strictly behind it in class
-        # and base priority, the last in the tier's order first: labels order a
-        # tenant's own work only, so no label displaces another tenant's.
+        # precedence work of a worse class, the last in the tier's order first:
+        # the waiter's own tenant's (also a worse base priority), or another
+        # tenant's when that tenant's score is above the waiter's tenant's. A
+        # label never displaces the work of a tenant that is not ahead of it.
         standing = stand[victim.tenant]
         if victim.cls.band < BATCH_BAND and standing.precedence:
-            if victim.tenant != waiter.tenant or \
-                    (waiter.cls.band, waiter.priority) >= (victim.cls.band, victim.priority):
-                return None
-            return (0, victim.cls.band, victim.priority, victim.arrival, victim.seq)
+            if victim.tenant == waiter.tenant:
+                behind = (waiter.cls.band, waiter.priority) < (victim.cls.band, victim.priority)
+            else:  # a worse class of a tenant further over its share
+                behind = waiter.cls.band < victim.cls.band and standing.score > stand[waiter.tenant].score
+            return (0, victim.cls.band, victim.priority, victim.arrival, victim.seq) if behind else None
         return (1, standing.score, -victim.computed / victim.context, victim.arrival, victim.seq)
 
 

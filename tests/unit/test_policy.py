@@ -96,6 +96,11 @@ def test_fsched_preemption_rights_and_victim_order():
     assert p.victim_order(r("rt-a2", RT, "a", seq=3), r("rt-a3", RT, "a", seq=4), stand) is None
     both = {"a": Standing(1.0, True, True), "b": Standing(1.0, True, True)}
     assert p.victim_order(rt_a, r("st-b", ST, "b"), both) is None  # nor of another tenant's label
+    # ... unless that tenant is further over its share: then its worse class only
+    b_ahead = {"a": Standing(1.0, True, True), "b": Standing(1.2, True, True)}
+    assert p.victim_order(rt_a, r("st-b", ST, "b"), b_ahead) is not None
+    assert p.victim_order(rt_a, r("rt-b", RT, "b"), b_ahead) is None
+    assert p.victim_order(r("st-a3", ST, "a"), r("st-b", ST, "b"), b_ahead) is None
     cheap, dear = r("cheap", BA, "b", prompt=1000), r("dear", BA, "b", prompt=1000, seq=1)
     cheap.computed, dear.computed = 100, 900
     own = r("own", BA, "a", prompt=1000, seq=2)
