@@ -11,7 +11,8 @@ checked against the goals fsched is held to:
 * throughput >= 0.98x fcfs's;
 * realtime first-token p99 <= 1.25x priority's; streaming <= 1.5x;
 * Jain's index (served over entitled share, while both tenants wait)
-  >= vtc's - 0.005;
+  >= vtc's - 0.005, judged where both waited together at least a minute
+  (`MIN_BOTH_WAITING_S`; the verdict reads NOT JUDGED otherwise);
 * at the near-capacity load, batch first-token p99 <= 1.25x vtc's;
 * the labelling attack (tenant b, weight 1, labels everything realtime;
   tenant a, weight 3, sends 5/15/80): a's served share >= 0.72 under
@@ -59,6 +60,13 @@ MIX = "realtime=0.05,streaming=0.15,batch=0.8"
 MIX_HEAVY = "realtime=0.1,streaming=0.2,batch=0.7"
 SEEDS = (7, 11, 13)
 NEAR_CAPACITY = 1.2
+# Jain's index is judged only over at least a minute of both tenants waiting
+# together: a minute holds hundreds of steps of the modelled GPU and dozens of
+# requests of each tenant, so the index shows the order the scheduler chose.
+# Over a few seconds (the Azure trace near capacity: 1-2 s of a 2,700 s run)
+# it shows which requests happened to be running when the window opened and
+# the one or two prefills inside it. The other cells have 160 s or more.
+MIN_BOTH_WAITING_S = 60.0
 COST = PROFILES["h100-8b"]
 
 
@@ -79,7 +87,11 @@ class Check:
     goal: str
     value: float
     limit: float
-    ok: bool
+    ok: bool | None  # None: not judged (too little common backlog for Jain's index)
+
+    @property
+    def verdict(self) -> str:
+        return "NOT JUDGED" if self.ok is None else "PASS" if self.ok else "FAIL"
 
 
 def offered_work_s(trace: list[TraceRequest], config: SchedulerConfig, cost: CostModel) -> float:
@@ -125,8 +137,9 @@ def checks(s: Scenario, by: dict[str, PolicyReport]) -> list[Check]:
     for cls, limit in (("realtime", 1.25), ("streaming", 1.5)):
         if cls in f.classes:
             out.append(_ratio(f"{cls} p99 / priority", p99("fsched", cls), p99("priority", cls), limit))
+    judged = min(by["fsched"].backlogged_s, by["vtc"].backlogged_s) >= MIN_BOTH_WAITING_S
     out.append(Check("Jain - vtc", f.jain_index - by["vtc"].jain_index, -0.005,
-                     f.jain_index >= by["vtc"].jain_index - 0.005))
+                     f.jain_index >= by["vtc"].jain_index - 0.005 if judged else None))
     if s.batch_check:
         out.append(_ratio("batch p99 / vtc", p99("fsched", "batch"), p99("vtc", "batch"), 1.25))
     return out
@@ -137,9 +150,10 @@ def _ratio(goal: str, value: float, base: float, limit: float, at_least: bool = 
     return Check(goal, ratio, limit, ratio >= limit if at_least else ratio <= limit)
 
 
-def scenarios(quick: bool, names: list[str] | None = None, batch_only: bool = False) -> Iterable[Scenario]:
+def scenarios(quick: bool, names: list[str] | None = None, batch_only: bool = False,
+              seeds: Iterable[int] = SEEDS) -> Iterable[Scenario]:
     """The matrix's cells; `names` keeps only those scenarios, `batch_only` (no attack) relabels."""
-    seeds = SEEDS[:1] if quick else SEEDS
+    seeds = list(seeds)[:1] if quick else list(seeds)
     for trace in TRACES:
         for seed in seeds:
             cells = [Scenario("5/15/80", trace, load, seed) for load in (1.5, 3.0)]
@@ -174,7 +188,7 @@ def row(s: Scenario, by: dict[str, PolicyReport], cs: list[Check]) -> str:
     if "batch" in f.classes:
         figures += (f" | batch p99 {f.classes['batch'].ttft_p99_s:.1f} s "
                     f"(vtc {by['vtc'].classes['batch'].ttft_p99_s:.1f})")
-    verdicts = "; ".join(f"{c.goal} {c.value:.3f} {'PASS' if c.ok else 'FAIL'}" for c in cs)
+    verdicts = "; ".join(f"{c.goal} {c.value:.3f} {c.verdict}" for c in cs)
     return (f"| {s.name} | {s.trace} | {s.load:g}x | {s.seed} | {verdicts} | {figures} | "
             f"{f.preemptions:,} (prio {p.preemptions:,}) | {f.rejected} |")
 
@@ -189,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help="write the markdown table here")
     ap.add_argument("--limit", type=int, default=4000, help="first N requests of each trace (0: all)")
-    ap.add_argument("--quick", action="store_true", help="seed 7 only")
+    ap.add_argument("--quick", action="store_true", help="the first seed only")
+    ap.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")], default=list(SEEDS),
+                    help="comma-separated workload seeds (default 7,11,13)")
     ap.add_argument("--scenario", action="append", default=None,
                     help="only this scenario (5/15/80, 10/20/70, near capacity, attack); repeatable")
     ap.add_argument("--batch-only", action="store_true", help="label every request batch (no attack cells)")
@@ -204,18 +220,20 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     config = SchedulerConfig()
     scales: dict[tuple[str, float], float] = {}
-    lines, passed, total, t0 = [HEADER], 0, 0, time.perf_counter()
-    for s in scenarios(args.quick, args.scenario, args.batch_only):
+    lines, passed, total, unjudged, t0 = [HEADER], 0, 0, 0, time.perf_counter()
+    for s in scenarios(args.quick, args.scenario, args.batch_only, args.seeds):
         key = (s.trace, s.load)
         if key not in scales:
             scales[key] = rate_scale(s.trace, s.load, limit, config)
         by = run(s, limit, scales[key])
         cs = checks(s, by)
-        passed += sum(c.ok for c in cs)
-        total += len(cs)
+        passed += sum(c.ok is True for c in cs)
+        total += sum(c.ok is not None for c in cs)
+        unjudged += sum(c.ok is None for c in cs)
         lines.append(row(s, by, cs))
         print(lines[-1], flush=True)
-    summary = (f"{passed}/{total} goal checks pass; limit {limit or 'all'} requests a trace; "
+    summary = (f"{passed}/{total} goal checks pass ({unjudged} Jain checks not judged: both tenants waited "
+               f"together under {MIN_BOTH_WAITING_S:.0f} s); limit {limit or 'all'} requests a trace; "
                f"rate scales {', '.join(f'{t} {ld:g}x={v:.3f}' for (t, ld), v in scales.items())}; "
                f"{time.perf_counter() - t0:.0f} s")
     print(summary)
