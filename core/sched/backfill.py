@@ -1,10 +1,12 @@
-"""Backfill: admitting behind a blocked head without making it wait longer.
+"""Backfill: admitting behind a blocked head without moving its reservation.
 
 When the best waiting request (the head) does not fit and may not make
 room, admission would stop there and leave slots and KV idle until enough
 running work leaves. Backfill (EASY backfilling, as batch schedulers do it
 for jobs) lets requests further down the order take that room, on one
-condition: the head fits no later than it would have.
+condition: the head still starts by its reservation. The scheduler asks for
+it only behind a head that may not preempt, and `behind_in_share` keeps it
+to the head's own tenant and tenants no further over their share.
 
 The head's *reservation* is the step by which it fits at the latest. Every
 running request is taken to run to its `max_tokens`, holding its final
