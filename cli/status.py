@@ -79,14 +79,20 @@ def status(
 
 
 def _watch(render, interval: float) -> None:
+    import signal
+    import threading
+
     from rich.live import Live
 
     # One Live region redrawn in place (no clearing between frames), so the
-    # view does not flicker; Ctrl-C ends it quietly.
+    # view does not flicker. Ctrl-C ends it quietly, between two redraws: a
+    # KeyboardInterrupt raised inside a query could leave the connection
+    # pool's lock held and hang the exit.
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         with Live(render(), auto_refresh=False, screen=False) as live:
-            while True:
-                time.sleep(interval)
+            while not stop.wait(interval):
                 live.update(render(), refresh=True)
-    except KeyboardInterrupt:
-        pass
+    finally:
+        signal.signal(signal.SIGINT, previous)

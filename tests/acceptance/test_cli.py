@@ -276,7 +276,7 @@ def test_status_watch_redraws_until_ctrl_c(fsched):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    time.sleep(3)
+    time.sleep(2)
     fsched.ok("cancel", "1")  # the live view picks the change up
     time.sleep(1.5)
     proc.send_signal(signal.SIGINT)

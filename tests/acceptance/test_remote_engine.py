@@ -179,7 +179,7 @@ def test_fairness_3_to_1_both_backlogged(fs, tmp_path, fake):
     try:
         shares, window = [], []
         deadline = time.time() + 60
-        while time.time() < deadline and len(shares) < 8:
+        while time.time() < deadline and len(shares) < 6:
             time.sleep(1.0)
             (heavy_left, heavy_tokens), (light_left, light_tokens) = backlog(fs)
             if heavy_left <= 8 or light_left <= 8:
