@@ -108,19 +108,19 @@ def reserve_for(head: SchedRequest, running: Iterable[SchedRequest], config: Sch
             return _leaves_within(r.remaining_tokens, tokens, prefills, config)
         return r.remaining_tokens  # every step decodes every decoding request
 
-    held.sort(key=leaves)
+    exits = sorted(((leaves(r), r) for r in held), key=lambda e: e[0])
     kv_held = sum(final_context(r) for r in held)
     step, i, leaving_prefill = 0, 0, None
     while True:
-        n = len(held) - i
+        n = len(exits) - i
         spare_kv = config.kv_tokens - kv_held - (n + 1) * mq - head.context
         if spare_kv >= 0 and slots - n - 1 >= 0:
             return Reservation(step, spare_kv, slots - n - 1, tokens, prefills, leaving_prefill)
-        if i == len(held):
+        if i == len(exits):
             return None
-        step = leaves(held[i])
-        while i < len(held) and leaves(held[i]) <= step:
-            r = held[i]
+        step = exits[i][0]
+        while i < len(exits) and exits[i][0] <= step:
+            r = exits[i][1]
             if r.pending_prefill:
                 leaving_prefill = max(leaving_prefill or 0, r.remaining_tokens)
             kv_held -= final_context(r)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable
 
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Plan, Preemption, PrefillChunk
@@ -58,7 +58,7 @@ def stable_steps(running: Iterable[SchedRequest], config: SchedulerConfig, kv_co
     return max(1, steps)
 
 
-def compose_plan(step: int, running: Sequence[SchedRequest], rank: Callable[[SchedRequest], tuple],
+def compose_plan(step: int, running: Collection[SchedRequest], rank: Callable[[SchedRequest], tuple],
                  config: SchedulerConfig, changes: tuple[list[Preemption], list[str], list[str]],
                  kv_committed: int, swap_tokens: int, quantum_ends: bool) -> Plan:
     """The plan of one step (repeatable when only decodes run and nothing changed);

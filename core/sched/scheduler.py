@@ -235,8 +235,10 @@ class Scheduler:
                   b: _StepBuilder, now: float) -> dict[str, Standing]:
         """Admit requests behind a blocked `head` that leave its reservation where it was."""
         room = self._room()
+        if room.slots < 1:
+            return stand
         reservation = reserve_for(head, self._running.values(), self.config, room.slots + len(self._running))
-        if reservation is None or room.slots < 1:
+        if reservation is None:
             return stand
         ranked = [r for r in self._waiting.ranked(now, stand, BACKFILL_SCAN) if r.id not in b.touched]
         for cand in backfills(head, ranked, reservation, stand, self.config, self._room):
@@ -317,7 +319,7 @@ class Scheduler:
 
     def _compose(self, stand: Mapping[str, Standing], b: _StepBuilder) -> Plan:
         rank = self.policy.running_rank
-        return compose_plan(self._step, list(self._running.values()), lambda r: rank(r, stand), self.config,
+        return compose_plan(self._step, self._running.values(), lambda r: rank(r, stand), self.config,
                             (b.preempted, b.resumed, b.admitted), self._kv_committed, b.swap_tokens,
                             quantum_ends=len(self._waiting) > 0 and self.policy.preemptive)
 

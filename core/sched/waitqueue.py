@@ -136,14 +136,8 @@ class WaitQueue:
     def ranked(self, now: float, stand: Mapping[str, Standing], limit: int) -> list[SchedRequest]:
         """The first `limit` waiting requests in rank order: the `limit` oldest of
         each group, ranked with their tenant's standing."""
-        policy = self._policy
-        ranked: list[tuple[tuple, int, SchedRequest]] = []
-        for g in self._groups.values():
-            for r in _oldest(g.heap, limit):
-                rank = policy.compose(policy.static_rank(r, now), stand.get(policy.partition(r), _NEUTRAL))
-                ranked.append((rank, r.seq, r))
-        ranked.sort(key=lambda item: item[:2])
-        return [r for _, _, r in ranked[:limit]]
+        oldest = [r for g in self._groups.values() for r in _oldest(g.heap, limit)]
+        return heapq.nsmallest(limit, oldest, key=lambda r: self._policy.rank(r, now, stand))
 
 
 def _oldest(heap: list[_Entry], k: int) -> Iterator[SchedRequest]:
