@@ -216,20 +216,26 @@ def test_no_preemption_when_a_slot_frees_within_the_grace_steps():
     assert "rt" in plans[2].admitted  # short finished after 2 steps
 
 
+def realtime_after_two_running(cfg, first, second, rt_prompt, output):
+    """Two batch requests (id, prompt), the second arriving later, run two steps;
+    then a realtime request "rt" of another tenant arrives. The scheduler and that step's plan."""
+    sched = Scheduler(cfg, "fsched")
+    eng = FakeEngine(sched, {first[0]: output, second[0]: output, "rt": 2})
+    sched.add(req(first[0], prompt=first[1], output=output))
+    sched.add(req(second[0], prompt=second[1], output=output, arrival=0.5))
+    eng.step()
+    eng.step()
+    sched.add(req("rt", "u", RequestClass.REALTIME, prompt=rt_prompt, output=2, arrival=eng.now))
+    return sched, eng.step()
+
+
 def test_no_victim_is_preempted_for_room_a_later_victim_makes_anyway():
     """The policy prefers the small victim, but only the big one's KV makes room
     for the long realtime prompt: the big one alone is preempted."""
     cfg = SchedulerConfig(max_batch=4, kv_tokens=10_000, step_tokens=8192, min_quantum_steps=1,
                           preempt_grace_steps=0)
-    sched = Scheduler(cfg, "fsched")
-    outputs = {"big": 500, "small": 500, "rt": 2}
-    eng = FakeEngine(sched, outputs)
-    sched.add(req("big", prompt=6000, output=500))
-    sched.add(req("small", prompt=1000, output=500, arrival=0.5))  # the younger: first in victim order
-    eng.step()
-    eng.step()
-    sched.add(req("rt", "u", RequestClass.REALTIME, prompt=7000, output=2, arrival=eng.now))
-    plan = eng.step()
+    # "small" is the younger: first in victim order
+    sched, plan = realtime_after_two_running(cfg, ("big", 6000), ("small", 1000), rt_prompt=7000, output=500)
     assert [p.request_id for p in plan.preempted] == ["big"] and "rt" in plan.admitted
     assert "small" in sched.running
 
@@ -256,15 +262,8 @@ def test_a_long_context_is_not_recomputed_when_it_cannot_be_parked():
     victim; a short one is dropped and recomputed."""
     cfg = SchedulerConfig(max_batch=2, kv_tokens=100_000, step_tokens=4096, min_quantum_steps=1,
                           host_kv_tokens=0, max_recompute_tokens=1000, preempt_grace_steps=0)
-    sched = Scheduler(cfg, "fsched")
-    outputs = {"big": 50, "small": 50, "rt": 2}
-    eng = FakeEngine(sched, outputs)
-    sched.add(req("small", prompt=500, output=50))
-    sched.add(req("big", prompt=3000, output=50, arrival=0.5))  # the younger: first in victim order
-    eng.step()
-    eng.step()
-    sched.add(req("rt", "u", RequestClass.REALTIME, prompt=10, output=2, arrival=eng.now))
-    plan = eng.step()
+    # "big" is the younger: first in victim order
+    _, plan = realtime_after_two_running(cfg, ("small", 500), ("big", 3000), rt_prompt=10, output=50)
     assert [(p.request_id, p.checkpoint) for p in plan.preempted] == [("small", Checkpoint.RECOMPUTE)]
 
 
