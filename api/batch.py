@@ -29,7 +29,7 @@ from fsched.core.jobs.batches import (
 )
 from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_job_file
 from fsched.core.jobs.results import output_line
-from fsched.core.store.records import JobSubmission, QueueFull
+from fsched.core.ports.records import JobSubmission, QueueFull
 from fsched.core.types import Endpoint, RequestClass
 
 router = APIRouter()

@@ -8,7 +8,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fsched.core.store.records import StorageError
+from fsched.core.ports.records import StorageError
 
 # OpenAI's error type for each status fsched answers with.
 ERROR_TYPES = {

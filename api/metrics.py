@@ -65,8 +65,8 @@ class _TableCollector:
         yield _gauge("num_requests_running", "Requests held by a daemon", running)
         tokens = CounterMetricFamily(f"{PREFIX}generation_tokens", "Tokens generated",
                                      labels=["tenant", "class"])
-        for tenant, cls, count in self.backend.serving.generated_tokens():
-            tokens.add_metric([tenant, cls], count)
+        for tenant, request_class, count in self.backend.serving.generated_tokens():
+            tokens.add_metric([tenant, request_class], count)
         yield tokens
         yield from self._shares()
         yield from self._daemons()
@@ -114,6 +114,6 @@ class _TableCollector:
 
 def _gauge(name: str, doc: str, values: Counter) -> GaugeMetricFamily:
     family = GaugeMetricFamily(f"{PREFIX}{name}", doc, labels=["tenant", "class"])
-    for (tenant, cls), value in sorted(values.items()):
-        family.add_metric([tenant, cls], value)
+    for (tenant, request_class), value in sorted(values.items()):
+        family.add_metric([tenant, request_class], value)
     return family

@@ -33,7 +33,7 @@ from fsched.core.jobs.openai import (
     visible_text,
 )
 from fsched.core.jobs.results import DEFAULT_MODEL_NAME
-from fsched.core.store.records import JobSubmission, QueueFull
+from fsched.core.ports.records import JobSubmission, QueueFull
 from fsched.core.types import Endpoint, RequestState
 
 router = APIRouter()

@@ -24,10 +24,10 @@ import torch
 
 
 def collect(loaded, seed: int) -> list[tuple[int, int, int, float]]:
+    from fsched.core.daemon.engine import Engine, EngineRequest
     from fsched.core.runners.hf.runner import ModelRunner
     from fsched.core.sched.config import SchedulerConfig
     from fsched.core.sched.scheduler import Scheduler
-    from fsched.core.serve.engine import Engine, EngineRequest
     from fsched.core.types import RequestClass, SamplingParams
 
     rng = random.Random(seed)
@@ -66,7 +66,7 @@ def collect(loaded, seed: int) -> list[tuple[int, int, int, float]]:
                 SamplingParams(max_tokens=rng.randint(4, out_hi), temperature=0),
             )
             if i % 5 == 4:  # realtime arrivals mid-run preempt batch work: parks and restores
-                request.cls = RequestClass.REALTIME
+                request.request_class = RequestClass.REALTIME
                 realtime.append(request)
             else:
                 batch.append(request)

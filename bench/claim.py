@@ -27,10 +27,10 @@ import uuid
 from pathlib import Path
 
 from fsched.core.jobs.jobfile import parse_job_file
-from fsched.core.store.records import Completion, JobSubmission
+from fsched.core.ports.records import Completion, JobSubmission
 from fsched.core.types import RequestClass, RequestState
-from fsched.storage.catalog import SqlCatalogStore
-from fsched.storage.queue import SqlQueueStore
+from fsched.storage.sql_catalog import SqlCatalogStore
+from fsched.storage.sql_queue import SqlQueueStore
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
@@ -59,7 +59,7 @@ def worker(url: str, per_group: int, start, done_count) -> None:
             continue
         outcome = store.finish_requests(
             [Completion(c.id, RequestState.DONE, (1, 2, 3), "abc", finish_reason="length",
-                        epoch=c.lease_epoch) for c in claimed],
+                        lease_epoch=c.lease_epoch) for c in claimed],
             owner,
         )
         assert all(outcome), "a completion was refused"

@@ -16,7 +16,7 @@ fairness  tenants a and b weighted 3:1, both backlogged: the served dominant
           while it runs (a job of 600 requests whenever fewer than 300 wait),
           so neither runs out of work however fast the machine; the report
           says how few ever waited.
-Each runs the real Daemon (core/serve/daemon.py) in this process, composed as
+Each runs the real Daemon (core/daemon/loop.py) in this process, composed as
 `fsched daemon` composes it, with the store on a temporary SQLite file.
 """
 
@@ -36,12 +36,12 @@ import torch
 
 
 def compose(loaded, url: str, policy: str, max_batch: int = 32, until_idle: bool = True):
+    from fsched.core.daemon.engine import Engine
+    from fsched.core.daemon.loop import Daemon, DaemonConfig
     from fsched.core.runners.hf.model import encode_prompt
     from fsched.core.runners.hf.runner import ModelRunner
     from fsched.core.sched.config import SchedulerConfig
     from fsched.core.sched.scheduler import Scheduler
-    from fsched.core.serve.daemon import Daemon, DaemonConfig
-    from fsched.core.serve.engine import Engine
     from fsched.storage.jobstore import SqlJobStore
 
     store = SqlJobStore(url)
@@ -64,21 +64,21 @@ def job_lines(n: int, seed: int, out=(8, 128), prompt=(4, 40)) -> bytes:
                    for _ in range(n)).encode()
 
 
-def submit(store, data: bytes, tenant: str, cls: str = "batch", name: str = "job") -> int:
+def submit(store, data: bytes, tenant: str, request_class: str = "batch", name: str = "job") -> int:
     from fsched.core.jobs.jobfile import parse_job_file
-    from fsched.core.store.records import JobSubmission
+    from fsched.core.ports.records import JobSubmission
     from fsched.core.types import RequestClass
 
     parsed = parse_job_file(data, name)
-    return store.submit([JobSubmission(parsed, tenant, RequestClass(cls), 5, name)])[0].job_id
+    return store.submit([JobSubmission(parsed, tenant, RequestClass(request_class), 5, name)])[0].job_id
 
 
 def overhead(loaded, folder: Path) -> None:
+    from fsched.core.daemon.engine import Engine, EngineRequest
     from fsched.core.runners.hf.model import encode_prompt
     from fsched.core.runners.hf.runner import ModelRunner
     from fsched.core.sched.config import SchedulerConfig
     from fsched.core.sched.scheduler import Scheduler
-    from fsched.core.serve.engine import Engine, EngineRequest
     from fsched.core.types import SamplingParams
 
     data = job_lines(64, seed=1)

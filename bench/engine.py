@@ -102,10 +102,10 @@ def run_hf_cb(loaded, work, max_batch_tokens: int, num_blocks: int):
 
 
 def run_fsched(loaded, work, max_batch: int, kv_tokens: int, step_tokens: int):
+    from fsched.core.daemon.engine import Engine, EngineRequest
     from fsched.core.runners.hf.runner import ModelRunner
     from fsched.core.sched.config import SchedulerConfig
     from fsched.core.sched.scheduler import Scheduler
-    from fsched.core.serve.engine import Engine, EngineRequest
     from fsched.core.types import SamplingParams
 
     config = SchedulerConfig(max_batch=max_batch, kv_tokens=kv_tokens, step_tokens=step_tokens)

@@ -119,9 +119,10 @@ def requests_of(s: Scenario, limit: int | None, scale: float) -> list[TraceReque
     trace = load_trace(TRACES[s.trace], tenants=sorted(WEIGHTS), mix=parse_mix(s.mix),
                        rate_scale=scale, limit=limit, seed=s.seed)
     if s.attack:
-        trace = [dataclasses.replace(r, cls=RequestClass.REALTIME) if r.tenant == "b" else r for r in trace]
+        trace = [dataclasses.replace(r, request_class=RequestClass.REALTIME) if r.tenant == "b" else r
+                 for r in trace]
     if s.batch_only:
-        trace = [dataclasses.replace(r, cls=RequestClass.BATCH) for r in trace]
+        trace = [dataclasses.replace(r, request_class=RequestClass.BATCH) for r in trace]
     return trace
 
 
@@ -130,13 +131,14 @@ def checks(s: Scenario, by: dict[str, PolicyReport]) -> list[Check]:
     if s.attack:
         return [Check("a's share (attack)", f.tenants["a"].share, 0.72, f.tenants["a"].share >= 0.72)]
 
-    def p99(policy: str, cls: str) -> float:
-        return by[policy].classes[cls].ttft_p99_s
+    def p99(policy: str, request_class: str) -> float:
+        return by[policy].classes[request_class].ttft_p99_s
 
     out = [_ratio("throughput / fcfs", f.throughput_tok_s, by["fcfs"].throughput_tok_s, 0.98, at_least=True)]
-    for cls, limit in (("realtime", 1.25), ("streaming", 1.5)):
-        if cls in f.classes:
-            out.append(_ratio(f"{cls} p99 / priority", p99("fsched", cls), p99("priority", cls), limit))
+    for request_class, limit in (("realtime", 1.25), ("streaming", 1.5)):
+        if request_class in f.classes:
+            out.append(_ratio(f"{request_class} p99 / priority", p99("fsched", request_class),
+                              p99("priority", request_class), limit))
     judged = min(by["fsched"].backlogged_s, by["vtc"].backlogged_s) >= MIN_BOTH_WAITING_S
     out.append(Check("Jain - vtc", f.jain_index - by["vtc"].jain_index, -0.005,
                      f.jain_index >= by["vtc"].jain_index - 0.005 if judged else None))

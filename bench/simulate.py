@@ -83,7 +83,7 @@ def ratios(reports, wall) -> list[str]:
 def per_tenant_batch_wait(report) -> str:
     waits: dict[str, float] = {}
     for rec in report.records:
-        if rec.cls is RequestClass.BATCH:
+        if rec.request_class is RequestClass.BATCH:
             waits[rec.tenant] = max(waits.get(rec.tenant, 0.0), rec.max_wait_s)
     return ", ".join(f"{t} {w:.0f} s" for t, w in sorted(waits.items()))
 
@@ -102,7 +102,7 @@ def flood(rate_scale: float, limit: int) -> list[str]:
              f"arrivals end at {last_arrival:.0f} s"]
     for policy in ("priority", "fsched"):
         rep = simulate(trace, policy, weights=WEIGHTS)
-        batch = [r for r in rep.records if r.cls is RequestClass.BATCH]
+        batch = [r for r in rep.records if r.request_class is RequestClass.BATCH]
         done_in_flood = sum(r.finish_s <= last_arrival for r in batch)
         b = rep.classes["batch"]
         lines.append(

@@ -66,9 +66,9 @@ def bare_insert_seconds(job_file: Path, folder: Path) -> float:
 def fill_to(total: int, job_file: Path, url: str) -> None:
     """Submit the same file as further jobs (in-process) until `total` requests are stored."""
     from fsched.core.jobs.jobfile import parse_job_file
-    from fsched.core.store.records import JobSubmission
+    from fsched.core.ports.records import JobSubmission
     from fsched.core.types import RequestClass
-    from fsched.storage.catalog import SqlCatalogStore
+    from fsched.storage.sql_catalog import SqlCatalogStore
 
     store = SqlCatalogStore(url)
     parsed = parse_job_file(job_file.read_bytes(), str(job_file))
@@ -94,7 +94,7 @@ def naive_status_seconds(db_path: Path) -> float:
 
 def counter_query_seconds(url: str, repeat: int) -> float:
     """What status's queries cost in-process (jobs, tenants, daemons), median of `repeat`."""
-    from fsched.storage.catalog import SqlCatalogStore
+    from fsched.storage.sql_catalog import SqlCatalogStore
 
     store = SqlCatalogStore(url)
     runs = []

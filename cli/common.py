@@ -14,8 +14,8 @@ import typer
 if TYPE_CHECKING:
     from fsched.core.jobs.access import Actor
     from fsched.storage.base import SqlStoreBase
-    from fsched.storage.catalog import SqlCatalogStore
-    from fsched.storage.queue import SqlQueueStore
+    from fsched.storage.sql_catalog import SqlCatalogStore
+    from fsched.storage.sql_queue import SqlQueueStore
 
 DbOption = Annotated[
     str | None,
@@ -45,7 +45,7 @@ def note(message: str) -> None:
 def handle_errors(command: Callable) -> Callable:
     """Turn the errors a user can act on into one stderr line and a non-zero exit."""
     from fsched.core.jobs.jobfile import JobFileError
-    from fsched.core.store.records import StoreError
+    from fsched.core.ports.records import StoreError
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -63,14 +63,14 @@ def handle_errors(command: Callable) -> Callable:
 
 def open_catalog(db: str | None) -> SqlCatalogStore:
     """The commands' side of the job table: submit, list, results, cancel, tenants, daemons."""
-    from fsched.storage.catalog import SqlCatalogStore
+    from fsched.storage.sql_catalog import SqlCatalogStore
 
     return SqlCatalogStore(db)
 
 
 def open_queue(db: str | None) -> SqlQueueStore:
     """The daemon's side of the job table: claim, write back, leases, heartbeats."""
-    from fsched.storage.queue import SqlQueueStore
+    from fsched.storage.sql_queue import SqlQueueStore
 
     return SqlQueueStore(db)
 

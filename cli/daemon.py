@@ -1,4 +1,4 @@
-"""`fsched daemon`: parse the options, build the daemon (core/serve/build.py), serve until stopped."""
+"""`fsched daemon`: parse the options, build the daemon (core/daemon/build.py), serve until stopped."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from typing import Annotated
 import typer
 
 from fsched.cli.common import DbOption, UserError, acting_user, allow, handle_errors, open_queue
-from fsched.core.sched.policy import POLICIES
-from fsched.core.serve.build import (
+from fsched.core.daemon.build import (
     CPU_LIMITS,
     DEFAULTS,
     GPU_LIMITS,
@@ -19,6 +18,7 @@ from fsched.core.serve.build import (
     RunnerUnavailable,
     SettingsError,
 )
+from fsched.core.sched.policy import POLICIES
 
 POLICY_NAMES = ", ".join(POLICIES)
 
@@ -87,13 +87,13 @@ def daemon(
         raise UserError(f"{OPTIONS[exc.setting]}: {exc}") from None
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, stream=sys.stderr,
                         format="fsched daemon: %(message)s")
-    serve(settings, db)
+    run_daemon(settings, db)
 
 
-def serve(settings: DaemonSettings, db: str | None) -> None:
+def run_daemon(settings: DaemonSettings, db: str | None) -> None:
     """Take the job table (as an admin on SQLite, alone where it has a lock) and serve it until stopped."""
+    from fsched.core.daemon.build import build_daemon, runner_summary
     from fsched.core.jobs.access import may_administer
-    from fsched.core.serve.build import build_daemon, runner_summary
 
     log = logging.getLogger("fsched.daemon")
     store = open_queue(db)

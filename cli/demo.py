@@ -36,9 +36,9 @@ from fsched.cli.common import (
     print_json,
 )
 from fsched.cli.daemon import POLICY_NAMES
+from fsched.core.daemon.build import DEFAULTS
+from fsched.core.ports.records import JobSummary, RequestTiming
 from fsched.core.sched.policy import POLICIES
-from fsched.core.serve.build import DEFAULTS
-from fsched.core.store.records import JobSummary, RequestTiming
 from fsched.core.types import RequestClass, RequestState
 
 WEIGHTS = {"alice": 3.0, "bob": 1.0}
@@ -127,13 +127,13 @@ class ShareWindow:
 def summary(timings: list[RequestTiming], window: ShareWindow, policy: str, startup_s: float,
             serve_s: float) -> dict:
     classes = {}
-    for cls in RequestClass:
-        mine = [t for t in timings if t.request_class is cls]
+    for request_class in RequestClass:
+        mine = [t for t in timings if t.request_class is request_class]
         if not mine:
             continue
         ttft = [(t.first_token_at - t.enqueued_at) * 1000 for t in mine if t.first_token_at is not None]
         p50, p99 = percentile(ttft, 50), percentile(ttft, 99)
-        classes[cls.value] = {
+        classes[request_class.value] = {
             "requests": len(mine),
             "done": sum(t.state is RequestState.DONE for t in mine),
             "tokens": sum(t.num_output_tokens for t in mine),
@@ -225,7 +225,7 @@ def demo(
 
 def _run(url: str, tmp: Path, policy: str, threads: int | None, size: float, as_json: bool) -> None:
     from fsched.core.jobs.jobfile import parse_job_file
-    from fsched.core.store.records import JobSubmission, TenantExists
+    from fsched.core.ports.records import JobSubmission, TenantExists
 
     store = open_catalog(url)
     for name, weight in WEIGHTS.items():
@@ -234,8 +234,8 @@ def _run(url: str, tmp: Path, policy: str, threads: int | None, size: float, as_
         except TenantExists:
             store.set_weight(name, weight)
 
-    def job(tenant: str, cls: RequestClass, name: str, lines: list[dict]) -> JobSubmission:
-        return JobSubmission(parse_job_file(jsonl(lines), name), tenant, cls, 5, name)
+    def job(tenant: str, request_class: RequestClass, name: str, lines: list[dict]) -> JobSubmission:
+        return JobSubmission(parse_job_file(jsonl(lines), name), tenant, request_class, 5, name)
 
     batch = store.submit([
         job(tenant, RequestClass.BATCH, f"{tenant}-batch", corpus_prompts(max(1, round(n * size)), 1000 * i))

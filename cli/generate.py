@@ -32,7 +32,7 @@ from fsched.cli.common import (
 )
 from fsched.cli.submit import CLASS_NAMES, parse_class
 from fsched.core.jobs.access import default_tenant, may_act_as
-from fsched.core.store.records import RequestProgress
+from fsched.core.ports.records import RequestProgress
 from fsched.core.types import RequestClass, RequestState
 
 POLL_S = 0.02
@@ -113,9 +113,9 @@ def generate(
     """
     from fsched.core.jobs.jobfile import parse_job_file
     from fsched.core.jobs.limits import InputLimits
-    from fsched.core.store.records import JobSubmission
+    from fsched.core.ports.records import JobSubmission
 
-    cls = parse_class(request_class)
+    request_class = parse_class(request_class)
     if timeout is not None and timeout <= 0:
         raise UserError(f"--timeout must be > 0, got {timeout:g}")
     limits = InputLimits.from_env()
@@ -136,7 +136,7 @@ def generate(
     # Ctrl-C cancels the request even where the shell started us with SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     (job,) = store.submit([JobSubmission(parsed=parsed, tenant=tenant,
-                                         request_class=cls, priority=5, name="generate")],
+                                         request_class=request_class, priority=5, name="generate")],
                            max_queued_per_tenant=limits.max_queued_per_tenant)
     try:
         final = _wait(store, job.job_id, stream and not as_json, timeout)
@@ -148,17 +148,18 @@ def generate(
         note(f"fsched: interrupted; job {job.job_id} cancelled")
         raise typer.Exit(130) from None
     if as_json:
-        print_json(answer_json(answer_of(final), final, job.job_id, job.tenant, cls))
+        print_json(answer_json(answer_of(final), final, job.job_id, job.tenant, request_class))
     else:
         print_answer(answer_of(final), job.job_id, streamed=stream)
 
 
-def answer_json(answer: Answer, final: RequestProgress, job_id: int, tenant: str, cls: RequestClass) -> dict:
+def answer_json(answer: Answer, final: RequestProgress, job_id: int, tenant: str,
+                request_class: RequestClass) -> dict:
     def rounded(value: float | None) -> float | None:
         return None if value is None else round(value, 1)
 
     return {
-        "job_id": job_id, "request_id": final.id, "tenant": tenant, "class": cls.value,
+        "job_id": job_id, "request_id": final.id, "tenant": tenant, "class": request_class.value,
         "state": final.state.value, "text": answer.text, "tokens": answer.tokens,
         "finish_reason": answer.finish_reason, "ttft_ms": rounded(answer.ttft_ms),
         "tok_s": rounded(answer.tok_s), "total_ms": rounded(answer.total_ms),

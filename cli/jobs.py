@@ -32,7 +32,7 @@ def cancel(
 ) -> None:
     """Cancel jobs: waiting requests at once, running ones at the daemon's next step."""
     from fsched.core.jobs.access import may_touch_job
-    from fsched.core.store.records import UnknownJob
+    from fsched.core.ports.records import UnknownJob
 
     store = open_catalog(db)
     actor = acting_user(store)

@@ -21,7 +21,7 @@ app = typer.Typer(help="Create, list and revoke API keys of `fsched serve` (admi
 
 
 def _admin_key_store(db: str | None, what: str):
-    from fsched.storage.keys import SqlKeyStore
+    from fsched.storage.sql_keys import SqlKeyStore
 
     store = open_catalog_as_admin(db, what)
     return SqlKeyStore(store.db)
@@ -44,9 +44,9 @@ def create(
     db: DbOption = None,
 ) -> None:
     """Make a new API key for TENANT and print it once (only its hash is stored)."""
-    cls = parse_class(request_class)
+    request_class = parse_class(request_class)
     keys = _admin_key_store(db, "creating an API key")
-    key, secret = keys.create_key(tenant, cls, name)
+    key, secret = keys.create_key(tenant, request_class, name)
     if as_json:
         print_json({"key": secret, "id": key.id, "tenant": key.tenant, "class": key.request_class.value})
         return

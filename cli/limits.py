@@ -24,7 +24,7 @@ app = typer.Typer(help="Show and set the limits on what clients may submit (sett
 
 
 def stored_limits(store) -> dict[str, int]:
-    from fsched.storage.keys import SqlKeyStore
+    from fsched.storage.sql_keys import SqlKeyStore
 
     return SqlKeyStore(store.db).stored_limits()
 
@@ -64,7 +64,7 @@ def set_limit(
 ) -> None:
     """Store a limit (an fsched admin only); it applies to the next submit or request."""
     from fsched.core.jobs.limits import validate_limit
-    from fsched.storage.keys import SqlKeyStore
+    from fsched.storage.sql_keys import SqlKeyStore
 
     store = open_catalog_as_admin(db, "setting a limit")
     SqlKeyStore(store.db).set_limit(name, validate_limit(name, value))
@@ -79,7 +79,7 @@ def unset(
 ) -> None:
     """Put a limit back to its default (an fsched admin only)."""
     from fsched.core.jobs.limits import LIMIT_NAMES
-    from fsched.storage.keys import SqlKeyStore
+    from fsched.storage.sql_keys import SqlKeyStore
 
     if name not in LIMIT_NAMES:
         raise ValueError(f"unknown limit {name!r}; the limits are {', '.join(LIMIT_NAMES)}")

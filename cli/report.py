@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsched.cli.common import iso_time
+from fsched.core.ports.records import DaemonSummary, JobSummary, TenantSummary
 from fsched.core.sched.shares import entitled_shares
-from fsched.core.store.records import DaemonSummary, JobSummary, TenantSummary
 
 # A daemon that has not beaten its heart for longer than its lease TTL (or
 # this, for one that did not say) is shown as dead: its leases are expiring.

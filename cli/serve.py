@@ -15,9 +15,9 @@ def build_backend(db: str | None):
     """The stores a server needs, all over one database connection pool."""
     from fsched.api.state import Backend
     from fsched.cli.report import daemon_alive
-    from fsched.storage.files import SqlFileStore
-    from fsched.storage.keys import SqlKeyStore
-    from fsched.storage.serving import SqlServingStore
+    from fsched.storage.sql_files import SqlFileStore
+    from fsched.storage.sql_keys import SqlKeyStore
+    from fsched.storage.sql_serving import SqlServingStore
 
     jobs = open_catalog(db)
     if jobs.db.dialect == "sqlite":

@@ -133,7 +133,7 @@ def comparison_table(trace: str, n: int, reports: list[PolicyReport]):
     for r in reports:
         table.add_column(r.policy, justify="right")
     classes = [c for c in ("realtime", "streaming", "batch") if any(c in r.classes for r in reports)]
-    for cls in classes:
+    for request_class in classes:
         for key, label in (
             ("ttft_p50_s", "TTFT p50"),
             ("ttft_p99_s", "TTFT p99"),
@@ -143,8 +143,9 @@ def comparison_table(trace: str, n: int, reports: list[PolicyReport]):
             ("jct_p99_s", "JCT p99"),
             ("max_wait_s", "max wait"),
         ):
-            cells = [_fmt(getattr(r.classes[cls], key)) if cls in r.classes else "-" for r in reports]
-            table.add_row(f"{cls} {label}", *cells)
+            cells = [_fmt(getattr(r.classes[request_class], key)) if request_class in r.classes else "-"
+                     for r in reports]
+            table.add_row(f"{request_class} {label}", *cells)
     tenants = sorted({t for r in reports for t in r.tenants})
     for t in tenants:
         cells = []

@@ -25,7 +25,7 @@ from fsched.core.jobs.limits import InputLimits
 from fsched.core.types import RequestClass
 
 if TYPE_CHECKING:
-    from fsched.core.store.records import SubmittedJob
+    from fsched.core.ports.records import SubmittedJob
 
 CLASS_NAMES = ", ".join(c.value for c in RequestClass)
 
@@ -85,9 +85,9 @@ def submit(
     Every file is validated whole before anything is stored; all the jobs are
     stored in one transaction.
     """
-    from fsched.core.store.records import JobSubmission
+    from fsched.core.ports.records import JobSubmission
 
-    cls = parse_class(request_class)
+    request_class = parse_class(request_class)
     if not 0 <= priority <= 9:
         raise UserError(f"--priority must be within 0..9, got {priority}")
     limits = InputLimits.from_env()
@@ -105,7 +105,7 @@ def submit(
         limits = stored
         parsed = parse_all(inputs, limits, max_tokens)
     jobs = [
-        JobSubmission(parsed=p, tenant=tenant, request_class=cls, priority=priority,
+        JobSubmission(parsed=p, tenant=tenant, request_class=request_class, priority=priority,
                       name=name or ("stdin" if p.source == "<stdin>" else Path(p.source).name))
         for p in parsed
     ]

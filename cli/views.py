@@ -15,7 +15,7 @@ from fsched.cli.report import (
     live_daemon,
     tenant_entitlements,
 )
-from fsched.core.store.records import DaemonSummary, JobSummary, TenantSummary
+from fsched.core.ports.records import DaemonSummary, JobSummary, TenantSummary
 from fsched.core.types import JobState, RequestClass
 
 STATE_STYLES = {

@@ -10,6 +10,12 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+# A request's id everywhere in fsched: the job table's key, as text. The
+# scheduler, the engine, the runners, the records and the API key requests by
+# it; storage converts it to and from its integer column at its own boundary
+# (storage/rows.py), and nowhere else.
+RequestId = str
+
 
 class RequestClass(enum.StrEnum):
     """Service class of a job; its band order is realtime < streaming < batch."""

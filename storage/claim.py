@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from sqlalchemy import Connection, select, update
 
-from fsched.core.store.records import ClaimedRequest
+from fsched.core.ports.records import ClaimedRequest
 from fsched.core.types import RequestClass, RequestState
 from fsched.storage.counters import lock_job, store_counts
 from fsched.storage.db import Database

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from sqlalchemy import Connection, select, update
 
 from fsched.core.jobs.jobstate import JobCounts, derive_job_state
-from fsched.core.store.records import UnknownJob
+from fsched.core.ports.records import UnknownJob
 from fsched.core.types import JobState, RequestState
 from fsched.storage.rows import job_counts, jobs, requests
 

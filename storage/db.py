@@ -20,7 +20,7 @@ from sqlalchemy import Connection, Engine, Float, cast, create_engine, event, fu
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
-from fsched.core.store.records import StorageError
+from fsched.core.ports.records import StorageError
 
 DEFAULT_BUSY_TIMEOUT_MS = 30_000
 # Shorter than any sensible lease TTL (the daemon's floor is 2 s), so a stalled

@@ -7,8 +7,8 @@ this class, which is both.
 
 from __future__ import annotations
 
-from fsched.storage.catalog import SqlCatalogStore
-from fsched.storage.queue import SqlQueueStore
+from fsched.storage.sql_catalog import SqlCatalogStore
+from fsched.storage.sql_queue import SqlQueueStore
 
 
 class SqlJobStore(SqlCatalogStore, SqlQueueStore):

@@ -6,7 +6,7 @@ request id changes type (the core's text id, the table's integer key).
 from __future__ import annotations
 
 from fsched.core.jobs.jobstate import JobCounts
-from fsched.core.store.records import (
+from fsched.core.ports.records import (
     ClaimedRequest,
     JobSummary,
     RequestId,
@@ -72,7 +72,7 @@ def job_summary(row) -> JobSummary:
 
 def request_result(row) -> RequestResult:
     return RequestResult(
-        id=row.id,
+        id=core_id(row.id),
         idx=row.idx,
         custom_id=row.custom_id,
         endpoint=row.endpoint,

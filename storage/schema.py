@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection, inspect, select, text
 
-from fsched.core.store.records import SchemaMismatch
+from fsched.core.ports.records import SchemaMismatch
 from fsched.storage.db import Database
 from fsched.storage.models import Base, Meta
 

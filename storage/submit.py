@@ -17,7 +17,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from fsched.core.faults import crash_point
-from fsched.core.store.records import JobSubmission, QueueFull
+from fsched.core.ports.records import JobSubmission, QueueFull
 from fsched.core.types import JobState, RequestState
 from fsched.storage.rows import FINISHED_JOB_STATES, UNFINISHED, jobs, requests, tenants
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from fsched.core.jobs.apikeys import class_allowed
 from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_openai_body
 from fsched.core.jobs.limits import InputLimits
-from fsched.core.types import Endpoint, RequestClass, RequestSpec, RequestState
+from fsched.core.types import Endpoint, RequestClass, RequestId, RequestSpec, RequestState
 
 # OpenAI's service tiers as fsched's classes; "auto" (or none) is the key's own class.
 SERVICE_TIERS = {
@@ -58,7 +58,7 @@ class OnlineProgress:
     """An online request's row as its HTTP handler polls it."""
 
     job_id: int
-    request_id: int
+    request_id: RequestId
     state: RequestState
     output_text: str
     num_output_tokens: int

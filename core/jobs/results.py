@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fsched.core.jobs.openai import response_body
-from fsched.core.store.records import RequestResult
+from fsched.core.ports.records import RequestResult
 from fsched.core.types import Endpoint, RequestState
 
 DEFAULT_MODEL_NAME = "fsched"

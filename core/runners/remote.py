@@ -41,9 +41,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from fsched.core.runners.openai_http import EngineClient, Fault, Stream, StreamEvent
+from fsched.core.runners.protocol import Runner, RunResult
+from fsched.core.runners.stopping import FinishReason, StopCheck, check_stop
 from fsched.core.sched.plan import Outcome, Plan
-from fsched.core.serve.runner import Runner, RunResult
-from fsched.core.serve.stopping import FinishReason, StopCheck, check_stop
 from fsched.core.types import SamplingParams
 
 log = logging.getLogger("fsched.daemon")

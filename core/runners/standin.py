@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from fsched.core.runners.protocol import Runner, RunResult
+from fsched.core.runners.stopping import check_stop
 from fsched.core.sched.plan import Outcome, Plan
 from fsched.core.sched.request import Checkpoint
-from fsched.core.serve.runner import Runner, RunResult
-from fsched.core.serve.stopping import check_stop
 from fsched.core.types import SamplingParams
 
 STANDIN_SPEC = "standin"

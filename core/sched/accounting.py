@@ -71,7 +71,7 @@ def apply_step(running: Iterable[SchedRequest], plan: Plan, outcome: Outcome) ->
         kv = held * elapsed
         t.charge.gpu_s += gpu
         t.charge.kv_token_s += kv
-        if r.cls is not RequestClass.BATCH:
+        if r.request_class is not RequestClass.BATCH:
             t.precedence.gpu_s += gpu
             t.precedence.kv_token_s += kv
         if r.res_gpu or r.res_kv:

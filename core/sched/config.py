@@ -116,11 +116,11 @@ class SchedulerConfig:
         if self.min_quantum_steps * self.max_batch >= self.kv_tokens:
             raise ValueError("kv_tokens must exceed max_batch * min_quantum_steps (the reserve)")
 
-    def target_s(self, cls: RequestClass) -> float:
+    def target_s(self, request_class: RequestClass) -> float:
         """The first-token target of a class."""
-        if cls is RequestClass.REALTIME:
+        if request_class is RequestClass.REALTIME:
             return self.realtime_target_s
-        return self.streaming_target_s if cls is RequestClass.STREAMING else self.batch_target_s
+        return self.streaming_target_s if request_class is RequestClass.STREAMING else self.batch_target_s
 
 
 def _positive_int(name: str, value: int) -> None:

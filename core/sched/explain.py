@@ -25,7 +25,7 @@ def explain(scheduler: Scheduler, now: float, running_limit: int = 8, waiting_li
     config = scheduler.config
 
     def row(r) -> dict:
-        band = r.cls.band
+        band = r.request_class.band
         waiting = r.state is not RequestState.RUNNING
         standing = stand.get(r.tenant)
         in_share = standing is None or standing.in_share
@@ -34,7 +34,7 @@ def explain(scheduler: Scheduler, now: float, running_limit: int = 8, waiting_li
         return {
             "id": r.id,
             "tenant": r.tenant,
-            "class": r.cls.value,
+            "class": r.request_class.value,
             "state": "running" if not waiting else r.state.value,
             "band": band,
             "aged_band": band,
@@ -46,7 +46,7 @@ def explain(scheduler: Scheduler, now: float, running_limit: int = 8, waiting_li
             "tenant_share": round(standing.score if standing else 0.0, 6),
             "in_share": in_share,
             "tier": tier,
-            "late": waiting and r.generated == 0 and now - r.arrival > config.target_s(r.cls),
+            "late": waiting and r.generated == 0 and now - r.arrival > config.target_s(r.request_class),
         }
 
     running = sorted(scheduler.running.values(), key=lambda r: policy.running_rank(r, stand))

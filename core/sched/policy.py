@@ -141,20 +141,20 @@ class StrictPriority(Fcfs):
     preemptive = True
 
     def group(self, r: SchedRequest) -> Hashable:
-        return (r.cls.band, r.priority)
+        return (r.request_class.band, r.priority)
 
     def static_rank(self, r: SchedRequest, now: float) -> tuple:
-        return (r.cls.band, r.priority, r.arrival, r.seq)
+        return (r.request_class.band, r.priority, r.arrival, r.seq)
 
     def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple:
-        return (r.cls.band, r.priority, r.arrival, r.seq)
+        return (r.request_class.band, r.priority, r.arrival, r.seq)
 
     def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool:
         return True
 
     def victim_order(self, waiter: SchedRequest, victim: SchedRequest,
                      stand: Mapping[str, Standing]) -> tuple | None:
-        if (waiter.cls.band, waiter.priority) >= (victim.cls.band, victim.priority):
+        if (waiter.request_class.band, waiter.priority) >= (victim.request_class.band, victim.priority):
             return None
         return self.running_rank(victim, stand)
 
@@ -201,13 +201,13 @@ class FschedPolicy(Fcfs):
         )
 
     def group(self, r: SchedRequest) -> Hashable:
-        return (r.tenant, r.cls.band, r.priority)
+        return (r.tenant, r.request_class.band, r.priority)
 
     def partition(self, r: SchedRequest) -> str:
         return r.tenant
 
     def static_rank(self, r: SchedRequest, now: float) -> tuple:
-        return (r.cls.band, r.priority, r.arrival, r.seq)
+        return (r.request_class.band, r.priority, r.arrival, r.seq)
 
     def compose(self, static: tuple, standing: Standing) -> tuple:
         if static[0] < BATCH_BAND and standing.precedence:
@@ -216,13 +216,13 @@ class FschedPolicy(Fcfs):
 
     def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple:
         standing = stand[r.tenant]
-        tier = 0 if r.cls.band < BATCH_BAND and standing.precedence else 1
-        return (tier, standing.score if tier else 0.0, r.cls.band, r.priority, r.arrival, r.seq)
+        tier = 0 if r.request_class.band < BATCH_BAND and standing.precedence else 1
+        return (tier, standing.score if tier else 0.0, r.request_class.band, r.priority, r.arrival, r.seq)
 
     def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool:
         # Only realtime and streaming work with precedence displaces others:
         # batch has no latency to protect, so it takes the next free slot.
-        return waiter.cls.band < BATCH_BAND and stand[waiter.tenant].precedence
+        return waiter.request_class.band < BATCH_BAND and stand[waiter.tenant].precedence
 
     def victim_order(self, waiter: SchedRequest, victim: SchedRequest,
                      stand: Mapping[str, Standing]) -> tuple | None:
@@ -234,12 +234,13 @@ class FschedPolicy(Fcfs):
         # tenant's when that tenant's score is above the waiter's tenant's. A
         # label never displaces the work of a tenant that is not ahead of it.
         standing = stand[victim.tenant]
-        if victim.cls.band < BATCH_BAND and standing.precedence:
+        victim_band, waiter_band = victim.request_class.band, waiter.request_class.band
+        if victim_band < BATCH_BAND and standing.precedence:
             if victim.tenant == waiter.tenant:
-                behind = (waiter.cls.band, waiter.priority) < (victim.cls.band, victim.priority)
+                behind = (waiter_band, waiter.priority) < (victim_band, victim.priority)
             else:  # a worse class of a tenant further over its share
-                behind = waiter.cls.band < victim.cls.band and standing.score > stand[waiter.tenant].score
-            return (0, victim.cls.band, victim.priority, victim.arrival, victim.seq) if behind else None
+                behind = waiter_band < victim_band and standing.score > stand[waiter.tenant].score
+            return (0, victim_band, victim.priority, victim.arrival, victim.seq) if behind else None
         return (1, standing.score, -victim.computed / victim.context, victim.arrival, victim.seq)
 
 
@@ -254,8 +255,8 @@ POLICIES: dict[str, type] = {
 def make_policy(name: str, config: SchedulerConfig, weights: Mapping[str, float]) -> Policy:
     """The policy called `name` (one of POLICIES)."""
     try:
-        cls = POLICIES[name]
+        policy_type = POLICIES[name]
     except KeyError:
         known = ", ".join(POLICIES)
         raise ValueError(f"unknown policy {name!r} (known: {known})") from None
-    return cls(config, weights)
+    return policy_type(config, weights)

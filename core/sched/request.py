@@ -27,7 +27,7 @@ class Checkpoint(enum.StrEnum):
 class SchedRequest:
     id: str
     tenant: str
-    cls: RequestClass
+    request_class: RequestClass
     prompt_tokens: int
     max_tokens: int
     arrival: float

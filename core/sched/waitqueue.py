@@ -63,7 +63,7 @@ class WaitQueue:
         key = self._policy.group(r)
         g = self._groups.get(key)
         if g is None:
-            g = self._groups[key] = _Group(key, r.cls.band)
+            g = self._groups[key] = _Group(key, r.request_class.band)
         heapq.heappush(g.heap, ((r.arrival, r.seq), r))
         self._len += 1
         if g.heap[0][1] is r:

@@ -80,7 +80,7 @@ class RequestRecord:
     """One request as the simulator saw it (trace order)."""
 
     tenant: str
-    cls: RequestClass
+    request_class: RequestClass
     arrival_s: float
     first_token_s: float
     finish_s: float
@@ -149,8 +149,8 @@ def class_stats(tracks: Iterable[Track], target_s: float) -> ClassStats:
 def _by_class(tracks: Iterable[Track], config: SchedulerConfig) -> dict[str, ClassStats]:
     groups: dict[RequestClass, list[Track]] = defaultdict(list)
     for tr in tracks:
-        groups[tr.req.cls].append(tr)
-    return {cls.value: class_stats(groups[cls], config.target_s(cls)) for cls in RequestClass if groups[cls]}
+        groups[tr.req.request_class].append(tr)
+    return {c.value: class_stats(groups[c], config.target_s(c)) for c in RequestClass if groups[c]}
 
 
 def build_report(policy: str, tracks: Mapping[str, Track], tenants: list[str], weights: Mapping[str, float],
@@ -176,8 +176,8 @@ def build_report(policy: str, tracks: Mapping[str, Track], tenants: list[str], w
         makespan_s=makespan,
         tenant_classes={t: _by_class(trs, config) for t, trs in per_tenant.items()},
         records=[
-            RequestRecord(tr.req.tenant, tr.req.cls, tr.req.arrival_s, tr.first_token_s, tr.finish_s,
-                          tr.req.output_tokens, tr.max_wait_s)
+            RequestRecord(tr.req.tenant, tr.req.request_class, tr.req.arrival_s, tr.first_token_s,
+                          tr.finish_s, tr.req.output_tokens, tr.max_wait_s)
             for tr in tracks.values()
         ],
     )

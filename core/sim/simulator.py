@@ -56,8 +56,8 @@ class _Run:
             req, rid = self.trace[self.next_i], str(self.next_i)
             self.next_i += 1
             try:
-                self.sched.add(SchedRequest(rid, req.tenant, req.cls, req.prompt_tokens, req.output_tokens,
-                                            req.arrival_s, priority=req.priority))
+                self.sched.add(SchedRequest(rid, req.tenant, req.request_class, req.prompt_tokens,
+                                            req.output_tokens, req.arrival_s, priority=req.priority))
             except ValueError:
                 self.rejected += 1  # longer than the KV budget: refused alone
                 continue

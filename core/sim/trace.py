@@ -42,7 +42,7 @@ class TraceError(ValueError):
 class TraceRequest:
     arrival_s: float
     tenant: str
-    cls: RequestClass
+    request_class: RequestClass
     prompt_tokens: int
     output_tokens: int
     priority: int = 5
@@ -54,7 +54,7 @@ class _Raw:
     prompt_tokens: int
     output_tokens: int
     tenant: str | None = None
-    cls: RequestClass | None = None
+    request_class: RequestClass | None = None
     priority: int = 5
 
 
@@ -86,12 +86,12 @@ def load_trace(
     t0 = min(r.arrival_s for r in raws)
     for raw in raws:
         tenant = raw.tenant if raw.tenant is not None else rng.choice(list(tenants))
-        cls = raw.cls if raw.cls is not None else rng.choices(classes, probs)[0]
+        request_class = raw.request_class if raw.request_class is not None else rng.choices(classes, probs)[0]
         out.append(
             TraceRequest(
                 arrival_s=(raw.arrival_s - t0) / rate_scale,
                 tenant=tenant,
-                cls=cls,
+                request_class=request_class,
                 prompt_tokens=raw.prompt_tokens,
                 output_tokens=raw.output_tokens,
                 priority=raw.priority,
@@ -165,7 +165,7 @@ def _read_jsonl(path: Path, limit: int | None) -> list[_Raw]:
             arrival = float(obj["arrival_s"])
             if not arrival >= 0:
                 raise ValueError("arrival_s must be >= 0")
-            cls = obj.get("class")
+            request_class = obj.get("class")
             priority = int(obj.get("priority", 5))
             if not 0 <= priority <= 9:
                 raise ValueError("priority must be within 0..9")
@@ -175,7 +175,7 @@ def _read_jsonl(path: Path, limit: int | None) -> list[_Raw]:
                     prompt_tokens=_tokens(obj["prompt_tokens"], 1),
                     output_tokens=_tokens(obj["output_tokens"], 1),
                     tenant=None if obj.get("tenant") is None else str(obj["tenant"]),
-                    cls=None if cls is None else RequestClass(cls),
+                    request_class=None if request_class is None else RequestClass(request_class),
                     priority=priority,
                 )
             )

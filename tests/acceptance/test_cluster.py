@@ -24,7 +24,7 @@ from fsched.core.runners.standin import (
     standin_text,
     standin_token,
 )
-from fsched.core.serve.stopping import check_stop
+from fsched.core.runners.stopping import check_stop
 from fsched.core.types import RequestState
 from fsched.storage.jobstore import SqlJobStore
 

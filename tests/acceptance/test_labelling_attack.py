@@ -32,11 +32,11 @@ def _jobs(n: int, seed: int) -> bytes:
 
 
 def _compose(url: str, policy: str):
+    from fsched.core.daemon.engine import Engine
+    from fsched.core.daemon.loop import Daemon, DaemonConfig
     from fsched.core.runners.standin import StandInRunner, standin_encode
     from fsched.core.sched.config import SchedulerConfig
     from fsched.core.sched.scheduler import Scheduler
-    from fsched.core.serve.daemon import Daemon, DaemonConfig
-    from fsched.core.serve.engine import Engine
     from fsched.storage.jobstore import SqlJobStore
 
     store = SqlJobStore(url)
@@ -51,13 +51,13 @@ def _compose(url: str, policy: str):
     return store, engine, daemon
 
 
-def _submit(store, data: bytes, tenant: str, cls: str) -> None:
+def _submit(store, data: bytes, tenant: str, request_class: str) -> None:
     from fsched.core.jobs.jobfile import parse_job_file
-    from fsched.core.store.records import JobSubmission
+    from fsched.core.ports.records import JobSubmission
     from fsched.core.types import RequestClass
 
-    store.submit([JobSubmission(parse_job_file(data, f"{tenant}-{cls}"), tenant, RequestClass(cls), 5,
-                                f"{tenant}-{cls}")])
+    name = f"{tenant}-{request_class}"
+    store.submit([JobSubmission(parse_job_file(data, name), tenant, RequestClass(request_class), 5, name)])
 
 
 def a_share_under_attack(tmp_path, policy: str) -> float:
@@ -66,8 +66,8 @@ def a_share_under_attack(tmp_path, policy: str) -> float:
 
     store, engine, daemon = _compose(f"sqlite:///{tmp_path}/{policy}.db", policy)
     _submit(store, _jobs(2_000, 1), "b", "realtime")
-    for cls, n in (("realtime", 100), ("streaming", 300), ("batch", 1_600)):
-        _submit(store, _jobs(n, 2), "a", cls)
+    for request_class, n in (("realtime", 100), ("streaming", 300), ("batch", 1_600)):
+        _submit(store, _jobs(n, 2), "a", request_class)
     usage: dict[str, list[float]] = {}
     start = time.monotonic()
     step = engine.step

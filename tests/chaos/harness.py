@@ -83,7 +83,7 @@ class Table:
 class JobFile:
     path: Path
     tenant: str
-    cls: str
+    request_class: str
     lines: int
 
     @property
@@ -116,9 +116,9 @@ def write_workload(folder: Path, seed: int = 0, scale: float = 1.0) -> list[JobF
     spec = [("batch", "alice", "batch", 160), ("stream", "bob", "streaming", 60),
             ("chat", "bob", "realtime", 30)]
     return [
-        JobFile(write_job_file(folder / f"{stem}.jsonl", max(1, int(n * scale)), seed * 100 + k), tenant, cls,
-                max(1, int(n * scale)))
-        for k, (stem, tenant, cls, n) in enumerate(spec)
+        JobFile(write_job_file(folder / f"{stem}.jsonl", max(1, int(n * scale)), seed * 100 + k), tenant,
+                request_class, max(1, int(n * scale)))
+        for k, (stem, tenant, request_class, n) in enumerate(spec)
     ]
 
 
@@ -126,7 +126,8 @@ def submit(table: Table, files: list[JobFile], **kw) -> list[int]:
     """Submit each file as the real command does; the acknowledged job ids."""
     ids = []
     for f in files:
-        out = table.ok("submit", str(f.path), "--tenant", f.tenant, "--class", f.cls, "--json", **kw)
+        out = table.ok("submit", str(f.path), "--tenant", f.tenant, "--class", f.request_class, "--json",
+                       **kw)
         ids += [json.loads(line)["job_id"] for line in out.splitlines()]
     return ids
 

@@ -15,14 +15,14 @@ from collections.abc import Callable
 
 import pytest
 
+from fsched.core.daemon.engine import Engine
+from fsched.core.daemon.loop import Daemon, DaemonConfig
 from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.ports.records import JobSubmission
 from fsched.core.runners.standin import STANDIN_NAME, StandInRunner, standin_encode
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Plan
 from fsched.core.sched.scheduler import Scheduler
-from fsched.core.serve.daemon import Daemon, DaemonConfig
-from fsched.core.serve.engine import Engine
-from fsched.core.store.records import JobSubmission
 from fsched.core.types import RequestClass
 from fsched.storage.jobstore import SqlJobStore
 
@@ -180,7 +180,7 @@ def test_the_batch_limit_can_be_lowered_while_requests_run():
 
     scheduler = Scheduler(SchedulerConfig(max_batch=8, kv_tokens=32_768, step_tokens=512), "fcfs")
     for i in range(12):
-        scheduler.add(SchedRequest(id=f"r{i}", tenant="t", cls=RequestClass.BATCH, prompt_tokens=4,
+        scheduler.add(SchedRequest(id=f"r{i}", tenant="t", request_class=RequestClass.BATCH, prompt_tokens=4,
                                    max_tokens=50, arrival=0.0))
     scheduler.schedule(0.0)
     assert len(scheduler.running) == 8

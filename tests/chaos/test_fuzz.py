@@ -51,7 +51,7 @@ from hypothesis import strategies as st
 
 from fsched.core.jobs.jobfile import CHAT_ROLES, JobFileError, ParsedJobFile, parse_job_file
 from fsched.core.jobs.limits import MIB, InputLimits
-from fsched.core.store.records import JobSubmission, QueueFull
+from fsched.core.ports.records import JobSubmission, QueueFull
 from fsched.core.types import MAX_SEED, RequestClass, RequestSpec
 from fsched.storage import submit as submit_module
 from fsched.storage.jobstore import SqlJobStore

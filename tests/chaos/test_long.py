@@ -21,11 +21,11 @@ import time
 from collections import Counter
 from functools import partial
 
+from fsched.core.daemon.engine import Engine, EngineRequest
 from fsched.core.jobs.jobfile import parse_job_file
 from fsched.core.runners.standin import StandInRunner, standin_encode
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.scheduler import Scheduler
-from fsched.core.serve.engine import Engine, EngineRequest
 
 from .harness import (
     SIGKILLED,
@@ -132,7 +132,7 @@ class Round:
                               seed=self.rng.randrange(1 << 30))
         extra = JobFile(path, "dave", self.rng.choice(["batch", "streaming"]), 0)
         before = (self.snap.jobs, self.snap.requests)
-        proc = self.table.run("submit", str(path), "--tenant", extra.tenant, "--class", extra.cls,
+        proc = self.table.run("submit", str(path), "--tenant", extra.tenant, "--class", extra.request_class,
                               crash_at="mid_submit")
         assert proc.returncode == SIGKILLED and proc.stdout == b"", proc.stderr.decode()
         self.check()

@@ -9,7 +9,7 @@ from fsched.core.jobs.apikeys import secret_matches, split_key
 from fsched.core.types import RequestClass
 from fsched.storage import schema
 from fsched.storage.jobstore import SqlJobStore
-from fsched.storage.keys import SqlKeyStore, UnknownKey
+from fsched.storage.sql_keys import SqlKeyStore, UnknownKey
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def test_schema_2_databases_gain_the_server_tables(db_url):
 
 def test_files_and_batches_are_seen_only_by_their_tenant(db_url):
     from fsched.core.jobs.batches import BatchRecord, new_batch_id
-    from fsched.storage.files import SqlFileStore
+    from fsched.storage.sql_files import SqlFileStore
 
     jobs = SqlJobStore(db_url)
     files = SqlFileStore(jobs.db)

@@ -8,11 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from fsched.core.daemon.engine import Engine, EngineRequest  # noqa: E402
 from fsched.core.runners.hf.model import load_model  # noqa: E402
 from fsched.core.runners.hf.runner import ModelRunner  # noqa: E402
 from fsched.core.sched.config import SchedulerConfig  # noqa: E402
 from fsched.core.sched.scheduler import Scheduler  # noqa: E402
-from fsched.core.serve.engine import Engine, EngineRequest  # noqa: E402
 from fsched.core.types import RequestClass, SamplingParams  # noqa: E402
 
 N_REQUESTS = 64
@@ -97,7 +97,7 @@ def with_realtime_interruptions(tiny, requests, seed):
     realtime = workload(tiny, seed=99, n=12, max_out=12)
     for r in realtime:
         r.id = "rt-" + r.id
-        r.cls = RequestClass.REALTIME
+        r.request_class = RequestClass.REALTIME
     arrivals = sorted(rng.sample(range(5, 150), len(realtime)))
     return realtime, arrivals
 
@@ -195,7 +195,7 @@ def test_resume_from_generated_tokens_continues_the_same_output(tiny, reference)
 
 
 def test_stop_strings_and_eos(tiny):
-    from fsched.core.serve.stopping import FinishReason
+    from fsched.core.runners.stopping import FinishReason
 
     prompt = tiny.tokenizer("The train left the coast at dawn")["input_ids"]
     free = EngineRequest("free", prompt, SamplingParams(max_tokens=40, temperature=0))

@@ -1,6 +1,6 @@
 """The QueueStore contract, one set of tests run on every implementation: in memory, SQLite, PostgreSQL.
 
-Each test states a rule of `core/store/queue.py`'s contract; the in-memory
+Each test states a rule of `core/ports/queue.py`'s contract; the in-memory
 store (what the daemon's unit tests run on) is held to the same rules as
 the SQL one the daemons use.
 """
@@ -13,9 +13,9 @@ import time
 import pytest
 
 from fsched.core.jobs.jobfile import parse_job_file
-from fsched.core.store.memory import MemoryQueueStore
-from fsched.core.store.queue import QueueStore
-from fsched.core.store.records import Completion, JobSubmission, StoreError, TokenUpdate
+from fsched.core.ports.memory import MemoryQueueStore
+from fsched.core.ports.queue import QueueStore
+from fsched.core.ports.records import Completion, JobSubmission, StoreError, TokenUpdate
 from fsched.core.types import RequestClass, RequestState
 from tests.support.store import finish
 
@@ -24,10 +24,10 @@ from ..fakes import FakeClock
 SHORT_LEASE_S = 0.3
 
 
-def submission(n: int, tenant: str, cls: RequestClass) -> JobSubmission:
+def submission(n: int, tenant: str, request_class: RequestClass) -> JobSubmission:
     data = "".join(json.dumps({"prompt": f"p{i}", "custom_id": f"c{i}", "max_tokens": 4}) + "\n"
                    for i in range(n))
-    return JobSubmission(parse_job_file(data.encode(), "f.jsonl"), tenant, cls, 5, "job")
+    return JobSubmission(parse_job_file(data.encode(), "f.jsonl"), tenant, request_class, 5, "job")
 
 
 class InMemory:
@@ -35,8 +35,8 @@ class InMemory:
         self.clock = FakeClock()
         self.queue = MemoryQueueStore(self.clock)
 
-    def submit(self, n: int, tenant: str = "alice", cls: RequestClass = RequestClass.BATCH) -> int:
-        return self.queue.submit([submission(n, tenant, cls)])[0].job_id
+    def submit(self, n: int, tenant: str = "alice", request_class: RequestClass = RequestClass.BATCH) -> int:
+        return self.queue.submit([submission(n, tenant, request_class)])[0].job_id
 
     def cancel(self, job_id: int) -> None:
         self.queue.cancel_job(job_id)
@@ -58,14 +58,14 @@ class InMemory:
 
 class InSql:
     def __init__(self, url: str):
-        from fsched.storage.catalog import SqlCatalogStore
-        from fsched.storage.queue import SqlQueueStore
+        from fsched.storage.sql_catalog import SqlCatalogStore
+        from fsched.storage.sql_queue import SqlQueueStore
 
         self.queue = SqlQueueStore(url)
         self.catalog = SqlCatalogStore(self.queue.db)  # both sides over one Database
 
-    def submit(self, n: int, tenant: str = "alice", cls: RequestClass = RequestClass.BATCH) -> int:
-        return self.catalog.submit([submission(n, tenant, cls)])[0].job_id
+    def submit(self, n: int, tenant: str = "alice", request_class: RequestClass = RequestClass.BATCH) -> int:
+        return self.catalog.submit([submission(n, tenant, request_class)])[0].job_id
 
     def cancel(self, job_id: int) -> None:
         self.catalog.cancel_job(job_id)
@@ -131,11 +131,12 @@ def test_a_claim_raises_the_epoch_and_stale_epochs_write_nothing(table):
     assert q.release("d1") == 1
     (second,) = q.claim("d1", per_group=5, lease_s=30)  # the same owner, a new lease
     assert (second.id, second.lease_epoch, second.attempts) == (first.id, 2, 2)
-    assert q.flush_tokens("d1", [TokenUpdate(first.id, (1, 2), "ab", epoch=1)]) == 0
-    assert q.finish_requests([Completion(first.id, RequestState.DONE, (1,), "a", epoch=1)], "d1") == [False]
+    assert q.flush_tokens("d1", [TokenUpdate(first.id, (1, 2), "ab", lease_epoch=1)]) == 0
+    stale = Completion(first.id, RequestState.DONE, (1,), "a", lease_epoch=1)
+    assert q.finish_requests([stale], "d1") == [False]
     assert table.view(job)[first.id] == (RequestState.RUNNING, "", 0)
-    assert q.flush_tokens("d1", [TokenUpdate(first.id, (1, 2), "ab", epoch=2)]) == 1
-    done = Completion(first.id, RequestState.DONE, (1, 2, 3), "abc", epoch=2)
+    assert q.flush_tokens("d1", [TokenUpdate(first.id, (1, 2), "ab", lease_epoch=2)]) == 1
+    done = Completion(first.id, RequestState.DONE, (1, 2, 3), "abc", lease_epoch=2)
     assert q.finish_requests([done], "d1") == [True]
     assert table.view(job)[first.id] == (RequestState.DONE, "abc", 3)
 
@@ -146,7 +147,7 @@ def test_another_owner_writes_nothing_and_nothing_ends_twice(table):
     a, b = q.claim("d1", per_group=5)
     assert q.flush_tokens("intruder", [TokenUpdate(a.id, (9,), "x")]) == 0
     assert not finish(q, a.id, RequestState.DONE, [9], "x", owner="intruder")
-    assert finish(q, a.id, RequestState.DONE, [1], "ok", owner="d1", epoch=a.lease_epoch)
+    assert finish(q, a.id, RequestState.DONE, [1], "ok", owner="d1", lease_epoch=a.lease_epoch)
     assert not finish(q, a.id, RequestState.FAILED, error="late")  # ended already
     assert q.finish_requests([Completion(b.id, RequestState.FAILED, error="boom")]) == [True]
     view = table.view(job)
@@ -161,7 +162,8 @@ def test_released_requests_resume_with_their_tokens(table):
     q = table.queue
     table.submit(3)
     a, b, c = q.claim("d1", per_group=10)
-    assert q.flush_tokens("d1", [TokenUpdate(a.id, (5, 6), "xy", epoch=1), TokenUpdate(b.id, (7,), "z")]) == 2
+    updates = [TokenUpdate(a.id, (5, 6), "xy", lease_epoch=1), TokenUpdate(b.id, (7,), "z")]
+    assert q.flush_tokens("d1", updates) == 2
     assert q.release("d1", [b.id]) == 1
     (again,) = q.claim("d2", per_group=10)
     assert (again.id, again.output_tokens) == (b.id, [7])
@@ -176,7 +178,7 @@ def test_expired_leases_are_reclaimed_and_the_old_holder_is_fenced(table):
     job = table.submit(3)
     stale = q.claim("paused", per_group=2, lease_s=SHORT_LEASE_S)
     (live,) = q.claim("live", per_group=5, lease_s=60)
-    assert q.flush_tokens("paused", [TokenUpdate(stale[0].id, (7,), "x", epoch=1)]) == 1
+    assert q.flush_tokens("paused", [TokenUpdate(stale[0].id, (7,), "x", lease_epoch=1)]) == 1
     assert q.reclaim_expired() == 0
     table.expire()
     assert q.reclaim_expired() == 2  # only the expired ones
@@ -184,8 +186,8 @@ def test_expired_leases_are_reclaimed_and_the_old_holder_is_fenced(table):
     assert set(taken) == {c.id for c in stale}
     assert (taken[stale[0].id].output_tokens, taken[stale[0].id].lease_epoch) == ([7], 2)
     assert q.renew_leases("paused", {c.id: 1 for c in stale}, lease_s=60) == set()
-    assert q.flush_tokens("paused", [TokenUpdate(c.id, (9, 9), "late", epoch=1) for c in stale]) == 0
-    late = [Completion(c.id, RequestState.DONE, (9,), "late", epoch=1) for c in stale]
+    assert q.flush_tokens("paused", [TokenUpdate(c.id, (9, 9), "late", lease_epoch=1) for c in stale]) == 0
+    late = [Completion(c.id, RequestState.DONE, (9,), "late", lease_epoch=1) for c in stale]
     assert q.finish_requests(late, "paused") == [False, False]
     assert q.renew_leases("live", {live.id: 1, **{c.id: 2 for c in stale}}, lease_s=60) == {
         live.id, *(c.id for c in stale)}

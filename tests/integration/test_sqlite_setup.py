@@ -9,7 +9,7 @@ import stat
 import pytest
 from sqlalchemy import text
 
-from fsched.core.store.records import SchemaMismatch, StorageError
+from fsched.core.ports.records import SchemaMismatch, StorageError
 from fsched.storage import schema
 from fsched.storage.db import Database, default_database_path, resolve_database_url
 from fsched.storage.jobstore import SqlJobStore

@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy.exc import IntegrityError
 
 from fsched.core.jobs.jobfile import ParsedJobFile, parse_job_file
-from fsched.core.store.catalog import CatalogStore
-from fsched.core.store.queue import QueueStore
-from fsched.core.store.records import (
+from fsched.core.ports.catalog import CatalogStore
+from fsched.core.ports.queue import QueueStore
+from fsched.core.ports.records import (
     JobSubmission,
     StoreError,
     TenantBusy,
@@ -32,8 +32,9 @@ def parsed(n: int, source: str = "f.jsonl") -> ParsedJobFile:
     return parse_job_file(data.encode(), source)
 
 
-def submission(n: int = 3, tenant: str = "alice", cls: RequestClass = RequestClass.BATCH) -> JobSubmission:
-    return JobSubmission(parsed=parsed(n), tenant=tenant, request_class=cls, priority=5, name="job")
+def submission(n: int = 3, tenant: str = "alice",
+               request_class: RequestClass = RequestClass.BATCH) -> JobSubmission:
+    return JobSubmission(parsed=parsed(n), tenant=tenant, request_class=request_class, priority=5, name="job")
 
 
 @pytest.fixture
@@ -44,8 +45,8 @@ def store(db_url) -> SqlJobStore:
 
 
 def test_sql_stores_implement_the_core_protocols(store):
-    from fsched.storage.catalog import SqlCatalogStore
-    from fsched.storage.queue import SqlQueueStore
+    from fsched.storage.sql_catalog import SqlCatalogStore
+    from fsched.storage.sql_queue import SqlQueueStore
 
     assert isinstance(store, CatalogStore) and isinstance(store, QueueStore)
     assert isinstance(SqlCatalogStore(store.db), CatalogStore)
@@ -194,7 +195,7 @@ def test_claim_is_fair_across_tenants_and_classes(store):
 
 
 def test_flush_release_and_fencing(store):
-    from fsched.core.store.records import TokenUpdate
+    from fsched.core.ports.records import TokenUpdate
 
     (job,) = store.submit([submission(3)])
     a, b, c = store.claim("d1", per_group=10)
@@ -213,7 +214,7 @@ def test_flush_release_and_fencing(store):
 
 
 def test_cancelled_held_and_weights_and_heartbeat(store):
-    from fsched.core.store.records import DaemonSummary
+    from fsched.core.ports.records import DaemonSummary
 
     (job,) = store.submit([submission(2)])
     store.claim("d1", per_group=1)
@@ -232,7 +233,7 @@ def test_cancelled_held_and_weights_and_heartbeat(store):
 
 
 def test_a_claim_leases_with_an_epoch_and_writes_name_it(store):
-    from fsched.core.store.records import Completion, TokenUpdate
+    from fsched.core.ports.records import Completion, TokenUpdate
 
     store.submit([submission(1)])
     (first,) = store.claim("d1", per_group=5, lease_s=30)
@@ -243,24 +244,24 @@ def test_a_claim_leases_with_an_epoch_and_writes_name_it(store):
     (second,) = store.claim("d1", per_group=5, lease_s=30)  # the same daemon, a new lease
     assert second.id == first.id and second.lease_epoch == 2
     # Writes under the old epoch are refused, though the owner is the same.
-    assert store.flush_tokens("d1", [TokenUpdate(first.id, (1, 2), "ab", epoch=1)]) == 0
-    stale = Completion(first.id, RequestState.DONE, (1,), "a", epoch=1)
+    assert store.flush_tokens("d1", [TokenUpdate(first.id, (1, 2), "ab", lease_epoch=1)]) == 0
+    stale = Completion(first.id, RequestState.DONE, (1,), "a", lease_epoch=1)
     assert store.finish_requests([stale], "d1") == [False]
-    assert store.flush_tokens("d1", [TokenUpdate(first.id, (1, 2), "ab", epoch=2)]) == 1
-    assert store.finish_requests([Completion(first.id, RequestState.DONE, (1, 2, 3), "abc", epoch=2)],
+    assert store.flush_tokens("d1", [TokenUpdate(first.id, (1, 2), "ab", lease_epoch=2)]) == 1
+    assert store.finish_requests([Completion(first.id, RequestState.DONE, (1, 2, 3), "abc", lease_epoch=2)],
                                  "d1") == [True]
     (result,) = store.iter_results(first.job_id)
     assert result.output_text == "abc" and result.num_output_tokens == 3
 
 
 def test_expired_leases_are_reclaimed_and_the_old_holder_is_fenced(store):
-    from fsched.core.store.records import Completion, TokenUpdate
+    from fsched.core.ports.records import Completion, TokenUpdate
 
     (job,) = store.submit([submission(3)])
     stale = store.claim("paused", per_group=2, lease_s=0.3)
     live = store.claim("live", per_group=5, lease_s=60)
     assert len(stale) == 2 and len(live) == 1
-    assert store.flush_tokens("paused", [TokenUpdate(stale[0].id, (7,), "x", epoch=1)]) == 1
+    assert store.flush_tokens("paused", [TokenUpdate(stale[0].id, (7,), "x", lease_epoch=1)]) == 1
     assert store.reclaim_expired() == 0  # nothing has expired yet
     time.sleep(0.5)
     assert store.reclaim_expired() == 2  # only the expired ones, not the live daemon's
@@ -271,11 +272,12 @@ def test_expired_leases_are_reclaimed_and_the_old_holder_is_fenced(store):
     assert taken[stale[0].id].output_tokens == [7] and taken[stale[0].id].lease_epoch == 2  # resumes
     # The paused daemon wakes up: its renewals, flushes and completions change nothing.
     assert store.renew_leases("paused", {c.id: 1 for c in stale}, lease_s=60) == set()
-    assert store.flush_tokens("paused", [TokenUpdate(c.id, (9, 9), "late", epoch=1) for c in stale]) == 0
-    late = [Completion(c.id, RequestState.DONE, (9, 9), "late", epoch=1) for c in stale]
+    late_tokens = [TokenUpdate(c.id, (9, 9), "late", lease_epoch=1) for c in stale]
+    assert store.flush_tokens("paused", late_tokens) == 0
+    late = [Completion(c.id, RequestState.DONE, (9, 9), "late", lease_epoch=1) for c in stale]
     assert store.finish_requests(late, "paused") == [False, False]
     assert store.finish_requests(
-        [Completion(c.id, RequestState.DONE, (1,), "ok", epoch=2) for c in stale], "live"
+        [Completion(c.id, RequestState.DONE, (1,), "ok", lease_epoch=2) for c in stale], "live"
     ) == [True, True]
     done = {r.custom_id: r.output_text for r in store.iter_results(job.job_id)}
     assert {done[c.custom_id] for c in stale} == {"ok"}

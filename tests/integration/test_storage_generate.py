@@ -7,15 +7,15 @@ import json
 import pytest
 
 from fsched.core.jobs.jobfile import parse_job_file
-from fsched.core.store.records import JobSubmission, TokenUpdate, UnknownJob
+from fsched.core.ports.records import JobSubmission, TokenUpdate, UnknownJob
 from fsched.core.types import RequestClass, RequestState
 from fsched.storage.jobstore import SqlJobStore
 from tests.support.store import finish
 
 
-def submit(store: SqlJobStore, n: int, tenant: str, cls: RequestClass) -> int:
+def submit(store: SqlJobStore, n: int, tenant: str, request_class: RequestClass) -> int:
     data = "".join(json.dumps({"prompt": f"p{i}", "max_tokens": 4}) + "\n" for i in range(n))
-    (job,) = store.submit([JobSubmission(parse_job_file(data.encode(), "f"), tenant, cls, 5, "j")])
+    (job,) = store.submit([JobSubmission(parse_job_file(data.encode(), "f"), tenant, request_class, 5, "j")])
     return job.job_id
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fsched.core.store.queue import QueueStore
-from fsched.core.store.records import Completion, RequestId
+from fsched.core.ports.queue import QueueStore
+from fsched.core.ports.records import Completion, RequestId
 from fsched.core.types import RequestState
 
 
@@ -20,9 +20,9 @@ def finish(
     model: str | None = None,
     error: str | None = None,
     owner: str | None = None,
-    epoch: int | None = None,
+    lease_epoch: int | None = None,
 ) -> bool:
     """`store.finish_requests` with one completion; whether it was written."""
     completion = Completion(request_id, state, tuple(output_tokens), output_text, finish_reason,
-                            prompt_tokens, model, error, epoch=epoch)
+                            prompt_tokens, model, error, lease_epoch=lease_epoch)
     return store.finish_requests([completion], owner)[0]

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 from fsched.api.app import create_app
 from fsched.api.state import Backend
 from fsched.core.jobs.apikeys import ApiKey, new_key
-from fsched.core.store.records import StorageError
+from fsched.core.ports.records import StorageError
 from fsched.core.types import RequestClass
 
 MADE = new_key()
@@ -111,7 +111,7 @@ def test_metrics_read_the_table_and_the_daemons_figures():
     from fsched.api.metrics import Metrics
     from fsched.core.jobs.jobstate import JobCounts
     from fsched.core.jobs.openai import OnlineProgress
-    from fsched.core.store.records import DaemonSummary, JobSummary, TenantSummary
+    from fsched.core.ports.records import DaemonSummary, JobSummary, TenantSummary
     from fsched.core.types import JobState, RequestState
 
     class Table:

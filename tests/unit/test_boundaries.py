@@ -2,7 +2,7 @@
 
 The layers, from the bottom: `core.types` and `core.faults`; the scheduling core
 (`core.sched`); the simulator (`core.sim`) and the job rules (`core.jobs`) over it;
-serving (`core.serve`, `core.runners`) over those; `storage` implements the store
+the runners (`core.runners`) and the daemon (`core.daemon`) over those; `storage` implements the store
 protocols; `cli` composes everything.
 """
 
@@ -22,12 +22,12 @@ RUNNER_PACKAGE = "core/runners/hf/"
 CORE_LAYERS = {
     "sched": ("fsched.core.types",),
     "sim": ("fsched.core.types", "fsched.core.sched"),
-    "jobs": ("fsched.core.types", "fsched.core.store", "fsched.core.faults"),
-    "store": ("fsched.core.types", "fsched.core.jobs"),
+    "jobs": ("fsched.core.types", "fsched.core.ports", "fsched.core.faults"),
+    "ports": ("fsched.core.types", "fsched.core.jobs"),
 }
 # The daemon's side of serving goes through the engine's own methods and the
 # queue protocol: never into the scheduler, never to a concrete store.
-DAEMON_MODULES = ("daemon", "holdings", "leases", "stepfaults", "writer")
+DAEMON_MODULES = ("loop", "holdings", "leases", "stepfaults", "writer")
 
 
 def imports_of(path: Path) -> set[str]:
@@ -70,12 +70,12 @@ def test_scheduling_core_imports_nothing_from_serving_or_storage():
 
 def test_the_daemon_reaches_the_scheduler_only_through_the_engine():
     for name in DAEMON_MODULES:
-        path = ROOT / "core" / "serve" / f"{name}.py"
+        path = ROOT / "core" / "daemon" / f"{name}.py"
         # The share figures are pure functions every layer reports with; the scheduler's state is not.
         bad = {
             n
             for n in imports_of(path)
-            if n.startswith(("fsched.core.sched", "fsched.core.store.memory"))
+            if n.startswith(("fsched.core.sched", "fsched.core.ports.memory"))
             and n != "fsched.core.sched.shares"
         }
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
@@ -116,7 +116,7 @@ def test_no_module_imports_its_package_by_folder_name():
 
 def test_cli_scheduler_and_engine_loop_start_without_torch():
     code = (
-        "import sys, fsched.cli.main, fsched.core.serve.daemon, fsched.core.sim.simulator\n"
+        "import sys, fsched.cli.main, fsched.core.daemon.loop, fsched.core.sim.simulator\n"
         "import fsched.core.runners.standin\n"
         "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
         "print(','.join(heavy))"

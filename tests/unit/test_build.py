@@ -8,22 +8,22 @@ import pytest
 from typer.testing import CliRunner
 
 from fsched.cli.main import app
-from fsched.core.runners.standin import STANDIN_NAME, StandInRunner, standin_encode
-from fsched.core.sched.config import SchedulerConfig
-from fsched.core.serve.build import (
+from fsched.core.daemon.build import (
     CPU_LIMITS,
     DEFAULTS,
     GPU_LIMITS,
     RUNNER_KINDS,
     DaemonSettings,
+    RunnerChoice,
     RunnerKind,
-    Served,
     SettingsError,
     StepLimits,
     build_daemon,
     make_runner,
 )
-from fsched.core.serve.daemon import DaemonConfig
+from fsched.core.daemon.loop import DaemonConfig
+from fsched.core.runners.standin import STANDIN_NAME, StandInRunner, standin_encode
+from fsched.core.sched.config import SchedulerConfig
 
 
 class Weights:
@@ -58,14 +58,14 @@ def test_defaults_come_from_the_configs_that_state_them():
 
 
 def test_the_stand_in_kind_serves_a_standin_spec():
-    served = make_runner(DaemonSettings(model="standin:5ms"))
-    assert isinstance(served.runner, StandInRunner) and served.runner.step_s == 0.005
-    assert (served.name, served.device, served.gpu) == (STANDIN_NAME, "standin", False)
+    chosen = make_runner(DaemonSettings(model="standin:5ms"))
+    assert isinstance(chosen.runner, StandInRunner) and chosen.runner.step_s == 0.005
+    assert (chosen.name, chosen.device, chosen.gpu) == (STANDIN_NAME, "standin", False)
     assert [kind.name for kind in RUNNER_KINDS][-1] == "model"  # the model takes whatever is left
 
 
 def test_the_first_kind_that_claims_the_settings_serves():
-    remote = Served(StandInRunner(), "remote", "a remote engine", "remote", gpu=True)
+    remote = RunnerChoice(StandInRunner(), "remote", "a remote engine", "remote", gpu=True)
     kinds = (RunnerKind("remote", lambda s: s.device == "remote", lambda s: remote), *RUNNER_KINDS)
     assert make_runner(DaemonSettings(device="remote"), kinds) is remote
     assert make_runner(DaemonSettings(model="standin"), kinds).name == STANDIN_NAME

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from fsched.core.daemon.engine import ContextOverflow, Engine, EngineRequest, fit_to_context
 from fsched.core.runners.standin import StandInRunner
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.scheduler import Scheduler
-from fsched.core.serve.engine import ContextOverflow, Engine, EngineRequest, fit_to_context
 from fsched.core.types import SamplingParams
 
 ASKED = SamplingParams(max_tokens=50)

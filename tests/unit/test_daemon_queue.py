@@ -14,16 +14,16 @@ from collections.abc import Callable
 
 import pytest
 
+from fsched.core.daemon.engine import Engine, EngineRequest, StepFailed
+from fsched.core.daemon.loop import Daemon, DaemonConfig
+from fsched.core.daemon.stepfaults import StepFaults
 from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.ports.memory import MemoryQueueStore
+from fsched.core.ports.records import JobSubmission
 from fsched.core.runners.standin import STANDIN_NAME, StandInRunner, standin_encode
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Plan
 from fsched.core.sched.scheduler import Scheduler
-from fsched.core.serve.daemon import Daemon, DaemonConfig
-from fsched.core.serve.engine import Engine, EngineRequest, StepFailed
-from fsched.core.serve.stepfaults import StepFaults
-from fsched.core.store.memory import MemoryQueueStore
-from fsched.core.store.records import JobSubmission
 from fsched.core.types import RequestClass, RequestState, SamplingParams
 
 from ..fakes import FakeClock
@@ -35,14 +35,15 @@ class OutOfMemoryError(RuntimeError):
     """What torch.cuda.OutOfMemoryError looks like to code that does not import torch."""
 
 
-def job(n: int, seed: int, tenant: str = "alice", cls: RequestClass = RequestClass.BATCH) -> JobSubmission:
+def job(n: int, seed: int, tenant: str = "alice",
+        request_class: RequestClass = RequestClass.BATCH) -> JobSubmission:
     rng = random.Random(seed)
     lines = "".join(
         json.dumps({"custom_id": f"c{i}", "prompt": " ".join(f"w{rng.randrange(50)}" for _ in range(5)),
                     "max_tokens": rng.randint(4, 24), "seed": rng.randrange(1 << 40)}) + "\n"
         for i in range(n)
     )
-    return JobSubmission(parse_job_file(lines.encode(), "job.jsonl"), tenant, cls, 5, "job")
+    return JobSubmission(parse_job_file(lines.encode(), "job.jsonl"), tenant, request_class, 5, "job")
 
 
 def plan_ids(plan: Plan) -> set[str]:
@@ -127,7 +128,7 @@ def store(clock) -> RecordingStore:
 
 
 def test_a_plain_run_ends_every_request_with_the_reference_output(store, clock):
-    store.submit([job(12, seed=1), job(5, seed=2, tenant="bob", cls=RequestClass.REALTIME)])
+    store.submit([job(12, seed=1), job(5, seed=2, tenant="bob", request_class=RequestClass.REALTIME)])
     rig = Rig(store, clock)
     rig.run()
     assert {r.state for r in store.requests()} == {RequestState.DONE}
@@ -160,7 +161,7 @@ def test_a_request_whose_lease_was_taken_is_dropped_without_writing(store, clock
 
 
 def test_writes_under_a_stale_lease_are_refused_and_counted(store, clock):
-    store.submit([job(4, seed=4, cls=RequestClass.REALTIME)])  # realtime: flushed every step
+    store.submit([job(4, seed=4, request_class=RequestClass.REALTIME)])  # realtime: flushed every step
     rig = Rig(store, clock, exclusive=False, lease_s=250.0, heartbeat_s=100.0)
     rig.daemon.sync()
     rig.daemon.turn()

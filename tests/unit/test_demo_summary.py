@@ -6,7 +6,7 @@ import pytest
 
 from fsched.cli.demo import ShareWindow, percentile, summary
 from fsched.core.jobs.jobstate import JobCounts
-from fsched.core.store.records import JobSummary, RequestTiming
+from fsched.core.ports.records import JobSummary, RequestTiming
 from fsched.core.types import JobState, RequestClass, RequestState
 
 
@@ -18,9 +18,9 @@ def test_percentile_is_nearest_rank():
 
 
 def jobs(alice: int, bob: int, bob_batch_done: bool = False) -> list[JobSummary]:
-    def job(id, tenant, cls, tokens, finished=False):
+    def job(id, tenant, request_class, tokens, finished=False):
         state = JobState.COMPLETED if finished else JobState.IN_PROGRESS
-        return JobSummary(id, tenant, cls, 5, "j", state, JobCounts(10), tokens, 0.0, 0.0, None)
+        return JobSummary(id, tenant, request_class, 5, "j", state, JobCounts(10), tokens, 0.0, 0.0, None)
 
     return [job(1, "alice", RequestClass.BATCH, alice),
             job(2, "bob", RequestClass.BATCH, bob, bob_batch_done),
@@ -40,8 +40,8 @@ def test_share_window_counts_only_while_both_tenants_have_batch_work():
     assert ShareWindow().shares() == (0.0, {})
 
 
-def timing(id, tenant, cls, tokens, ttft_s):
-    return RequestTiming(id, 1, tenant, cls, RequestState.DONE, tokens, 100.0,
+def timing(id, tenant, request_class, tokens, ttft_s):
+    return RequestTiming(id, 1, tenant, request_class, RequestState.DONE, tokens, 100.0,
                          None if ttft_s is None else 100.0 + ttft_s, 120.0)
 
 

@@ -8,7 +8,7 @@ import pytest
 import typer
 
 from fsched.cli import generate as gen
-from fsched.core.store.records import DaemonSummary, RequestProgress
+from fsched.core.ports.records import DaemonSummary, RequestProgress
 from fsched.core.types import RequestState
 
 

@@ -19,7 +19,7 @@ from fsched.core.jobs.openai import (
     usage_chunk,
     visible_text,
 )
-from fsched.core.store.records import JobSummary
+from fsched.core.ports.records import JobSummary
 from fsched.core.types import Endpoint, JobState, RequestClass, RequestState
 
 CHAT = Endpoint.CHAT

@@ -18,8 +18,8 @@ CFG = SchedulerConfig()
 IN = Standing(1.0, True, True)
 
 
-def r(rid, cls=BA, tenant="t", prompt=100, arrival=0.0, prio=5, seq=0):
-    x = SchedRequest(rid, tenant, cls, prompt, 10, arrival, priority=prio)
+def r(rid, request_class=BA, tenant="t", prompt=100, arrival=0.0, prio=5, seq=0):
+    x = SchedRequest(rid, tenant, request_class, prompt, 10, arrival, priority=prio)
     x.seq = seq
     x.wait_since = arrival
     return x
@@ -163,8 +163,8 @@ def test_waitqueue_best_is_the_minimum_rank_over_all_waiting(ops, policy_name):
     live: list[SchedRequest] = []
     for op in ops:
         if op[0] == "add":
-            _, cls, tenant, prompt, prio = op
-            x = r(f"r{seq}", cls, tenant, prompt, arrival=now, prio=prio, seq=seq)
+            _, request_class, tenant, prompt, prio = op
+            x = r(f"r{seq}", request_class, tenant, prompt, arrival=now, prio=prio, seq=seq)
             seq += 1
             q.push(x, now)
             live.append(x)

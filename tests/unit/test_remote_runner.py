@@ -12,13 +12,13 @@ import time
 
 import pytest
 
+from fsched.core.daemon.engine import Engine, EngineRequest
 from fsched.core.runners.openai_http import EngineClient
 from fsched.core.runners.remote import Codec, RemoteRunner, completion_body, resume_seed
 from fsched.core.runners.standin import STANDIN_EOS, StandInRunner, standin_text
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Plan, PrefillChunk
 from fsched.core.sched.scheduler import Scheduler
-from fsched.core.serve.engine import Engine, EngineRequest
 from fsched.core.types import RequestClass, SamplingParams
 from tests.support.fake_engine import FakeEngine, expected_tokens
 
@@ -131,7 +131,7 @@ def run_with_late_realtime(runner, batch, late, cfg, every=3):
 def late_realtime(n=4):
     late = requests(n, seed0=100)
     for r in late:
-        r.id, r.cls = "rt-" + r.id, RequestClass.REALTIME
+        r.id, r.request_class = "rt-" + r.id, RequestClass.REALTIME
     return late
 
 

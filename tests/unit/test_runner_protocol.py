@@ -14,11 +14,11 @@ import inspect
 import pytest
 
 from fsched.core.runners.hf.runner import ModelRunner
+from fsched.core.runners.protocol import Runner, RunResult
 from fsched.core.runners.remote import RemoteRunner
 from fsched.core.runners.standin import StandInRunner, standin_encode
 from fsched.core.sched.plan import Plan, Preemption, PrefillChunk
 from fsched.core.sched.request import Checkpoint
-from fsched.core.serve.runner import Runner, RunResult
 from fsched.core.types import SamplingParams
 
 RUNNERS = [ModelRunner, StandInRunner, RemoteRunner]

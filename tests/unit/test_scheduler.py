@@ -85,8 +85,8 @@ class FakeEngine:
         raise AssertionError("did not drain")
 
 
-def req(rid, tenant="t", cls=RequestClass.BATCH, prompt=100, output=10, arrival=0.0, prio=5):
-    return SchedRequest(rid, tenant, cls, prompt, output, arrival, priority=prio)
+def req(rid, tenant="t", request_class=RequestClass.BATCH, prompt=100, output=10, arrival=0.0, prio=5):
+    return SchedRequest(rid, tenant, request_class, prompt, output, arrival, priority=prio)
 
 
 request_specs = st.lists(
@@ -192,7 +192,7 @@ def test_a_readmitted_request_runs_its_minimum_quantum_before_it_is_preempted_ag
         b.preemptions = preempted_before
         sched.add(b)
     eng.step()
-    sched.add(req("rt", cls=RequestClass.REALTIME, prompt=10, output=3, arrival=eng.now))
+    sched.add(req("rt", request_class=RequestClass.REALTIME, prompt=10, output=3, arrival=eng.now))
     plans = [eng.step() for _ in range(8)]
     admitted_at = next(i for i, p in enumerate(plans) if "rt" in p.admitted)
     # b0/b1 ran 1 step before rt arrived
@@ -210,7 +210,7 @@ def test_no_preemption_when_a_slot_frees_within_the_grace_steps():
     sched.add(req("short", output=4))
     eng.step()  # both prefilled; short has 3 tokens left
     eng.step()  # 2 left
-    sched.add(req("rt", cls=RequestClass.REALTIME, prompt=10, output=3, arrival=eng.now))
+    sched.add(req("rt", request_class=RequestClass.REALTIME, prompt=10, output=3, arrival=eng.now))
     plans = [eng.step() for _ in range(4)]
     assert not any(p.preempted for p in plans)
     assert "rt" in plans[2].admitted  # short finished after 2 steps
@@ -279,8 +279,8 @@ def test_preemption_parks_when_host_has_room_else_recomputes():
     sched.add(req("b1", prompt=100, output=50, arrival=0.001))
     for _ in range(4):
         eng.step()
-    sched.add(req("r0", cls=RequestClass.REALTIME, prompt=10, output=2, arrival=eng.now))
-    sched.add(req("r1", cls=RequestClass.REALTIME, prompt=10, output=2, arrival=eng.now))
+    sched.add(req("r0", request_class=RequestClass.REALTIME, prompt=10, output=2, arrival=eng.now))
+    sched.add(req("r1", request_class=RequestClass.REALTIME, prompt=10, output=2, arrival=eng.now))
     plan = eng.step()
     kinds = sorted(p.checkpoint for p in plan.preempted)
     assert kinds == [Checkpoint.PARK, Checkpoint.RECOMPUTE]
@@ -305,7 +305,7 @@ def test_recomputed_request_prefills_its_whole_context_and_resumes_generation():
         eng.step()  # 2 prefill steps (64 + 36 tokens), then 4 decodes
     b = sched.get("b")
     assert b.generated == 5
-    sched.add(req("r", cls=RequestClass.REALTIME, prompt=10, output=1, arrival=eng.now))
+    sched.add(req("r", request_class=RequestClass.REALTIME, prompt=10, output=1, arrival=eng.now))
     plan = eng.step()
     assert plan.preempted[0].checkpoint is Checkpoint.RECOMPUTE
     eng.step()  # b readmitted
@@ -335,8 +335,8 @@ def test_cancel_removes_from_every_queue(n, run_steps, cancel_mask, host, policy
     outputs = {}
     eng = FakeEngine(sched, outputs)
     for i in range(n):
-        cls = CLASSES[i % 3]
-        r = req(str(i), "ab"[i % 2], cls, prompt=50 + 37 * i, output=5 + i, arrival=i * 0.5)
+        request_class = CLASSES[i % 3]
+        r = req(str(i), "ab"[i % 2], request_class, prompt=50 + 37 * i, output=5 + i, arrival=i * 0.5)
         outputs[r.id] = r.max_tokens
         sched.add(r)
     for _ in range(run_steps):

@@ -186,7 +186,8 @@ def test_batch_first_token_within_the_bound_under_another_tenants_realtime_flood
 
     def first_token_of_b(policy):
         trace = sorted([*flood, b], key=lambda r: r.arrival_s)
-        rec = next(r for r in simulate(trace, policy, config=cfg, cost=UNIT).records if r.cls is BATCH)
+        records = simulate(trace, policy, config=cfg, cost=UNIT).records
+        rec = next(r for r in records if r.request_class is BATCH)
         return rec.first_token_s - rec.arrival_s
 
     assert first_token_of_b("fsched") <= bound
@@ -200,7 +201,8 @@ def test_a_tenants_own_realtime_flood_goes_before_its_batch():
     b = TraceRequest(10.25, "t", BATCH, 100, 40)  # the flood is under way
     flood = [TraceRequest(0.5 + i, "t", RequestClass.REALTIME, 30, 20) for i in range(300)]
     trace = sorted([*flood, b], key=lambda r: r.arrival_s)
-    rec = next(r for r in simulate(trace, "fsched", config=cfg, cost=UNIT).records if r.cls is BATCH)
+    records = simulate(trace, "fsched", config=cfg, cost=UNIT).records
+    rec = next(r for r in records if r.request_class is BATCH)
     assert rec.first_token_s > 250
 
 

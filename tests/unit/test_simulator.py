@@ -152,8 +152,8 @@ def test_per_tenant_class_figures_match_the_records():
              for i in range(30)]
     rep = simulate(trace, "fsched", weights={"a": 3, "b": 1}, config=CFG)
     for tenant, classes in rep.tenant_classes.items():
-        for cls, stats in classes.items():
-            mine = [r for r in rep.records if r.tenant == tenant and r.cls.value == cls]
+        for request_class, stats in classes.items():
+            mine = [r for r in rep.records if r.tenant == tenant and r.request_class.value == request_class]
             assert stats.count == len(mine)
             assert stats.ttft_p99_s == pytest.approx(max(r.first_token_s - r.arrival_s for r in mine),
                                                      rel=0.05)

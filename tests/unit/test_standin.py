@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from fsched.core.daemon.engine import Engine, EngineRequest
 from fsched.core.runners.standin import (
     STANDIN_CONTEXT,
     STANDIN_EOS,
@@ -19,18 +20,18 @@ from fsched.core.runners.standin import (
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.request import Checkpoint
 from fsched.core.sched.scheduler import Scheduler
-from fsched.core.serve.engine import Engine, EngineRequest
 from fsched.core.types import RequestClass, SamplingParams
 
 
-def requests(seed: int = 0, n: int = 48, max_out: int = 48, cls=RequestClass.BATCH, prefix: str = "r"):
+def requests(seed: int = 0, n: int = 48, max_out: int = 48, request_class=RequestClass.BATCH,
+             prefix: str = "r"):
     rng = random.Random(seed)
     return [
         EngineRequest(
             id=f"{prefix}{i}",
             prompt=standin_encode(" ".join(f"w{rng.randrange(500)}" for _ in range(rng.randint(4, 120)))),
             params=SamplingParams(max_tokens=rng.randint(4, max_out), temperature=0.8, seed=1000 + i),
-            cls=cls,
+            request_class=request_class,
         )
         for i in range(n)
     ]
@@ -96,7 +97,7 @@ def test_forced_preemptions_change_no_output(host_kv_tokens):
     runner.run = recording
     for r in requests():
         engine.add(r)
-    realtime = requests(seed=99, n=12, max_out=12, cls=RequestClass.REALTIME, prefix="rt")
+    realtime = requests(seed=99, n=12, max_out=12, request_class=RequestClass.REALTIME, prefix="rt")
     arrivals = sorted(random.Random(1).sample(range(5, 150), len(realtime)))
     results, step = {}, 0
     while engine.has_work:

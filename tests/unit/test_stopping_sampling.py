@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fsched.core.serve.stopping import FinishReason, check_stop
+from fsched.core.runners.stopping import FinishReason, check_stop
 
 EOS = frozenset({2})
 

@@ -69,7 +69,7 @@ def test_assignment_is_deterministic_from_seed(tmp_path):
     b = load_trace(p, tenants=["x", "y"], mix=mix, seed=1)
     c = load_trace(p, tenants=["x", "y"], mix=mix, seed=2)
     assert a == b and a != c
-    classes = Counter(r.cls for r in a)
+    classes = Counter(r.request_class for r in a)
     assert 0.6 < classes[RequestClass.BATCH] / 2_000 < 0.8
     tenants = Counter(r.tenant for r in a)
     assert 0.4 < tenants["x"] / 2_000 < 0.6  # uniform: weights decide shares, not load
@@ -84,7 +84,7 @@ def test_jsonl_keeps_given_tenant_class_priority(tmp_path):
     )
     reqs = load_trace(p, tenants=["q"])
     assert [(r.tenant, r.arrival_s) for r in reqs] == [("q", 0.0), ("z", 1.0)]
-    assert reqs[1].cls is RequestClass.REALTIME and reqs[1].priority == 1
+    assert reqs[1].request_class is RequestClass.REALTIME and reqs[1].priority == 1
 
 
 def test_mooncake_records_timestamp_ms_and_lengths(tmp_path):

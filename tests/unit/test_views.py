@@ -8,7 +8,7 @@ from rich.console import Console
 from fsched.cli.report import StatusSnapshot, live_daemon, status_json, tenant_entitlements
 from fsched.cli.views import daemon_panel, status_view, tenants_table, why_table
 from fsched.core.jobs.jobstate import JobCounts
-from fsched.core.store.records import DaemonSummary, JobSummary, TenantSummary
+from fsched.core.ports.records import DaemonSummary, JobSummary, TenantSummary
 from fsched.core.types import JobState, RequestClass
 
 NOW = 1_000_000.0

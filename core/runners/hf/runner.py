@@ -19,10 +19,10 @@ from transformers import DynamicCache
 from fsched.core.runners.hf.kvbatch import BatchKV, ParkedKV, RowGroup, cache_from_layers, layers_of
 from fsched.core.runners.hf.model import LoadedModel, encode_prompt
 from fsched.core.runners.hf.sampling import choose_tokens
+from fsched.core.runners.protocol import Runner, RunResult
+from fsched.core.runners.stopping import StopCheck, check_stop
 from fsched.core.sched.plan import Outcome, Plan, PrefillChunk
 from fsched.core.sched.request import Checkpoint
-from fsched.core.serve.runner import Runner, RunResult
-from fsched.core.serve.stopping import StopCheck, check_stop
 from fsched.core.types import SamplingParams
 
 

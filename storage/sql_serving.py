@@ -14,6 +14,7 @@ from fsched.core.jobs.openai import OnlineProgress
 from fsched.core.types import RequestState
 from fsched.storage.db import Database
 from fsched.storage.models import Job, Request
+from fsched.storage.rows import core_id
 
 jobs = Job.__table__
 requests = Request.__table__
@@ -38,7 +39,7 @@ class SqlServingStore:
             ).all()
         return {
             row.job_id: OnlineProgress(
-                job_id=row.job_id, request_id=row.id, state=RequestState(row.state),
+                job_id=row.job_id, request_id=core_id(row.id), state=RequestState(row.state),
                 output_text=row.output_text, num_output_tokens=row.num_output_tokens,
                 prompt_tokens=row.prompt_tokens, finish_reason=row.finish_reason, error=row.error,
                 model=row.model, enqueued_at=row.enqueued_at, first_token_at=row.first_token_at,

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from fsched.core.store.records import (
+from fsched.core.ports.records import (
     ClaimedRequest,
     Completion,
     DaemonSummary,

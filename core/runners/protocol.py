@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from fsched.core.runners.stopping import StopCheck
 from fsched.core.sched.plan import Outcome, Plan
-from fsched.core.serve.stopping import StopCheck
 from fsched.core.types import SamplingParams
 
 

@@ -8,7 +8,7 @@ from sqlalchemy import select, update
 
 from fsched.core.jobs.apikeys import ApiKey, new_key, validate_key_name
 from fsched.core.jobs.tenants import validate_tenant_name
-from fsched.core.store.records import StoreError
+from fsched.core.ports.records import StoreError
 from fsched.core.types import RequestClass
 from fsched.storage.db import Database
 from fsched.storage.models import ApiKeyRow, Meta

@@ -26,15 +26,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fsched.core.daemon.engine import Engine, EngineRequest, StepFailed, StepReport
+from fsched.core.daemon.holdings import Holdings
+from fsched.core.daemon.leases import LeaseKeeper
+from fsched.core.daemon.stepfaults import StepFaults
+from fsched.core.daemon.writer import Writer
 from fsched.core.faults import crash_point
+from fsched.core.ports.queue import QueueStore
+from fsched.core.ports.records import ClaimedRequest, DaemonSummary, StorageError
 from fsched.core.sched.shares import served_shares
-from fsched.core.serve.engine import Engine, EngineRequest, StepFailed, StepReport
-from fsched.core.serve.holdings import Holdings
-from fsched.core.serve.leases import LeaseKeeper
-from fsched.core.serve.stepfaults import StepFaults
-from fsched.core.serve.writer import Writer
-from fsched.core.store.queue import QueueStore
-from fsched.core.store.records import ClaimedRequest, DaemonSummary, StorageError
 from fsched.core.types import SamplingParams
 
 log = logging.getLogger("fsched.daemon")
@@ -168,7 +168,7 @@ class Daemon:
         try:
             while not self.stopping:
                 try:
-                    if self._serve_once():
+                    if self._one_pass():
                         break
                     self._storage_down_since = None
                 except StorageError as exc:
@@ -176,7 +176,7 @@ class Daemon:
         finally:
             self.shutdown()
 
-    def _serve_once(self) -> bool:
+    def _one_pass(self) -> bool:
         """One pass of the loop; True when `until_idle` finds nothing left to do."""
         now = self.clock()
         if now - self._last_sync >= self.config.sync_interval_s or not self.engine.has_work:
@@ -296,7 +296,7 @@ class Daemon:
                 prompt=self.encode(claimed),
                 params=SamplingParams.from_json(claimed.params),
                 tenant=claimed.tenant,
-                cls=claimed.request_class,
+                request_class=claimed.request_class,
                 priority=claimed.priority,
                 generated=list(claimed.output_tokens),
             )
@@ -320,7 +320,7 @@ class Daemon:
         verdict = self.faults.judge(failure, dropped)
         for request_id, failures in verdict.fail.items():
             self.writer.failed(request_id, f"the model step failed {failures} times with this request "
-                                           f"alone in it: {failure}", [], dropped[request_id].epoch)
+                                           f"alone in it: {failure}", [], dropped[request_id].lease_epoch)
         # Tokens since the last flush are gone with the engine's state; the
         # requeued requests recompute them, identically (seeded per position).
         self.store.release(self.config.owner, verdict.requeue)

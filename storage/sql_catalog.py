@@ -13,7 +13,7 @@ from sqlalchemy import func, select, update
 
 from fsched.core.jobs.limits import DEFAULT_MAX_QUEUED_PER_TENANT
 from fsched.core.jobs.tenants import validate_tenant_name, validate_weight
-from fsched.core.store.records import (
+from fsched.core.ports.records import (
     CancelOutcome,
     DaemonSummary,
     JobSubmission,
@@ -35,6 +35,7 @@ from fsched.storage.rows import (
     FINISHED_JOB_STATES,
     WAITING,
     WAITING_REQUEST_STATES,
+    core_id,
     daemons,
     job_counts,
     job_summary,
@@ -190,7 +191,8 @@ class SqlCatalogStore(SqlStoreBase):
             ).all()
         return [
             RequestProgress(
-                id=row.id, job_id=row.job_id, state=RequestState(row.state), output_text=row.output_text,
+                id=core_id(row.id), job_id=row.job_id, state=RequestState(row.state),
+                output_text=row.output_text,
                 num_output_tokens=row.num_output_tokens, enqueued_at=row.enqueued_at,
                 first_token_at=row.first_token_at, finished_at=row.finished_at,
                 finish_reason=row.finish_reason, error=row.error,
@@ -215,7 +217,7 @@ class SqlCatalogStore(SqlStoreBase):
             ).all()
         return [
             RequestTiming(
-                id=row.id, job_id=row.job_id, tenant=row.tenant, request_class=RequestClass(row[3]),
+                id=core_id(row.id), job_id=row.job_id, tenant=row.tenant, request_class=RequestClass(row[3]),
                 state=RequestState(row.state), num_output_tokens=row.num_output_tokens,
                 enqueued_at=row.enqueued_at, first_token_at=row.first_token_at, finished_at=row.finished_at,
             )

@@ -11,12 +11,7 @@ from dataclasses import dataclass
 
 from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.jobs.jobstate import JobCounts
-from fsched.core.types import JobState, RequestClass, RequestState
-
-# A request's id inside the core: the job table's key, as text. The scheduler,
-# the engine and the runners key requests by it; storage converts it to and
-# from its integer column at its own boundary, and nowhere else.
-RequestId = str
+from fsched.core.types import JobState, RequestClass, RequestId, RequestState
 
 
 class StoreError(Exception):
@@ -138,7 +133,7 @@ class CancelOutcome:
 
 @dataclass(slots=True, frozen=True)
 class RequestResult:
-    id: int
+    id: RequestId
     idx: int
     custom_id: str
     endpoint: str
@@ -176,7 +171,7 @@ class ClaimedRequest:
 class RequestProgress:
     """One request as a reader of its output sees it: what `fsched generate` polls."""
 
-    id: int
+    id: RequestId
     job_id: int
     state: RequestState
     output_text: str
@@ -192,7 +187,7 @@ class RequestProgress:
 class RequestTiming:
     """A request's timestamps and size, for latency summaries (first token - enqueued)."""
 
-    id: int
+    id: RequestId
     job_id: int
     tenant: str
     request_class: RequestClass
@@ -216,7 +211,7 @@ class Completion:
     model: str | None = None
     error: str | None = None
     first_token_at: float | None = None
-    epoch: int | None = None  # the writer's lease epoch (None: not fenced by epoch)
+    lease_epoch: int | None = None  # the writer's lease epoch (None: not fenced by epoch)
 
 
 @dataclass(slots=True, frozen=True)
@@ -227,7 +222,7 @@ class TokenUpdate:
     tokens: tuple[int, ...]
     text: str
     first_token_at: float | None = None
-    epoch: int | None = None  # the writer's lease epoch (None: not fenced by epoch)
+    lease_epoch: int | None = None  # the writer's lease epoch (None: not fenced by epoch)
 
 
 @dataclass(slots=True, frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from fsched.core.store.records import ClaimedRequest, RequestId
+from fsched.core.ports.records import ClaimedRequest, RequestId
 from fsched.core.types import RequestClass
 
 
@@ -16,7 +16,7 @@ class Held:
     dirty: bool = False  # tokens generated since the last write-back
 
     @property
-    def epoch(self) -> int:
+    def lease_epoch(self) -> int:
         return self.claimed.lease_epoch
 
     @property
@@ -67,4 +67,4 @@ class Holdings:
 
     def leases(self) -> dict[RequestId, int]:
         """Request -> the lease epoch this daemon holds it under."""
-        return {rid: held.epoch for rid, held in self._held.items()}
+        return {rid: held.lease_epoch for rid, held in self._held.items()}

@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-from fsched.core.serve.engine import Engine
-from fsched.core.serve.holdings import Holdings
-from fsched.core.store.queue import QueueStore
-from fsched.core.store.records import RequestId
+from fsched.core.daemon.engine import Engine
+from fsched.core.daemon.holdings import Holdings
+from fsched.core.ports.queue import QueueStore
+from fsched.core.ports.records import RequestId
 
 log = logging.getLogger("fsched.daemon")
 

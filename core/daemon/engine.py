@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from fsched.core.runners.protocol import Runner
+from fsched.core.runners.stopping import FinishReason
 from fsched.core.sched.explain import explain
 from fsched.core.sched.request import SchedRequest
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sched.usage import TenantCharge, peer_totals
-from fsched.core.serve.runner import Runner
-from fsched.core.serve.stopping import FinishReason
 from fsched.core.types import RequestClass, SamplingParams
 
 
@@ -31,7 +31,7 @@ class EngineRequest:
     prompt: list[int]  # token ids
     params: SamplingParams
     tenant: str = "default"
-    cls: RequestClass = RequestClass.BATCH
+    request_class: RequestClass = RequestClass.BATCH
     priority: int = 5
     generated: list[int] = field(default_factory=list)  # tokens from before a restart
 
@@ -138,7 +138,7 @@ class Engine:
         sched = SchedRequest(
             id=request.id,
             tenant=request.tenant,
-            cls=request.cls,
+            request_class=request.request_class,
             prompt_tokens=len(request.prompt),
             max_tokens=max_tokens,
             arrival=now,

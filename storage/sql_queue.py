@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from sqlalchemy import Connection, Float, bindparam, delete, func, select, update
 
 from fsched.core.faults import crash_point
-from fsched.core.store.records import (
+from fsched.core.ports.records import (
     ClaimedRequest,
     Completion,
     DaemonSummary,
@@ -106,7 +106,7 @@ class SqlQueueStore(SqlStoreBase):
             writes = []
             for u in updates:
                 row = rows.get(row_id(u.request_id))
-                if row is None or (u.epoch is not None and row.lease_epoch != u.epoch):
+                if row is None or (u.lease_epoch is not None and row.lease_epoch != u.lease_epoch):
                     continue  # fenced: the lease was lost (reclaimed, cancelled, requeued)
                 writes.append({"b_id": row.id, "b_tokens": list(u.tokens), "b_text": u.text,
                                "b_num": len(u.tokens), "b_first": u.first_token_at})
@@ -163,7 +163,7 @@ class SqlQueueStore(SqlStoreBase):
                 raise StoreError(f"no request with id {c.request_id}")
             previous = RequestState(row.state)
             fenced = owner is not None and (
-                row.lease_owner != owner or (c.epoch is not None and row.lease_epoch != c.epoch)
+                row.lease_owner != owner or (c.lease_epoch is not None and row.lease_epoch != c.lease_epoch)
             )
             outcome.append(not (previous.finished or fenced))
             if not outcome[-1]:
@@ -206,7 +206,7 @@ class SqlQueueStore(SqlStoreBase):
         """
         if not leases:
             return set()
-        epochs = {row_id(rid): epoch for rid, epoch in leases.items()}
+        epochs = {row_id(rid): lease_epoch for rid, lease_epoch in leases.items()}
         with self.db.write() as conn:
             rows = conn.execute(
                 update(requests)

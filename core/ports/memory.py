@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from fsched.core.store.records import (
+from fsched.core.ports.records import (
     ClaimedRequest,
     Completion,
     DaemonSummary,
@@ -155,7 +155,7 @@ class MemoryQueueStore:
         written = 0
         for u in updates:
             request = self._requests.get(u.request_id)
-            if request is None or not self._holds(request, owner, u.epoch):
+            if request is None or not self._holds(request, owner, u.lease_epoch):
                 self.refused += 1
                 continue
             request.output_tokens = list(u.tokens)
@@ -185,12 +185,12 @@ class MemoryQueueStore:
 
     def renew_leases(self, owner: str, leases: Mapping[RequestId, int], lease_s: float) -> set[RequestId]:
         kept = set()
-        for rid, epoch in leases.items():
+        for rid, lease_epoch in leases.items():
             request = self._requests.get(rid)
             if request is None or not self._holds(request, owner, None):
                 continue
             request.lease_expires_at = self.clock() + lease_s
-            if request.lease_epoch == epoch:
+            if request.lease_epoch == lease_epoch:
                 kept.add(rid)
         return kept
 
@@ -247,15 +247,15 @@ class MemoryQueueStore:
         )
 
     @staticmethod
-    def _holds(request: MemoryRequest, owner: str, epoch: int | None) -> bool:
-        """Whether `owner` holds the running request (under `epoch`, when one is named)."""
+    def _holds(request: MemoryRequest, owner: str, lease_epoch: int | None) -> bool:
+        """Whether `owner` holds the running request (under `lease_epoch`, when one is named)."""
         return (request.state is RequestState.RUNNING and request.lease_owner == owner
-                and (epoch is None or request.lease_epoch == epoch))
+                and (lease_epoch is None or request.lease_epoch == lease_epoch))
 
     def _complete(self, c: Completion, owner: str | None) -> bool:
         request = self._requests[c.request_id]
-        fenced = owner is not None and (
-            request.lease_owner != owner or (c.epoch is not None and request.lease_epoch != c.epoch))
+        stale = c.lease_epoch is not None and request.lease_epoch != c.lease_epoch
+        fenced = owner is not None and (request.lease_owner != owner or stale)
         if request.state.finished or fenced:
             self.refused += 1
             return False

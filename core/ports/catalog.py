@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
-from fsched.core.store.records import (
+from fsched.core.ports.records import (
     CancelOutcome,
     DaemonSummary,
     JobSubmission,

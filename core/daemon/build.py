@@ -17,12 +17,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
+from fsched.core.daemon.loop import Daemon, DaemonConfig
+from fsched.core.ports.queue import QueueStore
+from fsched.core.runners.protocol import Runner
 from fsched.core.runners.standin import StandInError, parse_standin
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.policy import POLICIES
-from fsched.core.serve.daemon import Daemon, DaemonConfig
-from fsched.core.serve.runner import Runner
-from fsched.core.store.queue import QueueStore
 
 log = logging.getLogger("fsched.daemon")
 
@@ -141,7 +141,7 @@ DEFAULTS = DaemonSettings()  # the command's option defaults read these
 
 
 @dataclass(slots=True, frozen=True)
-class Served:
+class RunnerChoice:
     """A runner and how the daemon names it (its row in the job table, its log)."""
 
     runner: Runner
@@ -161,14 +161,14 @@ class RunnerKind:
 
     name: str
     claims: Callable[[DaemonSettings], bool]
-    build: Callable[[DaemonSettings], Served]
+    build: Callable[[DaemonSettings], RunnerChoice]
 
 
-def _standin_runner(settings: DaemonSettings) -> Served:
+def _standin_runner(settings: DaemonSettings) -> RunnerChoice:
     from fsched.core.runners.standin import STANDIN_NAME, StandInRunner
 
     step_s = parse_standin(settings.model) or 0.0
-    return Served(
+    return RunnerChoice(
         runner=StandInRunner(step_s=step_s),
         name=STANDIN_NAME,
         description=f"{STANDIN_NAME}, {step_s * 1000:g} ms a step",
@@ -177,7 +177,7 @@ def _standin_runner(settings: DaemonSettings) -> Served:
     )
 
 
-def _model_runner(settings: DaemonSettings) -> Served:
+def _model_runner(settings: DaemonSettings) -> RunnerChoice:
     from fsched.core.runners.hf.model import ModelLoadError, load_model, set_threads
     from fsched.core.runners.hf.runner import ModelRunner
 
@@ -188,7 +188,7 @@ def _model_runner(settings: DaemonSettings) -> Served:
         loaded = load_model(settings.model, device=settings.device, dtype=settings.dtype)
     except ModelLoadError as exc:
         raise RunnerUnavailable(str(exc)) from None
-    return Served(
+    return RunnerChoice(
         runner=ModelRunner(loaded),
         name=loaded.name,
         description=loaded.describe(),
@@ -197,14 +197,14 @@ def _model_runner(settings: DaemonSettings) -> Served:
     )
 
 
-def _remote_runner(settings: DaemonSettings) -> Served:
+def _remote_runner(settings: DaemonSettings) -> RunnerChoice:
     from fsched.core.runners.connect import connect_remote_engine
 
     try:
         remote = connect_remote_engine(settings.engine, settings.model)
     except ValueError as exc:
         raise RunnerUnavailable(f"--engine {settings.engine}: {exc}") from None
-    return Served(
+    return RunnerChoice(
         runner=remote.runner, name=remote.name, description=remote.description, device=remote.url,
         gpu=False, limits=StepLimits(remote.max_batch, remote.kv_tokens, remote.step_tokens),
         scheduler={"host_kv_tokens": 0, "min_quantum_steps": remote.min_quantum_steps},
@@ -220,7 +220,7 @@ RUNNER_KINDS: tuple[RunnerKind, ...] = (
 )
 
 
-def make_runner(settings: DaemonSettings, kinds: tuple[RunnerKind, ...] = RUNNER_KINDS) -> Served:
+def make_runner(settings: DaemonSettings, kinds: tuple[RunnerKind, ...] = RUNNER_KINDS) -> RunnerChoice:
     return next(kind for kind in kinds if kind.claims(settings)).build(settings)
 
 
@@ -233,27 +233,27 @@ def build_daemon(settings: DaemonSettings, store: QueueStore, exclusive: bool) -
     `exclusive`: this daemon is the only one on the job table (it holds the
     table's lock), so at start it may take back everything left running.
     """
+    from fsched.core.daemon.engine import Engine
     from fsched.core.sched.scheduler import Scheduler
-    from fsched.core.serve.engine import Engine
 
     config = daemon_config(settings)
-    served = make_runner(settings)
-    limits = settings.limits(served.gpu, served.limits)
+    chosen = make_runner(settings)
+    limits = settings.limits(chosen.gpu, chosen.limits)
     scheduler_config = SchedulerConfig(
         max_batch=limits.max_batch, kv_tokens=limits.kv_tokens, step_tokens=limits.step_tokens,
-        **served.scheduler,
+        **chosen.scheduler,
     )
     scheduler = Scheduler(scheduler_config, settings.policy, store.tenant_weights())
-    engine = Engine(served.runner, scheduler, served.runner.context_length)
-    owner = f"{config.host}:{served.device}:{config.pid}:{uuid.uuid4().hex[:4]}"
+    engine = Engine(chosen.runner, scheduler, chosen.runner.context_length)
+    owner = f"{config.host}:{chosen.device}:{config.pid}:{uuid.uuid4().hex[:4]}"
     config = replace(
-        config, owner=owner, device=served.device, model=served.name, exclusive=exclusive,
+        config, owner=owner, device=chosen.device, model=chosen.name, exclusive=exclusive,
     )
     log.info(
         "%s: model %s, policy %s, max batch %d, KV %d tokens, step %d tokens",
-        owner, served.description, settings.policy, limits.max_batch, limits.kv_tokens, limits.step_tokens,
+        owner, chosen.description, settings.policy, limits.max_batch, limits.kv_tokens, limits.step_tokens,
     )
-    runner = served.runner
+    runner = chosen.runner
     return Daemon(store, engine, lambda claimed: runner.encode(claimed.prompt, claimed.messages), config)
 
 

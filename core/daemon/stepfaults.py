@@ -25,8 +25,8 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fsched.core.serve.engine import Engine, StepFailed
-from fsched.core.store.records import RequestId
+from fsched.core.daemon.engine import Engine, StepFailed
+from fsched.core.ports.records import RequestId
 
 log = logging.getLogger("fsched.daemon")
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fsched.core.daemon.engine import EngineResult
+from fsched.core.daemon.holdings import Held, Holdings
 from fsched.core.faults import crash_point
-from fsched.core.serve.engine import EngineResult
-from fsched.core.serve.holdings import Held, Holdings
-from fsched.core.store.queue import QueueStore
-from fsched.core.store.records import Completion, RequestId, TokenUpdate
+from fsched.core.ports.queue import QueueStore
+from fsched.core.ports.records import Completion, RequestId, TokenUpdate
 from fsched.core.types import RequestState
 
 Output = Callable[[RequestId], tuple[list[int], str]]  # a live request's tokens and text so far
@@ -74,15 +74,15 @@ class Writer:
     def cancelled(self, request_id: RequestId, held: Held, tokens: list[int], text: str) -> None:
         """End a request whose job was cancelled, keeping its output so far."""
         self._one(Completion(request_id, RequestState.CANCELLED, tuple(tokens), text,
-                             first_token_at=held.first_token_at, epoch=held.epoch))
+                             first_token_at=held.first_token_at, lease_epoch=held.lease_epoch))
 
-    def failed(self, request_id: RequestId, error: str, tokens: list[int], epoch: int) -> None:
+    def failed(self, request_id: RequestId, error: str, tokens: list[int], lease_epoch: int) -> None:
         self._one(Completion(request_id, RequestState.FAILED, tuple(tokens), "", error=error,
-                             model=self.model, epoch=epoch))
+                             model=self.model, lease_epoch=lease_epoch))
 
     def pending_leases(self) -> dict[RequestId, int]:
         """The leases of completions not written yet: they must be renewed like held requests."""
-        return {c.request_id: c.epoch for c in self.unwritten if c.epoch is not None}
+        return {c.request_id: c.lease_epoch for c in self.unwritten if c.lease_epoch is not None}
 
     def _one(self, completion: Completion) -> None:
         (written,) = self.store.finish_requests([completion], self.owner)
@@ -90,14 +90,14 @@ class Writer:
 
     def _update(self, request_id: RequestId, held: Held) -> TokenUpdate:
         tokens, text = self.output(request_id)
-        return TokenUpdate(request_id, tuple(tokens), text, held.first_token_at, held.epoch)
+        return TokenUpdate(request_id, tuple(tokens), text, held.first_token_at, held.lease_epoch)
 
     def _completion(self, result: EngineResult, held: Held) -> Completion:
         if result.finish_reason is None:
             return Completion(result.id, RequestState.FAILED, tuple(result.tokens),
-                              error=result.error or "failed", model=self.model, epoch=held.epoch)
+                              error=result.error or "failed", model=self.model, lease_epoch=held.lease_epoch)
         return Completion(
             result.id, RequestState.DONE, tuple(result.tokens), result.text,
             finish_reason=result.finish_reason.value, prompt_tokens=result.prompt_tokens,
-            model=self.model, first_token_at=held.first_token_at, epoch=held.epoch,
+            model=self.model, first_token_at=held.first_token_at, lease_epoch=held.lease_epoch,
         )
