@@ -297,7 +297,7 @@ class SqlQueueStore(SqlStoreBase):
         values = {
             "host": daemon.host, "pid": daemon.pid, "device": daemon.device, "model": daemon.model,
             "started_at": daemon.started_at, "heartbeat_at": now,
-            "stopped_at": now if daemon.stopped_at is not None else None, "stats": daemon.stats,
+            "stopped_at": now if daemon.stopped_at is not None else None, "stats": daemon.stats.to_json(),
         }
         with self.db.write() as conn:
             changed = conn.execute(update(daemons).where(daemons.c.id == daemon.id).values(**values)).rowcount

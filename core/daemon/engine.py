@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from fsched.core.runners.protocol import Runner
 from fsched.core.runners.stopping import FinishReason
-from fsched.core.sched.explain import explain
+from fsched.core.sched.explain import RequestStanding, explain
 from fsched.core.sched.request import SchedRequest
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sched.usage import TenantCharge, peer_totals
@@ -65,7 +65,8 @@ class EngineSnapshot:
     running: int
     waiting: int
     kv_budget: int  # KV cache budget in tokens
-    requests: list[dict]  # each request's standing, running ones first (see sched.explain)
+    preemptions: int  # since the engine started
+    requests: list[RequestStanding]  # running ones first, then waiting in admission order
 
 
 class StepFailed(Exception):
@@ -244,6 +245,7 @@ class Engine:
             running=len(self.scheduler.running),
             waiting=self.scheduler.waiting_count,
             kv_budget=self.scheduler.config.kv_tokens,
+            preemptions=self.scheduler.preemptions,
             requests=explain(self.scheduler, self.clock()),
         )
 
