@@ -9,7 +9,8 @@ What every implementation must hold:
    table keeps only its id and a hash of its secret (`core.jobs.apikeys`).
 2. **A revocation is at once and for good.** After `revoke_key` the key's
    record reads revoked (the server refuses its next request); revoking
-   twice changes nothing and is no error; an unknown id raises UnknownKey.
+   twice changes nothing and is no error; an unknown id raises
+   `records.UnknownKey`.
 3. **Limits by name.** `stored_limits` gives exactly the limits an admin set
    (name -> value), none for those left at their default; `set_limit` with
    None puts one back to its default. Names and values are checked by the

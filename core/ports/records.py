@@ -45,6 +45,11 @@ class TenantExists(StoreError):
         super().__init__(f"tenant {name!r} already exists")
 
 
+class UnknownKey(StoreError):
+    def __init__(self, key_id: str):
+        super().__init__(f"no API key with id {key_id!r}")
+
+
 class TenantBusy(StoreError):
     """A tenant with unfinished jobs cannot be removed."""
 
