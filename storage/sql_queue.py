@@ -18,11 +18,10 @@ from fsched.core.ports.records import (
     Completion,
     DaemonSummary,
     PeerUsage,
-    RequestId,
     StoreError,
     TokenUpdate,
 )
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import RequestClass, RequestId, RequestState
 from fsched.storage.base import SqlStoreBase
 from fsched.storage.claim import claim_requests
 from fsched.storage.counters import CountDelta, apply_delta, requeue
