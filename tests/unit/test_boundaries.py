@@ -92,6 +92,21 @@ def test_http_handlers_reach_the_table_only_through_the_stores_they_are_given():
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 
 
+def test_commands_and_handlers_use_the_store_protocols_never_the_sql_underneath():
+    """cli/ and api/ open stores through storage/stores.py and use them by their protocols: no SQL store
+    class by name, no `.db` (the Database) or `.dialect` of one."""
+    for folder in ("cli", "api"):
+        for path in sources(folder):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            bad = {node.attr for node in ast.walk(tree)
+                   if isinstance(node, ast.Attribute) and node.attr in ("db", "dialect")}
+            bad |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    for alias in node.names if alias.name.startswith("Sql")}
+            bad |= {node.id for node in ast.walk(tree)
+                    if isinstance(node, ast.Name) and node.id.startswith("Sql")}
+            assert not bad, f"{path.relative_to(ROOT)} uses {bad}"
+
+
 def package_of(module: str) -> str:
     """The package a module belongs to, for the import graph: `fsched.cli`, `fsched.core.sched`, ..."""
     parts = module.split(".")
