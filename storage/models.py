@@ -99,7 +99,7 @@ class Request(Base):
     first_token_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Room for several daemons on one queue (PostgreSQL): who holds the
-    # request, under which epoch, until when. Every write-back checks them.
+    # request, under which lease epoch, until when. Every write-back checks them.
     lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
     lease_epoch: Mapped[int] = mapped_column(Integer, default=0)
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -197,7 +197,7 @@ class SqlQueueStore(SqlStoreBase):
         return len(rows)
 
     def renew_leases(self, owner: str, leases: Mapping[RequestId, int], lease_s: float) -> set[RequestId]:
-        """Extend `owner`'s leases (request id -> epoch) by `lease_s` from now; return those still held.
+        """Extend `owner`'s leases (request id -> lease epoch) by `lease_s` from now; return those still held.
 
         A request missing from the answer was lost: its lease expired and was
         reclaimed (or it was requeued or cancelled); the daemon drops it
@@ -223,7 +223,7 @@ class SqlQueueStore(SqlStoreBase):
         """Requeue running requests whose lease expired (their daemon died or stalls).
 
         Any live daemon sweeps; the requests resume from their flushed tokens
-        wherever they are claimed next, under a higher epoch, so the old
+        wherever they are claimed next, under a higher lease epoch, so the old
         holder's late writes are refused.
         """
         query = select(requests.c.id, requests.c.job_id).where(

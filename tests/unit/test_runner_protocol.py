@@ -32,14 +32,14 @@ def protocol_members() -> dict[str, object]:
     }
 
 
-def own_member(cls: type, name: str) -> object:
+def own_member(owner_type: type, name: str) -> object:
     """The member as the runner defines it (not inherited from the protocol's empty body)."""
-    for klass in cls.__mro__:
+    for klass in owner_type.__mro__:
         if klass is Runner:
             break
         if name in vars(klass):
             return vars(klass)[name]
-    raise AssertionError(f"{cls.__name__} does not implement {name}")
+    raise AssertionError(f"{owner_type.__name__} does not implement {name}")
 
 
 def accepts(implementation, declared) -> list[str]:
