@@ -45,7 +45,7 @@ def _v2_to_v3(conn: Connection) -> None:
         Base.metadata.tables[name].create(conn, checkfirst=True)
 
 
-def _v3_to_v4(conn: Connection) -> None:
+def _drop_mlfq_level(conn: Connection) -> None:
     """requests.mlfq_level goes: it was written 0 and read by nothing (the order has no levels),
     and as a NOT NULL column without a default it would refuse the rows this version inserts."""
     drop_column(conn, "requests", "mlfq_level")
@@ -76,7 +76,7 @@ def drop_column(conn: Connection, table: str, column: str, rebuild: bool | None 
 
 
 # MIGRATIONS[v] upgrades a database from version v to v + 1.
-MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _drop_mlfq_level}
 
 
 def ensure_schema(

@@ -318,16 +318,17 @@ def test_schema_1_databases_are_migrated(db_url):
 
 
 @pytest.mark.parametrize("rebuild", [False, True], ids=["drop-column", "rebuild"])
-def test_schema_3_databases_lose_the_mlfq_level_column_and_keep_their_rows(db_url, rebuild):
+def test_databases_before_the_step_lose_the_mlfq_level_column_and_keep_their_rows(db_url, rebuild):
     from sqlalchemy import Column, Integer, MetaData, inspect
 
     from fsched.storage import schema
     from fsched.storage.db import Database
     from fsched.storage.models import Base
 
+    before = next(v for v, step in schema.MIGRATIONS.items() if step is schema._drop_mlfq_level)
     if rebuild and not db_url.startswith("sqlite"):
         pytest.skip("copying the table is SQLite's path (before 3.35, which has no DROP COLUMN)")
-    # The tables as version 3 made them: requests.mlfq_level NOT NULL, with no default in the table.
+    # The tables as the version before made them: requests.mlfq_level NOT NULL, no default in the table.
     old = MetaData()
     for table in Base.metadata.sorted_tables:
         table.to_metadata(old)
@@ -336,7 +337,7 @@ def test_schema_3_databases_lose_the_mlfq_level_column_and_keep_their_rows(db_ur
     params = SamplingParams(max_tokens=4, seed=7).to_json()
     with db.write() as conn:
         old.create_all(conn)
-        conn.execute(old.tables["fsched_meta"].insert().values(key="schema_version", value="3"))
+        conn.execute(old.tables["fsched_meta"].insert().values(key="schema_version", value=str(before)))
         conn.execute(old.tables["tenants"].insert().values(name="alice", weight=1.0, created_at=1.0))
         job_id = conn.execute(old.tables["jobs"].insert().values({
             "tenant": "alice", "class": "batch", "name": "old", "state": "queued", "num_requests": 2,
@@ -346,8 +347,9 @@ def test_schema_3_databases_lose_the_mlfq_level_column_and_keep_their_rows(db_ur
              "prompt": f"p{i}", "params": params, "max_tokens": 4, "state": "queued", "enqueued_at": 1.0,
              "mlfq_level": 0}
             for i in range(2)])
-    steps = {**schema.MIGRATIONS, 3: lambda conn: schema.drop_column(conn, "requests", "mlfq_level", rebuild)}
-    assert schema.ensure_schema(db, migrations=steps) == 3
+    steps = {**schema.MIGRATIONS,
+             before: lambda conn: schema.drop_column(conn, "requests", "mlfq_level", rebuild)}
+    assert schema.ensure_schema(db, migrations=steps) == before
     with db.read() as conn:
         columns = {c["name"] for c in inspect(conn).get_columns("requests")}
         indexes = {i["name"] for i in inspect(conn).get_indexes("requests")}
