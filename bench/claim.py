@@ -2,7 +2,7 @@
 
 Each worker process is one daemon's storage traffic: claim a batch of
 queued requests (a lease each, fair per tenant and class), then end them all
-in one transaction, fenced by owner and epoch, until the queue is empty.
+in one transaction, fenced by owner and lease epoch, until the queue is empty.
 Measured on SQLite with one daemon and on PostgreSQL with several.
 
 Baseline, in the same run: the same loop one request per transaction (the

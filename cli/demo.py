@@ -37,7 +37,8 @@ from fsched.cli.common import (
 )
 from fsched.cli.daemon import POLICY_NAMES
 from fsched.core.daemon.build import DEFAULTS
-from fsched.core.ports.records import JobSummary, RequestTiming
+from fsched.core.jobs.jobstate import JobSummary
+from fsched.core.ports.records import RequestTiming
 from fsched.core.sched.policy import POLICIES
 from fsched.core.types import RequestClass, RequestState
 
@@ -286,7 +287,8 @@ def _watch(store, daemon, started: float, log_path: Path, job_ids: list[int], ch
     """
     from contextlib import nullcontext
 
-    from fsched.cli.report import StatusSnapshot, live_daemon
+    from fsched.cli.report import StatusSnapshot
+    from fsched.core.ports.records import newest_live_daemon
 
     live_cm = nullcontext()
     if not as_json:
@@ -302,7 +304,7 @@ def _watch(store, daemon, started: float, log_path: Path, job_ids: list[int], ch
                 fail(f"the daemon exited early with status {daemon.returncode}: {_tail(log_path)}")
             now = time.time()
             daemons = store.list_daemons()
-            alive = live_daemon(daemons, now)
+            alive = newest_live_daemon(daemons, now)
             if serving_at is None and alive is not None:
                 serving_at = now
             elif serving_at is None and now - started > DAEMON_START_TIMEOUT_S:
@@ -315,7 +317,7 @@ def _watch(store, daemon, started: float, log_path: Path, job_ids: list[int], ch
                 job_ids.append(sub.job_id)
                 next_chat += 1
             jobs = store.list_jobs()
-            window.observe(now, jobs, alive.stats.get("served_share") if alive else None)
+            window.observe(now, jobs, dict(alive.stats.served_share) if alive else None)
             if live is not None:
                 from fsched.cli.views import status_view
 

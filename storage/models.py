@@ -95,12 +95,11 @@ class Request(Base):
     finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
-    mlfq_level: Mapped[int] = mapped_column(Integer, default=0)
     enqueued_at: Mapped[float] = mapped_column(Float)
     first_token_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Room for several daemons on one queue (PostgreSQL): who holds the
-    # request, under which epoch, until when. Every write-back checks them.
+    # request, under which lease epoch, until when. Every write-back checks them.
     lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
     lease_epoch: Mapped[int] = mapped_column(Integer, default=0)
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)

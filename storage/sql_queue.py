@@ -18,11 +18,10 @@ from fsched.core.ports.records import (
     Completion,
     DaemonSummary,
     PeerUsage,
-    RequestId,
     StoreError,
     TokenUpdate,
 )
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import RequestClass, RequestId, RequestState
 from fsched.storage.base import SqlStoreBase
 from fsched.storage.claim import claim_requests
 from fsched.storage.counters import CountDelta, apply_delta, requeue
@@ -198,7 +197,7 @@ class SqlQueueStore(SqlStoreBase):
         return len(rows)
 
     def renew_leases(self, owner: str, leases: Mapping[RequestId, int], lease_s: float) -> set[RequestId]:
-        """Extend `owner`'s leases (request id -> epoch) by `lease_s` from now; return those still held.
+        """Extend `owner`'s leases (request id -> lease epoch) by `lease_s` from now; return those still held.
 
         A request missing from the answer was lost: its lease expired and was
         reclaimed (or it was requeued or cancelled); the daemon drops it
@@ -224,7 +223,7 @@ class SqlQueueStore(SqlStoreBase):
         """Requeue running requests whose lease expired (their daemon died or stalls).
 
         Any live daemon sweeps; the requests resume from their flushed tokens
-        wherever they are claimed next, under a higher epoch, so the old
+        wherever they are claimed next, under a higher lease epoch, so the old
         holder's late writes are refused.
         """
         query = select(requests.c.id, requests.c.job_id).where(
@@ -297,7 +296,7 @@ class SqlQueueStore(SqlStoreBase):
         values = {
             "host": daemon.host, "pid": daemon.pid, "device": daemon.device, "model": daemon.model,
             "started_at": daemon.started_at, "heartbeat_at": now,
-            "stopped_at": now if daemon.stopped_at is not None else None, "stats": daemon.stats,
+            "stopped_at": now if daemon.stopped_at is not None else None, "stats": daemon.stats.to_json(),
         }
         with self.db.write() as conn:
             changed = conn.execute(update(daemons).where(daemons.c.id == daemon.id).values(**values)).rowcount

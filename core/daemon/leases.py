@@ -1,7 +1,7 @@
 """A daemon's leases: renewed every heartbeat; a request whose lease was lost is dropped unwritten.
 
 A lease lost means another daemon may already be running the request under
-a higher epoch: this daemon stops it in its engine and writes nothing more
+a higher lease epoch: this daemon stops it in its engine and writes nothing more
 for it (the queue would refuse the writes anyway; dropping saves the work).
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from fsched.core.daemon.engine import Engine
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.ports.queue import QueueStore
-from fsched.core.ports.records import RequestId
+from fsched.core.types import RequestId
 
 log = logging.getLogger("fsched.daemon")
 

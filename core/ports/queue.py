@@ -36,10 +36,9 @@ from fsched.core.ports.records import (
     Completion,
     DaemonSummary,
     PeerUsage,
-    RequestId,
     TokenUpdate,
 )
-from fsched.core.types import RequestClass
+from fsched.core.types import RequestClass, RequestId
 
 
 @runtime_checkable
@@ -91,7 +90,7 @@ class QueueStore(Protocol):
         ...
 
     def renew_leases(self, owner: str, leases: Mapping[RequestId, int], lease_s: float) -> set[RequestId]:
-        """Extend `owner`'s leases (request -> epoch) by `lease_s` from now; return those still held.
+        """Extend `owner`'s leases (request -> lease epoch) by `lease_s` from now; return those still held.
 
         A request missing from the answer is lost to this owner: it must be
         dropped without writing anything more for it.

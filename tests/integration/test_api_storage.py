@@ -6,10 +6,11 @@ import pytest
 from sqlalchemy import inspect, text
 
 from fsched.core.jobs.apikeys import secret_matches, split_key
+from fsched.core.ports.records import UnknownKey
 from fsched.core.types import RequestClass
 from fsched.storage import schema
 from fsched.storage.jobstore import SqlJobStore
-from fsched.storage.sql_keys import SqlKeyStore, UnknownKey
+from fsched.storage.sql_keys import SqlKeyStore
 
 
 @pytest.fixture
@@ -17,6 +18,27 @@ def keys(db_url) -> SqlKeyStore:
     store = SqlKeyStore(db_url)
     yield store
     store.db.dispose()
+
+
+def test_one_url_opens_every_store_each_by_its_protocol(db_url):
+    from fsched.core.ports.catalog import CatalogStore
+    from fsched.core.ports.files import FileStore
+    from fsched.core.ports.keys import KeyStore
+    from fsched.core.ports.queue import QueueStore
+    from fsched.core.ports.serving import ServingStore
+    from fsched.storage.stores import open_table
+
+    table = open_table(db_url)
+    assert table.sqlite == db_url.startswith("sqlite")
+    for store, protocol in ((table.catalog, CatalogStore), (table.queue, QueueStore), (table.keys, KeyStore),
+                            (table.files, FileStore), (table.serving, ServingStore)):
+        assert isinstance(store, protocol), (store, protocol)
+    assert table.catalog is table.catalog  # made once
+    lock = table.daemon_lock()
+    assert (lock is not None) == table.sqlite
+    if lock is not None:
+        lock.release()
+    table.dispose()
 
 
 def test_keys_are_created_found_listed_and_revoked(keys):

@@ -214,7 +214,7 @@ def test_flush_release_and_fencing(store):
 
 
 def test_cancelled_held_and_weights_and_heartbeat(store):
-    from fsched.core.ports.records import DaemonSummary
+    from fsched.core.ports.records import DaemonStats, DaemonSummary
 
     (job,) = store.submit([submission(2)])
     store.claim("d1", per_group=1)
@@ -223,13 +223,13 @@ def test_cancelled_held_and_weights_and_heartbeat(store):
     assert len(store.cancelled_held("d1")) == 1 and not store.has_queued()
     store.set_weight("alice", 3)
     assert store.tenant_weights() == {"alice": 3.0}
-    beat = DaemonSummary("d1", "host", 1, "cpu", "tiny", 1.0, 2.0, None, {"batch": 3})
+    beat = DaemonSummary("d1", "host", 1, "cpu", "tiny", 1.0, 2.0, None, DaemonStats(batch=3))
     store.heartbeat(beat)
-    store.heartbeat(DaemonSummary("d1", "host", 1, "cpu", "tiny", 1.0, 3.0, None, {"batch": 4}))
+    store.heartbeat(DaemonSummary("d1", "host", 1, "cpu", "tiny", 1.0, 3.0, None, DaemonStats(batch=4)))
     (row,) = store.list_daemons()
     # The heartbeat is stamped by the database's clock, not the daemon's.
     assert abs(row.heartbeat_at - time.time()) < 5 and 0 <= row.heartbeat_age_s < 5
-    assert row.stats == {"batch": 4}
+    assert row.stats == DaemonStats(batch=4)
 
 
 def test_a_claim_leases_with_an_epoch_and_writes_name_it(store):
@@ -315,6 +315,52 @@ def test_schema_1_databases_are_migrated(db_url):
     assert "ix_requests_state_lease_expires" in indexes
     assert len(store.claim("d", per_group=5)) == 2  # the data came through
     store.db.dispose()
+
+
+@pytest.mark.parametrize("rebuild", [False, True], ids=["drop-column", "rebuild"])
+def test_databases_before_the_step_lose_the_mlfq_level_column_and_keep_their_rows(db_url, rebuild):
+    from sqlalchemy import Column, Integer, MetaData, inspect
+
+    from fsched.storage import schema
+    from fsched.storage.db import Database
+    from fsched.storage.models import Base
+
+    before = next(v for v, step in schema.MIGRATIONS.items() if step is schema._drop_mlfq_level)
+    if rebuild and not db_url.startswith("sqlite"):
+        pytest.skip("copying the table is SQLite's path (before 3.35, which has no DROP COLUMN)")
+    # The tables as the version before made them: requests.mlfq_level NOT NULL, no default in the table.
+    old = MetaData()
+    for table in Base.metadata.sorted_tables:
+        table.to_metadata(old)
+    old.tables["requests"].append_column(Column("mlfq_level", Integer, nullable=False))
+    db = Database(db_url)
+    params = SamplingParams(max_tokens=4, seed=7).to_json()
+    with db.write() as conn:
+        old.create_all(conn)
+        conn.execute(old.tables["fsched_meta"].insert().values(key="schema_version", value=str(before)))
+        conn.execute(old.tables["tenants"].insert().values(name="alice", weight=1.0, created_at=1.0))
+        job_id = conn.execute(old.tables["jobs"].insert().values({
+            "tenant": "alice", "class": "batch", "name": "old", "state": "queued", "num_requests": 2,
+            "submitted_at": 1.0})).inserted_primary_key[0]
+        conn.execute(old.tables["requests"].insert(), [
+            {"job_id": job_id, "idx": i, "custom_id": f"old{i}", "endpoint": "/v1/completions",
+             "prompt": f"p{i}", "params": params, "max_tokens": 4, "state": "queued", "enqueued_at": 1.0,
+             "mlfq_level": 0}
+            for i in range(2)])
+    steps = {**schema.MIGRATIONS,
+             before: lambda conn: schema.drop_column(conn, "requests", "mlfq_level", rebuild)}
+    assert schema.ensure_schema(db, migrations=steps) == before
+    with db.read() as conn:
+        columns = {c["name"] for c in inspect(conn).get_columns("requests")}
+        indexes = {i["name"] for i in inspect(conn).get_indexes("requests")}
+    assert "mlfq_level" not in columns and columns == {c.name for c in Base.metadata.tables["requests"].c}
+    assert {i.name for i in Base.metadata.tables["requests"].indexes} <= indexes
+    store = SqlJobStore(db)
+    store.submit([submission(2)])  # the rows this version writes, which the old column refused
+    claimed = store.claim("d", per_group=10)
+    assert sorted(c.custom_id for c in claimed) == ["c0", "c1", "old0", "old1"]
+    assert {c.id for c in claimed if c.custom_id.startswith("old")} == {"1", "2"}  # ids kept
+    db.dispose()
 
 
 def test_first_submits_of_a_new_tenant_at_once_all_land(db_url):
