@@ -61,6 +61,8 @@ class Job(Base):
     num_cancelled: Mapped[int] = mapped_column(Integer, default=0)
     num_running: Mapped[int] = mapped_column(Integer, default=0)
     num_output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Prompt tokens of the requests that ended with a count of them (chargeback).
+    num_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     submitted_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -114,6 +116,8 @@ class Request(Base):
         Index("ix_requests_lease_owner", "lease_owner"),
         # The sweep for expired leases (running requests by expiry).
         Index("ix_requests_state_lease_expires", "state", "lease_expires_at"),
+        # First-token latency over a recent window (the dashboard), without a scan.
+        Index("ix_requests_first_token_at", "first_token_at"),
     )
 
 
@@ -157,6 +161,8 @@ class ApiKeyRow(Base):
     request_class: Mapped[str] = mapped_column("class", String(16))
     name: Mapped[str] = mapped_column(String(128), default="")
     secret_hash: Mapped[str] = mapped_column(String(64))
+    # An admin key may also administer over HTTP: every tenant's work, weights.
+    admin: Mapped[bool] = mapped_column(Integer, default=0)
     created_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 

@@ -23,7 +23,7 @@ from fsched.core.ports.records import SchemaMismatch
 from fsched.storage.db import Database
 from fsched.storage.models import Base, Meta
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 VERSION_KEY = "schema_version"
 
 Migration = Callable[[Connection], None]
@@ -44,8 +44,25 @@ def _v2_to_v3(conn: Connection) -> None:
         Base.metadata.tables[name].create(conn, checkfirst=True)
 
 
+def _v3_to_v4(conn: Connection) -> None:
+    """Prompt tokens per job (chargeback), admin API keys, an index for recent first tokens.
+
+    Each step checks first: a table an earlier step created is already current.
+    """
+    _add_column(conn, "jobs", "num_prompt_tokens", "BIGINT NOT NULL DEFAULT 0")
+    _add_column(conn, "api_keys", "admin", "INTEGER NOT NULL DEFAULT 0")
+    for index in Base.metadata.tables["requests"].indexes:
+        if index.name == "ix_requests_first_token_at":
+            index.create(conn, checkfirst=True)
+
+
+def _add_column(conn: Connection, table: str, column: str, ddl: str) -> None:
+    if column not in {c["name"] for c in inspect(conn).get_columns(table)}:
+        conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {ddl}"))
+
+
 # MIGRATIONS[v] upgrades a database from version v to v + 1.
-MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3}
+MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 
 def ensure_schema(

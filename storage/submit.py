@@ -79,6 +79,7 @@ def insert_job(conn: Connection, submission: JobSubmission, now: float) -> int:
             num_cancelled=0,
             num_running=0,
             num_output_tokens=0,
+            num_prompt_tokens=0,
             submitted_at=now,
         )
         .returning(jobs.c.id)

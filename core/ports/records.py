@@ -226,6 +226,19 @@ class TokenUpdate:
 
 
 @dataclass(slots=True, frozen=True)
+class TenantTotals:
+    """What one tenant's jobs of one class used, over the table's whole history (chargeback)."""
+
+    tenant: str
+    request_class: RequestClass
+    generated_tokens: int
+    prompt_tokens: int  # of the requests that ended with a measured prompt
+    done: int
+    failed: int
+    cancelled: int
+
+
+@dataclass(slots=True, frozen=True)
 class PeerUsage:
     """Another daemon's decayed usage of one tenant, as it last published it."""
 

@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import inspect, text
 
 from fsched.core.jobs.apikeys import secret_matches, split_key
-from fsched.core.types import RequestClass
+from fsched.core.types import RequestClass, RequestState
 from fsched.storage import schema
 from fsched.storage.jobstore import SqlJobStore
 from fsched.storage.sql_keys import SqlKeyStore, UnknownKey
@@ -88,3 +88,70 @@ def test_files_and_batches_are_seen_only_by_their_tenant(db_url):
     assert len(files.list_files("alice")) == 3
     assert files.delete_file("alice", f.id) and files.get_file("alice", f.id) is None
     jobs.db.dispose()
+
+
+def _one_job(store: SqlJobStore, tenant: str, n: int, request_class=RequestClass.BATCH):
+    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.ports.records import JobSubmission
+
+    lines = "".join(f'{{"prompt": "p{i}", "max_tokens": 4}}\n' for i in range(n))
+    parsed = parse_job_file(lines.encode(), "f.jsonl")
+    return store.submit([JobSubmission(parsed, tenant, request_class, 5, "f")])[0]
+
+
+def test_tenant_totals_count_prompt_tokens_and_outcomes_for_chargeback(db_url):
+    from fsched.storage.sql_serving import SqlServingStore
+    from tests.support.store import finish
+
+    store = SqlJobStore(db_url)
+    _one_job(store, "alice", 3)
+    _one_job(store, "bob", 1, RequestClass.REALTIME)
+    claimed = {c.tenant + str(c.custom_id): c for c in store.claim("d", per_group=5)}
+    assert len(claimed) == 4
+    a = [c for c in claimed.values() if c.tenant == "alice"]
+    finish(store, a[0].id, RequestState.DONE, [1, 2, 3], "abc", "length", prompt_tokens=7)
+    finish(store, a[1].id, RequestState.FAILED, error="boom")
+    finish(store, a[2].id, RequestState.DONE, [4], "d", "stop", prompt_tokens=5)
+    totals = {(t.tenant, t.request_class): t for t in SqlServingStore(store.db).tenant_totals()}
+    alice = totals["alice", RequestClass.BATCH]
+    assert (alice.generated_tokens, alice.prompt_tokens, alice.done, alice.failed, alice.cancelled) == \
+        (4, 12, 2, 1, 0)
+    bob = totals["bob", RequestClass.REALTIME]
+    assert (bob.generated_tokens, bob.prompt_tokens, bob.done) == (0, 0, 0)
+    store.db.dispose()
+
+
+def test_first_token_latencies_read_only_the_window(db_url):
+    from fsched.core.ports.records import TokenUpdate
+    from fsched.storage.sql_serving import SqlServingStore
+
+    store = SqlJobStore(db_url)
+    _one_job(store, "alice", 2, RequestClass.STREAMING)
+    first, second = store.claim("d", per_group=5)
+    enqueued = first.enqueued_at
+    store.flush_tokens("d", [TokenUpdate(first.id, (1,), "a", first_token_at=enqueued + 0.25),
+                             TokenUpdate(second.id, (1,), "a", first_token_at=enqueued + 5.0)])
+    serving = SqlServingStore(store.db)
+    assert serving.first_token_latencies(enqueued + 1.0) == [(RequestClass.STREAMING, enqueued + 5.0,
+                                                              pytest.approx(5.0))]
+    assert sorted(x[2] for x in serving.first_token_latencies(0.0)) == [pytest.approx(0.25),
+                                                                        pytest.approx(5.0)]
+    store.db.dispose()
+
+
+def test_schema_3_databases_gain_prompt_tokens_admin_keys_and_the_first_token_index(db_url):
+    store = SqlJobStore(db_url)
+    _one_job(store, "alice", 1)
+    with store.db.write() as conn:  # back to a version-3 database
+        conn.execute(text("ALTER TABLE jobs DROP COLUMN num_prompt_tokens"))
+        conn.execute(text("ALTER TABLE api_keys DROP COLUMN admin"))
+        conn.execute(text("DROP INDEX ix_requests_first_token_at"))
+        conn.execute(text("UPDATE fsched_meta SET value = '3' WHERE key = 'schema_version'"))
+    assert schema.ensure_schema(store.db) == 3
+    with store.db.read() as conn:
+        assert "num_prompt_tokens" in {c["name"] for c in inspect(conn).get_columns("jobs")}
+        assert "ix_requests_first_token_at" in {i["name"] for i in inspect(conn).get_indexes("requests")}
+    key, _ = SqlKeyStore(store.db).create_key("root", RequestClass.BATCH, admin=True)
+    assert SqlKeyStore(store.db).get_key(key.id).admin
+    assert store.list_jobs()[0].counts.num_requests == 1  # the data came through
+    store.db.dispose()
