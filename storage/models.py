@@ -54,6 +54,9 @@ class Job(Base):
     request_class: Mapped[str] = mapped_column("class", String(16))
     priority: Mapped[int] = mapped_column(Integer, default=5)
     name: Mapped[str] = mapped_column(String(256))
+    # Which door it came in by (core.types.JobOrigin), and the API key it came with.
+    origin: Mapped[str] = mapped_column(String(16), default="submit")
+    key_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     state: Mapped[str] = mapped_column(String(16))
     num_requests: Mapped[int] = mapped_column(Integer)
     num_done: Mapped[int] = mapped_column(Integer, default=0)
@@ -71,6 +74,8 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_state", "state"),
         Index("ix_jobs_tenant_state", "tenant", "state"),
+        # Listings: the newest finished jobs of some origins, without walking the online ones.
+        Index("ix_jobs_origin_id", "origin", "id"),
     )
 
 

@@ -13,7 +13,7 @@ from fsched.core.ports.records import (
     RequestResult,
     StoreError,
 )
-from fsched.core.types import JobState, RequestClass, RequestState
+from fsched.core.types import JobOrigin, JobState, RequestClass, RequestState
 from fsched.storage.models import DaemonHeartbeat, DaemonUsage, Job, Request, Tenant
 
 jobs = Job.__table__
@@ -67,6 +67,8 @@ def job_summary(row) -> JobSummary:
         submitted_at=row.submitted_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
+        origin=JobOrigin(row.origin),
+        key_id=row.key_id,
     )
 
 

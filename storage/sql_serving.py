@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from fsched.core.jobs.openai import OnlineProgress
 from fsched.core.ports.records import TenantTotals
 from fsched.core.types import RequestClass, RequestState
+from fsched.storage.activity import first_token_latencies
 from fsched.storage.db import Database
 from fsched.storage.models import Job, Request
 from fsched.storage.rows import core_id
@@ -63,10 +64,4 @@ class SqlServingStore:
     def first_token_latencies(self, since: float) -> list[tuple[RequestClass, float, float]]:
         """(class, first token at, seconds from enqueued to first token) of every request whose
         first token came after `since` (an index range: the cost follows the window, not the table)."""
-        with self.db.read() as conn:
-            rows = conn.execute(
-                select(jobs.c["class"], requests.c.first_token_at, requests.c.enqueued_at)
-                .select_from(requests.join(jobs, jobs.c.id == requests.c.job_id))
-                .where(requests.c.first_token_at > since)
-            ).all()
-        return [(RequestClass(row[0]), row[1], max(0.0, row[1] - row[2])) for row in rows]
+        return first_token_latencies(self.db, since)

@@ -72,6 +72,8 @@ def insert_job(conn: Connection, submission: JobSubmission, now: float) -> int:
             **{"class": submission.request_class.value},
             priority=submission.priority,
             name=submission.name,
+            origin=submission.origin.value,
+            key_id=submission.key_id,
             state=JobState.QUEUED.value,
             num_requests=len(specs),
             num_done=0,

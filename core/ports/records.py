@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.jobs.jobstate import JobCounts
-from fsched.core.types import JobState, RequestClass, RequestId, RequestState
+from fsched.core.types import JobOrigin, JobState, RequestClass, RequestId, RequestState
 
 
 class StoreError(Exception):
@@ -67,6 +67,8 @@ class JobSubmission:
     request_class: RequestClass
     priority: int
     name: str
+    origin: JobOrigin = JobOrigin.SUBMIT
+    key_id: str | None = None  # the API key it came with (online requests, batches)
 
     def __post_init__(self) -> None:
         if not 0 <= self.priority <= 9:
@@ -95,6 +97,8 @@ class JobSummary:
     submitted_at: float
     started_at: float | None
     finished_at: float | None
+    origin: JobOrigin = JobOrigin.SUBMIT
+    key_id: str | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -223,6 +227,26 @@ class TokenUpdate:
     text: str
     first_token_at: float | None = None
     lease_epoch: int | None = None  # the writer's lease epoch (None: not fenced by epoch)
+
+
+@dataclass(slots=True, frozen=True)
+class OnlineGroup:
+    """One tenant's online requests made with one API key (None: `fsched generate`), in aggregate:
+    what a listing shows instead of one line per request."""
+
+    tenant: str
+    key_id: str | None
+    requests: int  # ever made
+    in_flight: int  # not finished yet
+    done: int
+    failed: int
+    cancelled: int
+    generated_tokens: int
+    last_at: float  # the newest one's submission
+    # First-token latency of those whose first token came within the window asked for.
+    recent: int = 0
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -140,10 +140,16 @@ def test_first_token_latencies_read_only_the_window(db_url):
 
 
 def test_schema_3_databases_gain_prompt_tokens_admin_keys_and_the_first_token_index(db_url):
+    from fsched.core.types import JobOrigin
+
     store = SqlJobStore(db_url)
     _one_job(store, "alice", 1)
+    with store.db.write() as conn:  # an online request's job as version 3 named it
+        conn.execute(text("UPDATE jobs SET name = 'http'"))
     with store.db.write() as conn:  # back to a version-3 database
-        conn.execute(text("ALTER TABLE jobs DROP COLUMN num_prompt_tokens"))
+        conn.execute(text("DROP INDEX ix_jobs_origin_id"))
+        for column in ("num_prompt_tokens", "origin", "key_id"):
+            conn.execute(text(f"ALTER TABLE jobs DROP COLUMN {column}"))
         conn.execute(text("ALTER TABLE api_keys DROP COLUMN admin"))
         conn.execute(text("DROP INDEX ix_requests_first_token_at"))
         conn.execute(text("UPDATE fsched_meta SET value = '3' WHERE key = 'schema_version'"))
@@ -153,5 +159,38 @@ def test_schema_3_databases_gain_prompt_tokens_admin_keys_and_the_first_token_in
         assert "ix_requests_first_token_at" in {i["name"] for i in inspect(conn).get_indexes("requests")}
     key, _ = SqlKeyStore(store.db).create_key("root", RequestClass.BATCH, admin=True)
     assert SqlKeyStore(store.db).get_key(key.id).admin
-    assert store.list_jobs()[0].counts.num_requests == 1  # the data came through
+    (job,) = store.list_jobs()
+    assert job.counts.num_requests == 1 and job.origin is JobOrigin.ONLINE  # the data came through
+    store.db.dispose()
+
+
+def test_jobs_carry_their_origin_and_online_requests_are_grouped_per_tenant_and_key(db_url):
+    import time
+
+    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.ports.records import JobSubmission, TokenUpdate
+    from fsched.core.types import JobOrigin
+    from tests.support.store import finish
+
+    store = SqlJobStore(db_url)
+    file_job = _one_job(store, "alice", 2)
+    one = parse_job_file(b'{"prompt": "hi", "max_tokens": 4}\n', "<http>")
+    online = [store.submit([JobSubmission(one, tenant, RequestClass.REALTIME, 5, "http", JobOrigin.ONLINE,
+                                          key)])[0] for tenant, key in
+              (("alice", "k1"), ("alice", "k1"), ("alice", "k2"), ("bob", "k3"))]
+    store.submit([JobSubmission(one, "bob", RequestClass.STREAMING, 5, "generate", JobOrigin.GENERATE)])
+    assert [j.id for j in store.list_jobs(interactive=False)] == [file_job.job_id]
+    assert len(store.list_jobs(interactive=True)) == 5
+    assert {j.origin for j in store.list_jobs()} == {JobOrigin.SUBMIT, JobOrigin.ONLINE, JobOrigin.GENERATE}
+    claimed = {c.job_id: c for c in store.claim("d", per_group=10)}
+    first = claimed[online[0].job_id]
+    store.flush_tokens("d", [TokenUpdate(first.id, (1,), "x", first_token_at=time.time())])
+    finish(store, first.id, RequestState.DONE, [1, 2], "xy", "length", prompt_tokens=1)
+    groups = {(g.tenant, g.key_id): g for g in store.online_groups()}
+    assert set(groups) == {("alice", "k1"), ("alice", "k2"), ("bob", "k3"), ("bob", None)}
+    k1 = groups["alice", "k1"]
+    assert (k1.requests, k1.in_flight, k1.done, k1.generated_tokens, k1.recent) == (2, 1, 1, 2, 1)
+    assert k1.ttft_p50_s is not None and 0 <= k1.ttft_p50_s < 60
+    assert groups["alice", "k2"].ttft_p50_s is None
+    assert [g.key_id for g in store.online_groups(tenant="bob")] == [None, "k3"]
     store.db.dispose()
