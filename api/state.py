@@ -43,6 +43,7 @@ class ServerState:
     backend: Backend
     hub: ProgressHub
     metrics: Any = None
+    history: Any = None  # the dashboard's samples (api/history.py), made on first use
     _daemons: _Cached = field(default_factory=_Cached)
     _limits: _Cached = field(default_factory=_Cached)
 

@@ -54,15 +54,19 @@ def status(
         allow(may_touch_job(actor, "see", job_id, job.tenant))
 
     def snapshot() -> StatusSnapshot:
+        # Online requests (and `generate` prompts) are one-request jobs: listed grouped per tenant
+        # and key, so the files and batches a user follows are not buried under them.
         return StatusSnapshot(
             jobs=store.list_jobs(
                 job_id=job_id,
                 tenant=tenant,
                 finished_limit=None if show_all else RECENT_FINISHED_JOBS,
+                interactive=None if job_id is not None else False,
             ),
             tenants=store.list_tenants(),
             daemons=store.list_daemons(),
             now=time.time(),
+            online=store.online_groups(tenant=tenant) if job_id is None else [],
         )
 
     if as_json:

@@ -41,14 +41,14 @@ class Server:
         assert proc.returncode == 0, proc.stderr.decode()
         return proc.stdout.decode()
 
-    def key(self, tenant: str, request_class: str = "streaming") -> str:
+    def key(self, tenant: str, request_class: str = "streaming", admin: bool = False) -> str:
         """A new key, made in this process (the CLI's own path is tested apart: it costs a second)."""
         from fsched.core.types import RequestClass
         from fsched.storage.sql_keys import SqlKeyStore
 
         keys = SqlKeyStore(self.env["FSCHED_DB"])
         try:
-            return keys.create_key(tenant, RequestClass(request_class))[1]
+            return keys.create_key(tenant, RequestClass(request_class), admin=admin)[1]
         finally:
             keys.db.dispose()
 
