@@ -19,13 +19,13 @@ from importlib import resources
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from fsched.api.dashboard_view import Facts, state_json, stats_json
+from fsched.api.dashboard_view import Facts, state_json
 from fsched.api.errors import ApiError
 from fsched.api.history import TTFT_WINDOW_S, History
 from fsched.api.state import ServerState, state_of
 from fsched.core.jobs.access import Actor, may_administer
 from fsched.core.jobs.apikeys import ApiKey
-from fsched.core.ports.records import StoreError, UnknownTenant
+from fsched.core.ports.records import StoreError, UnknownTenant, newest_live_daemon
 
 router = APIRouter()
 # The finished jobs a page lists besides the unfinished ones, newest first.
@@ -73,7 +73,7 @@ async def state(request: Request, since: float | None = None) -> JSONResponse:
     history.viewed(facts.now)
     if history.wanted(facts.now):
         history.add(facts)
-    body = state_json(facts, viewer, daemon_states(server, facts), list(history.samples), since)
+    body = state_json(facts, viewer, list(history.samples), since)
     return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
 
@@ -128,29 +128,19 @@ def gather(server: ServerState, viewer: ApiKey | None) -> Facts:
     jobs = server.backend.jobs
     now = time.time()
     daemons = jobs.list_daemons()
-    live = [d for d in daemons if server.backend.daemon_alive(d, now)]
-    newest = max(live, key=lambda d: d.heartbeat_at) if live else None
+    live = [d for d in daemons if d.alive(now)]
+    newest = newest_live_daemon(daemons, now)
     facts = dict(
         now=now, jobs=jobs.list_jobs(include_finished=False), tenants=jobs.list_tenants(), daemons=daemons,
         live=live, totals=server.backend.serving.tenant_totals(),
-        latencies=server.backend.serving.first_token_latencies(now - TTFT_WINDOW_S),
-        served=(stats_json(newest).get("served_share") or {}) if newest else {},
+        first_tokens=server.backend.serving.first_tokens(now - TTFT_WINDOW_S),
+        served=dict(newest.stats.served_share) if newest else {},
     )
     if viewer is not None:
         mine = None if viewer.admin else viewer.tenant
         facts["listed"] = jobs.list_jobs(tenant=mine, finished_limit=FINISHED_JOBS_SHOWN, interactive=False)
         facts["online"] = jobs.online_groups(tenant=mine)
     return Facts(**facts)
-
-
-def daemon_states(server: ServerState, facts: Facts) -> dict[str, tuple[str, float]]:
-    """Each daemon's state (alive, stopped, dead) and heartbeat age, by the server's rule."""
-    out = {}
-    for d in facts.daemons:
-        age = d.heartbeat_age_s if d.heartbeat_age_s is not None else max(0.0, facts.now - d.heartbeat_at)
-        alive = server.backend.daemon_alive(d, facts.now)
-        out[d.id] = ("alive" if alive else "stopped" if d.stopped_at is not None else "dead", age)
-    return out
 
 
 async def sample_forever(server: ServerState) -> None:

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fsched.core.jobs.apikeys import ApiKey
-from fsched.core.ports.records import DaemonSummary, JobSummary, OnlineGroup, TenantSummary, TenantTotals
+from fsched.core.jobs.jobstate import JobSummary
+from fsched.core.ports.records import DaemonSummary, FirstTokens, OnlineGroup, TenantSummary, TenantTotals
 from fsched.core.sched.shares import entitled_shares
-from fsched.core.sim.metrics import percentile
 from fsched.core.types import RequestClass
 
 CLASSES = [c.value for c in RequestClass]
@@ -31,7 +31,7 @@ class Facts:
     daemons: Sequence[DaemonSummary]
     live: Sequence[DaemonSummary]
     totals: Sequence[TenantTotals]
-    latencies: Sequence[tuple[RequestClass, float, float]]  # (class, first token at, seconds)
+    first_tokens: Mapping[RequestClass, FirstTokens]  # over the last minute
     listed: Sequence[JobSummary] = ()  # the jobs the viewer may see: files and batches
     online: Sequence[OnlineGroup] = ()  # the viewer's online groups
     served: Mapping[str, float] = field(default_factory=dict)  # the newest live daemon's
@@ -39,8 +39,7 @@ class Facts:
 
 def stats_json(daemon: DaemonSummary) -> dict:
     """A heartbeat's figures as `fsched status --json` shows them."""
-    stats = daemon.stats
-    return dict(stats) if isinstance(stats, Mapping) else stats.to_json()
+    return daemon.stats.to_json()
 
 
 def entitled(tenants: Sequence[TenantSummary]) -> dict[str, float]:
@@ -60,16 +59,14 @@ def queues(jobs: Sequence[JobSummary]) -> list[dict]:
             for t, c in sorted(set(waiting) | set(running))]
 
 
-def ttft(latencies: Sequence[tuple[RequestClass, float, float]]) -> dict[str, dict]:
-    """First-token p50 and p99 of each class over the latencies given."""
-    by_class: dict[str, list[float]] = {}
-    for request_class, _, seconds in latencies:
-        by_class.setdefault(request_class.value, []).append(seconds)
-    return {c: {"count": len(v), "p50": percentile(v, 50), "p99": percentile(v, 99)}
-            for c, v in by_class.items()}
+def ttft(first_tokens: Mapping[RequestClass, FirstTokens]) -> dict[str, dict]:
+    """First-token p50 and p99 of each class, in the order of the classes."""
+    return {c.value: {"count": f.count, "p50": f.p50_s, "p99": f.p99_s}
+            for c in RequestClass if (f := first_tokens.get(c)) is not None}
 
 
-def daemon_row(d: DaemonSummary, state: str, age_s: float) -> dict:
+def daemon_row(d: DaemonSummary, now: float) -> dict:
+    state, age_s = d.state(now), d.heartbeat_age(now)
     s = stats_json(d) if state == "alive" else {}
     budget = s.get("kv_budget") or 0
     return {
@@ -159,11 +156,10 @@ def why_rows(requests: Sequence[Mapping], viewer: ApiKey) -> list[dict]:
     return out
 
 
-def state_json(facts: Facts, viewer: ApiKey, daemon_states: Mapping[str, tuple[str, float]],
-               history: Sequence[dict], since: float | None) -> dict:
+def state_json(facts: Facts, viewer: ApiKey, history: Sequence[dict], since: float | None) -> dict:
     """The whole page's figures for `viewer`; `history` samples newer than `since` only."""
     newest = max(facts.live, key=lambda d: d.heartbeat_at) if facts.live else None
-    daemons = [daemon_row(d, *daemon_states[d.id]) for d in facts.daemons]
+    daemons = [daemon_row(d, facts.now) for d in facts.daemons]
     alive = [d for d in daemons if d["state"] == "alive"]
     return {
         "viewer": {"tenant": viewer.tenant, "admin": viewer.admin, "key_id": viewer.id},
@@ -174,7 +170,7 @@ def state_json(facts: Facts, viewer: ApiKey, daemon_states: Mapping[str, tuple[s
         "daemons_alive": len(alive),
         "engine": {"tok_s": sum(d["tok_s"] or 0 for d in alive),
                    "preemptions": sum(d["preemptions"] or 0 for d in alive)},
-        "ttft": ttft(facts.latencies),
+        "ttft": ttft(facts.first_tokens),
         "jobs": [job_row(j, facts.now) for j in facts.listed],
         "online": [online_row(g) for g in facts.online],
         "why": why_rows(stats_json(newest).get("requests") or [], viewer) if newest else [],

@@ -16,7 +16,7 @@ from fsched.api.dashboard_view import CLASSES, Facts, entitled, queues, stats_js
 SAMPLE_S = 2.0
 KEEP_S = 900.0
 IDLE_S = 300.0
-# First-token percentiles over time are taken over the first tokens of this many seconds.
+# First-token percentiles (now and over time) are taken over the first tokens of this many seconds.
 TTFT_WINDOW_S = 60.0
 
 
@@ -67,7 +67,7 @@ def sample_of(facts: Facts, rates: dict[str, float]) -> dict:
     for q in queues(facts.jobs):
         waiting[q["class"]] += q["waiting"]
         running[q["class"]] += q["running"]
-    latency = ttft([x for x in facts.latencies if x[1] > facts.now - TTFT_WINDOW_S])
+    latency = ttft(facts.first_tokens)
     live = [stats_json(d) for d in facts.live]
     kv = [s["kv_tokens"] / s["kv_budget"] for s in live if s.get("kv_budget")]
     active = {t.name for t in facts.tenants if t.queued or t.running}

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from fsched.core.jobs.openai import OnlineProgress
+from fsched.core.ports.records import DaemonSummary, newest_live_daemon
 from fsched.core.sched.shares import entitled_shares
 from fsched.core.types import RequestClass
+
+if TYPE_CHECKING:
+    from fsched.api.state import Backend
 
 PREFIX = "fsched:"
 # Buckets of vLLM's time_to_first_token_seconds, up to a batch class's minutes.
@@ -29,7 +34,7 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 
 
 class Metrics:
-    def __init__(self, backend):
+    def __init__(self, backend: Backend):
         self.backend = backend
         self.registry = CollectorRegistry()
         self.ttft = Histogram(f"{PREFIX}time_to_first_token_seconds",
@@ -51,7 +56,7 @@ class Metrics:
 
 
 class _TableCollector:
-    def __init__(self, backend):
+    def __init__(self, backend: Backend):
         self.backend = backend
 
     def collect(self):
@@ -64,8 +69,10 @@ class _TableCollector:
         yield _gauge("num_requests_waiting", "Requests waiting (queued or preempted)", waiting)
         yield _gauge("num_requests_running", "Requests held by a daemon", running)
         yield from self._chargeback()
-        yield from self._shares()
-        yield from self._daemons()
+        now = time.time()
+        daemons = self.backend.jobs.list_daemons()
+        yield from self._shares(newest_live_daemon(daemons, now))
+        yield from self._daemons([d for d in daemons if d.alive(now)])
 
     def _chargeback(self):
         """Per-tenant totals from the jobs' counters, whatever door the work came by."""
@@ -83,7 +90,7 @@ class _TableCollector:
                 ended.add_metric([*group, outcome], count)
         yield from (generated, prompt, ended)
 
-    def _shares(self):
+    def _shares(self, newest: DaemonSummary | None):
         tenants = self.backend.jobs.list_tenants()
         weights = {t.name: t.weight for t in tenants}
         entitled = entitled_shares(weights, {t.name for t in tenants if t.queued or t.running})
@@ -96,14 +103,11 @@ class _TableCollector:
         served = GaugeMetricFamily(f"{PREFIX}tenant_served_share",
                                    "A tenant's recent part of the dominant resource (newest live daemon)",
                                    labels=["tenant"])
-        live = self._live()
-        newest = max(live, key=lambda d: d.heartbeat_at) if live else None
-        for name, share in ((newest.stats.get("served_share") or {}) if newest else {}).items():
+        for name, share in (newest.stats.served_share if newest else {}).items():
             served.add_metric([name], float(share))
         yield served
 
-    def _daemons(self):
-        live = self._live()
+    def _daemons(self, live: list[DaemonSummary]):
         alive = GaugeMetricFamily(f"{PREFIX}daemons_alive", "Daemons with a fresh heartbeat")
         alive.add_metric([], len(live))
         yield alive
@@ -112,16 +116,11 @@ class _TableCollector:
         preempted = CounterMetricFamily(f"{PREFIX}num_preemptions", "Preemptions since the daemon started",
                                         labels=["daemon"])
         for d in live:
-            budget = d.stats.get("kv_budget") or 0
-            kv.add_metric([d.id], (d.stats.get("kv_tokens") or 0) / budget if budget else 0.0)
-            if "preemptions" in d.stats:  # published by daemons whose heartbeat carries it
-                preempted.add_metric([d.id], d.stats["preemptions"])
+            s = d.stats
+            kv.add_metric([d.id], s.kv_tokens / s.kv_budget if s.kv_budget else 0.0)
+            preempted.add_metric([d.id], s.preemptions)
         yield kv
         yield preempted
-
-    def _live(self):
-        now = time.time()
-        return [d for d in self.backend.jobs.list_daemons() if self.backend.daemon_alive(d, now)]
 
 
 def _gauge(name: str, doc: str, values: Counter) -> GaugeMetricFamily:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio.to_thread
 from fastapi import Request
@@ -13,7 +13,15 @@ from fastapi import Request
 from fsched.api.errors import ApiError
 from fsched.api.hub import ProgressHub
 from fsched.core.jobs.apikeys import ApiKey, secret_matches, split_key
-from fsched.core.jobs.limits import InputLimits, effective_limits
+from fsched.core.jobs.limits import InputLimits, limits_in_force
+from fsched.core.ports.catalog import CatalogStore
+from fsched.core.ports.files import FileStore
+from fsched.core.ports.keys import KeyStore
+from fsched.core.ports.records import DaemonSummary
+from fsched.core.ports.serving import ServingStore
+
+if TYPE_CHECKING:
+    from fsched.api.metrics import Metrics
 
 # How long a server trusts what it read of the table: daemons come and go, and
 # an admin's new limits apply, within these; a revoked key is refused at once.
@@ -25,16 +33,18 @@ LIMITS_TTL_S = 1.0
 class Backend:
     """The stores a server uses, all over one database (built by `fsched serve`)."""
 
-    jobs: Any  # the job store: submit, list_jobs, cancel_job, iter_results, list_tenants, list_daemons
-    keys: Any  # API keys and stored limits
-    files: Any  # Batch API files and batches
-    serving: Any  # online requests' progress, metric totals
-    daemon_alive: Any  # (DaemonSummary, now) -> bool: the CLI's rule for a live daemon
+    jobs: CatalogStore  # submit, list jobs and daemons, results, cancel, tenants
+    keys: KeyStore  # API keys and stored limits
+    files: FileStore  # Batch API files and batches
+    serving: ServingStore  # online requests' progress, metric totals
+
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
-class _Cached:
-    value: Any = None
+class _Cached(Generic[T]):
+    value: T | None = None
     at: float = -1e18
 
 
@@ -42,21 +52,21 @@ class _Cached:
 class ServerState:
     backend: Backend
     hub: ProgressHub
-    metrics: Any = None
+    metrics: Metrics | None = None
     history: Any = None  # the dashboard's samples (api/history.py), made on first use
-    _daemons: _Cached = field(default_factory=_Cached)
-    _limits: _Cached = field(default_factory=_Cached)
+    _daemons: _Cached[list[DaemonSummary]] = field(default_factory=_Cached)
+    _limits: _Cached[InputLimits] = field(default_factory=_Cached)
 
     async def call(self, fn, *args, **kwargs):
         """A store call in a worker thread: the event loop never waits on the database."""
         return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
 
-    async def live_daemons(self) -> list:
+    async def live_daemons(self) -> list[DaemonSummary]:
         now = time.monotonic()
         if now - self._daemons.at > DAEMONS_TTL_S:
             daemons = await self.call(self.backend.jobs.list_daemons)
             wall = time.time()
-            self._daemons = _Cached([d for d in daemons if self.backend.daemon_alive(d, wall)], now)
+            self._daemons = _Cached([d for d in daemons if d.alive(wall)], now)
         return self._daemons.value
 
     async def require_daemon(self) -> None:
@@ -68,7 +78,7 @@ class ServerState:
         now = time.monotonic()
         if now - self._limits.at > LIMITS_TTL_S:
             stored = await self.call(self.backend.keys.stored_limits)
-            self._limits = _Cached(effective_limits(stored, {}), now)
+            self._limits = _Cached(limits_in_force(stored), now)
         return self._limits.value
 
     async def authenticate(self, request: Request) -> ApiKey:

@@ -13,9 +13,9 @@ import typer
 
 if TYPE_CHECKING:
     from fsched.core.jobs.access import Actor
-    from fsched.storage.base import SqlStoreBase
-    from fsched.storage.sql_catalog import SqlCatalogStore
-    from fsched.storage.sql_queue import SqlQueueStore
+    from fsched.core.jobs.limits import InputLimits
+    from fsched.core.ports.catalog import CatalogStore
+    from fsched.storage.stores import JobTable
 
 DbOption = Annotated[
     str | None,
@@ -61,21 +61,19 @@ def handle_errors(command: Callable) -> Callable:
     return wrapper
 
 
-def open_catalog(db: str | None) -> SqlCatalogStore:
+def open_table(db: str | None) -> JobTable:
+    """The job table named by --db (or the default), its stores made as a command uses them."""
+    from fsched.storage.stores import open_table as open_job_table
+
+    return open_job_table(db)
+
+
+def open_catalog(db: str | None) -> CatalogStore:
     """The commands' side of the job table: submit, list, results, cancel, tenants, daemons."""
-    from fsched.storage.sql_catalog import SqlCatalogStore
-
-    return SqlCatalogStore(db)
+    return open_table(db).catalog
 
 
-def open_queue(db: str | None) -> SqlQueueStore:
-    """The daemon's side of the job table: claim, write back, leases, heartbeats."""
-    from fsched.storage.sql_queue import SqlQueueStore
-
-    return SqlQueueStore(db)
-
-
-def acting_user(store: SqlStoreBase) -> Actor:
+def acting_user(store: CatalogStore) -> Actor:
     """Who runs this command, and whether they are an fsched admin of this job table."""
     from fsched.core.jobs.access import local_actor
 
@@ -88,13 +86,41 @@ def allow(refusal: str | None) -> None:
         raise UserError(refusal)
 
 
-def open_catalog_as_admin(db: str | None, doing: str) -> SqlCatalogStore:
-    """The catalog, for a command only an fsched admin may run (`doing` names it in the refusal)."""
+def open_table_as_admin(db: str | None, doing: str) -> JobTable:
+    """The job table, for a command only an fsched admin may run (`doing` names it in the refusal)."""
     from fsched.core.jobs.access import may_administer
 
-    store = open_catalog(db)
-    allow(may_administer(acting_user(store), doing))
-    return store
+    table = open_table(db)
+    allow(may_administer(acting_user(table.catalog), doing))
+    return table
+
+
+def open_catalog_as_admin(db: str | None, doing: str) -> CatalogStore:
+    """The catalog, for a command only an fsched admin may run (`doing` names it in the refusal)."""
+    return open_table_as_admin(db, doing).catalog
+
+
+def open_table_to_serve(db: str | None, doing: str) -> JobTable:
+    """The job table, for a process that reads every tenant's work (`fsched daemon`, `fsched serve`).
+
+    On a shared SQLite file that is an admin's job. On PostgreSQL, holding
+    the database URL's credentials is what lets a daemon or a server in.
+    """
+    table = open_table(db)
+    if table.sqlite:
+        from fsched.core.jobs.access import may_administer
+
+        allow(may_administer(acting_user(table.catalog), doing))
+    return table
+
+
+def limits_in_force(table: JobTable) -> InputLimits:
+    """The limits a submitting command applies: the stored ones, lowered by this command's environment."""
+    import os
+
+    from fsched.core.jobs.limits import limits_in_force as limits_of
+
+    return limits_of(table.keys.stored_limits(), os.environ)
 
 
 def print_json(obj: Any) -> None:

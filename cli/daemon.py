@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from fsched.cli.common import DbOption, UserError, acting_user, allow, handle_errors, open_queue
+from fsched.cli.common import DbOption, UserError, handle_errors, open_table_to_serve
 from fsched.core.daemon.build import (
     CPU_LIMITS,
     DEFAULTS,
@@ -93,19 +93,14 @@ def daemon(
 def run_daemon(settings: DaemonSettings, db: str | None) -> None:
     """Take the job table (as an admin on SQLite, alone where it has a lock) and serve it until stopped."""
     from fsched.core.daemon.build import build_daemon, runner_summary
-    from fsched.core.jobs.access import may_administer
 
     log = logging.getLogger("fsched.daemon")
-    store = open_queue(db)
-    if store.db.dialect == "sqlite":
-        # The daemon reads every tenant's prompts and writes every output: on a
-        # shared SQLite table that is an admin's job. (On PostgreSQL, holding
-        # the database URL's credentials is what lets a daemon in.)
-        allow(may_administer(acting_user(store), "serving the job table (fsched daemon)"))
-    lock = store.db.daemon_lock()
+    # The daemon reads every tenant's prompts and writes every output.
+    table = open_table_to_serve(db, "serving the job table (fsched daemon)")
+    lock = table.daemon_lock()
     try:
         try:
-            the_daemon = build_daemon(settings, store, exclusive=lock is not None)
+            the_daemon = build_daemon(settings, table.queue, exclusive=lock is not None)
         except RunnerUnavailable as exc:
             raise UserError(str(exc)) from None
 
@@ -115,11 +110,11 @@ def run_daemon(settings: DaemonSettings, db: str | None) -> None:
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        log.info("serving %s", store.db.display_url)
+        log.info("serving %s", table.display_url)
         the_daemon.run()
     finally:
         if lock is not None:
             lock.release()
-    log.info("stopped after %d steps, %d tokens", the_daemon.stats.steps, the_daemon.stats.tokens)
+    log.info("stopped after %d steps, %d tokens", the_daemon.figures.steps, the_daemon.figures.tokens)
     if summary := runner_summary(the_daemon):
         log.info("%s", summary)

@@ -37,7 +37,8 @@ from fsched.cli.common import (
 )
 from fsched.cli.daemon import POLICY_NAMES
 from fsched.core.daemon.build import DEFAULTS
-from fsched.core.ports.records import JobSummary, RequestTiming
+from fsched.core.jobs.jobstate import JobSummary
+from fsched.core.ports.records import RequestTiming
 from fsched.core.sched.policy import POLICIES
 from fsched.core.types import RequestClass, RequestState
 

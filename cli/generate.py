@@ -26,8 +26,9 @@ from fsched.cli.common import (
     allow,
     fail,
     handle_errors,
+    limits_in_force,
     note,
-    open_catalog,
+    open_table,
     print_json,
 )
 from fsched.cli.submit import CLASS_NAMES, parse_class
@@ -112,27 +113,20 @@ def generate(
     a daemon must be running (`fsched daemon`).
     """
     from fsched.core.jobs.jobfile import parse_job_file
-    from fsched.core.jobs.limits import InputLimits
     from fsched.core.ports.records import JobSubmission
 
     request_class = parse_class(request_class)
     if timeout is not None and timeout <= 0:
         raise UserError(f"--timeout must be > 0, got {timeout:g}")
-    limits = InputLimits.from_env()
-    parsed = parse_job_file(
-        one_line_job(prompt, max_tokens, temperature, seed), "<generate>", limits, DEFAULT_MAX_TOKENS
-    )
-    store = open_catalog(db)
+    table = open_table(db)
+    store = table.catalog
     actor = acting_user(store)
     tenant = tenant or default_tenant(actor, getpass.getuser())
     allow(may_act_as(actor, tenant))
-    from fsched.cli.limits import limits_in_force
-
-    if (stored := limits_in_force(store)) != limits:  # an admin's stored limits apply
-        limits = stored
-        parsed = parse_job_file(
-            one_line_job(prompt, max_tokens, temperature, seed), "<generate>", limits, DEFAULT_MAX_TOKENS
-        )
+    limits = limits_in_force(table)
+    parsed = parse_job_file(
+        one_line_job(prompt, max_tokens, temperature, seed), "<generate>", limits, DEFAULT_MAX_TOKENS
+    )
     # Ctrl-C cancels the request even where the shell started us with SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     (job,) = store.submit([JobSubmission(parsed=parsed, tenant=tenant,
@@ -179,7 +173,7 @@ def print_answer(answer: Answer, job_id: int, streamed: bool) -> None:
 
 def _wait(store, job_id: int, stream: bool, timeout: float | None) -> RequestProgress:
     """Poll the request until it ends; print new text when streaming. Raises on failure/timeout."""
-    from fsched.cli.report import daemon_alive
+    from fsched.core.jobs.openai import visible_text
 
     start = time.monotonic()
     warned = False
@@ -190,14 +184,12 @@ def _wait(store, job_id: int, stream: bool, timeout: float | None) -> RequestPro
         if not warned and now >= next_daemon_check:
             next_daemon_check = now + DAEMON_CHECK_S
             wall = time.time()
-            if not any(daemon_alive(d, wall) for d in store.list_daemons()):
+            if not any(d.alive(wall) for d in store.list_daemons()):
                 warned = True
                 note("fsched: no daemon is running on this job table; the request waits for `fsched daemon`")
         (p,) = store.request_progress(job_id)
         if stream:
-            # A token may end inside a multi-byte character, which decodes as U+FFFD until
-            # the next token completes it: hold such a tail back until the request ends.
-            visible = p.output_text if p.state.finished else p.output_text.rstrip("\ufffd")
+            visible = visible_text(p)
             if len(visible) > shown:
                 sys.stdout.write(visible[shown:])
                 sys.stdout.flush()

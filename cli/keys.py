@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -11,20 +11,20 @@ from fsched.cli.common import (
     JsonOption,
     handle_errors,
     iso_time,
-    open_catalog_as_admin,
+    open_table_as_admin,
     print_json,
 )
 from fsched.cli.submit import CLASS_NAMES, parse_class
+
+if TYPE_CHECKING:
+    from fsched.core.ports.keys import KeyStore
 
 app = typer.Typer(help="Create, list and revoke API keys of `fsched serve` (admins only).",
                   no_args_is_help=True)
 
 
-def _admin_key_store(db: str | None, what: str):
-    from fsched.storage.sql_keys import SqlKeyStore
-
-    store = open_catalog_as_admin(db, what)
-    return SqlKeyStore(store.db)
+def _admin_key_store(db: str | None, what: str) -> KeyStore:
+    return open_table_as_admin(db, what).keys
 
 
 def key_json(key) -> dict:

@@ -10,30 +10,10 @@ from typing import Annotated
 
 import typer
 
-from fsched.cli.common import (
-    DbOption,
-    JsonOption,
-    handle_errors,
-    open_catalog,
-    open_catalog_as_admin,
-    print_json,
-)
+from fsched.cli.common import DbOption, JsonOption, handle_errors, open_table, open_table_as_admin, print_json
 
 app = typer.Typer(help="Show and set the limits on what clients may submit (setting: admins only).",
                   no_args_is_help=True)
-
-
-def stored_limits(store) -> dict[str, int]:
-    from fsched.storage.sql_keys import SqlKeyStore
-
-    return SqlKeyStore(store.db).stored_limits()
-
-
-def limits_in_force(store):
-    """The limits every submitting command applies: the stored ones, lowered by the environment."""
-    from fsched.core.jobs.limits import effective_limits
-
-    return effective_limits(stored_limits(store))
 
 
 @app.command("show")
@@ -42,11 +22,10 @@ def show(as_json: JsonOption = False, db: DbOption = None) -> None:
     """Each limit, its value, and whether an admin set it."""
     from dataclasses import asdict
 
-    from fsched.core.jobs.limits import effective_limits
+    from fsched.core.jobs.limits import limits_in_force
 
-    store = open_catalog(db)
-    stored = stored_limits(store)
-    values = asdict(effective_limits(stored, {}))
+    stored = open_table(db).keys.stored_limits()
+    values = asdict(limits_in_force(stored))
     rows = [{"name": k, "value": v, "set": k in stored} for k, v in values.items()]
     if as_json:
         print_json(rows)
@@ -64,10 +43,8 @@ def set_limit(
 ) -> None:
     """Store a limit (an fsched admin only); it applies to the next submit or request."""
     from fsched.core.jobs.limits import validate_limit
-    from fsched.storage.sql_keys import SqlKeyStore
 
-    store = open_catalog_as_admin(db, "setting a limit")
-    SqlKeyStore(store.db).set_limit(name, validate_limit(name, value))
+    open_table_as_admin(db, "setting a limit").keys.set_limit(name, validate_limit(name, value))
     print(f"limit {name} is now {value:,}")
 
 
@@ -79,10 +56,8 @@ def unset(
 ) -> None:
     """Put a limit back to its default (an fsched admin only)."""
     from fsched.core.jobs.limits import LIMIT_NAMES
-    from fsched.storage.sql_keys import SqlKeyStore
 
     if name not in LIMIT_NAMES:
         raise ValueError(f"unknown limit {name!r}; the limits are {', '.join(LIMIT_NAMES)}")
-    store = open_catalog_as_admin(db, "setting a limit")
-    SqlKeyStore(store.db).set_limit(name, None)
+    open_table_as_admin(db, "setting a limit").keys.set_limit(name, None)
     print(f"limit {name} is back to its default")

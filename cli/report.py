@@ -5,12 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fsched.cli.common import iso_time
-from fsched.core.ports.records import DaemonSummary, JobSummary, OnlineGroup, TenantSummary
+from fsched.core.jobs.jobstate import JobSummary
+from fsched.core.ports.records import DaemonSummary, OnlineGroup, TenantSummary
 from fsched.core.sched.shares import entitled_shares
-
-# A daemon that has not beaten its heart for longer than its lease TTL (or
-# this, for one that did not say) is shown as dead: its leases are expiring.
-DAEMON_DEAD_AFTER_S = 15.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -77,36 +74,11 @@ def daemon_json(daemon: DaemonSummary, now: float) -> dict:
         "device": daemon.device,
         "model": daemon.model,
         "started_at": iso_time(daemon.started_at),
-        "heartbeat_age_s": round(heartbeat_age(daemon, now), 3),
-        "alive": daemon_alive(daemon, now),
-        "state": daemon_state(daemon, now),
-        "stats": daemon.stats,
+        "heartbeat_age_s": round(daemon.heartbeat_age(now), 3),
+        "alive": daemon.alive(now),
+        "state": daemon.state(now),
+        "stats": daemon.stats.to_json(),
     }
-
-
-def heartbeat_age(daemon: DaemonSummary, now: float) -> float:
-    """Seconds since the daemon's last heartbeat, by the database's clock when it gave one."""
-    if daemon.heartbeat_age_s is not None:
-        return daemon.heartbeat_age_s
-    return max(0.0, now - daemon.heartbeat_at)
-
-
-def daemon_state(daemon: DaemonSummary, now: float) -> str:
-    """alive, stopped (said goodbye) or dead (silent past its lease: killed, hung, cut off)."""
-    if daemon.stopped_at is not None:
-        return "stopped"
-    dead_after = daemon.stats.get("lease_s") or DAEMON_DEAD_AFTER_S
-    return "dead" if heartbeat_age(daemon, now) > dead_after else "alive"
-
-
-def daemon_alive(daemon: DaemonSummary, now: float) -> bool:
-    return daemon_state(daemon, now) == "alive"
-
-
-def live_daemon(daemons: list[DaemonSummary], now: float) -> DaemonSummary | None:
-    """The live daemon with the newest heartbeat, whose figures the views show; None if none is alive."""
-    alive = [d for d in daemons if daemon_alive(d, now)]
-    return max(alive, key=lambda d: d.heartbeat_at) if alive else None
 
 
 def status_json(snapshot: StatusSnapshot) -> dict:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from fsched.cli.common import DbOption, UserError, acting_user, allow, handle_errors, open_catalog
+from fsched.cli.common import DbOption, UserError, handle_errors, open_table_to_serve
 
 POLL_MS = 5.0
 
@@ -14,20 +14,9 @@ POLL_MS = 5.0
 def build_backend(db: str | None):
     """The stores a server needs, all over one database connection pool."""
     from fsched.api.state import Backend
-    from fsched.cli.report import daemon_alive
-    from fsched.storage.sql_files import SqlFileStore
-    from fsched.storage.sql_keys import SqlKeyStore
-    from fsched.storage.sql_serving import SqlServingStore
 
-    jobs = open_catalog(db)
-    if jobs.db.dialect == "sqlite":
-        # The server reads every tenant's requests and keys: on a shared SQLite table that is an
-        # admin's job, as the daemon is. (On PostgreSQL, the URL's credentials let a server in.)
-        from fsched.core.jobs.access import may_administer
-
-        allow(may_administer(acting_user(jobs), "serving the HTTP API (fsched serve)"))
-    return Backend(jobs=jobs, keys=SqlKeyStore(jobs.db), files=SqlFileStore(jobs.db),
-                   serving=SqlServingStore(jobs.db), daemon_alive=daemon_alive)
+    table = open_table_to_serve(db, "serving the HTTP API (fsched serve)")
+    return Backend(jobs=table.catalog, keys=table.keys, files=table.files, serving=table.serving)
 
 
 @handle_errors

@@ -16,7 +16,8 @@ from fsched.cli.common import (
     acting_user,
     allow,
     handle_errors,
-    open_catalog,
+    limits_in_force,
+    open_table,
     print_json,
 )
 from fsched.core.jobs.access import default_tenant, may_act_as
@@ -90,20 +91,13 @@ def submit(
     request_class = parse_class(request_class)
     if not 0 <= priority <= 9:
         raise UserError(f"--priority must be within 0..9, got {priority}")
-    limits = InputLimits.from_env()
-    inputs = read_files(files, limits, max_tokens)
-    parsed = parse_all(inputs, limits, max_tokens)
-    store = open_catalog(db)
+    table = open_table(db)
+    store = table.catalog
     actor = acting_user(store)
     tenant = tenant or default_tenant(actor, getpass.getuser())
     allow(may_act_as(actor, tenant))
-    from fsched.cli.limits import limits_in_force
-
-    if (stored := limits_in_force(store)) != limits:
-        # The files were checked by the defaults first (a bad file needs no database); an admin
-        # stored other limits: check them again by those.
-        limits = stored
-        parsed = parse_all(inputs, limits, max_tokens)
+    limits = limits_in_force(table)
+    parsed = parse_all(read_files(files, limits, max_tokens), limits, max_tokens)
     jobs = [
         JobSubmission(parsed=p, tenant=tenant, request_class=request_class, priority=priority,
                       name=name or ("stdin" if p.source == "<stdin>" else Path(p.source).name))

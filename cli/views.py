@@ -8,15 +8,11 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from fsched.cli.report import (
-    StatusSnapshot,
-    daemon_state,
-    heartbeat_age,
-    live_daemon,
-    tenant_entitlements,
-)
-from fsched.core.ports.records import DaemonSummary, JobSummary, TenantSummary
-from fsched.core.types import JobState, RequestClass
+from fsched.cli.report import StatusSnapshot, tenant_entitlements
+from fsched.core.jobs.jobstate import JobSummary
+from fsched.core.ports.records import DaemonSummary, TenantSummary, newest_live_daemon
+from fsched.core.sched.explain import RequestStanding
+from fsched.core.types import JobState, RequestState
 
 STATE_STYLES = {
     JobState.QUEUED: "yellow",
@@ -105,57 +101,48 @@ def served_cell(served: float, entitled: float | None, active: bool) -> Text:
 
 
 def daemon_panel(daemon: DaemonSummary, now: float) -> Panel:
-    """The live daemon's engine figures (from its heartbeat stats)."""
+    """The live daemon's engine figures (from its heartbeat)."""
     s = daemon.stats
-    kv, budget = s.get("kv_tokens", 0), s.get("kv_budget", 0)
-    kv_pct = f" ({kv / budget:.0%})" if budget else ""
+    kv_pct = f" ({s.kv_tokens / s.kv_budget:.0%})" if s.kv_budget else ""
     lines = [
         f"[bold]model[/] {daemon.model}   [bold]device[/] {daemon.device}   "
-        f"[bold]policy[/] {s.get('policy', '?')}   [bold]daemon[/] {daemon.id} (pid {daemon.pid})",
-        f"[bold]batch[/] {s.get('batch', 0)}   [bold]running[/] {s.get('running', 0)}   "
-        f"[bold]waiting[/] {s.get('waiting', 0)}   [bold]held[/] {s.get('held', 0)}   "
-        f"[bold]KV[/] {kv:,}/{budget:,} tokens{kv_pct}",
-        f"[bold]tok/s[/] {s.get('tok_s', 0.0):,.1f}   [bold]step[/] {s.get('step_ms', 0.0):.1f} ms   "
-        f"[bold]steps[/] {s.get('steps', 0):,}   [bold]tokens[/] {s.get('tokens', 0):,}   "
-        f"[bold]heartbeat[/] {heartbeat_age(daemon, now):.1f}s ago",
+        f"[bold]policy[/] {s.policy or '?'}   [bold]daemon[/] {daemon.id} (pid {daemon.pid})",
+        f"[bold]batch[/] {s.batch}   [bold]running[/] {s.running}   "
+        f"[bold]waiting[/] {s.waiting}   [bold]held[/] {s.held}   "
+        f"[bold]KV[/] {s.kv_tokens:,}/{s.kv_budget:,} tokens{kv_pct}",
+        f"[bold]tok/s[/] {s.tok_s:,.1f}   [bold]step[/] {s.step_ms:.1f} ms   "
+        f"[bold]steps[/] {s.steps:,}   [bold]tokens[/] {s.tokens:,}   "
+        f"[bold]heartbeat[/] {daemon.heartbeat_age(now):.1f}s ago",
     ]
     return Panel("\n".join(lines), title="Daemon", title_align="left", expand=False)
 
 
-BAND_NAMES = {c.band: c.value for c in RequestClass}
-
-
-def band_name(band: int) -> str:
-    return BAND_NAMES.get(band, str(band))
-
-
-def why_table(requests: list[dict]) -> Table:
+def why_table(requests: tuple[RequestStanding, ...] | list[RequestStanding]) -> Table:
     """Why each running or waiting request runs or waits, in the scheduler's order (as Slurm's sprio):
-    class band and the band aging lifted it to, MLFQ level, base priority, wait, tenant's DRF share."""
+    class, tier (precedence or share), base priority, wait, whether it is late, tenant's DRF share."""
     table = Table(title="Why (running, then waiting in admission order)", title_justify="left")
     for column, justify in [
-        ("req", "right"), ("tenant", "left"), ("class", "left"), ("state", "left"),
-        ("band → aged", "left"), ("age boost", "right"), ("level", "right"), ("pri", "right"),
-        ("waited", "right"), ("generated", "right"), ("tenant share", "right"),
+        ("req", "right"), ("tenant", "left"), ("class", "left"), ("state", "left"), ("tier", "left"),
+        ("pri", "right"), ("waited", "right"), ("late", "left"), ("generated", "right"),
+        ("tenant share", "right"),
     ]:
         table.add_column(column, justify=justify, no_wrap=True)
     for r in requests:
-        boost = r.get("age_boost", 0)
+        running = r.state is RequestState.RUNNING
         table.add_row(
-            str(r["id"]),
-            r["tenant"],
-            r["class"],
-            Text(r["state"], style="cyan" if r["state"] == "running" else "yellow"),
-            f"{band_name(r['band'])} → {band_name(r['aged_band'])}",
-            f"+{boost}" if boost else "0",
-            str(r["level"]),
-            str(r["priority"]),
-            f"{r['waited_s']:.1f}s",
-            f"{r.get('generated', 0):,}",
-            f"{r['tenant_share']:.3f}",
+            r.id,
+            r.tenant,
+            r.request_class.value,
+            Text(r.state.value, style="cyan" if running else "yellow"),
+            r.tier,
+            str(r.priority),
+            f"{r.waited_s:.1f}s",
+            Text("late", style="red") if r.late else "",
+            f"{r.generated:,}",
+            f"{r.tenant_share:.3f}",
         )
     if not requests:
-        table.add_row("", Text("nothing running or waiting", style="dim"), *[""] * 9)
+        table.add_row("", Text("nothing running or waiting", style="dim"), *[""] * 8)
     return table
 
 
@@ -166,26 +153,26 @@ def daemons_table(daemons: list[DaemonSummary], now: float) -> Table:
         table.add_column(column, justify=justify, no_wrap=True)
     styles = {"alive": "green", "stopped": "dim", "dead": "red"}
     for daemon in daemons:
-        state = daemon_state(daemon, now)
-        s = daemon.stats if state == "alive" else {}
+        state = daemon.state(now)
+        alive = state == "alive"  # a dead or stopped daemon's last figures are not shown as current
         table.add_row(
             daemon.id,
             daemon.host,
             daemon.device,
-            f"{format_age(heartbeat_age(daemon, now))} ago",
-            str(s.get("batch", "")),
-            f"{s['tok_s']:,.0f}" if "tok_s" in s else "",
+            f"{format_age(daemon.heartbeat_age(now))} ago",
+            str(daemon.stats.batch) if alive else "",
+            f"{daemon.stats.tok_s:,.0f}" if alive else "",
             Text(state, style=styles[state]),
         )
     return table
 
 
 def status_view(snapshot: StatusSnapshot) -> Group:
-    live = live_daemon(snapshot.daemons, snapshot.now)
-    served = live.stats.get("served_share", {}) if live is not None else None
+    live = newest_live_daemon(snapshot.daemons, snapshot.now)
+    served = dict(live.stats.served_share) if live is not None else None
     parts = [jobs_table(snapshot.jobs, snapshot.now), tenants_table(snapshot.tenants, served)]
     if live is not None:
-        parts += [daemon_panel(live, snapshot.now), why_table(live.stats.get("requests", []))]
+        parts += [daemon_panel(live, snapshot.now), why_table(live.stats.requests)]
     if snapshot.daemons:
         parts.append(daemons_table(snapshot.daemons, snapshot.now))
     else:

@@ -10,7 +10,7 @@ from collections import defaultdict
 
 from sqlalchemy import case, func, select
 
-from fsched.core.ports.records import OnlineGroup
+from fsched.core.ports.records import FirstTokens, OnlineGroup
 from fsched.core.sim.metrics import percentile
 from fsched.core.types import JobOrigin, RequestClass
 from fsched.storage.db import Database
@@ -21,16 +21,18 @@ ONLINE_WINDOW_S = 300.0
 INTERACTIVE = [o.value for o in JobOrigin if o.interactive]
 
 
-def first_token_latencies(db: Database, since: float) -> list[tuple[RequestClass, float, float]]:
-    """(class, first token at, seconds from enqueued to first token) of every request whose first
-    token came after `since`."""
+def first_tokens(db: Database, since: float) -> dict[RequestClass, FirstTokens]:
+    """First-token latency by class of the requests whose first token came after `since`."""
     with db.read() as conn:
         rows = conn.execute(
-            select(jobs.c["class"], requests.c.first_token_at, requests.c.enqueued_at)
+            select(jobs.c["class"], requests.c.first_token_at - requests.c.enqueued_at)
             .select_from(requests.join(jobs, jobs.c.id == requests.c.job_id))
             .where(requests.c.first_token_at > since)
         ).all()
-    return [(RequestClass(row[0]), row[1], max(0.0, row[1] - row[2])) for row in rows]
+    by_class: dict[RequestClass, list[float]] = defaultdict(list)
+    for row in rows:
+        by_class[RequestClass(row[0])].append(max(0.0, row[1]))
+    return {c: FirstTokens(len(v), percentile(v, 50), percentile(v, 99)) for c, v in by_class.items()}
 
 
 def online_groups(db: Database, since: float, tenant: str | None = None) -> list[OnlineGroup]:

@@ -5,15 +5,10 @@ request id changes type (the core's text id, the table's integer key).
 
 from __future__ import annotations
 
-from fsched.core.jobs.jobstate import JobCounts
-from fsched.core.ports.records import (
-    ClaimedRequest,
-    JobSummary,
-    RequestId,
-    RequestResult,
-    StoreError,
-)
-from fsched.core.types import JobOrigin, JobState, RequestClass, RequestState
+from fsched.core.jobs.jobstate import JobCounts, JobSummary
+from fsched.core.jobs.results import RequestResult
+from fsched.core.ports.records import ClaimedRequest, StoreError
+from fsched.core.types import JobOrigin, JobState, RequestClass, RequestId, RequestState
 from fsched.storage.models import DaemonHeartbeat, DaemonUsage, Job, Request, Tenant
 
 jobs = Job.__table__

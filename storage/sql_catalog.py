@@ -11,16 +11,17 @@ from dataclasses import replace
 
 from sqlalchemy import func, select, update
 
+from fsched.core.jobs.jobstate import JobSummary
 from fsched.core.jobs.limits import DEFAULT_MAX_QUEUED_PER_TENANT
+from fsched.core.jobs.results import RequestResult
 from fsched.core.jobs.tenants import validate_tenant_name, validate_weight
 from fsched.core.ports.records import (
     CancelOutcome,
+    DaemonStats,
     DaemonSummary,
     JobSubmission,
-    JobSummary,
     OnlineGroup,
     RequestProgress,
-    RequestResult,
     RequestTiming,
     SubmittedJob,
     TenantBusy,
@@ -159,7 +160,7 @@ class SqlCatalogStore(SqlStoreBase):
             DaemonSummary(
                 id=row.id, host=row.host, pid=row.pid, device=row.device, model=row.model,
                 started_at=row.started_at, heartbeat_at=row.heartbeat_at, stopped_at=row.stopped_at,
-                stats=row.stats or {}, heartbeat_age_s=max(0.0, row.age_s),
+                stats=DaemonStats.from_json(row.stats or {}), heartbeat_age_s=max(0.0, row.age_s),
             )
             for row in rows
         ]

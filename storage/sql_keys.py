@@ -8,7 +8,7 @@ from sqlalchemy import select, update
 
 from fsched.core.jobs.apikeys import ApiKey, new_key, validate_key_name
 from fsched.core.jobs.tenants import validate_tenant_name
-from fsched.core.ports.records import StoreError
+from fsched.core.ports.records import UnknownKey
 from fsched.core.types import RequestClass
 from fsched.storage.db import Database
 from fsched.storage.models import ApiKeyRow, Meta
@@ -17,11 +17,6 @@ from fsched.storage.schema import ensure_schema
 keys = ApiKeyRow.__table__
 meta = Meta.__table__
 LIMIT_PREFIX = "limit."
-
-
-class UnknownKey(StoreError):
-    def __init__(self, key_id: str):
-        super().__init__(f"no API key with id {key_id!r}")
 
 
 class SqlKeyStore:

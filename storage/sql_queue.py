@@ -18,11 +18,10 @@ from fsched.core.ports.records import (
     Completion,
     DaemonSummary,
     PeerUsage,
-    RequestId,
     StoreError,
     TokenUpdate,
 )
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import RequestClass, RequestId, RequestState
 from fsched.storage.base import SqlStoreBase
 from fsched.storage.claim import claim_requests
 from fsched.storage.counters import CountDelta, apply_delta, requeue
@@ -297,7 +296,7 @@ class SqlQueueStore(SqlStoreBase):
         values = {
             "host": daemon.host, "pid": daemon.pid, "device": daemon.device, "model": daemon.model,
             "started_at": daemon.started_at, "heartbeat_at": now,
-            "stopped_at": now if daemon.stopped_at is not None else None, "stats": daemon.stats,
+            "stopped_at": now if daemon.stopped_at is not None else None, "stats": daemon.stats.to_json(),
         }
         with self.db.write() as conn:
             changed = conn.execute(update(daemons).where(daemons.c.id == daemon.id).values(**values)).rowcount

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from sqlalchemy import func, select
 
 from fsched.core.jobs.openai import OnlineProgress
-from fsched.core.ports.records import TenantTotals
+from fsched.core.ports.records import FirstTokens, TenantTotals
 from fsched.core.types import RequestClass, RequestState
-from fsched.storage.activity import first_token_latencies
+from fsched.storage.activity import first_tokens
 from fsched.storage.db import Database
 from fsched.storage.models import Job, Request
 from fsched.storage.rows import core_id
@@ -61,7 +61,7 @@ class SqlServingStore:
             ).all()
         return [TenantTotals(row[0], RequestClass(row[1]), *(int(v or 0) for v in row[2:])) for row in rows]
 
-    def first_token_latencies(self, since: float) -> list[tuple[RequestClass, float, float]]:
-        """(class, first token at, seconds from enqueued to first token) of every request whose
-        first token came after `since` (an index range: the cost follows the window, not the table)."""
-        return first_token_latencies(self.db, since)
+    def first_tokens(self, since: float) -> dict[RequestClass, FirstTokens]:
+        """First-token latency by class of the requests whose first token came after `since` (an index
+        range: the cost follows the window, not the table)."""
+        return first_tokens(self.db, since)

@@ -18,16 +18,16 @@ from dataclasses import dataclass, field
 
 from fsched.core.runners.protocol import Runner
 from fsched.core.runners.stopping import FinishReason
-from fsched.core.sched.explain import explain
+from fsched.core.sched.explain import RequestStanding, explain
 from fsched.core.sched.request import SchedRequest
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sched.usage import TenantCharge, peer_totals
-from fsched.core.types import RequestClass, SamplingParams
+from fsched.core.types import RequestClass, RequestId, SamplingParams
 
 
 @dataclass(slots=True)
 class EngineRequest:
-    id: str
+    id: RequestId
     prompt: list[int]  # token ids
     params: SamplingParams
     tenant: str = "default"
@@ -38,7 +38,7 @@ class EngineRequest:
 
 @dataclass(slots=True)
 class EngineResult:
-    id: str
+    id: RequestId
     tokens: list[int]
     text: str
     finish_reason: FinishReason | None  # None: failed
@@ -51,7 +51,7 @@ class EngineResult:
 
 @dataclass(slots=True)
 class StepReport:
-    tokens: dict[str, int]  # request -> the token it produced this step
+    tokens: dict[RequestId, int]  # request -> the token it produced this step
     finished: list[EngineResult]
     elapsed_s: float
     batch_size: int
@@ -65,13 +65,14 @@ class EngineSnapshot:
     running: int
     waiting: int
     kv_budget: int  # KV cache budget in tokens
-    requests: list[dict]  # each request's standing, running ones first (see sched.explain)
+    preemptions: int  # since the engine started
+    requests: list[RequestStanding]  # running ones first, then waiting in admission order
 
 
 class StepFailed(Exception):
     """The model step raised; `request_ids` were in it. The engine has dropped them all."""
 
-    def __init__(self, request_ids: list[str], error: BaseException):
+    def __init__(self, request_ids: list[RequestId], error: BaseException):
         super().__init__(f"{type(error).__name__}: {error}")
         self.request_ids = request_ids
         self.error = error
@@ -117,9 +118,9 @@ class Engine:
         self.scheduler = scheduler
         self.context_length = context_length
         self.clock = clock
-        self._requests: dict[str, EngineRequest] = {}
-        self._arrival: dict[str, float] = {}
-        self._first_token: dict[str, float] = {}
+        self._requests: dict[RequestId, EngineRequest] = {}
+        self._arrival: dict[RequestId, float] = {}
+        self._first_token: dict[RequestId, float] = {}
         self.steps = 0
 
     @property
@@ -154,7 +155,7 @@ class Engine:
         self._arrival[request.id] = now
         return None
 
-    def cancel(self, request_id: str) -> bool:
+    def cancel(self, request_id: RequestId) -> bool:
         if request_id not in self._requests:
             return False
         self.scheduler.cancel(request_id)
@@ -201,7 +202,7 @@ class Engine:
         )
 
     @property
-    def request_ids(self) -> list[str]:
+    def request_ids(self) -> list[RequestId]:
         return list(self._requests)
 
     # -- what the daemon steers and reads, without reaching into the scheduler -----------
@@ -244,18 +245,19 @@ class Engine:
             running=len(self.scheduler.running),
             waiting=self.scheduler.waiting_count,
             kv_budget=self.scheduler.config.kv_tokens,
+            preemptions=self.scheduler.preemptions,
             requests=explain(self.scheduler, self.clock()),
         )
 
-    def output(self, request_id: str) -> tuple[list[int], str]:
+    def output(self, request_id: RequestId) -> tuple[list[int], str]:
         """A live request's tokens and text so far."""
         return self.runner.generated(request_id), self.runner.text(request_id)
 
     def run_all(
         self, requests: Iterable[EngineRequest], on_step: Callable[[StepReport], None] | None = None
-    ) -> dict[str, EngineResult]:
+    ) -> dict[RequestId, EngineResult]:
         """Run requests to completion; results by id."""
-        results: dict[str, EngineResult] = {}
+        results: dict[RequestId, EngineResult] = {}
         for request in requests:
             failed = self.add(request)
             if failed is not None:
@@ -270,7 +272,7 @@ class Engine:
                 results[r.id] = r
         return results
 
-    def _finish(self, rid: str, reason: FinishReason, now: float) -> EngineResult:
+    def _finish(self, rid: RequestId, reason: FinishReason, now: float) -> EngineResult:
         request = self._requests[rid]
         result = EngineResult(
             id=rid,
@@ -286,7 +288,7 @@ class Engine:
         self._forget(rid)
         return result
 
-    def _refused(self, rid: str, error: str, now: float) -> EngineResult:
+    def _refused(self, rid: RequestId, error: str, now: float) -> EngineResult:
         """A request the runner reports failed: out of the scheduler, out of the runner, failed."""
         result = self._failed(self._requests[rid], now, error)
         result.tokens = self.runner.generated(rid)
@@ -308,7 +310,7 @@ class Engine:
             finished_at=now,
         )
 
-    def _forget(self, rid: str) -> None:
+    def _forget(self, rid: RequestId) -> None:
         self._requests.pop(rid, None)
         self._arrival.pop(rid, None)
         self._first_token.pop(rid, None)

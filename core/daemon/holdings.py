@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from fsched.core.ports.records import ClaimedRequest, RequestId
-from fsched.core.types import RequestClass
+from fsched.core.ports.records import ClaimedRequest
+from fsched.core.types import RequestClass, RequestId
 
 
 @dataclass(slots=True)

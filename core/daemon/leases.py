@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from fsched.core.daemon.engine import Engine
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.ports.queue import QueueStore
-from fsched.core.ports.records import RequestId
+from fsched.core.types import RequestId
 
 log = logging.getLogger("fsched.daemon")
 

@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fsched.core.daemon.engine import Engine, EngineRequest, StepFailed, StepReport
 from fsched.core.daemon.holdings import Holdings
@@ -33,8 +33,9 @@ from fsched.core.daemon.stepfaults import StepFaults
 from fsched.core.daemon.writer import Writer
 from fsched.core.faults import crash_point
 from fsched.core.ports.queue import QueueStore
-from fsched.core.ports.records import ClaimedRequest, DaemonSummary, StorageError
+from fsched.core.ports.records import ClaimedRequest, DaemonStats, DaemonSummary, StorageError
 from fsched.core.sched.shares import served_shares
+from fsched.core.sched.usage import TenantUsage
 from fsched.core.types import SamplingParams
 
 log = logging.getLogger("fsched.daemon")
@@ -77,20 +78,18 @@ class DaemonConfig:
             raise ValueError("lease_s must be more than two heartbeats, or live daemons lose their leases")
 
 
-@dataclass(slots=True)
-class DaemonStats:
-    """Engine figures for the heartbeat (decayed averages, so they follow the load)."""
+class StepFigures:
+    """The engine figures a heartbeat publishes, kept step by step (decayed averages, so they
+    follow the load; the served use decays on the share figures' half-life)."""
 
-    steps: int = 0
-    tokens: int = 0
-    tok_s: float = 0.0
-    step_ms: float = 0.0
-    batch: int = 0
-    kv_tokens: int = 0
-    served: dict[str, list[float]] = field(default_factory=dict)  # tenant -> [gpu_s, kv_token_s]
-    last_decay: float = 0.0
+    __slots__ = ("steps", "tokens", "tok_s", "step_ms", "batch", "kv_tokens", "served")
 
-    def record(self, report: StepReport, wall_s: float, now: float, half_life_s: float) -> None:
+    def __init__(self, share_half_life_s: float) -> None:
+        self.steps = self.tokens = self.batch = self.kv_tokens = 0
+        self.tok_s = self.step_ms = 0.0
+        self.served = TenantUsage(share_half_life_s)
+
+    def record(self, report: StepReport, wall_s: float, now: float) -> None:
         self.steps += 1
         self.tokens += report.produced
         alpha = 0.1
@@ -98,20 +97,12 @@ class DaemonStats:
         rate = report.produced / wall_s if wall_s > 0 else 0.0
         self.tok_s += alpha * (rate - self.tok_s)
         self.batch, self.kv_tokens = report.batch_size, report.kv_tokens
-        factor = 0.5 ** ((now - self.last_decay) / half_life_s) if self.last_decay else 1.0
-        self.last_decay = now
-        for usage in self.served.values():
-            usage[0] *= factor
-            usage[1] *= factor
-        for tenant, charge in report.charges.items():
-            usage = self.served.setdefault(tenant, [0.0, 0.0])
-            usage[0] += charge.gpu_s
-            usage[1] += charge.kv_token_s
+        self.served.charge(report.charges, now)
 
-    def served_shares(self, kv_capacity: int) -> dict[str, float]:
+    def served_shares(self, kv_capacity: int, now: float) -> dict[str, float]:
         """Each tenant's part of the dominant resource recently served (sums to 1), as the scheduler
         and the simulator define it."""
-        return served_shares({t: (u[0], u[1]) for t, u in self.served.items()}, kv_capacity)
+        return served_shares(self.served.totals(now), kv_capacity)
 
 
 class Daemon:
@@ -136,7 +127,7 @@ class Daemon:
         self.leases = LeaseKeeper(store, engine, config.owner, config.lease_s, self.held,
                                   self.writer.pending_leases)
         self.faults = StepFaults(engine, config.max_attempts)
-        self.stats = DaemonStats()
+        self.figures = StepFigures(config.share_half_life_s)
         self.started_at = clock()
         self.stopping = False
         self._weights: dict[str, float] = {}
@@ -223,7 +214,7 @@ class Daemon:
             return
         now = self.clock()
         if report is not None:
-            self.stats.record(report, now - start, now, self.config.share_half_life_s)
+            self.figures.record(report, now - start, now)
             for request_id in report.tokens:
                 self.held.produced(request_id, now)
             self.writer.finished(report.finished)
@@ -335,29 +326,30 @@ class Daemon:
         self.store.heartbeat(DaemonSummary(
             id=self.config.owner, host=self.config.host, pid=self.config.pid, device=self.config.device,
             model=self.config.model, started_at=self.started_at, heartbeat_at=now,
-            stopped_at=now if stopped else None, stats=self._heartbeat_stats(),
+            stopped_at=now if stopped else None, stats=self._heartbeat_stats(now),
         ))
 
-    def _heartbeat_stats(self) -> dict:
-        """The figures `fsched status` shows for this daemon."""
-        s, engine = self.stats, self.engine.snapshot()
-        return {
-            "policy": self.config.policy,
-            "steps": s.steps,
-            "tokens": s.tokens,
-            "tok_s": round(s.tok_s, 1),
-            "step_ms": round(s.step_ms, 2),
-            "batch": s.batch,
-            "running": engine.running,
-            "waiting": engine.waiting,
-            "held": len(self.held),
-            "kv_tokens": s.kv_tokens,
-            "kv_budget": engine.kv_budget,
-            "served_share": {t: round(v, 4) for t, v in s.served_shares(engine.kv_budget).items()},
-            "weights": self._weights,
-            "weights_applied_at": self._weights_applied_at,
-            "lease_s": self.config.lease_s,
-            "fenced_writes": self.fenced_writes,
-            "lost_leases": self.lost_leases,
-            "requests": engine.requests,
-        }
+    def _heartbeat_stats(self, now: float) -> DaemonStats:
+        """The figures `fsched status`, `/metrics` and the HTTP server read of this daemon."""
+        f, engine = self.figures, self.engine.snapshot()
+        return DaemonStats(
+            policy=self.config.policy,
+            steps=f.steps,
+            tokens=f.tokens,
+            tok_s=round(f.tok_s, 1),
+            step_ms=round(f.step_ms, 2),
+            batch=f.batch,
+            running=engine.running,
+            waiting=engine.waiting,
+            held=len(self.held),
+            kv_tokens=f.kv_tokens,
+            kv_budget=engine.kv_budget,
+            served_share={t: round(v, 4) for t, v in f.served_shares(engine.kv_budget, now).items()},
+            weights=dict(self._weights),
+            weights_applied_at=self._weights_applied_at,
+            lease_s=self.config.lease_s,
+            fenced_writes=self.fenced_writes,
+            lost_leases=self.lost_leases,
+            preemptions=engine.preemptions,
+            requests=tuple(engine.requests),
+        )

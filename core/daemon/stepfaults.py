@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from fsched.core.daemon.engine import Engine, StepFailed
-from fsched.core.ports.records import RequestId
+from fsched.core.types import RequestId
 
 log = logging.getLogger("fsched.daemon")
 

@@ -14,8 +14,8 @@ from fsched.core.daemon.engine import EngineResult
 from fsched.core.daemon.holdings import Held, Holdings
 from fsched.core.faults import crash_point
 from fsched.core.ports.queue import QueueStore
-from fsched.core.ports.records import Completion, RequestId, TokenUpdate
-from fsched.core.types import RequestState
+from fsched.core.ports.records import Completion, TokenUpdate
+from fsched.core.types import RequestId, RequestState
 
 Output = Callable[[RequestId], tuple[list[int], str]]  # a live request's tokens and text so far
 

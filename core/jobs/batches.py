@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from fsched.core.ports.records import JobSummary
+from fsched.core.jobs.jobstate import JobSummary
 from fsched.core.types import JobState
 
 COMPLETION_WINDOW = "24h"

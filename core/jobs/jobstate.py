@@ -1,10 +1,10 @@
-"""A job's state as a pure function of its request counters."""
+"""A job's state as a pure function of its request counters, and a job as the table reports it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsched.core.types import JobState
+from fsched.core.types import JobOrigin, JobState, RequestClass
 
 
 @dataclass(slots=True, frozen=True)
@@ -44,3 +44,22 @@ def derive_job_state(counts: JobCounts, started: bool, cancel_requested: bool) -
     if started or counts.num_running or counts.num_finished:
         return JobState.IN_PROGRESS
     return JobState.QUEUED
+
+
+@dataclass(slots=True, frozen=True)
+class JobSummary:
+    """A job as the job table reports it: its file, how it runs, its counters and times."""
+
+    id: int
+    tenant: str
+    request_class: RequestClass
+    priority: int
+    name: str
+    state: JobState
+    counts: JobCounts
+    num_output_tokens: int
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    origin: JobOrigin = JobOrigin.SUBMIT  # the door it came in by
+    key_id: str | None = None  # the API key it came with (online requests, batches)

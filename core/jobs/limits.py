@@ -60,18 +60,21 @@ class InputLimits:
 LIMIT_NAMES = tuple(f.name for f in fields(InputLimits))
 
 
-def effective_limits(stored: Mapping[str, int], environ: Mapping[str, str] = os.environ) -> InputLimits:
+def limits_in_force(stored: Mapping[str, int], environ: Mapping[str, str] | None = None) -> InputLimits:
     """The limits in force: an admin's stored ones (the defaults where none is stored).
 
-    The environment (FSCHED_MAX_LINES=..., as before) may lower a limit for one
-    command, never raise it: a user's environment must not lift what the admin set.
+    A command's environment (`environ`: FSCHED_MAX_LINES=..., as before) may
+    lower a limit for that command, never raise it: a user's environment must
+    not lift what the admin set. The HTTP server and `fsched limits show` pass
+    none: a server's clients do not share its environment.
     """
     defaults = InputLimits()
     values = {name: int(stored.get(name, getattr(defaults, name))) for name in LIMIT_NAMES}
-    asked = InputLimits.from_env(environ)
-    for name in LIMIT_NAMES:
-        if f"FSCHED_{name.upper()}" in environ:
-            values[name] = min(values[name], getattr(asked, name))
+    if environ:
+        asked = InputLimits.from_env(environ)
+        for name in LIMIT_NAMES:
+            if f"FSCHED_{name.upper()}" in environ:
+                values[name] = min(values[name], getattr(asked, name))
     values["default_max_tokens"] = min(values["default_max_tokens"], values["max_tokens"])
     return InputLimits(**values)
 

@@ -10,6 +10,7 @@ same fields), after the fields only online requests have are taken off:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from fsched.core.jobs.apikeys import class_allowed
 from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_openai_body
@@ -196,9 +197,20 @@ def usage_chunk(endpoint: Endpoint, request_id: int, created: int, model: str, p
             "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
 
 
-def visible_text(progress: OnlineProgress) -> str:
+class Progress(Protocol):
+    """A request's output as a reader polls it (`OnlineProgress`, the catalog's `RequestProgress`)."""
+
+    @property
+    def state(self) -> RequestState: ...
+
+    @property
+    def output_text(self) -> str: ...
+
+
+def visible_text(progress: Progress) -> str:
     """The text a reader may see now: a token may end inside a multi-byte character, which
-    decodes as U+FFFD until the next token completes it, so such a tail waits for the end."""
+    decodes as U+FFFD until the next token completes it, so such a tail waits for the end.
+    Every streamed text (the HTTP API's, `fsched generate --stream`'s) is shown through this."""
     if progress.state.finished:
         return progress.output_text
     return progress.output_text.rstrip("\ufffd")

@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fsched.core.jobs.openai import response_body
-from fsched.core.ports.records import RequestResult
-from fsched.core.types import Endpoint, RequestState
+from fsched.core.types import Endpoint, RequestId, RequestState
 
 DEFAULT_MODEL_NAME = "fsched"
+
+
+@dataclass(slots=True, frozen=True)
+class RequestResult:
+    """A finished request as the job table reports it: what its output line is made of."""
+
+    id: RequestId
+    idx: int
+    custom_id: str
+    endpoint: str
+    state: RequestState
+    model: str | None
+    output_text: str
+    num_output_tokens: int
+    prompt_tokens: int | None
+    finish_reason: str | None
+    error: str | None
+    finished_at: float | None
 
 
 def output_line(result: RequestResult) -> dict:

@@ -1,10 +1,13 @@
-"""The job store, split by who uses it.
+"""What the core needs from a job table, split by who uses it.
 
-- `records`: the records both sides exchange, the request id type, the errors;
+- `records`: the records the stores exchange (a daemon's heartbeat among
+  them), the errors;
 - `queue`: `QueueStore`, what a daemon needs (claim, write back, leases);
 - `catalog`: `CatalogStore`, what the commands need (submit, list, results,
   cancel, tenants, daemons);
+- `keys`, `files`, `serving`: `KeyStore`, `FileStore`, `ServingStore`, what
+  the HTTP server needs beyond the catalog;
 - `memory`: an in-memory `QueueStore`, to run the real daemon in unit tests.
 
-`storage` implements both protocols over SQL; the core never imports it.
+`storage` implements the protocols over SQL; the core never imports it.
 """

@@ -27,14 +27,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
+from fsched.core.jobs.jobstate import JobSummary
+from fsched.core.jobs.results import RequestResult
 from fsched.core.ports.records import (
     CancelOutcome,
     DaemonSummary,
     JobSubmission,
-    JobSummary,
     OnlineGroup,
     RequestProgress,
-    RequestResult,
     RequestTiming,
     SubmittedJob,
     TenantSummary,

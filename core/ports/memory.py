@@ -22,12 +22,11 @@ from fsched.core.ports.records import (
     DaemonSummary,
     JobSubmission,
     PeerUsage,
-    RequestId,
     StoreError,
     SubmittedJob,
     TokenUpdate,
 )
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import RequestClass, RequestId, RequestState
 
 USAGE_KEPT_S = 86_400.0
 

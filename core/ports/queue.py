@@ -36,10 +36,9 @@ from fsched.core.ports.records import (
     Completion,
     DaemonSummary,
     PeerUsage,
-    RequestId,
     TokenUpdate,
 )
-from fsched.core.types import RequestClass
+from fsched.core.types import RequestClass, RequestId
 
 
 @runtime_checkable

@@ -7,11 +7,17 @@ Shared by both sides of the store: the queue the daemons serve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from fsched.core.jobs.jobfile import ParsedJobFile
-from fsched.core.jobs.jobstate import JobCounts
+from fsched.core.sched.explain import RequestStanding
 from fsched.core.types import JobOrigin, JobState, RequestClass, RequestId, RequestState
+
+# A daemon silent for longer than its lease (or this, for one whose heartbeat does not say) is
+# dead: its leases are expiring, and other daemons take its work over.
+DAEMON_DEAD_AFTER_S = 15.0
 
 
 class StoreError(Exception):
@@ -37,6 +43,11 @@ class UnknownTenant(StoreError):
 class TenantExists(StoreError):
     def __init__(self, name: str):
         super().__init__(f"tenant {name!r} already exists")
+
+
+class UnknownKey(StoreError):
+    def __init__(self, key_id: str):
+        super().__init__(f"no API key with id {key_id!r}")
 
 
 class TenantBusy(StoreError):
@@ -85,29 +96,63 @@ class SubmittedJob:
 
 
 @dataclass(slots=True, frozen=True)
-class JobSummary:
-    id: int
-    tenant: str
-    request_class: RequestClass
-    priority: int
-    name: str
-    state: JobState
-    counts: JobCounts
-    num_output_tokens: int
-    submitted_at: float
-    started_at: float | None
-    finished_at: float | None
-    origin: JobOrigin = JobOrigin.SUBMIT
-    key_id: str | None = None
-
-
-@dataclass(slots=True, frozen=True)
 class TenantSummary:
     name: str
     weight: float
     active_jobs: int
     queued: int
     running: int
+
+
+@dataclass(slots=True, frozen=True)
+class DaemonStats:
+    """What a daemon publishes with each heartbeat: its engine figures, as `fsched status`, `/metrics`
+    and the HTTP server read them.
+
+    Written in one place (the daemon loop); stored as the JSON of `to_json`, whose keys are those
+    `fsched status --json` shows under a daemon's `stats`. A row written by an older daemon reads
+    back with the defaults for what it did not publish.
+    """
+
+    policy: str = ""
+    steps: int = 0  # engine steps since the daemon started
+    tokens: int = 0  # tokens generated since the daemon started
+    tok_s: float = 0.0  # decayed average
+    step_ms: float = 0.0  # decayed average
+    batch: int = 0  # requests in the last step
+    running: int = 0
+    waiting: int = 0
+    held: int = 0  # requests claimed from the table and not yet written back whole
+    kv_tokens: int = 0  # KV cache in use after the last step
+    kv_budget: int = 0
+    served_share: Mapping[str, float] = field(default_factory=dict)  # recent, sums to 1
+    weights: Mapping[str, float] = field(default_factory=dict)  # as last applied
+    weights_applied_at: float | None = None
+    lease_s: float | None = None  # how long its leases last: silent longer than this, it is dead
+    fenced_writes: int = 0  # writes the table refused: leases it had lost
+    lost_leases: int = 0  # held requests dropped because another claim took them
+    preemptions: int = 0  # since the daemon started
+    requests: tuple[RequestStanding, ...] = ()  # running ones first, then waiting in admission order
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy, "steps": self.steps, "tokens": self.tokens, "tok_s": self.tok_s,
+            "step_ms": self.step_ms, "batch": self.batch, "running": self.running, "waiting": self.waiting,
+            "held": self.held, "kv_tokens": self.kv_tokens, "kv_budget": self.kv_budget,
+            "served_share": dict(self.served_share), "weights": dict(self.weights),
+            "weights_applied_at": self.weights_applied_at, "lease_s": self.lease_s,
+            "fenced_writes": self.fenced_writes, "lost_leases": self.lost_leases,
+            "preemptions": self.preemptions, "requests": [r.to_json() for r in self.requests],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DaemonStats:
+        known = {name: data[name] for name in _STATS_FIELDS if data.get(name) is not None}
+        known["requests"] = tuple(RequestStanding.from_json(r) for r in data.get("requests") or ())
+        return cls(**known)
+
+
+_STATS_FIELDS = tuple(f.name for f in fields(DaemonStats) if f.name != "requests")
 
 
 @dataclass(slots=True, frozen=True)
@@ -120,10 +165,33 @@ class DaemonSummary:
     started_at: float
     heartbeat_at: float
     stopped_at: float | None
-    stats: dict
+    stats: DaemonStats
     # Seconds since the heartbeat on the database's clock (set when read
     # back): the daemons' own clocks may disagree, the database's is one.
     heartbeat_age_s: float | None = None
+
+    def heartbeat_age(self, now: float) -> float:
+        """Seconds since the last heartbeat, by the database's clock when it gave one."""
+        if self.heartbeat_age_s is not None:
+            return self.heartbeat_age_s
+        return max(0.0, now - self.heartbeat_at)
+
+    def state(self, now: float) -> str:
+        """alive, stopped (said goodbye) or dead (silent past its lease: killed, hung, cut off)."""
+        if self.stopped_at is not None:
+            return "stopped"
+        dead_after = self.stats.lease_s or DAEMON_DEAD_AFTER_S
+        return "dead" if self.heartbeat_age(now) > dead_after else "alive"
+
+    def alive(self, now: float) -> bool:
+        """Whether this daemon serves the table now: the one rule the commands and the server use."""
+        return self.state(now) == "alive"
+
+
+def newest_live_daemon(daemons: Sequence[DaemonSummary], now: float) -> DaemonSummary | None:
+    """The live daemon with the newest heartbeat, whose figures a single view shows; None if none is."""
+    alive = [d for d in daemons if d.alive(now)]
+    return max(alive, key=lambda d: d.heartbeat_at) if alive else None
 
 
 @dataclass(slots=True, frozen=True)
@@ -133,22 +201,6 @@ class CancelOutcome:
     cancelled_now: int  # waiting requests cancelled at once
     stopping: int  # running requests the daemon stops at its next step
     already_finished: bool
-
-
-@dataclass(slots=True, frozen=True)
-class RequestResult:
-    id: RequestId
-    idx: int
-    custom_id: str
-    endpoint: str
-    state: RequestState
-    model: str | None
-    output_text: str
-    num_output_tokens: int
-    prompt_tokens: int | None
-    finish_reason: str | None
-    error: str | None
-    finished_at: float | None
 
 
 @dataclass(slots=True, frozen=True)
@@ -227,6 +279,15 @@ class TokenUpdate:
     text: str
     first_token_at: float | None = None
     lease_epoch: int | None = None  # the writer's lease epoch (None: not fenced by epoch)
+
+
+@dataclass(slots=True, frozen=True)
+class FirstTokens:
+    """First-token latency (enqueued to first token) of one class's requests over a window."""
+
+    count: int
+    p50_s: float | None
+    p99_s: float | None
 
 
 @dataclass(slots=True, frozen=True)

@@ -26,6 +26,8 @@ import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from fsched.core.types import RequestId
+
 
 class Fault(enum.StrEnum):
     UNAVAILABLE = "unavailable"
@@ -34,7 +36,7 @@ class Fault(enum.StrEnum):
 
 @dataclass(slots=True, frozen=True)
 class StreamEvent:
-    request_id: str
+    request_id: RequestId
     stream: int  # which of the request's streams (a resume opens a new one)
     tokens: tuple[int, ...] = ()
     finish_reason: str | None = None
@@ -131,7 +133,7 @@ class EngineClient:
         return kv, _int(labels.get("max_num_seqs"))
 
     # -- streams -------------------------------------------------------------------------
-    def stream(self, request_id: str, stream: int, body: dict, events: queue.Queue) -> Stream:
+    def stream(self, request_id: RequestId, stream: int, body: dict, events: queue.Queue) -> Stream:
         """Start a streamed completion; its events go to `events`."""
         handle = Stream(self, request_id, stream, body, events)
         handle.thread.start()
@@ -148,7 +150,8 @@ def _int(text: str | None) -> int | None:
 class Stream:
     """One streamed completion, read by its own thread."""
 
-    def __init__(self, client: EngineClient, request_id: str, stream: int, body: dict, events: queue.Queue):
+    def __init__(self, client: EngineClient, request_id: RequestId, stream: int, body: dict,
+                 events: queue.Queue):
         self.client = client
         self.request_id = request_id
         self.stream = stream

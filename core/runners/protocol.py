@@ -29,7 +29,7 @@ from typing import Protocol, runtime_checkable
 
 from fsched.core.runners.stopping import StopCheck
 from fsched.core.sched.plan import Outcome, Plan
-from fsched.core.types import SamplingParams
+from fsched.core.types import RequestId, SamplingParams
 
 
 @dataclass(slots=True)
@@ -49,9 +49,9 @@ class RunResult:
     """
 
     outcome: Outcome
-    tokens: dict[str, int] = field(default_factory=dict)
-    finished: dict[str, StopCheck] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)
+    tokens: dict[RequestId, int] = field(default_factory=dict)
+    finished: dict[RequestId, StopCheck] = field(default_factory=dict)
+    failed: dict[RequestId, str] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -73,7 +73,7 @@ class Runner(Protocol):
         ...
 
     def add(
-        self, request_id: str, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
+        self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
     ) -> None:
         """Register a request; `generated` are tokens it produced before (a resume after a restart).
 
@@ -86,15 +86,15 @@ class Runner(Protocol):
         """One engine step: execute `plan` and report what it produced."""
         ...
 
-    def generated(self, request_id: str) -> list[int]:
+    def generated(self, request_id: RequestId) -> list[int]:
         """The tokens a registered request has produced so far (from before a restart too)."""
         ...
 
-    def text(self, request_id: str) -> str:
+    def text(self, request_id: RequestId) -> str:
         """A registered request's output text, cut before the stop string that ended it."""
         ...
 
-    def release(self, request_id: str) -> None:
+    def release(self, request_id: RequestId) -> None:
         """Forget a request (finished or cancelled) and free what it holds; unknown ids are ignored."""
         ...
 

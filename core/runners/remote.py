@@ -44,7 +44,7 @@ from fsched.core.runners.openai_http import EngineClient, Fault, Stream, StreamE
 from fsched.core.runners.protocol import Runner, RunResult
 from fsched.core.runners.stopping import FinishReason, StopCheck, check_stop
 from fsched.core.sched.plan import Outcome, Plan
-from fsched.core.types import SamplingParams
+from fsched.core.types import RequestId, SamplingParams
 
 log = logging.getLogger("fsched.daemon")
 
@@ -94,7 +94,7 @@ def completion_body(model: str, context: list[int], params: SamplingParams, gene
 
 @dataclass(slots=True, eq=False)
 class _Request:
-    id: str
+    id: RequestId
     tokens: list[int]  # prompt, then every generated token reported to the scheduler
     prompt_len: int
     params: SamplingParams
@@ -122,7 +122,7 @@ class RemoteRunner(Runner):
         self.gather_s = gather_s
         self.backoff_s = backoff_s
         self._events: queue.Queue[StreamEvent] = queue.Queue()
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[RequestId, _Request] = {}
         self._down_since: float | None = None
         self._backoff = backoff_s[0]
         self._next_probe = 0.0
@@ -132,7 +132,7 @@ class RemoteRunner(Runner):
 
     # -- requests ----------------------------------------------------------------------
     def add(
-        self, request_id: str, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
+        self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
     ) -> None:
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} is already in the runner")
@@ -140,15 +140,15 @@ class RemoteRunner(Runner):
             raise ValueError(f"request {request_id!r} has an empty prompt")
         self._requests[request_id] = _Request(request_id, [*prompt, *generated], len(prompt), params)
 
-    def release(self, request_id: str) -> None:
+    def release(self, request_id: RequestId) -> None:
         r = self._requests.pop(request_id, None)
         if r is not None:
             self._close(r)
 
-    def generated(self, request_id: str) -> list[int]:
+    def generated(self, request_id: RequestId) -> list[int]:
         return list(self._requests[request_id].generated)
 
-    def text(self, request_id: str) -> str:
+    def text(self, request_id: RequestId) -> str:
         """The output text, without a final EOS and cut before a stop string that ended it."""
         r = self._requests[request_id]
         tokens = r.generated
@@ -189,7 +189,7 @@ class RemoteRunner(Runner):
         producing = plan.producing()
         self._await(set(producing), start)
         result = RunResult(outcome=Outcome(elapsed_s=0.0))
-        produced: dict[str, int] = {}
+        produced: dict[RequestId, int] = {}
         for rid in producing:
             produced[rid] = self._deliver(self._requests[rid], result)
         result.outcome = Outcome(elapsed_s=time.perf_counter() - start, finished=frozenset(result.finished),
@@ -215,7 +215,7 @@ class RemoteRunner(Runner):
         r.pending.clear()
         r.ended = None
 
-    def _await(self, producing: set[str], start: float) -> None:
+    def _await(self, producing: set[RequestId], start: float) -> None:
         """Apply what arrived; wait (up to `max_wait_s`) until a producing request has news."""
         self._drain(0.0)
         ready = any(self._has_news(self._requests[rid]) for rid in producing)

@@ -24,7 +24,7 @@ from fsched.core.runners.protocol import Runner, RunResult
 from fsched.core.runners.stopping import check_stop
 from fsched.core.sched.plan import Outcome, Plan
 from fsched.core.sched.request import Checkpoint
-from fsched.core.types import SamplingParams
+from fsched.core.types import RequestId, SamplingParams
 
 STANDIN_SPEC = "standin"
 STANDIN_NAME = "fsched-standin (no model)"
@@ -105,7 +105,7 @@ class StandInRunner(Runner):
         self._context_length = context_length
         self.fail_when = fail_when
         self.sleep = sleep
-        self._requests: dict[str, _StandInRequest] = {}
+        self._requests: dict[RequestId, _StandInRequest] = {}
 
     @property
     def context_length(self) -> int:
@@ -115,19 +115,19 @@ class StandInRunner(Runner):
         return standin_encode(prompt, messages)
 
     def add(
-        self, request_id: str, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
+        self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
     ) -> None:
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} is already in the runner")
         self._requests[request_id] = _StandInRequest([*prompt, *generated], len(prompt), params)
 
-    def release(self, request_id: str) -> None:
+    def release(self, request_id: RequestId) -> None:
         self._requests.pop(request_id, None)
 
-    def generated(self, request_id: str) -> list[int]:
+    def generated(self, request_id: RequestId) -> list[int]:
         return list(self._requests[request_id].generated)
 
-    def text(self, request_id: str) -> str:
+    def text(self, request_id: RequestId) -> str:
         return standin_text(self._requests[request_id].generated)
 
     @property
@@ -159,7 +159,7 @@ class StandInRunner(Runner):
         result.outcome = Outcome(elapsed_s=time.perf_counter() - start, finished=frozenset(result.finished))
         return result
 
-    def _emit(self, rid: str, result: RunResult) -> None:
+    def _emit(self, rid: RequestId, result: RunResult) -> None:
         r = self._requests[rid]
         token = standin_token(r.params.seed, r.tokens)
         r.tokens.append(token)

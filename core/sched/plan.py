@@ -12,11 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fsched.core.sched.request import Checkpoint
+from fsched.core.types import RequestId
 
 
 @dataclass(slots=True, frozen=True)
 class PrefillChunk:
-    request_id: str
+    request_id: RequestId
     start: int  # first context position of the chunk
     tokens: int
     produces_token: bool  # the chunk completes the prefill
@@ -24,7 +25,7 @@ class PrefillChunk:
 
 @dataclass(slots=True, frozen=True)
 class Preemption:
-    request_id: str
+    request_id: RequestId
     checkpoint: Checkpoint
     kv_tokens: int  # KV tokens parked (PARK) or dropped (RECOMPUTE)
 
@@ -33,10 +34,10 @@ class Preemption:
 class Plan:
     step: int
     prefill: tuple[PrefillChunk, ...] = ()
-    decode: tuple[str, ...] = ()
+    decode: tuple[RequestId, ...] = ()
     preempted: tuple[Preemption, ...] = ()
-    resumed: tuple[str, ...] = ()  # restored from the host pool before the step
-    admitted: tuple[str, ...] = ()  # joined the running batch this step
+    resumed: tuple[RequestId, ...] = ()  # restored from the host pool before the step
+    admitted: tuple[RequestId, ...] = ()  # joined the running batch this step
     kv_tokens: int = 0  # KV slots committed to the running batch for this step
     swap_tokens: int = 0  # KV tokens copied to or from the host pool
     # How many times this plan may run back to back (decode-only plans)
@@ -53,7 +54,7 @@ class Plan:
     def empty(self) -> bool:
         return not (self.prefill or self.decode)
 
-    def producing(self) -> tuple[str, ...]:
+    def producing(self) -> tuple[RequestId, ...]:
         """Requests that yield a token in this step (what a remote runner waits for)."""
         return tuple(c.request_id for c in self.prefill if c.produces_token) + self.decode
 
@@ -69,11 +70,11 @@ class Outcome:
     """
 
     elapsed_s: float
-    finished: frozenset[str] = frozenset()
-    produced: Mapping[str, int] | None = None
+    finished: frozenset[RequestId] = frozenset()
+    produced: Mapping[RequestId, int] | None = None
     steps: int = 1
 
-    def tokens_of(self, request_id: str) -> int:
+    def tokens_of(self, request_id: RequestId) -> int:
         """Tokens a producing row yielded."""
         if self.produced is None:
             return self.steps

@@ -7,15 +7,16 @@ from collections.abc import Callable, Collection, Iterable
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Plan, Preemption, PrefillChunk
 from fsched.core.sched.request import SchedRequest
+from fsched.core.types import RequestId
 
 
 def split_rows(running: Iterable[SchedRequest], rank: Callable[[SchedRequest], tuple], budget: int,
-               min_quantum: int) -> tuple[list[str], list[PrefillChunk]]:
+               min_quantum: int) -> tuple[list[RequestId], list[PrefillChunk]]:
     """Decode rows for every decoding request, then prefill chunks within the
     token budget left, by rank, except that a prefill starved of budget for a
     whole minimum quantum goes first: nothing admitted stalls forever behind
     a stream of better-ranked prefills."""
-    decode: list[str] = []
+    decode: list[RequestId] = []
     prefilling: list[tuple[tuple, SchedRequest]] = []
     for r in running:
         if r.pending_prefill == 0:
@@ -59,7 +60,7 @@ def stable_steps(running: Iterable[SchedRequest], config: SchedulerConfig, kv_co
 
 
 def compose_plan(step: int, running: Collection[SchedRequest], rank: Callable[[SchedRequest], tuple],
-                 config: SchedulerConfig, changes: tuple[list[Preemption], list[str], list[str]],
+                 config: SchedulerConfig, changes: tuple[list[Preemption], list[RequestId], list[RequestId]],
                  kv_committed: int, swap_tokens: int, quantum_ends: bool) -> Plan:
     """The plan of one step (repeatable when only decodes run and nothing changed);
     `changes` are this step's preemptions, resumed and admitted request ids."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import RequestClass, RequestId, RequestState
 
 
 class Checkpoint(enum.StrEnum):
@@ -25,7 +25,7 @@ class Checkpoint(enum.StrEnum):
 
 @dataclass(slots=True, eq=False)
 class SchedRequest:
-    id: str
+    id: RequestId
     tenant: str
     request_class: RequestClass
     prompt_tokens: int

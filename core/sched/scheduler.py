@@ -41,7 +41,7 @@ from fsched.core.sched.request import Checkpoint, SchedRequest
 from fsched.core.sched.shares import entitled_shares
 from fsched.core.sched.usage import PrecedenceUsage, TenantCharge
 from fsched.core.sched.waitqueue import WaitQueue
-from fsched.core.types import RequestState
+from fsched.core.types import RequestId, RequestState
 
 
 @dataclass(slots=True, frozen=True)
@@ -49,16 +49,16 @@ class PostprocessResult:
     """What `postprocess` reports: each tenant's charge, and the requests that left."""
 
     charges: Mapping[str, TenantCharge]
-    finished: tuple[str, ...]  # left the running set: done
+    finished: tuple[RequestId, ...]  # left the running set: done
 
 
 @dataclass(slots=True)
 class _StepBuilder:
     preempted: list[Preemption] = field(default_factory=list)
-    resumed: list[str] = field(default_factory=list)
-    admitted: list[str] = field(default_factory=list)
+    resumed: list[RequestId] = field(default_factory=list)
+    admitted: list[RequestId] = field(default_factory=list)
     swap_tokens: int = 0
-    touched: set[str] = field(default_factory=set)  # preempted or admitted this step
+    touched: set[RequestId] = field(default_factory=set)  # preempted or admitted this step
 
 
 class Scheduler:
@@ -75,8 +75,8 @@ class Scheduler:
         self._precedence = PrecedenceUsage(kv_capacity=self.config.kv_tokens,
                                            half_life_s=self.config.usage_half_life_s)
         self._waiting = WaitQueue(policy)
-        self._running: dict[str, SchedRequest] = {}
-        self._live: dict[str, SchedRequest] = {}
+        self._running: dict[RequestId, SchedRequest] = {}
+        self._live: dict[RequestId, SchedRequest] = {}
         self._tenant_live: Counter[str] = Counter()
         self._tenant_waiting: Counter[str] = Counter()
         self._kv_committed = 0  # sum of running contexts
@@ -95,7 +95,7 @@ class Scheduler:
         return self._step
 
     @property
-    def running(self) -> Mapping[str, SchedRequest]:
+    def running(self) -> Mapping[RequestId, SchedRequest]:
         return self._running
 
     @property
@@ -113,7 +113,7 @@ class Scheduler:
     def host_used(self) -> int:
         return self._host_used
 
-    def get(self, request_id: str) -> SchedRequest | None:
+    def get(self, request_id: RequestId) -> SchedRequest | None:
         return self._live.get(request_id)
 
     def backlogged_tenants(self) -> list[str]:
@@ -155,7 +155,7 @@ class Scheduler:
         r.wait_since = now
         self._waiting.push(r, now)
 
-    def cancel(self, request_id: str) -> bool:
+    def cancel(self, request_id: RequestId) -> bool:
         """Remove a request from every queue and free what it holds."""
         r = self._live.pop(request_id, None)
         if r is None:

@@ -300,6 +300,42 @@ class DrfMeter(_Weights):
             mine[1] = max(0.0, mine[1] - kv_token_s)
 
 
+class TenantUsage:
+    """Each tenant's decayed use, GPU seconds and KV token-seconds, on one half-life.
+
+    What precedence reads (realtime and streaming use) and what a daemon
+    reports as each tenant's served share: both decay here, as the meters do.
+    """
+
+    __slots__ = ("_usage", "_half_life")
+
+    def __init__(self, half_life_s: float) -> None:
+        self._usage: dict[str, _Usage] = {}
+        self._half_life = half_life_s
+
+    def charge(self, charges: Mapping[str, TenantCharge], now: float) -> None:
+        for tenant, c in charges.items():
+            u = self._usage.get(tenant)
+            if u is None:
+                u = self._usage[tenant] = _Usage(at=now)
+            u = u.decayed_to(now, self._half_life)
+            u.gpu_s += c.gpu_s
+            u.kv_token_s += c.kv_token_s
+
+    def of(self, tenant: str, now: float) -> tuple[float, float] | None:
+        """(GPU s, KV token-s) of one tenant decayed to `now`; None for a tenant never charged."""
+        u = self._usage.get(tenant)
+        if u is None:
+            return None
+        u = u.decayed_to(now, self._half_life)
+        return u.gpu_s, u.kv_token_s
+
+    def totals(self, now: float) -> dict[str, tuple[float, float]]:
+        """Every tenant's (GPU s, KV token-s), all decayed to `now`."""
+        return {tenant: (u.gpu_s, u.kv_token_s)
+                for tenant, u in ((t, u.decayed_to(now, self._half_life)) for t, u in self._usage.items())}
+
+
 class PrecedenceUsage:
     """Each tenant's decayed use of the machine by realtime and streaming work,
     as a fraction of capacity: what class precedence gave it recently.
@@ -312,29 +348,22 @@ class PrecedenceUsage:
     __slots__ = ("_usage", "_elapsed", "_half_life", "_kv_capacity")
 
     def __init__(self, *, kv_capacity: int, half_life_s: float) -> None:
-        self._usage: dict[str, _Usage] = {}
+        self._usage = TenantUsage(half_life_s)
         self._elapsed = _Usage()  # gpu_s holds the decayed engine seconds
         self._half_life = half_life_s
         self._kv_capacity = float(kv_capacity)
 
     def charge(self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float) -> None:
         self._elapsed.decayed_to(now, self._half_life).gpu_s += elapsed_s
-        for tenant, c in charges.items():
-            u = self._usage.get(tenant)
-            if u is None:
-                u = self._usage[tenant] = _Usage(at=now)
-            u = u.decayed_to(now, self._half_life)
-            u.gpu_s += c.gpu_s
-            u.kv_token_s += c.kv_token_s
+        self._usage.charge(charges, now)
 
     def fraction(self, tenant: str, now: float) -> float:
         """The tenant's recent precedence use as a fraction of the machine (0 when none)."""
-        u = self._usage.get(tenant)
         window = self._elapsed.decayed_to(now, self._half_life).gpu_s
-        if u is None or window <= 0:
+        used = self._usage.of(tenant, now)
+        if used is None or window <= 0:
             return 0.0
-        u = u.decayed_to(now, self._half_life)
-        return dominant_use(u.gpu_s, u.kv_token_s, self._kv_capacity, window)
+        return dominant_use(used[0], used[1], self._kv_capacity, window)
 
 
 class VtcMeter(_Weights):

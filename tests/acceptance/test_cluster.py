@@ -177,7 +177,7 @@ def test_three_daemons_kill_and_pause_every_request_ends_once(cluster, tmp_path)
     assert failed == []
     sleeper_row = next(d for d in store.list_daemons() if d.id == sleeper_id)
     # The paused daemon did try to carry on with what it had lost, and was refused.
-    assert sleeper_row.stats["lost_leases"] > 0, sleeper_row.stats
+    assert sleeper_row.stats.lost_leases > 0, sleeper_row.stats
     store.db.dispose()
 
 

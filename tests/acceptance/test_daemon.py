@@ -234,8 +234,8 @@ def test_weight_change_reaches_a_running_daemon_within_a_second(fs, tmp_path):
         applied = None
         while time.time() - changed_at < 10:
             stats = store.list_daemons()[0].stats
-            if stats.get("weights", {}).get("alice") == 4.0:
-                applied = stats["weights_applied_at"]
+            if stats.weights.get("alice") == 4.0:
+                applied = stats.weights_applied_at
                 break
             time.sleep(0.05)
         assert applied is not None, "the daemon never applied the new weight"

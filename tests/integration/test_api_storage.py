@@ -6,10 +6,11 @@ import pytest
 from sqlalchemy import inspect, text
 
 from fsched.core.jobs.apikeys import secret_matches, split_key
+from fsched.core.ports.records import UnknownKey
 from fsched.core.types import RequestClass, RequestState
 from fsched.storage import schema
 from fsched.storage.jobstore import SqlJobStore
-from fsched.storage.sql_keys import SqlKeyStore, UnknownKey
+from fsched.storage.sql_keys import SqlKeyStore
 
 
 @pytest.fixture
@@ -17,6 +18,27 @@ def keys(db_url) -> SqlKeyStore:
     store = SqlKeyStore(db_url)
     yield store
     store.db.dispose()
+
+
+def test_one_url_opens_every_store_each_by_its_protocol(db_url):
+    from fsched.core.ports.catalog import CatalogStore
+    from fsched.core.ports.files import FileStore
+    from fsched.core.ports.keys import KeyStore
+    from fsched.core.ports.queue import QueueStore
+    from fsched.core.ports.serving import ServingStore
+    from fsched.storage.stores import open_table
+
+    table = open_table(db_url)
+    assert table.sqlite == db_url.startswith("sqlite")
+    for store, protocol in ((table.catalog, CatalogStore), (table.queue, QueueStore), (table.keys, KeyStore),
+                            (table.files, FileStore), (table.serving, ServingStore)):
+        assert isinstance(store, protocol), (store, protocol)
+    assert table.catalog is table.catalog  # made once
+    lock = table.daemon_lock()
+    assert (lock is not None) == table.sqlite
+    if lock is not None:
+        lock.release()
+    table.dispose()
 
 
 def test_keys_are_created_found_listed_and_revoked(keys):
@@ -121,21 +143,22 @@ def test_tenant_totals_count_prompt_tokens_and_outcomes_for_chargeback(db_url):
     store.db.dispose()
 
 
-def test_first_token_latencies_read_only_the_window(db_url):
+def test_first_tokens_read_only_the_window(db_url):
     from fsched.core.ports.records import TokenUpdate
     from fsched.storage.sql_serving import SqlServingStore
 
     store = SqlJobStore(db_url)
-    _one_job(store, "alice", 2, RequestClass.STREAMING)
-    first, second = store.claim("d", per_group=5)
+    _one_job(store, "alice", 3, RequestClass.STREAMING)
+    first, second, third = store.claim("d", per_group=5)
     enqueued = first.enqueued_at
     store.flush_tokens("d", [TokenUpdate(first.id, (1,), "a", first_token_at=enqueued + 0.25),
-                             TokenUpdate(second.id, (1,), "a", first_token_at=enqueued + 5.0)])
+                             TokenUpdate(second.id, (1,), "a", first_token_at=enqueued + 5.0),
+                             TokenUpdate(third.id, (1,), "a", first_token_at=enqueued + 6.0)])
     serving = SqlServingStore(store.db)
-    assert serving.first_token_latencies(enqueued + 1.0) == [(RequestClass.STREAMING, enqueued + 5.0,
-                                                              pytest.approx(5.0))]
-    assert sorted(x[2] for x in serving.first_token_latencies(0.0)) == [pytest.approx(0.25),
-                                                                        pytest.approx(5.0)]
+    recent = serving.first_tokens(enqueued + 1.0)[RequestClass.STREAMING]
+    assert (recent.count, recent.p50_s, recent.p99_s) == (2, pytest.approx(5.5), pytest.approx(5.99))
+    assert serving.first_tokens(0.0)[RequestClass.STREAMING].p50_s == pytest.approx(5.0)
+    assert serving.first_tokens(enqueued + 10) == {}
     store.db.dispose()
 
 

@@ -214,7 +214,7 @@ def test_flush_release_and_fencing(store):
 
 
 def test_cancelled_held_and_weights_and_heartbeat(store):
-    from fsched.core.ports.records import DaemonSummary
+    from fsched.core.ports.records import DaemonStats, DaemonSummary
 
     (job,) = store.submit([submission(2)])
     store.claim("d1", per_group=1)
@@ -223,13 +223,13 @@ def test_cancelled_held_and_weights_and_heartbeat(store):
     assert len(store.cancelled_held("d1")) == 1 and not store.has_queued()
     store.set_weight("alice", 3)
     assert store.tenant_weights() == {"alice": 3.0}
-    beat = DaemonSummary("d1", "host", 1, "cpu", "tiny", 1.0, 2.0, None, {"batch": 3})
+    beat = DaemonSummary("d1", "host", 1, "cpu", "tiny", 1.0, 2.0, None, DaemonStats(batch=3))
     store.heartbeat(beat)
-    store.heartbeat(DaemonSummary("d1", "host", 1, "cpu", "tiny", 1.0, 3.0, None, {"batch": 4}))
+    store.heartbeat(DaemonSummary("d1", "host", 1, "cpu", "tiny", 1.0, 3.0, None, DaemonStats(batch=4)))
     (row,) = store.list_daemons()
     # The heartbeat is stamped by the database's clock, not the daemon's.
     assert abs(row.heartbeat_at - time.time()) < 5 and 0 <= row.heartbeat_age_s < 5
-    assert row.stats == {"batch": 4}
+    assert row.stats == DaemonStats(batch=4)
 
 
 def test_a_claim_leases_with_an_epoch_and_writes_name_it(store):

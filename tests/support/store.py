@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fsched.core.ports.queue import QueueStore
-from fsched.core.ports.records import Completion, RequestId
-from fsched.core.types import RequestState
+from fsched.core.ports.records import Completion
+from fsched.core.types import RequestId, RequestState
 
 
 def finish(

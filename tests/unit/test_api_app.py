@@ -48,8 +48,7 @@ class Serving:
 
 def app(down=False, revoked=False) -> tuple[TestClient, Jobs]:
     jobs = Jobs(down)
-    backend = Backend(jobs=jobs, keys=Keys(revoked), files=None, serving=Serving(),
-                      daemon_alive=lambda d, now: True)
+    backend = Backend(jobs=jobs, keys=Keys(revoked), files=None, serving=Serving())
     return TestClient(create_app(backend)), jobs
 
 
@@ -109,9 +108,9 @@ def test_unknown_paths_and_bad_bodies_answer_in_openai_shape():
 
 def test_metrics_read_the_table_and_the_daemons_figures():
     from fsched.api.metrics import Metrics
-    from fsched.core.jobs.jobstate import JobCounts
+    from fsched.core.jobs.jobstate import JobCounts, JobSummary
     from fsched.core.jobs.openai import OnlineProgress
-    from fsched.core.ports.records import DaemonSummary, JobSummary, TenantSummary, TenantTotals
+    from fsched.core.ports.records import DaemonStats, DaemonSummary, TenantSummary, TenantTotals
     from fsched.core.types import JobState, RequestState
 
     class Table:
@@ -124,14 +123,14 @@ def test_metrics_read_the_table_and_the_daemons_figures():
             return [TenantSummary("a", 3.0, 1, 2, 2), TenantSummary("b", 1.0, 0, 0, 0)]
 
         def list_daemons(self):
-            stats = {"kv_tokens": 50, "kv_budget": 200, "preemptions": 4, "served_share": {"a": 1.0}}
+            stats = DaemonStats(kv_tokens=50, kv_budget=200, preemptions=4, served_share={"a": 1.0})
             return [DaemonSummary("d1", "h", 1, "cpu", "m", 0.0, 0.0, None, stats, 0.1)]
 
         def tenant_totals(self):
             return [TenantTotals("a", RequestClass.BATCH, 9, 30, 1, 2, 0)]
 
     table = Table()
-    backend = Backend(jobs=table, keys=None, files=None, serving=table, daemon_alive=lambda d, now: True)
+    backend = Backend(jobs=table, keys=None, files=None, serving=table)
     metrics = Metrics(backend)
     done = OnlineProgress(1, 1, RequestState.DONE, "x", 1, 1, "stop", None, None, 10.0, 10.2, 11.0)
     metrics.observe(RequestClass.REALTIME, done)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fsched.core.jobs.apikeys import ApiKey, class_allowed, hash_secret, new_key, secret_matches, split_key
-from fsched.core.jobs.limits import InputLimits, effective_limits, validate_limit
+from fsched.core.jobs.limits import InputLimits, limits_in_force, validate_limit
 from fsched.core.types import RequestClass as C
 
 
@@ -41,13 +41,13 @@ def test_a_request_may_ask_for_its_keys_class_or_lower_only():
 
 
 def test_stored_limits_apply_and_the_environment_only_lowers_them():
-    assert effective_limits({}, {}) == InputLimits()
-    limits = effective_limits({"max_queued_per_tenant": 10, "max_lines": 100}, {})
+    assert limits_in_force({}, {}) == InputLimits()
+    limits = limits_in_force({"max_queued_per_tenant": 10, "max_lines": 100}, {})
     assert (limits.max_queued_per_tenant, limits.max_lines) == (10, 100)
     env = {"FSCHED_MAX_QUEUED_PER_TENANT": "1000", "FSCHED_MAX_LINES": "7"}
-    limits = effective_limits({"max_queued_per_tenant": 10}, env)
+    limits = limits_in_force({"max_queued_per_tenant": 10}, env)
     assert (limits.max_queued_per_tenant, limits.max_lines) == (10, 7)  # raised: no; lowered: yes
-    assert effective_limits({"max_tokens": 100}, {}).default_max_tokens == 100  # kept within max_tokens
+    assert limits_in_force({"max_tokens": 100}, {}).default_max_tokens == 100  # kept within max_tokens
 
 
 def test_only_known_positive_limits_may_be_stored():

@@ -1,9 +1,10 @@
 """The architecture's import rules, checked on the source and on a live import.
 
 The layers, from the bottom: `core.types` and `core.faults`; the scheduling core
-(`core.sched`); the simulator (`core.sim`) and the job rules (`core.jobs`) over it;
-the runners (`core.runners`) and the daemon (`core.daemon`) over those; `storage` implements the store
-protocols; `cli` composes everything.
+(`core.sched`) and the job rules (`core.jobs`); the simulator (`core.sim`), the
+runners (`core.runners`) and the store protocols (`core.ports`) over those; the daemon
+(`core.daemon`) over all of them; `storage` implements the protocols; `api` serves
+HTTP over them; `cli` composes everything. No package imports one that imports it back.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,9 +24,16 @@ RUNNER_PACKAGE = "core/runners/hf/"
 CORE_LAYERS = {
     "sched": ("fsched.core.types",),
     "sim": ("fsched.core.types", "fsched.core.sched"),
-    "jobs": ("fsched.core.types", "fsched.core.ports", "fsched.core.faults"),
-    "ports": ("fsched.core.types", "fsched.core.jobs"),
+    "jobs": ("fsched.core.types",),
+    # The heartbeat carries the scheduler's explanation of each request (its standing), nothing more.
+    "ports": ("fsched.core.types", "fsched.core.jobs", "fsched.core.sched.explain"),
+    "runners": ("fsched.core.types", "fsched.core.sched"),
+    "daemon": ("fsched.core.types", "fsched.core.faults", "fsched.core.sched", "fsched.core.ports",
+               "fsched.core.runners"),
 }
+# The HTTP server speaks the core's records and rules; it neither runs a daemon nor a model.
+API_MAY_IMPORT = ("fsched.api", "fsched.core.types", "fsched.core.jobs", "fsched.core.ports",
+                  "fsched.core.sched")
 # The daemon's side of serving goes through the engine's own methods and the
 # queue protocol: never into the scheduler, never to a concrete store.
 DAEMON_MODULES = ("loop", "holdings", "leases", "stepfaults", "writer")
@@ -50,12 +59,6 @@ def test_core_imports_neither_storage_nor_cli():
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 
 
-def test_http_handlers_reach_the_table_only_through_the_stores_they_are_given():
-    for path in sources("api"):
-        bad = {n for n in imports_of(path) if n.startswith(("fsched.storage", "fsched.cli"))}
-        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
-
-
 def test_scheduling_core_imports_nothing_from_serving_or_storage():
     for package, allowed in CORE_LAYERS.items():
         for path in sources(f"core/{package}"):
@@ -71,14 +74,77 @@ def test_scheduling_core_imports_nothing_from_serving_or_storage():
 def test_the_daemon_reaches_the_scheduler_only_through_the_engine():
     for name in DAEMON_MODULES:
         path = ROOT / "core" / "daemon" / f"{name}.py"
-        # The share figures are pure functions every layer reports with; the scheduler's state is not.
+        # The share figures and the decayed use they are read from are pure arithmetic every layer
+        # reports with; the scheduler's state is not.
         bad = {
             n
             for n in imports_of(path)
-            if n.startswith(("fsched.core.sched", "fsched.core.ports.memory"))
-            and n != "fsched.core.sched.shares"
+            if n.startswith(("fsched.core.sched", "fsched.core.ports.memory", "fsched.core.runners"))
+            and n not in ("fsched.core.sched.shares", "fsched.core.sched.usage")
         }
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_http_handlers_reach_the_table_only_through_the_stores_they_are_given():
+    """Neither storage nor cli, nor a daemon, runner or simulator: the core's records and rules."""
+    for path in sources("api"):
+        bad = {n for n in imports_of(path) if n.startswith("fsched") and not n.startswith(API_MAY_IMPORT)}
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def package_of(module: str) -> str:
+    """The package a module belongs to, for the import graph: `fsched.cli`, `fsched.core.sched`, ..."""
+    parts = module.split(".")
+    return ".".join(parts[:3] if parts[1] == "core" and len(parts) > 2 else parts[:2])
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return "fsched." + ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Package -> the other fsched packages its modules import."""
+    graph: dict[str, set[str]] = {}
+    for folder in PACKAGES:
+        for path in sources(folder):
+            own = package_of(module_name(path))
+            edges = graph.setdefault(own, set())
+            edges.update(package_of(n) for n in imports_of(path) if n.startswith("fsched."))
+            edges.discard(own)
+    return graph
+
+
+def find_cycle(graph: Mapping[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as a path that ends where it starts, or None."""
+    state: dict[str, str] = {}  # "open" while on the current path, "done" after
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]  # an open node is on the current path
+            if nxt not in state and (found := visit(nxt, [*path, nxt])):
+                return found
+        state[node] = "done"
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return None
+
+
+def test_no_two_packages_import_each_other_even_through_others():
+    graph = package_graph()
+    assert {"fsched.core.daemon", "fsched.core.runners", "fsched.core.ports", "fsched.api"} <= set(graph)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle between packages: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_cycle_through_three_packages():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
 def test_every_core_package_is_installed():

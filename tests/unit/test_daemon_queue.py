@@ -136,7 +136,7 @@ def test_a_plain_run_ends_every_request_with_the_reference_output(store, clock):
     assert all(r.attempts == 1 and r.first_token_at is not None for r in store.requests())
     assert rig.daemon.fenced_writes == 0 and store.refused == 0
     goodbye = store.daemons["d1"]
-    assert goodbye.stopped_at is not None and goodbye.stats["steps"] == rig.daemon.stats.steps > 0
+    assert goodbye.stopped_at is not None and goodbye.stats.steps == rig.daemon.figures.steps > 0
 
 
 def test_a_request_whose_lease_was_taken_is_dropped_without_writing(store, clock):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fsched.cli.demo import ShareWindow, percentile, summary
-from fsched.core.jobs.jobstate import JobCounts
-from fsched.core.ports.records import JobSummary, RequestTiming
+from fsched.core.jobs.jobstate import JobCounts, JobSummary
+from fsched.core.ports.records import RequestTiming
 from fsched.core.types import JobState, RequestClass, RequestState
 
 

@@ -8,7 +8,7 @@ import pytest
 import typer
 
 from fsched.cli import generate as gen
-from fsched.core.ports.records import DaemonSummary, RequestProgress
+from fsched.core.ports.records import DaemonStats, DaemonSummary, RequestProgress
 from fsched.core.types import RequestState
 
 
@@ -24,7 +24,8 @@ class ScriptedStore:
     def __init__(self, script: list[RequestProgress], daemon_alive: bool = True):
         self.script, self.polls, self.cancelled = script, 0, []
         now = time.time()
-        self.daemons = [DaemonSummary("d", "h", 1, "cpu", "m", now, now, None, {})] if daemon_alive else []
+        self.daemons = [DaemonSummary("d", "h", 1, "cpu", "m", now, now, None, DaemonStats())] \
+            if daemon_alive else []
 
     def request_progress(self, job_id):
         p = self.script[min(self.polls, len(self.script) - 1)]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fsched.core.jobs.batches import BatchRecord, batch_object, validate_metadata
-from fsched.core.jobs.jobstate import JobCounts
+from fsched.core.jobs.jobstate import JobCounts, JobSummary
 from fsched.core.jobs.openai import (
     BodyError,
     ClassRefused,
@@ -19,7 +19,6 @@ from fsched.core.jobs.openai import (
     usage_chunk,
     visible_text,
 )
-from fsched.core.ports.records import JobSummary
 from fsched.core.types import Endpoint, JobState, RequestClass, RequestState
 
 CHAT = Endpoint.CHAT

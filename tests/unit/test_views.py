@@ -5,11 +5,17 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from fsched.cli.report import StatusSnapshot, live_daemon, status_json, tenant_entitlements
+from fsched.cli.report import StatusSnapshot, status_json, tenant_entitlements
 from fsched.cli.views import daemon_panel, status_view, tenants_table, why_table
-from fsched.core.jobs.jobstate import JobCounts
-from fsched.core.ports.records import DaemonSummary, JobSummary, TenantSummary
-from fsched.core.types import JobState, RequestClass
+from fsched.core.jobs.jobstate import JobCounts, JobSummary
+from fsched.core.ports.records import (
+    DaemonStats,
+    DaemonSummary,
+    TenantSummary,
+    newest_live_daemon,
+)
+from fsched.core.sched.explain import RequestStanding
+from fsched.core.types import JobState, RequestClass, RequestState
 
 NOW = 1_000_000.0
 
@@ -25,18 +31,16 @@ def daemon(id="vm:1:abc", heartbeat_age=0.5, stopped=False, **stats) -> DaemonSu
         "policy": "fsched", "steps": 1234, "tokens": 56789, "tok_s": 412.3, "step_ms": 37.25, "batch": 17,
         "running": 17, "waiting": 40, "held": 57, "kv_tokens": 8192, "kv_budget": 32768,
         "served_share": {"alice": 0.7412, "bob": 0.2588}, "weights": {"alice": 3.0, "bob": 1.0},
-        "requests": [
-            {"id": 11, "tenant": "alice", "class": "batch", "state": "running", "band": 2, "aged_band": 2,
-             "age_boost": 0, "level": 1, "priority": 5, "waited_s": 0.0, "generated": 42,
-             "tenant_share": 0.2471},
-            {"id": 97, "tenant": "bob", "class": "batch", "state": "queued", "band": 2, "aged_band": 1,
-             "age_boost": 1, "level": 0, "priority": 3, "waited_s": 7.5, "generated": 0,
-             "tenant_share": 0.0863},
-        ],
+        "requests": (
+            RequestStanding("11", "alice", RequestClass.BATCH, RequestState.RUNNING, 5, 0.0, 42, 0.2471),
+            RequestStanding("97", "bob", RequestClass.STREAMING, RequestState.QUEUED, 3, 7.5, 0, 0.0863,
+                            tier="precedence", late=True),
+        ),
     }
     base.update(stats)
     return DaemonSummary(id=id, host="vm", pid=4321, device="cpu", model="fsched-tiny", started_at=NOW - 60,
-                         heartbeat_at=NOW - heartbeat_age, stopped_at=NOW if stopped else None, stats=base)
+                         heartbeat_at=NOW - heartbeat_age, stopped_at=NOW if stopped else None,
+                         stats=DaemonStats(**base))
 
 
 TENANTS = [TenantSummary("alice", 3.0, 1, 30, 12), TenantSummary("bob", 1.0, 1, 10, 5),
@@ -70,14 +74,43 @@ def test_tenants_table_puts_served_share_beside_entitled_share():
 
 
 def test_why_table_explains_each_request_like_sprio():
-    text = render(why_table(daemon().stats["requests"]))
+    text = render(why_table(daemon().stats.requests))
     running = next(line for line in text.splitlines() if " 11 " in line)
     waiting = next(line for line in text.splitlines() if " 97 " in line)
-    assert "running" in running and "batch → batch" in running and "0.247" in running
-    for figure in ("queued", "batch → streaming", "+1", "7.5s", "0.086"):
+    for figure in ("running", "batch", "share", "42", "0.247"):
+        assert figure in running, (figure, running)
+    assert "late" not in running
+    for figure in ("queued", "streaming", "precedence", "7.5s", "late", "0.086"):
         assert figure in waiting, (figure, waiting)
     assert text.index(" 11 ") < text.index(" 97 ")  # the order the daemon gave
     assert "nothing running or waiting" in render(why_table([]))
+
+
+def test_the_heartbeat_reads_back_as_written_and_keeps_the_keys_status_json_shows():
+    stats = daemon().stats
+    doc = stats.to_json()
+    assert DaemonStats.from_json(doc) == stats
+    assert set(doc) >= {"policy", "steps", "tokens", "tok_s", "step_ms", "batch", "running", "waiting",
+                        "held", "kv_tokens", "kv_budget", "served_share", "weights", "weights_applied_at",
+                        "lease_s", "fenced_writes", "lost_leases", "preemptions", "requests"}
+    assert set(doc["requests"][1]) == {"id", "tenant", "class", "state", "band", "aged_band", "age_boost",
+                                       "level", "priority", "waited_s", "generated", "tenant_share",
+                                       "in_share", "tier", "late"}
+    assert doc["requests"][1]["id"] == "97" and doc["requests"][1]["band"] == 1
+    (shown,) = status_json(StatusSnapshot([], TENANTS, [daemon()], NOW))["daemons"]
+    assert shown["stats"] == doc and shown["alive"] and shown["state"] == "alive"
+    # A row an older daemon wrote: what it did not publish reads as the defaults.
+    old = DaemonStats.from_json({"batch": 3, "requests": [{k: v for k, v in doc["requests"][0].items()
+                                                            if k not in ("in_share", "tier", "late")}]})
+    assert old.batch == 3 and old.preemptions == 0 and old.lease_s is None and old.requests[0].tier == "share"
+
+
+def test_a_daemon_is_dead_once_silent_past_its_lease():
+    assert daemon(heartbeat_age=9.0, lease_s=10.0).alive(NOW)
+    assert daemon(heartbeat_age=11.0, lease_s=10.0).state(NOW) == "dead"
+    assert daemon(heartbeat_age=11.0).alive(NOW)  # no lease published: 15 s
+    assert daemon(heartbeat_age=16.0).state(NOW) == "dead"
+    assert daemon(heartbeat_age=0.0, stopped=True).state(NOW) == "stopped"
 
 
 def test_status_view_uses_the_newest_live_daemon_only():
@@ -85,17 +118,17 @@ def test_status_view_uses_the_newest_live_daemon_only():
     stopped = daemon(id="vm:8:stp", heartbeat_age=0.1, stopped=True, policy="fcfs")
     live = daemon(id="vm:1:new", heartbeat_age=0.5)
     snapshot = StatusSnapshot(jobs=JOBS, tenants=TENANTS, daemons=[stopped, live, dead], now=NOW)
-    assert live_daemon(snapshot.daemons, NOW) is live
+    assert newest_live_daemon(snapshot.daemons, NOW) is live
     text = render(status_view(snapshot))
     assert "Daemon" in text and "policy fsched" in text and "policy fcfs" not in text
     assert "74%" in text and "90%" not in text  # served share from the live daemon, not the dead one
-    assert "Why" in text and "batch → streaming" in text
+    assert "Why" in text and "precedence" in text
     assert "vm:9:old" in text and "dead" in text  # every daemon still listed
 
 
 def test_status_view_without_a_live_daemon_has_no_panel_and_no_served_column():
     snapshot = StatusSnapshot(jobs=JOBS, tenants=TENANTS, daemons=[daemon(heartbeat_age=100)], now=NOW)
-    assert live_daemon(snapshot.daemons, NOW) is None
+    assert newest_live_daemon(snapshot.daemons, NOW) is None
     text = render(status_view(snapshot))
     assert "served" not in text and "Why" not in text and "tok/s" not in text
     assert "dead" in text

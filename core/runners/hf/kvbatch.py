@@ -25,6 +25,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from fsched.core.types import RequestId
+
 LayerKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [rows, H, L, D]
 
 
@@ -50,7 +52,7 @@ def layers_of(cache: DynamicCache) -> LayerKV:
 class RowGroup:
     """Rows to join the batch: KV of batch len(rows), real tokens right-aligned."""
 
-    rows: list[str]
+    rows: list[RequestId]
     layers: LayerKV
     lengths: list[int]
 
@@ -88,10 +90,10 @@ class BatchKV:
     def __init__(self, device: torch.device):
         self.device = device
         self.buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.rows: list[str] = []
+        self.rows: list[RequestId] = []
         self.lengths: list[int] = []  # real tokens per row
         self.width = 0  # columns in use, padding included
-        self._index: dict[str, int] = {}
+        self._index: dict[RequestId, int] = {}
         self.cache: DynamicCache | None = None
 
     # -- views ----------------------------------------------------------------------
@@ -164,7 +166,7 @@ class BatchKV:
                 self.lengths.append(length)
         self._refresh()
 
-    def remove(self, rows: set[str]) -> None:
+    def remove(self, rows: set[RequestId]) -> None:
         changed = False
         for row in rows:
             slot = self._index.pop(row, None)

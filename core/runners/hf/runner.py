@@ -23,7 +23,7 @@ from fsched.core.runners.protocol import Runner, RunResult
 from fsched.core.runners.stopping import StopCheck, check_stop
 from fsched.core.sched.plan import Outcome, Plan, PrefillChunk
 from fsched.core.sched.request import Checkpoint
-from fsched.core.types import SamplingParams
+from fsched.core.types import RequestId, SamplingParams
 
 
 class RunnerError(Exception):
@@ -32,7 +32,7 @@ class RunnerError(Exception):
 
 @dataclass(slots=True, eq=False)
 class _ModelRequest:
-    id: str
+    id: RequestId
     tokens: list[int]  # prompt, then every generated token
     prompt_len: int
     params: SamplingParams
@@ -65,9 +65,9 @@ class ModelRunner(Runner):
         # Parked KV lives in host memory; pinned on a GPU so the copy back is fast.
         self.host = torch.device("cpu")
         self.batch = BatchKV(self.device)
-        self._requests: dict[str, _ModelRequest] = {}
-        self._prefilling: dict[str, _Prefilling] = {}
-        self._parked: dict[str, _Parked] = {}
+        self._requests: dict[RequestId, _ModelRequest] = {}
+        self._prefilling: dict[RequestId, _Prefilling] = {}
+        self._parked: dict[RequestId, _Parked] = {}
         self.parks = 0  # checkpoints kept in host memory
         self.recomputes = 0  # checkpoints dropped, to be recomputed
 
@@ -80,7 +80,7 @@ class ModelRunner(Runner):
         return encode_prompt(self.loaded, prompt, messages)
 
     def add(
-        self, request_id: str, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
+        self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
     ) -> None:
         """Register a request; `generated` are tokens it produced before (a resume)."""
         if request_id in self._requests:
@@ -90,17 +90,17 @@ class ModelRunner(Runner):
         self._requests[request_id] = _ModelRequest(request_id, [*prompt, *generated], len(prompt), params)
 
     @torch.inference_mode()
-    def release(self, request_id: str) -> None:
+    def release(self, request_id: RequestId) -> None:
         """Forget a request (finished or cancelled) and free everything it holds."""
         self._requests.pop(request_id, None)
         self._prefilling.pop(request_id, None)
         self._parked.pop(request_id, None)
         self.batch.remove({request_id})
 
-    def generated(self, request_id: str) -> list[int]:
+    def generated(self, request_id: RequestId) -> list[int]:
         return list(self._requests[request_id].generated)
 
-    def text(self, request_id: str) -> str:
+    def text(self, request_id: RequestId) -> str:
         """The output text, cut before a stop string that ended it."""
         r = self._requests[request_id]
         tokens = r.generated
@@ -166,7 +166,7 @@ class ModelRunner(Runner):
 
         return ParkedKV([(copy(k), copy(v)) for k, v in kv.layers], kv.length)
 
-    def _restore(self, resumed: tuple[str, ...]) -> None:
+    def _restore(self, resumed: tuple[RequestId, ...]) -> None:
         joining = []
         for rid in resumed:
             parked = self._parked.pop(rid, None)
@@ -179,7 +179,7 @@ class ModelRunner(Runner):
                 self._prefilling[rid] = _Prefilling(cache_from_layers(layers), parked.kv.length)
         self.batch.add(joining)
 
-    def _decode(self, decode: tuple[str, ...], result: RunResult) -> None:
+    def _decode(self, decode: tuple[RequestId, ...], result: RunResult) -> None:
         if set(decode) != set(self.batch.rows):
             raise RunnerError(f"plan decodes {sorted(decode)} but the batch holds {sorted(self.batch.rows)}")
         rows = [self._requests[rid] for rid in self.batch.rows]

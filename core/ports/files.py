@@ -1,0 +1,61 @@
+"""FileStore: the Batch API's files and batches in the job table, always per tenant.
+
+What every implementation must hold:
+
+1. **A tenant sees only its own.** Every read names the tenant; another
+   tenant's file or batch id finds nothing, exactly as an unknown id does
+   (the server answers both alike, so ids reveal nothing).
+2. **Uploads keep their bytes; outputs are rendered.** An uploaded file's
+   content is stored whole; an output file has none (it is rendered from its
+   job's results), and a deleted file's content is gone at once.
+3. **Outputs are attached once.** The first `attach_outputs` of a batch
+   gives it its output and error files; a later caller reads the first's.
+4. **Newest first, by creation order.** Listings of files and batches go
+   newest first; `after` pages batches by a batch id.
+5. **Short transactions.** Each call is one transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from fsched.core.jobs.batches import BatchRecord, StoredFile
+
+
+@runtime_checkable
+class FileStore(Protocol):
+    def add_file(self, tenant: str, purpose: str, filename: str, content: bytes) -> StoredFile:
+        """Store an upload of `tenant`; its record, with a new id."""
+        ...
+
+    def get_file(self, tenant: str, file_id: str) -> StoredFile | None:
+        """The tenant's live (not deleted) file with this id; None otherwise."""
+        ...
+
+    def file_content(self, tenant: str, file_id: str) -> bytes | None:
+        """An upload's bytes; None for an output file, a deleted one, or another tenant's."""
+        ...
+
+    def list_files(self, tenant: str, purpose: str | None = None, limit: int = 10_000) -> list[StoredFile]:
+        """The tenant's live files (of one purpose, if given), newest first."""
+        ...
+
+    def delete_file(self, tenant: str, file_id: str) -> bool:
+        """Forget a file and its content; False when the tenant has no such file."""
+        ...
+
+    def add_batch(self, record: BatchRecord) -> None:
+        """Store a new batch."""
+        ...
+
+    def get_batch(self, tenant: str, batch_id: str) -> BatchRecord | None:
+        """The tenant's batch with this id; None otherwise."""
+        ...
+
+    def list_batches(self, tenant: str, after: str | None, limit: int) -> list[BatchRecord]:
+        """The tenant's batches, newest first; with `after` (a batch id), those created before it."""
+        ...
+
+    def attach_outputs(self, record: BatchRecord, sizes: tuple[int, int]) -> BatchRecord:
+        """Give a finished batch its output and error files (of these sizes), once; the batch after."""
+        ...

@@ -1,0 +1,73 @@
+"""Every store over one job table: what the commands and the HTTP server open.
+
+The callers (cli/, api/) see the protocols of core/ports only, never a SQL
+class or the database underneath: this is the one place that makes the
+stores, all over one connection pool. Each store is made on first use, so a
+command opens (and checks the schema for) only the sides it uses.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from fsched.core.ports.catalog import CatalogStore
+from fsched.core.ports.files import FileStore
+from fsched.core.ports.keys import KeyStore
+from fsched.core.ports.queue import QueueStore
+from fsched.core.ports.serving import ServingStore
+from fsched.storage.db import DaemonLock, Database
+from fsched.storage.sql_catalog import SqlCatalogStore
+from fsched.storage.sql_files import SqlFileStore
+from fsched.storage.sql_keys import SqlKeyStore
+from fsched.storage.sql_queue import SqlQueueStore
+from fsched.storage.sql_serving import SqlServingStore
+
+
+class JobTable:
+    """The job table at one URL (SQLAlchemy URL or SQLite path; None: the default) and its stores."""
+
+    def __init__(self, url: str | None = None):
+        self._db = Database(url)
+
+    @property
+    def sqlite(self) -> bool:
+        """One SQLite file: its owner is an admin of it, and one daemon at a time serves it."""
+        return self._db.dialect == "sqlite"
+
+    @property
+    def display_url(self) -> str:
+        """The URL without its password, for logs and messages."""
+        return self._db.display_url
+
+    @cached_property
+    def catalog(self) -> CatalogStore:
+        return SqlCatalogStore(self._db)
+
+    @cached_property
+    def queue(self) -> QueueStore:
+        return SqlQueueStore(self._db)
+
+    @cached_property
+    def keys(self) -> KeyStore:
+        return SqlKeyStore(self._db)
+
+    @cached_property
+    def files(self) -> FileStore:
+        return SqlFileStore(self._db)
+
+    @cached_property
+    def serving(self) -> ServingStore:
+        return SqlServingStore(self._db)
+
+    def daemon_lock(self) -> DaemonLock | None:
+        """On SQLite, make this process the table's only daemon (None on PostgreSQL); see Database."""
+        return self._db.daemon_lock()
+
+    def dispose(self) -> None:
+        """Close the connection pool."""
+        self._db.dispose()
+
+
+def open_table(url: str | None = None) -> JobTable:
+    """The job table at `url`, its stores made as they are used."""
+    return JobTable(url)
