@@ -171,6 +171,7 @@ def summary(timings: list[RequestTiming], window: ShareWindow, policy: str, star
 def summary_view(s: dict):
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     def ms(v):
         return "n/a" if v is None else f"{v:,.0f} ms"
@@ -185,15 +186,18 @@ def summary_view(s: dict):
         classes.add_row(name, str(c["requests"]), str(c["done"]), f"{c['tokens']:,}", ms(c["ttft_p50_ms"]),
                         ms(c["ttft_p99_ms"]))
     tenants = Table(title=f"Tenants (both backlogged for {s['contended_s']:.0f} s)", title_justify="left")
-    for column in ("tenant", "weight", "entitled", "tokens", "token share", "while backlogged",
-                   "daemon served share"):
+    for column in ("tenant", "weight", "entitled", "tokens", "served over the run", "while backlogged",
+                   "served recently"):
         tenants.add_column(column, justify="left" if column == "tenant" else "right")
     for name, t in s["tenants"].items():
         tenants.add_row(name, f"{t['weight']:g}", pct(t["entitled_share"]), f"{t['tokens']:,}",
                         pct(t["token_share"]), pct(t["contended_token_share"]), pct(t["daemon_served_share"]))
     line = (f"{s['requests']} requests, {s['tokens']:,} tokens in {s['serve_s']:.1f} s: "
             f"{s['tok_s'] or 0:,.1f} tok/s (policy {s['policy']}; model loaded in {s['startup_s']:.1f} s)")
-    return Group(classes, tenants, line)
+    legend = Text("  entitled: weight over the weights of the tenants with work; served over the run: its "
+                  "part of the tokens generated (while backlogged: while both had work waiting); served "
+                  "recently: the daemon's decayed part of the dominant resource at the end", style="dim")
+    return Group(classes, tenants, legend, line)
 
 
 # -- the command ---------------------------------------------------------------------------
@@ -287,7 +291,8 @@ def _watch(store, daemon, started: float, log_path: Path, job_ids: list[int], ch
     """
     from contextlib import nullcontext
 
-    from fsched.cli.report import StatusSnapshot, live_daemon
+    from fsched.cli.report import StatusSnapshot
+    from fsched.core.ports.records import newest_live_daemon
 
     live_cm = nullcontext()
     if not as_json:
@@ -303,7 +308,7 @@ def _watch(store, daemon, started: float, log_path: Path, job_ids: list[int], ch
                 fail(f"the daemon exited early with status {daemon.returncode}: {_tail(log_path)}")
             now = time.time()
             daemons = store.list_daemons()
-            alive = live_daemon(daemons, now)
+            alive = newest_live_daemon(daemons, now)
             if serving_at is None and alive is not None:
                 serving_at = now
             elif serving_at is None and now - started > DAEMON_START_TIMEOUT_S:
@@ -316,12 +321,12 @@ def _watch(store, daemon, started: float, log_path: Path, job_ids: list[int], ch
                 job_ids.append(sub.job_id)
                 next_chat += 1
             jobs = store.list_jobs()
-            window.observe(now, jobs, alive.stats.get("served_share") if alive else None)
+            window.observe(now, jobs, dict(alive.stats.served_share) if alive else None)
             if live is not None:
                 from fsched.cli.views import status_view
 
                 snapshot = StatusSnapshot(jobs=jobs, tenants=store.list_tenants(), daemons=daemons, now=now)
-                live.update(status_view(snapshot), refresh=True)
+                live.update(status_view(snapshot, live.console.width), refresh=True)
             if next_chat == len(chats) and all(j.state.finished for j in jobs if j.id in job_ids):
                 return serving_at, window, now
             time.sleep(REFRESH_S)
