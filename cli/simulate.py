@@ -185,7 +185,7 @@ def comparison_table(trace: str, n: int, reports: list[PolicyReport]):
         for r in reports:
             s = r.tenants.get(t)
             cells.append("-" if s is None else f"{s.share:.3f} / {s.entitled:.3f}")
-        table.add_row(f"tenant {t} share / entitled", *cells)
+        table.add_row(f"tenant {t} served over the run / entitled", *cells)
     table.add_row("Jain index", *[_fmt(r.jain_index, "x") for r in reports])
     table.add_row("throughput tok/s", *[_fmt(r.throughput_tok_s, "n") for r in reports])
     table.add_row("max wait", *[_fmt(r.max_wait_s) for r in reports])

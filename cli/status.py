@@ -75,6 +75,11 @@ def status(
     if as_json:
         print_json(status_json(snapshot()))
         return
+    _show(snapshot, watch, wide, interval)
+
+
+def _show(snapshot, watch: bool, wide: bool, interval: float) -> None:
+    """Print the view once, fitted to the terminal (or as wide as it is with `wide`), or live."""
     from rich.console import Console
 
     from fsched.cli.views import status_parts, status_view, within_height
