@@ -31,8 +31,6 @@ class ProgressHub:
         self.interval_s = interval_s
         self._watches: dict[int, _Watch] = {}
         self._wake = asyncio.Event()
-        self.polls = 0
-        self.errors = 0
 
     async def watch(self, job_id: int) -> AsyncIterator[OnlineProgress]:
         """Each change of the job's request, until it has ended (the last one yielded is final)."""
@@ -63,9 +61,7 @@ class ProgressHub:
             try:
                 found = await anyio.to_thread.run_sync(self.read, ids)
             except Exception:  # noqa: BLE001 - a failed read (database busy, gone) is retried next tick
-                self.errors += 1
                 found = {}
-            self.polls += 1
             for job_id, progress in found.items():
                 watch = self._watches.get(job_id)
                 if watch is not None:

@@ -127,7 +127,8 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
 
 
-def iso_time(epoch: float | None) -> str | None:
-    if epoch is None:
+def iso_time(at: float | None) -> str | None:
+    """Unix seconds as an ISO 8601 UTC time, to the second."""
+    if at is None:
         return None
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -102,7 +102,6 @@ class Request(Base):
     finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
-    mlfq_level: Mapped[int] = mapped_column(Integer, default=0)
     enqueued_at: Mapped[float] = mapped_column(Float)
     first_token_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -15,6 +15,7 @@ dependency, no migration folder to package, and is tested like any code.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 
 from sqlalchemy import Connection, inspect, select, text
@@ -23,7 +24,7 @@ from fsched.core.ports.records import SchemaMismatch
 from fsched.storage.db import Database
 from fsched.storage.models import Base, Meta
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 VERSION_KEY = "schema_version"
 
 Migration = Callable[[Connection], None]
@@ -45,6 +46,36 @@ def _v2_to_v3(conn: Connection) -> None:
 
 
 def _v3_to_v4(conn: Connection) -> None:
+    """requests.mlfq_level goes: it was written 0 and read by nothing (the order has no levels),
+    and as a NOT NULL column without a default it would refuse the rows this version inserts."""
+    drop_column(conn, "requests", "mlfq_level")
+
+
+def drop_column(conn: Connection, table: str, column: str, rebuild: bool | None = None) -> None:
+    """Drop a column the current models no longer have (nothing when it is already gone).
+
+    SQLite before 3.35 has no DROP COLUMN (and `rebuild` forces this path):
+    the table is then copied into one made by the current model, its
+    indexes with it, in the migration's transaction.
+    """
+    if column not in {c["name"] for c in inspect(conn).get_columns(table)}:
+        return
+    if rebuild is None:
+        rebuild = conn.dialect.name == "sqlite" and sqlite3.sqlite_version_info < (3, 35, 0)
+    if not rebuild:
+        conn.execute(text(f'ALTER TABLE {table} DROP COLUMN "{column}"'))
+        return
+    for index in inspect(conn).get_indexes(table):
+        conn.execute(text(f'DROP INDEX "{index["name"]}"'))
+    conn.execute(text(f"ALTER TABLE {table} RENAME TO {table}_before"))
+    model = Base.metadata.tables[table]
+    model.create(conn)
+    columns = ", ".join(f'"{c.name}"' for c in model.columns)
+    conn.execute(text(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {table}_before"))
+    conn.execute(text(f"DROP TABLE {table}_before"))
+
+
+def _v4_to_v5(conn: Connection) -> None:
     """Prompt tokens per job (chargeback), each job's origin and API key, admin API keys, indexes for
     recent first tokens and for listings by origin.
 
@@ -74,7 +105,7 @@ def _add_column(conn: Connection, table: str, column: str, ddl: str) -> bool:
 
 
 # MIGRATIONS[v] upgrades a database from version v to v + 1.
-MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5}
 
 
 def ensure_schema(

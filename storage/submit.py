@@ -111,7 +111,6 @@ def _request_row(job_id: int, idx: int, spec, now: float) -> dict:
         "output_text": "",
         "num_output_tokens": 0,
         "attempts": 0,
-        "mlfq_level": 0,
         "enqueued_at": now,
         "lease_epoch": 0,
     }

@@ -164,10 +164,6 @@ class RemoteRunner(Runner):
         """Tokens the engine holds for fsched: the context of every open stream."""
         return sum(len(r.tokens) + len(r.pending) for r in self._requests.values() if r.stream is not None)
 
-    @property
-    def engine_down(self) -> bool:
-        return self._down_since is not None
-
     # -- one step ------------------------------------------------------------------------
     @property
     def context_length(self) -> int:

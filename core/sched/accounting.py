@@ -35,8 +35,8 @@ def expected_decode(r: SchedRequest) -> int:
     The most it may run: a tenant's score then counts the whole of the work
     it was given from the moment it was given, and what it does not use is
     released when the request leaves. (Reserving only the mean output seen
-    so far let long decodes, admitted while they looked cheap, hold the
-    batch: a 3:1 split of long-output work measured 53:47.)"""
+    so far would let long decodes, admitted while they look cheap, hold the
+    batch: docs/scheduling.md, the reservation.)"""
     return r.remaining_tokens
 
 

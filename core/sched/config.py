@@ -45,10 +45,9 @@ class SchedulerConfig:
     # completion window of hours, and a minute is where a queue of batch
     # work stops being a short one. Realtime and streaming meet theirs by
     # precedence; batch by its tenant's share (see docs/scheduling.md: the
-    # batch bound). Promoting late batch across tenants was measured and
-    # dropped: it let a tenant within the share slack take the other's
-    # turns (Jain 0.886 against 0.933 on the Mooncake trace at 1.5x) and
-    # did not shorten batch tails.
+    # batch bound). Late batch is not promoted across tenants: that would let
+    # a tenant inside the share slack take the other's turns, and ordering
+    # across tenants is the weights' job.
     realtime_target_s: float = REALTIME_TTFT_TARGET_S
     streaming_target_s: float = 2.0
     batch_target_s: float = 60.0
@@ -85,9 +84,8 @@ class SchedulerConfig:
     # Half-life of the decayed usage. Long against a request (~10 s) so
     # shares integrate thousands of requests, and long enough that DRF can
     # make up, on a tenant's batch work, for the realtime and streaming work
-    # that class order served first: on the Azure trace at 3x, 120 s gave
-    # Jain 0.984, 600 s 0.994, 1800 s 0.998. 10 minutes keeps yesterday's
-    # (or the last hour's) heavy user from being punished now.
+    # that class order served first (docs/scheduling.md). 10 minutes keeps
+    # yesterday's (or the last hour's) heavy user from being punished now.
     usage_half_life_s: float = 600.0
     # Lift a returning idle tenant's usage to the lowest active share
     # (VTC's counter lift). Off only for ablation tests.

@@ -73,10 +73,9 @@ class CostModel:
 
 # Named engines the simulator can stand in for.
 #  - "tiny-cpu": fitted to fsched's own engine (runner + scheduler) serving the
-#    built-in tiny model on this project's 2-core CPU with 2 threads, by
-#    `python bench/calibrate.py` (1,200 steps; R^2 0.92, mean abs error 15% of
-#    a step against 90% for a constant step time). The engine a fresh
-#    `fsched daemon` runs, so it is `fsched simulate`'s default.
+#    built-in tiny model on a 2-core CPU with 2 threads, by
+#    `python bench/calibrate.py` (docs/benchmarks.md gives the fit). The engine
+#    a fresh `fsched daemon` runs, so it is `fsched simulate`'s default.
 #  - "h100-8b": the analytic model above (an ~8B GQA model on one H100-class
 #    GPU); docs/scheduling.md's Azure-trace figures use it.
 PROFILES: dict[str, CostModel] = {

@@ -162,21 +162,22 @@ def test_first_tokens_read_only_the_window(db_url):
     store.db.dispose()
 
 
-def test_schema_3_databases_gain_prompt_tokens_admin_keys_and_the_first_token_index(db_url):
+def test_databases_before_origins_gain_prompt_tokens_origins_admin_keys_and_indexes(db_url):
     from fsched.core.types import JobOrigin
 
+    before = schema.SCHEMA_VERSION - 1  # the version before the step that adds them
     store = SqlJobStore(db_url)
     _one_job(store, "alice", 1)
-    with store.db.write() as conn:  # an online request's job as version 3 named it
+    with store.db.write() as conn:  # an online request's job as the versions before named it
         conn.execute(text("UPDATE jobs SET name = 'http'"))
-    with store.db.write() as conn:  # back to a version-3 database
+    with store.db.write() as conn:  # back to a database of that version
         conn.execute(text("DROP INDEX ix_jobs_origin_id"))
         for column in ("num_prompt_tokens", "origin", "key_id"):
             conn.execute(text(f"ALTER TABLE jobs DROP COLUMN {column}"))
         conn.execute(text("ALTER TABLE api_keys DROP COLUMN admin"))
         conn.execute(text("DROP INDEX ix_requests_first_token_at"))
-        conn.execute(text("UPDATE fsched_meta SET value = '3' WHERE key = 'schema_version'"))
-    assert schema.ensure_schema(store.db) == 3
+        conn.execute(text(f"UPDATE fsched_meta SET value = '{before}' WHERE key = 'schema_version'"))
+    assert schema.ensure_schema(store.db) == before
     with store.db.read() as conn:
         assert "num_prompt_tokens" in {c["name"] for c in inspect(conn).get_columns("jobs")}
         assert "ix_requests_first_token_at" in {i["name"] for i in inspect(conn).get_indexes("requests")}

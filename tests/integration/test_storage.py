@@ -317,6 +317,50 @@ def test_schema_1_databases_are_migrated(db_url):
     store.db.dispose()
 
 
+@pytest.mark.parametrize("rebuild", [False, True], ids=["drop-column", "rebuild"])
+def test_schema_3_databases_lose_the_mlfq_level_column_and_keep_their_rows(db_url, rebuild):
+    from sqlalchemy import Column, Integer, MetaData, inspect
+
+    from fsched.storage import schema
+    from fsched.storage.db import Database
+    from fsched.storage.models import Base
+
+    if rebuild and not db_url.startswith("sqlite"):
+        pytest.skip("copying the table is SQLite's path (before 3.35, which has no DROP COLUMN)")
+    # The tables as version 3 made them: requests.mlfq_level NOT NULL, with no default in the table.
+    old = MetaData()
+    for table in Base.metadata.sorted_tables:
+        table.to_metadata(old)
+    old.tables["requests"].append_column(Column("mlfq_level", Integer, nullable=False))
+    db = Database(db_url)
+    params = SamplingParams(max_tokens=4, seed=7).to_json()
+    with db.write() as conn:
+        old.create_all(conn)
+        conn.execute(old.tables["fsched_meta"].insert().values(key="schema_version", value="3"))
+        conn.execute(old.tables["tenants"].insert().values(name="alice", weight=1.0, created_at=1.0))
+        job_id = conn.execute(old.tables["jobs"].insert().values({
+            "tenant": "alice", "class": "batch", "name": "old", "state": "queued", "num_requests": 2,
+            "submitted_at": 1.0})).inserted_primary_key[0]
+        conn.execute(old.tables["requests"].insert(), [
+            {"job_id": job_id, "idx": i, "custom_id": f"old{i}", "endpoint": "/v1/completions",
+             "prompt": f"p{i}", "params": params, "max_tokens": 4, "state": "queued", "enqueued_at": 1.0,
+             "mlfq_level": 0}
+            for i in range(2)])
+    steps = {**schema.MIGRATIONS, 3: lambda conn: schema.drop_column(conn, "requests", "mlfq_level", rebuild)}
+    assert schema.ensure_schema(db, migrations=steps) == 3
+    with db.read() as conn:
+        columns = {c["name"] for c in inspect(conn).get_columns("requests")}
+        indexes = {i["name"] for i in inspect(conn).get_indexes("requests")}
+    assert "mlfq_level" not in columns and columns == {c.name for c in Base.metadata.tables["requests"].c}
+    assert {i.name for i in Base.metadata.tables["requests"].indexes} <= indexes
+    store = SqlJobStore(db)
+    store.submit([submission(2)])  # the rows this version writes, which the old column refused
+    claimed = store.claim("d", per_group=10)
+    assert sorted(c.custom_id for c in claimed) == ["c0", "c1", "old0", "old1"]
+    assert {c.id for c in claimed if c.custom_id.startswith("old")} == {"1", "2"}  # ids kept
+    db.dispose()
+
+
 def test_first_submits_of_a_new_tenant_at_once_all_land(db_url):
     import threading
 

@@ -68,16 +68,16 @@ def test_the_protocol_has_the_members_the_engine_calls():
     }
 
 
-@pytest.mark.parametrize("cls", RUNNERS, ids=lambda c: c.__name__)
-def test_each_runner_declares_and_implements_every_member(cls):
-    assert Runner in cls.__mro__, f"{cls.__name__} does not declare the Runner protocol"
+@pytest.mark.parametrize("runner_type", RUNNERS, ids=lambda c: c.__name__)
+def test_each_runner_declares_and_implements_every_member(runner_type):
+    assert Runner in runner_type.__mro__, f"{runner_type.__name__} does not declare the Runner protocol"
     for name, declared in protocol_members().items():
-        mine = own_member(cls, name)
+        mine = own_member(runner_type, name)
         if isinstance(declared, property):
-            assert isinstance(mine, property), f"{cls.__name__}.{name} must be a property"
+            assert isinstance(mine, property), f"{runner_type.__name__}.{name} must be a property"
         else:
-            assert inspect.isfunction(mine), f"{cls.__name__}.{name} must be a method"
-            assert not accepts(mine, declared), f"{cls.__name__}.{name}: {accepts(mine, declared)}"
+            assert inspect.isfunction(mine), f"{runner_type.__name__}.{name} must be a method"
+            assert not accepts(mine, declared), f"{runner_type.__name__}.{name}: {accepts(mine, declared)}"
 
 
 def test_signature_check_catches_a_mismatch():
