@@ -44,12 +44,8 @@ def lines(n: int, max_tokens: int) -> str:
 def server(tmp_path_factory) -> Server:
     root = tmp_path_factory.mktemp("dashboard")
     s = make_server(root)
-    s.cli("tenants", "add", "alice", "--weight", "3")
-    s.cli("tenants", "add", "bob")
-    work = root / "work.jsonl"
-    work.write_text(lines(40, 400))
-    for tenant in ("alice", "bob"):
-        s.cli("submit", str(work), "--tenant", tenant, "--class", "batch")
+    s.cli("limits", "show")  # creates the table, owned by this user: an admin of it
+    s.seed({"alice": 3.0, "bob": 1.0}, [(t, "work.jsonl", lines(40, 400)) for t in ("alice", "bob")])
     s.daemon = s.start_daemon("--model", "standin:20ms", "--max-batch", "4")
     s.start_server()
     s.wait_ready()

@@ -48,10 +48,9 @@ def grafana_expr(expr: str) -> str:
 def server(tmp_path_factory) -> Server:
     root = tmp_path_factory.mktemp("prometheus")
     s = make_server(root)
-    s.cli("tenants", "add", "alice", "--weight", "3")
-    work = root / "work.jsonl"
-    work.write_text("".join(json.dumps({"prompt": f"d{i}", "max_tokens": 200}) + "\n" for i in range(20)))
-    s.cli("submit", str(work), "--tenant", "alice", "--class", "batch")
+    s.cli("limits", "show")  # creates the table, owned by this user: an admin of it
+    work = "".join(json.dumps({"prompt": f"d{i}", "max_tokens": 200}) + "\n" for i in range(20))
+    s.seed({"alice": 3.0}, [("alice", "work.jsonl", work)])
     s.start_daemon("--model", "standin:10ms", "--max-batch", "4")
     s.start_server()
     s.wait_ready()

@@ -28,12 +28,10 @@ pytestmark = [pytest.mark.timeout(120),
 def table(tmp_path_factory) -> Server:
     root = tmp_path_factory.mktemp("terminal")
     s = make_server(root)
-    s.cli("tenants", "add", "alice", "--weight", "3")
-    s.cli("tenants", "add", "bob")
-    work = root / "work.jsonl"
-    work.write_text("".join(json.dumps({"prompt": f"d{i}", "max_tokens": 300}) + "\n" for i in range(30)))
-    for tenant, name in (("alice", "nightly-summaries-of-the-whole-corpus"), ("bob", "tickets")):
-        s.cli("submit", str(work), "--tenant", tenant, "--class", "batch", "--name", name)
+    s.cli("limits", "show")  # creates the table, owned by this user: an admin of it
+    work = "".join(json.dumps({"prompt": f"d{i}", "max_tokens": 300}) + "\n" for i in range(30))
+    s.seed({"alice": 3.0, "bob": 1.0}, [("alice", "nightly-summaries-of-the-whole-corpus", work),
+                                        ("bob", "tickets", work)])
     add_online_requests(s.env["FSCHED_DB"])
     s.start_daemon("--model", "standin:500ms", "--max-batch", "4")
     deadline = time.time() + 60
