@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from fsched.api import batch, errors, online
+from fsched.api import batch, dashboard, errors, online
 from fsched.api.hub import ProgressHub
 from fsched.api.limits import BodyLimit
 from fsched.api.metrics import Metrics
@@ -35,17 +35,19 @@ def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(hub.run())
+        tasks = [asyncio.create_task(hub.run()), asyncio.create_task(dashboard.sample_forever(state))]
         try:
             yield
         finally:
-            task.cancel()
+            for task in tasks:
+                task.cancel()
 
     app = FastAPI(title="fsched", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.fsched = state
     errors.install(app)
     app.include_router(online.router)
     app.include_router(batch.router)
+    app.include_router(dashboard.router)
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:

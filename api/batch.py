@@ -30,7 +30,7 @@ from fsched.core.jobs.batches import (
 from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_job_file
 from fsched.core.jobs.results import output_line
 from fsched.core.ports.records import JobSubmission, QueueFull
-from fsched.core.types import Endpoint, RequestClass
+from fsched.core.types import Endpoint, JobOrigin, RequestClass
 
 router = APIRouter()
 BATCH_PRIORITY = 5
@@ -134,7 +134,7 @@ async def create_batch(request: Request) -> dict:
         await state.call(state.backend.files.add_batch, failed)
         return batch_object(failed, None)
     submission = JobSubmission(parsed=parsed, tenant=key.tenant, request_class=RequestClass.BATCH,
-                               priority=BATCH_PRIORITY, name=record.id)
+                               priority=BATCH_PRIORITY, name=record.id, origin=JobOrigin.BATCH, key_id=key.id)
     try:
         (job,) = await state.call(state.backend.jobs.submit, [submission],
                                   max_queued_per_tenant=limits.max_queued_per_tenant)

@@ -68,15 +68,27 @@ class _TableCollector:
             running[group] += job.counts.num_running
         yield _gauge("num_requests_waiting", "Requests waiting (queued or preempted)", waiting)
         yield _gauge("num_requests_running", "Requests held by a daemon", running)
-        tokens = CounterMetricFamily(f"{PREFIX}generation_tokens", "Tokens generated",
-                                     labels=["tenant", "class"])
-        for tenant, request_class, count in self.backend.serving.generated_tokens():
-            tokens.add_metric([tenant, request_class], count)
-        yield tokens
+        yield from self._chargeback()
         now = time.time()
         daemons = self.backend.jobs.list_daemons()
         yield from self._shares(newest_live_daemon(daemons, now))
         yield from self._daemons([d for d in daemons if d.alive(now)])
+
+    def _chargeback(self):
+        """Per-tenant totals from the jobs' counters, whatever door the work came by."""
+        labels = ["tenant", "class"]
+        generated = CounterMetricFamily(f"{PREFIX}generation_tokens", "Tokens generated", labels=labels)
+        prompt = CounterMetricFamily(f"{PREFIX}prompt_tokens", "Prompt tokens of ended requests",
+                                     labels=labels)
+        ended = CounterMetricFamily(f"{PREFIX}requests", "Requests ended, by outcome",
+                                    labels=[*labels, "outcome"])
+        for t in self.backend.serving.tenant_totals():
+            group = [t.tenant, t.request_class.value]
+            generated.add_metric(group, t.generated_tokens)
+            prompt.add_metric(group, t.prompt_tokens)
+            for outcome, count in (("done", t.done), ("failed", t.failed), ("cancelled", t.cancelled)):
+                ended.add_metric([*group, outcome], count)
+        yield from (generated, prompt, ended)
 
     def _shares(self, newest: DaemonSummary | None):
         tenants = self.backend.jobs.list_tenants()

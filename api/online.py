@@ -34,7 +34,7 @@ from fsched.core.jobs.openai import (
 )
 from fsched.core.jobs.results import DEFAULT_MODEL_NAME
 from fsched.core.ports.records import JobSubmission, QueueFull
-from fsched.core.types import Endpoint, RequestState
+from fsched.core.types import Endpoint, JobOrigin, RequestState
 
 router = APIRouter()
 RETRY_AFTER_S = 1
@@ -92,6 +92,7 @@ async def _submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int
     submission = JobSubmission(
         parsed=ParsedJobFile(source="<http>", requests=(online.spec,), form="openai"),
         tenant=key.tenant, request_class=online.request_class, priority=online.priority, name="http",
+        origin=JobOrigin.ONLINE, key_id=key.id,
     )
     try:
         (job,) = await state.call(state.backend.jobs.submit, [submission],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio.to_thread
 from fastapi import Request
@@ -53,6 +53,7 @@ class ServerState:
     backend: Backend
     hub: ProgressHub
     metrics: Metrics | None = None
+    history: Any = None  # the dashboard's samples (api/history.py), made on first use
     _daemons: _Cached[list[DaemonSummary]] = field(default_factory=_Cached)
     _limits: _Cached[InputLimits] = field(default_factory=_Cached)
 

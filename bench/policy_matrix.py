@@ -1,7 +1,7 @@
 """The policy matrix: fsched against fcfs, priority and vtc on every scenario, seed and load.
 
     .venv/bin/python bench/policy_matrix.py [--out docs/policy_matrix.md] [--limit N] [--quick]
-        [--scenario NAME]... [--batch-only]
+        [--scenario NAME]... [--batch-only] [--plot DIR [--plot-format html|png]]
 
 Each cell is one simulated run of the four policies on the same requests
 (the same code as `fsched simulate ... --policy fcfs --policy priority
@@ -29,7 +29,9 @@ the same tenants and requests without class order, to tell what class
 order costs from what the tenant order costs. Goals on a class that is
 absent are not checked.
 
-Prints one line per cell and writes the markdown table to --out. Runs in
+Prints one line per cell and writes the markdown table to --out; with
+--plot DIR, also one file per cell with the four policies' first-token
+CDFs, served shares and queues over time (as `fsched simulate --plot`). Runs in
 under 10 minutes on 2 loaded cores with the default --limit (the first
 N requests of each trace).
 """
@@ -195,6 +197,19 @@ def row(s: Scenario, by: dict[str, PolicyReport], cs: list[Check]) -> str:
             f"{f.preemptions:,} (prio {p.preemptions:,}) | {f.rejected} |")
 
 
+def plot_cell(folder: Path, fmt: str, s: Scenario, by: dict[str, PolicyReport],
+              config: SchedulerConfig) -> Path:
+    """The cell's four policies drawn as `fsched simulate --plot` draws them."""
+    from fsched.cli.plot import write_plot
+    from fsched.core.sim.plotdata import plot_data
+
+    name = f"{s.trace}-{s.name}-{s.load:g}x-seed{s.seed}".replace("/", "-").replace(" ", "-")
+    path = folder / f"{name}.{fmt}"
+    title = f"{s.trace}, {s.name} at {s.load:g}x, seed {s.seed} (simulated, h100-8b)"
+    write_plot(path, plot_data(title, [by[p] for p in POLICIES], config.kv_tokens))
+    return path
+
+
 HEADER = (
     "| scenario | trace | load | seed | goals (fsched's ratio, verdict) | figures | "
     "fsched preemptions | refused |\n|---|---|---|---|---|---|---|---|"
@@ -212,7 +227,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="only this scenario (5/15/80, 10/20/70, near capacity, attack); repeatable")
     ap.add_argument("--batch-only", action="store_true", help="label every request batch (no attack cells)")
     ap.add_argument("--traces", type=Path, default=TRACE_DIR, help="folder holding the two traces")
+    ap.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write one plot per cell here")
+    ap.add_argument("--plot-format", choices=("html", "png"), default="html",
+                    help="html (self-contained) or png (needs matplotlib)")
     args = ap.parse_args(argv)
+    if args.plot is not None:
+        args.plot.mkdir(parents=True, exist_ok=True)
     limit = args.limit or None
     for name, path in TRACES.items():
         TRACES[name] = args.traces / path.name
@@ -234,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         unjudged += sum(c.ok is None for c in cs)
         lines.append(row(s, by, cs))
         print(lines[-1], flush=True)
+        if args.plot is not None:
+            plot_cell(args.plot, args.plot_format, s, by, config)
     summary = (f"{passed}/{total} goal checks pass ({unjudged} Jain checks not judged: both tenants waited "
                f"together under {MIN_BOTH_WAITING_S:.0f} s); limit {limit or 'all'} requests a trace; "
                f"rate scales {', '.join(f'{t} {ld:g}x={v:.3f}' for (t, ld), v in scales.items())}; "

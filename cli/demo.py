@@ -171,6 +171,7 @@ def summary(timings: list[RequestTiming], window: ShareWindow, policy: str, star
 def summary_view(s: dict):
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     def ms(v):
         return "n/a" if v is None else f"{v:,.0f} ms"
@@ -185,15 +186,18 @@ def summary_view(s: dict):
         classes.add_row(name, str(c["requests"]), str(c["done"]), f"{c['tokens']:,}", ms(c["ttft_p50_ms"]),
                         ms(c["ttft_p99_ms"]))
     tenants = Table(title=f"Tenants (both backlogged for {s['contended_s']:.0f} s)", title_justify="left")
-    for column in ("tenant", "weight", "entitled", "tokens", "token share", "while backlogged",
-                   "daemon served share"):
+    for column in ("tenant", "weight", "entitled", "tokens", "served over the run", "while backlogged",
+                   "served recently"):
         tenants.add_column(column, justify="left" if column == "tenant" else "right")
     for name, t in s["tenants"].items():
         tenants.add_row(name, f"{t['weight']:g}", pct(t["entitled_share"]), f"{t['tokens']:,}",
                         pct(t["token_share"]), pct(t["contended_token_share"]), pct(t["daemon_served_share"]))
     line = (f"{s['requests']} requests, {s['tokens']:,} tokens in {s['serve_s']:.1f} s: "
             f"{s['tok_s'] or 0:,.1f} tok/s (policy {s['policy']}; model loaded in {s['startup_s']:.1f} s)")
-    return Group(classes, tenants, line)
+    legend = Text("  entitled: weight over the weights of the tenants with work; served over the run: its "
+                  "part of the tokens generated (while backlogged: while both had work waiting); served "
+                  "recently: the daemon's decayed part of the dominant resource at the end", style="dim")
+    return Group(classes, tenants, legend, line)
 
 
 # -- the command ---------------------------------------------------------------------------
@@ -322,7 +326,7 @@ def _watch(store, daemon, started: float, log_path: Path, job_ids: list[int], ch
                 from fsched.cli.views import status_view
 
                 snapshot = StatusSnapshot(jobs=jobs, tenants=store.list_tenants(), daemons=daemons, now=now)
-                live.update(status_view(snapshot), refresh=True)
+                live.update(status_view(snapshot, live.console.width), refresh=True)
             if next_chat == len(chats) and all(j.state.finished for j in jobs if j.id in job_ids):
                 return serving_at, window, now
             time.sleep(REFRESH_S)

@@ -34,7 +34,7 @@ from fsched.cli.common import (
 from fsched.cli.submit import CLASS_NAMES, parse_class
 from fsched.core.jobs.access import default_tenant, may_act_as
 from fsched.core.ports.records import RequestProgress
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import JobOrigin, RequestClass, RequestState
 
 POLL_S = 0.02
 DEFAULT_MAX_TOKENS = 64
@@ -130,7 +130,8 @@ def generate(
     # Ctrl-C cancels the request even where the shell started us with SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     (job,) = store.submit([JobSubmission(parsed=parsed, tenant=tenant,
-                                         request_class=request_class, priority=5, name="generate")],
+                                         request_class=request_class, priority=5, name="generate",
+                                         origin=JobOrigin.GENERATE)],
                            max_queued_per_tenant=limits.max_queued_per_tenant)
     try:
         final = _wait(store, job.job_id, stream and not as_json, timeout)

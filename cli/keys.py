@@ -29,7 +29,8 @@ def _admin_key_store(db: str | None, what: str) -> KeyStore:
 
 def key_json(key) -> dict:
     return {"id": key.id, "tenant": key.tenant, "class": key.request_class.value, "name": key.name,
-            "created_at": iso_time(key.created_at), "revoked_at": iso_time(key.revoked_at)}
+            "admin": key.admin, "created_at": iso_time(key.created_at),
+            "revoked_at": iso_time(key.revoked_at)}
 
 
 @app.command("create")
@@ -40,18 +41,24 @@ def create(
         str, typer.Option("--class", "-c", help=f"Highest class its online requests get: {CLASS_NAMES}.")
     ] = "streaming",
     name: Annotated[str, typer.Option("--name", "-n", help="A label to tell keys apart.")] = "",
+    admin: Annotated[
+        bool, typer.Option("--admin", help="Also an admin over HTTP: every tenant's work on /dashboard, "
+                           "weights.")
+    ] = False,
     as_json: JsonOption = False,
     db: DbOption = None,
 ) -> None:
     """Make a new API key for TENANT and print it once (only its hash is stored)."""
     request_class = parse_class(request_class)
     keys = _admin_key_store(db, "creating an API key")
-    key, secret = keys.create_key(tenant, request_class, name)
+    key, secret = keys.create_key(tenant, request_class, name, admin=admin)
     if as_json:
-        print_json({"key": secret, "id": key.id, "tenant": key.tenant, "class": key.request_class.value})
+        print_json({"key": secret, "id": key.id, "tenant": key.tenant, "class": key.request_class.value,
+                    "admin": key.admin})
         return
     print(secret)
-    typer.echo(f"key {key.id} for tenant {key.tenant}, class {key.request_class.value}; "
+    role = ", admin" if key.admin else ""
+    typer.echo(f"key {key.id} for tenant {key.tenant}, class {key.request_class.value}{role}; "
                "it is shown only now", err=True)
 
 
@@ -66,10 +73,10 @@ def list_keys(as_json: JsonOption = False, db: DbOption = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("id", "tenant", "class", "name", "created", "revoked")
+    table = Table("id", "tenant", "class", "admin", "name", "created", "revoked")
     for k in keys:
-        table.add_row(k.id, k.tenant, k.request_class.value, k.name, iso_time(k.created_at),
-                      iso_time(k.revoked_at) or "")
+        table.add_row(k.id, k.tenant, k.request_class.value, "yes" if k.admin else "", k.name,
+                      iso_time(k.created_at), iso_time(k.revoked_at) or "")
     Console().print(table)
 
 

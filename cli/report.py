@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fsched.cli.common import iso_time
 from fsched.core.jobs.jobstate import JobSummary
-from fsched.core.ports.records import DaemonSummary, TenantSummary
+from fsched.core.ports.records import DaemonSummary, OnlineGroup, TenantSummary
 from fsched.core.sched.shares import entitled_shares
 
 
@@ -16,6 +16,7 @@ class StatusSnapshot:
     tenants: list[TenantSummary]
     daemons: list[DaemonSummary]
     now: float
+    online: list[OnlineGroup] = field(default_factory=list)  # online requests, per tenant and key
 
 
 def tenant_entitlements(tenants: list[TenantSummary]) -> dict[str, float | None]:
@@ -86,4 +87,19 @@ def status_json(snapshot: StatusSnapshot) -> dict:
         "jobs": [job_json(j) for j in snapshot.jobs],
         "tenants": [tenant_json(t, entitled[t.name]) for t in snapshot.tenants],
         "daemons": [daemon_json(d, snapshot.now) for d in snapshot.daemons],
+        "online": [online_json(g) for g in snapshot.online],
     }
+
+
+def online_json(group: OnlineGroup) -> dict:
+    return {
+        "tenant": group.tenant, "key_id": group.key_id, "requests": group.requests,
+        "in_flight": group.in_flight, "done": group.done, "failed": group.failed,
+        "cancelled": group.cancelled, "generated_tokens": group.generated_tokens,
+        "last_at": iso_time(group.last_at), "recent": group.recent,
+        "ttft_p50_s": _rounded(group.ttft_p50_s), "ttft_p99_s": _rounded(group.ttft_p99_s),
+    }
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 4)

@@ -54,6 +54,13 @@ _CostModel = Annotated[
                  "the built-in model, CPU) or h100-8b (an ~8B model on one H100-class GPU)."),
 ]
 _Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts (per tenant and class too).")]
+_Plot = Annotated[
+    Path | None,
+    typer.Option("--plot", metavar="FILE", show_default=False,
+                 help="Also draw each policy's first-token CDF by class, served share over time per tenant "
+                 "and queue depth over time: FILE.html (self-contained, works offline) or FILE.png "
+                 "(needs the plot extra: matplotlib)."),
+]
 
 
 def simulate(
@@ -68,8 +75,11 @@ def simulate(
     kv_tokens: _KvTokens = None,
     cost_model: _CostModel = DEFAULT_PROFILE,
     json_out: _Json = False,
+    plot: _Plot = None,
 ) -> None:
     """Replay a request trace through the scheduler against the engine cost model."""
+    if plot is not None:
+        _check_plot(plot)
     policies = list(policy or ["fsched"])
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
@@ -94,6 +104,9 @@ def simulate(
         reports = [run_simulation(requests, p, weights=weights, config=config, cost=cost) for p in policies]
     except (TraceError, ValueError) as exc:
         fail(str(exc), 2)
+    if plot is not None:
+        _write_plot(plot, f"{trace.name}: {len(requests):,} requests, simulated ({cost_model})", reports,
+                    config.kv_tokens)
     if json_out:
         doc = {"trace": str(trace), "cost_model": cost_model, "requests": len(requests),
                "policies": {r.policy: r.to_json() for r in reports}}
@@ -102,6 +115,26 @@ def simulate(
     from rich.console import Console
 
     Console().print(comparison_table(str(trace), len(requests), reports))
+
+
+def _check_plot(path: Path) -> None:
+    from fsched.cli.common import UserError
+    from fsched.cli.plot import check_plot_path
+
+    try:
+        check_plot_path(path)
+    except UserError as exc:
+        fail(str(exc), 2)
+
+
+def _write_plot(path: Path, title: str, reports: list[PolicyReport], kv_tokens: int) -> None:
+    import sys
+
+    from fsched.cli.plot import write_plot
+    from fsched.core.sim.plotdata import plot_data
+
+    write_plot(path, plot_data(title, reports, kv_tokens))
+    print(f"plot written to {path}", file=sys.stderr)
 
 
 def _config(max_batch: int | None, kv_tokens: int | None) -> SchedulerConfig:
@@ -152,7 +185,7 @@ def comparison_table(trace: str, n: int, reports: list[PolicyReport]):
         for r in reports:
             s = r.tenants.get(t)
             cells.append("-" if s is None else f"{s.share:.3f} / {s.entitled:.3f}")
-        table.add_row(f"tenant {t} share / entitled", *cells)
+        table.add_row(f"tenant {t} served over the run / entitled", *cells)
     table.add_row("Jain index", *[_fmt(r.jain_index, "x") for r in reports])
     table.add_row("throughput tok/s", *[_fmt(r.throughput_tok_s, "n") for r in reports])
     table.add_row("max wait", *[_fmt(r.max_wait_s) for r in reports])

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from rich.console import Group
+from rich.console import Console, Group
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
-from rich.table import Table
 from rich.text import Text
 
+from fsched.cli.fit import Col, fitted_table, with_legend
 from fsched.cli.report import StatusSnapshot, tenant_entitlements
 from fsched.core.jobs.jobstate import JobSummary
-from fsched.core.ports.records import DaemonSummary, TenantSummary, newest_live_daemon
+from fsched.core.ports.records import DaemonSummary, OnlineGroup, TenantSummary, newest_live_daemon
 from fsched.core.sched.explain import RequestStanding
 from fsched.core.types import JobState, RequestState
 
@@ -36,48 +36,65 @@ def format_age(seconds: float) -> str:
     return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
 
 
-def jobs_table(jobs: list[JobSummary], now: float) -> Table:
-    table = Table(title="Jobs", title_justify="left")
-    table.add_column("id", justify="right", no_wrap=True, min_width=2)
-    table.add_column("name", max_width=24, overflow="ellipsis", no_wrap=True)
-    table.add_column("tenant", no_wrap=True, min_width=6)
-    table.add_column("class", no_wrap=True, min_width=8)
-    table.add_column("pri", justify="right", no_wrap=True, min_width=3)
-    table.add_column("state", no_wrap=True, min_width=11)
-    table.add_column("progress", no_wrap=True, min_width=10)
-    table.add_column("done", justify="right", no_wrap=True, min_width=5)
-    table.add_column("tokens", justify="right", no_wrap=True)
-    table.add_column("age", justify="right", no_wrap=True, min_width=5)
+WIDE = 10_000  # the width of a view with every column (--wide, and the builders' default)
+# One word for each kind of share, everywhere: entitled, served recently (the daemon's decayed
+# figure), served over the run (a demo's or a simulation's whole run).
+SHARES_LEGEND = ("entitled: weight over the weights of tenants with work; served recently: decayed part "
+                 "of compute or KV (newest daemon)")
+SHARES_LEGEND_SHORT = "entitled: weight/weights with work; served recently: decayed use of compute/KV"
+
+
+def jobs_table(jobs: list[JobSummary], now: float, width: int = WIDE, wide: bool = False) -> Group:
+    """Submitted files and batches: unfinished ones, then the last finished."""
+    cols = [Col("id", justify="right"), Col("name", shrink_to=8), Col("tenant"), Col("class"),
+            Col("priority", "pri", drop=5, justify="right"), Col("state"), Col("progress", drop=3),
+            Col("done", justify="right"), Col("tokens", drop=2, justify="right"),
+            Col("age", drop=4, justify="right")]
+    rows = []
     for job in jobs:
         c = job.counts
-        table.add_row(
-            str(job.id),
-            job.name,
-            job.tenant,
-            job.request_class.value,
-            str(job.priority),
+        rows.append([
+            str(job.id), job.name, job.tenant, job.request_class.value, str(job.priority),
             Text(job.state.value, style=STATE_STYLES[job.state]),
             ProgressBar(total=max(c.num_requests, 1), completed=c.num_finished, width=10),
             f"{c.num_done}/{c.num_requests}" + (f" ({c.num_failed} failed)" if c.num_failed else ""),
-            f"{job.num_output_tokens:,}",
-            format_age(now - job.submitted_at),
-        )
-    if not jobs:
-        table.add_row("", Text("no jobs", style="dim"), *[""] * 8)
-    return table
+            f"{job.num_output_tokens:,}", format_age(now - job.submitted_at),
+        ])
+    return with_legend(fitted_table("Jobs", cols, rows, width, wide, empty="no jobs"))
 
 
-def tenants_table(tenants: list[TenantSummary], served: dict[str, float] | None = None) -> Table:
+def online_table(groups: list[OnlineGroup], width: int = WIDE, wide: bool = False) -> Group:
+    """Online requests (and `generate` prompts), one line per tenant and API key."""
+    cols = [Col("tenant"), Col("key"), Col("requests", "reqs", justify="right"),
+            Col("in flight", "now", justify="right"), Col("done", drop=3, justify="right"),
+            Col("failed", drop=4, justify="right"), Col("cancelled", "canc", drop=5, justify="right"),
+            Col("tokens", drop=2, justify="right"), Col("first token p50", "ttft p50", justify="right"),
+            Col("p99", justify="right", drop=1)]
+    rows = [[g.tenant, g.key_id or "(generate)", f"{g.requests:,}", f"{g.in_flight:,}", f"{g.done:,}",
+             f"{g.failed:,}", f"{g.cancelled:,}", f"{g.generated_tokens:,}", seconds(g.ttft_p50_s),
+             seconds(g.ttft_p99_s)] for g in groups]
+    fitted = fitted_table("Online requests (per tenant and key; first token over the last 5 minutes)", cols,
+                          rows, width, wide)
+    return with_legend(fitted)
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return NO_SHARE
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def tenants_table(tenants: list[TenantSummary], served: dict[str, float] | None = None, width: int = WIDE,
+                  wide: bool = False) -> Group:
     """Tenants with their entitled share; with `served` (a live daemon's served_share), the
-    dominant share each was recently served beside it."""
+    dominant share each was recently served beside it, and a line saying which share is which."""
     entitled = tenant_entitlements(tenants)
-    table = Table(title="Tenants", title_justify="left")
-    columns = [("tenant", "left"), ("weight", "right"), ("entitled", "right")]
+    cols = [Col("tenant"), Col("weight", justify="right"), Col("entitled", justify="right")]
     if served is not None:
-        columns.append(("served", "right"))
-    columns += [("active jobs", "right"), ("queued", "right"), ("running", "right")]
-    for column, justify in columns:
-        table.add_column(column, justify=justify, no_wrap=True)
+        cols.append(Col("served recently", "served", justify="right"))
+    cols += [Col("active jobs", "jobs", drop=2, justify="right"), Col("queued", justify="right"),
+             Col("running", justify="right")]
+    rows = []
     for tenant in tenants:
         active = tenant.queued or tenant.running
         share = entitled[tenant.name]
@@ -85,8 +102,11 @@ def tenants_table(tenants: list[TenantSummary], served: dict[str, float] | None 
         if served is not None:
             cells.append(served_cell(served.get(tenant.name, 0.0), share, bool(active)))
         cells += [str(tenant.active_jobs), f"{tenant.queued:,}", f"{tenant.running:,}"]
-        table.add_row(*cells)
-    return table
+        rows.append(cells)
+    legend = SHARES_LEGEND if wide or width >= len(SHARES_LEGEND) + 2 else SHARES_LEGEND_SHORT
+    if served is None:
+        legend = legend.split(";")[0]
+    return with_legend(fitted_table("Tenants", cols, rows, width, wide), Text("  " + legend, style="dim"))
 
 
 def percent(share: float | None) -> str:
@@ -100,81 +120,102 @@ def served_cell(served: float, entitled: float | None, active: bool) -> Text:
     return Text(f"{served:.0%}", style="yellow" if off else ("" if active else "dim"))
 
 
-def daemon_panel(daemon: DaemonSummary, now: float) -> Panel:
-    """The live daemon's engine figures (from its heartbeat)."""
+def daemon_panel(daemon: DaemonSummary, now: float, width: int = WIDE) -> Panel:
+    """The live daemon's engine figures (from its heartbeat), a figure never split across lines."""
     s = daemon.stats
     kv_pct = f" ({s.kv_tokens / s.kv_budget:.0%})" if s.kv_budget else ""
-    lines = [
-        f"[bold]model[/] {daemon.model}   [bold]device[/] {daemon.device}   "
-        f"[bold]policy[/] {s.policy or '?'}   [bold]daemon[/] {daemon.id} (pid {daemon.pid})",
-        f"[bold]batch[/] {s.batch}   [bold]running[/] {s.running}   "
-        f"[bold]waiting[/] {s.waiting}   [bold]held[/] {s.held}   "
-        f"[bold]KV[/] {s.kv_tokens:,}/{s.kv_budget:,} tokens{kv_pct}",
-        f"[bold]tok/s[/] {s.tok_s:,.1f}   [bold]step[/] {s.step_ms:.1f} ms   "
-        f"[bold]steps[/] {s.steps:,}   [bold]tokens[/] {s.tokens:,}   "
-        f"[bold]heartbeat[/] {daemon.heartbeat_age(now):.1f}s ago",
+    groups = [
+        [f"[bold]model[/] {daemon.model}", f"[bold]device[/] {daemon.device}",
+         f"[bold]policy[/] {s.policy or '?'}", f"[bold]daemon[/] {daemon.id} (pid {daemon.pid})"],
+        [f"[bold]batch[/] {s.batch}", f"[bold]running[/] {s.running}", f"[bold]waiting[/] {s.waiting}",
+         f"[bold]held[/] {s.held}", f"[bold]KV[/] {s.kv_tokens:,}/{s.kv_budget:,} tokens{kv_pct}"],
+        [f"[bold]tok/s[/] {s.tok_s:,.1f}", f"[bold]step[/] {s.step_ms:.1f} ms", f"[bold]steps[/] {s.steps:,}",
+         f"[bold]tokens[/] {s.tokens:,}", f"[bold]heartbeat[/] {daemon.heartbeat_age(now):.1f}s ago"],
     ]
+    lines = [line for items in groups for line in packed(items, width - 4)]
     return Panel("\n".join(lines), title="Daemon", title_align="left", expand=False)
 
 
-def why_table(requests: tuple[RequestStanding, ...] | list[RequestStanding]) -> Table:
+def packed(items: list[str], width: int, gap: str = "   ") -> list[str]:
+    """Items joined into lines of at most `width` visible characters, an item never split."""
+    lines, line = [], ""
+    for item in items:
+        candidate = f"{line}{gap}{item}" if line else item
+        if line and Text.from_markup(candidate).cell_len > width:
+            lines.append(line)
+            candidate = item
+        line = candidate
+    return [*lines, line] if line else lines
+
+
+def why_table(requests: tuple[RequestStanding, ...] | list[RequestStanding], width: int = WIDE,
+              wide: bool = False) -> Group:
     """Why each running or waiting request runs or waits, in the scheduler's order (as Slurm's sprio):
     class, tier (precedence or share), base priority, wait, whether it is late, tenant's DRF share."""
-    table = Table(title="Why (running, then waiting in admission order)", title_justify="left")
-    for column, justify in [
-        ("req", "right"), ("tenant", "left"), ("class", "left"), ("state", "left"), ("tier", "left"),
-        ("pri", "right"), ("waited", "right"), ("late", "left"), ("generated", "right"),
-        ("tenant share", "right"),
-    ]:
-        table.add_column(column, justify=justify, no_wrap=True)
+    cols = [Col("req", justify="right"), Col("tenant"), Col("class"), Col("state"), Col("tier"),
+            Col("priority", "pri", drop=3, justify="right"), Col("waited", justify="right"), Col("late"),
+            Col("generated", "gen", drop=2, justify="right"),
+            Col("tenant share", "share", drop=1, justify="right")]
+    rows = []
     for r in requests:
         running = r.state is RequestState.RUNNING
-        table.add_row(
-            r.id,
-            r.tenant,
-            r.request_class.value,
-            Text(r.state.value, style="cyan" if running else "yellow"),
-            r.tier,
-            str(r.priority),
-            f"{r.waited_s:.1f}s",
-            Text("late", style="red") if r.late else "",
-            f"{r.generated:,}",
-            f"{r.tenant_share:.3f}",
-        )
-    if not requests:
-        table.add_row("", Text("nothing running or waiting", style="dim"), *[""] * 8)
-    return table
+        rows.append([r.id, r.tenant, r.request_class.value,
+                     Text(r.state.value, style="cyan" if running else "yellow"), r.tier, str(r.priority),
+                     f"{r.waited_s:.1f}s", Text("late", style="red") if r.late else "", f"{r.generated:,}",
+                     f"{r.tenant_share:.3f}"])
+    return with_legend(fitted_table("Why (running, then waiting in admission order)", cols, rows, width, wide,
+                                    empty="nothing running or waiting"))
 
 
-def daemons_table(daemons: list[DaemonSummary], now: float) -> Table:
-    table = Table(title="Daemons", title_justify="left")
-    for column, justify in [("daemon", "left"), ("host", "left"), ("device", "left"), ("heartbeat", "right"),
-                            ("batch", "right"), ("tokens/s", "right"), ("state", "left")]:
-        table.add_column(column, justify=justify, no_wrap=True)
+def daemons_table(daemons: list[DaemonSummary], now: float, width: int = WIDE, wide: bool = False) -> Group:
+    cols = [Col("daemon", shrink_to=12), Col("host", drop=2, shrink_to=8), Col("device", drop=3),
+            Col("heartbeat", justify="right"), Col("batch", drop=1, justify="right"),
+            Col("tokens/s", "tok/s", justify="right"), Col("state")]
     styles = {"alive": "green", "stopped": "dim", "dead": "red"}
+    rows = []
     for daemon in daemons:
         state = daemon.state(now)
         alive = state == "alive"  # a dead or stopped daemon's last figures are not shown as current
-        table.add_row(
-            daemon.id,
-            daemon.host,
-            daemon.device,
-            f"{format_age(daemon.heartbeat_age(now))} ago",
-            str(daemon.stats.batch) if alive else "",
-            f"{daemon.stats.tok_s:,.0f}" if alive else "",
-            Text(state, style=styles[state]),
-        )
-    return table
+        rows.append([daemon.id, daemon.host, daemon.device, f"{format_age(daemon.heartbeat_age(now))} ago",
+                     str(daemon.stats.batch) if alive else "", f"{daemon.stats.tok_s:,.0f}" if alive else "",
+                     Text(state, style=styles[state])])
+    return with_legend(fitted_table("Daemons", cols, rows, width, wide))
 
 
-def status_view(snapshot: StatusSnapshot) -> Group:
+def status_view(snapshot: StatusSnapshot, width: int = WIDE, wide: bool = False) -> Group:
+    """Every part of `fsched status`, each fitted to `width` columns (all of them with `wide`)."""
+    return Group(*status_parts(snapshot, width, wide))
+
+
+def within_height(parts: list, console: Console, height: int) -> Group:
+    """The parts that fit `height` lines, whole, and a line saying what was left out (a live view
+    taller than its terminal would scroll away or be cut mid-table)."""
+    kept, used = [], 0
+    for n, part in enumerate(parts):
+        lines = len(console.render_lines(part, console.options, pad=False))
+        if used + lines > height - 1 and kept:
+            rest = len(parts) - n
+            kept.append(Text(f"({rest} more part(s) below: a taller terminal shows them; "
+                             "fsched status without --watch prints everything)", style="dim"))
+            break
+        kept.append(part)
+        used += lines
+    return Group(*kept)
+
+
+def status_parts(snapshot: StatusSnapshot, width: int = WIDE, wide: bool = False) -> list:
     live = newest_live_daemon(snapshot.daemons, snapshot.now)
     served = dict(live.stats.served_share) if live is not None else None
-    parts = [jobs_table(snapshot.jobs, snapshot.now), tenants_table(snapshot.tenants, served)]
+    # The files and batches first, then the shares; a live view short of lines keeps these.
+    parts = [jobs_table(snapshot.jobs, snapshot.now, width, wide),
+             tenants_table(snapshot.tenants, served, width, wide)]
+    if snapshot.online:
+        parts.append(online_table(snapshot.online, width, wide))
     if live is not None:
-        parts += [daemon_panel(live, snapshot.now), why_table(live.stats.requests)]
+        parts += [daemon_panel(live, snapshot.now, WIDE if wide else width),
+                  why_table(live.stats.requests, width, wide)]
     if snapshot.daemons:
-        parts.append(daemons_table(snapshot.daemons, snapshot.now))
+        parts.append(daemons_table(snapshot.daemons, snapshot.now, width, wide))
     else:
         parts.append(Text("No daemon has run on this job table yet (start one: fsched daemon).", style="dim"))
-    return Group(*parts)
+    return parts

@@ -51,6 +51,21 @@ class JobState(enum.StrEnum):
 _FINISHED_JOB_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
 
 
+class JobOrigin(enum.StrEnum):
+    """Which door a job came in by: listings show submitted files and batches as jobs, and the
+    one-request jobs of online requests and `fsched generate` grouped apart."""
+
+    SUBMIT = "submit"  # fsched submit: a file
+    BATCH = "batch"  # the Batch API: an uploaded file
+    ONLINE = "online"  # /v1/completions, /v1/chat/completions: one request
+    GENERATE = "generate"  # fsched generate: one prompt
+
+    @property
+    def interactive(self) -> bool:
+        """One request someone waits on, rather than a file of work."""
+        return self in (JobOrigin.ONLINE, JobOrigin.GENERATE)
+
+
 class RequestState(enum.StrEnum):
     """A request's life. `preempted` waits again, holding its tokens so far."""
 

@@ -27,14 +27,18 @@ class CountDelta:
     failed: int = 0
     cancelled: int = 0
     output_tokens: int = 0
+    prompt_tokens: int = 0
 
-    def ended(self, previous: RequestState, state: RequestState, tokens_added: int) -> None:
-        """Count one request that ended in `state`, having been `previous`."""
+    def ended(self, previous: RequestState, state: RequestState, tokens_added: int,
+              prompt_tokens: int | None = None) -> None:
+        """Count one request that ended in `state`, having been `previous` (with its prompt's
+        length when the engine measured one)."""
         self.running -= previous is RequestState.RUNNING
         self.done += state is RequestState.DONE
         self.failed += state is RequestState.FAILED
         self.cancelled += state is RequestState.CANCELLED
         self.output_tokens += tokens_added
+        self.prompt_tokens += prompt_tokens or 0
 
 
 def lock_job(conn: Connection, dialect: str, job_id: int):
@@ -77,7 +81,8 @@ def apply_delta(conn: Connection, dialect: str, job_id: int, delta: CountDelta, 
         num_failed=job.num_failed + delta.failed,
         num_cancelled=job.num_cancelled + delta.cancelled,
     )
-    return store_counts(conn, job, counts, now, num_output_tokens=job.num_output_tokens + delta.output_tokens)
+    return store_counts(conn, job, counts, now, num_output_tokens=job.num_output_tokens + delta.output_tokens,
+                        num_prompt_tokens=job.num_prompt_tokens + delta.prompt_tokens)
 
 
 def requeue(conn: Connection, dialect: str, rows: Sequence, now: float) -> None:

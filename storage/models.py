@@ -54,6 +54,9 @@ class Job(Base):
     request_class: Mapped[str] = mapped_column("class", String(16))
     priority: Mapped[int] = mapped_column(Integer, default=5)
     name: Mapped[str] = mapped_column(String(256))
+    # Which door it came in by (core.types.JobOrigin), and the API key it came with.
+    origin: Mapped[str] = mapped_column(String(16), default="submit")
+    key_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     state: Mapped[str] = mapped_column(String(16))
     num_requests: Mapped[int] = mapped_column(Integer)
     num_done: Mapped[int] = mapped_column(Integer, default=0)
@@ -61,6 +64,8 @@ class Job(Base):
     num_cancelled: Mapped[int] = mapped_column(Integer, default=0)
     num_running: Mapped[int] = mapped_column(Integer, default=0)
     num_output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Prompt tokens of the requests that ended with a count of them (chargeback).
+    num_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     submitted_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -69,6 +74,8 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_state", "state"),
         Index("ix_jobs_tenant_state", "tenant", "state"),
+        # Listings: the newest finished jobs of some origins, without walking the online ones.
+        Index("ix_jobs_origin_id", "origin", "id"),
     )
 
 
@@ -113,6 +120,8 @@ class Request(Base):
         Index("ix_requests_lease_owner", "lease_owner"),
         # The sweep for expired leases (running requests by expiry).
         Index("ix_requests_state_lease_expires", "state", "lease_expires_at"),
+        # First-token latency over a recent window (the dashboard), without a scan.
+        Index("ix_requests_first_token_at", "first_token_at"),
     )
 
 
@@ -156,6 +165,8 @@ class ApiKeyRow(Base):
     request_class: Mapped[str] = mapped_column("class", String(16))
     name: Mapped[str] = mapped_column(String(128), default="")
     secret_hash: Mapped[str] = mapped_column(String(64))
+    # An admin key may also administer over HTTP: every tenant's work, weights.
+    admin: Mapped[bool] = mapped_column(Integer, default=0)
     created_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 

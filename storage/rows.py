@@ -8,7 +8,7 @@ from __future__ import annotations
 from fsched.core.jobs.jobstate import JobCounts, JobSummary
 from fsched.core.jobs.results import RequestResult
 from fsched.core.ports.records import ClaimedRequest, StoreError
-from fsched.core.types import JobState, RequestClass, RequestId, RequestState
+from fsched.core.types import JobOrigin, JobState, RequestClass, RequestId, RequestState
 from fsched.storage.models import DaemonHeartbeat, DaemonUsage, Job, Request, Tenant
 
 jobs = Job.__table__
@@ -62,6 +62,8 @@ def job_summary(row) -> JobSummary:
         submitted_at=row.submitted_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
+        origin=JobOrigin(row.origin),
+        key_id=row.key_id,
     )
 
 

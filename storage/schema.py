@@ -24,7 +24,7 @@ from fsched.core.ports.records import SchemaMismatch
 from fsched.storage.db import Database
 from fsched.storage.models import Base, Meta
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 VERSION_KEY = "schema_version"
 
 Migration = Callable[[Connection], None]
@@ -75,8 +75,39 @@ def drop_column(conn: Connection, table: str, column: str, rebuild: bool | None 
     conn.execute(text(f"DROP TABLE {table}_before"))
 
 
+def _job_origins_and_chargeback(conn: Connection) -> None:
+    """Prompt tokens per job (chargeback), each job's origin and API key, admin API keys, indexes for
+    recent first tokens and for listings by origin.
+
+    Each step checks first: a table an earlier step created is already current. Earlier jobs' origins
+    are read from the names their doors gave them (and the batches that name their jobs).
+    """
+    _add_column(conn, "jobs", "num_prompt_tokens", "BIGINT NOT NULL DEFAULT 0")
+    _add_column(conn, "jobs", "key_id", "VARCHAR(32)")
+    if _add_column(conn, "jobs", "origin", "VARCHAR(16) NOT NULL DEFAULT 'submit'"):
+        conn.execute(text("UPDATE jobs SET origin = 'online' WHERE name = 'http'"))
+        conn.execute(text("UPDATE jobs SET origin = 'generate' WHERE name = 'generate'"))
+        conn.execute(text("UPDATE jobs SET origin = 'batch' WHERE id IN (SELECT job_id FROM batches)"))
+    _add_column(conn, "api_keys", "admin", "INTEGER NOT NULL DEFAULT 0")
+    wanted = {"ix_requests_first_token_at", "ix_jobs_origin_id"}
+    for table in ("requests", "jobs"):
+        for index in Base.metadata.tables[table].indexes:
+            if index.name in wanted:
+                index.create(conn, checkfirst=True)
+
+
+def _add_column(conn: Connection, table: str, column: str, ddl: str) -> bool:
+    """Add a column the table lacks; whether it was added."""
+    if column in {c["name"] for c in inspect(conn).get_columns(table)}:
+        return False
+    conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {ddl}"))
+    return True
+
+
 # MIGRATIONS[v] upgrades a database from version v to v + 1.
-MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _drop_mlfq_level}
+MIGRATIONS: dict[int, Migration] = {
+    1: _v1_to_v2, 2: _v2_to_v3, 3: _drop_mlfq_level, 4: _job_origins_and_chargeback,
+}
 
 
 def ensure_schema(

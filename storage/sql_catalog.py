@@ -20,6 +20,7 @@ from fsched.core.ports.records import (
     DaemonStats,
     DaemonSummary,
     JobSubmission,
+    OnlineGroup,
     RequestProgress,
     RequestTiming,
     SubmittedJob,
@@ -29,7 +30,8 @@ from fsched.core.ports.records import (
     UnknownJob,
     UnknownTenant,
 )
-from fsched.core.types import JobState, RequestClass, RequestState
+from fsched.core.types import JobOrigin, JobState, RequestClass, RequestState
+from fsched.storage.activity import ONLINE_WINDOW_S, online_groups
 from fsched.storage.base import SqlStoreBase
 from fsched.storage.counters import lock_job, store_counts
 from fsched.storage.rows import (
@@ -91,13 +93,18 @@ class SqlCatalogStore(SqlStoreBase):
         tenant: str | None = None,
         include_finished: bool = True,
         finished_limit: int | None = None,
+        interactive: bool | None = None,
     ) -> list[JobSummary]:
-        """Jobs by id; finished ones only up to the newest `finished_limit`."""
+        """Jobs by id; finished ones only up to the newest `finished_limit`; with `interactive`, only
+        the one-request jobs of online requests and `generate` (True) or only the others (False)."""
         query = select(jobs)
         if job_id is not None:
             query = query.where(jobs.c.id == job_id)
         if tenant is not None:
             query = query.where(jobs.c.tenant == tenant)
+        if interactive is not None:
+            doors = [o.value for o in JobOrigin if o.interactive]
+            query = query.where(jobs.c.origin.in_(doors) if interactive else jobs.c.origin.not_in(doors))
         with self.db.read() as conn:
             active = conn.execute(
                 query.where(jobs.c.state.not_in(FINISHED_JOB_STATES)).order_by(jobs.c.id)
@@ -112,6 +119,11 @@ class SqlCatalogStore(SqlStoreBase):
             raise UnknownJob(job_id)
         rows = sorted([*active, *finished], key=lambda row: row.id)
         return [job_summary(row) for row in rows]
+
+    def online_groups(self, tenant: str | None = None,
+                      window_s: float = ONLINE_WINDOW_S) -> list[OnlineGroup]:
+        """Online requests and `generate` prompts grouped per tenant and API key (see `activity`)."""
+        return online_groups(self.db, self.clock() - window_s, tenant)
 
     def list_tenants(self) -> list[TenantSummary]:
         load = (

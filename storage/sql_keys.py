@@ -25,13 +25,15 @@ class SqlKeyStore:
         self.clock = clock
         ensure_schema(self.db)
 
-    def create_key(self, tenant: str, request_class: RequestClass, name: str = "") -> tuple[ApiKey, str]:
-        """Store a new key for `tenant`; return it and the key itself (shown once, never stored)."""
+    def create_key(self, tenant: str, request_class: RequestClass, name: str = "",
+                   admin: bool = False) -> tuple[ApiKey, str]:
+        """Store a new key for `tenant` (an admin key with `admin`); return it and the key itself
+        (shown once, never stored)."""
         validate_tenant_name(tenant)
         validate_key_name(name)
         made = new_key()
         row = {"id": made.id, "tenant": tenant, "class": request_class.value, "name": name,
-               "secret_hash": made.secret_hash, "created_at": self.clock()}
+               "secret_hash": made.secret_hash, "created_at": self.clock(), "admin": int(admin)}
         with self.db.write() as conn:
             conn.execute(keys.insert().values(**row))
         return _key(row), made.key
@@ -75,4 +77,4 @@ class SqlKeyStore:
 def _key(row) -> ApiKey:
     return ApiKey(id=row["id"], tenant=row["tenant"], request_class=RequestClass(row["class"]),
                   name=row["name"], secret_hash=row["secret_hash"], created_at=row["created_at"],
-                  revoked_at=row.get("revoked_at"))
+                  revoked_at=row.get("revoked_at"), admin=bool(row.get("admin")))

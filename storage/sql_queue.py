@@ -174,7 +174,7 @@ class SqlQueueStore(SqlStoreBase):
                 "b_first": c.first_token_at,
             })
             per_job.setdefault(row.job_id, CountDelta()).ended(
-                previous, c.state, len(c.output_tokens) - row.num_output_tokens)
+                previous, c.state, len(c.output_tokens) - row.num_output_tokens, c.prompt_tokens)
         return outcome, writes, per_job
 
     def release(self, owner: str | None = None, request_ids: Sequence[RequestId] | None = None) -> int:

@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from sqlalchemy import func, select
 
 from fsched.core.jobs.openai import OnlineProgress
-from fsched.core.types import RequestState
+from fsched.core.ports.records import FirstTokens, TenantTotals
+from fsched.core.types import RequestClass, RequestState
+from fsched.storage.activity import first_tokens
 from fsched.storage.db import Database
 from fsched.storage.models import Job, Request
 from fsched.storage.rows import core_id
@@ -48,11 +50,18 @@ class SqlServingStore:
             for row in rows
         }
 
-    def generated_tokens(self) -> list[tuple[str, str, int]]:
-        """(tenant, class, output tokens so far) over every job the table holds."""
+    def tenant_totals(self) -> list[TenantTotals]:
+        """What each tenant used, by class, over every job the table holds (chargeback): from the
+        jobs' counters, so it reads the small jobs table, never the requests."""
+        sums = [func.sum(c) for c in (jobs.c.num_output_tokens, jobs.c.num_prompt_tokens, jobs.c.num_done,
+                                      jobs.c.num_failed, jobs.c.num_cancelled)]
         with self.db.read() as conn:
             rows = conn.execute(
-                select(jobs.c.tenant, jobs.c["class"], func.sum(jobs.c.num_output_tokens))
-                .group_by(jobs.c.tenant, jobs.c["class"])
+                select(jobs.c.tenant, jobs.c["class"], *sums).group_by(jobs.c.tenant, jobs.c["class"])
             ).all()
-        return [(row[0], row[1], int(row[2] or 0)) for row in rows]
+        return [TenantTotals(row[0], RequestClass(row[1]), *(int(v or 0) for v in row[2:])) for row in rows]
+
+    def first_tokens(self, since: float) -> dict[RequestClass, FirstTokens]:
+        """First-token latency by class of the requests whose first token came after `since` (an index
+        range: the cost follows the window, not the table)."""
+        return first_tokens(self.db, since)

@@ -72,6 +72,8 @@ def insert_job(conn: Connection, submission: JobSubmission, now: float) -> int:
             **{"class": submission.request_class.value},
             priority=submission.priority,
             name=submission.name,
+            origin=submission.origin.value,
+            key_id=submission.key_id,
             state=JobState.QUEUED.value,
             num_requests=len(specs),
             num_done=0,
@@ -79,6 +81,7 @@ def insert_job(conn: Connection, submission: JobSubmission, now: float) -> int:
             num_cancelled=0,
             num_running=0,
             num_output_tokens=0,
+            num_prompt_tokens=0,
             submitted_at=now,
         )
         .returning(jobs.c.id)

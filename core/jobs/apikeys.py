@@ -34,7 +34,8 @@ class NewKey:
 
 @dataclass(slots=True, frozen=True)
 class ApiKey:
-    """A stored key: whose requests it makes, and the highest class they get."""
+    """A stored key: whose requests it makes, the highest class they get, and whether it may also
+    administer over HTTP (see every tenant's work, change weights)."""
 
     id: str
     tenant: str
@@ -43,6 +44,7 @@ class ApiKey:
     secret_hash: str
     created_at: float
     revoked_at: float | None = None
+    admin: bool = False
 
     @property
     def revoked(self) -> bool:

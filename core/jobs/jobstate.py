@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsched.core.types import JobState, RequestClass
+from fsched.core.types import JobOrigin, JobState, RequestClass
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,3 +61,5 @@ class JobSummary:
     submitted_at: float
     started_at: float | None
     finished_at: float | None
+    origin: JobOrigin = JobOrigin.SUBMIT  # the door it came in by
+    key_id: str | None = None  # the API key it came with (online requests, batches)

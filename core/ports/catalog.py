@@ -33,6 +33,7 @@ from fsched.core.ports.records import (
     CancelOutcome,
     DaemonSummary,
     JobSubmission,
+    OnlineGroup,
     RequestProgress,
     RequestTiming,
     SubmittedJob,
@@ -54,11 +55,19 @@ class CatalogStore(Protocol):
         tenant: str | None = None,
         include_finished: bool = True,
         finished_limit: int | None = None,
+        interactive: bool | None = None,
     ) -> list[JobSummary]:
-        """Jobs by id, unfinished ones and (up to the newest `finished_limit`) finished ones.
+        """Jobs by id, unfinished ones and (up to the newest `finished_limit`) finished ones; with
+        `interactive` True only online requests' and `generate`'s one-request jobs, False only the
+        others (submitted files, batches).
 
         UnknownJob when a `job_id` is asked for and does not exist.
         """
+        ...
+
+    def online_groups(self, tenant: str | None = None, window_s: float = ...) -> list[OnlineGroup]:
+        """Online requests (and `generate` prompts) grouped per tenant and API key: counts, in flight,
+        first-token latency of those whose first token came in the last `window_s` seconds."""
         ...
 
     def cancel_job(self, job_id: int) -> CancelOutcome:

@@ -28,8 +28,10 @@ from fsched.core.types import RequestClass
 
 @runtime_checkable
 class KeyStore(Protocol):
-    def create_key(self, tenant: str, request_class: RequestClass, name: str = "") -> tuple[ApiKey, str]:
-        """Store a new key for `tenant`; return its record and the key itself (shown once, never stored).
+    def create_key(self, tenant: str, request_class: RequestClass, name: str = "",
+                   admin: bool = False) -> tuple[ApiKey, str]:
+        """Store a new key for `tenant` (with `admin`, one that may also administer over HTTP); return
+        its record and the key itself (shown once, never stored).
 
         ValueError for a bad tenant name or label.
         """

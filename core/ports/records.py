@@ -13,7 +13,7 @@ from typing import Any
 
 from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.sched.explain import RequestStanding
-from fsched.core.types import JobState, RequestClass, RequestId, RequestState
+from fsched.core.types import JobOrigin, JobState, RequestClass, RequestId, RequestState
 
 # A daemon silent for longer than its lease (or this, for one whose heartbeat does not say) is
 # dead: its leases are expiring, and other daemons take its work over.
@@ -78,6 +78,8 @@ class JobSubmission:
     request_class: RequestClass
     priority: int
     name: str
+    origin: JobOrigin = JobOrigin.SUBMIT
+    key_id: str | None = None  # the API key it came with (online requests, batches)
 
     def __post_init__(self) -> None:
         if not 0 <= self.priority <= 9:
@@ -277,6 +279,48 @@ class TokenUpdate:
     text: str
     first_token_at: float | None = None
     lease_epoch: int | None = None  # the writer's lease epoch (None: not fenced by epoch)
+
+
+@dataclass(slots=True, frozen=True)
+class FirstTokens:
+    """First-token latency (enqueued to first token) of one class's requests over a window."""
+
+    count: int
+    p50_s: float | None
+    p99_s: float | None
+
+
+@dataclass(slots=True, frozen=True)
+class OnlineGroup:
+    """One tenant's online requests made with one API key (None: `fsched generate`), in aggregate:
+    what a listing shows instead of one line per request."""
+
+    tenant: str
+    key_id: str | None
+    requests: int  # ever made
+    in_flight: int  # not finished yet
+    done: int
+    failed: int
+    cancelled: int
+    generated_tokens: int
+    last_at: float  # the newest one's submission
+    # First-token latency of those whose first token came within the window asked for.
+    recent: int = 0
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class TenantTotals:
+    """What one tenant's jobs of one class used, over the table's whole history (chargeback)."""
+
+    tenant: str
+    request_class: RequestClass
+    generated_tokens: int
+    prompt_tokens: int  # of the requests that ended with a measured prompt
+    done: int
+    failed: int
+    cancelled: int
 
 
 @dataclass(slots=True, frozen=True)

@@ -7,8 +7,10 @@ What every implementation must hold:
    costs the same for one stream as for hundreds.
 2. **Online requests are one-row jobs.** A job's progress is that of its
    first request; a job id with no row is absent from the answer.
-3. **Totals over the whole table.** `generated_tokens` counts every job the
-   table holds, finished or not, so the counter it feeds never goes down.
+3. **Totals over the whole table.** `tenant_totals` counts every job the
+   table holds, finished or not, so the counters it feeds never go down.
+4. **Recent reads cost the window.** `first_tokens` reads the
+   requests whose first token came after a time, by index, not the table.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from fsched.core.jobs.openai import OnlineProgress
+from fsched.core.ports.records import FirstTokens, TenantTotals
+from fsched.core.types import RequestClass
 
 
 @runtime_checkable
@@ -25,6 +29,12 @@ class ServingStore(Protocol):
         """The first request of each given job, by job id."""
         ...
 
-    def generated_tokens(self) -> list[tuple[str, str, int]]:
-        """(tenant, class, output tokens so far) over every job the table holds."""
+    def tenant_totals(self) -> list[TenantTotals]:
+        """What each tenant used per class (generated and prompt tokens, requests by outcome), over
+        every job the table holds."""
+        ...
+
+    def first_tokens(self, since: float) -> dict[RequestClass, FirstTokens]:
+        """First-token latency (count, p50, p99) by class of the requests whose first token came after
+        `since`."""
         ...

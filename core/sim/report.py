@@ -10,6 +10,7 @@ from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.shares import entitled_shares, served_shares
 from fsched.core.sched.usage import TenantCharge
 from fsched.core.sim.metrics import jain_index, percentile
+from fsched.core.sim.timeline import Timeline
 from fsched.core.sim.trace import TraceRequest
 from fsched.core.types import RequestClass
 
@@ -107,6 +108,7 @@ class PolicyReport:
     busy_s: float = 0.0
     backlogged_s: float = 0.0
     records: list[RequestRecord] = field(default_factory=list)
+    timeline: Timeline | None = None  # the run over time, in bins (what --plot draws)
 
     def to_json(self) -> dict:
         return {

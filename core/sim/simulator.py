@@ -24,7 +24,9 @@ from fsched.core.sched.request import SchedRequest
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sim.costmodel import CostModel
 from fsched.core.sim.report import PolicyReport, Track, UsageWindow, build_report
+from fsched.core.sim.timeline import Timeline
 from fsched.core.sim.trace import TraceRequest
+from fsched.core.types import RequestClass
 
 __all__ = ["PolicyReport", "simulate"]
 
@@ -37,8 +39,10 @@ class _Run:
     sched: Scheduler
     cost: CostModel
     tenants: list[str]
+    timeline: Timeline
     tracks: dict[str, Track] = field(default_factory=dict)
     waiting_by_tenant: Counter[str] = field(default_factory=Counter)
+    waiting_by_class: Counter[RequestClass] = field(default_factory=Counter)
     backlog: UsageWindow = field(default_factory=UsageWindow)  # while every tenant had work waiting
     whole: UsageWindow = field(default_factory=UsageWindow)
     rejected: int = 0
@@ -63,15 +67,19 @@ class _Run:
                 continue
             self.tracks[rid] = Track(req, wait_start=req.arrival_s)
             self.waiting_by_tenant[req.tenant] += 1
+            self.waiting_by_class[req.request_class] += 1
 
     def note_plan(self, plan: Plan) -> None:
         for p in plan.preempted:
-            self.tracks[p.request_id].wait_start = self.now
-            self.waiting_by_tenant[self.tracks[p.request_id].req.tenant] += 1
+            tr = self.tracks[p.request_id]
+            tr.wait_start = self.now
+            self.waiting_by_tenant[tr.req.tenant] += 1
+            self.waiting_by_class[tr.req.request_class] += 1
         for rid in plan.admitted:
             tr = self.tracks[rid]
             tr.max_wait_s = max(tr.max_wait_s, self.now - tr.wait_start)
             self.waiting_by_tenant[tr.req.tenant] -= 1
+            self.waiting_by_class[tr.req.request_class] -= 1
 
     def run_plan(self, plan: Plan, jump: bool) -> None:
         """Run `plan` (repeated when it may be) on the cost model and account for it."""
@@ -95,6 +103,9 @@ class _Run:
             window.add(elapsed, result.charges)
         for rid in result.finished:
             self.tracks[rid].finish_s = end
+        active = {t for t, n in self.waiting_by_tenant.items() if n > 0}
+        active.update(r.tenant for r in self.sched.running.values())
+        self.timeline.record(end, result.charges, self.waiting_by_class, len(self.sched.running), active)
         self.busy_s += elapsed
         self.now = end
 
@@ -120,7 +131,9 @@ def simulate(
     tenants = sorted({r.tenant for r in trace})  # the ones with work; weights may name more
     for t in tenants:
         weights.setdefault(t, config.default_weight)
-    run = _Run(trace, Scheduler(config, policy, weights), cost or CostModel(), tenants)
+    span = trace[-1].arrival_s - trace[0].arrival_s if trace else 0.0
+    run = _Run(trace, Scheduler(config, policy, weights), cost or CostModel(), tenants,
+               Timeline.for_span(span))
     while True:
         run.arrive()
         plan = run.sched.schedule(run.now)
@@ -145,4 +158,5 @@ def simulate(
     report.steps = run.sched.step
     report.busy_s = run.busy_s
     report.backlogged_s = run.backlog.seconds
+    report.timeline = run.timeline
     return report

@@ -41,16 +41,33 @@ class Server:
         assert proc.returncode == 0, proc.stderr.decode()
         return proc.stdout.decode()
 
-    def key(self, tenant: str, request_class: str = "streaming") -> str:
+    def key(self, tenant: str, request_class: str = "streaming", admin: bool = False) -> str:
         """A new key, made in this process (the CLI's own path is tested apart: it costs a second)."""
         from fsched.core.types import RequestClass
         from fsched.storage.sql_keys import SqlKeyStore
 
         keys = SqlKeyStore(self.env["FSCHED_DB"])
         try:
-            return keys.create_key(tenant, RequestClass(request_class))[1]
+            return keys.create_key(tenant, RequestClass(request_class), admin=admin)[1]
         finally:
             keys.db.dispose()
+
+    def seed(self, weights: dict[str, float], jobs: list[tuple[str, str, str]]) -> None:
+        """Tenants with weights and batch jobs (tenant, name, JSONL text), stored in this process (each
+        CLI call costs a second or two; the CLI's own paths are tested apart)."""
+        from fsched.core.jobs.jobfile import parse_job_file
+        from fsched.core.ports.records import JobSubmission
+        from fsched.core.types import RequestClass
+        from fsched.storage.jobstore import SqlJobStore
+
+        store = SqlJobStore(self.env["FSCHED_DB"])
+        try:
+            for tenant, weight in weights.items():
+                store.add_tenant(tenant, weight)
+            store.submit([JobSubmission(parse_job_file(text.encode(), name), tenant, RequestClass.BATCH, 5,
+                                        name) for tenant, name, text in jobs])
+        finally:
+            store.db.dispose()
 
     def start_daemon(self, *args: str) -> subprocess.Popen:
         proc = subprocess.Popen([FSCHED, "daemon", "--threads", "2", "--quiet", *args], env=self.env,

@@ -24,6 +24,10 @@ def test_wheel_holds_only_the_fsched_package(tmp_path):
     assert tops == {"fsched", next(t for t in tops if t.endswith(".dist-info"))}, tops
     for module in ("fsched/cli/main.py", "fsched/core/types.py", "fsched/storage/jobstore.py"):
         assert module in names
+    # The dashboard's page and the vendored chart library are package data: no build step, no CDN.
+    for asset in ("fsched/api/static/dashboard.html", "fsched/api/static/dashboard.js",
+                  "fsched/core/data/web/uPlot.iife.min.js", "fsched/core/data/web/uPlot.LICENSE"):
+        assert asset in names, asset
 
 
 def test_fresh_venv_install_runs_from_another_folder(tmp_path):

@@ -110,7 +110,7 @@ def test_metrics_read_the_table_and_the_daemons_figures():
     from fsched.api.metrics import Metrics
     from fsched.core.jobs.jobstate import JobCounts, JobSummary
     from fsched.core.jobs.openai import OnlineProgress
-    from fsched.core.ports.records import DaemonStats, DaemonSummary, TenantSummary
+    from fsched.core.ports.records import DaemonStats, DaemonSummary, TenantSummary, TenantTotals
     from fsched.core.types import JobState, RequestState
 
     class Table:
@@ -126,8 +126,8 @@ def test_metrics_read_the_table_and_the_daemons_figures():
             stats = DaemonStats(kv_tokens=50, kv_budget=200, preemptions=4, served_share={"a": 1.0})
             return [DaemonSummary("d1", "h", 1, "cpu", "m", 0.0, 0.0, None, stats, 0.1)]
 
-        def generated_tokens(self):
-            return [("a", "batch", 9)]
+        def tenant_totals(self):
+            return [TenantTotals("a", RequestClass.BATCH, 9, 30, 1, 2, 0)]
 
     table = Table()
     backend = Backend(jobs=table, keys=None, files=None, serving=table)
@@ -138,6 +138,9 @@ def test_metrics_read_the_table_and_the_daemons_figures():
     for line in ('fsched:num_requests_waiting{class="batch",tenant="a"} 2.0',
                  'fsched:num_requests_running{class="batch",tenant="a"} 2.0',
                  'fsched:generation_tokens_total{class="batch",tenant="a"} 9.0',
+                 'fsched:prompt_tokens_total{class="batch",tenant="a"} 30.0',
+                 'fsched:requests_total{class="batch",outcome="done",tenant="a"} 1.0',
+                 'fsched:requests_total{class="batch",outcome="failed",tenant="a"} 2.0',
                  'fsched:tenant_entitled_share{tenant="a"} 1.0',
                  'fsched:tenant_entitled_share{tenant="b"} 0.25',
                  'fsched:tenant_served_share{tenant="a"} 1.0', 'fsched:kv_cache_usage_perc{daemon="d1"} 0.25',

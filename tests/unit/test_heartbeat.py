@@ -33,7 +33,7 @@ class TableOf:
         now = self.store.clock()
         return [replace(d, heartbeat_age_s=now - d.heartbeat_at) for d in self.store.daemons.values()]
 
-    def generated_tokens(self):
+    def tenant_totals(self):
         return []
 
 

@@ -158,3 +158,74 @@ def test_entitled_shares_are_by_weight_among_the_tenants_with_work():
     assert tenant_entitlements(busy) == {"alice": 1.0, "bob": 0.25}
     tenants = status_json(StatusSnapshot([], busy, [], NOW))["tenants"]
     assert [t["entitled_share"] for t in tenants] == [1.0, 0.25]
+
+
+def header_rows(text: str) -> list[str]:
+    """Each table's header row: the line under its top border."""
+    lines = text.splitlines()
+    return [lines[i + 1] for i, line in enumerate(lines[:-1]) if line.lstrip().startswith("┏")]
+
+
+def busy_snapshot() -> StatusSnapshot:
+    from fsched.core.ports.records import OnlineGroup
+
+    jobs = [JobSummary(i, "alice" if i % 2 else "bob", RequestClass.BATCH, 5,
+                       f"nightly-summaries-of-the-{i}th-corpus.jsonl", JobState.IN_PROGRESS,
+                       JobCounts(num_requests=5000, num_done=1234, num_running=64), 123_456_789, NOW - 4000,
+                       NOW - 3990, None) for i in range(1, 5)]
+    online = [OnlineGroup("bob", "5b0ba172f1b6", 3200, 12, 3180, 5, 3, 204_800, NOW, 480, 0.112, 0.9)]
+    return StatusSnapshot(jobs=jobs, tenants=TENANTS, daemons=[daemon(id="gpu-box-01:daemon:31337:beef")],
+                          now=NOW, online=online)
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_status_fits_the_terminal_with_whole_headers_and_a_legend(width):
+    from fsched.cli.views import status_view
+
+    console = Console(record=True, width=width, color_system=None)
+    console.print(status_view(busy_snapshot(), width))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= width
+    headers = header_rows(text)
+    assert len(headers) == 5  # jobs, tenants, online requests, why, daemons
+    for row in headers:
+        assert "…" not in row, row
+    for column in ("id", "tenant", "state", "done", "entitled", "served", "class", "waited", "in flight" if
+                   width >= 120 else "now"):
+        assert any(column in row for row in headers), column
+    assert ("entitled: weight over the weights of tenants with work; served recently" in text
+            or "entitled: weight/weights with work; served recently" in text)  # whole, on one line
+    if width == 80:
+        assert "not shown at this width" in text and "--wide shows all" in text
+
+
+def test_wide_shows_every_column():
+    from fsched.cli.views import status_view
+
+    console = Console(record=True, width=400, color_system=None)
+    console.print(status_view(busy_snapshot(), 80, wide=True))
+    text = console.export_text()
+    for column in ("priority", "progress", "tokens", "age", "generated", "tenant share", "cancelled",
+                   "first token p50", "active jobs", "host", "device"):
+        assert column in text, column
+    assert "not shown at this width" not in text
+
+
+def test_online_requests_are_grouped_apart_from_the_jobs():
+    from fsched.cli.views import status_view
+
+    text = render(status_view(busy_snapshot()))
+    assert text.index("Jobs") < text.index("Tenants") < text.index("Online requests")
+    line = next(row for row in text.splitlines() if "5b0ba172f1b6" in row)
+    for figure in ("bob", "3,200", "12", "112 ms", "900 ms"):
+        assert figure in line, (figure, line)
+
+
+def test_a_live_view_keeps_whole_parts_within_the_terminal_height():
+    from fsched.cli.views import status_parts, within_height
+
+    console = Console(record=True, width=80, height=24, color_system=None)
+    console.print(within_height(status_parts(busy_snapshot(), 80), console, 24))
+    text = console.export_text()
+    assert len(text.splitlines()) <= 24
+    assert "more part(s) below" in text and "Jobs" in text
