@@ -90,6 +90,9 @@ class Request(Base):
     # the text is what results print.
     output_tokens: Mapped[list] = mapped_column(JSON, default=list)
     output_text: Mapped[str] = mapped_column(Text, default="")
+    # One compact array per output token (TokenLogprobs.to_json) when the
+    # request asked for logprobs, written with the tokens; NULL otherwise.
+    output_logprobs: Mapped[list | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     num_output_tokens: Mapped[int] = mapped_column(Integer, default=0)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)

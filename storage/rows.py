@@ -13,7 +13,7 @@ from fsched.core.ports.records import (
     RequestResult,
     StoreError,
 )
-from fsched.core.types import JobState, RequestClass, RequestState
+from fsched.core.types import JobState, RequestClass, RequestState, TokenLogprobs
 from fsched.storage.models import DaemonHeartbeat, DaemonUsage, Job, Request, Tenant
 
 jobs = Job.__table__
@@ -84,6 +84,7 @@ def request_result(row) -> RequestResult:
         finish_reason=row.finish_reason,
         error=row.error,
         finished_at=row.finished_at,
+        logprobs=logprobs_of(row.output_logprobs),
     )
 
 
@@ -104,4 +105,15 @@ def claimed_request(row) -> ClaimedRequest:
         enqueued_at=row.enqueued_at,
         attempts=row.attempts + 1,
         lease_epoch=row.lease_epoch + 1,
+        output_logprobs=logprobs_of(row.output_logprobs),
     )
+
+
+def logprobs_of(stored: list | None) -> tuple[TokenLogprobs, ...]:
+    """A logprobs column's records (none when the request asked for none)."""
+    return tuple(TokenLogprobs.from_json(t) for t in stored) if stored else ()
+
+
+def logprobs_json(logprobs: tuple[TokenLogprobs, ...]) -> list | None:
+    """What the logprobs column stores: NULL for a request that asked for none."""
+    return [t.to_json() for t in logprobs] if logprobs else None

@@ -23,7 +23,7 @@ from fsched.core.ports.records import SchemaMismatch
 from fsched.storage.db import Database
 from fsched.storage.models import Base, Meta
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 VERSION_KEY = "schema_version"
 
 Migration = Callable[[Connection], None]
@@ -44,8 +44,17 @@ def _v2_to_v3(conn: Connection) -> None:
         Base.metadata.tables[name].create(conn, checkfirst=True)
 
 
+def _v3_to_v4(conn: Connection) -> None:
+    """Logprobs of the output tokens, written with them (NULL for the requests that asked none)."""
+    if "output_logprobs" in {c["name"] for c in inspect(conn).get_columns("requests")}:
+        return  # an older database made by create_all of these models (as tests make them)
+    column = Base.metadata.tables["requests"].c.output_logprobs
+    kind = column.type.compile(dialect=conn.dialect)
+    conn.execute(text(f"ALTER TABLE requests ADD COLUMN output_logprobs {kind}"))
+
+
 # MIGRATIONS[v] upgrades a database from version v to v + 1.
-MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3}
+MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 
 def ensure_schema(

@@ -14,14 +14,14 @@ from fsched.core.jobs.openai import OnlineProgress
 from fsched.core.types import RequestState
 from fsched.storage.db import Database
 from fsched.storage.models import Job, Request
-from fsched.storage.rows import core_id
+from fsched.storage.rows import core_id, logprobs_of
 
 jobs = Job.__table__
 requests = Request.__table__
 PROGRESS_COLUMNS = (
     requests.c.id, requests.c.job_id, requests.c.state, requests.c.output_text, requests.c.num_output_tokens,
     requests.c.prompt_tokens, requests.c.finish_reason, requests.c.error, requests.c.model,
-    requests.c.enqueued_at, requests.c.first_token_at, requests.c.finished_at,
+    requests.c.enqueued_at, requests.c.first_token_at, requests.c.finished_at, requests.c.output_logprobs,
 )
 
 
@@ -43,7 +43,7 @@ class SqlServingStore:
                 output_text=row.output_text, num_output_tokens=row.num_output_tokens,
                 prompt_tokens=row.prompt_tokens, finish_reason=row.finish_reason, error=row.error,
                 model=row.model, enqueued_at=row.enqueued_at, first_token_at=row.first_token_at,
-                finished_at=row.finished_at,
+                finished_at=row.finished_at, logprobs=logprobs_of(row.output_logprobs),
             )
             for row in rows
         }

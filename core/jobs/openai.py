@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from fsched.core.jobs.apikeys import class_allowed
 from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_openai_body
 from fsched.core.jobs.limits import InputLimits
-from fsched.core.types import Endpoint, RequestClass, RequestId, RequestSpec, RequestState
+from fsched.core.types import Endpoint, RequestClass, RequestId, RequestSpec, RequestState, TokenLogprobs
 
 # OpenAI's service tiers as fsched's classes; "auto" (or none) is the key's own class.
 SERVICE_TIERS = {
@@ -69,6 +69,8 @@ class OnlineProgress:
     enqueued_at: float
     first_token_at: float | None
     finished_at: float | None
+    # One per output token so far when the request asked for logprobs; empty otherwise.
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 def parse_online(

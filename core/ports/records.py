@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.jobs.jobstate import JobCounts
-from fsched.core.types import JobState, RequestClass, RequestId, RequestState
+from fsched.core.types import JobState, RequestClass, RequestId, RequestState, TokenLogprobs
 
 
 class StoreError(Exception):
@@ -145,6 +145,8 @@ class RequestResult:
     finish_reason: str | None
     error: str | None
     finished_at: float | None
+    # One per output token when the request asked for logprobs; empty otherwise.
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -165,6 +167,8 @@ class ClaimedRequest:
     # The fencing token: every write-back names it, and is refused once
     # another claim (after this lease expired) has raised it.
     lease_epoch: int = 0
+    # The logprobs of `output_tokens` (when the request asks for them): a resume keeps them.
+    output_logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -212,6 +216,7 @@ class Completion:
     error: str | None = None
     first_token_at: float | None = None
     lease_epoch: int | None = None  # the writer's lease epoch (None: not fenced by epoch)
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per output token, when asked for
 
 
 @dataclass(slots=True, frozen=True)
@@ -223,6 +228,7 @@ class TokenUpdate:
     text: str
     first_token_at: float | None = None
     lease_epoch: int | None = None  # the writer's lease epoch (None: not fenced by epoch)
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per token, when the request asks for them
 
 
 @dataclass(slots=True, frozen=True)

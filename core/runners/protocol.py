@@ -15,6 +15,9 @@ What every runner must hold (the tests of each runner check it):
 - Preemption never changes an output: a request parked (KV kept in host
   memory) or dropped (KV recomputed from prompt plus generated tokens) and
   resumed yields exactly what an uninterrupted run would have.
+- A request that asks for logprobs (`params.logprobs` not None) has one
+  `TokenLogprobs` per generated token, kept across preemptions and given
+  back to `add` on a resume after a restart.
 - `run` executes the plan as `Plan` documents it (checkpoint the preempted,
   restore the resumed, decode, prefill) and raises when the plan does not
   match its state (a bug upstream). A step that raises leaves the runner
@@ -29,7 +32,7 @@ from typing import Protocol, runtime_checkable
 
 from fsched.core.runners.stopping import StopCheck
 from fsched.core.sched.plan import Outcome, Plan
-from fsched.core.types import SamplingParams
+from fsched.core.types import SamplingParams, TokenLogprobs
 
 
 @dataclass(slots=True)
@@ -73,9 +76,11 @@ class Runner(Protocol):
         ...
 
     def add(
-        self, request_id: str, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
+        self, request_id: str, prompt: list[int], params: SamplingParams, generated: Sequence[int] = (),
+        logprobs: Sequence[TokenLogprobs] = (),
     ) -> None:
-        """Register a request; `generated` are tokens it produced before (a resume after a restart).
+        """Register a request; `generated` are tokens it produced before (a resume after a restart),
+        `logprobs` theirs (when the request asks for logprobs).
 
         Nothing runs yet: its prefill comes in a later plan. Raises when the
         id is already registered.
@@ -92,6 +97,11 @@ class Runner(Protocol):
 
     def text(self, request_id: str) -> str:
         """A registered request's output text, cut before the stop string that ended it."""
+        ...
+
+    def logprobs(self, request_id: str) -> list[TokenLogprobs]:
+        """One record per generated token when the request asks for logprobs (`params.logprobs`
+        not None), those from before a restart included; empty otherwise."""
         ...
 
     def release(self, request_id: str) -> None:

@@ -44,7 +44,7 @@ from fsched.core.runners.openai_http import EngineClient, Fault, Stream, StreamE
 from fsched.core.runners.protocol import Runner, RunResult
 from fsched.core.runners.stopping import FinishReason, StopCheck, check_stop
 from fsched.core.sched.plan import Outcome, Plan
-from fsched.core.types import SamplingParams
+from fsched.core.types import SamplingParams, TokenLogprobs
 
 log = logging.getLogger("fsched.daemon")
 
@@ -104,6 +104,7 @@ class _Request:
     ended: str | None = None  # the engine's finish reason: no more tokens will come
     finish: StopCheck | None = None
     error: str | None = None  # the engine refused it
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per reported token, when asked for
 
     @property
     def generated(self) -> list[int]:
@@ -132,13 +133,15 @@ class RemoteRunner(Runner):
 
     # -- requests ----------------------------------------------------------------------
     def add(
-        self, request_id: str, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
+        self, request_id: str, prompt: list[int], params: SamplingParams, generated: Sequence[int] = (),
+        logprobs: Sequence[TokenLogprobs] = (),
     ) -> None:
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} is already in the runner")
         if not prompt:
             raise ValueError(f"request {request_id!r} has an empty prompt")
-        self._requests[request_id] = _Request(request_id, [*prompt, *generated], len(prompt), params)
+        self._requests[request_id] = _Request(request_id, [*prompt, *generated], len(prompt), params,
+                                              logprobs=list(logprobs))
 
     def release(self, request_id: str) -> None:
         r = self._requests.pop(request_id, None)
@@ -147,6 +150,9 @@ class RemoteRunner(Runner):
 
     def generated(self, request_id: str) -> list[int]:
         return list(self._requests[request_id].generated)
+
+    def logprobs(self, request_id: str) -> list[TokenLogprobs]:
+        return list(self._requests[request_id].logprobs)
 
     def text(self, request_id: str) -> str:
         """The output text, without a final EOS and cut before a stop string that ended it."""

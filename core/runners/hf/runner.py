@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
@@ -23,7 +23,7 @@ from fsched.core.runners.protocol import Runner, RunResult
 from fsched.core.runners.stopping import StopCheck, check_stop
 from fsched.core.sched.plan import Outcome, Plan, PrefillChunk
 from fsched.core.sched.request import Checkpoint
-from fsched.core.types import SamplingParams
+from fsched.core.types import SamplingParams, TokenLogprobs
 
 
 class RunnerError(Exception):
@@ -37,6 +37,7 @@ class _ModelRequest:
     prompt_len: int
     params: SamplingParams
     finish: StopCheck | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per generated token, when asked for
 
     @property
     def generated(self) -> list[int]:
@@ -80,14 +81,16 @@ class ModelRunner(Runner):
         return encode_prompt(self.loaded, prompt, messages)
 
     def add(
-        self, request_id: str, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
+        self, request_id: str, prompt: list[int], params: SamplingParams, generated: Sequence[int] = (),
+        logprobs: Sequence[TokenLogprobs] = (),
     ) -> None:
-        """Register a request; `generated` are tokens it produced before (a resume)."""
+        """Register a request; `generated` are tokens it produced before (a resume), `logprobs` theirs."""
         if request_id in self._requests:
             raise RunnerError(f"request {request_id!r} is already in the runner")
         if not prompt:
             raise RunnerError(f"request {request_id!r} has an empty prompt")
-        self._requests[request_id] = _ModelRequest(request_id, [*prompt, *generated], len(prompt), params)
+        self._requests[request_id] = _ModelRequest(request_id, [*prompt, *generated], len(prompt), params,
+                                                   logprobs=list(logprobs))
 
     @torch.inference_mode()
     def release(self, request_id: str) -> None:
@@ -99,6 +102,9 @@ class ModelRunner(Runner):
 
     def generated(self, request_id: str) -> list[int]:
         return list(self._requests[request_id].generated)
+
+    def logprobs(self, request_id: str) -> list[TokenLogprobs]:
+        return list(self._requests[request_id].logprobs)
 
     def text(self, request_id: str) -> str:
         """The output text, cut before a stop string that ended it."""
