@@ -20,7 +20,7 @@ from fsched.core.ports.records import (
     UnknownTenant,
 )
 from fsched.core.types import Endpoint, JobState, RequestClass, RequestSpec, RequestState, SamplingParams
-from fsched.storage import catalog as catalog_module
+from fsched.storage import sql_catalog as catalog_module
 from fsched.storage.jobstore import SqlJobStore
 from tests.support.store import finish
 
