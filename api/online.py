@@ -17,7 +17,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from fsched.api.errors import ApiError, error_body
+from fsched.api.hub import Choices
 from fsched.api.state import ServerState, state_of
+from fsched.core.jobs.answers import response_body, response_id
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.jobs.openai import (
@@ -25,14 +27,12 @@ from fsched.core.jobs.openai import (
     ClassRefused,
     OnlineProgress,
     OnlineRequest,
-    chunk,
+    choice_of,
     failure_status,
     parse_online,
-    response_body,
-    usage_chunk,
-    visible_text,
 )
 from fsched.core.jobs.results import DEFAULT_MODEL_NAME
+from fsched.core.jobs.streams import StreamRelay
 from fsched.core.ports.records import JobSubmission, QueueFull
 from fsched.core.types import Endpoint, RequestState
 
@@ -90,7 +90,7 @@ async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: Serve
 async def _submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
     limits = await state.limits()
     submission = JobSubmission(
-        parsed=ParsedJobFile(source="<http>", requests=(online.spec,), form="openai"),
+        parsed=ParsedJobFile(source="<http>", requests=online.specs, form="openai"),
         tenant=key.tenant, request_class=online.request_class, priority=online.priority, name="http",
     )
     try:
@@ -115,23 +115,23 @@ async def _answer(request: Request, state: ServerState, endpoint: Endpoint, job_
         await _cancel(state, job_id)
         return JSONResponse(error_body(499, "client closed the request"), 499)
     _observe(state, online, final)
-    if final.state is not RequestState.DONE:
-        status, message = _failure(final)
+    failed = _failed(final)
+    if failed is not None:
+        status, message = _failure(failed)
         raise ApiError(status, message, code="request_failed")
-    created = int(final.finished_at or time.time())
-    return JSONResponse(response_body(
-        endpoint, job_id, created, _model(online, final), final.output_text, final.finish_reason,
-        final.prompt_tokens, final.num_output_tokens,
-    ))
+    created = int(max(p.finished_at or time.time() for p in final))
+    choices = [choice_of(p, online.specs[p.choice].prompt) for p in final]
+    return JSONResponse(response_body(endpoint, response_id(endpoint, job_id), created,
+                                      _model(online, final[0]), choices, online.spec.answer))
 
 
-async def _final_or_disconnect(request: Request, state: ServerState, job_id: int) -> OnlineProgress | None:
-    """The request's final row, or None when the client disconnected first."""
+async def _final_or_disconnect(request: Request, state: ServerState, job_id: int) -> Choices | None:
+    """The request's final rows, or None when the client disconnected first."""
 
-    async def final() -> OnlineProgress | None:
+    async def final() -> Choices | None:
         last = None
-        async for progress in state.hub.watch(job_id):
-            last = progress
+        async for choices in state.hub.watch(job_id):
+            last = choices
         return last
 
     async def disconnected() -> None:
@@ -151,41 +151,38 @@ async def _final_or_disconnect(request: Request, state: ServerState, job_id: int
 
 async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
                   online: OnlineRequest) -> AsyncIterator[str]:
-    """Server-sent events: chunks as tokens are flushed, the usage chunk if asked, `[DONE]`.
+    """Server-sent events: chunks as tokens are flushed (the choices interleaved, each by its index),
+    the usage chunk if asked, `[DONE]`.
 
     A client that hangs up cancels the request: a task waits for the
     disconnect (the server does not fail a write to a closed connection), and
     the `finally` covers a generator closed early.
     """
-    created, shown, first, final = int(time.time()), 0, True, None
-    model = online.spec.model or DEFAULT_MODEL_NAME
-    usage = online.include_usage
+    relay = StreamRelay(endpoint, response_id(endpoint, job_id), int(time.time()),
+                        online.spec.model or DEFAULT_MODEL_NAME, online)
+    final = None
     hang_up = asyncio.ensure_future(_cancel_on_disconnect(request, state, job_id))
     try:
-        if endpoint is Endpoint.CHAT:  # the role comes first, as OpenAI sends it
-            yield _event(chunk(endpoint, job_id, created, model, "", first=True, include_usage=usage))
-            first = False
-        async for progress in state.hub.watch(job_id):
-            final = progress
-            text = visible_text(progress)
-            if len(text) > shown:
-                yield _event(chunk(endpoint, job_id, created, model, text[shown:], first=first,
-                                   include_usage=usage))
-                shown, first = len(text), False
+        for event in relay.opening():
+            yield _event(event)
+        async for choices in state.hub.watch(job_id):
+            final = choices
+            if _failed(choices) is not None:
+                break
+            for event in relay.update(choices):
+                yield _event(event)
         _observe(state, online, final)
-        if final.state is not RequestState.DONE:
-            status, message = _failure(final)
+        failed = _failed(final)
+        if failed is not None:
+            status, message = _failure(failed)
             yield _event(error_body(status, message, code="request_failed"))
         else:
-            yield _event(chunk(endpoint, job_id, created, model, "", final.finish_reason or "stop",
-                               include_usage=usage))
-            if usage:
-                yield _event(usage_chunk(endpoint, job_id, created, model, final.prompt_tokens,
-                                         final.num_output_tokens))
+            for event in relay.closing(final):
+                yield _event(event)
         yield "data: [DONE]\n\n"
     finally:
         hang_up.cancel()
-        if final is None or not final.state.finished:
+        if final is None or not all(p.state.finished for p in final):
             with anyio.CancelScope(shield=True):  # the generator itself may be being cancelled
                 await _cancel(state, job_id)
 
@@ -204,12 +201,17 @@ def _model(online: OnlineRequest, progress: OnlineProgress) -> str:
     return online.spec.model or progress.model or DEFAULT_MODEL_NAME
 
 
+def _failed(choices: Choices | None) -> OnlineProgress | None:
+    """The first choice that ended without finishing done (failed or cancelled), if any."""
+    return next((p for p in choices or () if p.state.finished and p.state is not RequestState.DONE), None)
+
+
 def _failure(progress: OnlineProgress) -> tuple[int, str]:
     if progress.state is RequestState.CANCELLED:
         return 500, "the request was cancelled (by an admin, or its job was cancelled) before it finished"
     return failure_status(progress.error), progress.error or "the request failed"
 
 
-def _observe(state: ServerState, online: OnlineRequest, progress: OnlineProgress) -> None:
-    if state.metrics is not None:
-        state.metrics.observe(online.request_class, progress)
+def _observe(state: ServerState, online: OnlineRequest, choices: Choices | None) -> None:
+    if state.metrics is not None and choices:
+        state.metrics.observe(online.request_class, choices[0])

@@ -376,11 +376,54 @@ class TokenLogprobs:
 class ChatMessage:
     role: str
     content: str
+    name: str | None = None  # a participant's name, handed to the chat template
+
+    def to_json(self) -> dict:
+        out = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+@dataclass(slots=True, frozen=True)
+class AnswerOptions:
+    """How an answer is shown, beyond the text the engine generates: the API's side of a request.
+
+    A body asking for `n` choices (or, on completions, several prompts) is
+    stored as one request a choice; all of them carry the same options.
+    `n` is the choices per prompt, so choice `i` answers prompt `i // n`.
+    """
+
+    n: int = 1
+    prompts: int = 1  # completions: the prompts of the body (a line's choices are prompts x n)
+    echo: bool = False  # completions: the prompt before the generated text
+    logprobs: bool = False  # show the engine's log probabilities (chat's logprobs, completions' logprobs)
+    token_ids: bool = False  # vLLM's return_token_ids: the prompt's and the output's token ids
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprob tokens as "token_id:N"
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.prompts < 1:
+            raise ValueError("n and prompts must be >= 1")
+
+    def to_json(self) -> dict:
+        """Only what differs from the defaults: most requests store an empty object."""
+        default = _DEFAULT_ANSWER
+        return {name: getattr(self, name) for name in self.__slots__
+                if getattr(self, name) != getattr(default, name)}
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> AnswerOptions:
+        if not data:
+            return _DEFAULT_ANSWER
+        return cls(**{name: data[name] for name in cls.__slots__ if name in data})
+
+
+_DEFAULT_ANSWER = AnswerOptions()
 
 
 @dataclass(slots=True, frozen=True)
 class RequestSpec:
-    """One validated input line: what to generate, before it is stored."""
+    """One validated request, before it is stored: a line of a file, or one choice of it."""
 
     custom_id: str
     endpoint: Endpoint
@@ -388,7 +431,11 @@ class RequestSpec:
     prompt: str | None = None
     messages: tuple[ChatMessage, ...] = field(default=())
     model: str | None = None  # the name the submitter asked for; echoed in results
+    choice: int = 0  # the choice's index within its line (0 for a line of one choice)
+    answer: AnswerOptions = _DEFAULT_ANSWER
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (not self.messages):
             raise ValueError("a request has either a prompt or messages, not both")
+        if self.choice < 0:
+            raise ValueError("choice must be >= 0")

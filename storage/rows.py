@@ -13,7 +13,7 @@ from fsched.core.ports.records import (
     RequestResult,
     StoreError,
 )
-from fsched.core.types import JobState, RequestClass, RequestState, TokenLogprobs
+from fsched.core.types import AnswerOptions, JobState, RequestClass, RequestState, TokenLogprobs
 from fsched.storage.models import DaemonHeartbeat, DaemonUsage, Job, Request, Tenant
 
 jobs = Job.__table__
@@ -85,6 +85,10 @@ def request_result(row) -> RequestResult:
         error=row.error,
         finished_at=row.finished_at,
         logprobs=logprobs_of(row.output_logprobs),
+        choice=row.choice,
+        answer=AnswerOptions.from_json(row.answer),
+        prompt=row.prompt,
+        output_tokens=tuple(row.output_tokens or ()),
     )
 
 

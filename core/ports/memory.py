@@ -99,7 +99,7 @@ class MemoryQueueStore:
                 request = MemoryRequest(
                     id=str(len(self._requests) + 1), job_id=job_id, idx=idx, custom_id=spec.custom_id,
                     endpoint=spec.endpoint.value, prompt=spec.prompt,
-                    messages=[{"role": m.role, "content": m.content} for m in spec.messages]
+                    messages=[m.to_json() for m in spec.messages]
                     if spec.messages else None,
                     params=params.to_json(), enqueued_at=self.clock(),
                 )

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.jobs.jobstate import JobCounts
-from fsched.core.types import JobState, RequestClass, RequestId, RequestState, TokenLogprobs
+from fsched.core.types import AnswerOptions, JobState, RequestClass, RequestId, RequestState, TokenLogprobs
 
 
 class StoreError(Exception):
@@ -147,6 +147,10 @@ class RequestResult:
     finished_at: float | None
     # One per output token when the request asked for logprobs; empty otherwise.
     logprobs: tuple[TokenLogprobs, ...] = ()
+    choice: int = 0  # the choice's index within its line
+    answer: AnswerOptions = AnswerOptions()
+    prompt: str | None = None  # a completions request's prompt (echo shows it)
+    output_tokens: tuple[int, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)

@@ -66,7 +66,7 @@ def test_flushed_logprobs_come_back_with_the_tokens_on_a_resume(store):
     assert store.finish_requests([final], "d2") == [True]
     results = {r.custom_id: r for r in store.iter_results(job.job_id)}
     assert results["c0"].logprobs == records([4, 5, 6])
-    progress = SqlServingStore(store.db).progress([job.job_id])[job.job_id]
+    progress = SqlServingStore(store.db).progress([job.job_id])[job.job_id][0]  # the first row
     assert progress.logprobs == records([4, 5, 6])
     # Stored as plain JSON (no infinity, which neither JSON nor PostgreSQL takes).
     with store.db.read() as conn:

@@ -6,17 +6,15 @@ import json
 
 import pytest
 
+from fsched.core.jobs.answers import Choice, Delta, chunk, response_body, usage_chunk
 from fsched.core.jobs.batches import BatchRecord, batch_object, validate_metadata
 from fsched.core.jobs.jobstate import JobCounts
 from fsched.core.jobs.openai import (
     BodyError,
     ClassRefused,
     OnlineProgress,
-    chunk,
     failure_status,
     parse_online,
-    response_body,
-    usage_chunk,
     visible_text,
 )
 from fsched.core.ports.records import JobSummary
@@ -56,14 +54,17 @@ def test_service_tier_asks_for_a_class_never_above_the_keys():
 
 
 @pytest.mark.parametrize(("text", "param"), [
-    (body(priority=12), "priority"),
+    (body(priority="high"), "priority"),
     (body(service_tier="gold"), "service_tier"),
     (body(stream_options={"include_usage": True}), "stream_options"),
     (body(stream=True, stream_options={"include_usage": 1}), "stream_options.include_usage"),
-    (body(n=2), "n"),
+    (body(n=0), "n"),
     (body(temperature=3), "temperature"),
-    (body(logit_bias={}), "logit_bias"),
-    (json.dumps({"model": "m", "prompt": "p"}), "messages"),
+    (body(logit_bias={"x": 1}), "logit_bias"),
+    (body(tools=[{"type": "function"}]), "tools"),
+    (body(temprature=1), "temprature"),
+    (json.dumps({"model": "m", "prompt": "p"}), "prompt"),
+    (json.dumps({"model": "m"}), "messages"),
     ('{"messages": [], "messages": []}', "messages"),
     ('{"temperature": NaN}', None),
     ("[1]", None),
@@ -83,26 +84,27 @@ def test_streaming_with_usage_and_a_completions_body():
 
 
 def test_response_objects_follow_openai():
-    chat = response_body(CHAT, 4, 10, "m", "hello", "length", 3, 5)
+    chat = response_body(CHAT, "chatcmpl-4", 10, "m", [Choice(0, "hello", "length", 5, 3)])
     assert chat["object"] == "chat.completion" and chat["id"] == "chatcmpl-4"
     assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
     assert chat["choices"][0]["finish_reason"] == "length"
     assert chat["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
-    text = response_body(COMPLETIONS, 4, 10, "m", "hello", None, None, 1)
+    text = response_body(COMPLETIONS, "cmpl-4", 10, "m", [Choice(0, "hello", None, 1, None)])
     assert text["object"] == "text_completion" and text["choices"][0]["text"] == "hello"
     assert text["choices"][0]["finish_reason"] == "stop" and text["usage"]["prompt_tokens"] == 0
 
 
 def test_chunks_carry_deltas_then_the_finish_then_the_usage():
-    first = chunk(CHAT, 1, 0, "m", "", first=True, include_usage=True)
+    first = chunk(CHAT, "c1", 0, "m", Delta(0, first=True), include_usage=True)
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""} and first["usage"] is None
-    middle = chunk(CHAT, 1, 0, "m", "ab")
+    middle = chunk(CHAT, "c1", 0, "m", Delta(0, "ab"))
     assert middle["choices"][0]["delta"] == {"content": "ab"} and "usage" not in middle
-    last = chunk(CHAT, 1, 0, "m", "", "stop")
+    last = chunk(CHAT, "c1", 0, "m", Delta(0, finish_reason="stop"))
     assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "stop"
-    usage = usage_chunk(CHAT, 1, 0, "m", 2, 3)
+    usage = usage_chunk(CHAT, "c1", 0, "m", {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5})
     assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 5
-    assert chunk(COMPLETIONS, 1, 0, "m", "ab")["choices"][0]["text"] == "ab"
+    assert chunk(COMPLETIONS, "c1", 0, "m", Delta(1, "ab"))["choices"][0] == {
+        "index": 1, "text": "ab", "logprobs": None, "finish_reason": None}
 
 
 def progress(state: RequestState, text: str) -> OnlineProgress:
