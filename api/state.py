@@ -43,6 +43,7 @@ class ServerState:
     backend: Backend
     hub: ProgressHub
     metrics: Any = None
+    tokenizers: Any = None  # the served model's tokenizer, loaded on first use (api/tokens.py)
     _daemons: _Cached = field(default_factory=_Cached)
     _limits: _Cached = field(default_factory=_Cached)
 

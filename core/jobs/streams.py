@@ -28,7 +28,8 @@ class _Sent:
 
 
 class StreamRelay:
-    def __init__(self, endpoint: Endpoint, answer_id: str, created: int, model: str, online: OnlineRequest):
+    def __init__(self, endpoint: Endpoint, answer_id: str, created: int, model: str, online: OnlineRequest,
+                 prompt_ids: list[list[int]] | None = None):
         self.endpoint = endpoint
         self.answer_id = answer_id
         self.created = created
@@ -37,6 +38,7 @@ class StreamRelay:
         self.answer = online.spec.answer
         self.sent = [_Sent() for _ in online.specs]
         self.latest: Sequence[OnlineProgress] = ()
+        self.prompt_ids = prompt_ids  # vLLM's prompt_token_ids: sent with the first chunk
 
     def opening(self) -> Iterator[dict]:
         """Chat: each choice's first chunk, with the assistant's role (as OpenAI sends it at once)."""
@@ -89,6 +91,10 @@ class StreamRelay:
         so_far = None
         if options.continuous_usage:
             so_far = usage([choice_of(p) for p in self.latest], self.answer)
-        return chunk(self.endpoint, self.answer_id, self.created, self.model, delta, self.answer,
-                     include_usage=options.include_usage, obfuscation=options.obfuscation,
-                     usage_so_far=so_far)
+        out = chunk(self.endpoint, self.answer_id, self.created, self.model, delta, self.answer,
+                    include_usage=options.include_usage, obfuscation=options.obfuscation,
+                    usage_so_far=so_far)
+        if self.prompt_ids is not None:
+            out["prompt_token_ids"] = self.prompt_ids[0] if self.answer.prompts == 1 else self.prompt_ids
+            self.prompt_ids = None
+        return out

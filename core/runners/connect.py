@@ -40,7 +40,9 @@ class RemoteEngine:
     min_quantum_steps: int
 
 
-def _codec(model: str | None) -> tuple[str, Codec]:
+def codec_for(model: str | None) -> tuple[str, Codec]:
+    """The model's name and codec: the stand-in's for "standin", else the tokenizer of the tiny model
+    (None or "tiny") or of a model folder; ValueError when it cannot be loaded."""
     if parse_standin(model) is not None:
         return STANDIN_NAME, Codec(standin_text, frozenset({STANDIN_EOS}), 8192, standin_encode)
     from fsched.core.runners.hf.model import ModelLoadError, encode_prompt
@@ -62,7 +64,7 @@ def connect_remote_engine(url: str, model: str | None) -> RemoteEngine:
         info = client.info()
     except EngineHTTPError as exc:
         raise ValueError(str(exc)) from None
-    name, codec = _codec(model)
+    name, codec = codec_for(model)
     context = min(codec.context_length, info.max_model_len or codec.context_length)
     codec = Codec(codec.decode, codec.eos_token_ids, context, codec.encode)
     log.info("engine %s serves %s (context %d, KV %s tokens, batch %s)", client.url, info.model, context,
