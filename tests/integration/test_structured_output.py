@@ -66,13 +66,15 @@ def lines(n: int, seed: int) -> list[RequestSpec]:
     return specs
 
 
-def serve(tmp_path, specs: list[RequestSpec], max_batch: int = 32) -> list[dict]:
-    """Submit one job of `specs`, serve it with the tiny model until idle, return its output lines."""
+def serve(tmp_path, specs: list[RequestSpec], max_batch: int = 32, engine: str = "hf") -> list[dict]:
+    """Submit one job of `specs`, serve it with the tiny model (or a remote engine and the tiny
+    model's tokenizer) until idle, return its output lines."""
     store = SqlJobStore(f"sqlite:///{tmp_path / 'fsched.db'}")
     try:
         (job,) = store.submit([JobSubmission(ParsedJobFile("docs.jsonl", tuple(specs), "openai"), "alice",
                                              RequestClass.BATCH, 5, "extract")])
-        settings = DaemonSettings(model=None, device="cpu", until_idle=True, threads=2, max_batch=max_batch)
+        settings = DaemonSettings(model=None, device="cpu", until_idle=True, threads=2, max_batch=max_batch,
+                                  engine=engine)
         build_daemon(settings, store, exclusive=True).run()
         return [output_line(r) for r in store.iter_results(job.job_id)]
     finally:
@@ -86,9 +88,23 @@ def text_of(line: dict) -> tuple[str, str]:
     return text, choice["finish_reason"]
 
 
-def test_every_output_of_a_schema_job_parses_and_validates(tmp_path, request):
+@pytest.fixture
+def remote_engine():
+    """The stand-in engine with the tiny model's tokenizer: it honours response_format (with
+    llguidance) as vLLM does, so fsched's path to a remote engine is what is tested here."""
+    from fsched.core.runners.hf.model import ensure_tiny_model
+    from tests.support.fake_engine import FakeEngine
+
+    engine = FakeEngine(step_s=0.002, vocab=2000, eos=2, tokenizer=str(ensure_tiny_model()), context=2048)
+    yield engine
+    engine.stop()
+
+
+@pytest.mark.parametrize("where", ["builtin", "remote"])
+def test_every_output_of_a_schema_job_parses_and_validates(tmp_path, request, where):
     n = 200 if request.config.getoption("--long") else 32
-    out = serve(tmp_path, lines(n, seed=1))
+    engine = request.getfixturevalue("remote_engine").url if where == "remote" else "hf"
+    out = serve(tmp_path, lines(n, seed=1), max_batch=32 if where == "builtin" else 8, engine=engine)
     assert len(out) == n and all(line["error"] is None for line in out)
     values = []
     for line in out:
