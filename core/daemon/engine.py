@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from fsched.core.runners.protocol import Runner
+from fsched.core.runners.protocol import RequestRefused, Runner
 from fsched.core.runners.stopping import FinishReason
 from fsched.core.sched.explain import explain
 from fsched.core.sched.request import SchedRequest
@@ -151,7 +151,11 @@ class Engine:
             self.scheduler.add(sched)
         except ValueError as exc:
             return self._failed(request, now, str(exc))
-        self.runner.add(request.id, request.prompt, request.params, request.generated, request.logprobs)
+        try:
+            self.runner.add(request.id, request.prompt, request.params, request.generated, request.logprobs)
+        except RequestRefused as exc:
+            self.scheduler.cancel(request.id)
+            return self._failed(request, now, str(exc))
         self._requests[request.id] = request
         self._arrival[request.id] = now
         return None

@@ -53,7 +53,8 @@ def codec_for(model: str | None) -> tuple[str, Codec]:
     except ModelLoadError as exc:
         raise ValueError(str(exc)) from None
     return tok.name, Codec(
-        tok.decode, tok.eos_token_ids, tok.context_length, lambda p, m: encode_prompt(tok, p, m)
+        tok.decode, tok.eos_token_ids, tok.context_length, lambda p, m: encode_prompt(tok, p, m),
+        lambda tokens: tok.tokenizer.decode(tokens, skip_special_tokens=False),
     )
 
 
@@ -66,7 +67,7 @@ def connect_remote_engine(url: str, model: str | None) -> RemoteEngine:
         raise ValueError(str(exc)) from None
     name, codec = codec_for(model)
     context = min(codec.context_length, info.max_model_len or codec.context_length)
-    codec = Codec(codec.decode, codec.eos_token_ids, context, codec.encode)
+    codec = Codec(codec.decode, codec.eos_token_ids, context, codec.encode, codec.decode_special)
     log.info("engine %s serves %s (context %d, KV %s tokens, batch %s)", client.url, info.model, context,
              info.kv_tokens or "unknown", info.max_num_seqs or "unknown")
     return RemoteEngine(

@@ -35,6 +35,11 @@ from fsched.core.sched.plan import Outcome, Plan
 from fsched.core.types import SamplingParams, TokenLogprobs
 
 
+class RequestRefused(ValueError):
+    """A request a runner cannot run (a token id outside its vocabulary, a grammar that does not
+    compile): `add` raises it, and the request fails alone with this message."""
+
+
 @dataclass(slots=True)
 class RunResult:
     """What one `run(plan)` did.
@@ -109,4 +114,4 @@ class Runner(Protocol):
         ...
 
 
-__all__ = ["RunResult", "Runner"]
+__all__ = ["RequestRefused", "RunResult", "Runner"]
