@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fsched.core.jobs.fields import BodyField, Support, field_for, names_for, other_endpoint
+from fsched.core.jobs.grammar import GrammarError, check_response_format
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.jobs.values import INT64, BadValue
 from fsched.core.types import (
@@ -162,12 +163,19 @@ def _logprobs(endpoint: Endpoint, values: dict) -> int | None:
 
 
 def _response_format(value: dict | None) -> ResponseFormat | None:
+    """The format, its grammar compiled once here so that a schema the engine cannot use is refused
+    before anything is stored."""
     if value is None or value["type"] == "text":
         return None
     if value["type"] == "json_object":
         return ResponseFormat(ResponseFormatType.JSON_OBJECT)
     spec = value["json_schema"]
-    return ResponseFormat.json_schema(spec["schema"], spec["name"], spec["strict"])
+    try:
+        chosen = ResponseFormat.json_schema(spec["schema"], spec["name"], spec["strict"])
+        check_response_format(chosen)
+    except (GrammarError, ValueError) as exc:
+        raise BodyProblem("response_format.json_schema.schema", str(exc)) from None
+    return chosen
 
 
 def _answer(endpoint: Endpoint, values: dict) -> AnswerOptions:

@@ -101,7 +101,7 @@ OPENAI_FIELDS = (
        example="Once upon a time"),
     _f("messages", H, S, "the conversation, rendered through the model's chat template; text content "
        "(a string or text parts) and a message's name", kind=Custom(shapes.messages, "array of messages"),
-       example=[{"role": "user", "content": "hi"}]),
+       example=[{"role": "user", "content": "hello"}]),
     _f("max_tokens", BOTH, S, "the most tokens to generate (default 256, capped to the room the model's "
        "context leaves; asked for and not fitting: a 400)", kind=Integer(1), example=7),
     _f("max_completion_tokens", BOTH, S, "the newer name of max_tokens (both at once must agree; fsched "

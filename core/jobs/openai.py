@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from fsched.core.jobs.answers import Choice
 from fsched.core.jobs.apikeys import class_allowed
-from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_openai_body
+from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_openai_body, printable
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.types import Endpoint, RequestClass, RequestId, RequestSpec, RequestState, TokenLogprobs
 
@@ -107,7 +107,7 @@ def parse_online(
         body = load_json_object(text, limits.max_depth)
         parsed = parse_openai_body(endpoint, body, limits, DEFAULT_MAX_TOKENS, online=True)
     except JobFileError as exc:
-        raise BodyError(exc.message, exc.field) from None
+        raise BodyError(_named(exc.message, exc.field), exc.field) from None
     own = parsed.online
     stream = own.get("stream", False)
     return OnlineRequest(
@@ -117,6 +117,11 @@ def parse_online(
         stream=stream,
         stream_options=_stream_options(own.get("stream_options"), stream),
     )
+
+
+def _named(message: str, field: str | None) -> str:
+    """The message as a 400 says it: the field first, so a client that shows only the message names it."""
+    return f"{printable(field)}: {message}" if field else message
 
 
 def _tier_class(tier: str | None, key_class: RequestClass) -> RequestClass:
@@ -143,7 +148,7 @@ def _stream_options(options: dict | None, stream: bool) -> StreamOptions:
     if options is None:
         return StreamOptions()
     if not stream:
-        raise BodyError("stream_options is only allowed with stream: true", "stream_options")
+        raise BodyError("stream_options: only allowed with stream: true", "stream_options")
     return StreamOptions(
         include_usage=options.get("include_usage", False),
         continuous_usage=options.get("continuous_usage_stats", False),

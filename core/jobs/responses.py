@@ -145,6 +145,9 @@ RESPONSES_FIELDS = (
     _f("prompt", R, "prompt templates are not kept by fsched", example={"id": "pmpt_1"}),
     _f("context_management", R, "fsched does not compact contexts", example=[{"type": "compaction"}]),
     _f("moderation", R, "fsched runs no moderation model", example={"model": "omni-moderation"}),
+    _f("background_options", N, "fsched answers within the request", neutral=({},), example={"a": 1}),
+    _f("image", R, "fsched serves text generation only", example={"size": "auto"}),
+    _f("access_programs", R, "fsched has no access programs", example={"type": "standard"}),
 )
 _BY_NAME = {f.name: f for f in RESPONSES_FIELDS}
 # A chat field's Responses name, for errors the chat parser raises.

@@ -210,7 +210,7 @@ class _Grammar:
         import llguidance.hf
         from transformers import AutoTokenizer
 
-        from fsched.core.runners.grammar import grammar_of
+        from fsched.core.jobs.grammar import grammar_of
         from fsched.core.types import ResponseFormat, ResponseFormatType
 
         hf = AutoTokenizer.from_pretrained(tokenizer)

@@ -14,7 +14,7 @@ import llguidance
 import llguidance.hf
 import torch
 
-from fsched.core.runners.grammar import GrammarError, grammar_of
+from fsched.core.jobs.grammar import GrammarError, grammar_of
 from fsched.core.types import ResponseFormat
 
 _SHIFTS = torch.arange(32, dtype=torch.int32)

@@ -17,7 +17,7 @@ import torch
 from llguidance import LLMatcher
 from transformers import DynamicCache
 
-from fsched.core.runners.grammar import GrammarError
+from fsched.core.jobs.grammar import GrammarError
 from fsched.core.runners.hf.grammar import Grammars
 from fsched.core.runners.hf.kvbatch import BatchKV, ParkedKV, RowGroup, cache_from_layers, layers_of
 from fsched.core.runners.hf.model import LoadedModel, encode_prompt

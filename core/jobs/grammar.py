@@ -14,7 +14,8 @@ model does), and compact JSON is what parsers want anyway.
 
 No torch here: checking a response format at submit time, and the remote
 runner's checks, run without it. The masks on tensors are in
-core/runners/hf/grammar.py.
+core/runners/hf/grammar.py (the runners use this module, and the parsers check a
+format with it before anything is stored).
 """
 
 from __future__ import annotations
