@@ -53,8 +53,9 @@ def test_models_are_listed_and_retrieved(sdk):
 
 
 def test_completions_with_two_choices_logprobs_and_penalties(sdk):
-    done = sdk.completions.create(model="m", prompt="Once upon a time", max_tokens=5, n=2, logprobs=3,
-                                  presence_penalty=0.5, frequency_penalty=0.5, seed=7, logit_bias={"5": -100})
+    asked = dict(model="m", prompt="Once upon a time", max_tokens=5, n=2, logprobs=3, presence_penalty=0.5,
+                 frequency_penalty=0.5, seed=7, logit_bias={"5": -100})
+    done = sdk.completions.create(**asked)
     assert [c.index for c in done.choices] == [0, 1] and done.choices[0].text != done.choices[1].text
     for choice in done.choices:
         lp = choice.logprobs
@@ -62,8 +63,7 @@ def test_completions_with_two_choices_logprobs_and_penalties(sdk):
         assert "".join(lp.tokens) == choice.text and lp.text_offset[0] == 0
         assert all(len(top) >= 3 and max(top.values()) <= 0 for top in lp.top_logprobs)
     assert done.usage.completion_tokens == 10 and done.usage.prompt_tokens == 6
-    again = sdk.completions.create(model="m", prompt="Once upon a time", max_tokens=5, n=2, logprobs=3,
-                                   presence_penalty=0.5, frequency_penalty=0.5, seed=7, logit_bias={"5": -100})
+    again = sdk.completions.create(**asked)
     assert [c.text for c in again.choices] == [c.text for c in done.choices]  # seeded: it replays
     echoed = sdk.completions.create(model="m", prompt=["One", "Two"], max_tokens=3, echo=True, temperature=0)
     assert [c.text[:3] for c in echoed.choices] == ["One", "Two"]
@@ -72,8 +72,8 @@ def test_completions_with_two_choices_logprobs_and_penalties(sdk):
 def test_chat_logprobs_n_stop_and_vllm_fields(sdk):
     chat = sdk.chat.completions.create(
         model="m", messages=CHAT, max_completion_tokens=6, n=2, logprobs=True, top_logprobs=2, seed=3,
-        extra_body={"top_k": 20, "min_p": 0.01, "repetition_penalty": 1.1, "min_tokens": 6, "ignore_eos": True,
-                    "return_token_ids": True},
+        extra_body={"top_k": 20, "min_p": 0.01, "repetition_penalty": 1.1, "min_tokens": 6,
+                    "ignore_eos": True, "return_token_ids": True},
     )
     assert [c.index for c in chat.choices] == [0, 1] and chat.usage.completion_tokens == 12
     for choice in chat.choices:
@@ -128,7 +128,8 @@ def test_tokenize_and_detokenize_round_trip(server, key):
     auth = {"Authorization": f"Bearer {key}"}
     tokens = httpx.post(f"{server.url}/tokenize", headers=auth, timeout=120,
                         json={"prompt": "Once upon a time", "return_token_strs": True}).json()
-    assert tokens["count"] == len(tokens["tokens"]) == 6 and "".join(tokens["token_strs"]) == "Once upon a time"
+    assert tokens["count"] == len(tokens["tokens"]) == 6
+    assert "".join(tokens["token_strs"]) == "Once upon a time"
     text = httpx.post(f"{server.url}/detokenize", headers=auth, json={"tokens": tokens["tokens"]}).json()
     assert text == {"prompt": "Once upon a time"}
     refused = httpx.post(f"{server.url}/tokenize", headers=auth, json={"prompt": "x", "chat_template": "t"})
