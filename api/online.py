@@ -60,11 +60,12 @@ async def model(request: Request, model_id: str) -> dict:
 
 
 async def _models(state: ServerState) -> list[dict]:
-    """The models the live daemons serve; `created` is when the first of them started."""
+    """The models the live daemons serve; `created` is when the first of them started, `root` and
+    `parent` are vLLM's fields (the model itself; no base model), which its clients read."""
     daemons = await state.live_daemons()
     created = int(min((d.started_at for d in daemons), default=time.time()))
-    return [{"id": name, "object": "model", "created": created, "owned_by": "fsched"}
-            for name in sorted({d.model for d in daemons})]
+    return [{"id": name, "object": "model", "created": created, "owned_by": "fsched", "root": name,
+             "parent": None} for name in sorted({d.model for d in daemons})]
 
 
 @router.post("/v1/completions")

@@ -7,6 +7,7 @@ the tokens a request would bring (the prompt_tokens of its usage).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,6 @@ from fsched.core.types import ChatMessage
 
 # Fields vLLM defines that change what is encoded: fsched takes their neutral values only.
 _NEUTRAL = {
-    "add_special_tokens": (True, False),  # vLLM's defaults differ by form; the model's encoding is used
     "add_generation_prompt": (True,),
     "continue_final_message": (False,),
     "chat_template": (),
@@ -60,6 +60,12 @@ def parse_tokenize(body: dict, limits: InputLimits = InputLimits()) -> TokenizeR
                 Text(256).check(value, limits)
             elif key == "model":
                 pass
+            elif key == "add_special_tokens":
+                # vLLM's defaults: a prompt gets the tokenizer's special tokens, messages only the
+                # template's; fsched encodes as its requests are encoded, so only these.
+                if value is not None and not same_value(value, "prompt" in body):
+                    raise BadValue(f"only {json.dumps('prompt' in body)} here: fsched encodes as its "
+                                   "requests are encoded")
             elif key in _NEUTRAL:
                 if value is not None and not any(same_value(value, n) for n in _NEUTRAL[key]):
                     raise BadValue("fsched encodes as its requests are encoded (the model's chat "
