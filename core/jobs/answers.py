@@ -19,7 +19,7 @@ _PAD = string.ascii_letters + string.digits
 
 
 @dataclass(slots=True, frozen=True)
-class Choice:
+class AnswerChoice:
     """One choice of an answer as the table holds it."""
 
     index: int
@@ -36,15 +36,16 @@ def response_id(endpoint: Endpoint, request_id: int | str) -> str:
     return f"chatcmpl-{request_id}" if endpoint is Endpoint.CHAT else f"cmpl-{request_id}"
 
 
-def usage(choices: Sequence[Choice], answer: AnswerOptions) -> dict:
+def usage(choices: Sequence[AnswerChoice], answer: AnswerOptions) -> dict:
     """Prompt tokens once a prompt (the first choice of each), completion tokens of every choice."""
     prompt = sum(c.prompt_tokens or 0 for c in choices if c.index % answer.n == 0)
     completion = sum(c.num_tokens for c in choices)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def response_body(endpoint: Endpoint, answer_id: str, created: int, model: str, choices: Sequence[Choice],
-                  answer: AnswerOptions = AnswerOptions(), prompt_token_ids: Sequence | None = None) -> dict:
+def response_body(endpoint: Endpoint, answer_id: str, created: int, model: str,
+                  choices: Sequence[AnswerChoice], answer: AnswerOptions = AnswerOptions(),
+                  prompt_token_ids: Sequence | None = None) -> dict:
     """A whole answer: one entry a choice, by index, and the usage summed over them."""
     body = {"id": answer_id, "object": "chat.completion" if endpoint is Endpoint.CHAT else "text_completion",
             "created": created, "model": model,
@@ -55,7 +56,7 @@ def response_body(endpoint: Endpoint, answer_id: str, created: int, model: str, 
     return body
 
 
-def _whole_choice(endpoint: Endpoint, c: Choice, answer: AnswerOptions) -> dict:
+def _whole_choice(endpoint: Endpoint, c: AnswerChoice, answer: AnswerOptions) -> dict:
     reason = c.finish_reason or "stop"
     echoed = c.prompt if answer.echo and c.prompt else ""
     if endpoint is Endpoint.CHAT:

@@ -38,7 +38,7 @@ from fsched.core.jobs.values import (
     TokenIds,
     same_value,
 )
-from fsched.core.types import Endpoint
+from fsched.core.types import MAX_LOGPROBS, Endpoint
 
 
 class Support(enum.StrEnum):
@@ -129,14 +129,14 @@ OPENAI_FIELDS = (
        kind=_PENALTY, neutral=(0,), example=0.5),
     _f("logit_bias", BOTH, S, "adds a bias (-100..100) to the logits of the given token ids",
        kind=LogitBias(), neutral=({},), example={"5": 10}),
-    _f("logprobs", C, S, "the chosen token's log probability and this many alternatives (0..5)",
-       kind=Integer(0, 5), example=2),
+    _f("logprobs", C, S, "the chosen token's log probability and this many alternatives (0..20: "
+       "OpenAI allows 5, vLLM 20)", kind=Integer(0, MAX_LOGPROBS), example=2),
     _f("logprobs", H, S, "log probabilities of the output tokens", kind=Boolean(), neutral=(False,),
        example=True),
     _f("top_logprobs", H, S, "alternatives shown with each token (0..20; needs logprobs)",
        kind=Integer(0, 20), neutral=(0,), example=3),
-    _f("echo", C, S, "the prompt before the generated text (with logprobs: the prompt's tokens first, "
-       "their logprobs null)", kind=Boolean(), neutral=(False,), example=True),
+    _f("echo", C, S, "the prompt before the generated text (not with logprobs: fsched computes no "
+       "log probabilities of the prompt)", kind=Boolean(), neutral=(False,), example=True),
     _f("response_format", H, S, "json_object: the answer is a JSON object; json_schema: it validates "
        "against the schema (a grammar constrains the sampling)",
        kind=Custom(shapes.response_format, "object"), neutral=({"type": "text"},),
@@ -291,3 +291,33 @@ def other_endpoint(name: str, endpoint: Endpoint) -> Endpoint | None:
     """The endpoint that takes `name` when this one does not."""
     other = Endpoint.CHAT if endpoint is Endpoint.COMPLETIONS else Endpoint.COMPLETIONS
     return other if (name, other) in _BY_KEY else None
+
+
+REQUIRED = ("prompt", "messages", "input")
+
+
+def markdown_table(fields: tuple[BodyField, ...] = FIELDS, endpoints: bool = True) -> str:
+    """The field table as docs/http.md shows it (a test keeps the page equal to this)."""
+    head = "| field | endpoint | origin | fsched | neutral values | what it does, or why not |"
+    rule = "|---|---|---|---|---|---|"
+    if not endpoints:
+        head, rule = head.replace(" endpoint | origin |", ""), rule[:-8]
+    rows = [head, rule]
+    for f in sorted(fields, key=lambda f: (f.origin != Origin.OPENAI, f.name, sorted(f.endpoints))):
+        where = "both" if len(f.endpoints) == 2 else ", ".join(
+            "chat" if e is Endpoint.CHAT else "completions" for e in f.endpoints)
+        neutral = ", ".join(f"`{_json(v)}`" for v in (None, *f.neutral))
+        if f.support is Support.HINT:
+            neutral = "any"
+        elif f.name in REQUIRED:
+            neutral = "(required)"
+        cells = [f"`{f.name}`", where, f.origin.value] if endpoints else [f"`{f.name}`"]
+        cells += [f.support.value, neutral, f.note.replace("|", "\\|")]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value)

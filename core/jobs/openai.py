@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsched.core.jobs.answers import Choice
+from fsched.core.jobs.answers import AnswerChoice
 from fsched.core.jobs.apikeys import class_allowed
 from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_openai_body, printable
 from fsched.core.jobs.limits import InputLimits
@@ -92,11 +92,12 @@ class OnlineProgress:
     tokens: tuple[int, ...] = ()  # the output token ids so far
 
 
-def choice_of(progress: OnlineProgress, prompt: str | None = None) -> Choice:
+def choice_of(progress: OnlineProgress, prompt: str | None = None) -> AnswerChoice:
     """A finished choice as an answer shows it."""
-    return Choice(index=progress.choice, text=progress.output_text, finish_reason=progress.finish_reason,
-                  num_tokens=progress.num_output_tokens, prompt_tokens=progress.prompt_tokens,
-                  tokens=progress.tokens, logprobs=progress.logprobs, prompt=prompt)
+    return AnswerChoice(index=progress.choice, text=progress.output_text,
+                        finish_reason=progress.finish_reason, num_tokens=progress.num_output_tokens,
+                        prompt_tokens=progress.prompt_tokens, tokens=progress.tokens,
+                        logprobs=progress.logprobs, prompt=prompt)
 
 
 def parse_online(

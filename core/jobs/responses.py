@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fsched.core.jobs.answers import Choice, padding
+from fsched.core.jobs.answers import AnswerChoice, padding
 from fsched.core.jobs.fields import BodyField, Support
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.jobs.openai import OnlineProgress, visible_text
@@ -220,7 +220,7 @@ def _echo_of(values: dict) -> dict:
 # -- the answer ---------------------------------------------------------------------------------
 
 
-def response_object(response_id: str, created: float, model: str, echo: dict, choice: Choice | None,
+def response_object(response_id: str, created: float, model: str, echo: dict, choice: AnswerChoice | None,
                     status: str = "completed", logprobs: bool = False) -> dict:
     """A `response`: its status, one assistant message (none while in progress), usage when done."""
     output = [] if choice is None else [message_item(response_id, choice.text, "completed",
@@ -245,7 +245,7 @@ def _text_part(text: str, logprobs: list) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
 
 
-def _usage(choice: Choice) -> dict:
+def _usage(choice: AnswerChoice) -> dict:
     prompt = choice.prompt_tokens or 0
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": choice.num_tokens, "output_tokens_details": {"reasoning_tokens": 0},
@@ -298,7 +298,7 @@ class ResponsesRelay:
                           content_index=0, delta=text[self.chars:], logprobs=logprobs, **extra)
         self.chars, self.tokens = len(text), count
 
-    def closing(self, final: Sequence[OnlineProgress], choice: Choice) -> Iterator[dict]:
+    def closing(self, final: Sequence[OnlineProgress], choice: AnswerChoice) -> Iterator[dict]:
         yield from self.update(final)
         logprobs = _logprobs(choice.logprobs) if self.logprobs else []
         part = _text_part(choice.text, logprobs)

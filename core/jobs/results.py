@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
-from fsched.core.jobs.answers import Choice, response_body, response_id
+from fsched.core.jobs.answers import AnswerChoice, response_body, response_id
 from fsched.core.ports.records import RequestResult
 from fsched.core.types import Endpoint, RequestState
 
@@ -45,7 +45,7 @@ def output_line(line: Sequence[RequestResult] | RequestResult) -> dict:
 def _response_body(rows: Sequence[RequestResult]) -> dict:
     first = rows[0]
     endpoint = Endpoint(first.endpoint)
-    choices = [Choice(index=r.choice, text=r.output_text, finish_reason=r.finish_reason,
+    choices = [AnswerChoice(index=r.choice, text=r.output_text, finish_reason=r.finish_reason,
                       num_tokens=r.num_output_tokens, prompt_tokens=r.prompt_tokens, tokens=r.output_tokens,
                       logprobs=r.logprobs, prompt=r.prompt) for r in rows]
     created = int(max(r.finished_at or 0 for r in rows))

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import typing
+from pathlib import Path
 
 import pytest
 from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 from openai.types.responses import response_create_params
 
-from fsched.core.jobs.fields import FIELDS, Origin, Support, field_for
+from fsched.core.jobs.fields import FIELDS, Origin, Support, field_for, markdown_table
 from fsched.core.jobs.openai import BodyError, ClassRefused, parse_online
 from fsched.core.jobs.responses import RESPONSES_FIELDS, ResponsesProblem, to_chat_body
 from fsched.core.types import Endpoint, RequestClass
@@ -174,3 +175,11 @@ def test_every_responses_field_of_the_sdk_is_in_its_table_and_neutral_values_pas
             assert refused.value.field == f.name
         else:
             to_chat_body({"input": "hi", f.name: f.example})
+
+
+def test_the_docs_show_the_tables_as_the_code_has_them():
+    """docs/http.md shows both tables as `markdown_table` renders them (regenerate the page's tables
+    from it when a field changes)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "http.md").read_text()
+    assert markdown_table() in text
+    assert markdown_table(RESPONSES_FIELDS, endpoints=False) in text
