@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import openai
@@ -211,3 +212,28 @@ def test_langchain_completions_model(server, key):
     assert len(choices) == 2 and all(c.generation_info["logprobs"]["tokens"] for c in choices)
     assert llm.invoke("The end") is not None
     assert json.dumps(result.llm_output["token_usage"])
+
+
+def test_a_batch_of_choices_logprobs_and_schemas_through_the_sdk(sdk):
+    closed = {**Person.model_json_schema(), "additionalProperties": False}  # as the SDK's strict schemas
+    schema = {"type": "json_schema", "json_schema": {"name": "p", "schema": closed}}
+    bodies = [
+        {"model": "m", "messages": CHAT, "max_tokens": 60, "response_format": schema, "seed": 1},
+        {"model": "m", "messages": CHAT, "max_tokens": 3, "n": 2, "logprobs": True, "top_logprobs": 1},
+    ]
+    lines = [json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": b})
+             for i, b in enumerate(bodies)]
+    uploaded = sdk.files.create(file=("in.jsonl", ("\n".join(lines) + "\n").encode()), purpose="batch")
+    batch = sdk.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                               completion_window="24h")
+    deadline = time.time() + 120
+    while (batch := sdk.batches.retrieve(batch.id)).status not in ("completed", "failed"):
+        assert time.time() < deadline, batch.status
+        time.sleep(0.2)
+    assert batch.status == "completed" and batch.request_counts.failed == 0
+    out = [json.loads(x) for x in sdk.files.content(batch.output_file_id).content.splitlines()]
+    assert [x["custom_id"] for x in out] == ["c0", "c1"]
+    structured, two = (x["response"]["body"] for x in out)
+    Person.model_validate_json(structured["choices"][0]["message"]["content"])
+    assert [c["index"] for c in two["choices"]] == [0, 1] and two["usage"]["completion_tokens"] == 6
+    assert all(len(c["logprobs"]["content"]) == 3 for c in two["choices"])
