@@ -280,7 +280,7 @@ def _check_results(path: Path, jobs, by_job, live: bool) -> None:
                 assert len(listed) == len(set(listed)), f"job {job_id}: a request listed twice"
                 if live:
                     continue
-                rows_in = [r[0] for r in rows if r[4] in states]
+                rows_in = [str(r[0]) for r in rows if r[4] in states]  # the rows' keys, as request ids
                 assert listed == rows_in, f"job {job_id}: results differ from the rows"
     finally:
         store.db.dispose()
