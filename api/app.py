@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from fsched.api import batch, dashboard, errors, online
+from fsched.api import batch, dashboard, errors, online, responses, tokens
 from fsched.api.hub import ProgressHub
 from fsched.api.limits import BodyLimit
 from fsched.api.metrics import Metrics
@@ -27,10 +27,13 @@ JSON_BODY_LIMIT = InputLimits().max_line_bytes
 MULTIPART_OVERHEAD = 64 * 1024
 
 
-def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None = None) -> FastAPI:
-    """The server over `backend`; `poll_s` is how often the hub reads open requests' progress."""
+def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None = None,
+               tokenizers: tokens.Tokenizers | None = None) -> FastAPI:
+    """The server over `backend`; `poll_s` is how often the hub reads open requests' progress;
+    `tokenizers` loads the served model's tokenizer for /tokenize (None: the server has none)."""
     hub = ProgressHub(backend.serving.progress, poll_s)
-    state = ServerState(backend=backend, hub=hub, metrics=Metrics(backend))
+    state = ServerState(backend=backend, hub=hub, metrics=Metrics(backend),
+                        tokenizers=tokenizers or tokens.Tokenizers())
     upload_limit = upload_limit or InputLimits().max_bytes
 
     @contextlib.asynccontextmanager
@@ -46,6 +49,8 @@ def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None
     app.state.fsched = state
     errors.install(app)
     app.include_router(online.router)
+    app.include_router(responses.router)
+    app.include_router(tokens.router)
     app.include_router(batch.router)
     app.include_router(dashboard.router)
 

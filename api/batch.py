@@ -28,7 +28,7 @@ from fsched.core.jobs.batches import (
     validate_metadata,
 )
 from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_job_file
-from fsched.core.jobs.results import output_line
+from fsched.core.jobs.results import lines_of, output_line
 from fsched.core.ports.records import JobSubmission, QueueFull
 from fsched.core.types import Endpoint, JobOrigin, RequestClass
 
@@ -96,8 +96,8 @@ async def file_content(request: Request, file_id: str):
 
 def _results(state: ServerState, job_id: int, errors: bool):
     """Output lines, read in pages (a sync generator: Starlette runs it in a worker thread)."""
-    for result in state.backend.jobs.iter_results(job_id, errors=errors):
-        yield (json.dumps(output_line(result), ensure_ascii=False) + "\n").encode()
+    for line in lines_of(state.backend.jobs.iter_results(job_id, errors=errors)):
+        yield (json.dumps(output_line(line), ensure_ascii=False) + "\n").encode()
 
 
 async def _file(state: ServerState, key: ApiKey, file_id: str):

@@ -16,13 +16,15 @@ import anyio.to_thread
 
 from fsched.core.jobs.openai import OnlineProgress
 
-Reader = Callable[[Sequence[int]], dict[int, OnlineProgress]]
+# A job's requests, one a choice, in choice order.
+Choices = tuple[OnlineProgress, ...]
+Reader = Callable[[Sequence[int]], dict[int, Choices]]
 
 
 @dataclass(slots=True)
 class _Watch:
     event: asyncio.Event = field(default_factory=asyncio.Event)
-    latest: OnlineProgress | None = None
+    latest: Choices = ()
 
 
 class ProgressHub:
@@ -32,8 +34,9 @@ class ProgressHub:
         self._watches: dict[int, _Watch] = {}
         self._wake = asyncio.Event()
 
-    async def watch(self, job_id: int) -> AsyncIterator[OnlineProgress]:
-        """Each change of the job's request, until it has ended (the last one yielded is final)."""
+    async def watch(self, job_id: int) -> AsyncIterator[Choices]:
+        """Each change of the job's requests (its choices), until every one has ended (the last
+        yielded is final)."""
         watch = self._watches[job_id] = _Watch()
         self._wake.set()
         seen = None
@@ -41,12 +44,12 @@ class ProgressHub:
             while True:
                 await watch.event.wait()
                 watch.event.clear()
-                p = watch.latest
-                key = (p.state, p.num_output_tokens, len(p.output_text))
+                choices = watch.latest
+                key = tuple((p.state, p.num_output_tokens, len(p.output_text)) for p in choices)
                 if key != seen:
                     seen = key
-                    yield p
-                if p.state.finished:
+                    yield choices
+                if all(p.state.finished for p in choices):
                     return
         finally:
             self._watches.pop(job_id, None)

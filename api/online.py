@@ -17,7 +17,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from fsched.api.errors import ApiError, error_body
+from fsched.api.hub import Choices
 from fsched.api.state import ServerState, state_of
+from fsched.api.tokens import prompt_token_ids
+from fsched.core.jobs.answers import response_body, response_id
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.jobs.openai import (
@@ -25,14 +28,12 @@ from fsched.core.jobs.openai import (
     ClassRefused,
     OnlineProgress,
     OnlineRequest,
-    chunk,
+    choice_of,
     failure_status,
     parse_online,
-    response_body,
-    usage_chunk,
-    visible_text,
 )
 from fsched.core.jobs.results import DEFAULT_MODEL_NAME
+from fsched.core.jobs.streams import StreamRelay
 from fsched.core.ports.records import JobSubmission, QueueFull
 from fsched.core.types import Endpoint, JobOrigin, RequestState
 
@@ -44,11 +45,27 @@ RETRY_AFTER_S = 1
 async def models(request: Request) -> dict:
     state = state_of(request)
     await state.authenticate(request)
-    names = sorted({d.model for d in await state.live_daemons()})
-    created = int(time.time())
-    return {"object": "list", "data": [
-        {"id": name, "object": "model", "created": created, "owned_by": "fsched"} for name in names
-    ]}
+    return {"object": "list", "data": await _models(state)}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(request: Request, model_id: str) -> dict:
+    state = state_of(request)
+    await state.authenticate(request)
+    for found in await _models(state):
+        if found["id"] == model_id:
+            return found
+    raise ApiError(404, f"the model {model_id!r} does not exist (GET /v1/models lists the served ones)",
+                   "model", "model_not_found")
+
+
+async def _models(state: ServerState) -> list[dict]:
+    """The models the live daemons serve; `created` is when the first of them started, `root` and
+    `parent` are vLLM's fields (the model itself; no base model), which its clients read."""
+    daemons = await state.live_daemons()
+    created = int(min((d.started_at for d in daemons), default=time.time()))
+    return [{"id": name, "object": "model", "created": created, "owned_by": "fsched", "root": name,
+             "parent": None} for name in sorted({d.model for d in daemons})]
 
 
 @router.post("/v1/completions")
@@ -66,7 +83,7 @@ async def _serve(request: Request, endpoint: Endpoint):
     key = await state.authenticate(request)
     online = await _parse(request, endpoint, key, state)
     await state.require_daemon()
-    job_id = await _submit(state, key, online)
+    job_id = await submit(state, key, online)
     if online.stream:
         return StreamingResponse(_stream(request, state, endpoint, job_id, online),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -87,10 +104,10 @@ async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: Serve
         raise ApiError(400, exc.message, exc.param, "invalid_value") from None
 
 
-async def _submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
+async def submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
     limits = await state.limits()
     submission = JobSubmission(
-        parsed=ParsedJobFile(source="<http>", requests=(online.spec,), form="openai"),
+        parsed=ParsedJobFile(source="<http>", requests=online.specs, form="openai"),
         tenant=key.tenant, request_class=online.request_class, priority=online.priority, name="http",
         origin=JobOrigin.ONLINE, key_id=key.id,
     )
@@ -104,35 +121,43 @@ async def _submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int
     return job.job_id
 
 
-async def _cancel(state: ServerState, job_id: int) -> None:
+async def cancel(state: ServerState, job_id: int) -> None:
     await state.call(state.backend.jobs.cancel_job, job_id)
 
 
 async def _answer(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
                   online: OnlineRequest) -> JSONResponse:
     """Wait for the whole answer; a client gone before it comes cancels the request."""
-    final = await _final_or_disconnect(request, state, job_id)
+    final = await final_or_disconnect(request, state, job_id)
     if final is None:
-        await _cancel(state, job_id)
+        await cancel(state, job_id)
         return JSONResponse(error_body(499, "client closed the request"), 499)
-    _observe(state, online, final)
-    if final.state is not RequestState.DONE:
-        status, message = _failure(final)
+    observe(state, online, final)
+    failed = failed_choice(final)
+    if failed is not None:
+        status, message = failure(failed)
         raise ApiError(status, message, code="request_failed")
-    created = int(final.finished_at or time.time())
-    return JSONResponse(response_body(
-        endpoint, job_id, created, _model(online, final), final.output_text, final.finish_reason,
-        final.prompt_tokens, final.num_output_tokens,
-    ))
+    created = int(max(p.finished_at or time.time() for p in final))
+    choices = [choice_of(p, online.specs[p.choice].prompt) for p in final]
+    prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
+    return JSONResponse(response_body(endpoint, response_id(endpoint, job_id), created,
+                                      _model(online, final[0]), choices, online.spec.answer, prompt_ids))
 
 
-async def _final_or_disconnect(request: Request, state: ServerState, job_id: int) -> OnlineProgress | None:
-    """The request's final row, or None when the client disconnected first."""
+async def _prompt_ids(state: ServerState, online: OnlineRequest) -> list[list[int]]:
+    """vLLM's prompt_token_ids: each prompt's ids, as the daemon encodes them (the first choice of each)."""
+    firsts = online.specs[::online.spec.answer.n]
+    return [await prompt_token_ids(state, s.prompt, [m.to_json() for m in s.messages] or None)
+            for s in firsts]
 
-    async def final() -> OnlineProgress | None:
+
+async def final_or_disconnect(request: Request, state: ServerState, job_id: int) -> Choices | None:
+    """The request's final rows, or None when the client disconnected first."""
+
+    async def final() -> Choices | None:
         last = None
-        async for progress in state.hub.watch(job_id):
-            last = progress
+        async for choices in state.hub.watch(job_id):
+            last = choices
         return last
 
     async def disconnected() -> None:
@@ -152,52 +177,50 @@ async def _final_or_disconnect(request: Request, state: ServerState, job_id: int
 
 async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
                   online: OnlineRequest) -> AsyncIterator[str]:
-    """Server-sent events: chunks as tokens are flushed, the usage chunk if asked, `[DONE]`.
+    """Server-sent events: chunks as tokens are flushed (the choices interleaved, each by its index),
+    the usage chunk if asked, `[DONE]`.
 
     A client that hangs up cancels the request: a task waits for the
     disconnect (the server does not fail a write to a closed connection), and
     the `finally` covers a generator closed early.
     """
-    created, shown, first, final = int(time.time()), 0, True, None
-    model = online.spec.model or DEFAULT_MODEL_NAME
-    usage = online.include_usage
+    prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
+    relay = StreamRelay(endpoint, response_id(endpoint, job_id), int(time.time()),
+                        online.spec.model or DEFAULT_MODEL_NAME, online, prompt_ids)
+    final = None
     hang_up = asyncio.ensure_future(_cancel_on_disconnect(request, state, job_id))
     try:
-        if endpoint is Endpoint.CHAT:  # the role comes first, as OpenAI sends it
-            yield _event(chunk(endpoint, job_id, created, model, "", first=True, include_usage=usage))
-            first = False
-        async for progress in state.hub.watch(job_id):
-            final = progress
-            text = visible_text(progress)
-            if len(text) > shown:
-                yield _event(chunk(endpoint, job_id, created, model, text[shown:], first=first,
-                                   include_usage=usage))
-                shown, first = len(text), False
-        _observe(state, online, final)
-        if final.state is not RequestState.DONE:
-            status, message = _failure(final)
-            yield _event(error_body(status, message, code="request_failed"))
+        for event in relay.opening():
+            yield sse(event)
+        async for choices in state.hub.watch(job_id):
+            final = choices
+            if failed_choice(choices) is not None:
+                break
+            for event in relay.update(choices):
+                yield sse(event)
+        observe(state, online, final)
+        failed = failed_choice(final)
+        if failed is not None:
+            status, message = failure(failed)
+            yield sse(error_body(status, message, code="request_failed"))
         else:
-            yield _event(chunk(endpoint, job_id, created, model, "", final.finish_reason or "stop",
-                               include_usage=usage))
-            if usage:
-                yield _event(usage_chunk(endpoint, job_id, created, model, final.prompt_tokens,
-                                         final.num_output_tokens))
+            for event in relay.closing(final):
+                yield sse(event)
         yield "data: [DONE]\n\n"
     finally:
         hang_up.cancel()
-        if final is None or not final.state.finished:
+        if final is None or not all(p.state.finished for p in final):
             with anyio.CancelScope(shield=True):  # the generator itself may be being cancelled
-                await _cancel(state, job_id)
+                await cancel(state, job_id)
 
 
 async def _cancel_on_disconnect(request: Request, state: ServerState, job_id: int) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    await _cancel(state, job_id)
+    await cancel(state, job_id)
 
 
-def _event(obj: dict) -> str:
+def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
@@ -205,12 +228,17 @@ def _model(online: OnlineRequest, progress: OnlineProgress) -> str:
     return online.spec.model or progress.model or DEFAULT_MODEL_NAME
 
 
-def _failure(progress: OnlineProgress) -> tuple[int, str]:
+def failed_choice(choices: Choices | None) -> OnlineProgress | None:
+    """The first choice that ended without finishing done (failed or cancelled), if any."""
+    return next((p for p in choices or () if p.state.finished and p.state is not RequestState.DONE), None)
+
+
+def failure(progress: OnlineProgress) -> tuple[int, str]:
     if progress.state is RequestState.CANCELLED:
         return 500, "the request was cancelled (by an admin, or its job was cancelled) before it finished"
     return failure_status(progress.error), progress.error or "the request failed"
 
 
-def _observe(state: ServerState, online: OnlineRequest, progress: OnlineProgress) -> None:
-    if state.metrics is not None:
-        state.metrics.observe(online.request_class, progress)
+def observe(state: ServerState, online: OnlineRequest, choices: Choices | None) -> None:
+    if state.metrics is not None and choices:
+        state.metrics.observe(online.request_class, choices[0])

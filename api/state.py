@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import anyio.to_thread
 from fastapi import Request
@@ -21,7 +21,9 @@ from fsched.core.ports.records import DaemonSummary
 from fsched.core.ports.serving import ServingStore
 
 if TYPE_CHECKING:
+    from fsched.api.history import History
     from fsched.api.metrics import Metrics
+    from fsched.api.tokens import Tokenizers
 
 # How long a server trusts what it read of the table: daemons come and go, and
 # an admin's new limits apply, within these; a revoked key is refused at once.
@@ -53,7 +55,8 @@ class ServerState:
     backend: Backend
     hub: ProgressHub
     metrics: Metrics | None = None
-    history: Any = None  # the dashboard's samples (api/history.py), made on first use
+    history: History | None = None  # the dashboard's samples, made on first use
+    tokenizers: Tokenizers | None = None  # the served model's tokenizer, loaded on first use
     _daemons: _Cached[list[DaemonSummary]] = field(default_factory=_Cached)
     _limits: _Cached[InputLimits] = field(default_factory=_Cached)
 

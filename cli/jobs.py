@@ -89,13 +89,14 @@ def results(
 ) -> None:
     """Write a job's results as OpenAI batch output lines, in input order."""
     from fsched.core.jobs.access import may_touch_job
-    from fsched.core.jobs.results import output_line
+    from fsched.core.jobs.results import lines_of, output_line
 
     store = open_catalog(db)
     job = store.list_jobs(job_id=job_id)[0]
     allow(may_touch_job(acting_user(store), "read the results of", job_id, job.tenant))
     lines = (
-        json.dumps(output_line(r), ensure_ascii=False) + "\n" for r in store.iter_results(job_id, errors)
+        json.dumps(output_line(line), ensure_ascii=False) + "\n"
+        for line in lines_of(store.iter_results(job_id, errors))
     )
     if output is None:
         written = 0

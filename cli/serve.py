@@ -30,6 +30,11 @@ def serve(
     access_log: Annotated[
         bool, typer.Option("--access-log/--no-access-log", help="Log each request's method, path, status.")
     ] = True,
+    tokenizer: Annotated[
+        str | None, typer.Option("--tokenizer", help="The served model's folder, for /tokenize and token "
+                                 "ids in answers (default: known from the daemons' model when it is the "
+                                 "tiny model or the stand-in).")
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Serve the OpenAI API (completions, chat, the Batch API, /metrics) over the job table.
@@ -41,13 +46,17 @@ def serve(
         import uvicorn
 
         from fsched.api.app import create_app
+        from fsched.api.tokens import Tokenizers
     except ImportError as exc:
         missing = exc.name
         raise UserError(f"fsched serve needs its extra: pip install 'fsched[serve]' ({missing} is missing)") \
             from None
     if not 0.1 <= poll_ms <= 1000:
         raise UserError(f"--poll-ms must be within 0.1..1000, got {poll_ms:g}")
-    app = create_app(build_backend(db), poll_s=poll_ms / 1000)
+    from fsched.core.runners.connect import codec_for_served
+
+    app = create_app(build_backend(db), poll_s=poll_ms / 1000,
+                     tokenizers=Tokenizers(tokenizer, load=codec_for_served))
     # Logs name methods, paths and statuses only: never a prompt or an output.
     uvicorn.run(app, host=host, port=port, access_log=access_log, log_level="info",
                 timeout_graceful_shutdown=5)

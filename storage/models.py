@@ -86,6 +86,11 @@ class Request(Base):
     # Position in the submitted file (0-based); results come back in this order.
     idx: Mapped[int] = mapped_column(Integer)
     custom_id: Mapped[str] = mapped_column(String(512))
+    # A line asking for several choices (n, or several prompts) is one row a choice, all with the
+    # line's custom_id: `choice` is the row's index among them (0 for a line of one).
+    choice: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # How the API shows the answer (AnswerOptions.to_json): NULL for a plain request.
+    answer: Mapped[dict | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     endpoint: Mapped[str] = mapped_column(String(32))
     prompt: Mapped[str | None] = mapped_column(Text, nullable=True)
     messages: Mapped[list | None] = mapped_column(JSON, nullable=True)
@@ -97,6 +102,9 @@ class Request(Base):
     # the text is what results print.
     output_tokens: Mapped[list] = mapped_column(JSON, default=list)
     output_text: Mapped[str] = mapped_column(Text, default="")
+    # One compact array per output token (TokenLogprobs.to_json) when the
+    # request asked for logprobs, written with the tokens; NULL otherwise.
+    output_logprobs: Mapped[list | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     num_output_tokens: Mapped[int] = mapped_column(Integer, default=0)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
@@ -113,7 +121,7 @@ class Request(Base):
 
     __table_args__ = (
         UniqueConstraint("job_id", "idx", name="uq_requests_job_idx"),
-        UniqueConstraint("job_id", "custom_id", name="uq_requests_job_custom_id"),
+        UniqueConstraint("job_id", "custom_id", "choice", name="uq_requests_job_custom_id_choice"),
         Index("ix_requests_state_id", "state", "id"),
         # The daemon's claim: a job's queued requests in input order.
         Index("ix_requests_job_state_idx", "job_id", "state", "idx"),

@@ -8,7 +8,15 @@ from __future__ import annotations
 from fsched.core.jobs.jobstate import JobCounts, JobSummary
 from fsched.core.jobs.results import RequestResult
 from fsched.core.ports.records import ClaimedRequest, StoreError
-from fsched.core.types import JobOrigin, JobState, RequestClass, RequestId, RequestState
+from fsched.core.types import (
+    AnswerOptions,
+    JobOrigin,
+    JobState,
+    RequestClass,
+    RequestId,
+    RequestState,
+    TokenLogprobs,
+)
 from fsched.storage.models import DaemonHeartbeat, DaemonUsage, Job, Request, Tenant
 
 jobs = Job.__table__
@@ -81,6 +89,11 @@ def request_result(row) -> RequestResult:
         finish_reason=row.finish_reason,
         error=row.error,
         finished_at=row.finished_at,
+        logprobs=logprobs_of(row.output_logprobs),
+        choice=row.choice,
+        answer=AnswerOptions.from_json(row.answer),
+        prompt=row.prompt,
+        output_tokens=tuple(row.output_tokens or ()),
     )
 
 
@@ -101,4 +114,15 @@ def claimed_request(row) -> ClaimedRequest:
         enqueued_at=row.enqueued_at,
         attempts=row.attempts + 1,
         lease_epoch=row.lease_epoch + 1,
+        output_logprobs=logprobs_of(row.output_logprobs),
     )
+
+
+def logprobs_of(stored: list | None) -> tuple[TokenLogprobs, ...]:
+    """A logprobs column's records (none when the request asked for none)."""
+    return tuple(TokenLogprobs.from_json(t) for t in stored) if stored else ()
+
+
+def logprobs_json(logprobs: tuple[TokenLogprobs, ...]) -> list | None:
+    """What the logprobs column stores: NULL for a request that asked for none."""
+    return [t.to_json() for t in logprobs] if logprobs else None

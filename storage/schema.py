@@ -24,7 +24,7 @@ from fsched.core.ports.records import SchemaMismatch
 from fsched.storage.db import Database
 from fsched.storage.models import Base, Meta
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 7
 VERSION_KEY = "schema_version"
 
 Migration = Callable[[Connection], None]
@@ -104,9 +104,45 @@ def _add_column(conn: Connection, table: str, column: str, ddl: str) -> bool:
     return True
 
 
+def _add_output_logprobs(conn: Connection) -> None:
+    """Logprobs of the output tokens, written with them (NULL for the requests that asked none)."""
+    if "output_logprobs" in {c["name"] for c in inspect(conn).get_columns("requests")}:
+        return  # an older database made by create_all of these models (as tests make them)
+    column = Base.metadata.tables["requests"].c.output_logprobs
+    kind = column.type.compile(dialect=conn.dialect)
+    conn.execute(text(f"ALTER TABLE requests ADD COLUMN output_logprobs {kind}"))
+
+
+def _add_choices(conn: Connection) -> None:
+    """Several choices a line (one row each, `choice`), and the answer's options (`answer`).
+
+    The uniqueness of a custom_id within a job becomes that of (custom_id,
+    choice). PostgreSQL swaps the constraint; SQLite cannot drop one, so the
+    table is rebuilt: renamed, made again from the models, copied, dropped.
+    """
+    if "choice" in {c["name"] for c in inspect(conn).get_columns("requests")}:
+        return  # made by create_all of these models
+    if conn.dialect.name == "postgresql":
+        answer = Base.metadata.tables["requests"].c.answer.type.compile(dialect=conn.dialect)
+        conn.execute(text("ALTER TABLE requests ADD COLUMN choice INTEGER NOT NULL DEFAULT 0"))
+        conn.execute(text(f"ALTER TABLE requests ADD COLUMN answer {answer}"))
+        conn.execute(text("ALTER TABLE requests DROP CONSTRAINT uq_requests_job_custom_id"))
+        conn.execute(text("ALTER TABLE requests ADD CONSTRAINT uq_requests_job_custom_id_choice "
+                          "UNIQUE (job_id, custom_id, choice)"))
+        return
+    columns = ", ".join(c["name"] for c in inspect(conn).get_columns("requests"))
+    conn.execute(text("ALTER TABLE requests RENAME TO requests_before"))
+    for index in inspect(conn).get_indexes("requests_before"):
+        conn.execute(text(f'DROP INDEX "{index["name"]}"'))
+    Base.metadata.tables["requests"].create(conn)
+    conn.execute(text(f"INSERT INTO requests ({columns}) SELECT {columns} FROM requests_before"))
+    conn.execute(text("DROP TABLE requests_before"))
+
+
 # MIGRATIONS[v] upgrades a database from version v to v + 1.
 MIGRATIONS: dict[int, Migration] = {
     1: _v1_to_v2, 2: _v2_to_v3, 3: _drop_mlfq_level, 4: _job_origins_and_chargeback,
+    5: _add_output_logprobs, 6: _add_choices,
 }
 
 

@@ -166,11 +166,24 @@ class SqlCatalogStore(SqlStoreBase):
         ]
 
     def iter_results(self, job_id: int, errors: bool = False) -> Iterator[RequestResult]:
-        """Finished requests in input order: done ones, or with `errors` the rest."""
-        wanted = (
-            [RequestState.FAILED.value, RequestState.CANCELLED.value] if errors else [RequestState.DONE.value]
-        )
+        """Finished lines' requests in input order: the lines all of whose choices are done, or with
+        `errors` the lines that ended otherwise (a failed choice fails its line)."""
         self._check_job(job_id)
+        line: list[RequestResult] = []
+        for result in self._finished_rows(job_id, errors):
+            if result.choice == 0 and line:
+                yield from _if_line_is(line, errors)
+                line = []
+            line.append(result)
+        yield from _if_line_is(line, errors)
+
+    def _finished_rows(self, job_id: int, errors: bool) -> Iterator[RequestResult]:
+        """Rows in the state asked for, and every finished row of a line of several choices."""
+        wanted = [RequestState.FAILED.value, RequestState.CANCELLED.value] if errors \
+            else [RequestState.DONE.value]
+        finished = [RequestState.DONE.value, RequestState.FAILED.value, RequestState.CANCELLED.value]
+        several = requests.c.answer.is_not(None) & requests.c.state.in_(finished)
+        chosen = requests.c.state.in_(wanted) | several
         last_idx = -1
         while True:
             # Keyset pages, each its own short read: a slow reader of a big
@@ -178,8 +191,7 @@ class SqlCatalogStore(SqlStoreBase):
             with self.db.read() as conn:
                 page = conn.execute(
                     select(requests)
-                    .where(requests.c.job_id == job_id, requests.c.idx > last_idx,
-                           requests.c.state.in_(wanted))
+                    .where(requests.c.job_id == job_id, requests.c.idx > last_idx, chosen)
                     .order_by(requests.c.idx)
                     .limit(RESULTS_BATCH)
                 ).all()
@@ -292,3 +304,15 @@ class SqlCatalogStore(SqlStoreBase):
                     "wait for them to finish first"
                 )
             conn.execute(tenants.delete().where(tenants.c.name == name))
+
+
+def _if_line_is(line: list[RequestResult], errors: bool) -> list[RequestResult]:
+    """A line's rows when the line ended as asked: every choice there and done (or, with `errors`,
+    every choice ended and one did not finish done)."""
+    if not line:
+        return []
+    answer = line[0].answer
+    if len(line) != answer.n * answer.prompts:
+        return []  # a choice has not ended yet
+    done = all(r.state is RequestState.DONE for r in line)
+    return line if done != errors else []

@@ -25,7 +25,16 @@ from fsched.core.types import RequestClass, RequestId, RequestState
 from fsched.storage.base import SqlStoreBase
 from fsched.storage.claim import claim_requests
 from fsched.storage.counters import CountDelta, apply_delta, requeue
-from fsched.storage.rows import core_id, daemon_usage, daemons, jobs, requests, row_id, tenants
+from fsched.storage.rows import (
+    core_id,
+    daemon_usage,
+    daemons,
+    jobs,
+    logprobs_json,
+    requests,
+    row_id,
+    tenants,
+)
 
 USAGE_KEPT_S = 86_400.0
 
@@ -37,6 +46,7 @@ FLUSH_TOKENS = (
     .values(
         output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type),
         output_text=bindparam("b_text"),
+        output_logprobs=bindparam("b_logprobs", type_=requests.c.output_logprobs.type),
         num_output_tokens=bindparam("b_num"),
         first_token_at=func.coalesce(requests.c.first_token_at, bindparam("b_first", type_=Float)),
     )
@@ -48,6 +58,7 @@ FINISH_REQUEST = (
         state=bindparam("b_state"),
         output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type),
         output_text=bindparam("b_text"),
+        output_logprobs=bindparam("b_logprobs", type_=requests.c.output_logprobs.type),
         num_output_tokens=bindparam("b_num"),
         finish_reason=bindparam("b_reason"),
         prompt_tokens=bindparam("b_prompt"),
@@ -108,7 +119,8 @@ class SqlQueueStore(SqlStoreBase):
                 if row is None or (u.lease_epoch is not None and row.lease_epoch != u.lease_epoch):
                     continue  # fenced: the lease was lost (reclaimed, cancelled, requeued)
                 writes.append({"b_id": row.id, "b_tokens": list(u.tokens), "b_text": u.text,
-                               "b_num": len(u.tokens), "b_first": u.first_token_at})
+                               "b_logprobs": logprobs_json(u.logprobs), "b_num": len(u.tokens),
+                               "b_first": u.first_token_at})
                 per_job[row.job_id] = per_job.get(row.job_id, 0) + len(u.tokens) - row.num_output_tokens
             if writes:
                 conn.execute(FLUSH_TOKENS, writes)  # one executemany, not a statement per row
@@ -169,7 +181,8 @@ class SqlQueueStore(SqlStoreBase):
                 continue
             writes.append({
                 "b_id": key, "b_state": c.state.value, "b_tokens": list(c.output_tokens),
-                "b_text": c.output_text, "b_num": len(c.output_tokens), "b_reason": c.finish_reason,
+                "b_text": c.output_text, "b_logprobs": logprobs_json(c.logprobs),
+                "b_num": len(c.output_tokens), "b_reason": c.finish_reason,
                 "b_prompt": c.prompt_tokens, "b_model": c.model, "b_error": c.error, "b_now": now,
                 "b_first": c.first_token_at,
             })

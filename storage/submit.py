@@ -98,11 +98,11 @@ def _request_row(job_id: int, idx: int, spec, now: float) -> dict:
         "job_id": job_id,
         "idx": idx,
         "custom_id": spec.custom_id,
+        "choice": spec.choice,
+        "answer": spec.answer.to_json() or None,
         "endpoint": spec.endpoint.value,
         "prompt": spec.prompt,
-        "messages": [{"role": m.role, "content": m.content} for m in spec.messages]
-        if spec.messages
-        else None,
+        "messages": [m.to_json() for m in spec.messages] if spec.messages else None,
         "params": _with_seed(spec.params).to_json(),
         "max_tokens": spec.params.max_tokens,
         "model": spec.model,

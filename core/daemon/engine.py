@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from fsched.core.runners.protocol import Runner
+from fsched.core.runners.protocol import RequestRefused, Runner
 from fsched.core.runners.stopping import FinishReason
 from fsched.core.sched.explain import RequestStanding, explain
 from fsched.core.sched.request import SchedRequest
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sched.usage import TenantCharge, peer_totals
-from fsched.core.types import RequestClass, RequestId, SamplingParams
+from fsched.core.types import RequestClass, RequestId, SamplingParams, TokenLogprobs
 
 
 @dataclass(slots=True)
@@ -34,6 +34,7 @@ class EngineRequest:
     request_class: RequestClass = RequestClass.BATCH
     priority: int = 5
     generated: list[int] = field(default_factory=list)  # tokens from before a restart
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # theirs, when the request asks for them
 
 
 @dataclass(slots=True)
@@ -47,6 +48,7 @@ class EngineResult:
     arrival: float = 0.0
     first_token_at: float | None = None
     finished_at: float | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when asked for
 
 
 @dataclass(slots=True)
@@ -150,7 +152,11 @@ class Engine:
             self.scheduler.add(sched)
         except ValueError as exc:
             return self._failed(request, now, str(exc))
-        self.runner.add(request.id, request.prompt, request.params, request.generated)
+        try:
+            self.runner.add(request.id, request.prompt, request.params, request.generated, request.logprobs)
+        except RequestRefused as exc:
+            self.scheduler.cancel(request.id)
+            return self._failed(request, now, str(exc))
         self._requests[request.id] = request
         self._arrival[request.id] = now
         return None
@@ -253,6 +259,10 @@ class Engine:
         """A live request's tokens and text so far."""
         return self.runner.generated(request_id), self.runner.text(request_id)
 
+    def logprobs(self, request_id: RequestId) -> list[TokenLogprobs]:
+        """A live request's logprobs so far (empty when it asks for none)."""
+        return self.runner.logprobs(request_id)
+
     def run_all(
         self, requests: Iterable[EngineRequest], on_step: Callable[[StepReport], None] | None = None
     ) -> dict[RequestId, EngineResult]:
@@ -283,6 +293,7 @@ class Engine:
             arrival=self._arrival[rid],
             first_token_at=self._first_token.get(rid),
             finished_at=now,
+            logprobs=self.runner.logprobs(rid),
         )
         self.runner.release(rid)
         self._forget(rid)

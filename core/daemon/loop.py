@@ -123,7 +123,7 @@ class Daemon:
         self.sleep = sleep
         self.held = Holdings()
         self.writer = Writer(store, config.owner, config.model, self.held, engine.output,
-                             config.batch_flush_s)
+                             config.batch_flush_s, engine.logprobs)
         self.leases = LeaseKeeper(store, engine, config.owner, config.lease_s, self.held,
                                   self.writer.pending_leases)
         self.faults = StepFaults(engine, config.max_attempts)
@@ -230,8 +230,9 @@ class Daemon:
             if held is None:
                 continue
             tokens, text = self.engine.output(request_id)
+            logprobs = self.engine.logprobs(request_id)
             self.engine.cancel(request_id)
-            self.writer.cancelled(request_id, held, tokens, text)
+            self.writer.cancelled(request_id, held, tokens, text, logprobs)
         # The batch as it is now: an out-of-memory step lowers it.
         per_group = self.config.held_batches * self.engine.max_batch
         claimed_now = self.store.claim(self.config.owner, per_group, self.held.per_group(),
@@ -290,6 +291,7 @@ class Daemon:
                 request_class=claimed.request_class,
                 priority=claimed.priority,
                 generated=list(claimed.output_tokens),
+                logprobs=list(claimed.output_logprobs),
             )
         except Exception as exc:  # a request that cannot even be encoded fails alone
             self.writer.failed(claimed.id, f"cannot prepare the request: {exc}", list(claimed.output_tokens),

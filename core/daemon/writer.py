@@ -15,19 +15,21 @@ from fsched.core.daemon.holdings import Held, Holdings
 from fsched.core.faults import crash_point
 from fsched.core.ports.queue import QueueStore
 from fsched.core.ports.records import Completion, TokenUpdate
-from fsched.core.types import RequestId, RequestState
+from fsched.core.types import RequestId, RequestState, TokenLogprobs
 
 Output = Callable[[RequestId], tuple[list[int], str]]  # a live request's tokens and text so far
+Logprobs = Callable[[RequestId], list[TokenLogprobs]]  # a live request's logprobs so far (or none)
 
 
 class Writer:
     def __init__(self, store: QueueStore, owner: str, model: str, holdings: Holdings, output: Output,
-                 batch_flush_s: float):
+                 batch_flush_s: float, logprobs: Logprobs = lambda request_id: []):
         self.store = store
         self.owner = owner
         self.model = model
         self.holdings = holdings
         self.output = output
+        self.logprobs = logprobs
         self.batch_flush_s = batch_flush_s
         self.unwritten: list[Completion] = []  # finished in the engine, not yet in the table
         self.fenced = 0  # writes the queue refused: leases this daemon had lost
@@ -71,10 +73,12 @@ class Writer:
         # A refused completion: the request already ended, or this daemon lost its lease.
         self.fenced += outcome.count(False)
 
-    def cancelled(self, request_id: RequestId, held: Held, tokens: list[int], text: str) -> None:
+    def cancelled(self, request_id: RequestId, held: Held, tokens: list[int], text: str,
+                  logprobs: list[TokenLogprobs] | None = None) -> None:
         """End a request whose job was cancelled, keeping its output so far."""
         self._one(Completion(request_id, RequestState.CANCELLED, tuple(tokens), text,
-                             first_token_at=held.first_token_at, lease_epoch=held.lease_epoch))
+                             first_token_at=held.first_token_at, lease_epoch=held.lease_epoch,
+                             logprobs=tuple(logprobs or ())))
 
     def failed(self, request_id: RequestId, error: str, tokens: list[int], lease_epoch: int) -> None:
         self._one(Completion(request_id, RequestState.FAILED, tuple(tokens), "", error=error,
@@ -90,7 +94,8 @@ class Writer:
 
     def _update(self, request_id: RequestId, held: Held) -> TokenUpdate:
         tokens, text = self.output(request_id)
-        return TokenUpdate(request_id, tuple(tokens), text, held.first_token_at, held.lease_epoch)
+        return TokenUpdate(request_id, tuple(tokens), text, held.first_token_at, held.lease_epoch,
+                           tuple(self.logprobs(request_id)))
 
     def _completion(self, result: EngineResult, held: Held) -> Completion:
         if result.finish_reason is None:
@@ -100,4 +105,5 @@ class Writer:
             result.id, RequestState.DONE, tuple(result.tokens), result.text,
             finish_reason=result.finish_reason.value, prompt_tokens=result.prompt_tokens,
             model=self.model, first_token_at=held.first_token_at, lease_epoch=held.lease_epoch,
+            logprobs=tuple(result.logprobs),
         )

@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from fsched.core.jobs.answers import AnswerChoice
 from fsched.core.jobs.apikeys import class_allowed
-from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_openai_body
+from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_openai_body, printable
 from fsched.core.jobs.limits import InputLimits
-from fsched.core.types import Endpoint, RequestClass, RequestId, RequestSpec, RequestState
+from fsched.core.types import Endpoint, RequestClass, RequestId, RequestSpec, RequestState, TokenLogprobs
 
 # OpenAI's service tiers as fsched's classes; "auto" (or none) is the key's own class.
 SERVICE_TIERS = {
@@ -46,12 +47,28 @@ class ClassRefused(BodyError):
 
 
 @dataclass(slots=True, frozen=True)
+class StreamOptions:
+    include_usage: bool = False  # a last chunk with the usage (and `usage: null` on the others)
+    continuous_usage: bool = False  # vLLM's continuous_usage_stats: the usage so far in every chunk
+    obfuscation: bool = False  # OpenAI's include_obfuscation: random padding in every chunk
+
+
+@dataclass(slots=True, frozen=True)
 class OnlineRequest:
-    spec: RequestSpec
+    specs: tuple[RequestSpec, ...]  # one per choice
     request_class: RequestClass
     priority: int
     stream: bool
-    include_usage: bool
+    stream_options: StreamOptions = StreamOptions()
+
+    @property
+    def spec(self) -> RequestSpec:
+        """The first choice: what every choice shares (model, endpoint, answer options)."""
+        return self.specs[0]
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options.include_usage
 
 
 @dataclass(slots=True, frozen=True)
@@ -70,39 +87,48 @@ class OnlineProgress:
     enqueued_at: float
     first_token_at: float | None
     finished_at: float | None
+    # One per output token so far when the request asked for logprobs; empty otherwise.
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    choice: int = 0  # the choice's index within the request
+    tokens: tuple[int, ...] = ()  # the output token ids so far
+
+
+def choice_of(progress: OnlineProgress, prompt: str | None = None) -> AnswerChoice:
+    """A finished choice as an answer shows it."""
+    return AnswerChoice(index=progress.choice, text=progress.output_text,
+                        finish_reason=progress.finish_reason, num_tokens=progress.num_output_tokens,
+                        prompt_tokens=progress.prompt_tokens, tokens=progress.tokens,
+                        logprobs=progress.logprobs, prompt=prompt)
 
 
 def parse_online(
     text: str, endpoint: Endpoint, key_class: RequestClass, limits: InputLimits = InputLimits()
 ) -> OnlineRequest:
-    """A completions or chat completions body as a request, or BodyError / ClassRefused."""
+    """A completions or chat completions body as requests (one per choice), or BodyError / ClassRefused."""
     try:
         body = load_json_object(text, limits.max_depth)
+        parsed = parse_openai_body(endpoint, body, limits, DEFAULT_MAX_TOKENS, online=True)
     except JobFileError as exc:
-        raise BodyError(exc.message, exc.field) from None
-    stream_options = body.pop("stream_options", None)
-    tier = body.pop("service_tier", None)
-    priority = body.pop("priority", None)
-    request_class = _tier_class(tier, key_class)
-    try:
-        spec = parse_openai_body(endpoint, body, limits, DEFAULT_MAX_TOKENS)
-    except JobFileError as exc:
-        raise BodyError(exc.message, exc.field) from None
-    stream = bool(body.get("stream"))
+        raise BodyError(_named(exc.message, exc.field), exc.field) from None
+    own = parsed.online
+    stream = own.get("stream", False)
     return OnlineRequest(
-        spec=spec,
-        request_class=request_class,
-        priority=_priority(priority),
+        specs=parsed.specs,
+        request_class=_tier_class(own.get("service_tier"), key_class),
+        priority=_priority(own.get("priority")),
         stream=stream,
-        include_usage=_include_usage(stream_options, stream),
+        stream_options=_stream_options(own.get("stream_options"), stream),
     )
 
 
-def _tier_class(tier: object, key_class: RequestClass) -> RequestClass:
+def _named(message: str, field: str | None) -> str:
+    """The message as a 400 says it: the field first, so a client that shows only the message names it."""
+    return f"{printable(field)}: {message}" if field else message
+
+
+def _tier_class(tier: str | None, key_class: RequestClass) -> RequestClass:
     if tier is None:
         return key_class
-    if not isinstance(tier, str) or tier not in SERVICE_TIERS:
-        raise BodyError(f"service_tier must be one of {', '.join(SERVICE_TIERS)}", "service_tier")
     asked = SERVICE_TIERS[tier] or key_class
     if not class_allowed(asked, key_class):
         raise ClassRefused(
@@ -113,88 +139,26 @@ def _tier_class(tier: object, key_class: RequestClass) -> RequestClass:
     return asked
 
 
-def _priority(value: object) -> int:
+def _priority(value: int | None) -> int:
+    """fsched's base priority: 0..9 as asked; vLLM's wider integers (lower is earlier) clamped into it."""
     if value is None:
         return DEFAULT_PRIORITY
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 9:
-        raise BodyError("priority must be an integer within 0..9 (0 is the most urgent)", "priority")
-    return value
+    return min(max(value, 0), 9)
 
 
-def _include_usage(options: object, stream: bool) -> bool:
+def _stream_options(options: dict | None, stream: bool) -> StreamOptions:
     if options is None:
-        return False
+        return StreamOptions()
     if not stream:
-        raise BodyError("stream_options is only allowed with stream: true", "stream_options")
-    if not isinstance(options, dict) or set(options) - {"include_usage"}:
-        raise BodyError('stream_options must be an object {"include_usage": bool}', "stream_options")
-    value = options.get("include_usage", False)
-    if not isinstance(value, bool):
-        raise BodyError("stream_options.include_usage must be a boolean", "stream_options.include_usage")
-    return value
+        raise BodyError("stream_options: only allowed with stream: true", "stream_options")
+    return StreamOptions(
+        include_usage=options.get("include_usage", False),
+        continuous_usage=options.get("continuous_usage_stats", False),
+        obfuscation=options.get("include_obfuscation", False),
+    )
 
 
-# -- responses ----------------------------------------------------------------------------------
-
-
-def usage(prompt_tokens: int | None, completion_tokens: int) -> dict:
-    prompt = prompt_tokens or 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
-            "total_tokens": prompt + completion_tokens}
-
-
-def response_id(endpoint: Endpoint, request_id: int) -> str:
-    return f"chatcmpl-{request_id}" if endpoint is Endpoint.CHAT else f"cmpl-{request_id}"
-
-
-def response_body(
-    endpoint: Endpoint, request_id: int, created: int, model: str, text: str, finish_reason: str | None,
-    prompt_tokens: int | None, completion_tokens: int,
-) -> dict:
-    """A whole `chat.completion` or `text_completion` object."""
-    reason = finish_reason or "stop"
-    if endpoint is Endpoint.CHAT:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": reason}
-        kind = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-        kind = "text_completion"
-    return {"id": response_id(endpoint, request_id), "object": kind, "created": created, "model": model,
-            "choices": [choice], "usage": usage(prompt_tokens, completion_tokens)}
-
-
-def chunk(
-    endpoint: Endpoint, request_id: int, created: int, model: str, text: str,
-    finish_reason: str | None = None, first: bool = False, include_usage: bool = False,
-) -> dict:
-    """One streamed chunk: new text, or (with `finish_reason`) the last choice chunk.
-
-    With `include_usage` every chunk carries `usage: null` (OpenAI's convention);
-    the usage itself comes in a last chunk of its own (`usage_chunk`).
-    """
-    if endpoint is Endpoint.CHAT:
-        delta: dict = {"content": text} if text or not first else {"content": ""}
-        if first:
-            delta = {"role": "assistant", **delta}
-        choice = {"index": 0, "delta": delta if finish_reason is None or text else {}, "logprobs": None,
-                  "finish_reason": finish_reason}
-        kind = "chat.completion.chunk"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        kind = "text_completion"
-    out = {"id": response_id(endpoint, request_id), "object": kind, "created": created, "model": model,
-           "choices": [choice]}
-    if include_usage:
-        out["usage"] = None
-    return out
-
-
-def usage_chunk(endpoint: Endpoint, request_id: int, created: int, model: str, prompt_tokens: int | None,
-                completion_tokens: int) -> dict:
-    kind = "chat.completion.chunk" if endpoint is Endpoint.CHAT else "text_completion"
-    return {"id": response_id(endpoint, request_id), "object": kind, "created": created, "model": model,
-            "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+# -- progress ----------------------------------------------------------------------------------
 
 
 class Progress(Protocol):

@@ -1,18 +1,20 @@
-"""Finished requests as OpenAI batch output lines."""
+"""Finished requests as OpenAI batch output lines: one line a request line, its choices by index."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from fsched.core.jobs.openai import response_body
-from fsched.core.types import Endpoint, RequestId, RequestState
+from fsched.core.jobs.answers import AnswerChoice, response_body, response_id
+from fsched.core.types import AnswerOptions, Endpoint, RequestId, RequestState, TokenLogprobs
 
 DEFAULT_MODEL_NAME = "fsched"
 
 
 @dataclass(slots=True, frozen=True)
 class RequestResult:
-    """A finished request as the job table reports it: what its output line is made of."""
+    """A finished request (one choice of a line) as the job table reports it: what its output line
+    is made of."""
 
     id: RequestId
     idx: int
@@ -26,30 +28,54 @@ class RequestResult:
     finish_reason: str | None
     error: str | None
     finished_at: float | None
+    # One per output token when the request asked for logprobs; empty otherwise.
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    choice: int = 0  # the choice's index within its line
+    answer: AnswerOptions = AnswerOptions()
+    prompt: str | None = None  # a completions request's prompt (echo shows it)
+    output_tokens: tuple[int, ...] = ()
 
 
-def output_line(result: RequestResult) -> dict:
+def lines_of(results: Iterable[RequestResult]) -> Iterator[tuple[RequestResult, ...]]:
+    """Rows grouped into their lines: a line's choices come together, the first is choice 0."""
+    line: list[RequestResult] = []
+    for result in results:
+        if result.choice == 0 and line:
+            yield tuple(line)
+            line = []
+        line.append(result)
+    if line:
+        yield tuple(line)
+
+
+def output_line(line: Sequence[RequestResult] | RequestResult) -> dict:
     """One line of `fsched results`: `id, custom_id, response, error`."""
-    line = {"id": f"batch_req_{result.id}", "custom_id": result.custom_id}
-    if result.state is RequestState.DONE:
-        line["response"] = {
+    rows = (line,) if isinstance(line, RequestResult) else tuple(line)
+    first = rows[0]
+    out = {"id": f"batch_req_{first.id}", "custom_id": first.custom_id}
+    failed = next((r for r in rows if r.state is not RequestState.DONE), None)
+    if failed is None:
+        out["response"] = {
             "status_code": 200,
-            "request_id": f"req_{result.id}",
-            "body": _response_body(result),
+            "request_id": f"req_{first.id}",
+            "body": _response_body(rows),
         }
-        line["error"] = None
+        out["error"] = None
     else:
-        line["response"] = None
-        line["error"] = _error(result)
-    return line
+        out["response"] = None
+        out["error"] = _error(failed)
+    return out
 
 
-def _response_body(result: RequestResult) -> dict:
-    return response_body(
-        Endpoint(result.endpoint), result.id, int(result.finished_at or 0),
-        result.model or DEFAULT_MODEL_NAME, result.output_text, result.finish_reason, result.prompt_tokens,
-        result.num_output_tokens,
-    )
+def _response_body(rows: Sequence[RequestResult]) -> dict:
+    first = rows[0]
+    endpoint = Endpoint(first.endpoint)
+    choices = [AnswerChoice(index=r.choice, text=r.output_text, finish_reason=r.finish_reason,
+                      num_tokens=r.num_output_tokens, prompt_tokens=r.prompt_tokens, tokens=r.output_tokens,
+                      logprobs=r.logprobs, prompt=r.prompt) for r in rows]
+    created = int(max(r.finished_at or 0 for r in rows))
+    return response_body(endpoint, response_id(endpoint, first.id), created,
+                         first.model or DEFAULT_MODEL_NAME, choices, first.answer)
 
 
 def _error(result: RequestResult) -> dict:

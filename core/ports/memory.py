@@ -26,7 +26,7 @@ from fsched.core.ports.records import (
     SubmittedJob,
     TokenUpdate,
 )
-from fsched.core.types import RequestClass, RequestId, RequestState
+from fsched.core.types import RequestClass, RequestId, RequestState, TokenLogprobs
 
 USAGE_KEPT_S = 86_400.0
 
@@ -47,6 +47,7 @@ class MemoryRequest:
     state: RequestState = RequestState.QUEUED
     output_tokens: list[int] = field(default_factory=list)
     output_text: str = ""
+    output_logprobs: tuple[TokenLogprobs, ...] = ()
     first_token_at: float | None = None
     finished_at: float | None = None
     finish_reason: str | None = None
@@ -97,7 +98,7 @@ class MemoryQueueStore:
                 request = MemoryRequest(
                     id=str(len(self._requests) + 1), job_id=job_id, idx=idx, custom_id=spec.custom_id,
                     endpoint=spec.endpoint.value, prompt=spec.prompt,
-                    messages=[{"role": m.role, "content": m.content} for m in spec.messages]
+                    messages=[m.to_json() for m in spec.messages]
                     if spec.messages else None,
                     params=params.to_json(), enqueued_at=self.clock(),
                 )
@@ -159,6 +160,7 @@ class MemoryQueueStore:
                 continue
             request.output_tokens = list(u.tokens)
             request.output_text = u.text
+            request.output_logprobs = u.logprobs
             request.first_token_at = request.first_token_at or u.first_token_at
             written += 1
         return written
@@ -243,6 +245,7 @@ class MemoryQueueStore:
             prompt=request.prompt, messages=request.messages, params=dict(request.params),
             output_tokens=list(request.output_tokens), enqueued_at=request.enqueued_at,
             attempts=request.attempts, lease_epoch=request.lease_epoch,
+            output_logprobs=request.output_logprobs,
         )
 
     @staticmethod
@@ -260,6 +263,7 @@ class MemoryQueueStore:
             return False
         request.output_tokens = list(c.output_tokens)
         request.output_text = c.output_text
+        request.output_logprobs = c.logprobs
         request.finish_reason, request.prompt_tokens = c.finish_reason, c.prompt_tokens
         request.model, request.error = c.model, c.error
         request.first_token_at = request.first_token_at or c.first_token_at

@@ -13,7 +13,7 @@ from typing import Any
 
 from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.sched.explain import RequestStanding
-from fsched.core.types import JobOrigin, JobState, RequestClass, RequestId, RequestState
+from fsched.core.types import JobOrigin, JobState, RequestClass, RequestId, RequestState, TokenLogprobs
 
 # A daemon silent for longer than its lease (or this, for one whose heartbeat does not say) is
 # dead: its leases are expiring, and other daemons take its work over.
@@ -221,6 +221,8 @@ class ClaimedRequest:
     # The fencing token: every write-back names it, and is refused once
     # another claim (after this lease expired) has raised it.
     lease_epoch: int = 0
+    # The logprobs of `output_tokens` (when the request asks for them): a resume keeps them.
+    output_logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -268,6 +270,7 @@ class Completion:
     error: str | None = None
     first_token_at: float | None = None
     lease_epoch: int | None = None  # the writer's lease epoch (None: not fenced by epoch)
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per output token, when asked for
 
 
 @dataclass(slots=True, frozen=True)
@@ -279,6 +282,7 @@ class TokenUpdate:
     text: str
     first_token_at: float | None = None
     lease_epoch: int | None = None  # the writer's lease epoch (None: not fenced by epoch)
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per token, when the request asks for them
 
 
 @dataclass(slots=True, frozen=True)

@@ -10,6 +10,7 @@ model gives the stand-in's ids instead (for the stand-in engine server).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fsched.core.runners.openai_http import EngineClient, EngineHTTPError
@@ -40,7 +41,9 @@ class RemoteEngine:
     min_quantum_steps: int
 
 
-def _codec(model: str | None) -> tuple[str, Codec]:
+def codec_for(model: str | None) -> tuple[str, Codec]:
+    """The model's name and codec: the stand-in's for "standin", else the tokenizer of the tiny model
+    (None or "tiny") or of a model folder; ValueError when it cannot be loaded."""
     if parse_standin(model) is not None:
         return STANDIN_NAME, Codec(standin_text, frozenset({STANDIN_EOS}), 8192, standin_encode)
     from fsched.core.runners.hf.model import ModelLoadError, encode_prompt
@@ -51,8 +54,26 @@ def _codec(model: str | None) -> tuple[str, Codec]:
     except ModelLoadError as exc:
         raise ValueError(str(exc)) from None
     return tok.name, Codec(
-        tok.decode, tok.eos_token_ids, tok.context_length, lambda p, m: encode_prompt(tok, p, m)
+        tok.decode, tok.eos_token_ids, tok.context_length, lambda p, m: encode_prompt(tok, p, m),
+        lambda tokens: tok.tokenizer.decode(tokens, skip_special_tokens=False),
     )
+
+
+def codec_for_served(spec: str | None, served: Sequence[str]) -> tuple[str, Codec]:
+    """The codec `fsched serve` encodes with: the folder (or "standin", "tiny") it was told, else the
+    one the daemons' model is known by (the stand-in's, the tiny model's); ValueError otherwise."""
+    if spec is None:
+        from fsched.core.runners.hf.model import TINY_MODEL_NAME
+
+        known = {STANDIN_NAME: "standin", TINY_MODEL_NAME: "tiny"}
+        if len(served) != 1 or served[0] not in known:
+            raise ValueError(f"this server does not know the tokenizer of {', '.join(served)}: start "
+                             "fsched serve with --tokenizer MODEL_FOLDER (the daemons' model)")
+        spec = known[served[0]]
+    try:
+        return codec_for(spec)
+    except ValueError as exc:
+        raise ValueError(f"cannot load the tokenizer {spec!r}: {exc}") from None
 
 
 def connect_remote_engine(url: str, model: str | None) -> RemoteEngine:
@@ -62,9 +83,9 @@ def connect_remote_engine(url: str, model: str | None) -> RemoteEngine:
         info = client.info()
     except EngineHTTPError as exc:
         raise ValueError(str(exc)) from None
-    name, codec = _codec(model)
+    name, codec = codec_for(model)
     context = min(codec.context_length, info.max_model_len or codec.context_length)
-    codec = Codec(codec.decode, codec.eos_token_ids, context, codec.encode)
+    codec = Codec(codec.decode, codec.eos_token_ids, context, codec.encode, codec.decode_special)
     log.info("engine %s serves %s (context %d, KV %s tokens, batch %s)", client.url, info.model, context,
              info.kv_tokens or "unknown", info.max_num_seqs or "unknown")
     return RemoteEngine(

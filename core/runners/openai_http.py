@@ -42,6 +42,7 @@ class StreamEvent:
     finish_reason: str | None = None
     error: str | None = None
     fault: Fault | None = None
+    logprobs: dict | None = None  # the chunk's `logprobs` object as the engine sent it (completions form)
 
     @property
     def ended(self) -> bool:
@@ -231,4 +232,4 @@ class Stream:
                 tokens = tuple(choice.get("token_ids") or ())
                 finish = choice.get("finish_reason") or finish
                 if tokens:
-                    self._emit(tokens=tokens)
+                    self._emit(tokens=tokens, logprobs=choice.get("logprobs"))

@@ -15,6 +15,9 @@ What every runner must hold (the tests of each runner check it):
 - Preemption never changes an output: a request parked (KV kept in host
   memory) or dropped (KV recomputed from prompt plus generated tokens) and
   resumed yields exactly what an uninterrupted run would have.
+- A request that asks for logprobs (`params.logprobs` not None) has one
+  `TokenLogprobs` per generated token, kept across preemptions and given
+  back to `add` on a resume after a restart.
 - `run` executes the plan as `Plan` documents it (checkpoint the preempted,
   restore the resumed, decode, prefill) and raises when the plan does not
   match its state (a bug upstream). A step that raises leaves the runner
@@ -29,7 +32,12 @@ from typing import Protocol, runtime_checkable
 
 from fsched.core.runners.stopping import StopCheck
 from fsched.core.sched.plan import Outcome, Plan
-from fsched.core.types import RequestId, SamplingParams
+from fsched.core.types import RequestId, SamplingParams, TokenLogprobs
+
+
+class RequestRefused(ValueError):
+    """A request a runner cannot run (a token id outside its vocabulary, a grammar that does not
+    compile): `add` raises it, and the request fails alone with this message."""
 
 
 @dataclass(slots=True)
@@ -73,9 +81,11 @@ class Runner(Protocol):
         ...
 
     def add(
-        self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
+        self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = (),
+        logprobs: Sequence[TokenLogprobs] = (),
     ) -> None:
-        """Register a request; `generated` are tokens it produced before (a resume after a restart).
+        """Register a request; `generated` are tokens it produced before (a resume after a restart),
+        `logprobs` theirs (when the request asks for logprobs).
 
         Nothing runs yet: its prefill comes in a later plan. Raises when the
         id is already registered.
@@ -94,9 +104,14 @@ class Runner(Protocol):
         """A registered request's output text, cut before the stop string that ended it."""
         ...
 
+    def logprobs(self, request_id: RequestId) -> list[TokenLogprobs]:
+        """One record per generated token when the request asks for logprobs (`params.logprobs`
+        not None), those from before a restart included; empty otherwise."""
+        ...
+
     def release(self, request_id: RequestId) -> None:
         """Forget a request (finished or cancelled) and free what it holds; unknown ids are ignored."""
         ...
 
 
-__all__ = ["RunResult", "Runner"]
+__all__ = ["RequestRefused", "RunResult", "Runner"]

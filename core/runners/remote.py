@@ -42,9 +42,18 @@ from dataclasses import dataclass, field
 
 from fsched.core.runners.openai_http import EngineClient, Fault, Stream, StreamEvent
 from fsched.core.runners.protocol import Runner, RunResult
-from fsched.core.runners.stopping import FinishReason, StopCheck, check_stop
+from fsched.core.runners.stopping import FinishReason, StopCheck, StopRules, check_stop, stop_rules
 from fsched.core.sched.plan import Outcome, Plan
-from fsched.core.types import RequestId, SamplingParams
+from fsched.core.types import (
+    LOGIT_BIAS_RANGE,
+    LOGPROB_FLOOR,
+    Logprob,
+    RequestId,
+    ResponseFormat,
+    ResponseFormatType,
+    SamplingParams,
+    TokenLogprobs,
+)
 
 log = logging.getLogger("fsched.daemon")
 
@@ -60,6 +69,7 @@ class Codec:
     eos_token_ids: frozenset[int]
     context_length: int
     encode: Callable[[str | None, list[dict] | None], list[int]] | None = None
+    decode_special: Callable[[list[int]], str] | None = None  # keeping special tokens (else `decode`)
 
 
 def resume_seed(seed: int | None, generated: int) -> int | None:
@@ -70,9 +80,22 @@ def resume_seed(seed: int | None, generated: int) -> int | None:
     return int.from_bytes(digest, "big") % MAX_ENGINE_SEED
 
 
+def replays(params: SamplingParams) -> bool:
+    """Whether a resume re-runs the request from its prompt (the engine regenerating, and fsched
+    checking, the tokens it has) instead of continuing from prompt + tokens: a grammar's state
+    cannot be handed to the engine, so structured output must start where its JSON starts."""
+    return params.response_format is not None
+
+
 def completion_body(model: str, context: list[int], params: SamplingParams, generated: int,
-                    context_length: int) -> dict:
-    """The `/v1/completions` request that continues a request from `context`."""
+                    context_length: int, output: Sequence[int] = ()) -> dict:
+    """The `/v1/completions` request that continues a request from `context`, in vLLM's names.
+
+    `generated` tokens of the output are already in `context` (`output` lists
+    them): max_tokens and min_tokens count what is left, and the frequency and
+    presence penalties they earned travel as logit_bias (the engine counts
+    only its own request's output).
+    """
     room = context_length - len(context)
     body = {
         "model": model,
@@ -89,7 +112,78 @@ def completion_body(model: str, context: list[int], params: SamplingParams, gene
     seed = params.seed if params.greedy else resume_seed(params.seed, generated)
     if seed is not None:
         body["seed"] = seed
+    body.update(_sampling_fields(params, generated, output))
     return body
+
+
+def _sampling_fields(params: SamplingParams, generated: int, output: Sequence[int]) -> dict:
+    fields: dict = {}
+    for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                          ("repetition_penalty", 1.0), ("min_p", 0.0)):
+        if getattr(params, name) != neutral:
+            fields[name] = getattr(params, name)
+    if params.min_tokens > generated:
+        fields["min_tokens"] = params.min_tokens - generated
+    if params.ignore_eos:
+        fields["ignore_eos"] = True
+    if params.stop_token_ids:
+        fields["stop_token_ids"] = list(params.stop_token_ids)
+    bias = dict(params.logit_bias)
+    if output and (params.frequency_penalty or params.presence_penalty):
+        counts: dict[int, int] = {}
+        for token in output:
+            counts[token] = counts.get(token, 0) + 1
+        for token, n in counts.items():
+            bias[token] = bias.get(token, 0.0) - params.frequency_penalty * n - params.presence_penalty
+    if bias:
+        low, high = LOGIT_BIAS_RANGE
+        fields["logit_bias"] = {str(t): min(high, max(low, b)) for t, b in sorted(bias.items())}
+    if params.logprobs is not None:
+        fields["logprobs"] = params.logprobs
+        fields["return_tokens_as_token_ids"] = True
+    if params.response_format is not None:
+        fields["response_format"] = _response_format(params.response_format)
+    return fields
+
+
+def _response_format(fmt: ResponseFormat) -> dict:
+    if fmt.type is ResponseFormatType.JSON_OBJECT:
+        return {"type": "json_object"}
+    schema = {"name": fmt.name or "response", "schema": fmt.schema_object}
+    if fmt.strict is not None:
+        schema["strict"] = fmt.strict
+    return {"type": "json_schema", "json_schema": schema}
+
+
+def event_logprobs(raw: dict | None, count: int, decode: Callable[[list[int]], str], top: int
+                   ) -> list[TokenLogprobs]:
+    """The `count` tokens' logprobs from a completions chunk's `logprobs` object (tokens written
+    `token_id:N`, as `return_tokens_as_token_ids` asks), the `top` likeliest alternatives each."""
+    raw = raw or {}
+    ids = [_token_id(t) for t in raw.get("tokens") or ()]
+    lps = list(raw.get("token_logprobs") or ())
+    tops = list(raw.get("top_logprobs") or ())
+
+    def logprob(token: int, value: float | None) -> Logprob:
+        return Logprob(token, _floor(value), decode([token]) if token >= 0 else "")
+
+    out = []
+    for i in range(count):
+        chosen = logprob(ids[i] if i < len(ids) else -1, lps[i] if i < len(lps) else None)
+        offered = (tops[i] if i < len(tops) else None) or {}
+        alternatives = sorted(((_token_id(t), lp) for t, lp in offered.items()), key=lambda x: -_floor(x[1]))
+        out.append(TokenLogprobs(chosen, tuple(logprob(t, lp) for t, lp in alternatives[:top])))
+    return out
+
+
+def _token_id(text: str) -> int:
+    if isinstance(text, str) and text.startswith("token_id:"):
+        return int(text.removeprefix("token_id:"))
+    return -1
+
+
+def _floor(logprob: float | None) -> float:
+    return LOGPROB_FLOOR if logprob is None or logprob != logprob else max(LOGPROB_FLOOR, float(logprob))
 
 
 @dataclass(slots=True, eq=False)
@@ -104,6 +198,10 @@ class _Request:
     ended: str | None = None  # the engine's finish reason: no more tokens will come
     finish: StopCheck | None = None
     error: str | None = None  # the engine refused it
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per reported token, when asked for
+    rules: StopRules = field(default_factory=StopRules)
+    pending_logprobs: list[TokenLogprobs] = field(default_factory=list)  # of `pending`, when asked for
+    replay: list[int] = field(default_factory=list)  # tokens the open stream must regenerate first
 
     @property
     def generated(self) -> list[int]:
@@ -132,13 +230,15 @@ class RemoteRunner(Runner):
 
     # -- requests ----------------------------------------------------------------------
     def add(
-        self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
+        self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = (),
+        logprobs: Sequence[TokenLogprobs] = (),
     ) -> None:
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} is already in the runner")
         if not prompt:
             raise ValueError(f"request {request_id!r} has an empty prompt")
-        self._requests[request_id] = _Request(request_id, [*prompt, *generated], len(prompt), params)
+        self._requests[request_id] = _Request(request_id, [*prompt, *generated], len(prompt), params,
+                                              logprobs=list(logprobs), rules=stop_rules(params))
 
     def release(self, request_id: RequestId) -> None:
         r = self._requests.pop(request_id, None)
@@ -148,15 +248,21 @@ class RemoteRunner(Runner):
     def generated(self, request_id: RequestId) -> list[int]:
         return list(self._requests[request_id].generated)
 
+    def logprobs(self, request_id: RequestId) -> list[TokenLogprobs]:
+        return list(self._requests[request_id].logprobs)
+
     def text(self, request_id: RequestId) -> str:
         """The output text, without a final EOS and cut before a stop string that ended it."""
         r = self._requests[request_id]
-        tokens = r.generated
-        if tokens and tokens[-1] in self.codec.eos_token_ids:
+        tokens, finish = r.generated, r.finish
+        if finish is not None and finish.on_token and not r.params.include_stop_str_in_output:
             tokens = tokens[:-1]
-        text = self.codec.decode(tokens)
-        if r.finish is not None and r.finish.text_end is not None:
-            text = text[: r.finish.text_end]
+        elif tokens and tokens[-1] in self.codec.eos_token_ids and not r.params.ignore_eos:
+            tokens = tokens[:-1]
+        special = not r.params.skip_special_tokens and self.codec.decode_special is not None
+        text = self.codec.decode_special(tokens) if special else self.codec.decode(tokens)
+        if finish is not None and finish.text_end is not None:
+            text = text[: finish.text_end]
         return text
 
     @property
@@ -196,9 +302,16 @@ class RemoteRunner(Runner):
         if r.stream is not None or r.ended or r.finish or r.error or self._down_since is not None:
             return
         generated = len(r.tokens) - r.prompt_len
-        body = completion_body(self.model, r.tokens, r.params, generated, self.context_length)
+        if generated and replays(r.params):
+            r.replay = list(r.generated)
+            body = completion_body(self.model, r.tokens[: r.prompt_len], r.params, 0, self.context_length)
+        else:
+            r.replay = []
+            body = completion_body(self.model, r.tokens, r.params, generated, self.context_length,
+                                   r.generated)
         r.streams += 1
         r.pending.clear()
+        r.pending_logprobs.clear()
         r.stream = self.client.stream(r.id, r.streams, body, self._events)
         self.streams_opened += 1
         self.resumes += generated > 0
@@ -249,8 +362,22 @@ class RemoteRunner(Runner):
         r = self._requests.get(event.request_id)
         if r is None or event.stream != r.streams or r.stream is None:
             return  # from a stream since aborted or released
-        r.pending.extend(event.tokens)
-        if event.finish_reason is not None:
+        tokens = list(event.tokens)
+        logprobs = (event_logprobs(event.logprobs, len(tokens), self.codec.decode, r.params.logprobs)
+                    if r.params.logprobs is not None else [])
+        while r.replay and tokens:  # a replayed stream: what it regenerates must be what was generated
+            expected, got = r.replay.pop(0), tokens.pop(0)
+            logprobs = logprobs[1:]
+            if got != expected:
+                r.stream.abort()
+                r.error, r.stream = ("the engine did not regenerate the output it had made before the "
+                                     "interruption (structured output resumes by replaying it)"), None
+                return
+        r.pending.extend(tokens)
+        r.pending_logprobs.extend(logprobs)
+        if event.finish_reason is not None and r.replay:
+            r.error, r.stream = "the engine ended the output earlier than before the interruption", None
+        elif event.finish_reason is not None:
             r.ended, r.stream = event.finish_reason, None
         elif event.fault is Fault.REFUSED:
             r.error, r.stream = event.error, None
@@ -266,14 +393,17 @@ class RemoteRunner(Runner):
             result.failed[r.id] = f"the engine refused the request: {r.error}"
             return 0
         n = 0
-        for token in r.pending:
+        for i, token in enumerate(r.pending):
             r.tokens.append(token)
+            if r.params.logprobs is not None and i < len(r.pending_logprobs):
+                r.logprobs.append(r.pending_logprobs[i])
             n += 1
             check = self._check(r, token)
             if check.finished is not None:
                 r.finish = check
                 break
         r.pending.clear()
+        r.pending_logprobs.clear()
         if n:
             result.tokens[r.id] = r.tokens[-1]
         if r.finish is None and r.ended is not None:
@@ -289,7 +419,7 @@ class RemoteRunner(Runner):
         generated = len(r.tokens) - r.prompt_len
         text = self.codec.decode(r.generated) if r.params.stop else None
         return check_stop(token, generated, r.params.max_tokens, len(r.tokens), self.context_length,
-                          self.codec.eos_token_ids, text, r.params.stop)
+                          self.codec.eos_token_ids, text, rules=r.rules)
 
     # -- the engine going away and coming back ----------------------------------------------
     def _engine_lost(self, error: str) -> None:

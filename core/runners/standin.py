@@ -18,13 +18,13 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fsched.core.runners.protocol import Runner, RunResult
 from fsched.core.runners.stopping import check_stop
 from fsched.core.sched.plan import Outcome, Plan
 from fsched.core.sched.request import Checkpoint
-from fsched.core.types import RequestId, SamplingParams
+from fsched.core.types import Logprob, RequestId, SamplingParams, TokenLogprobs
 
 STANDIN_SPEC = "standin"
 STANDIN_NAME = "fsched-standin (no model)"
@@ -74,6 +74,18 @@ def standin_text(tokens: list[int]) -> str:
     return " ".join(f"w{t}" for t in tokens if t != STANDIN_EOS)
 
 
+def standin_logprobs(token: int, context: list[int], top: int) -> TokenLogprobs:
+    """Made-up but consistent logprobs for the stand-in's `token` after `context`: a pure
+    function of both, the chosen token the likeliest, the alternatives likeliest first."""
+    digest = _hash(f"lp|{len(context)}|{token}")
+    chosen = Logprob(token, -(digest % 1000) / 1000, f" w{token}")
+    alternatives = [chosen]
+    for i in range(1, top):
+        other = 1 + (digest + i * 7919) % (STANDIN_VOCAB - 1)
+        alternatives.append(Logprob(other, chosen.logprob - i, f" w{other}"))
+    return TokenLogprobs(chosen, tuple(alternatives[:top]))
+
+
 def _hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
@@ -85,6 +97,7 @@ class _StandInRequest:
     params: SamplingParams
     computed: int = 0  # context positions whose KV exists (on the device or parked)
     parked: bool = False
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
 
     @property
     def generated(self) -> list[int]:
@@ -115,11 +128,13 @@ class StandInRunner(Runner):
         return standin_encode(prompt, messages)
 
     def add(
-        self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
+        self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = (),
+        logprobs: Sequence[TokenLogprobs] = (),
     ) -> None:
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} is already in the runner")
-        self._requests[request_id] = _StandInRequest([*prompt, *generated], len(prompt), params)
+        self._requests[request_id] = _StandInRequest([*prompt, *generated], len(prompt), params,
+                                                     logprobs=list(logprobs))
 
     def release(self, request_id: RequestId) -> None:
         self._requests.pop(request_id, None)
@@ -129,6 +144,9 @@ class StandInRunner(Runner):
 
     def text(self, request_id: RequestId) -> str:
         return standin_text(self._requests[request_id].generated)
+
+    def logprobs(self, request_id: RequestId) -> list[TokenLogprobs]:
+        return list(self._requests[request_id].logprobs)
 
     @property
     def kv_tokens(self) -> int:
@@ -162,6 +180,8 @@ class StandInRunner(Runner):
     def _emit(self, rid: RequestId, result: RunResult) -> None:
         r = self._requests[rid]
         token = standin_token(r.params.seed, r.tokens)
+        if r.params.logprobs is not None:
+            r.logprobs.append(standin_logprobs(token, r.tokens, r.params.logprobs))
         r.tokens.append(token)
         r.computed = len(r.tokens) - 1
         result.tokens[rid] = token

@@ -14,7 +14,19 @@ class FinishReason(enum.StrEnum):
 @dataclass(slots=True, frozen=True)
 class StopCheck:
     finished: FinishReason | None
-    text_end: int | None = None  # cut the text here (before a stop string)
+    text_end: int | None = None  # cut the text here (before, or just after, a stop string)
+    on_token: bool = False  # ended by its last token (EOS or a stop token), which the text leaves out
+
+
+@dataclass(slots=True, frozen=True)
+class StopRules:
+    """What ends a request besides its length (from its SamplingParams; all off by default)."""
+
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    include_stop: bool = False  # keep the stop string in the text
 
 
 def check_stop(
@@ -26,14 +38,28 @@ def check_stop(
     eos_token_ids: frozenset[int],
     text: str | None = None,
     stop: tuple[str, ...] = (),
+    rules: StopRules | None = None,
 ) -> StopCheck:
-    """Whether the request that just produced `token` (its `generated`-th) is done."""
-    if token in eos_token_ids:
-        return StopCheck(FinishReason.STOP)
-    if stop and text is not None:
-        cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
-        if cut >= 0:
-            return StopCheck(FinishReason.STOP, cut)
+    """Whether the request that just produced `token` (its `generated`-th) is done.
+
+    Nothing but the length ends a request before `min_tokens`; `ignore_eos`
+    turns EOS into an ordinary token; a stop token ends it as EOS does.
+    """
+    rules = rules or StopRules(stop=stop)
+    if generated >= rules.min_tokens:
+        if (token in eos_token_ids and not rules.ignore_eos) or token in rules.stop_token_ids:
+            return StopCheck(FinishReason.STOP, on_token=True)
+        if rules.stop and text is not None:
+            found = [(i, s) for s in rules.stop if (i := text.find(s)) >= 0]
+            if found:
+                cut, first = min(found)
+                return StopCheck(FinishReason.STOP, cut + len(first) if rules.include_stop else cut)
     if generated >= max_tokens or context >= context_limit:
         return StopCheck(FinishReason.LENGTH)
     return StopCheck(None)
+
+
+def stop_rules(params) -> StopRules:
+    """A request's stop rules (`params` a SamplingParams)."""
+    return StopRules(params.stop, frozenset(params.stop_token_ids), params.ignore_eos, params.min_tokens,
+                     params.include_stop_str_in_output)

@@ -214,7 +214,9 @@ def openai_request(draw) -> dict:
         optional={
             "model": GOOD_TEXT,
             "n": st.just(1),
-            "stream": st.booleans(),
+            "stream": st.just(False),  # a batch line is answered whole: only the neutral value
+            "presence_penalty": st.floats(-2, 2),
+            "logit_bias": st.dictionaries(st.integers(0, 5000).map(str), st.floats(-100, 100), max_size=3),
             "user": GOOD_TEXT,
         },
     )

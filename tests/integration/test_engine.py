@@ -34,22 +34,43 @@ def tiny(tmp_path_factory):
             os.environ["XDG_CACHE_HOME"] = old
 
 
-def workload(tiny, seed=0, temperature=0.0, n=N_REQUESTS, max_out=48):
+def workload(tiny, seed=0, temperature=0.0, n=N_REQUESTS, max_out=48, mixed=False):
     rng = random.Random(seed)
     vocab = len(tiny.tokenizer)
-    return [
-        EngineRequest(
-            id=f"r{i}",
-            prompt=[rng.randrange(3, vocab) for _ in range(rng.randint(16, 128))],
-            params=SamplingParams(
-                max_tokens=rng.randint(8, max_out),
-                temperature=temperature,
-                top_p=0.9 if temperature else 1.0,
-                seed=1000 + i,
-            ),
+    requests = []
+    for i in range(n):
+        params = SamplingParams(
+            max_tokens=rng.randint(8, max_out),
+            temperature=temperature,
+            top_p=0.9 if temperature else 1.0,
+            seed=1000 + i,
+            **(mixed_sampling(rng, vocab) if mixed else {}),
         )
-        for i in range(n)
-    ]
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(16, 128))]
+        requests.append(EngineRequest(id=f"r{i}", prompt=prompt, params=params))
+    return requests
+
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
+          "maximum": 99}}, "required": ["ok", "n"], "additionalProperties": False}
+
+
+def mixed_sampling(rng, vocab) -> dict:
+    """Every sampling field, each at a random non-neutral value for about half the requests."""
+    from fsched.core.types import ResponseFormat
+
+    maybe = lambda value: value if rng.random() < 0.5 else None  # noqa: E731
+    fields = {
+        "presence_penalty": maybe(rng.uniform(-1, 2)), "frequency_penalty": maybe(rng.uniform(-1, 2)),
+        "repetition_penalty": maybe(rng.uniform(0.7, 1.5)), "min_p": maybe(rng.uniform(0, 0.2)),
+        "logit_bias": maybe(SamplingParams.logit_bias_of({rng.randrange(vocab): rng.uniform(-50, 50)
+                                                         for _ in range(4)})),
+        "min_tokens": maybe(rng.randint(1, 8)), "ignore_eos": maybe(True),
+        "stop_token_ids": maybe((rng.randrange(vocab),)), "logprobs": maybe(rng.randint(0, 5)),
+        "top_k": maybe(rng.randint(1, 50)),
+        "response_format": ResponseFormat.json_schema(SCHEMA) if rng.random() < 0.2 else None,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 @pytest.fixture(scope="session")
@@ -136,10 +157,35 @@ def test_forced_preemptions_change_no_output(tiny, reference, host_kv_tokens):
     assert {rid: t for rid, t in tokens(results).items() if not rid.startswith("rt-")} == reference
 
 
-def test_seeded_sampling_is_the_same_with_and_without_preemption(tiny):
-    sampled = workload(tiny, seed=5, temperature=0.8, n=24)
+def logprobs(results):
+    return {rid: r.logprobs for rid, r in results.items()}
+
+
+def same_logprobs(a, b) -> bool:
+    """Equal tokens and texts, and logprobs equal within float noise: a batch of another size
+    computes the same logits up to the last bits."""
+    if a.keys() != b.keys():
+        return False
+    for rid in a:
+        flat_a = [(t.chosen, *t.top) for t in a[rid]]
+        flat_b = [(t.chosen, *t.top) for t in b[rid]]
+        def named(flat):
+            return [[(x.token, x.text) for x in t] for t in flat]
+
+        if named(flat_a) != named(flat_b):
+            return False
+        if [x.logprob for t in flat_a for x in t] != pytest.approx([x.logprob for t in flat_b for x in t],
+                                                                     abs=1e-4):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["plain", "every-field"])
+def test_seeded_sampling_is_the_same_with_and_without_preemption(tiny, mixed):
+    n = 24
+    sampled = workload(tiny, seed=5, temperature=0.8, n=n, mixed=mixed)
     _, calm = run(tiny, sampled, max_batch=32)
-    rerun = workload(tiny, seed=5, temperature=0.8, n=24)
+    rerun = workload(tiny, seed=5, temperature=0.8, n=n, mixed=mixed)
     realtime, arrivals = with_realtime_interruptions(tiny, rerun, seed=3)
     config = SchedulerConfig(
         max_batch=4, kv_tokens=16_384, step_tokens=512, min_quantum_steps=2, host_kv_tokens=150
@@ -147,6 +193,10 @@ def test_seeded_sampling_is_the_same_with_and_without_preemption(tiny):
     engine, busy = run_interrupted(tiny, config, rerun, realtime, arrivals)
     assert engine.runner.parks >= 1 and engine.runner.recomputes >= 1
     assert {k: v for k, v in tokens(busy).items() if not k.startswith("rt-")} == tokens(calm)
+    assert same_logprobs({k: v for k, v in logprobs(busy).items() if not k.startswith("rt-")}, logprobs(calm))
+    if mixed:
+        asked = [r for r in sampled if r.params.logprobs is not None]
+        assert asked and all(len(calm[r.id].logprobs) == len(calm[r.id].tokens) for r in asked)
     # Sampling really sampled: outputs differ from greedy ones.
     _, greedy = run(tiny, workload(tiny, seed=5, n=24), max_batch=32)
     assert tokens(greedy) != tokens(calm)
@@ -192,6 +242,20 @@ def test_resume_from_generated_tokens_continues_the_same_output(tiny, reference)
     _, results = run(tiny, requests)
     for r in requests:
         assert results[r.id].tokens == reference[r.id]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_resume_with_every_field_continues_the_same_output_and_logprobs(tiny, temperature):
+    """Penalties, grammar state and logprobs are rebuilt from the flushed tokens (and their logprobs)."""
+    whole = {rid: r for rid, r in run(tiny, workload(tiny, seed=8, temperature=temperature, n=16,
+                                                      mixed=True))[1].items()}
+    resumed = workload(tiny, seed=8, temperature=temperature, n=16, mixed=True)
+    for r in resumed:
+        k = len(whole[r.id].tokens) // 2
+        r.generated, r.logprobs = whole[r.id].tokens[:k], whole[r.id].logprobs[:k]
+    _, results = run(tiny, resumed)
+    assert tokens(results) == tokens(whole) and same_logprobs(logprobs(results), logprobs(whole))
+    assert any(r.params.response_format for r in resumed) and any(r.params.penalized for r in resumed)
 
 
 def test_stop_strings_and_eos(tiny):

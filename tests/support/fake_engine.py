@@ -10,8 +10,15 @@ events ending with `data: [DONE]`), plus `/health`, `/v1/models` and
 - sampled: the seed is mixed with the draw's index within the stream, as an
   engine whose per-request generator restarts with every request does.
 
-A stream stops at EOS, at max_tokens, or when the client disconnects (the
-request is then aborted, as vLLM does). Faults: `restart(down_s)` drops every
+A stream stops at EOS (unless `ignore_eos`; not before `min_tokens`), at a
+stop token (`stop_token_ids`), at max_tokens, or when the client disconnects
+(the request is then aborted, as vLLM does). With `logprobs: k` each chunk
+carries vLLM's completions `logprobs` object, tokens written `token_id:N` (what
+`return_tokens_as_token_ids` asks): made-up values, a pure function of the
+context. Given a `tokenizer` (a model folder), it honours `response_format`
+as vLLM does, with llguidance: its token is the hashed one when the grammar
+allows it, else one of the allowed ones chosen by the same hash, and the
+stream ends when the grammar is complete. Faults: `restart(down_s)` drops every
 connection and stops listening for a while; `refuse` makes chosen requests
 fail with HTTP 400; a prompt plus max_tokens over `context` is refused with
 vLLM's kind of message.
@@ -62,8 +69,9 @@ class FakeEngine:
     def __init__(self, port: int = 0, model: str = "fake-engine", context: int = 8192,
                  vocab: int | None = None,
                  eos: int = STANDIN_EOS, step_s: float = 0.0, kv_tokens: int | None = None,
-                 refuse: Callable[[dict], str | None] | None = None):
+                 refuse: Callable[[dict], str | None] | None = None, tokenizer: str | None = None):
         self.model, self.context, self.vocab, self.eos = model, context, vocab, eos
+        self.tokenizer = tokenizer
         self.step_s, self.kv_tokens, self.refuse = step_s, kv_tokens, refuse
         self.port = port
         self.bodies: list[dict] = []  # every completion request received
@@ -141,17 +149,26 @@ class FakeEngine:
         handler.end_headers()
         seed, temperature = body.get("seed"), float(body.get("temperature", 1.0))
         context, n, finish = list(prompt), 0, "length"
+        grammar = self._grammar(body.get("response_format"))
+        stops = set(body.get("stop_token_ids") or ()) | ({self.eos} if not body.get("ignore_eos") else set())
         while n < max_tokens:
             if self.step_s and select.select([handler.connection], [], [], self.step_s)[0]:
                 raise ConnectionAbortedError("the client went away")  # EOF while it waited: abort
             s = seed if temperature == 0 else draw_seed(seed, n)
             token = fake_token(s, context, self.vocab, self.eos)
+            if n < int(body.get("min_tokens") or 0) and token in stops:
+                token = (token + 1) % (self.vocab or 50_000) or 1
+            if grammar is not None:
+                token = grammar.choose(token)
             context.append(token)
             n += 1
-            done = token == self.eos or n >= max_tokens
-            finish = "stop" if token == self.eos else "length"
+            ended = token in stops or (grammar is not None and grammar.done)
+            done = ended or n >= max_tokens
+            finish = "stop" if ended else "length"
             choice = {"index": 0, "text": f" w{token}", "token_ids": [token],
                       "finish_reason": finish if done else None}
+            if body.get("logprobs") is not None:
+                choice["logprobs"] = fake_logprobs(token, context, int(body["logprobs"]))
             handler.event({"id": "cmpl-fake", "object": "text_completion", "model": self.model,
                            "choices": [choice]})
             with self._lock:
@@ -161,10 +178,60 @@ class FakeEngine:
         handler.wfile.write(b"data: [DONE]\n\n")
         handler.wfile.flush()
 
+    def _grammar(self, response_format: dict | None):
+        if response_format is None:
+            return None
+        if self.tokenizer is None:
+            raise ValueError("this stand-in engine was given no tokenizer: it cannot honour response_format")
+        return _Grammar(self.tokenizer, self.vocab, response_format)
+
     def metrics(self) -> str:
         if self.kv_tokens is None:
             return "# no cache metrics\n"
         return f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="{self.kv_tokens // 16}"}} 1.0\n'
+
+
+def fake_logprobs(token: int, context: list[int], k: int) -> dict:
+    """vLLM's completions `logprobs` object for one token (ids as `token_id:N`), made up from the context."""
+    digest = _hash(f"lp|{len(context)}|{token}")
+    chosen = -(digest % 1000) / 1000
+    top = {f"token_id:{token}": chosen}
+    for i in range(1, k + 1):  # vLLM sends the k likeliest and the chosen one
+        top[f"token_id:{1 + (digest + i * 7919) % 1999}"] = chosen - i
+    return {"tokens": [f"token_id:{token}"], "token_logprobs": [chosen], "top_logprobs": [top],
+            "text_offset": [0]}
+
+
+class _Grammar:
+    """One stream's grammar: the stand-in engine's tokens, bent to what the grammar allows."""
+
+    def __init__(self, tokenizer: str, vocab: int | None, response_format: dict):
+        import llguidance
+        import llguidance.hf
+        from transformers import AutoTokenizer
+
+        from fsched.core.jobs.grammar import grammar_of
+        from fsched.core.types import ResponseFormat, ResponseFormatType
+
+        hf = AutoTokenizer.from_pretrained(tokenizer)
+        self.vocab = vocab or len(hf)
+        kind = ResponseFormatType(response_format["type"])
+        fmt = (ResponseFormat.json_schema(response_format["json_schema"]["schema"])
+               if kind is ResponseFormatType.JSON_SCHEMA else ResponseFormat(kind))
+        lltok = llguidance.hf.from_tokenizer(hf, n_vocab=self.vocab)
+        self.matcher = llguidance.LLMatcher(lltok, grammar_of(fmt), log_level=0)
+
+    @property
+    def done(self) -> bool:
+        return self.matcher.is_stopped()
+
+    def choose(self, token: int) -> int:
+        mask = self.matcher.compute_bitmask()
+        allowed = [t for t in range(self.vocab) if mask[t // 8] >> (t % 8) & 1]
+        if token not in allowed:
+            token = allowed[token % len(allowed)]
+        self.matcher.consume_token(token)
+        return token
 
 
 class _Server(ThreadingHTTPServer):

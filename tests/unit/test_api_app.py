@@ -100,7 +100,7 @@ def test_unknown_paths_and_bad_bodies_answer_in_openai_shape():
     client, _ = app()
     assert error_of(client.get("/v1/nothing", headers=AUTH), 404)
     assert error_of(client.post("/v1/completions", headers=AUTH, content=b"\xff"), 400)
-    three = client.post("/v1/chat/completions", headers=AUTH, json={**CHAT, "n": 3})
+    three = client.post("/v1/chat/completions", headers=AUTH, json={**CHAT, "n": 300})
     assert error_of(three, 400)["param"] == "n"
     forbidden = client.post("/v1/chat/completions", headers=AUTH, json={**CHAT, "service_tier": "priority"})
     assert error_of(forbidden, 403)["param"] == "service_tier"

@@ -27,7 +27,9 @@ CORE_LAYERS = {
     "jobs": ("fsched.core.types",),
     # The heartbeat carries the scheduler's explanation of each request (its standing), nothing more.
     "ports": ("fsched.core.types", "fsched.core.jobs", "fsched.core.sched.explain"),
-    "runners": ("fsched.core.types", "fsched.core.sched"),
+    # Structured output: the grammar a request's response_format compiles to is checked at submit
+    # (core.jobs) and enforced by the runners, one definition for both.
+    "runners": ("fsched.core.types", "fsched.core.sched", "fsched.core.jobs.grammar"),
     "daemon": ("fsched.core.types", "fsched.core.faults", "fsched.core.sched", "fsched.core.ports",
                "fsched.core.runners"),
 }

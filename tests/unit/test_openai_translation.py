@@ -6,17 +6,15 @@ import json
 
 import pytest
 
+from fsched.core.jobs.answers import AnswerChoice, Delta, chunk, response_body, usage_chunk
 from fsched.core.jobs.batches import BatchRecord, batch_object, validate_metadata
 from fsched.core.jobs.jobstate import JobCounts, JobSummary
 from fsched.core.jobs.openai import (
     BodyError,
     ClassRefused,
     OnlineProgress,
-    chunk,
     failure_status,
     parse_online,
-    response_body,
-    usage_chunk,
     visible_text,
 )
 from fsched.core.types import Endpoint, JobState, RequestClass, RequestState
@@ -55,14 +53,17 @@ def test_service_tier_asks_for_a_class_never_above_the_keys():
 
 
 @pytest.mark.parametrize(("text", "param"), [
-    (body(priority=12), "priority"),
+    (body(priority="high"), "priority"),
     (body(service_tier="gold"), "service_tier"),
     (body(stream_options={"include_usage": True}), "stream_options"),
     (body(stream=True, stream_options={"include_usage": 1}), "stream_options.include_usage"),
-    (body(n=2), "n"),
+    (body(n=0), "n"),
     (body(temperature=3), "temperature"),
-    (body(logit_bias={}), "logit_bias"),
-    (json.dumps({"model": "m", "prompt": "p"}), "messages"),
+    (body(logit_bias={"x": 1}), "logit_bias"),
+    (body(tools=[{"type": "function"}]), "tools"),
+    (body(temprature=1), "temprature"),
+    (json.dumps({"model": "m", "prompt": "p"}), "prompt"),
+    (json.dumps({"model": "m"}), "messages"),
     ('{"messages": [], "messages": []}', "messages"),
     ('{"temperature": NaN}', None),
     ("[1]", None),
@@ -82,26 +83,27 @@ def test_streaming_with_usage_and_a_completions_body():
 
 
 def test_response_objects_follow_openai():
-    chat = response_body(CHAT, 4, 10, "m", "hello", "length", 3, 5)
+    chat = response_body(CHAT, "chatcmpl-4", 10, "m", [AnswerChoice(0, "hello", "length", 5, 3)])
     assert chat["object"] == "chat.completion" and chat["id"] == "chatcmpl-4"
     assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
     assert chat["choices"][0]["finish_reason"] == "length"
     assert chat["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
-    text = response_body(COMPLETIONS, 4, 10, "m", "hello", None, None, 1)
+    text = response_body(COMPLETIONS, "cmpl-4", 10, "m", [AnswerChoice(0, "hello", None, 1, None)])
     assert text["object"] == "text_completion" and text["choices"][0]["text"] == "hello"
     assert text["choices"][0]["finish_reason"] == "stop" and text["usage"]["prompt_tokens"] == 0
 
 
 def test_chunks_carry_deltas_then_the_finish_then_the_usage():
-    first = chunk(CHAT, 1, 0, "m", "", first=True, include_usage=True)
+    first = chunk(CHAT, "c1", 0, "m", Delta(0, first=True), include_usage=True)
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""} and first["usage"] is None
-    middle = chunk(CHAT, 1, 0, "m", "ab")
+    middle = chunk(CHAT, "c1", 0, "m", Delta(0, "ab"))
     assert middle["choices"][0]["delta"] == {"content": "ab"} and "usage" not in middle
-    last = chunk(CHAT, 1, 0, "m", "", "stop")
+    last = chunk(CHAT, "c1", 0, "m", Delta(0, finish_reason="stop"))
     assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "stop"
-    usage = usage_chunk(CHAT, 1, 0, "m", 2, 3)
+    usage = usage_chunk(CHAT, "c1", 0, "m", {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5})
     assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 5
-    assert chunk(COMPLETIONS, 1, 0, "m", "ab")["choices"][0]["text"] == "ab"
+    assert chunk(COMPLETIONS, "c1", 0, "m", Delta(1, "ab"))["choices"][0] == {
+        "index": 1, "text": "ab", "logprobs": None, "finish_reason": None}
 
 
 def progress(state: RequestState, text: str) -> OnlineProgress:
@@ -151,3 +153,90 @@ def test_metadata_is_bounded_string_pairs():
     for bad in ([1], {"a": 1}, {str(i): "x" for i in range(17)}, {"a": "x" * 513}):
         with pytest.raises(ValueError):
             validate_metadata(bad)
+
+
+def choice_progress(choice: int, state: RequestState, tokens: list[int], logprobs: bool = False):
+    from fsched.core.types import Logprob, TokenLogprobs
+
+    lps = tuple(TokenLogprobs(Logprob(t, -1.0, f" w{t}"), (Logprob(t, -1.0, f" w{t}"),)) for t in tokens)
+    return OnlineProgress(1, str(choice), state, "".join(f" w{t}" for t in tokens), len(tokens), 4,
+                          "length" if state.finished else None, None, None, 0.0, None, None,
+                          logprobs=lps if logprobs else (), choice=choice, tokens=tuple(tokens))
+
+
+def relay_of(text: str, endpoint=COMPLETIONS):
+    from fsched.core.jobs.streams import StreamRelay
+
+    online = parse_online(text, endpoint, RequestClass.REALTIME)
+    return StreamRelay(endpoint, "cmpl-1", 0, "m", online)
+
+
+def test_a_stream_interleaves_choices_and_echoes_each_prompt_once():
+    relay = relay_of(json.dumps({"prompt": ["A", "B"], "stream": True, "echo": True,
+                                 "stream_options": {"include_usage": True, "continuous_usage_stats": True}}))
+    running, done = RequestState.RUNNING, RequestState.DONE
+    first = list(relay.update([choice_progress(0, running, [5]), choice_progress(1, running, [])]))
+    assert [(c["choices"][0]["index"], c["choices"][0]["text"]) for c in first] == [(0, "A w5")]
+    assert first[0]["usage"]["completion_tokens"] == 1
+    last = list(relay.update([choice_progress(0, done, [5, 6]), choice_progress(1, done, [7])]))
+    texts = [(c["choices"][0]["index"], c["choices"][0]["text"], c["choices"][0]["finish_reason"])
+             for c in last]
+    assert texts == [(0, " w6", None), (0, "", "length"), (1, "B w7", None), (1, "", "length")]
+    (usage,) = relay.closing([choice_progress(0, done, [5, 6]), choice_progress(1, done, [7])])
+    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 8, "completion_tokens": 3,
+                                                         "total_tokens": 11}
+
+
+def test_streamed_logprobs_carry_each_chunks_tokens_and_their_offsets():
+    relay = relay_of(json.dumps({"prompt": "A", "stream": True, "logprobs": 1}))
+    running = RequestState.RUNNING
+    (first,) = relay.update([choice_progress(0, running, [5], True)])
+    (second,) = relay.update([choice_progress(0, running, [5, 61], True)])
+    assert first["choices"][0]["logprobs"]["tokens"] == [" w5"]
+    assert second["choices"][0]["logprobs"] == {"tokens": [" w61"], "token_logprobs": [-1.0],
+                                                "top_logprobs": [{" w61": -1.0}], "text_offset": [3]}
+
+
+def test_chat_streams_open_every_choice_and_obfuscate_when_asked():
+    relay = relay_of(json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 2, "stream": True,
+                                 "stream_options": {"include_obfuscation": True}}), CHAT)
+    opening = list(relay.opening())
+    assert [c["choices"][0]["delta"] for c in opening] == [{"role": "assistant", "content": ""}] * 2
+    assert all(1 <= len(c["obfuscation"]) <= 16 for c in opening)
+
+
+def test_two_choices_sum_their_usage_and_count_the_prompt_once():
+    from fsched.core.types import AnswerOptions
+
+    choices = [AnswerChoice(1, "b", "stop", 2, 5), AnswerChoice(0, "a", "stop", 3, 5)]
+    body = response_body(CHAT, "c", 0, "m", choices, AnswerOptions(n=2))
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}
+
+
+SCHEMA = {"type": "object"}
+
+
+def test_a_responses_body_is_a_chat_body_and_its_stream_the_responses_events():
+    from fsched.core.jobs.responses import ResponsesRelay, to_chat_body
+
+    asked = to_chat_body({"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+                          "instructions": "Be brief.", "max_output_tokens": 9, "top_logprobs": 2,
+                          "text": {"format": {"type": "json_schema", "name": "p", "schema": SCHEMA}}})
+    assert asked.chat_body == {
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+        "max_tokens": 9, "logprobs": True, "top_logprobs": 2,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}}
+    relay = ResponsesRelay("resp_1", 0.0, "m", asked.echo, logprobs=True)
+    events = list(relay.opening())
+    done = choice_progress(0, RequestState.DONE, [3, 4], logprobs=True)
+    from fsched.core.jobs.openai import choice_of
+
+    events += list(relay.closing([done], choice_of(done)))
+    kinds = [e["type"] for e in events]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", "response.output_text.delta", "response.output_text.done",
+                     "response.content_part.done", "response.output_item.done", "response.incomplete"]
+    assert [e["sequence_number"] for e in events] == list(range(9))
+    assert events[4]["delta"] == " w3 w4" and len(events[4]["logprobs"]) == 2
+    assert events[-1]["response"]["usage"]["output_tokens"] == 2

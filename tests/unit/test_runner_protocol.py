@@ -64,7 +64,7 @@ def accepts(implementation, declared) -> list[str]:
 
 def test_the_protocol_has_the_members_the_engine_calls():
     assert set(protocol_members()) == {
-        "context_length", "kv_tokens", "encode", "add", "run", "generated", "text", "release"
+        "context_length", "kv_tokens", "encode", "add", "run", "generated", "text", "logprobs", "release"
     }
 
 
@@ -81,13 +81,14 @@ def test_each_runner_declares_and_implements_every_member(runner_type):
 
 
 def test_signature_check_catches_a_mismatch():
-    def add(self, request_id, prompt, params, generated, extra): ...
+    def add(self, request_id, prompt, params, generated, logprobs=(), extra=None, more=1, last=None): ...
+
+    def add2(self, request_id, prompt, params, generated=(), logprobs=(), extra=None, required=0, *, k): ...
 
     def release(self, rid): ...
 
-    assert accepts(add, Runner.add) == [
-        "'generated' has no default, the protocol's has one", "extra parameter 'extra' without a default"
-    ]
+    assert accepts(add, Runner.add) == ["'generated' has no default, the protocol's has one"]
+    assert accepts(add2, Runner.add) == ["extra parameter 'k' without a default"]
     assert accepts(release, Runner.release)
 
 

@@ -36,8 +36,11 @@ def test_position_seed_mixes_seed_and_position():
 
 def test_sampling_depends_only_on_seed_and_position():
     torch = pytest.importorskip("torch")
-    from fsched.core.runners.hf.sampling import choose_tokens, sample
+    from fsched.core.runners.hf.sampling import Row, choose_tokens
     from fsched.core.types import SamplingParams
+
+    def sample(logits, params, position):
+        return choose_tokens(logits.unsqueeze(0), [Row(params, position)]).tokens[0]
 
     logits = torch.randn(50, generator=torch.Generator().manual_seed(0))
     p = SamplingParams(max_tokens=5, temperature=1.0, seed=42)
@@ -56,4 +59,5 @@ def test_sampling_depends_only_on_seed_and_position():
     assert nucleus <= top
     rows = torch.stack([logits, logits])
     greedy = SamplingParams(5, temperature=0)
-    assert choose_tokens(rows, [greedy, p], [0, 7]) == [int(logits.argmax()), sample(logits, p, 7)]
+    both = choose_tokens(rows, [Row(greedy, 0), Row(p, 7)]).tokens
+    assert both == [int(logits.argmax()), sample(logits, p, 7)]

@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+from llguidance import LLMatcher
 from transformers import DynamicCache
 
+from fsched.core.jobs.grammar import GrammarError
+from fsched.core.runners.hf.grammar import Grammars
 from fsched.core.runners.hf.kvbatch import BatchKV, ParkedKV, RowGroup, cache_from_layers, layers_of
 from fsched.core.runners.hf.model import LoadedModel, encode_prompt
-from fsched.core.runners.hf.sampling import choose_tokens
-from fsched.core.runners.protocol import Runner, RunResult
-from fsched.core.runners.stopping import StopCheck, check_stop
+from fsched.core.runners.hf.sampling import Row, choose_tokens
+from fsched.core.runners.protocol import RequestRefused, Runner, RunResult
+from fsched.core.runners.stopping import FinishReason, StopCheck, StopRules, check_stop, stop_rules
 from fsched.core.sched.plan import Outcome, Plan, PrefillChunk
 from fsched.core.sched.request import Checkpoint
-from fsched.core.types import RequestId, SamplingParams
+from fsched.core.types import Logprob, RequestId, SamplingParams, TokenLogprobs
 
 
 class RunnerError(Exception):
@@ -37,10 +40,22 @@ class _ModelRequest:
     prompt_len: int
     params: SamplingParams
     finish: StopCheck | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per generated token, when asked for
+    rules: StopRules = field(default_factory=StopRules)
+    grammar: LLMatcher | None = None  # structured output: the grammar's state after `generated`
+    prompt_ids: torch.Tensor | None = None  # distinct prompt ids, for the repetition penalty
 
     @property
     def generated(self) -> list[int]:
         return self.tokens[self.prompt_len :]
+
+    def row(self, device: torch.device, end_ids: tuple[int, ...]) -> Row:
+        """What the sampler needs of this request for its next token."""
+        p = self.params
+        if p.repetition_penalty != 1.0 and self.prompt_ids is None:
+            self.prompt_ids = torch.tensor(sorted(set(self.tokens[: self.prompt_len])), device=device)
+        return Row(p, len(self.tokens) - self.prompt_len, self.generated if p.penalized else (),
+                   self.prompt_ids, end_ids if p.min_tokens else ())
 
 
 @dataclass(slots=True)
@@ -68,6 +83,9 @@ class ModelRunner(Runner):
         self._requests: dict[RequestId, _ModelRequest] = {}
         self._prefilling: dict[RequestId, _Prefilling] = {}
         self._parked: dict[RequestId, _Parked] = {}
+        self.vocab_size = int(getattr(self.model.config, "vocab_size", 0) or len(loaded.tokenizer))
+        self.grammars = Grammars(loaded.tokenizer, self.vocab_size, sorted(loaded.eos_token_ids))
+        self._pieces: dict[int, str] = {}  # a token's own text, for logprobs
         self.parks = 0  # checkpoints kept in host memory
         self.recomputes = 0  # checkpoints dropped, to be recomputed
 
@@ -80,14 +98,27 @@ class ModelRunner(Runner):
         return encode_prompt(self.loaded, prompt, messages)
 
     def add(
-        self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = ()
+        self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = (),
+        logprobs: Sequence[TokenLogprobs] = (),
     ) -> None:
-        """Register a request; `generated` are tokens it produced before (a resume)."""
+        """Register a request; `generated` are tokens it produced before (a resume), `logprobs` theirs."""
         if request_id in self._requests:
             raise RunnerError(f"request {request_id!r} is already in the runner")
         if not prompt:
             raise RunnerError(f"request {request_id!r} has an empty prompt")
-        self._requests[request_id] = _ModelRequest(request_id, [*prompt, *generated], len(prompt), params)
+        outside = [t for t, _ in params.logit_bias if t >= self.vocab_size]
+        if outside:
+            raise RequestRefused(f"logit_bias names token {outside[0]}, outside the vocabulary "
+                                 f"(0..{self.vocab_size - 1})")
+        grammar = None
+        if params.response_format is not None:
+            try:
+                grammar = self.grammars.matcher(params.response_format, generated)
+            except GrammarError as exc:
+                raise RequestRefused(str(exc)) from None
+        self._requests[request_id] = _ModelRequest(request_id, [*prompt, *generated], len(prompt), params,
+                                                   logprobs=list(logprobs), rules=stop_rules(params),
+                                                   grammar=grammar)
 
     @torch.inference_mode()
     def release(self, request_id: RequestId) -> None:
@@ -100,15 +131,23 @@ class ModelRunner(Runner):
     def generated(self, request_id: RequestId) -> list[int]:
         return list(self._requests[request_id].generated)
 
+    def logprobs(self, request_id: RequestId) -> list[TokenLogprobs]:
+        return list(self._requests[request_id].logprobs)
+
     def text(self, request_id: RequestId) -> str:
         """The output text, cut before a stop string that ended it."""
         r = self._requests[request_id]
-        tokens = r.generated
-        if tokens and tokens[-1] in self.loaded.eos_token_ids:
+        return self._text(r, r.generated)
+
+    def _text(self, r: _ModelRequest, tokens: list[int]) -> str:
+        finish = r.finish
+        if finish is not None and finish.on_token and not r.params.include_stop_str_in_output:
             tokens = tokens[:-1]
-        text = self.loaded.tokenizer.decode(tokens, skip_special_tokens=True)
-        if r.finish is not None and r.finish.text_end is not None:
-            text = text[: r.finish.text_end]
+        elif tokens and tokens[-1] in self.loaded.eos_token_ids and not r.params.ignore_eos:
+            tokens = tokens[:-1]
+        text = self.loaded.tokenizer.decode(tokens, skip_special_tokens=r.params.skip_special_tokens)
+        if finish is not None and finish.text_end is not None:
+            text = text[: finish.text_end]
         return text
 
     @property
@@ -278,26 +317,45 @@ class ModelRunner(Runner):
         return RowGroup([r.id], layers_of(cache), [end])
 
     def _emit(self, rows: list[_ModelRequest], logits: torch.Tensor, result: RunResult) -> None:
-        tokens = choose_tokens(logits, [r.params for r in rows], [len(r.generated) for r in rows])
-        for r, token in zip(rows, tokens, strict=True):
+        end_ids = tuple(sorted(self.loaded.eos_token_ids))
+        samples = [r.row(logits.device, end_ids + r.params.stop_token_ids) for r in rows]
+        allowed = None
+        if any(r.grammar is not None for r in rows):
+            allowed = self.grammars.allowed([r.grammar for r in rows], logits.device)
+            if allowed.shape[-1] < logits.shape[-1]:  # logits wider than the tokenizer: never those
+                allowed = torch.nn.functional.pad(allowed, (0, logits.shape[-1] - allowed.shape[-1]))
+        choice = choose_tokens(logits, samples, allowed)
+        for r, token, logprobs in zip(rows, choice.tokens, choice.logprobs, strict=True):
             r.tokens.append(token)
             result.tokens[r.id] = token
-            text = None
-            if r.params.stop:
-                text = self.loaded.tokenizer.decode(r.generated, skip_special_tokens=True)
-            check = check_stop(
-                token,
-                len(r.generated),
-                r.params.max_tokens,
-                len(r.tokens),
-                self.loaded.context_length,
-                self.loaded.eos_token_ids,
-                text,
-                r.params.stop,
-            )
+            if logprobs is not None:
+                r.logprobs.append(self._record(token, *logprobs))
+            check = self._stop(r, token)
             if check.finished is not None:
                 r.finish = check
                 result.finished[r.id] = check
+
+    def _stop(self, r: _ModelRequest, token: int) -> StopCheck:
+        """Whether `r` is done after `token`; a grammar that is complete ends it as EOS does."""
+        if r.grammar is not None:
+            r.grammar.consume_token(token)
+            if r.grammar.is_stopped():  # before min_tokens too: nothing else may follow
+                return StopCheck(FinishReason.STOP, on_token=token in self.loaded.eos_token_ids)
+        text = self.loaded.tokenizer.decode(r.generated, skip_special_tokens=True) if r.params.stop else None
+        return check_stop(token, len(r.generated), r.params.max_tokens, len(r.tokens),
+                          self.loaded.context_length, self.loaded.eos_token_ids, text, rules=r.rules)
+
+    def _record(self, token: int, logprob: float, top_ids: list[int], top_logprobs: list[float]
+                ) -> TokenLogprobs:
+        return TokenLogprobs(Logprob(token, logprob, self._piece(token)),
+                             tuple(Logprob(t, lp, self._piece(t)) for t, lp in zip(top_ids, top_logprobs,
+                                                                                  strict=True)))
+
+    def _piece(self, token: int) -> str:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self.loaded.tokenizer.decode([token], skip_special_tokens=False)
+        return piece
 
 
 __all__ = ["ModelRunner", "RunnerError"]

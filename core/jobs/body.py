@@ -1,0 +1,213 @@
+"""An OpenAI request body as fsched's requests: one per choice, checked by the field table.
+
+The same parser reads a batch line's `body`, a simple line and an online
+request (`jobfile.py` and `openai.py` call it), so every door takes the same
+fields with the same checks. A field is looked up in `fields.FIELDS`: an
+unknown one is refused naming it (with the likeliest intended name), one
+fsched cannot honour is refused with the reason, a neutral value always
+passes. The values that pass become `SamplingParams` (what the engine draws)
+and `AnswerOptions` (how the API shows the answer), and the body becomes one
+`RequestSpec` per choice: `n` per prompt, choice `i` answering prompt `i // n`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+from fsched.core.jobs.fields import BodyField, Support, field_for, names_for, other_endpoint
+from fsched.core.jobs.grammar import GrammarError, check_response_format
+from fsched.core.jobs.limits import InputLimits
+from fsched.core.jobs.values import INT64, BadValue
+from fsched.core.types import (
+    AnswerOptions,
+    ChatMessage,
+    Endpoint,
+    RequestSpec,
+    ResponseFormat,
+    ResponseFormatType,
+    SamplingParams,
+)
+
+MAX_CHOICES = 128  # rows one body may become: prompts x n (OpenAI's bound on n)
+
+
+class BodyProblem(ValueError):
+    """A body fsched cannot take; `field` is the path inside the body ("messages[0].role")."""
+
+    def __init__(self, field: str | None, message: str):
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+@dataclass(slots=True, frozen=True)
+class ParsedBody:
+    specs: tuple[RequestSpec, ...]  # one per choice, in choice order
+    online: dict[str, Any]  # the HTTP request's own fields, checked: stream, stream_options, ...
+
+
+def parse_body(
+    endpoint: Endpoint, body: dict, limits: InputLimits, default_max_tokens: int,
+    custom_id: str = "request", online: bool = False,
+) -> ParsedBody:
+    """The body's requests, or BodyProblem naming the field. `online`: an HTTP request (it may stream,
+    choose its class and priority); otherwise a batch or simple line."""
+    values = checked_values(endpoint, body, limits, online)
+    params = _sampling(endpoint, values, limits, default_max_tokens)
+    answer = _answer(endpoint, values)
+    specs = _choices(endpoint, values, params, answer, custom_id)
+    return ParsedBody(specs, {f: values[f] for f in ONLINE_FIELDS if f in values})
+
+
+ONLINE_FIELDS = ("stream", "stream_options", "service_tier", "priority")
+
+
+def checked_values(endpoint: Endpoint, body: dict, limits: InputLimits, online: bool) -> dict[str, Any]:
+    """Every non-null field of the body, checked; neutral values of fields fsched cannot honour
+    are dropped (they change nothing)."""
+    values: dict[str, Any] = {}
+    for key, value in body.items():
+        spec = field_for(key, endpoint)
+        if spec is None:
+            raise BodyProblem(key, _unknown(key, endpoint))
+        if value is None:
+            continue
+        if spec.online and not online:
+            if spec.is_neutral(value):
+                continue
+            raise BodyProblem(key, f"an HTTP request's own field: a batch line takes {_neutrals(spec)} "
+                                   "only (its class and priority are the job's)")
+        if spec.support in (Support.NEUTRAL, Support.REFUSED):
+            if spec.is_neutral(value) or _neutral_here(key, value, body):
+                continue
+            raise BodyProblem(key, f"{spec.note}; accepted: {_neutrals(spec)}")
+        try:
+            values[key] = spec.kind.check(value, limits)
+        except BadValue as exc:
+            raise BodyProblem(key + exc.where, exc.message) from None
+    return values
+
+
+def _neutral_here(key: str, value: Any, body: dict) -> bool:
+    """A value neutral in this body only: best_of equal to n asks for nothing more than n."""
+    return key == "best_of" and value == (body.get("n") or 1) and not isinstance(value, bool)
+
+
+def _neutrals(spec: BodyField) -> str:
+    return ", ".join(["null", *(json.dumps(v) for v in spec.neutral)])
+
+
+def _unknown(key: str, endpoint: Endpoint) -> str:
+    if not key:
+        return 'unknown field: the empty name ""'
+    other = other_endpoint(key, endpoint)
+    if other is not None:
+        return f"not a field of {endpoint.value} ({other.value} takes it)"
+    close = difflib.get_close_matches(key, names_for(endpoint), n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown field{hint} (docs/http.md lists every field fsched takes)"
+
+
+def _sampling(endpoint: Endpoint, values: dict, limits: InputLimits, default_max_tokens: int
+              ) -> SamplingParams:
+    max_tokens = values.get("max_tokens")
+    newer = values.get("max_completion_tokens")
+    if newer is not None:
+        if max_tokens is not None and max_tokens != newer:
+            raise BodyProblem("max_completion_tokens", "differs from max_tokens; give one of them")
+        max_tokens = newer
+    asked = max_tokens is not None
+    max_tokens = max_tokens if asked else default_max_tokens
+    if values.get("min_tokens", 0) > max_tokens:
+        raise BodyProblem("min_tokens", f"must not exceed max_tokens ({max_tokens:,})")
+    return SamplingParams(
+        max_tokens=max_tokens,
+        max_tokens_is_default=not asked,
+        temperature=values.get("temperature", 1.0),
+        top_p=values.get("top_p", 1.0),
+        top_k=max(0, values.get("top_k", 0)),
+        seed=values.get("seed"),
+        stop=values.get("stop", ()),
+        presence_penalty=values.get("presence_penalty", 0.0),
+        frequency_penalty=values.get("frequency_penalty", 0.0),
+        repetition_penalty=values.get("repetition_penalty", 1.0),
+        logit_bias=values.get("logit_bias", ()),
+        min_p=values.get("min_p", 0.0),
+        min_tokens=values.get("min_tokens", 0),
+        ignore_eos=values.get("ignore_eos", False),
+        stop_token_ids=values.get("stop_token_ids", ()),
+        include_stop_str_in_output=values.get("include_stop_str_in_output", False),
+        skip_special_tokens=values.get("skip_special_tokens", True),
+        logprobs=_logprobs(endpoint, values),
+        response_format=_response_format(values.get("response_format")),
+    )
+
+
+def _logprobs(endpoint: Endpoint, values: dict) -> int | None:
+    """The alternatives the engine reports with each token, or None for no logprobs."""
+    if endpoint is Endpoint.COMPLETIONS:
+        k = values.get("logprobs")
+        if k is not None and values.get("echo"):
+            raise BodyProblem("echo", "echo with logprobs is not taken: fsched computes no log "
+                                      "probabilities of the prompt; ask for one of the two")
+        return k
+    top = values.get("top_logprobs", 0)
+    if not values.get("logprobs"):
+        if top:
+            raise BodyProblem("top_logprobs", "needs logprobs: true")
+        return None
+    return top
+
+
+def _response_format(value: dict | None) -> ResponseFormat | None:
+    """The format, its grammar compiled once here so that a schema the engine cannot use is refused
+    before anything is stored."""
+    if value is None or value["type"] == "text":
+        return None
+    if value["type"] == "json_object":
+        return ResponseFormat(ResponseFormatType.JSON_OBJECT)
+    spec = value["json_schema"]
+    try:
+        chosen = ResponseFormat.json_schema(spec["schema"], spec["name"], spec["strict"])
+        check_response_format(chosen)
+    except (GrammarError, ValueError) as exc:
+        raise BodyProblem("response_format.json_schema.schema", str(exc)) from None
+    return chosen
+
+
+def _answer(endpoint: Endpoint, values: dict) -> AnswerOptions:
+    logprobs = values.get("logprobs") is not None if endpoint is Endpoint.COMPLETIONS \
+        else bool(values.get("logprobs"))
+    return AnswerOptions(
+        n=values.get("n", 1),
+        prompts=len(values.get("prompt", ("",))),
+        echo=bool(values.get("echo")),
+        logprobs=logprobs,
+        token_ids=bool(values.get("return_token_ids")),
+        tokens_as_ids=bool(values.get("return_tokens_as_token_ids")),
+    )
+
+
+def _choices(endpoint: Endpoint, values: dict, params: SamplingParams, answer: AnswerOptions,
+             custom_id: str) -> tuple[RequestSpec, ...]:
+    wanted = "prompt" if endpoint is Endpoint.COMPLETIONS else "messages"
+    if wanted not in values:
+        raise BodyProblem(wanted, f"missing ({endpoint.value} takes '{wanted}')")
+    inputs: tuple[str, ...] | tuple[tuple[ChatMessage, ...]] = (
+        values["prompt"] if endpoint is Endpoint.COMPLETIONS else (values["messages"],))
+    if len(inputs) * answer.n > MAX_CHOICES:
+        raise BodyProblem("n", f"at most {MAX_CHOICES} choices in one request (prompts x n), "
+                               f"asked for {len(inputs) * answer.n:,}")
+    specs = []
+    for p, given in enumerate(inputs):
+        for j in range(answer.n):
+            seed = None if params.seed is None else (params.seed + j) % INT64
+            chosen = params if seed == params.seed else replace(params, seed=seed)
+            prompt, messages = (given, ()) if endpoint is Endpoint.COMPLETIONS else (None, given)
+            specs.append(RequestSpec(custom_id=custom_id, endpoint=endpoint, params=chosen, prompt=prompt,
+                                     messages=messages, model=values.get("model"),
+                                     choice=p * answer.n + j, answer=answer))
+    return tuple(specs)

@@ -1,0 +1,100 @@
+"""What a stream sends as a request's choices grow: pure, one relay a streamed request.
+
+The handler feeds each new read of the choices (`update`) and gets the chunks
+to send: per choice, the text that became visible since the last chunk with
+its tokens' logprobs and ids, and its finish chunk once it ends. Choices
+interleave as their tokens come; each chunk names its choice by index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from fsched.core.jobs.answers import Delta, chunk, usage, usage_chunk
+from fsched.core.jobs.openai import OnlineProgress, OnlineRequest, choice_of, visible_text
+from fsched.core.types import Endpoint
+
+
+@dataclass(slots=True)
+class _Sent:
+    """How much of one choice the client has: characters, tokens, and whether it has ended."""
+
+    chars: int = 0
+    tokens: int = 0
+    offset: int = 0  # completions: the text offset of the next token
+    started: bool = False
+    ended: bool = False
+
+
+class StreamRelay:
+    def __init__(self, endpoint: Endpoint, answer_id: str, created: int, model: str, online: OnlineRequest,
+                 prompt_ids: list[list[int]] | None = None):
+        self.endpoint = endpoint
+        self.answer_id = answer_id
+        self.created = created
+        self.model = model
+        self.online = online
+        self.answer = online.spec.answer
+        self.sent = [_Sent() for _ in online.specs]
+        self.latest: Sequence[OnlineProgress] = ()
+        self.prompt_ids = prompt_ids  # vLLM's prompt_token_ids: sent with the first chunk
+
+    def opening(self) -> Iterator[dict]:
+        """Chat: each choice's first chunk, with the assistant's role (as OpenAI sends it at once)."""
+        if self.endpoint is Endpoint.CHAT:
+            for index, sent in enumerate(self.sent):
+                sent.started = True
+                yield self._chunk(Delta(index, first=True))
+
+    def update(self, choices: Sequence[OnlineProgress]) -> Iterator[dict]:
+        """The chunks a new read of the choices calls for (none when nothing visible changed)."""
+        self.latest = choices
+        for p in choices:
+            sent = self.sent[p.choice]
+            if sent.ended:
+                continue
+            delta = self._delta(p, sent)
+            if delta is not None:
+                yield self._chunk(delta)
+            if p.state.finished:
+                sent.ended = True
+                yield self._chunk(Delta(p.choice, finish_reason=p.finish_reason or "stop"))
+
+    def closing(self, final: Sequence[OnlineProgress]) -> Iterator[dict]:
+        """After every choice ended: the usage chunk, when asked for."""
+        if self.online.stream_options.include_usage:
+            figures = usage([choice_of(p) for p in final], self.answer)
+            yield usage_chunk(self.endpoint, self.answer_id, self.created, self.model, figures)
+
+    def _delta(self, p: OnlineProgress, sent: _Sent) -> Delta | None:
+        text = visible_text(p)
+        new_text = text[sent.chars:]
+        shows_tokens = self.answer.logprobs or self.answer.token_ids
+        count = len(p.tokens) if p.state.finished or len(text) > sent.chars else sent.tokens
+        if not new_text and not (shows_tokens and count > sent.tokens):
+            return None
+        prefix = ""
+        if not sent.started:
+            sent.started = True
+            prompt = self.online.specs[p.choice].prompt
+            prefix = prompt if self.answer.echo and prompt else ""
+            sent.offset = len(prefix)
+        delta = Delta(p.choice, text=prefix + new_text, logprobs=tuple(p.logprobs[sent.tokens:count]),
+                      tokens=tuple(p.tokens[sent.tokens:count]), text_offset=sent.offset)
+        sent.offset += sum(len(t.chosen.text) for t in delta.logprobs)
+        sent.chars, sent.tokens = len(text), count
+        return delta
+
+    def _chunk(self, delta: Delta) -> dict:
+        options = self.online.stream_options
+        so_far = None
+        if options.continuous_usage:
+            so_far = usage([choice_of(p) for p in self.latest], self.answer)
+        out = chunk(self.endpoint, self.answer_id, self.created, self.model, delta, self.answer,
+                    include_usage=options.include_usage, obfuscation=options.obfuscation,
+                    usage_so_far=so_far)
+        if self.prompt_ids is not None:
+            out["prompt_token_ids"] = self.prompt_ids[0] if self.answer.prompts == 1 else self.prompt_ids
+            self.prompt_ids = None
+        return out

@@ -1,0 +1,115 @@
+"""Several choices a line in the job table: one row a choice under the line's custom_id, read back
+line by line (a failed choice fails its line); a schema-4 table gains the columns with its rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import inspect, text
+
+from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.jobs.results import lines_of, output_line
+from fsched.core.ports.records import Completion, JobSubmission
+from fsched.core.types import RequestClass, RequestState
+from fsched.storage import schema
+from fsched.storage.jobstore import SqlJobStore
+from fsched.storage.sql_serving import SqlServingStore
+
+
+@pytest.fixture
+def store(db_url):
+    store = SqlJobStore(db_url)
+    yield store
+    store.db.dispose()
+
+
+def batch(*bodies: dict) -> JobSubmission:
+    lines = [json.dumps({"custom_id": f"l{i}", "method": "POST", "url": "/v1/completions", "body": b})
+             for i, b in enumerate(bodies)]
+    parsed = parse_job_file(("\n".join(lines) + "\n").encode(), "f.jsonl")
+    return JobSubmission(parsed, "alice", RequestClass.BATCH, 5, "job")
+
+
+def finish(store, claimed, state=RequestState.DONE, text_of=lambda c: f"t{c.id}"):
+    done = [Completion(c.id, state, (7, 8), text_of(c), "stop", 3, "m", lease_epoch=c.lease_epoch,
+                       error=None if state is RequestState.DONE else "broke")
+            for c in claimed]
+    assert all(store.finish_requests(done, "d"))
+
+
+def test_a_line_of_n_choices_is_n_rows_and_one_output_line(store):
+    (job,) = store.submit([batch({"prompt": "p", "n": 3, "seed": 5}, {"prompt": "q"})])
+    assert job.num_requests == 4
+    claimed = store.claim("d", per_group=10)
+    seeds = sorted(c.params["seed"] for c in claimed if c.custom_id == "l0")
+    assert seeds == [5, 6, 7]  # choice i draws with seed + i
+    finish(store, claimed)
+    lines = list(lines_of(store.iter_results(job.job_id)))
+    assert [[r.choice for r in line] for line in lines] == [[0, 1, 2], [0]]
+    first = output_line(lines[0])
+    body = first["response"]["body"]
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
+    assert list(store.iter_results(job.job_id, errors=True)) == []
+    progress = SqlServingStore(store.db).progress([job.job_id])[job.job_id]
+    assert [p.choice for p in progress] == [0, 0, 1, 2] and progress[1].tokens == (7, 8)
+
+
+def test_a_failed_choice_fails_its_line_and_an_unfinished_one_holds_it_back(store):
+    (job,) = store.submit([batch({"prompt": "p", "n": 2}, {"prompt": ["a", "b"]}, {"prompt": "r"})])
+    rows = {(c.custom_id, i): c for i, c in enumerate(store.claim("d", per_group=10))}
+    by_line = {}
+    for (custom_id, _), c in rows.items():
+        by_line.setdefault(custom_id, []).append(c)
+    finish(store, [by_line["l0"][0], by_line["l2"][0]])
+    finish(store, [by_line["l0"][1]], RequestState.FAILED)
+    finish(store, [by_line["l1"][0]])  # its second prompt's choice still runs
+    assert [r.custom_id for r in store.iter_results(job.job_id)] == ["l2"]
+    errors = list(lines_of(store.iter_results(job.job_id, errors=True)))
+    assert [[r.choice for r in line] for line in errors] == [[0, 1]]
+    assert output_line(errors[0])["error"] == {"code": "request_failed", "message": "broke"}
+    finish(store, [by_line["l1"][1]])
+    assert [r.custom_id for r in store.iter_results(job.job_id)] == ["l1", "l1", "l2"]
+
+
+def test_a_schema_4_table_gains_the_columns_and_keeps_its_rows(store):
+    (job,) = store.submit([batch({"prompt": "p"}, {"prompt": "q", "max_tokens": 3})])
+    with store.db.write() as conn:  # back to a version-4 table: no choice, no answer, the old key
+        _to_schema_4(conn)
+    assert schema.ensure_schema(store.db) == 4
+    with store.db.read() as conn:
+        columns = {c["name"] for c in inspect(conn).get_columns("requests")}
+        uniques = {u["name"] for u in inspect(conn).get_unique_constraints("requests")}
+        indexes = {i["name"] for i in inspect(conn).get_indexes("requests")}
+    assert {"choice", "answer"} <= columns and "uq_requests_job_custom_id_choice" in uniques
+    assert "ix_requests_job_state_idx" in indexes
+    claimed = sorted(store.claim("d", per_group=10), key=lambda c: c.custom_id)
+    assert [c.custom_id for c in claimed] == ["l0", "l1"] and claimed[1].params["max_tokens"] == 3
+    finish(store, claimed)
+    assert [r.choice for r in store.iter_results(job.job_id)] == [0, 0]
+    (more,) = store.submit([batch({"prompt": "p", "n": 2})])
+    assert more.num_requests == 2
+
+
+def _to_schema_4(conn) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("ALTER TABLE requests DROP CONSTRAINT uq_requests_job_custom_id_choice"))
+        conn.execute(text("ALTER TABLE requests DROP COLUMN choice"))
+        conn.execute(text("ALTER TABLE requests DROP COLUMN answer"))
+        conn.execute(text("ALTER TABLE requests ADD CONSTRAINT uq_requests_job_custom_id "
+                          "UNIQUE (job_id, custom_id)"))
+    else:
+        (ddl,) = conn.execute(text("SELECT sql FROM sqlite_master WHERE name = 'requests'")).one()
+        old = (ddl.replace("\tchoice INTEGER DEFAULT '0' NOT NULL, \n", "")
+               .replace("\tanswer JSON, \n", "")
+               .replace("CONSTRAINT uq_requests_job_custom_id_choice UNIQUE (job_id, custom_id, choice)",
+                        "CONSTRAINT uq_requests_job_custom_id UNIQUE (job_id, custom_id)")
+               .replace("CREATE TABLE requests", "CREATE TABLE requests_old"))
+        assert "choice" not in old and "answer" not in old, old
+        conn.execute(text(old))
+        columns = ", ".join(c["name"] for c in inspect(conn).get_columns("requests_old"))
+        conn.execute(text(f"INSERT INTO requests_old ({columns}) SELECT {columns} FROM requests"))
+        conn.execute(text("DROP TABLE requests"))
+        conn.execute(text("ALTER TABLE requests_old RENAME TO requests"))
+    conn.execute(text("UPDATE fsched_meta SET value = '4' WHERE key = 'schema_version'"))
