@@ -16,8 +16,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from fsched.api import batch, dashboard, errors, online, responses, tokens
+from fsched.api.guard import Guard, StreamRules
 from fsched.api.hub import ProgressHub
 from fsched.api.limits import BodyLimit
+from fsched.api.link import LinkClient
 from fsched.api.metrics import Metrics
 from fsched.api.state import Backend, ServerState, state_of
 from fsched.core.jobs.limits import InputLimits
@@ -28,17 +30,26 @@ MULTIPART_OVERHEAD = 64 * 1024
 
 
 def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None = None,
-               tokenizers: tokens.Tokenizers | None = None) -> FastAPI:
+               tokenizers: tokens.Tokenizers | None = None, rules: StreamRules | None = None,
+               link: bool = True) -> FastAPI:
     """The server over `backend`; `poll_s` is how often the hub reads open requests' progress;
-    `tokenizers` loads the served model's tokenizer for /tokenize (None: the server has none)."""
+    `tokenizers` loads the served model's tokenizer for /tokenize (None: the server has none);
+    `rules` bound open streams (api/guard.py); `link`: hear the daemons' links (api/link.py)."""
     hub = ProgressHub(backend.serving.progress, poll_s)
     state = ServerState(backend=backend, hub=hub, metrics=Metrics(backend),
-                        tokenizers=tokenizers or tokens.Tokenizers())
+                        tokenizers=tokenizers or tokens.Tokenizers(), guard=Guard(rules or StreamRules()),
+                        link=LinkClient(hub) if link else None)
     upload_limit = upload_limit or InputLimits().max_bytes
+
+    async def link_addresses() -> set[str]:
+        return {d.stats.link for d in await state.live_daemons() if d.stats.link}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(hub.run()), asyncio.create_task(dashboard.sample_forever(state))]
+        if state.link is not None:
+            hub.on_close = state.link.closed
+            tasks.append(asyncio.create_task(state.link.run(link_addresses)))
         try:
             yield
         finally:

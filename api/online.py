@@ -8,16 +8,17 @@ goes away cancels it. The translation both ways lives in core/jobs/openai.py.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from fsched.api.errors import ApiError, error_body
+from fsched.api.guard import KeepAlive, StreamEnd, guarded
 from fsched.api.hub import Choices
+from fsched.api.sse import KEEPALIVE, BoundedStream, sse
 from fsched.api.state import ServerState, state_of
 from fsched.api.tokens import prompt_token_ids
 from fsched.core.jobs.answers import response_body, response_id
@@ -85,8 +86,8 @@ async def _serve(request: Request, endpoint: Endpoint):
     await state.require_daemon()
     job_id = await submit(state, key, online)
     if online.stream:
-        return StreamingResponse(_stream(request, state, endpoint, job_id, online),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return BoundedStream(_stream(request, state, endpoint, job_id, online, key),
+                             state.guard.rules.stall_s)
     return await _answer(request, state, endpoint, job_id, online)
 
 
@@ -118,11 +119,22 @@ async def submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
         raise ApiError(429, f"tenant {key.tenant!r} has too many unfinished requests "
                             f"(limit {limits.max_queued_per_tenant:,}); retry later",
                        code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    if state.link is not None:
+        state.link.announce(job.job_id, linkable=_linkable(online))
     return job.job_id
+
+
+def _linkable(online: OnlineRequest) -> bool:
+    """Whether a daemon may push this request's text over its link: one choice, and nothing per token
+    (logprobs, token ids) that only the table carries."""
+    answer = online.spec.answer
+    return len(online.specs) == 1 and not answer.logprobs and not answer.token_ids
 
 
 async def cancel(state: ServerState, job_id: int) -> None:
     await state.call(state.backend.jobs.cancel_job, job_id)
+    if state.link is not None:
+        state.link.wake()  # the daemon holding it drops it now, not at its next sync
 
 
 async def _answer(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
@@ -131,6 +143,9 @@ async def _answer(request: Request, state: ServerState, endpoint: Endpoint, job_
     final = await final_or_disconnect(request, state, job_id)
     if final is None:
         await cancel(state, job_id)
+        if state.hub.closing:
+            raise ApiError(503, "the server is shutting down; the request was cancelled (send it again)",
+                           code="server_shutdown")
         return JSONResponse(error_body(499, "client closed the request"), 499)
     observe(state, online, final)
     failed = failed_choice(final)
@@ -156,8 +171,10 @@ async def final_or_disconnect(request: Request, state: ServerState, job_id: int)
 
     async def final() -> Choices | None:
         last = None
-        async for choices in state.hub.watch(job_id):
-            last = choices
+        async for choices in state.hub.follow(job_id, tick_s=1.0):
+            if state.hub.closing:
+                return None
+            last = choices if choices is not None else last
         return last
 
     async def disconnected() -> None:
@@ -176,13 +193,14 @@ async def final_or_disconnect(request: Request, state: ServerState, job_id: int)
 
 
 async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
-                  online: OnlineRequest) -> AsyncIterator[str]:
-    """Server-sent events: chunks as tokens are flushed (the choices interleaved, each by its index),
-    the usage chunk if asked, `[DONE]`.
+                  online: OnlineRequest, key: ApiKey) -> AsyncIterator[str]:
+    """Server-sent events: chunks as tokens come (the choices interleaved, each by its index),
+    keep-alive comments while nothing does, the usage chunk if asked, `[DONE]`; or an error event
+    when a rule of api/guard.py ends the stream.
 
     A client that hangs up cancels the request: a task waits for the
     disconnect (the server does not fail a write to a closed connection), and
-    the `finally` covers a generator closed early.
+    the `finally` covers a generator closed early (a stalled client, a stop).
     """
     prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
     relay = StreamRelay(endpoint, response_id(endpoint, job_id), int(time.time()),
@@ -192,11 +210,17 @@ async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_
     try:
         for event in relay.opening():
             yield sse(event)
-        async for choices in state.hub.watch(job_id):
-            final = choices
-            if failed_choice(choices) is not None:
+        async for update in _updates(state, job_id, key):
+            if isinstance(update, KeepAlive):
+                yield KEEPALIVE
+                continue
+            if isinstance(update, StreamEnd):
+                yield sse(error_body(update.status, update.message, code=update.code))
+                return
+            final = update
+            if failed_choice(update) is not None:
                 break
-            for event in relay.update(choices):
+            for event in relay.update(update):
                 yield sse(event)
         observe(state, online, final)
         failed = failed_choice(final)
@@ -214,14 +238,20 @@ async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_
                 await cancel(state, job_id)
 
 
+def _updates(state: ServerState, job_id: int, key: ApiKey):
+    async def read_key(key_id: str):
+        return await state.call(state.backend.keys.get_key, key_id)
+
+    async def live() -> int:
+        return len(await state.live_daemons())
+
+    return guarded(state.hub, state.guard, job_id, key, read_key, live)
+
+
 async def _cancel_on_disconnect(request: Request, state: ServerState, job_id: int) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
     await cancel(state, job_id)
-
-
-def sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 def _model(online: OnlineRequest, progress: OnlineProgress) -> str:

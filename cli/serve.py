@@ -35,6 +35,18 @@ def serve(
                                  "ids in answers (default: known from the daemons' model when it is the "
                                  "tiny model or the stand-in).")
     ] = None,
+    no_daemon_s: Annotated[
+        float, typer.Option("--no-daemon-s", help="An open request's stream ends with an error event (and "
+                            "the request is cancelled) when no daemon has been live this long.")
+    ] = 10.0,
+    stall_s: Annotated[
+        float, typer.Option("--stall-s", help="A streaming client that takes no bytes this long is cut off "
+                            "and its request cancelled.")
+    ] = 30.0,
+    link: Annotated[
+        bool, typer.Option("--link/--no-link", help="Hear the daemons' links (pushed wake-ups and tokens); "
+                           "without, progress is read from the table only.")
+    ] = True,
     db: DbOption = None,
 ) -> None:
     """Serve the OpenAI API (completions, chat, the Batch API, /metrics) over the job table.
@@ -53,10 +65,35 @@ def serve(
             from None
     if not 0.1 <= poll_ms <= 1000:
         raise UserError(f"--poll-ms must be within 0.1..1000, got {poll_ms:g}")
+    from fsched.api.guard import StreamRules
     from fsched.core.runners.connect import codec_for_served
 
+    try:
+        rules = StreamRules(no_daemon_s=no_daemon_s, stall_s=stall_s)
+    except ValueError as exc:
+        raise UserError(f"--no-daemon-s and --stall-s: {exc}") from None
     app = create_app(build_backend(db), poll_s=poll_ms / 1000,
-                     tokenizers=Tokenizers(tokenizer, load=codec_for_served))
+                     tokenizers=Tokenizers(tokenizer, load=codec_for_served), rules=rules, link=link)
     # Logs name methods, paths and statuses only: never a prompt or an output.
-    uvicorn.run(app, host=host, port=port, access_log=access_log, log_level="info",
-                timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, host=host, port=port, access_log=access_log, log_level="info",
+                            timeout_graceful_shutdown=5)
+    _run(config, app.state.fsched.hub)
+
+
+def _run(config, hub) -> None:
+    import asyncio
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """On SIGTERM or SIGINT, open online requests end at once (cancelled, their streams told why),
+        so the graceful shutdown has nothing left to wait for."""
+
+        def handle_exit(self, sig, frame) -> None:
+            try:
+                asyncio.get_running_loop().call_soon_threadsafe(hub.close)
+            except RuntimeError:  # no loop running yet: nothing is open
+                hub.close()
+            super().handle_exit(sig, frame)
+
+    Server(config).run()
