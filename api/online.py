@@ -205,7 +205,7 @@ async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_
     prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
     relay = StreamRelay(endpoint, response_id(endpoint, job_id), int(time.time()),
                         online.spec.model or DEFAULT_MODEL_NAME, online, prompt_ids)
-    final = None
+    final, ended = None, False
     hang_up = asyncio.ensure_future(_cancel_on_disconnect(request, state, job_id))
     try:
         for event in relay.opening():
@@ -214,7 +214,9 @@ async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_
             if isinstance(update, KeepAlive):
                 yield KEEPALIVE
                 continue
-            if isinstance(update, StreamEnd):
+            if isinstance(update, StreamEnd):  # cancelled before the client hears it is
+                ended = True
+                await cancel(state, job_id)
                 yield sse(error_body(update.status, update.message, code=update.code))
                 return
             final = update
@@ -233,7 +235,7 @@ async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_
         yield "data: [DONE]\n\n"
     finally:
         hang_up.cancel()
-        if final is None or not all(p.state.finished for p in final):
+        if not ended and (final is None or not all(p.state.finished for p in final)):
             with anyio.CancelScope(shield=True):  # the generator itself may be being cancelled
                 await cancel(state, job_id)
 

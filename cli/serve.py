@@ -43,6 +43,11 @@ def serve(
         float, typer.Option("--stall-s", help="A streaming client that takes no bytes this long is cut off "
                             "and its request cancelled.")
     ] = 30.0,
+    send_buffer_kb: Annotated[
+        int | None, typer.Option("--send-buffer-kb", help="Each connection's kernel send buffer (default: "
+                                 "the kernel's, which grows to megabytes): the most a client that stops "
+                                 "reading makes the server hold for it, before --stall-s counts.")
+    ] = None,
     link: Annotated[
         bool, typer.Option("--link/--no-link", help="Hear the daemons' links (pushed wake-ups and tokens); "
                            "without, progress is read from the table only.")
@@ -77,10 +82,21 @@ def serve(
     # Logs name methods, paths and statuses only: never a prompt or an output.
     config = uvicorn.Config(app, host=host, port=port, access_log=access_log, log_level="info",
                             timeout_graceful_shutdown=5)
-    _run(config, app.state.fsched.hub)
+    if send_buffer_kb is not None and not 4 <= send_buffer_kb <= 65536:
+        raise UserError(f"--send-buffer-kb must be within 4..65536, got {send_buffer_kb}")
+    _run(config, app.state.fsched.hub, _listener(host, port, send_buffer_kb) if send_buffer_kb else None)
 
 
-def _run(config, hub) -> None:
+def _listener(host: str, port: int, send_buffer_kb: int):
+    """A listening socket whose connections get a fixed send buffer (they inherit it)."""
+    import socket
+
+    sock = socket.create_server((host, port), reuse_port=False)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_kb * 1024)
+    return sock
+
+
+def _run(config, hub, sock) -> None:
     import asyncio
 
     import uvicorn
@@ -96,4 +112,4 @@ def _run(config, hub) -> None:
                 hub.close()
             super().handle_exit(sig, frame)
 
-    Server(config).run()
+    Server(config).run(sockets=[sock] if sock is not None else None)
