@@ -55,6 +55,7 @@ class ProgressHub:
         self.closing = False
         self.on_close: Callable[[int], None] | None = None  # told when a job's last watcher leaves
         self._watches: dict[int, _Watch] = {}
+        self._expected: dict[int, bool] = {}  # announced on a link before anyone watched
         self._wake = asyncio.Event()
 
     @property
@@ -72,6 +73,8 @@ class ProgressHub:
         """As `watch`, and None every `tick_s` without a change (the handler's moment to send a
         keep-alive or give up), and at once when the server starts closing."""
         watch = self._watches[job_id] = _Watch()
+        if self._expected.pop(job_id, False):
+            watch.linked_at = time.monotonic()  # announced on a link: its daemon will push
         self._wake.set()
         seen = None
         try:
@@ -105,6 +108,11 @@ class ProgressHub:
         watch.linked_at = time.monotonic()
         self._offer(watch, choices)
         return True
+
+    def expect_push(self, job_id: int) -> None:
+        """The job was announced on a live link: read it from the table only every `linked_poll_s`
+        from the start (the link's drop reverts that)."""
+        self._expected[job_id] = True
 
     def unlink(self, job_ids: Sequence[int]) -> None:
         """A link went down: read these jobs from the table at every tick again."""

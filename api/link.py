@@ -51,6 +51,8 @@ class LinkClient:
 
     def announce(self, job_id: int, linkable: bool) -> None:
         self._open[job_id] = linkable
+        if linkable and self._peers:
+            self.hub.expect_push(job_id)
         for peer in self._peers.values():
             self._send(peer, [{"op": "watch", "job": job_id}] if linkable else [{"op": "wake"}])
 
@@ -124,7 +126,8 @@ class LinkClient:
             peer.task.cancel()
         with contextlib.suppress(OSError, RuntimeError):
             peer.writer.close()
-        self.hub.unlink(list(peer.jobs))
+        # Every open job it might have pushed goes back to table polling until a push comes.
+        self.hub.unlink([j for j, ok in self._open.items() if ok])
         for job_id in peer.jobs:
             self._text.pop(job_id, None)
 
