@@ -19,6 +19,21 @@ def build_backend(db: str | None):
     return Backend(jobs=table.catalog, keys=table.keys, files=table.files, serving=table.serving)
 
 
+NoDaemonOption = Annotated[float, typer.Option(
+    "--no-daemon-s", help="An open request's stream ends with an error event (and the request is "
+    "cancelled) when no daemon has been live this long.")]
+StallOption = Annotated[float, typer.Option(
+    "--stall-s", help="A streaming client that takes no bytes this long is cut off and its request "
+    "cancelled.")]
+SendBufferOption = Annotated[int | None, typer.Option(
+    "--send-buffer-kb", help="Each connection's kernel send buffer (default: the kernel's, which grows to "
+    "megabytes): the most a client that stops reading makes the server hold for it, before --stall-s "
+    "counts.")]
+LinkOption = Annotated[bool, typer.Option(
+    "--link/--no-link", help="Hear the daemons' links (pushed wake-ups and tokens); without, progress is "
+    "read from the table only.")]
+
+
 @handle_errors
 def serve(
     host: Annotated[str, typer.Option("--host", help="Address to bind (put TLS in front; see docs/http.md).")]
@@ -35,23 +50,10 @@ def serve(
                                  "ids in answers (default: known from the daemons' model when it is the "
                                  "tiny model or the stand-in).")
     ] = None,
-    no_daemon_s: Annotated[
-        float, typer.Option("--no-daemon-s", help="An open request's stream ends with an error event (and "
-                            "the request is cancelled) when no daemon has been live this long.")
-    ] = 10.0,
-    stall_s: Annotated[
-        float, typer.Option("--stall-s", help="A streaming client that takes no bytes this long is cut off "
-                            "and its request cancelled.")
-    ] = 30.0,
-    send_buffer_kb: Annotated[
-        int | None, typer.Option("--send-buffer-kb", help="Each connection's kernel send buffer (default: "
-                                 "the kernel's, which grows to megabytes): the most a client that stops "
-                                 "reading makes the server hold for it, before --stall-s counts.")
-    ] = None,
-    link: Annotated[
-        bool, typer.Option("--link/--no-link", help="Hear the daemons' links (pushed wake-ups and tokens); "
-                           "without, progress is read from the table only.")
-    ] = True,
+    no_daemon_s: NoDaemonOption = 10.0,
+    stall_s: StallOption = 30.0,
+    send_buffer_kb: SendBufferOption = None,
+    link: LinkOption = True,
     db: DbOption = None,
 ) -> None:
     """Serve the OpenAI API (completions, chat, the Batch API, /metrics) over the job table.
@@ -70,21 +72,26 @@ def serve(
             from None
     if not 0.1 <= poll_ms <= 1000:
         raise UserError(f"--poll-ms must be within 0.1..1000, got {poll_ms:g}")
-    from fsched.api.guard import StreamRules
+    if send_buffer_kb is not None and not 4 <= send_buffer_kb <= 65536:
+        raise UserError(f"--send-buffer-kb must be within 4..65536, got {send_buffer_kb}")
     from fsched.core.runners.connect import codec_for_served
 
-    try:
-        rules = StreamRules(no_daemon_s=no_daemon_s, stall_s=stall_s)
-    except ValueError as exc:
-        raise UserError(f"--no-daemon-s and --stall-s: {exc}") from None
     app = create_app(build_backend(db), poll_s=poll_ms / 1000,
-                     tokenizers=Tokenizers(tokenizer, load=codec_for_served), rules=rules, link=link)
+                     tokenizers=Tokenizers(tokenizer, load=codec_for_served),
+                     rules=_rules(no_daemon_s, stall_s), link=link)
     # Logs name methods, paths and statuses only: never a prompt or an output.
     config = uvicorn.Config(app, host=host, port=port, access_log=access_log, log_level="info",
                             timeout_graceful_shutdown=5)
-    if send_buffer_kb is not None and not 4 <= send_buffer_kb <= 65536:
-        raise UserError(f"--send-buffer-kb must be within 4..65536, got {send_buffer_kb}")
     _run(config, app.state.fsched.hub, _listener(host, port, send_buffer_kb) if send_buffer_kb else None)
+
+
+def _rules(no_daemon_s: float, stall_s: float):
+    from fsched.api.guard import StreamRules
+
+    try:
+        return StreamRules(no_daemon_s=no_daemon_s, stall_s=stall_s)
+    except ValueError as exc:
+        raise UserError(f"--no-daemon-s and --stall-s: {exc}") from None
 
 
 def _listener(host: str, port: int, send_buffer_kb: int):
