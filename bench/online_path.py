@@ -202,7 +202,7 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
         f = Fsched(engine, backend, Path(tmp), replicas, link=not args.no_link)
         try:
             if args.loaded:
-                f.fill_with_batch(engine.slots, 100_000 // args.step_ms)
+                f.fill_with_batch(engine.slots, int(100_000 // args.step_ms))
             for c in args.concurrency:
                 pids = {"daemon": f.daemon.pid, **{f"serve{i}": s.pid for i, s in enumerate(f.servers)}}
                 cpu0 = {n: cpu_s(p) for n, p in pids.items()}
