@@ -8,7 +8,6 @@ error files are rendered from the job's results when read.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 
@@ -28,6 +27,7 @@ from fsched.core.jobs.batches import (
     validate_metadata,
 )
 from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_job_file
+from fsched.core.jobs.jsontext import dumps as json_text
 from fsched.core.jobs.results import lines_of, output_line
 from fsched.core.ports.records import JobSubmission, QueueFull
 from fsched.core.types import Endpoint, JobOrigin, RequestClass
@@ -97,7 +97,7 @@ async def file_content(request: Request, file_id: str):
 def _results(state: ServerState, job_id: int, errors: bool):
     """Output lines, read in pages (a sync generator: Starlette runs it in a worker thread)."""
     for line in lines_of(state.backend.jobs.iter_results(job_id, errors=errors)):
-        yield (json.dumps(output_line(line), ensure_ascii=False) + "\n").encode()
+        yield (json_text(output_line(line)) + "\n").encode()
 
 
 async def _file(state: ServerState, key: ApiKey, file_id: str):

@@ -22,6 +22,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from fsched.storage.textcodec import SafeString, SafeText
+
 # BIGINT on PostgreSQL; on SQLite an INTEGER PRIMARY KEY must stay INTEGER to
 # be the rowid alias (autoincrement).
 Id = BigInteger().with_variant(Integer(), "sqlite")
@@ -53,7 +55,7 @@ class Job(Base):
     tenant: Mapped[str] = mapped_column(String(128))
     request_class: Mapped[str] = mapped_column("class", String(16))
     priority: Mapped[int] = mapped_column(Integer, default=5)
-    name: Mapped[str] = mapped_column(String(256))
+    name: Mapped[str] = mapped_column(SafeString(256))
     # Which door it came in by (core.types.JobOrigin), and the API key it came with.
     origin: Mapped[str] = mapped_column(String(16), default="submit")
     key_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
@@ -85,14 +87,14 @@ class Request(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     # Position in the submitted file (0-based); results come back in this order.
     idx: Mapped[int] = mapped_column(Integer)
-    custom_id: Mapped[str] = mapped_column(String(512))
+    custom_id: Mapped[str] = mapped_column(SafeString(512))
     # A line asking for several choices (n, or several prompts) is one row a choice, all with the
     # line's custom_id: `choice` is the row's index among them (0 for a line of one).
     choice: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # How the API shows the answer (AnswerOptions.to_json): NULL for a plain request.
     answer: Mapped[dict | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     endpoint: Mapped[str] = mapped_column(String(32))
-    prompt: Mapped[str | None] = mapped_column(Text, nullable=True)
+    prompt: Mapped[str | None] = mapped_column(SafeText, nullable=True)
     messages: Mapped[list | None] = mapped_column(JSON, nullable=True)
     params: Mapped[dict] = mapped_column(JSON)  # SamplingParams.to_json(), seed always set
     max_tokens: Mapped[int] = mapped_column(Integer)
@@ -101,14 +103,14 @@ class Request(Base):
     # Generated so far: token ids are the truth (resume recomputes from them),
     # the text is what results print.
     output_tokens: Mapped[list] = mapped_column(JSON, default=list)
-    output_text: Mapped[str] = mapped_column(Text, default="")
+    output_text: Mapped[str] = mapped_column(SafeText, default="")
     # One compact array per output token (TokenLogprobs.to_json) when the
     # request asked for logprobs, written with the tokens; NULL otherwise.
     output_logprobs: Mapped[list | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     num_output_tokens: Mapped[int] = mapped_column(Integer, default=0)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
-    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error: Mapped[str | None] = mapped_column(SafeText, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     enqueued_at: Mapped[float] = mapped_column(Float)
     first_token_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -187,7 +189,7 @@ class FileRow(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128))
     purpose: Mapped[str] = mapped_column(String(32))
-    filename: Mapped[str] = mapped_column(String(256))
+    filename: Mapped[str] = mapped_column(SafeString(256))
     # Not named `bytes`: that would hide the builtin from the annotations below.
     size: Mapped[int] = mapped_column("bytes", BigInteger)
     created_at: Mapped[float] = mapped_column(Float)
