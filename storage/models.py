@@ -182,7 +182,7 @@ class ApiKeyRow(Base):
 
 
 class FileRow(Base):
-    """A file of the Batch API: an upload (content here), or a batch's output or errors
+    """A file of the Batch API: an upload (content in file_chunks), or a batch's output or errors
     (no content: rendered from the job's results when read)."""
 
     __tablename__ = "files"
@@ -193,12 +193,46 @@ class FileRow(Base):
     # Not named `bytes`: that would hide the builtin from the annotations below.
     size: Mapped[int] = mapped_column("bytes", BigInteger)
     created_at: Mapped[float] = mapped_column(Float)
-    content: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    # An upload's content is its rows in file_chunks; an output file has none.
     job_id: Mapped[int | None] = mapped_column(Id, nullable=True)  # output files: whose results
     errors: Mapped[bool] = mapped_column(Integer, default=0)  # output files: the failed lines
     deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     __table_args__ = (Index("ix_files_tenant_created", "tenant", "created_at"),)
+
+
+class FileChunk(Base):
+    """A piece of an upload's content (pieces of a fixed size, in `seq` order): an upload is written
+    and read a piece at a time, and its pieces are deleted with it. No foreign key: the pieces are
+    written before the file row that makes them visible; `created_at` dates those a stopped upload left."""
+
+    __tablename__ = "file_chunks"
+    file_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[float] = mapped_column(Float)  # before `data`: read without the piece itself
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+    __table_args__ = (Index("ix_file_chunks_created_at", "created_at"),)
+
+
+class KeyLimit(Base):
+    """A rate limit an admin set on one API key (name -> value), over the table-wide one."""
+
+    __tablename__ = "key_limits"
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger)
+
+
+class KeyRate(Base):
+    """A key's rate so far, one row a kind (requests, tokens): the time, on the database's clock, by
+    which what it was let through would have been spent at its limit (GCRA's theoretical arrival time).
+    Every server replica reads and moves the same row, so a limit holds across replicas."""
+
+    __tablename__ = "key_rates"
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    tat: Mapped[float] = mapped_column(Float)
 
 
 class BatchRow(Base):

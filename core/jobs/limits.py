@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 MIB = 1024 * 1024
+GB = 1000 * 1000 * 1000
 DEFAULT_MAX_QUEUED_PER_TENANT = 1_000_000
 
 
@@ -34,6 +35,9 @@ class InputLimits:
     # have: a submit that would go over it is refused whole. Generous: it
     # guards the job table against a runaway script, not a fair share.
     max_queued_per_tenant: int = DEFAULT_MAX_QUEUED_PER_TENANT
+    # Bytes of uploaded files one tenant may keep stored (output files are rendered from results,
+    # not stored, and do not count). OpenAI's default for an organisation's files is 100 GB.
+    max_file_bytes_per_tenant: int = 100 * GB
 
     def __post_init__(self) -> None:
         for f in fields(self):
