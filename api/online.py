@@ -15,6 +15,7 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from fsched.api import ratelimit
 from fsched.api.errors import ApiError, error_body
 from fsched.api.hub import Choices
 from fsched.api.state import ServerState, state_of
@@ -105,6 +106,7 @@ async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: Serve
 
 
 async def submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
+    await ratelimit.admit(state, key, online)
     limits = await state.limits()
     submission = JobSubmission(
         parsed=ParsedJobFile(source="<http>", requests=online.specs, form="openai"),

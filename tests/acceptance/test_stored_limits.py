@@ -15,7 +15,7 @@ def test_submit_obeys_the_stored_limits(fsched, tmp_path):
     refused = fsched.run("submit", str(job))
     assert refused.returncode == 1 and b"more than 2 requests" in refused.stderr
     shown = {row["name"]: row for row in json.loads(fsched.ok("limits", "show", "--json"))}
-    assert shown["max_lines"] == {"name": "max_lines", "value": 2, "set": True}
+    assert shown["max_lines"] == {"name": "max_lines", "value": 2, "set": True, "from": "table"}
     fsched.ok("limits", "unset", "max_lines")
     fsched.ok("limits", "unset", "max_queued_per_tenant")
     assert "submitted job 1: 3 request(s)" in fsched.ok("submit", str(job))

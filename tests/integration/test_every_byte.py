@@ -13,7 +13,6 @@ import os
 import pwd
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -23,11 +22,12 @@ from fastapi.testclient import TestClient
 from fsched.api.app import create_app
 from fsched.api.state import Backend
 from fsched.core.jobs.jobfile import parse_job_file
-from fsched.core.ports.records import Completion, DaemonStats, DaemonSummary, JobSubmission, TokenUpdate
+from fsched.core.ports.records import Completion, JobSubmission, TokenUpdate
 from fsched.core.types import RequestClass, RequestState
 from fsched.storage import textcodec
 from fsched.storage.refusals import REFUSED_PREFIX
 from fsched.storage.stores import JobTable
+from tests.support.thread_daemon import answering
 
 EVERY_BYTE = "".join(chr(b) for b in range(256)) + "\udc80\udcff\ud800" + textcodec.ESCAPE + "0000"
 FSCHED = str(Path(sys.executable).parent / "fsched")
@@ -112,48 +112,29 @@ def test_a_refused_write_fails_that_request_alone(table, monkeypatch):
     assert job.num_output_tokens == 6  # two each: a flushed, c kept on failing (its ids), d done
 
 
-def _daemon(table: JobTable, stop: threading.Event) -> None:
-    """A stand-in daemon in a thread: a heartbeat, and every claimed request answered with EVERY_BYTE."""
-    while not stop.is_set():
-        table.queue.heartbeat(DaemonSummary("d1", "host", 1, "cpu", "m", time.time(), time.time(),
-                                            None, DaemonStats()))
-        claimed = table.queue.claim("d1", per_group=100)
-        if claimed:
-            table.queue.finish_requests([Completion(c.id, RequestState.DONE, (1, 2), EVERY_BYTE, "stop",
-                                                    lease_epoch=c.lease_epoch) for c in claimed], "d1")
-        time.sleep(0.01)
-
-
 def test_the_api_answers_every_byte_plain_streamed_and_in_batch_output(table):
     backend = Backend(jobs=table.catalog, keys=table.keys, files=table.files, serving=table.serving)
     key = table.keys.create_key("alice", RequestClass.STREAMING)[1]
     auth = {"Authorization": f"Bearer {key}"}
-    stop = threading.Event()
-    worker = threading.Thread(target=_daemon, args=(table, stop), daemon=True)
-    worker.start()
-    try:
-        with TestClient(create_app(backend)) as client:
-            body = {"model": "m", "prompt": "hi", "max_tokens": 4}
-            plain = client.post("/v1/completions", json=body, headers=auth)
-            assert plain.status_code == 200, plain.text
-            assert plain.json()["choices"][0]["text"] == EVERY_BYTE
-            streamed = client.post("/v1/completions", json={**body, "stream": True}, headers=auth)
-            deltas = [json.loads(line[6:]) for line in streamed.text.split("\n")
-                      if line.startswith("data: {")]
-            assert "".join(d["choices"][0]["text"] for d in deltas if d.get("choices")) == EVERY_BYTE
-            line = json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/completions",
-                               "body": {"model": "m", "prompt": "hi", "max_tokens": 4}})
-            up = client.post("/v1/files", headers=auth, data={"purpose": "batch"},
-                             files={"file": ("in.jsonl", line.encode())})
-            batch = client.post("/v1/batches", headers=auth, json={
-                "input_file_id": up.json()["id"], "endpoint": "/v1/completions", "completion_window": "24h"})
-            deadline = time.time() + 20
-            while (got := client.get(f"/v1/batches/{batch.json()['id']}", headers=auth).json())[
-                    "status"] != "completed" and time.time() < deadline:
-                time.sleep(0.05)
-            content = client.get(f"/v1/files/{got['output_file_id']}/content", headers=auth)
-            (out,) = content.text.split("\n")[:-1]
-            assert json.loads(out)["response"]["body"]["choices"][0]["text"] == EVERY_BYTE
-    finally:
-        stop.set()
-        worker.join()
+    with answering(table.queue, EVERY_BYTE), TestClient(create_app(backend)) as client:
+        body = {"model": "m", "prompt": "hi", "max_tokens": 4}
+        plain = client.post("/v1/completions", json=body, headers=auth)
+        assert plain.status_code == 200, plain.text
+        assert plain.json()["choices"][0]["text"] == EVERY_BYTE
+        streamed = client.post("/v1/completions", json={**body, "stream": True}, headers=auth)
+        deltas = [json.loads(line[6:]) for line in streamed.text.split("\n")
+                  if line.startswith("data: {")]
+        assert "".join(d["choices"][0]["text"] for d in deltas if d.get("choices")) == EVERY_BYTE
+        line = json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/completions",
+                           "body": {"model": "m", "prompt": "hi", "max_tokens": 4}})
+        up = client.post("/v1/files", headers=auth, data={"purpose": "batch"},
+                         files={"file": ("in.jsonl", line.encode())})
+        batch = client.post("/v1/batches", headers=auth, json={
+            "input_file_id": up.json()["id"], "endpoint": "/v1/completions", "completion_window": "24h"})
+        deadline = time.time() + 20
+        while (got := client.get(f"/v1/batches/{batch.json()['id']}", headers=auth).json())[
+                "status"] != "completed" and time.time() < deadline:
+            time.sleep(0.05)
+        content = client.get(f"/v1/files/{got['output_file_id']}/content", headers=auth)
+        (out,) = content.text.split("\n")[:-1]
+        assert json.loads(out)["response"]["body"]["choices"][0]["text"] == EVERY_BYTE
