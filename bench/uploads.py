@@ -12,6 +12,7 @@ pg_database_size). --fsched runs another build's `fsched` (to compare).
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import socket
 import subprocess
@@ -49,6 +50,24 @@ def sizes(db: str) -> str:
     return f"database {size / 1e6:,.1f} MB"
 
 
+def upload_all(url: str, auth: dict, payload: Path, n: int) -> list[str]:
+    ids = []
+    for _ in range(n):
+        with payload.open("rb") as f:
+            r = httpx.post(f"{url}/v1/files", headers=auth, data={"purpose": "batch"},
+                           files={"file": ("upload.jsonl", f)}, timeout=600)
+        r.raise_for_status()
+        ids.append(r.json()["id"])
+    return ids
+
+
+def vacuum(db: str) -> None:
+    import psycopg
+
+    with psycopg.connect(db.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+        conn.execute("VACUUM")
+
+
 def make_key(fsched: str, env: dict) -> str:
     out = subprocess.run([fsched, "keys", "create", "bench"], env=env, capture_output=True, check=True)
     return out.stdout.decode().strip()
@@ -65,10 +84,9 @@ def main() -> None:
     db = args.db or f"sqlite:///{work / 'fsched.db'}"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("FSCHED_")}, "FSCHED_DB": db}
     payload = work / "upload.jsonl"
-    line = b'{"prompt": "' + b"x" * 1000 + b'"}\n'
-    with payload.open("wb") as out:
-        for _ in range(args.mb * 1_000_000 // len(line)):
-            out.write(line)
+    with payload.open("wb") as out:  # random text: PostgreSQL would compress a repeated one to nothing
+        for _ in range(args.mb * 1_000):
+            out.write(b'{"prompt": "' + base64.b64encode(os.urandom(735)) + b'"}\n')
     key = make_key(args.fsched, env)
     port = free_port()
     serve = subprocess.Popen([args.fsched, "serve", "--port", str(port), "--no-access-log"], env=env,
@@ -83,14 +101,8 @@ def main() -> None:
             except httpx.HTTPError:
                 time.sleep(0.1)
         print(f"serve idle: peak RSS {peak_rss_mb(serve.pid):,.0f} MB; {sizes(db)}")
-        ids = []
         started = time.perf_counter()
-        for _ in range(args.files):
-            with payload.open("rb") as f:
-                r = httpx.post(f"{url}/v1/files", headers=auth, data={"purpose": "batch"},
-                               files={"file": ("upload.jsonl", f)}, timeout=600)
-            r.raise_for_status()
-            ids.append(r.json()["id"])
+        ids = upload_all(url, auth, payload, args.files)
         took = time.perf_counter() - started
         print(f"after {args.files} x {args.mb} MB uploads ({took:.1f} s): peak RSS "
               f"{peak_rss_mb(serve.pid):,.0f} MB; {sizes(db)}")
@@ -101,6 +113,10 @@ def main() -> None:
         for file_id in ids:
             httpx.delete(f"{url}/v1/files/{file_id}", headers=auth, timeout=600).raise_for_status()
         print(f"after deleting them: {sizes(db)}")
+        if not db.startswith("sqlite:///"):  # the deleted rows' space is reused once vacuumed
+            vacuum(db)
+            upload_all(url, auth, payload, args.files)
+            print(f"after VACUUM (what autovacuum does) and the same uploads again: {sizes(db)}")
     finally:
         serve.terminate()
         serve.wait(10)

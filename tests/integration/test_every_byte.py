@@ -121,6 +121,10 @@ def test_the_api_answers_every_byte_plain_streamed_and_in_batch_output(table):
         plain = client.post("/v1/completions", json=body, headers=auth)
         assert plain.status_code == 200, plain.text
         assert plain.json()["choices"][0]["text"] == EVERY_BYTE
+        answered = client.post("/v1/responses", json={"model": "m", "input": "hi", "max_output_tokens": 4},
+                               headers=auth)
+        assert answered.status_code == 200, answered.text
+        assert answered.json()["output"][0]["content"][0]["text"] == EVERY_BYTE
         streamed = client.post("/v1/completions", json={**body, "stream": True}, headers=auth)
         deltas = [json.loads(line[6:]) for line in streamed.text.split("\n")
                   if line.startswith("data: {")]
