@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
+from fsched.api import ratelimit
 from fsched.api.errors import ApiError, error_body
 from fsched.api.guard import KeepAlive, StreamEnd, guarded
 from fsched.api.hub import Choices
@@ -24,6 +25,7 @@ from fsched.api.tokens import prompt_token_ids
 from fsched.core.jobs.answers import response_body, response_id
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.jobfile import ParsedJobFile
+from fsched.core.jobs.jsontext import dumps as json_text
 from fsched.core.jobs.openai import (
     BodyError,
     ClassRefused,
@@ -106,6 +108,7 @@ async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: Serve
 
 
 async def submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
+    await ratelimit.admit(state, key, online)
     limits = await state.limits()
     submission = JobSubmission(
         parsed=ParsedJobFile(source="<http>", requests=online.specs, form="openai"),
@@ -138,7 +141,7 @@ async def cancel(state: ServerState, job_id: int) -> None:
 
 
 async def _answer(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
-                  online: OnlineRequest) -> JSONResponse:
+                  online: OnlineRequest) -> Response:
     """Wait for the whole answer; a client gone before it comes cancels the request."""
     final = await final_or_disconnect(request, state, job_id)
     if final is None:
@@ -155,8 +158,9 @@ async def _answer(request: Request, state: ServerState, endpoint: Endpoint, job_
     created = int(max(p.finished_at or time.time() for p in final))
     choices = [choice_of(p, online.specs[p.choice].prompt) for p in final]
     prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
-    return JSONResponse(response_body(endpoint, response_id(endpoint, job_id), created,
-                                      _model(online, final[0]), choices, online.spec.answer, prompt_ids))
+    body = response_body(endpoint, response_id(endpoint, job_id), created, _model(online, final[0]), choices,
+                         online.spec.answer, prompt_ids)
+    return Response(json_text(body), media_type="application/json")
 
 
 async def _prompt_ids(state: ServerState, online: OnlineRequest) -> list[list[int]]:

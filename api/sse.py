@@ -10,11 +10,12 @@ server beyond the transport's buffer). A write that waits longer than
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 
 from fastapi.responses import StreamingResponse
 from starlette.types import Send
+
+from fsched.core.jobs.jsontext import dumps as json_text
 
 log = logging.getLogger("fsched.serve")
 
@@ -22,7 +23,7 @@ KEEPALIVE = ": keep-alive\n\n"
 
 
 def sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {json_text(obj, separators=(',', ':'))}\n\n"
 
 
 class ClientStalled(Exception):

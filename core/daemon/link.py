@@ -80,14 +80,15 @@ class LinkServer:
         return self._watchers.get(job_id)
 
     def send(self, lines: dict[object, list[dict]]) -> None:
-        """Queue each connection's lines; the link thread writes them."""
+        """Queue each connection's lines; the link thread writes them (ASCII JSON: any text, lone
+        surrogates included, goes through as escapes)."""
         if not lines:
             return
         with self._lock:
             for conn, messages in lines.items():
                 if conn not in self._conns.values():
                     continue
-                conn.out += "".join(json.dumps(m, separators=(",", ":"), ensure_ascii=False) + "\n"
+                conn.out += "".join(json.dumps(m, separators=(",", ":")) + "\n"
                                     for m in messages).encode()
         with contextlib.suppress(BlockingIOError):
             self._poke_w.send(b"x")
