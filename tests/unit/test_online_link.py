@@ -112,7 +112,7 @@ def test_the_link_carries_watches_wakeups_and_pushes_over_a_socket():
             hub = ProgressHub(lambda ids: {}, interval_s=0.01)
             client = LinkClient(hub, refresh_s=0.05)
             runner = asyncio.create_task(client.run(lambda: _addresses(server.address)))
-            watcher = asyncio.create_task(_updates(hub, 7, 3, until="hello"))
+            watcher = asyncio.create_task(_updates(hub, 7, 3, until="hello\x00\udc80"))
             deadline = time.monotonic() + 5
             while client.linked_daemons == 0 and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
@@ -123,12 +123,14 @@ def test_the_link_carries_watches_wakeups_and_pushes_over_a_socket():
             assert server.take_wake()  # a new request: the daemon syncs now
             conn = server.watcher(7)
             server.send({conn: [{"job": 7, "req": "r", "o": 0, "t": "he", "n": 1, "ft": 1.0, "q": 0.5}]})
-            server.send({conn: [{"job": 7, "req": "r", "o": 2, "t": "llo", "n": 2, "ft": 1.0, "q": 0.5}]})
+            rest = {"job": 7, "req": "r", "o": 2, "t": "llo\x00\udc80", "n": 2, "ft": 1.0, "q": 0.5}
+            server.send({conn: [rest]})
             seen = await asyncio.wait_for(watcher, 5)
             runner.cancel()
             return seen
 
-        assert asyncio.run(run())[-1] == "hello"  # pieces joined at their offsets (updates may coalesce)
+        # Pieces joined at their offsets (updates may coalesce); any text crosses, NUL, lone surrogates.
+        assert asyncio.run(run())[-1] == "hello\x00\udc80"
     finally:
         server.close()
 
