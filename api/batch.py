@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from fsched.api.errors import ApiError, not_found
+from fsched.api.limits import BodyTooLarge
 from fsched.api.state import ServerState, state_of
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.batches import (
@@ -46,6 +47,8 @@ async def upload(request: Request) -> dict:
     key = await state.authenticate(request)
     try:
         form = await request.form(max_files=1, max_fields=4)
+    except BodyTooLarge:
+        raise  # BodyLimit answers 413, however the body came (chunked or with a length)
     except Exception as exc:  # noqa: BLE001 - any unparseable multipart body is the client's
         raise ApiError(400, f"expected a multipart/form-data body with 'file' and 'purpose': {exc}") from None
     purpose, upload = form.get("purpose"), form.get("file")
@@ -133,6 +136,9 @@ async def create_batch(request: Request) -> dict:
         failed = _refused(record, exc)
         await state.call(state.backend.files.add_batch, failed)
         return batch_object(failed, None)
+    if len(parsed.requests) > limits.max_queued_per_tenant:  # could never fit: not a retry later
+        raise ApiError(400, f"the batch holds {len(parsed.requests):,} requests, larger than your queue "
+                       f"limit of {limits.max_queued_per_tenant}", "input_file_id", "batch_too_large")
     submission = JobSubmission(parsed=parsed, tenant=key.tenant, request_class=RequestClass.BATCH,
                                priority=BATCH_PRIORITY, name=record.id, origin=JobOrigin.BATCH, key_id=key.id)
     try:
@@ -200,8 +206,10 @@ async def _json_body(request: Request) -> dict:
     raw = await request.body()
     try:
         return load_json_object(raw.decode("utf-8"), 16)
-    except (UnicodeDecodeError, JobFileError) as exc:
-        raise ApiError(400, f"the body must be a JSON object: {exc}") from None
+    except UnicodeDecodeError:
+        raise ApiError(400, "the request body is not valid UTF-8") from None
+    except JobFileError as exc:
+        raise ApiError(400, f"the body must be a JSON object: {exc}", exc.field) from None
 
 
 def _batch_fields(body: dict) -> tuple[Endpoint, dict | None]:

@@ -36,8 +36,14 @@ class ApiError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
-                      "param": param, "code": code}}
+    kind = ERROR_TYPES.get(status, "invalid_request_error")
+    return {"error": {"message": _encodable(message), "type": kind,
+                      "param": None if param is None else _encodable(param), "code": code}}
+
+
+def _encodable(text: str) -> str:
+    """`text` as UTF-8 can carry it: a lone surrogate the client sent is shown as its escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_response(exc: ApiError) -> JSONResponse:

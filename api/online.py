@@ -20,7 +20,7 @@ from fsched.api.errors import ApiError, error_body
 from fsched.api.hub import Choices
 from fsched.api.state import ServerState, state_of
 from fsched.api.tokens import prompt_token_ids
-from fsched.core.jobs.answers import response_body, response_id
+from fsched.core.jobs.answers import opaque_response_id, response_body
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.jobs.openai import (
@@ -85,9 +85,60 @@ async def _serve(request: Request, endpoint: Endpoint):
     await state.require_daemon()
     job_id = await submit(state, key, online)
     if online.stream:
-        return StreamingResponse(_stream(request, state, endpoint, job_id, online),
+        opened = await first_news(request, state, job_id, online)
+        if opened is None:
+            return JSONResponse(error_body(499, "client closed the request"), 499)
+        return StreamingResponse(_stream(request, state, endpoint, job_id, online, opened),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     return await _answer(request, state, endpoint, job_id, online)
+
+
+async def first_news(request: Request, state: ServerState, job_id: int,
+                     online: OnlineRequest) -> AsyncIterator[Choices] | None:
+    """The job's progress from its first output token or its end: a request the engine refuses (a
+    prompt over the context) answers its error status before any stream starts, as unstreamed.
+    None when the client went away first (the request is cancelled)."""
+    watch = state.hub.watch(job_id)
+
+    async def first() -> Choices | None:
+        async for choices in watch:
+            if any(p.num_output_tokens or p.state.finished for p in choices):
+                return choices
+        return None
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    waiting, gone = asyncio.ensure_future(first()), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not waiting.done():
+            waiting.cancel()
+    if not waiting.done() or waiting.cancelled():
+        await watch.aclose()
+        await cancel(state, job_id)
+        return None
+    opening = waiting.result()
+    failed = failed_choice(opening)
+    if failed is not None:
+        await watch.aclose()
+        observe(state, online, opening)
+        status, message = failure(failed)
+        raise ApiError(status, message, code="request_failed")
+    return _then(opening, watch)
+
+
+async def _then(first: Choices | None, rest: AsyncIterator[Choices]) -> AsyncIterator[Choices]:
+    try:
+        if first is not None:
+            yield first
+        async for choices in rest:
+            yield choices
+    finally:
+        await rest.aclose()
 
 
 async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: ServerState) -> OnlineRequest:
@@ -140,7 +191,7 @@ async def _answer(request: Request, state: ServerState, endpoint: Endpoint, job_
     created = int(max(p.finished_at or time.time() for p in final))
     choices = [choice_of(p, online.specs[p.choice].prompt) for p in final]
     prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
-    return JSONResponse(response_body(endpoint, response_id(endpoint, job_id), created,
+    return JSONResponse(response_body(endpoint, opaque_response_id(endpoint), created,
                                       _model(online, final[0]), choices, online.spec.answer, prompt_ids))
 
 
@@ -176,7 +227,7 @@ async def final_or_disconnect(request: Request, state: ServerState, job_id: int)
 
 
 async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
-                  online: OnlineRequest) -> AsyncIterator[str]:
+                  online: OnlineRequest, progress: AsyncIterator[Choices]) -> AsyncIterator[str]:
     """Server-sent events: chunks as tokens are flushed (the choices interleaved, each by its index),
     the usage chunk if asked, `[DONE]`.
 
@@ -185,14 +236,14 @@ async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_
     the `finally` covers a generator closed early.
     """
     prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
-    relay = StreamRelay(endpoint, response_id(endpoint, job_id), int(time.time()),
+    relay = StreamRelay(endpoint, opaque_response_id(endpoint), int(time.time()),
                         online.spec.model or DEFAULT_MODEL_NAME, online, prompt_ids)
     final = None
     hang_up = asyncio.ensure_future(_cancel_on_disconnect(request, state, job_id))
     try:
         for event in relay.opening():
             yield sse(event)
-        async for choices in state.hub.watch(job_id):
+        async for choices in progress:
             final = choices
             if failed_choice(choices) is not None:
                 break

@@ -10,6 +10,7 @@ import secrets
 from dataclasses import dataclass
 
 from fsched.core.jobs.jobstate import JobSummary
+from fsched.core.jobs.values import BadValue, storable
 from fsched.core.types import JobState
 
 COMPLETION_WINDOW = "24h"
@@ -93,6 +94,11 @@ def validate_metadata(metadata: object) -> dict | None:
                 f"metadata keys are strings of at most {MAX_METADATA_KEY} characters, values strings "
                 f"of at most {MAX_METADATA_VALUE}"
             )
+        try:
+            storable(key)
+            storable(value)
+        except BadValue as exc:  # no column (SQLite text, PostgreSQL jsonb) takes these
+            raise ValueError(f"metadata {exc.message}") from None
     return dict(metadata)
 
 

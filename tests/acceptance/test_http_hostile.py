@@ -1,0 +1,195 @@
+"""Hostile inputs at the front door: a real `fsched serve` and a stand-in daemon, on SQLite and on
+PostgreSQL. Each refused request answers a 4xx in OpenAI's error shape and leaves the table as it was;
+nothing a client sends gets a 5xx or leaves a tenant's objects unreadable.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from ..conftest import PG_ADMIN_URL, _pg_admin_connect
+from .http_server import Server, make_server
+
+pytestmark = pytest.mark.timeout(180)
+QUEUE_LIMIT = 40
+TABLES = ("jobs", "requests", "files", "batches")
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def server(request, tmp_path_factory) -> Server:
+    s = make_server(tmp_path_factory.mktemp("hostile"))
+    name = None
+    if request.param == "postgresql":
+        name = f"fsched_test_{uuid.uuid4().hex[:12]}"
+        try:
+            with _pg_admin_connect() as conn:
+                conn.execute(f'CREATE DATABASE "{name}"')
+        except Exception:  # noqa: BLE001 - no PostgreSQL here
+            pytest.skip("PostgreSQL is not reachable")
+        s.env["FSCHED_DB"] = f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+    s.cli("limits", "set", "max_queued_per_tenant", str(QUEUE_LIMIT))
+    s.start_daemon("--model", "standin:1ms")
+    s.start_server()
+    s.wait_ready()
+    yield s
+    s.stop()
+    if name is not None:
+        with _pg_admin_connect() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def snapshot(server: Server) -> dict:
+    """Every row of the tables a request may add to (what "the table is unchanged" compares)."""
+    engine = create_engine(server.env["FSCHED_DB"])
+    try:
+        with engine.connect() as conn:
+            return {t: sorted(map(repr, conn.execute(text(f"SELECT * FROM {t}")).all())) for t in TABLES}
+    finally:
+        engine.dispose()
+
+
+def http(server: Server, tenant: str) -> httpx.Client:
+    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.key(tenant)}"},
+                        timeout=60)
+
+
+def openai_error(response: httpx.Response, status: int) -> dict:
+    """The body of an error in OpenAI's shape, after checking its status."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"], error
+    assert isinstance(error["type"], str)
+    return error
+
+
+def upload(c: httpx.Client, content: bytes) -> str:
+    r = c.post("/v1/files", files={"file": ("in.jsonl", content)}, data={"purpose": "batch"})
+    assert r.status_code == 200, r.text
+    return r.json()["id"]
+
+
+def batch_lines(n: int) -> bytes:
+    return "".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+                               "body": {"model": "m", "prompt": "p", "max_tokens": 2}}) + "\n"
+                   for i in range(n)).encode()
+
+
+def raw_json(c: httpx.Client, path: str, body: str) -> httpx.Response:
+    """`body` sent as it is written (json.dumps would escape a lone surrogate in its own way)."""
+    return c.post(path, content=body.encode(), headers={"Content-Type": "application/json"})
+
+
+def test_a_lone_surrogate_in_batch_metadata_is_refused_and_the_list_stays_readable(server):
+    c = http(server, "surrogate-meta")
+    file_id = upload(c, batch_lines(2))
+    before = snapshot(server)
+    for meta in ('{"k": "\\ud800"}', '{"\\udfff": "v"}', '{"k": "a\\u0000b"}'):
+        body = f'{{"input_file_id": "{file_id}", "endpoint": "/v1/completions", ' \
+               f'"completion_window": "24h", "metadata": {meta}}}'
+        error = openai_error(raw_json(c, "/v1/batches", body), 400)
+        assert error["param"] == "metadata", error
+    assert snapshot(server) == before
+    listed = c.get("/v1/batches")
+    assert listed.status_code == 200 and listed.json()["data"] == []
+
+
+def test_a_lone_surrogate_in_an_id_is_a_clean_error(server):
+    c = http(server, "surrogate-id")
+    before = snapshot(server)
+    body = '{"input_file_id": "file-\\ud800", "endpoint": "/v1/completions", "completion_window": "24h"}'
+    error = openai_error(raw_json(c, "/v1/batches", body), 400)
+    assert error["param"] == "input_file_id"
+    for path in ("/v1/files/%ED%A0%80", "/v1/batches/%ED%A0%80", "/v1/files/%ED%A0%80/content",
+                 "/v1/files/\udcff".encode("utf-8", "surrogateescape").decode("latin-1")):
+        assert c.get(path).status_code == 404
+    openai_error(c.get("/v1/batches/batch_%ED%A0%80"), 404)
+    openai_error(c.post("/v1/batches/%ED%A0%80/cancel"), 404)
+    openai_error(c.delete("/v1/files/%ED%A0%80"), 404)
+    assert snapshot(server) == before
+
+
+@pytest.mark.parametrize("field, value", [("top_p", 1e-300), ("temperature", 1e-45), ("top_p", 5e-324),
+                                          ("temperature", 1e-300)])
+def test_tiny_sampling_values_never_crash_the_engine(server, field, value):
+    """A sampling value next to zero is answered as its limit (greedy, or the one likeliest token):
+    the same answer as temperature 0, with a co-running request unharmed."""
+    c = http(server, f"tiny-{field}")
+    body = {"model": "m", "prompt": "one two three", "max_tokens": 8, "seed": 3, field: value}
+    greedy = c.post("/v1/completions", json={**body, field: 0 if field == "temperature" else 1,
+                                             "temperature": 0})
+    assert greedy.status_code == 200, greedy.text
+    tiny = c.post("/v1/completions", json=body)
+    assert tiny.status_code == 200, tiny.text
+    assert tiny.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
+
+
+def test_an_oversize_chunked_upload_is_413_with_its_reason(server):
+    c = http(server, "chunked")
+    before = snapshot(server)
+    limit = 250 * 1024 * 1024
+
+    def body():
+        boundary = b"--xx\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\n"
+        yield boundary
+        chunk = b"x" * (1 << 20)
+        for _ in range(limit // len(chunk) + 2):
+            yield chunk
+
+    r = c.post("/v1/files", content=body(), headers={"Content-Type": "multipart/form-data; boundary=xx"})
+    error = openai_error(r, 413)
+    assert "over the limit" in error["message"]
+    assert snapshot(server) == before
+
+
+def test_a_streamed_request_over_the_context_is_400_before_any_stream(server):
+    c = http(server, "over-context")
+    body = {"model": "m", "prompt": "word " * 9000, "max_tokens": 4}
+    plain = openai_error(c.post("/v1/completions", json=body), 400)
+    with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        r.read()
+        streamed = openai_error(r, 400)
+    assert streamed["message"] == plain["message"] and "context" in plain["message"]
+
+
+def test_a_batch_larger_than_the_queue_limit_is_400_not_429(server):
+    c = http(server, "too-big")
+    file_id = upload(c, batch_lines(QUEUE_LIMIT + 1))
+    before = snapshot(server)
+    r = c.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions",
+                                    "completion_window": "24h"})
+    error = openai_error(r, 400)
+    assert f"larger than your queue limit of {QUEUE_LIMIT}" in error["message"]
+    assert "retry-after" not in r.headers
+    assert snapshot(server) == before
+    fits = c.post("/v1/batches", json={"input_file_id": upload(c, batch_lines(QUEUE_LIMIT)),
+                                       "endpoint": "/v1/completions", "completion_window": "24h"})
+    assert fits.status_code == 200, fits.text
+
+
+def test_online_ids_are_opaque_and_other_tenants_objects_stay_hidden(server):
+    mine, theirs = http(server, "ids-a"), http(server, "ids-b")
+    ids = []
+    asks = (("/v1/completions", {"prompt": "p", "max_tokens": 1}),
+            ("/v1/chat/completions", {"max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}),
+            ("/v1/responses", {"input": "hi", "max_output_tokens": 1}))
+    for c in (mine, theirs, mine):
+        ids += [c.post(path, json={"model": "m", **body}).json()["id"] for path, body in asks]
+    with mine.stream("POST", "/v1/completions", json={"model": "m", "prompt": "p", "max_tokens": 2,
+                                                     "stream": True}) as r:
+        first = next(line for line in r.iter_lines() if line.startswith("data: {"))
+    ids.append(json.loads(first[6:])["id"])
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(r"(cmpl-|chatcmpl-)[0-9a-f]{24}|resp_[0-9a-f]{48}", i) for i in ids), ids
+    file_id = upload(mine, batch_lines(1))
+    batch = mine.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions",
+                                           "completion_window": "24h"}).json()["id"]
+    for path in (f"/v1/files/{file_id}", f"/v1/files/{file_id}/content", f"/v1/batches/{batch}"):
+        assert openai_error(theirs.get(path), 404)["code"] == "not_found"
+    assert openai_error(theirs.post(f"/v1/batches/{batch}/cancel"), 404)["code"] == "not_found"
