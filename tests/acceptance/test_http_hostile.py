@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import time
 import uuid
 
 import httpx
@@ -193,3 +195,102 @@ def test_online_ids_are_opaque_and_other_tenants_objects_stay_hidden(server):
     for path in (f"/v1/files/{file_id}", f"/v1/files/{file_id}/content", f"/v1/batches/{batch}"):
         assert openai_error(theirs.get(path), 404)["code"] == "not_found"
     assert openai_error(theirs.post(f"/v1/batches/{batch}/cancel"), 404)["code"] == "not_found"
+
+
+def test_metrics_are_served_on_the_loopback_metrics_port_only(server):
+    c = http(server, "metrics-reader")
+    assert openai_error(c.get("/metrics"), 404)["message"] == "no such endpoint"
+    assert openai_error(httpx.get(f"{server.url}/metrics"), 404)
+    scraped = httpx.get(server.metrics_url, timeout=10)
+    assert scraped.status_code == 200 and "fsched:daemons_alive 1.0" in scraped.text
+    assert httpx.get(server.metrics_url.replace("/metrics", "/v1/models"), timeout=10).status_code == 404
+    with pytest.raises(httpx.ConnectError):  # bound to loopback alone
+        httpx.get(f"http://{outward_address()}:{server.metrics_port}/metrics", timeout=2)
+
+
+def outward_address() -> str:
+    """An address of this machine other than loopback (the one a route out leaves from)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # TEST-NET-1: nothing is sent
+        address = s.getsockname()[0]
+    if address.startswith("127."):
+        pytest.skip("this machine has no address but loopback")
+    return address
+
+
+def open_socket(server: Server) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    return s
+
+
+def closed_within(s: socket.socket, seconds: float) -> float:
+    """Seconds until the server closes `s` (reading what it sends), failing past `seconds`."""
+    start = time.monotonic()
+    s.settimeout(seconds)
+    try:
+        while s.recv(4096):
+            pass
+    except TimeoutError:
+        pytest.fail(f"the server kept a slow client's connection past {seconds} s")
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - start
+
+
+@pytest.fixture(scope="module")
+def impatient(tmp_path_factory) -> Server:
+    """A server with short client deadlines (no daemon: no request here gets as far as one)."""
+    s = make_server(tmp_path_factory.mktemp("impatient"))
+    s.cli("limits", "show")
+    s.start_server("--header-timeout", "1", "--body-timeout", "1.5")
+    deadline = time.time() + 60
+    while True:
+        try:
+            httpx.get(f"{s.url}/health", timeout=2)
+            break
+        except httpx.HTTPError:
+            assert time.time() < deadline
+            time.sleep(0.1)
+    yield s
+    s.stop()
+
+
+def test_clients_that_dribble_headers_are_cut_off(impatient):
+    silent = open_socket(impatient)  # connects, sends nothing
+    dribbler = open_socket(impatient)
+    dribbler.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+    for _ in range(3):  # a byte now and then: each once reset uvicorn's idle timer
+        time.sleep(0.4)
+        dribbler.sendall(b"X")
+    assert closed_within(silent, 5) < 3
+    assert closed_within(dribbler, 5) < 3
+    kept = open_socket(impatient)  # a request in time, then idle: closed by the same deadline
+    kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert b"200 OK" in kept.recv(4096)
+    assert closed_within(kept, 5) < 3
+
+
+def test_clients_that_dribble_a_body_get_408(impatient):
+    key = impatient.key("slow-body")
+    s = open_socket(impatient)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Authorization: Bearer " + key.encode() + b"\r\nContent-Length: 1000\r\n\r\n{\"prompt\"")
+    start = time.monotonic()
+    s.settimeout(0.2)
+    answer = b""
+    while time.monotonic() - start < 10:
+        try:
+            chunk = s.recv(4096)
+        except TimeoutError:
+            s.sendall(b" ")  # a byte of the body now and then
+            continue
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        answer += chunk
+    assert 1.4 < time.monotonic() - start < 5
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"} and "1.5 s" in error["message"]
