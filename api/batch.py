@@ -36,6 +36,7 @@ from fsched.core.types import Endpoint, JobOrigin, RequestClass
 router = APIRouter()
 BATCH_PRIORITY = 5
 MAX_LIST = 100
+MAX_FILES_LIST = 10_000  # OpenAI's limit (and default) for a page of files
 
 
 # -- files ------------------------------------------------------------------------------------
@@ -63,11 +64,20 @@ async def upload(request: Request) -> dict:
 
 
 @router.get("/v1/files")
-async def list_files(request: Request, purpose: str | None = None) -> dict:
+async def list_files(request: Request, purpose: str | None = None, after: str | None = None,
+                     limit: int = MAX_FILES_LIST, order: str = "desc") -> dict:
+    """OpenAI's file list: newest first (`order=asc`: oldest), `limit` at a time, `after` a file id."""
     state = state_of(request)
     key = await state.authenticate(request)
-    found = await state.call(state.backend.files.list_files, key.tenant, purpose)
-    return {"object": "list", "data": [file_object(f) for f in found], "has_more": False}
+    if not 1 <= limit <= MAX_FILES_LIST:
+        raise ApiError(400, f"limit must be within 1..{MAX_FILES_LIST:,}", "limit")
+    if order not in ("asc", "desc"):
+        raise ApiError(400, "order must be 'asc' or 'desc'", "order")
+    found = await state.call(state.backend.files.list_files, key.tenant, purpose, limit + 1, after,
+                             order == "desc")
+    data = [file_object(f) for f in found[:limit]]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(found) > limit}
 
 
 @router.get("/v1/files/{file_id}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, update
 
 from fsched.core.jobs.batches import OUTPUT_PURPOSE, BatchRecord, StoredFile, new_file_id
 from fsched.storage.db import Database
@@ -49,12 +49,27 @@ class SqlFileStore:
         with self.db.read() as conn:
             return conn.execute(select(files.c.content).where(*_live_file(tenant, file_id))).scalar()
 
-    def list_files(self, tenant: str, purpose: str | None = None, limit: int = 10_000) -> list[StoredFile]:
+    def list_files(self, tenant: str, purpose: str | None = None, limit: int = 10_000,
+                   after: str | None = None, newest_first: bool = True) -> list[StoredFile]:
+        """The tenant's live files, newest (or oldest) first; `after` a file id: those past it."""
         query = select(*FILE_COLUMNS).where(files.c.tenant == tenant, files.c.deleted_at.is_(None))
         if purpose is not None:
             query = query.where(files.c.purpose == purpose)
         with self.db.read() as conn:
-            rows = conn.execute(query.order_by(files.c.created_at.desc(), files.c.id).limit(limit)).all()
+            if after is not None:
+                mark = conn.execute(select(files.c.created_at).where(*_live_file(tenant, after))).scalar()
+                if mark is None:
+                    return []
+                if newest_first:
+                    query = query.where(or_(files.c.created_at < mark,
+                                            and_(files.c.created_at == mark, files.c.id > after)))
+                else:
+                    query = query.where(or_(files.c.created_at > mark,
+                                            and_(files.c.created_at == mark, files.c.id < after)))
+            # one order and its exact reverse (ties of created_at by id)
+            order = (files.c.created_at.desc(), files.c.id) if newest_first else \
+                (files.c.created_at.asc(), files.c.id.desc())
+            rows = conn.execute(query.order_by(*order).limit(limit)).all()
         return [_file(row) for row in rows]
 
     def delete_file(self, tenant: str, file_id: str) -> bool:

@@ -11,7 +11,7 @@ What every implementation must hold:
 3. **Outputs are attached once.** The first `attach_outputs` of a batch
    gives it its output and error files; a later caller reads the first's.
 4. **Newest first, by creation order.** Listings of files and batches go
-   newest first; `after` pages batches by a batch id.
+   newest first (files may go oldest first); `after` pages them by an id.
 5. **Short transactions.** Each call is one transaction.
 """
 
@@ -36,8 +36,10 @@ class FileStore(Protocol):
         """An upload's bytes; None for an output file, a deleted one, or another tenant's."""
         ...
 
-    def list_files(self, tenant: str, purpose: str | None = None, limit: int = 10_000) -> list[StoredFile]:
-        """The tenant's live files (of one purpose, if given), newest first."""
+    def list_files(self, tenant: str, purpose: str | None = None, limit: int = 10_000,
+                   after: str | None = None, newest_first: bool = True) -> list[StoredFile]:
+        """The tenant's live files (of one purpose, if given), newest first (or oldest first); with
+        `after` (a file id of the tenant's), those that come after it in that order."""
         ...
 
     def delete_file(self, tenant: str, file_id: str) -> bool:

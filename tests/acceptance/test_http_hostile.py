@@ -294,3 +294,27 @@ def test_clients_that_dribble_a_body_get_408(impatient):
     assert head.startswith(b"HTTP/1.1 408"), answer
     error = json.loads(body)["error"]
     assert set(error) == {"message", "type", "param", "code"} and "1.5 s" in error["message"]
+
+
+def test_the_file_list_pages_as_the_other_lists(server):
+    c = http(server, "pager")
+    made = [upload(c, batch_lines(1)) for _ in range(5)]
+    pages, after = [], None
+    while True:
+        page = c.get("/v1/files", params={"limit": 2, **({"after": after} if after else {})}).json()
+        pages.append([f["id"] for f in page["data"]])
+        assert page["first_id"] == pages[-1][0] and page["last_id"] == pages[-1][-1]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert [len(p) for p in pages] == [2, 2, 1]
+    newest_first = [i for p in pages for i in p]
+    assert sorted(newest_first) == sorted(made) and len(set(newest_first)) == 5
+    oldest_first = c.get("/v1/files", params={"order": "asc"}).json()["data"]
+    assert [f["id"] for f in oldest_first] == newest_first[::-1]
+    assert c.get("/v1/files", params={"order": "asc", "after": oldest_first[2]["id"]}).json()["data"] \
+        == oldest_first[3:]
+    other = http(server, "pager-other")
+    assert other.get("/v1/files", params={"after": made[0]}).json()["data"] == []
+    for bad in ({"limit": 0}, {"limit": 10_001}, {"order": "sideways"}, {"limit": "x"}):
+        openai_error(c.get("/v1/files", params=bad), 400)
