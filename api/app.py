@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from fsched.api import batch, dashboard, errors, online, responses, tokens
+from fsched.api import batch, dashboard, errors, expiry, online, responses, tokens
 from fsched.api.hub import ProgressHub
 from fsched.api.limits import BodyLimit
 from fsched.api.metrics import Metrics
@@ -42,7 +42,8 @@ def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        tasks = [asyncio.create_task(hub.run()), asyncio.create_task(dashboard.sample_forever(state))]
+        tasks = [asyncio.create_task(hub.run()), asyncio.create_task(dashboard.sample_forever(state)),
+                 asyncio.create_task(expiry.expire_forever(state))]
         try:
             yield
         finally:

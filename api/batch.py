@@ -21,12 +21,12 @@ from fsched.api.state import ServerState, state_of
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.batches import (
     BATCH_PURPOSE,
-    COMPLETION_WINDOW,
     BatchRecord,
     batch_object,
     file_object,
     new_batch_id,
     validate_metadata,
+    window_seconds,
 )
 from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_job_file
 from fsched.core.jobs.results import lines_of, output_line
@@ -35,6 +35,8 @@ from fsched.core.types import Endpoint, JobOrigin, RequestClass
 
 router = APIRouter()
 BATCH_PRIORITY = 5
+BATCH_EXPIRED = {"code": "batch_expired",
+                 "message": "this request could not be executed before the completion window expired"}
 MAX_LIST = 100
 MAX_FILES_LIST = 10_000  # OpenAI's limit (and default) for a page of files
 
@@ -104,13 +106,23 @@ async def file_content(request: Request, file_id: str):
     if f.job_id is None:
         content = await state.call(state.backend.files.file_content, key.tenant, file_id)
         return StreamingResponse(iter([content or b""]), media_type="application/octet-stream")
-    return StreamingResponse(_results(state, f.job_id, f.errors), media_type="application/jsonl")
+    expired = await state.call(_expired, state, key.tenant, f.job_id)
+    return StreamingResponse(_results(state, f.job_id, f.errors, expired), media_type="application/jsonl")
 
 
-def _results(state: ServerState, job_id: int, errors: bool):
-    """Output lines, read in pages (a sync generator: Starlette runs it in a worker thread)."""
+def _results(state: ServerState, job_id: int, errors: bool, expired: bool = False):
+    """Output lines, read in pages (a sync generator: Starlette runs it in a worker thread); a
+    batch that expired shows its cancelled lines as OpenAI's `batch_expired`."""
     for line in lines_of(state.backend.jobs.iter_results(job_id, errors=errors)):
-        yield (json.dumps(output_line(line), ensure_ascii=False) + "\n").encode()
+        out = output_line(line)
+        if expired and out["error"] is not None and out["error"]["code"] == "cancelled":
+            out["error"] = BATCH_EXPIRED
+        yield (json.dumps(out, ensure_ascii=False) + "\n").encode()
+
+
+def _expired(state: ServerState, tenant: str, job_id: int) -> bool:
+    record = state.backend.files.batch_of_job(tenant, job_id)
+    return record is not None and record.expired_at is not None
 
 
 async def _file(state: ServerState, key: ApiKey, file_id: str):
@@ -136,7 +148,7 @@ async def create_batch(request: Request) -> dict:
         raise ApiError(400, f"file {f.id!r} was not uploaded with purpose 'batch'", "input_file_id")
     content = await state.call(state.backend.files.file_content, key.tenant, f.id)
     record = BatchRecord(id=new_batch_id(), tenant=key.tenant, job_id=None, endpoint=endpoint.value,
-                         input_file_id=f.id, completion_window=COMPLETION_WINDOW, metadata=metadata,
+                         input_file_id=f.id, completion_window=body["completion_window"], metadata=metadata,
                          created_at=time.time())
     limits = await state.limits()
     try:
@@ -203,13 +215,15 @@ async def _batch_json(state: ServerState, record: BatchRecord) -> dict:
     if record.job_id is not None:
         (job,) = await state.call(state.backend.jobs.list_jobs, job_id=record.job_id)
         if job.state.finished and record.output_file_id is None:
-            sizes = await state.call(_output_sizes, state, record.job_id)
+            sizes = await state.call(_output_sizes, state, record)
             record = await state.call(state.backend.files.attach_outputs, record, sizes)
     return batch_object(record, job)
 
 
-def _output_sizes(state: ServerState, job_id: int) -> tuple[int, int]:
-    return tuple(sum(len(chunk) for chunk in _results(state, job_id, errors)) for errors in (False, True))
+def _output_sizes(state: ServerState, record: BatchRecord) -> tuple[int, int]:
+    expired = record.expired_at is not None
+    return tuple(sum(len(chunk) for chunk in _results(state, record.job_id, errors, expired))
+                 for errors in (False, True))
 
 
 async def _json_body(request: Request) -> dict:
@@ -233,8 +247,10 @@ def _batch_fields(body: dict) -> tuple[Endpoint, dict | None]:
         endpoint = Endpoint(body["endpoint"])
     except ValueError:
         raise ApiError(400, "endpoint must be /v1/completions or /v1/chat/completions", "endpoint") from None
-    if body["completion_window"] != COMPLETION_WINDOW:
-        raise ApiError(400, f"completion_window must be {COMPLETION_WINDOW!r}", "completion_window")
+    try:
+        window_seconds(body["completion_window"])
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "completion_window") from None
     try:
         return endpoint, validate_metadata(body.get("metadata"))
     except ValueError as exc:

@@ -12,12 +12,15 @@ from collections.abc import Iterable
 from sqlalchemy import and_, func, or_, select, update
 
 from fsched.core.jobs.batches import OUTPUT_PURPOSE, BatchRecord, StoredFile, new_file_id
+from fsched.core.types import JobState
 from fsched.storage.db import Database
-from fsched.storage.models import BatchRow, FileRow
+from fsched.storage.models import BatchRow, FileRow, Job
 from fsched.storage.schema import ensure_schema
 
 files = FileRow.__table__
 batches = BatchRow.__table__
+jobs = Job.__table__
+RUNNING_JOB_STATES = [JobState.QUEUED.value, JobState.IN_PROGRESS.value]  # not ended, nor cancelling
 FILE_COLUMNS = (files.c.id, files.c.tenant, files.c.purpose, files.c.filename, files.c.bytes,
                 files.c.created_at, files.c.job_id, files.c.errors)
 
@@ -113,6 +116,27 @@ class SqlFileStore:
             rows = conn.execute(query.order_by(batches.c.seq.desc()).limit(limit)).all()
         return [_batch(row) for row in rows]
 
+    def batch_of_job(self, tenant: str, job_id: int) -> BatchRecord | None:
+        with self.db.read() as conn:
+            row = conn.execute(
+                select(batches).where(batches.c.tenant == tenant, batches.c.job_id == job_id)
+            ).first()
+        return None if row is None else _batch(row)
+
+    def unfinished_batches(self, created_before: float) -> list[BatchRecord]:
+        """Batches created before this time whose jobs are queued or running, oldest first."""
+        query = (select(batches).join(jobs, jobs.c.id == batches.c.job_id)
+                 .where(batches.c.created_at < created_before, jobs.c.state.in_(RUNNING_JOB_STATES))
+                 .order_by(batches.c.seq))
+        with self.db.read() as conn:
+            return [_batch(row) for row in conn.execute(query).all()]
+
+    def mark_expired(self, batch_id: str, at: float) -> None:
+        """Record that the batch's window ran out (once: a second call keeps the first time)."""
+        with self.db.write() as conn:
+            conn.execute(update(batches).where(batches.c.id == batch_id, batches.c.expired_at.is_(None))
+                         .values(expired_at=at))
+
     def attach_outputs(self, record: BatchRecord, sizes: tuple[int, int]) -> BatchRecord:
         """Give a finished batch its output and error files (once: a second caller reads the first's)."""
         out = StoredFile(new_file_id(), record.tenant, OUTPUT_PURPOSE, f"{record.id}_output.jsonl",
@@ -149,4 +173,5 @@ def _batch(row) -> BatchRecord:
         input_file_id=row.input_file_id, completion_window=row.completion_window,
         metadata=row._mapping["metadata"], created_at=row.created_at, errors=row.errors,
         failed_at=row.failed_at, output_file_id=row.output_file_id, error_file_id=row.error_file_id,
+        expired_at=row.expired_at,
     )

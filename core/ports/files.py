@@ -58,6 +58,19 @@ class FileStore(Protocol):
         """The tenant's batches, newest first; with `after` (a batch id), those created before it."""
         ...
 
+    def batch_of_job(self, tenant: str, job_id: int) -> BatchRecord | None:
+        """The tenant's batch that runs this job; None otherwise."""
+        ...
+
+    def unfinished_batches(self, created_before: float) -> list[BatchRecord]:
+        """Every tenant's batches created before `created_before` whose jobs are queued or running
+        (not ended, nor being cancelled), oldest first: what the completion-window sweep reads."""
+        ...
+
+    def mark_expired(self, batch_id: str, at: float) -> None:
+        """Record that the batch's completion window ran out at `at`; a later call changes nothing."""
+        ...
+
     def attach_outputs(self, record: BatchRecord, sizes: tuple[int, int]) -> BatchRecord:
         """Give a finished batch its output and error files (of these sizes), once; the batch after."""
         ...

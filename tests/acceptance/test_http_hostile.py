@@ -17,6 +17,7 @@ from sqlalchemy import create_engine, text
 
 from ..conftest import PG_ADMIN_URL, _pg_admin_connect
 from .http_server import Server, make_server
+from .test_http import long_seed
 
 pytestmark = pytest.mark.timeout(180)
 QUEUE_LIMIT = 40
@@ -36,7 +37,7 @@ def server(request, tmp_path_factory) -> Server:
             pytest.skip("PostgreSQL is not reachable")
         s.env["FSCHED_DB"] = f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
     s.cli("limits", "set", "max_queued_per_tenant", str(QUEUE_LIMIT))
-    s.start_daemon("--model", "standin:1ms")
+    s.start_daemon("--model", "standin:3ms")  # a long request takes seconds: the expiry test's
     s.start_server()
     s.wait_ready()
     yield s
@@ -318,3 +319,35 @@ def test_the_file_list_pages_as_the_other_lists(server):
     assert other.get("/v1/files", params={"after": made[0]}).json()["data"] == []
     for bad in ({"limit": 0}, {"limit": 10_001}, {"order": "sideways"}, {"limit": "x"}):
         openai_error(c.get("/v1/files", params=bad), 400)
+
+
+def test_a_batch_past_its_completion_window_expires_with_its_partial_output(server):
+    c = http(server, "windowed")
+    lines = [{"custom_id": f"short-{i}", "method": "POST", "url": "/v1/completions",
+              "body": {"model": "m", "prompt": "p", "max_tokens": 2}} for i in range(3)]
+    # 2,000 tokens without the stand-in's end token: 6 s at 3 ms a step
+    long = {"model": "m", "prompt": "p", "max_tokens": 2000, "seed": long_seed(2000, prompt="p")}
+    lines += [{"custom_id": f"long-{i}", "method": "POST", "url": "/v1/completions", "body": long}
+              for i in range(2)]
+    file_id = upload(c, "".join(json.dumps(x) + "\n" for x in lines).encode())
+    for window in ("25h", "0s", "1d", "soon", "-3h"):
+        openai_error(c.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions",
+                                                 "completion_window": window}), 400)
+    made = c.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions",
+                                       "completion_window": "2s"}).json()
+    assert made["expires_at"] - made["created_at"] in (1, 2)  # whole seconds of times 2 s apart
+    deadline = time.time() + 30
+    while (batch := c.get(f"/v1/batches/{made['id']}").json())["status"] != "expired":
+        assert batch["status"] in ("in_progress", "finalizing") and time.time() < deadline, \
+            batch["request_counts"]
+        time.sleep(0.2)
+    assert batch["expired_at"] >= made["created_at"] + 1 and batch["completed_at"] is None
+    assert batch["request_counts"] == {"total": 5, "completed": 3, "failed": 2}
+    def content(file_id: str) -> list[dict]:
+        return [json.loads(x) for x in c.get(f"/v1/files/{file_id}/content").text.splitlines()]
+
+    done = content(batch["output_file_id"])
+    assert sorted(x["custom_id"] for x in done) == ["short-0", "short-1", "short-2"]
+    unfinished = content(batch["error_file_id"])
+    assert sorted(x["custom_id"] for x in unfinished) == ["long-0", "long-1"]
+    assert {x["error"]["code"] for x in unfinished} == {"batch_expired"}
