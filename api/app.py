@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -19,6 +20,7 @@ from fsched.api import batch, dashboard, errors, expiry, online, responses, toke
 from fsched.api.hub import ProgressHub
 from fsched.api.limits import BodyLimit
 from fsched.api.metrics import Metrics
+from fsched.api.openapi import openapi_document
 from fsched.api.slowclients import BodyDeadline, ClientDeadlines
 from fsched.api.state import Backend, ServerState, state_of
 from fsched.core.jobs.limits import InputLimits
@@ -67,6 +69,12 @@ def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None
             return JSONResponse({"status": "error", "detail": "the job table cannot be read"}, 503)
         return JSONResponse({"status": "ok", "daemons_alive": alive})
 
+    document = openapi_document(_version())
+
+    @app.get("/openapi.json")
+    async def openapi() -> JSONResponse:
+        return JSONResponse(document)
+
     @app.get("/metrics", include_in_schema=False)
     async def metrics(request: Request) -> Response:
         body = await state_of(request).call(state.metrics.render)
@@ -79,6 +87,13 @@ def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None
     app.add_middleware(BodyDeadline, timeout_s=body_timeout_s)
     app.add_middleware(MetricsListener, port=metrics_port)
     return app
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("fsched")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "0+unknown"
 
 
 class MetricsListener:
