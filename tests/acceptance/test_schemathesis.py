@@ -18,7 +18,7 @@ SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
 REPO = Path(__file__).resolve().parents[2]
 QUICK_S = 25
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
-          "response_schema_conformance,openai_error_shape")
+          "response_schema_conformance,unsupported_method,allow_header_conformance,openai_error_shape")
 
 pytestmark = [pytest.mark.timeout(600),
               pytest.mark.skipif(not SCHEMATHESIS.exists(), reason="needs schemathesis (the test extra)")]
