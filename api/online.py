@@ -39,6 +39,10 @@ from fsched.core.types import Endpoint, JobOrigin, RequestState
 
 router = APIRouter()
 RETRY_AFTER_S = 1
+# How long a stream's headers wait for its first token (or its end, a refusal included): the engine
+# refuses a prompt over its context when it first sees it, within a step of the claim; a request
+# queued for longer starts streaming meanwhile (its refusal, if any, then comes as an SSE error).
+STREAM_OPEN_WAIT_S = 5.0
 
 
 @router.get("/v1/models")
@@ -95,9 +99,10 @@ async def _serve(request: Request, endpoint: Endpoint):
 
 async def first_news(request: Request, state: ServerState, job_id: int,
                      online: OnlineRequest) -> AsyncIterator[Choices] | None:
-    """The job's progress from its first output token or its end: a request the engine refuses (a
-    prompt over the context) answers its error status before any stream starts, as unstreamed.
-    None when the client went away first (the request is cancelled)."""
+    """The job's progress, its stream held back until its first output token or its end (at most
+    STREAM_OPEN_WAIT_S): a request the engine refuses (a prompt over the context) answers its
+    error status before any stream starts, as unstreamed. None when the client went away first
+    (the request is cancelled)."""
     watch = state.hub.watch(job_id)
 
     async def first() -> Choices | None:
@@ -112,32 +117,34 @@ async def first_news(request: Request, state: ServerState, job_id: int,
 
     waiting, gone = asyncio.ensure_future(first()), asyncio.ensure_future(disconnected())
     try:
-        await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({waiting, gone}, timeout=STREAM_OPEN_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        gone_now = gone.done() and not waiting.done()
         gone.cancel()
-        if not waiting.done():
-            waiting.cancel()
-    if not waiting.done() or waiting.cancelled():
+    if gone_now:
+        waiting.cancel()
         await watch.aclose()
         await cancel(state, job_id)
         return None
-    opening = waiting.result()
-    failed = failed_choice(opening)
+    failed = failed_choice(waiting.result()) if waiting.done() else None
     if failed is not None:
         await watch.aclose()
-        observe(state, online, opening)
+        observe(state, online, waiting.result())
         status, message = failure(failed)
         raise ApiError(status, message, code="request_failed")
-    return _then(opening, watch)
+    return _then(waiting, watch)
 
 
-async def _then(first: Choices | None, rest: AsyncIterator[Choices]) -> AsyncIterator[Choices]:
+async def _then(first: asyncio.Future, rest: AsyncIterator[Choices]) -> AsyncIterator[Choices]:
+    """The first news (awaited here when it had not come before the stream opened), then the rest."""
     try:
-        if first is not None:
-            yield first
+        opening = await first
+        if opening is not None:
+            yield opening
         async for choices in rest:
             yield choices
     finally:
+        first.cancel()
         await rest.aclose()
 
 
