@@ -21,6 +21,7 @@ import json
 import time
 from dataclasses import dataclass
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from fsched.api.errors import error_body
@@ -39,15 +40,30 @@ class ClientDeadlines:
 
 
 class HeaderDeadline(H11Protocol):
-    """uvicorn's h11 protocol, closing a connection whose request headers are not in on time."""
+    """uvicorn's h11 protocol, closing a connection whose request headers are not in on time.
+
+    It also closes as nginx's `lingering_close` does: a connection closed
+    while the client is still sending a body (an early 413) first sends its
+    FIN and reads and drops what still comes, for at most LINGER_S, so the
+    client reads the answer instead of a reset.
+    """
 
     header_timeout_s = ClientDeadlines().header_timeout_s
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(_Lingering(transport, self))
         self._waiting_for = None
         self._deadline = None
         self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.lingering:
+            return  # the answer is sent: what the client still sends is dropped
+        super().data_received(data)
+
+    def eof_received(self) -> None:
+        if self.transport.lingering:
+            self.transport.close_now()
 
     def handle_events(self) -> None:
         super().handle_events()
@@ -74,6 +90,37 @@ class HeaderDeadline(H11Protocol):
         self._deadline = None
         if not self.transport.is_closing():
             self.transport.close()
+
+
+LINGER_S = 2.0
+
+
+class _Lingering:
+    """A transport whose close() lingers while the client is still sending a request body."""
+
+    def __init__(self, transport, protocol: H11Protocol):
+        self._transport = transport
+        self._protocol = protocol
+        self.lingering = False
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        sending = self._protocol.conn.their_state is h11.SEND_BODY
+        if self.lingering or not sending or not self._transport.can_write_eof():
+            self.close_now()
+            return
+        self.lingering = True
+        self._transport.write_eof()
+        self._protocol.loop.call_later(LINGER_S, self.close_now)
+
+    def close_now(self) -> None:
+        if not self._transport.is_closing():
+            self._transport.close()
 
 
 def header_deadline_protocol(timeout_s: float) -> type[HeaderDeadline]:

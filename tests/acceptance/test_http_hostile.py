@@ -351,3 +351,4 @@ def test_a_batch_past_its_completion_window_expires_with_its_partial_output(serv
     unfinished = content(batch["error_file_id"])
     assert sorted(x["custom_id"] for x in unfinished) == ["long-0", "long-1"]
     assert {x["error"]["code"] for x in unfinished} == {"batch_expired"}
+
