@@ -105,8 +105,11 @@ SCHEMAS = {
         "tenant": {"type": "string"}, "weight": {"type": "number", "exclusiveMinimum": 0}}},
 }
 
-_STREAMED = {"content": {JSON: {"schema": _ref("Object")},
-                         "text/event-stream": {"schema": {"type": "string"}}}}
+# A stream's schema is its events': server-sent events with a `data` line (and, for the Responses
+# API, an `event` line), the data a JSON chunk or `[DONE]`.
+_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"},
+                                                                  "event": {"type": "string"}}}
+_STREAMED = {"content": {JSON: {"schema": _ref("Object")}, "text/event-stream": {"schema": _EVENT}}}
 _OBJECT = _json(_ref("Object"))
 _LIST = _json(_ref("List"))
 _PAGE = [_query("after", {"type": "string"}), _query("limit", {"type": "integer"})]
