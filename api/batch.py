@@ -8,7 +8,6 @@ error files are rendered from the job's results when read.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 
@@ -29,8 +28,9 @@ from fsched.core.jobs.batches import (
     window_seconds,
 )
 from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_job_file
+from fsched.core.jobs.jsontext import dumps as json_text
 from fsched.core.jobs.results import lines_of, output_line
-from fsched.core.ports.records import JobSubmission, QueueFull
+from fsched.core.ports.records import FileQuotaExceeded, JobSubmission, QueueFull
 from fsched.core.types import Endpoint, JobOrigin, RequestClass
 
 router = APIRouter()
@@ -59,9 +59,13 @@ async def upload(request: Request) -> dict:
         raise ApiError(400, f"purpose must be {BATCH_PURPOSE!r} (the only purpose fsched serves)", "purpose")
     if upload is None or isinstance(upload, str):
         raise ApiError(400, "missing the 'file' part", "file")
-    content = await upload.read()
     filename = (upload.filename or "upload.jsonl")[:256]
-    stored = await state.call(state.backend.files.add_file, key.tenant, BATCH_PURPOSE, filename, content)
+    quota = (await state.limits()).max_file_bytes_per_tenant
+    try:  # from the spooled upload a piece at a time: the server never holds the whole file
+        stored = await state.call(state.backend.files.add_file, key.tenant, BATCH_PURPOSE, filename,
+                                  upload.file, quota=quota, size_hint=upload.size)
+    except FileQuotaExceeded as exc:
+        raise ApiError(400, str(exc), "file", "file_quota_exceeded") from None
     return file_object(stored)
 
 
@@ -104,8 +108,8 @@ async def file_content(request: Request, file_id: str):
     key = await state.authenticate(request)
     f = await _file(state, key, file_id)
     if f.job_id is None:
-        content = await state.call(state.backend.files.file_content, key.tenant, file_id)
-        return StreamingResponse(iter([content or b""]), media_type="application/octet-stream")
+        pieces = await state.call(state.backend.files.iter_content, key.tenant, file_id)
+        return StreamingResponse(pieces or iter([b""]), media_type="application/octet-stream")
     expired = await state.call(_expired, state, key.tenant, f.job_id)
     return StreamingResponse(_results(state, f.job_id, f.errors, expired), media_type="application/jsonl")
 
@@ -117,7 +121,7 @@ def _results(state: ServerState, job_id: int, errors: bool, expired: bool = Fals
         out = output_line(line)
         if expired and out["error"] is not None and out["error"]["code"] == "cancelled":
             out["error"] = BATCH_EXPIRED
-        yield (json.dumps(out, ensure_ascii=False) + "\n").encode()
+        yield (json_text(out) + "\n").encode()
 
 
 def _expired(state: ServerState, tenant: str, job_id: int) -> bool:
