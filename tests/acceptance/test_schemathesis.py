@@ -59,7 +59,7 @@ def test_schemathesis_finds_nothing(server, request, tmp_path):
          "-H", f"Authorization: Bearer {key}", "--max-time", str(seconds), "--workers", "2",
          "--request-timeout", "30", "--seed", "1", "--suppress-health-check", "all",
          "--report", "junit", "--report-dir", str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=seconds + 240, cwd=REPO)
+        capture_output=True, text=True, env=env, timeout=seconds + 240, cwd=tmp_path)  # its cache there
     out = proc.stdout + proc.stderr
     print(out[-4000:])
     assert proc.returncode == 0, out[-6000:]
