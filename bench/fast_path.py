@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -157,7 +158,7 @@ def ideal(engine: Engine, work: Workload) -> dict:
             "engine_us_per_token": round(1e6 * engine_cpu / max(1, run.total), 1)}
 
 
-def relay(engine: Engine, work: Workload, backend: str, tmp: Path) -> dict:
+def relay(engine: Engine, work: Workload, backend: str, tmp: Path, profile: Path | None = None) -> dict:
     """The job through `fsched submit` + `fsched daemon --engine URL`, the daemon's CPU over the run."""
     table = Table(backend, tmp)
     try:
@@ -168,7 +169,14 @@ def relay(engine: Engine, work: Workload, backend: str, tmp: Path) -> dict:
         try:
             table.wait("SELECT COUNT(*) FROM daemons", lambda r: r[0] > 0, 120)
             time.sleep(1.0)
-            return _relay_run(table, engine, daemon, job)
+            spy = _profiler(daemon.pid, profile) if profile else None
+            try:
+                return _relay_run(table, engine, daemon, job)
+            finally:
+                if spy is not None:
+                    spy.send_signal(signal.SIGINT)
+                    spy.wait(60)
+                    print("\n".join(top_frames(profile)), flush=True)
         finally:
             daemon.terminate()
             daemon.communicate(timeout=60)
@@ -192,6 +200,32 @@ def _relay_run(table: Table, engine: Engine, daemon: subprocess.Popen, job: Path
             "engine_us_per_token": round(1e6 * engine_cpu / tokens, 1)}
 
 
+def _profiler(pid: int, out: Path) -> subprocess.Popen:
+    """py-spy sampling `pid` (collapsed stacks to `out`) until it gets SIGINT."""
+    spy = str(Path(sys.executable).parent / "py-spy")
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "250",
+                             "--nonblocking", "--function", "-o", str(out)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def top_frames(collapsed: Path, n: int = 25) -> list[str]:
+    """The functions the samples were in (self) and under (total), most first, from collapsed stacks."""
+    own: dict[str, int] = {}
+    under: dict[str, int] = {}
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames, k = stack.split(";"), int(count)
+        total += k
+        own[frames[-1]] = own.get(frames[-1], 0) + k
+        for frame in set(frames):
+            under[frame] = under.get(frame, 0) + k
+    out = [f"{collapsed.name}: {total} samples; self% total% function"]
+    for frame, k in sorted(own.items(), key=lambda x: -x[1])[:n]:
+        out.append(f"  {100 * k / total:5.1f} {100 * under[frame] / total:5.1f}  {frame}")
+    return out
+
+
 def relay_arm(args, slots: int, backends: list[str]) -> list[dict]:
     work = Workload(args.requests, args.tokens)
     rows = []
@@ -199,7 +233,8 @@ def relay_arm(args, slots: int, backends: list[str]) -> list[dict]:
         base = ideal(engine, work)
         for backend in backends:
             with tempfile.TemporaryDirectory() as tmp:
-                through = relay(engine, work, backend, Path(tmp))
+                profile = args.profile / f"relay-{slots}-{backend}.txt" if args.profile else None
+                through = relay(engine, work, backend, Path(tmp), profile)
             rows.append({"arm": "relay", "slots": slots, "pace_tok_s": round(engine.pace), "backend": backend,
                          "ideal": base, "fsched": through,
                          "ratio": round(through["tok_s"] / base["tok_s"], 3),
@@ -242,7 +277,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=120)
     parser.add_argument("--backends", nargs="+", default=["sqlite", "postgresql"],
                         choices=["sqlite", "postgresql"])
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="a folder: sample the daemon with py-spy (collapsed stacks) and print its top "
+                             "frames; the figures of a profiled run count py-spy's pauses too")
     args = parser.parse_args()
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     rows = []
     for arm in args.arms:
         for slots in args.slots:

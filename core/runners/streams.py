@@ -59,10 +59,8 @@ class Stream:
     last: str | None = None  # the last finish_reason an event named
     deadline: float = 0.0
     closed: bool = False
-
-    @property
-    def ended(self) -> bool:
-        return self.finish is not None or self.error is not None
+    plain: bool = True  # its reader wants token ids and the finish reason only (no logprobs)
+    ended: bool = False  # a finish reason or an error: nothing more will come
 
     def take(self) -> tuple[list[int], list[tuple[dict, int]]]:
         """The tokens (and logprobs objects) that arrived since the last take."""
@@ -103,7 +101,8 @@ class Streams:
             return stream
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        stream = Stream(sock, request, owner, deadline=time.monotonic() + self.connect_timeout_s)
+        stream = Stream(sock, request, owner, deadline=time.monotonic() + self.connect_timeout_s,
+                        plain=body.get("logprobs") is None)
         code = sock.connect_ex(address)
         if code not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
             _fail(stream, f"cannot connect to the engine: {os.strerror(code)}", Fault.UNAVAILABLE)
@@ -179,43 +178,11 @@ class Streams:
         except OSError as exc:
             self._end(stream, f"{type(exc).__name__}: {exc}", Fault.UNAVAILABLE)
             return True
-        if stream.state == BODY and not stream.chunked and stream.status == 200:
-            if data:
-                stream.sse += data
-                _events(stream)
-        else:
-            stream.buf += data
-            self._framed(stream)
-        if not data and not stream.ended:
-            self._eof(stream)
+        received(stream, data)
         if stream.ended and not stream.closed:
             self.abort(stream)
         stream.deadline = 0.0 if stream.ended else now + self.read_timeout_s
         return bool(stream.tokens) or stream.ended
-
-    def _framed(self, stream: Stream) -> None:
-        if stream.state == HEAD:
-            end = stream.buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            _head(stream, stream.buf[:end])
-            stream.buf = stream.buf[end + 4 :]
-            stream.state = BODY
-        if stream.chunked:
-            _dechunk(stream)
-        elif stream.buf:
-            stream.sse, stream.buf = stream.sse + stream.buf, b""
-        if stream.status == 200:
-            _events(stream)
-        elif 0 <= stream.length <= len(stream.sse):
-            _error_answer(stream)
-
-    def _eof(self, stream: Stream) -> None:
-        """The engine closed the connection."""
-        if stream.status not in (0, 200) and stream.state == BODY:
-            _error_answer(stream)
-        else:
-            _fail(stream, "the engine closed the stream early", Fault.UNAVAILABLE)
 
     def _expired(self, now: float) -> list[Stream]:
         late = [key.data for key in self._selector.get_map().values() if 0 < key.data.deadline < now]
@@ -229,9 +196,49 @@ class Streams:
         self.abort(stream)
 
 
+def received(stream: Stream, data: bytes) -> None:
+    """Parse what arrived on `stream` (b"": the engine closed the connection)."""
+    if stream.state != BODY or stream.status != 200:
+        stream.buf += data
+        _framed(stream)
+    elif stream.chunked:
+        _chunks(stream, stream.buf + data if stream.buf else data)
+    elif data:
+        _events(stream, stream.sse + data if stream.sse else data)
+    if not data and not stream.ended:
+        _eof(stream)
+
+
+def _framed(stream: Stream) -> None:
+    if stream.state == HEAD:
+        end = stream.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        _head(stream, stream.buf[:end])
+        stream.buf = stream.buf[end + 4 :]
+        stream.state = BODY
+    buf, stream.buf = stream.buf, b""
+    if stream.status == 200:
+        return _chunks(stream, buf) if stream.chunked else _events(stream, stream.sse + buf)
+    if stream.chunked:
+        _dechunk(stream, buf)
+    else:
+        stream.sse += buf
+    if 0 <= stream.length <= len(stream.sse):
+        _error_answer(stream)
+
+
+def _eof(stream: Stream) -> None:
+    """The engine closed the connection."""
+    if stream.status not in (0, 200) and stream.state == BODY:
+        _error_answer(stream)
+    else:
+        _fail(stream, "the engine closed the stream early", Fault.UNAVAILABLE)
+
+
 def _fail(stream: Stream, error: str, fault: Fault) -> None:
     if not stream.ended:
-        stream.error, stream.fault = error, fault
+        stream.error, stream.fault, stream.ended = error, fault, True
 
 
 def _head(stream: Stream, head: bytes) -> None:
@@ -247,42 +254,84 @@ def _head(stream: Stream, head: bytes) -> None:
             stream.length = int(value)
 
 
-def _dechunk(stream: Stream) -> None:
-    """Move whole chunks' payload from `buf` to `sse`; the last (empty) chunk ends the body."""
-    buf, pos, out = stream.buf, 0, []
-    while True:
-        eol = buf.find(b"\r\n", pos)
-        if eol < 0:
-            break
+def _dechunk(stream: Stream, buf: bytes) -> bytes:
+    """The payload of the whole chunks at the start of `buf` (the rest waits in `stream.buf`); the last,
+    empty chunk marks the body complete (`stream.length`)."""
+    pos, out = 0, []
+    while (eol := buf.find(b"\r\n", pos)) >= 0:
         size = int(buf[pos:eol].split(b";", 1)[0] or b"0", 16)
         if size == 0:
-            stream.length = len(stream.sse) + sum(len(x) for x in out)  # the body is complete
+            stream.length = len(stream.sse) + sum(len(x) for x in out)
             pos = len(buf)
             break
-        if len(buf) < eol + 2 + size + 2:
+        if len(buf) < eol + 4 + size:
             break
         out.append(buf[eol + 2 : eol + 2 + size])
-        pos = eol + 2 + size + 2
+        pos = eol + 4 + size
     stream.buf = buf[pos:]
-    if out:
-        stream.sse += b"".join(out)
+    payload = b"".join(out)
+    if stream.status != 200:
+        stream.sse += payload
+    return payload
 
 
-def _events(stream: Stream) -> None:
-    """Parse the whole server-sent events in `sse`; keep a partial one for later."""
-    sse = stream.sse
+def _chunks(stream: Stream, buf: bytes) -> None:
+    """A chunked event stream: the common case (whole chunks, each one whole event) without copies."""
+    payload = _dechunk(stream, buf)
+    if payload:
+        _events(stream, stream.sse + payload if stream.sse else payload)
+
+
+def _events(stream: Stream, sse: bytes) -> None:
+    """Parse the whole server-sent events in `sse`; keep a partial one for later (`stream.sse`)."""
     end = sse.rfind(b"\n")
     if end < 0:
+        stream.sse = sse
         return
     stream.sse = sse[end + 1 :]
-    for line in sse[: end + 1].split(b"\n"):
+    for line in sse[:end].split(b"\n"):
         if line[:5] != b"data:" or stream.ended:
             continue
         data = line[5:].strip()
         if data == b"[DONE]":
-            stream.finish = stream.last or "stop"
+            stream.finish, stream.ended = stream.last or "stop", True
             return
-        _event(stream, json.loads(data))
+        fast = _plain_chunk(data) if stream.plain else None
+        if fast is None:
+            _event(stream, json.loads(data))
+        else:
+            stream.tokens += fast[0]
+            if fast[1] is not None:
+                stream.last = fast[1]
+
+
+def _plain_chunk(data: bytes) -> tuple[list[int], str | None] | None:
+    """The token ids and finish reason of a one-choice chunk, read without parsing the JSON; None
+    when the chunk is anything else (an error, several choices, a shape not seen before).
+
+    A key found by its bytes is the key: inside a JSON string a quote is always escaped, so
+    `"token_ids":` cannot occur in a string's text.
+    """
+    i = data.find(b'"token_ids":')
+    if i < 0 or data.find(b'"token_ids":', i + 12) >= 0 or data.find(b'"error"') >= 0:
+        return None
+    start, end = data.find(b"[", i + 12), data.find(b"]", i + 12)
+    k = data.find(b'"finish_reason":')
+    if start < 0 or end < start or data[i + 12 : start].strip() or k < 0 \
+            or data.find(b'"finish_reason":', k + 16) >= 0:
+        return None
+    inner = data[start + 1 : end]
+    try:
+        tokens = [int(x) for x in inner.split(b",")] if inner.strip() else []
+    except ValueError:
+        return None
+    value = data[k + 16 : k + 48].lstrip()
+    if value[:4] == b"null":
+        return tokens, None
+    close = value.find(b'"', 1)
+    if value[:1] != b'"' or close < 0:
+        return None
+    return tokens, value[1:close].decode()
 
 
 def _event(stream: Stream, chunk: dict) -> None:
