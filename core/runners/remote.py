@@ -210,6 +210,7 @@ class _Request:
     rules: StopRules = field(default_factory=StopRules)
     pending_logprobs: list[TokenLogprobs] = field(default_factory=list)  # of `pending`, when asked for
     replay: list[int] = field(default_factory=list)  # tokens the open stream must regenerate first
+    stops: frozenset[int] = frozenset()  # the tokens that end it (past min_tokens)
 
     @property
     def generated(self) -> list[int]:
@@ -245,8 +246,10 @@ class RemoteRunner(Runner):
             raise ValueError(f"request {request_id!r} is already in the runner")
         if not prompt:
             raise ValueError(f"request {request_id!r} has an empty prompt")
+        rules = stop_rules(params)
+        stops = rules.stop_token_ids if rules.ignore_eos else rules.stop_token_ids | self.codec.eos_token_ids
         self._requests[request_id] = _Request(request_id, [*prompt, *generated], len(prompt), params,
-                                              logprobs=list(logprobs), rules=stop_rules(params))
+                                              logprobs=list(logprobs), rules=rules, stops=stops)
 
     def release(self, request_id: RequestId) -> None:
         r = self._requests.pop(request_id, None)
@@ -407,16 +410,7 @@ class RemoteRunner(Runner):
         if r.error is not None:
             result.failed[r.id] = f"the engine refused the request: {r.error}"
             return 0
-        n = 0
-        for i, token in enumerate(r.pending):
-            r.tokens.append(token)
-            if r.params.logprobs is not None and i < len(r.pending_logprobs):
-                r.logprobs.append(r.pending_logprobs[i])
-            n += 1
-            check = self._check(r, token)
-            if check.finished is not None:
-                r.finish = check
-                break
+        n = self._take_plain(r) if self._plain(r) else self._take_each(r)
         r.pending.clear()
         r.pending_logprobs.clear()
         if n:
@@ -428,6 +422,43 @@ class RemoteRunner(Runner):
         if r.finish is not None:
             self._close(r)
             result.finished[r.id] = r.finish
+        return n
+
+    def _plain(self, r: _Request) -> bool:
+        """Whether only a stop token or the length can end the request within the pending tokens (no
+        stop strings, no logprobs, past min_tokens): then one scan finds where it ends."""
+        rules = r.rules
+        return not rules.stop and r.params.logprobs is None and (
+            len(r.tokens) - r.prompt_len + 1 >= rules.min_tokens)
+
+    def _take_plain(self, r: _Request) -> int:
+        """Take the pending tokens up to the first that ends the request (what `check_stop` would say
+        of each, checked once, at the last one taken); how many."""
+        pending = r.pending
+        if not pending:
+            return 0
+        stops = r.stops
+        room = min(r.params.max_tokens - (len(r.tokens) - r.prompt_len), self.context_length - len(r.tokens))
+        n = min(len(pending), max(1, room))
+        if stops and not stops.isdisjoint(pending[:n]):
+            n = next(i for i, token in enumerate(pending[:n]) if token in stops) + 1
+        r.tokens += pending[:n] if n < len(pending) else pending
+        check = self._check(r, r.tokens[-1])
+        if check.finished is not None:
+            r.finish = check
+        return n
+
+    def _take_each(self, r: _Request) -> int:
+        n = 0
+        for i, token in enumerate(r.pending):
+            r.tokens.append(token)
+            if r.params.logprobs is not None and i < len(r.pending_logprobs):
+                r.logprobs.append(r.pending_logprobs[i])
+            n += 1
+            check = self._check(r, token)
+            if check.finished is not None:
+                r.finish = check
+                break
         return n
 
     def _check(self, r: _Request, token: int) -> StopCheck:
