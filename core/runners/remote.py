@@ -58,6 +58,8 @@ from fsched.core.types import (
 log = logging.getLogger("fsched.daemon")
 
 MAX_ENGINE_SEED = 2**31 - 1
+# Reads of the ready streams after a step's gathering (a stream that sent more meanwhile is read again).
+DRAIN_ROUNDS = 4
 
 
 @dataclass(slots=True, frozen=True)
@@ -348,10 +350,14 @@ class RemoteRunner(Runner):
             while (left := deadline - time.perf_counter()) > 0:
                 if self._take(self._streams.poll(left), producing):
                     break
-        if self.gather_s:  # the rest of the engine step's tokens, as they come in together
-            end = time.perf_counter() + self.gather_s
-            while (left := end - time.perf_counter()) > 0:
-                self._take(self._streams.poll(left), producing)
+        if self.gather_s:
+            # The rest of the engine iteration's tokens arrive meanwhile; then one read of every stream
+            # that has some (a poll woken by each stream in turn would cost a system call per token).
+            time.sleep(self.gather_s)
+            for _ in range(DRAIN_ROUNDS):
+                if not (news := self._streams.poll(0.0)):
+                    break
+                self._take(news, producing)
 
     def _take(self, news: list[Stream], producing: set[RequestId]) -> bool:
         """Apply the streams' news; whether a producing request has some."""
