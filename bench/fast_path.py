@@ -201,10 +201,12 @@ def _relay_run(table: Table, engine: Engine, daemon: subprocess.Popen, job: Path
 
 
 def _profiler(pid: int, out: Path) -> subprocess.Popen:
-    """py-spy sampling `pid` (collapsed stacks to `out`) until it gets SIGINT."""
+    """py-spy sampling `pid` (collapsed stacks to `out`) until it gets SIGINT; with PROFILE_IDLE set, the
+    samples of waiting too (where the wall time goes, not only the CPU)."""
     spy = str(Path(sys.executable).parent / "py-spy")
+    idle = ["--idle"] if os.environ.get("PROFILE_IDLE") else []
     return subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "250",
-                             "--nonblocking", "--function", "-o", str(out)], stdout=subprocess.DEVNULL,
+                             "--nonblocking", "--function", *idle, "-o", str(out)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
 
