@@ -8,7 +8,6 @@ error files are rendered from the job's results when read.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 
@@ -28,8 +27,9 @@ from fsched.core.jobs.batches import (
     validate_metadata,
 )
 from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_job_file
+from fsched.core.jobs.jsontext import dumps as json_text
 from fsched.core.jobs.results import lines_of, output_line
-from fsched.core.ports.records import JobSubmission, QueueFull
+from fsched.core.ports.records import FileQuotaExceeded, JobSubmission, QueueFull
 from fsched.core.types import Endpoint, JobOrigin, RequestClass
 
 router = APIRouter()
@@ -53,9 +53,13 @@ async def upload(request: Request) -> dict:
         raise ApiError(400, f"purpose must be {BATCH_PURPOSE!r} (the only purpose fsched serves)", "purpose")
     if upload is None or isinstance(upload, str):
         raise ApiError(400, "missing the 'file' part", "file")
-    content = await upload.read()
     filename = (upload.filename or "upload.jsonl")[:256]
-    stored = await state.call(state.backend.files.add_file, key.tenant, BATCH_PURPOSE, filename, content)
+    quota = (await state.limits()).max_file_bytes_per_tenant
+    try:  # from the spooled upload a piece at a time: the server never holds the whole file
+        stored = await state.call(state.backend.files.add_file, key.tenant, BATCH_PURPOSE, filename,
+                                  upload.file, quota=quota, size_hint=upload.size)
+    except FileQuotaExceeded as exc:
+        raise ApiError(400, str(exc), "file", "file_quota_exceeded") from None
     return file_object(stored)
 
 
@@ -89,15 +93,15 @@ async def file_content(request: Request, file_id: str):
     key = await state.authenticate(request)
     f = await _file(state, key, file_id)
     if f.job_id is None:
-        content = await state.call(state.backend.files.file_content, key.tenant, file_id)
-        return StreamingResponse(iter([content or b""]), media_type="application/octet-stream")
+        pieces = await state.call(state.backend.files.iter_content, key.tenant, file_id)
+        return StreamingResponse(pieces or iter([b""]), media_type="application/octet-stream")
     return StreamingResponse(_results(state, f.job_id, f.errors), media_type="application/jsonl")
 
 
 def _results(state: ServerState, job_id: int, errors: bool):
     """Output lines, read in pages (a sync generator: Starlette runs it in a worker thread)."""
     for line in lines_of(state.backend.jobs.iter_results(job_id, errors=errors)):
-        yield (json.dumps(output_line(line), ensure_ascii=False) + "\n").encode()
+        yield (json_text(output_line(line)) + "\n").encode()
 
 
 async def _file(state: ServerState, key: ApiKey, file_id: str):

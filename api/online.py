@@ -8,14 +8,14 @@ goes away cancels it. The translation both ways lives in core/jobs/openai.py.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from fsched.api import ratelimit
 from fsched.api.errors import ApiError, error_body
 from fsched.api.hub import Choices
 from fsched.api.state import ServerState, state_of
@@ -23,6 +23,7 @@ from fsched.api.tokens import prompt_token_ids
 from fsched.core.jobs.answers import response_body, response_id
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.jobfile import ParsedJobFile
+from fsched.core.jobs.jsontext import dumps as json_text
 from fsched.core.jobs.openai import (
     BodyError,
     ClassRefused,
@@ -105,6 +106,7 @@ async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: Serve
 
 
 async def submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
+    await ratelimit.admit(state, key, online)
     limits = await state.limits()
     submission = JobSubmission(
         parsed=ParsedJobFile(source="<http>", requests=online.specs, form="openai"),
@@ -126,7 +128,7 @@ async def cancel(state: ServerState, job_id: int) -> None:
 
 
 async def _answer(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
-                  online: OnlineRequest) -> JSONResponse:
+                  online: OnlineRequest) -> Response:
     """Wait for the whole answer; a client gone before it comes cancels the request."""
     final = await final_or_disconnect(request, state, job_id)
     if final is None:
@@ -140,8 +142,9 @@ async def _answer(request: Request, state: ServerState, endpoint: Endpoint, job_
     created = int(max(p.finished_at or time.time() for p in final))
     choices = [choice_of(p, online.specs[p.choice].prompt) for p in final]
     prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
-    return JSONResponse(response_body(endpoint, response_id(endpoint, job_id), created,
-                                      _model(online, final[0]), choices, online.spec.answer, prompt_ids))
+    body = response_body(endpoint, response_id(endpoint, job_id), created, _model(online, final[0]), choices,
+                         online.spec.answer, prompt_ids)
+    return Response(json_text(body), media_type="application/json")
 
 
 async def _prompt_ids(state: ServerState, online: OnlineRequest) -> list[list[int]]:
@@ -221,7 +224,7 @@ async def _cancel_on_disconnect(request: Request, state: ServerState, job_id: in
 
 
 def sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {json_text(obj, separators=(',', ':'))}\n\n"
 
 
 def _model(online: OnlineRequest, progress: OnlineProgress) -> str:

@@ -14,12 +14,13 @@ from collections.abc import AsyncIterator
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from fsched.api import online
 from fsched.api.errors import ApiError, error_body
 from fsched.api.state import ServerState, state_of
 from fsched.core.jobs.jobfile import JobFileError, load_json_object
+from fsched.core.jobs.jsontext import dumps as json_text
 from fsched.core.jobs.openai import BodyError, ClassRefused, OnlineRequest, choice_of, parse_online
 from fsched.core.jobs.responses import (
     RESPONSES_NAME,
@@ -60,8 +61,9 @@ async def responses(request: Request):
         status, message = online.failure(failed)
         raise ApiError(status, message, code="request_failed")
     (done,) = final
-    return JSONResponse(response_object(response_id, done.finished_at or time.time(), model, asked.echo,
-                                        choice_of(done), logprobs=logprobs))
+    body = response_object(response_id, done.finished_at or time.time(), model, asked.echo, choice_of(done),
+                           logprobs=logprobs)
+    return Response(json_text(body), media_type="application/json")
 
 
 async def _parse(request: Request, state: ServerState, key_class) -> tuple[ResponsesRequest, OnlineRequest]:
@@ -127,4 +129,4 @@ async def _cancel_on_disconnect(request: Request, state: ServerState, job_id: in
 
 
 def _sse(event: dict) -> str:
-    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"event: {event['type']}\ndata: {json_text(event, separators=(',', ':'))}\n\n"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -89,13 +88,14 @@ def results(
 ) -> None:
     """Write a job's results as OpenAI batch output lines, in input order."""
     from fsched.core.jobs.access import may_touch_job
+    from fsched.core.jobs.jsontext import dumps as json_text
     from fsched.core.jobs.results import lines_of, output_line
 
     store = open_catalog(db)
     job = store.list_jobs(job_id=job_id)[0]
     allow(may_touch_job(acting_user(store), "read the results of", job_id, job.tenant))
     lines = (
-        json.dumps(output_line(line), ensure_ascii=False) + "\n"
+        json_text(output_line(line)) + "\n"
         for line in lines_of(store.iter_results(job_id, errors))
     )
     if output is None:

@@ -26,6 +26,7 @@ DEFAULT_BUSY_TIMEOUT_MS = 30_000
 # Shorter than any sensible lease TTL (the daemon's floor is 2 s), so a stalled
 # client's locks are gone before its leases expire.
 PG_IDLE_IN_TRANSACTION_MS = 2_000
+WAL_KEPT_BYTES = 64 * 1024 * 1024
 
 
 def default_database_path() -> Path:
@@ -100,6 +101,11 @@ def _wire_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         cursor.execute("PRAGMA foreign_keys = ON")
+        # Deleted files give their pages back (`reclaim_space`): takes effect on a new file (before its
+        # first table) and after the VACUUM the schema upgrade runs on an older one.
+        cursor.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        # A checkpointed WAL is cut back to this size instead of keeping its largest size for good.
+        cursor.execute(f"PRAGMA journal_size_limit = {WAL_KEPT_BYTES}")
         if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
             cursor.execute("PRAGMA journal_mode = WAL")
         # WAL + NORMAL: a killed process loses no committed transaction.
@@ -195,6 +201,27 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+    def reclaim_space(self) -> None:
+        """After a large delete: on SQLite, give the free pages back to the file system and cut the WAL
+        back (a checkpoint that readers hold up does what it can; the next one does the rest). On
+        PostgreSQL deleted rows' space is reused by the table's next writes (autovacuum): nothing to do."""
+        if self.dialect != "sqlite":
+            return
+        with self._translate_errors(), self.engine.connect() as conn:
+            raw = conn.connection.driver_connection  # outside any transaction: these pragmas need it
+            raw.executescript("PRAGMA incremental_vacuum;")  # run to the end (execute steps it once)
+            raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+    def make_space_reclaimable(self) -> None:
+        """On SQLite, switch a file made before incremental vacuum to it (a VACUUM: once, at upgrade)."""
+        if self.dialect != "sqlite":
+            return
+        with self._translate_errors(), self.engine.connect() as conn:
+            raw = conn.connection.driver_connection
+            if raw.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
+                raw.execute("PRAGMA auto_vacuum = INCREMENTAL")
+                raw.execute("VACUUM")
 
     def daemon_lock(self) -> DaemonLock | None:
         """On SQLite, make this process the job table's only daemon (None on PostgreSQL).

@@ -22,6 +22,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from fsched.storage.textcodec import SafeString, SafeText
+
 # BIGINT on PostgreSQL; on SQLite an INTEGER PRIMARY KEY must stay INTEGER to
 # be the rowid alias (autoincrement).
 Id = BigInteger().with_variant(Integer(), "sqlite")
@@ -53,7 +55,7 @@ class Job(Base):
     tenant: Mapped[str] = mapped_column(String(128))
     request_class: Mapped[str] = mapped_column("class", String(16))
     priority: Mapped[int] = mapped_column(Integer, default=5)
-    name: Mapped[str] = mapped_column(String(256))
+    name: Mapped[str] = mapped_column(SafeString(256))
     # Which door it came in by (core.types.JobOrigin), and the API key it came with.
     origin: Mapped[str] = mapped_column(String(16), default="submit")
     key_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
@@ -85,14 +87,14 @@ class Request(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     # Position in the submitted file (0-based); results come back in this order.
     idx: Mapped[int] = mapped_column(Integer)
-    custom_id: Mapped[str] = mapped_column(String(512))
+    custom_id: Mapped[str] = mapped_column(SafeString(512))
     # A line asking for several choices (n, or several prompts) is one row a choice, all with the
     # line's custom_id: `choice` is the row's index among them (0 for a line of one).
     choice: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # How the API shows the answer (AnswerOptions.to_json): NULL for a plain request.
     answer: Mapped[dict | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     endpoint: Mapped[str] = mapped_column(String(32))
-    prompt: Mapped[str | None] = mapped_column(Text, nullable=True)
+    prompt: Mapped[str | None] = mapped_column(SafeText, nullable=True)
     messages: Mapped[list | None] = mapped_column(JSON, nullable=True)
     params: Mapped[dict] = mapped_column(JSON)  # SamplingParams.to_json(), seed always set
     max_tokens: Mapped[int] = mapped_column(Integer)
@@ -101,14 +103,14 @@ class Request(Base):
     # Generated so far: token ids are the truth (resume recomputes from them),
     # the text is what results print.
     output_tokens: Mapped[list] = mapped_column(JSON, default=list)
-    output_text: Mapped[str] = mapped_column(Text, default="")
+    output_text: Mapped[str] = mapped_column(SafeText, default="")
     # One compact array per output token (TokenLogprobs.to_json) when the
     # request asked for logprobs, written with the tokens; NULL otherwise.
     output_logprobs: Mapped[list | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     num_output_tokens: Mapped[int] = mapped_column(Integer, default=0)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
-    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error: Mapped[str | None] = mapped_column(SafeText, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     enqueued_at: Mapped[float] = mapped_column(Float)
     first_token_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -180,23 +182,57 @@ class ApiKeyRow(Base):
 
 
 class FileRow(Base):
-    """A file of the Batch API: an upload (content here), or a batch's output or errors
+    """A file of the Batch API: an upload (content in file_chunks), or a batch's output or errors
     (no content: rendered from the job's results when read)."""
 
     __tablename__ = "files"
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(128))
     purpose: Mapped[str] = mapped_column(String(32))
-    filename: Mapped[str] = mapped_column(String(256))
+    filename: Mapped[str] = mapped_column(SafeString(256))
     # Not named `bytes`: that would hide the builtin from the annotations below.
     size: Mapped[int] = mapped_column("bytes", BigInteger)
     created_at: Mapped[float] = mapped_column(Float)
-    content: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    # An upload's content is its rows in file_chunks; an output file has none.
     job_id: Mapped[int | None] = mapped_column(Id, nullable=True)  # output files: whose results
     errors: Mapped[bool] = mapped_column(Integer, default=0)  # output files: the failed lines
     deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     __table_args__ = (Index("ix_files_tenant_created", "tenant", "created_at"),)
+
+
+class FileChunk(Base):
+    """A piece of an upload's content (pieces of a fixed size, in `seq` order): an upload is written
+    and read a piece at a time, and its pieces are deleted with it. No foreign key: the pieces are
+    written before the file row that makes them visible; `created_at` dates those a stopped upload left."""
+
+    __tablename__ = "file_chunks"
+    file_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[float] = mapped_column(Float)  # before `data`: read without the piece itself
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+    __table_args__ = (Index("ix_file_chunks_created_at", "created_at"),)
+
+
+class KeyLimit(Base):
+    """A rate limit an admin set on one API key (name -> value), over the table-wide one."""
+
+    __tablename__ = "key_limits"
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger)
+
+
+class KeyRate(Base):
+    """A key's rate so far, one row a kind (requests, tokens): the time, on the database's clock, by
+    which what it was let through would have been spent at its limit (GCRA's theoretical arrival time).
+    Every server replica reads and moves the same row, so a limit holds across replicas."""
+
+    __tablename__ = "key_rates"
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    tat: Mapped[float] = mapped_column(Float)
 
 
 class BatchRow(Base):

@@ -24,8 +24,9 @@ from fsched.core.ports.records import SchemaMismatch
 from fsched.storage.db import Database
 from fsched.storage.models import Base, Meta
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 VERSION_KEY = "schema_version"
+CHUNKED_FILES_VERSION = 8  # from it on, SQLite files vacuum incrementally (storage.db.reclaim_space)
 
 Migration = Callable[[Connection], None]
 
@@ -139,10 +140,31 @@ def _add_choices(conn: Connection) -> None:
     conn.execute(text("DROP TABLE requests_before"))
 
 
+def _chunked_files_and_rates(conn: Connection) -> None:
+    """Uploads' content in pieces (file_chunks) instead of one value a file; the rate limits' tables.
+
+    Each upload's content moves into pieces, one file at a time, and the
+    column goes. On SQLite the file is switched to incremental vacuum after
+    this step's transaction (`ensure_schema`), so deleted files give their
+    space back.
+    """
+    for name in ("file_chunks", "key_limits", "key_rates"):
+        Base.metadata.tables[name].create(conn, checkfirst=True)
+    if "content" not in {c["name"] for c in inspect(conn).get_columns("files")}:
+        return
+    from fsched.storage.chunks import insert_chunks
+
+    ids = conn.execute(text("SELECT id, created_at FROM files WHERE content IS NOT NULL")).all()
+    for file_id, created_at in ids:
+        content = conn.execute(text("SELECT content FROM files WHERE id = :id"), {"id": file_id}).scalar()
+        insert_chunks(conn, file_id, memoryview(bytes(content)), created_at)
+    drop_column(conn, "files", "content")
+
+
 # MIGRATIONS[v] upgrades a database from version v to v + 1.
 MIGRATIONS: dict[int, Migration] = {
     1: _v1_to_v2, 2: _v2_to_v3, 3: _drop_mlfq_level, 4: _job_origins_and_chargeback,
-    5: _add_output_logprobs, 6: _add_choices,
+    5: _add_output_logprobs, 6: _add_choices, 7: _chunked_files_and_rates,
 }
 
 
@@ -174,7 +196,9 @@ def ensure_schema(
                 raise SchemaMismatch(f"no migration from schema version {step} to {step + 1}")
             migrations[step](conn)
         _store_version(conn, version, insert=False)
-        return found
+    if found < CHUNKED_FILES_VERSION <= version:
+        db.make_space_reclaimable()
+    return found
 
 
 def _read_version(db: Database) -> int | None:

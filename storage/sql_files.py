@@ -7,16 +7,20 @@ batch: the server answers both "unknown" and "not yours" alike.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 
 from fsched.core.jobs.batches import OUTPUT_PURPOSE, BatchRecord, StoredFile, new_file_id
+from fsched.core.ports.records import FileQuotaExceeded
+from fsched.storage.chunks import chunk_at, file_chunks, pieces
 from fsched.storage.db import Database
 from fsched.storage.models import BatchRow, FileRow
 from fsched.storage.schema import ensure_schema
 
 files = FileRow.__table__
+STOPPED_UPLOAD_S = 3600.0
 batches = BatchRow.__table__
 FILE_COLUMNS = (files.c.id, files.c.tenant, files.c.purpose, files.c.filename, files.c.bytes,
                 files.c.created_at, files.c.job_id, files.c.errors)
@@ -30,14 +34,67 @@ class SqlFileStore:
 
     # -- files --------------------------------------------------------------------------------
 
-    def add_file(self, tenant: str, purpose: str, filename: str, content: bytes) -> StoredFile:
-        f = StoredFile(new_file_id(), tenant, purpose, filename, len(content), self.clock())
-        with self.db.write() as conn:
-            conn.execute(files.insert().values(
-                id=f.id, tenant=tenant, purpose=purpose, filename=filename, bytes=f.bytes,
-                created_at=f.created_at, content=content, errors=0,
-            ))
+    def add_file(self, tenant: str, purpose: str, filename: str, content: bytes | BinaryIO,
+                 quota: int | None = None, size_hint: int | None = None) -> StoredFile:
+        """Store an upload (bytes, or a binary file read a piece at a time) in pieces.
+
+        With a `quota`, the tenant's live uploads plus this one must stay
+        within it (FileQuotaExceeded, nothing stored): checked before a piece
+        is written when `size_hint` says the size, as the pieces come, and in
+        the transaction that makes the file visible (so two uploads at once
+        cannot both pass it). The pieces are written in transactions of their
+        own, so no write lock is held for the length of an upload.
+        """
+        file_id, created = new_file_id(), self.clock()
+        used = self.stored_bytes(tenant) if quota is not None else 0
+        if quota is not None and size_hint is not None and used + size_hint > quota:
+            raise FileQuotaExceeded(tenant, used, size_hint, quota)
+        self._sweep_stopped_uploads(created)
+        size = 0
+        try:
+            for seq, piece in enumerate(pieces(content)):
+                size += len(piece)
+                if quota is not None and used + size > quota:
+                    raise FileQuotaExceeded(tenant, used, size, quota)
+                with self.db.write() as conn:
+                    conn.execute(file_chunks.insert().values(file_id=file_id, seq=seq, data=piece,
+                                                             created_at=created))
+            f = StoredFile(file_id, tenant, purpose, filename, size, created)
+            with self.db.write() as conn:
+                if quota is not None:
+                    used = self._stored_bytes(conn, tenant, lock=True)
+                    if used + size > quota:
+                        raise FileQuotaExceeded(tenant, used, size, quota)
+                conn.execute(files.insert().values(
+                    id=f.id, tenant=tenant, purpose=purpose, filename=filename, bytes=f.bytes,
+                    created_at=f.created_at, errors=0,
+                ))
+        except BaseException:
+            with self.db.write() as conn:
+                conn.execute(delete(file_chunks).where(file_chunks.c.file_id == file_id))
+            raise
         return f
+
+    def stored_bytes(self, tenant: str) -> int:
+        """What the tenant's live uploads hold, in bytes (what its quota counts)."""
+        with self.db.read() as conn:
+            return self._stored_bytes(conn, tenant, lock=False)
+
+    def _stored_bytes(self, conn, tenant: str, lock: bool) -> int:
+        if lock and self.db.dialect == "postgresql":  # one quota check at a time per tenant
+            conn.execute(select(func.pg_advisory_xact_lock(727002, func.hashtext(tenant))))
+        return int(conn.execute(select(func.coalesce(func.sum(files.c.bytes), 0)).where(
+            files.c.tenant == tenant, files.c.deleted_at.is_(None), files.c.job_id.is_(None))).scalar_one())
+
+    def _sweep_stopped_uploads(self, now: float) -> None:
+        """Delete the pieces of uploads stopped midway (a server killed) an hour ago or more."""
+        stale = (file_chunks.c.created_at < now - STOPPED_UPLOAD_S) & file_chunks.c.file_id.not_in(
+            select(files.c.id))
+        with self.db.read() as conn:
+            if conn.execute(select(file_chunks.c.file_id).where(stale).limit(1)).first() is None:
+                return
+        with self.db.write() as conn:
+            conn.execute(delete(file_chunks).where(stale))
 
     def get_file(self, tenant: str, file_id: str) -> StoredFile | None:
         with self.db.read() as conn:
@@ -46,8 +103,27 @@ class SqlFileStore:
 
     def file_content(self, tenant: str, file_id: str) -> bytes | None:
         """An upload's bytes (None for an output file, which is rendered from results)."""
+        parts = self.iter_content(tenant, file_id)
+        return None if parts is None else b"".join(parts)
+
+    def iter_content(self, tenant: str, file_id: str) -> Iterator[bytes] | None:
+        """An upload's bytes a piece at a time, each read in a short transaction of its own (None for
+        no such upload)."""
         with self.db.read() as conn:
-            return conn.execute(select(files.c.content).where(*_live_file(tenant, file_id))).scalar()
+            live = conn.execute(select(files.c.job_id).where(*_live_file(tenant, file_id))).first()
+        if live is None or live.job_id is not None:
+            return None
+        return self._pieces(file_id)
+
+    def _pieces(self, file_id: str) -> Iterator[bytes]:
+        seq = 0
+        while True:
+            with self.db.read() as conn:
+                piece = chunk_at(conn, file_id, seq)
+            if piece is None:
+                return
+            yield piece
+            seq += 1
 
     def list_files(self, tenant: str, purpose: str | None = None, limit: int = 10_000) -> list[StoredFile]:
         query = select(*FILE_COLUMNS).where(files.c.tenant == tenant, files.c.deleted_at.is_(None))
@@ -58,12 +134,16 @@ class SqlFileStore:
         return [_file(row) for row in rows]
 
     def delete_file(self, tenant: str, file_id: str) -> bool:
-        """Forget a file (its content goes at once); False when the tenant has no such file."""
+        """Forget a file; its pieces go at once and their space back to the file system (SQLite) or to
+        the table's next writes (PostgreSQL). False when the tenant has no such file."""
         with self.db.write() as conn:
-            return conn.execute(
-                update(files).where(*_live_file(tenant, file_id))
-                .values(deleted_at=self.clock(), content=None)
-            ).rowcount > 0
+            found = conn.execute(update(files).where(*_live_file(tenant, file_id))
+                                 .values(deleted_at=self.clock())).rowcount > 0
+            if found:
+                conn.execute(delete(file_chunks).where(file_chunks.c.file_id == file_id))
+        if found:
+            self.db.reclaim_space()
+        return found
 
     # -- batches ------------------------------------------------------------------------------
 
@@ -120,7 +200,7 @@ def _live_file(tenant: str, file_id: str) -> Iterable:
 
 def _file_row(f: StoredFile) -> dict:
     return {"id": f.id, "tenant": f.tenant, "purpose": f.purpose, "filename": f.filename, "bytes": f.bytes,
-            "created_at": f.created_at, "content": None, "job_id": f.job_id, "errors": int(f.errors)}
+            "created_at": f.created_at, "job_id": f.job_id, "errors": int(f.errors)}
 
 
 def _file(row) -> StoredFile:

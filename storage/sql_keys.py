@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from sqlalchemy import select, update
 
 from fsched.core.jobs.apikeys import ApiKey, new_key, validate_key_name
+from fsched.core.jobs.ratelimit import RateDecision, rate_limits_of
 from fsched.core.jobs.tenants import validate_tenant_name
 from fsched.core.ports.records import UnknownKey
 from fsched.core.types import RequestClass
+from fsched.storage import sql_limits
 from fsched.storage.db import Database
 from fsched.storage.models import ApiKeyRow, Meta
 from fsched.storage.schema import ensure_schema
@@ -72,6 +75,25 @@ class SqlKeyStore:
             conn.execute(meta.delete().where(meta.c.key == key))
             if value is not None:
                 conn.execute(meta.insert().values(key=key, value=str(int(value))))
+
+    # -- rate limits ------------------------------------------------------------------------
+
+    def key_limits(self, key_id: str) -> dict[str, int]:
+        return sql_limits.limits_of_key(self.db, key_id)
+
+    def set_key_limit(self, key_id: str, name: str, value: int | None) -> None:
+        """Store a rate limit on one key (None: back to the table-wide one); UnknownKey for none."""
+        if self.get_key(key_id) is None:
+            raise UnknownKey(key_id)
+        sql_limits.set_key_limit(self.db, key_id, name, value)
+
+    def rate_limits(self, key_id: str) -> dict[str, int]:
+        """The rate limits on a key: its own, else the table-wide ones (none: unlimited)."""
+        return rate_limits_of(self.stored_limits(), self.key_limits(key_id))
+
+    def take_rate(self, key_id: str, limits: Mapping[str, int], costs: Mapping[str, int]) -> RateDecision:
+        """Admit a request of `costs` under `limits` (moving the key's rate), or say how long to wait."""
+        return sql_limits.take(self.db, key_id, limits, costs)
 
 
 def _key(row) -> ApiKey:

@@ -25,6 +25,7 @@ from fsched.core.types import RequestClass, RequestId, RequestState
 from fsched.storage.base import SqlStoreBase
 from fsched.storage.claim import claim_requests
 from fsched.storage.counters import CountDelta, apply_delta, requeue
+from fsched.storage.refusals import is_refusal, write_each
 from fsched.storage.rows import (
     core_id,
     daemon_usage,
@@ -96,10 +97,19 @@ class SqlQueueStore(SqlStoreBase):
 
         Only requests `owner` still holds, under the epoch each update names,
         are written: a daemon that lost a request (cancelled, reclaimed after
-        its lease expired) writes nothing for it.
+        its lease expired) writes nothing for it. A request whose output the
+        table refuses ends `failed` (storage.refusals); the others are written.
         """
         if not updates:
             return 0
+        try:
+            return self._flush(owner, updates, careful=False)
+        except Exception as exc:
+            if not is_refusal(exc):
+                raise
+            return self._flush(owner, updates, careful=True)
+
+    def _flush(self, owner: str, updates: Sequence[TokenUpdate], careful: bool) -> int:
         with self.db.write() as conn:
             rows = {
                 row.id: row
@@ -112,7 +122,6 @@ class SqlQueueStore(SqlStoreBase):
                     )
                 )
             }
-            per_job: dict[int, int] = {}
             writes = []
             for u in updates:
                 row = rows.get(row_id(u.request_id))
@@ -121,14 +130,31 @@ class SqlQueueStore(SqlStoreBase):
                 writes.append({"b_id": row.id, "b_tokens": list(u.tokens), "b_text": u.text,
                                "b_logprobs": logprobs_json(u.logprobs), "b_num": len(u.tokens),
                                "b_first": u.first_token_at})
-                per_job[row.job_id] = per_job.get(row.job_id, 0) + len(u.tokens) - row.num_output_tokens
-            if writes:
+            refused = write_each(conn, FLUSH_TOKENS, writes) if careful else {}
+            if writes and not careful:
                 conn.execute(FLUSH_TOKENS, writes)  # one executemany, not a statement per row
+            per_job: dict[int, int] = {}
+            for w in writes:
+                if w["b_id"] not in refused:
+                    row = rows[w["b_id"]]
+                    per_job[row.job_id] = per_job.get(row.job_id, 0) + w["b_num"] - row.num_output_tokens
             for job_id, delta in per_job.items():
                 if delta:
                     conn.execute(update(jobs).where(jobs.c.id == job_id)
                                  .values(num_output_tokens=jobs.c.num_output_tokens + delta))
-        return len(writes)
+            self._fail_refused(conn, {key: (rows[key].job_id, why) for key, why in refused.items()})
+        return len(writes) - len(refused)
+
+    def _fail_refused(self, conn: Connection, refused: Mapping[int, tuple[int, str]]) -> None:
+        """End the running requests whose tokens the table refused: failed, with why (tokens as flushed)."""
+        now = self.clock()
+        for key, (job_id, why) in sorted(refused.items()):
+            conn.execute(update(requests).where(requests.c.id == key).values(
+                state=RequestState.FAILED.value, error=why, finished_at=now, lease_owner=None,
+                lease_expires_at=None))
+            delta = CountDelta()
+            delta.ended(RequestState.RUNNING, RequestState.FAILED, 0)
+            apply_delta(conn, self.db.dialect, job_id, delta, now)
 
     def finish_requests(self, completions: Sequence[Completion], owner: str | None = None) -> list[bool]:
         """End requests with their final output, in one transaction with their jobs' counters.
@@ -136,18 +162,37 @@ class SqlQueueStore(SqlStoreBase):
         For each: False, changing nothing, when the request had already ended
         (no request ends twice) or, given an `owner`, when that owner no
         longer holds it under the completion's epoch (a fenced daemon writes
-        nothing).
+        nothing). One whose output the table refuses ends `failed` instead,
+        with the table's reason (storage.refusals).
         """
         for c in completions:
             if not c.state.finished:
                 raise ValueError(f"{c.state} is not a final state")
         if not completions:
             return []
+        try:
+            return self._finish(completions, owner, careful=False)
+        except Exception as exc:
+            if not is_refusal(exc):
+                raise
+            return self._finish(completions, owner, careful=True)
+
+    def _finish(self, completions: Sequence[Completion], owner: str | None, careful: bool) -> list[bool]:
         now = self.clock()
         with self.db.write() as conn:
-            outcome, writes, per_job = self._completion_writes(conn, completions, owner, now)
-            if writes:
+            outcome, writes, ends = self._completion_writes(conn, completions, owner, now)
+            if careful:
+                refused = write_each(conn, FINISH_REQUEST, writes)
+                writes = [_failed_write(w, refused[w["b_id"]]) if w["b_id"] in refused else w for w in writes]
+                failures = [w for w in writes if w["b_id"] in refused]
+                if failures:
+                    conn.execute(FINISH_REQUEST, failures)
+            elif writes:
                 conn.execute(FINISH_REQUEST, writes)  # one executemany, not a statement per row
+            per_job: dict[int, CountDelta] = {}
+            for w, (job_id, previous, tokens_before) in zip(writes, ends, strict=True):
+                per_job.setdefault(job_id, CountDelta()).ended(
+                    previous, RequestState(w["b_state"]), w["b_num"] - tokens_before, w["b_prompt"])
             for job_id, delta in per_job.items():
                 apply_delta(conn, self.db.dialect, job_id, delta, now)
             if per_job:
@@ -156,8 +201,9 @@ class SqlQueueStore(SqlStoreBase):
 
     def _completion_writes(
         self, conn: Connection, completions: Sequence[Completion], owner: str | None, now: float
-    ) -> tuple[list[bool], list[dict], dict[int, CountDelta]]:
-        """Which completions may be written (fencing), their rows, and each job's counter change."""
+    ) -> tuple[list[bool], list[dict], list[tuple[int, RequestState, int]]]:
+        """Which completions may be written (fencing), their rows, and for each row its job, state
+        and tokens before."""
         keys = [row_id(c.request_id) for c in completions]
         rows = {
             row.id: row
@@ -167,7 +213,7 @@ class SqlQueueStore(SqlStoreBase):
                 .where(requests.c.id.in_(keys))
             )
         }
-        outcome, writes, per_job = [], [], {}
+        outcome, writes, ends = [], [], []
         for key, c in zip(keys, completions, strict=True):
             row = rows.get(key)
             if row is None:
@@ -186,9 +232,8 @@ class SqlQueueStore(SqlStoreBase):
                 "b_prompt": c.prompt_tokens, "b_model": c.model, "b_error": c.error, "b_now": now,
                 "b_first": c.first_token_at,
             })
-            per_job.setdefault(row.job_id, CountDelta()).ended(
-                previous, c.state, len(c.output_tokens) - row.num_output_tokens, c.prompt_tokens)
-        return outcome, writes, per_job
+            ends.append((row.job_id, previous, row.num_output_tokens))
+        return outcome, writes, ends
 
     def release(self, owner: str | None = None, request_ids: Sequence[RequestId] | None = None) -> int:
         """Hand running requests back to the queue, keeping their flushed tokens.
@@ -315,3 +360,9 @@ class SqlQueueStore(SqlStoreBase):
             changed = conn.execute(update(daemons).where(daemons.c.id == daemon.id).values(**values)).rowcount
             if not changed:
                 conn.execute(daemons.insert().values(id=daemon.id, **values))
+
+
+def _failed_write(write: dict, why: str) -> dict:
+    """A completion the table refused, written failed instead: its tokens (integers) and why."""
+    return {**write, "b_state": RequestState.FAILED.value, "b_text": "", "b_logprobs": None,
+            "b_reason": None, "b_error": why}

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
+
+from fsched.core.jobs.ratelimit import RATE_NAMES
 
 MIB = 1024 * 1024
+GB = 1000 * 1000 * 1000
 DEFAULT_MAX_QUEUED_PER_TENANT = 1_000_000
 
 
@@ -34,6 +37,9 @@ class InputLimits:
     # have: a submit that would go over it is refused whole. Generous: it
     # guards the job table against a runaway script, not a fair share.
     max_queued_per_tenant: int = DEFAULT_MAX_QUEUED_PER_TENANT
+    # Bytes of uploaded files one tenant may keep stored (output files are rendered from results,
+    # not stored, and do not count). OpenAI's default for an organisation's files is 100 GB.
+    max_file_bytes_per_tenant: int = 100 * GB
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -58,6 +64,8 @@ class InputLimits:
 
 
 LIMIT_NAMES = tuple(f.name for f in fields(InputLimits))
+# The input limits, then the rate limits (unlimited unless set; also settable on one key).
+ALL_LIMIT_NAMES = LIMIT_NAMES + RATE_NAMES
 
 
 def limits_in_force(stored: Mapping[str, int], environ: Mapping[str, str] | None = None) -> InputLimits:
@@ -79,10 +87,38 @@ def limits_in_force(stored: Mapping[str, int], environ: Mapping[str, str] | None
     return InputLimits(**values)
 
 
-def validate_limit(name: str, value: int) -> int:
-    """A limit an admin may store: a known name and a value of at least 1."""
-    if name not in LIMIT_NAMES:
-        raise ValueError(f"unknown limit {name!r}; the limits are {', '.join(LIMIT_NAMES)}")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def validate_limit(name: str, value: int | None, per_key: bool = False) -> int | None:
+    """A limit an admin may store (None: unset it): a known name, and a value of at least 1. On one
+    key (`per_key`), only the rate limits."""
+    validate_limit_name(name, per_key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(f"limit {name} must be an integer >= 1, got {value!r}")
     return value
+
+
+def validate_limit_name(name: str, per_key: bool = False) -> str:
+    if per_key and name not in RATE_NAMES:
+        raise ValueError(f"only the rate limits ({', '.join(RATE_NAMES)}) can be set on one key, "
+                         f"not {name!r}")
+    if name not in ALL_LIMIT_NAMES:
+        raise ValueError(f"unknown limit {name!r}; the limits are {', '.join(ALL_LIMIT_NAMES)}")
+    return name
+
+
+def limit_rows(stored: Mapping[str, int], per_key: Mapping[str, int] | None = None) -> list[dict]:
+    """What `fsched limits show` lists: each limit's name, value (None: unlimited), whether an admin set
+    it, and where its value comes from (default, table, key). With `per_key` (one key's own), only the
+    rate limits, as they apply to that key."""
+    rows = []
+    if per_key is None:
+        for name, value in asdict(limits_in_force(stored)).items():
+            rows.append({"name": name, "value": value, "set": name in stored,
+                         "from": "table" if name in stored else "default"})
+    for name in RATE_NAMES:
+        if per_key is not None and name in per_key:
+            rows.append({"name": name, "value": per_key[name], "set": True, "from": "key"})
+        else:
+            value = stored.get(name)
+            rows.append({"name": name, "value": value, "set": value is not None,
+                         "from": "default" if value is None else "table"})
+    return rows

@@ -6,26 +6,38 @@ What every implementation must hold:
    tenant's file or batch id finds nothing, exactly as an unknown id does
    (the server answers both alike, so ids reveal nothing).
 2. **Uploads keep their bytes; outputs are rendered.** An uploaded file's
-   content is stored whole; an output file has none (it is rendered from its
-   job's results), and a deleted file's content is gone at once.
-3. **Outputs are attached once.** The first `attach_outputs` of a batch
+   content is stored exactly (in pieces, written and read a piece at a time);
+   an output file has none (it is rendered from its job's results), and a
+   deleted file's content is gone at once, its space given back.
+3. **A quota holds.** An upload that would take a tenant's live uploads over
+   the quota it is given stores nothing.
+4. **Outputs are attached once.** The first `attach_outputs` of a batch
    gives it its output and error files; a later caller reads the first's.
-4. **Newest first, by creation order.** Listings of files and batches go
+5. **Newest first, by creation order.** Listings of files and batches go
    newest first; `after` pages batches by a batch id.
-5. **Short transactions.** Each call is one transaction.
+6. **Short transactions.** Each call is one transaction (an upload: one a piece, and one
+   that makes the file visible).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterator
+from typing import BinaryIO, Protocol, runtime_checkable
 
 from fsched.core.jobs.batches import BatchRecord, StoredFile
 
 
 @runtime_checkable
 class FileStore(Protocol):
-    def add_file(self, tenant: str, purpose: str, filename: str, content: bytes) -> StoredFile:
-        """Store an upload of `tenant`; its record, with a new id."""
+    def add_file(self, tenant: str, purpose: str, filename: str, content: bytes | BinaryIO,
+                 quota: int | None = None, size_hint: int | None = None) -> StoredFile:
+        """Store an upload of `tenant` (bytes, or a binary file read a piece at a time); its record,
+        with a new id. With a `quota`: FileQuotaExceeded, nothing stored, when the tenant's live uploads
+        and this one would hold more bytes (`size_hint`, when known, lets it refuse before reading)."""
+        ...
+
+    def stored_bytes(self, tenant: str) -> int:
+        """The bytes the tenant's live uploads hold (what its quota counts)."""
         ...
 
     def get_file(self, tenant: str, file_id: str) -> StoredFile | None:
@@ -34,6 +46,10 @@ class FileStore(Protocol):
 
     def file_content(self, tenant: str, file_id: str) -> bytes | None:
         """An upload's bytes; None for an output file, a deleted one, or another tenant's."""
+        ...
+
+    def iter_content(self, tenant: str, file_id: str) -> Iterator[bytes] | None:
+        """An upload's bytes a piece at a time (never the whole file in memory); None as file_content."""
         ...
 
     def list_files(self, tenant: str, purpose: str | None = None, limit: int = 10_000) -> list[StoredFile]:

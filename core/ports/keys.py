@@ -15,14 +15,21 @@ What every implementation must hold:
    (name -> value), none for those left at their default; `set_limit` with
    None puts one back to its default. Names and values are checked by the
    caller (`core.jobs.limits.validate_limit`).
-4. **Short transactions.** Each call is one transaction.
+4. **Rate limits per key.** `rate_limits` gives a key's own limits where an
+   admin set them, else the table-wide ones. `take_rate` admits a request or
+   refuses it, atomically for every caller of every process: N requests at a
+   limit of N a minute pass at once, the next is refused with the wait (a
+   refusal changes nothing).
+5. **Short transactions.** Each call is one transaction.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 from fsched.core.jobs.apikeys import ApiKey
+from fsched.core.jobs.ratelimit import RateDecision
 from fsched.core.types import RequestClass
 
 
@@ -55,4 +62,21 @@ class KeyStore(Protocol):
 
     def set_limit(self, name: str, value: int | None) -> None:
         """Store a limit (None: back to its default)."""
+        ...
+
+    def key_limits(self, key_id: str) -> dict[str, int]:
+        """The rate limits an admin set on this key, by name."""
+        ...
+
+    def set_key_limit(self, key_id: str, name: str, value: int | None) -> None:
+        """Store a rate limit on one key (None: back to the table-wide one). UnknownKey for none."""
+        ...
+
+    def rate_limits(self, key_id: str) -> dict[str, int]:
+        """The rate limits on a key, by name: its own, else the table-wide ones; none: unlimited."""
+        ...
+
+    def take_rate(self, key_id: str, limits: Mapping[str, int], costs: Mapping[str, int]) -> RateDecision:
+        """Admit a request of `costs` (kind -> amount) under `limits` (name -> per minute), or refuse it
+        with the seconds to wait."""
         ...

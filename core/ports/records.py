@@ -54,6 +54,17 @@ class TenantBusy(StoreError):
     """A tenant with unfinished jobs cannot be removed."""
 
 
+class FileQuotaExceeded(StoreError):
+    """An upload would take a tenant's stored file bytes over its quota; nothing was stored."""
+
+    def __init__(self, tenant: str, used: int, adding: int, quota: int):
+        super().__init__(
+            f"tenant {tenant!r} stores {used:,} bytes of files; this upload of {adding:,} bytes or more "
+            f"would pass its quota of {quota:,} bytes (max_file_bytes_per_tenant); delete files to make room"
+        )
+        self.tenant, self.used, self.adding, self.quota = tenant, used, adding, quota
+
+
 class QueueFull(StoreError):
     """A submit would take a tenant's unfinished requests over the limit; nothing was stored."""
 

@@ -1,0 +1,59 @@
+"""Per-key rate limits at the door: 429 with Retry-After, in OpenAI's error shape.
+
+The limits on a key are read from the table and kept for LIMITS_TTL_S (an
+admin's change applies within it); the counting is the table's
+(`KeyStore.take_rate`), shared by every replica of `fsched serve`. A key with
+no limit costs no write. What a request costs: one request, and the tokens
+it may generate (max_tokens for each choice).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from fsched.api.errors import ApiError
+from fsched.api.state import LIMITS_TTL_S, ServerState
+from fsched.core.jobs.apikeys import ApiKey
+from fsched.core.jobs.openai import OnlineRequest
+from fsched.core.jobs.ratelimit import never_fits
+
+# key id -> (its rate limits, when read). Key ids are random and never reused, so one cache serves
+# every app of a process.
+_LIMITS: dict[str, tuple[dict[str, int], float]] = {}
+_KEPT = 10_000
+
+
+def costs_of(online: OnlineRequest) -> dict[str, int]:
+    return {"requests": 1, "tokens": sum(spec.params.max_tokens for spec in online.specs)}
+
+
+async def admit(state: ServerState, key: ApiKey, online: OnlineRequest) -> None:
+    """Let the request through, or refuse it: 429 (Retry-After) over a limit, 400 for one that never fits."""
+    limits = await _limits(state, key.id)
+    if not limits:
+        return
+    costs = costs_of(online)
+    too_big = never_fits(limits, costs)
+    if too_big is not None:
+        raise ApiError(400, f"this request may generate {costs['tokens']:,} tokens, more than key {key.id}'s "
+                            f"limit of {limits[too_big]:,} a minute ({too_big}); ask for fewer max_tokens",
+                       "max_tokens", "rate_limit_exceeded")
+    decision = await state.call(state.backend.keys.take_rate, key.id, limits, costs)
+    if not decision.allowed:
+        wait = max(1, math.ceil(decision.retry_after_s))
+        name = decision.refused_by
+        raise ApiError(429, f"rate limit reached for key {key.id}: {limits[name]:,} "
+                            f"{name.removesuffix('_per_minute')} per minute ({name}); retry in {wait} s",
+                       code="rate_limit_exceeded", headers={"Retry-After": str(wait)})
+
+
+async def _limits(state: ServerState, key_id: str) -> dict[str, int]:
+    now = time.monotonic()
+    found = _LIMITS.get(key_id)
+    if found is None or now - found[1] > LIMITS_TTL_S:
+        if len(_LIMITS) > _KEPT:
+            _LIMITS.clear()
+        found = (await state.call(state.backend.keys.rate_limits, key_id), now)
+        _LIMITS[key_id] = found
+    return found[0]

@@ -1,0 +1,61 @@
+"""Rate limits in the job table: those an admin set on keys, and each key's rate so far.
+
+A key's rate is one row a kind (requests, tokens) holding GCRA's theoretical
+arrival time on the database's clock. Every `fsched serve` replica admits a
+request by moving those rows in one short write transaction (the rows locked
+on PostgreSQL, SQLite's writers take turns), so a limit holds for the key
+across every replica behind the table, and replicas whose clocks disagree
+still agree. A key without a limit costs no write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from fsched.core.jobs.ratelimit import RATE_KINDS, RateDecision, decide
+from fsched.storage.db import Database
+from fsched.storage.models import KeyLimit, KeyRate
+
+key_limits = KeyLimit.__table__
+key_rates = KeyRate.__table__
+
+
+def limits_of_key(db: Database, key_id: str) -> dict[str, int]:
+    with db.read() as conn:
+        rows = conn.execute(select(key_limits.c.name, key_limits.c.value)
+                            .where(key_limits.c.key_id == key_id)).all()
+    return {row.name: int(row.value) for row in rows}
+
+
+def set_key_limit(db: Database, key_id: str, name: str, value: int | None) -> None:
+    with db.write() as conn:
+        conn.execute(delete(key_limits).where(key_limits.c.key_id == key_id, key_limits.c.name == name))
+        if value is not None:
+            conn.execute(key_limits.insert().values(key_id=key_id, name=name, value=int(value)))
+
+
+def take(db: Database, key_id: str, limits: Mapping[str, int], costs: Mapping[str, int]) -> RateDecision:
+    """Admit a request of `costs` (kind -> amount) under `limits` (name -> per minute), or not."""
+    kinds = sorted({RATE_KINDS[name] for name in limits})
+    if not kinds:
+        return RateDecision(True, 0.0, {})
+    insert = pg_insert if db.dialect == "postgresql" else sqlite_insert
+    with db.write() as conn:
+        now = conn.execute(select(db.now())).scalar_one()
+        # A key's first request makes its rows (TAT 0: nothing spent); another replica may race to.
+        conn.execute(insert(key_rates).on_conflict_do_nothing(),
+                     [{"key_id": key_id, "kind": kind, "tat": 0.0} for kind in kinds])
+        query = select(key_rates.c.kind, key_rates.c.tat).where(key_rates.c.key_id == key_id,
+                                                                  key_rates.c.kind.in_(kinds))
+        if db.dialect == "postgresql":
+            query = query.with_for_update()
+        tats = {row.kind: row.tat for row in conn.execute(query)}
+        decision = decide(tats, now, limits, costs)
+        for kind, tat in decision.tats.items():
+            conn.execute(update(key_rates).where(key_rates.c.key_id == key_id, key_rates.c.kind == kind)
+                         .values(tat=tat))
+    return decision
