@@ -57,6 +57,18 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def postgres_cpu_s() -> float:
+    """CPU seconds used so far by this machine's PostgreSQL server processes (0 where none runs)."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() == "postgres":
+                total += cpu_s(int(proc.name))
+        except OSError:
+            continue
+    return total
+
+
 # -- the engine ---------------------------------------------------------------------------------
 class Engine:
     """The paced stand-in engine in its own process."""
@@ -186,10 +198,12 @@ def relay(engine: Engine, work: Workload, backend: str, tmp: Path, profile: Path
 
 def _relay_run(table: Table, engine: Engine, daemon: subprocess.Popen, job: Path) -> dict:
     cpu0, engine0, start = cpu_s(daemon.pid), cpu_s(engine.proc.pid), time.perf_counter()
+    db0 = postgres_cpu_s()
     table.fsched("submit", str(job))
     table.wait("SELECT COUNT(*) FROM requests WHERE state NOT IN ('done', 'failed')", lambda r: r[0] == 0)
     wall = time.perf_counter() - start
     cpu, engine_cpu = cpu_s(daemon.pid) - cpu0, cpu_s(engine.proc.pid) - engine0
+    db_cpu = postgres_cpu_s() - db0  # the server's processes (a PostgreSQL table; the table polls count too)
     tokens, first, last, failed = table.query(
         "SELECT SUM(num_output_tokens), MIN(enqueued_at), MAX(finished_at), "
         "SUM(CASE WHEN state = 'failed' THEN 1 ELSE 0 END) FROM requests")
@@ -197,7 +211,8 @@ def _relay_run(table: Table, engine: Engine, daemon: subprocess.Popen, job: Path
             "tok_s_from_submit": round(tokens / wall), "stored_to_done_s": round(last - first, 2),
             "tok_s": round(tokens / (last - first)), "daemon_cpu_s": round(cpu, 2),
             "daemon_us_per_token": round(1e6 * cpu / tokens, 1),
-            "engine_us_per_token": round(1e6 * engine_cpu / tokens, 1)}
+            "engine_us_per_token": round(1e6 * engine_cpu / tokens, 1),
+            "postgres_us_per_token": round(1e6 * db_cpu / tokens, 1)}
 
 
 def _profiler(pid: int, out: Path) -> subprocess.Popen:
