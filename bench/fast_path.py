@@ -204,11 +204,12 @@ def _relay_run(table: Table, engine: Engine, daemon: subprocess.Popen, job: Path
     wall = time.perf_counter() - start
     cpu, engine_cpu = cpu_s(daemon.pid) - cpu0, cpu_s(engine.proc.pid) - engine0
     db_cpu = postgres_cpu_s() - db0  # the server's processes (a PostgreSQL table; the table polls count too)
-    tokens, first, last, failed = table.query(
+    tokens, first, last, failed, first_token = table.query(
         "SELECT SUM(num_output_tokens), MIN(enqueued_at), MAX(finished_at), "
-        "SUM(CASE WHEN state = 'failed' THEN 1 ELSE 0 END) FROM requests")
+        "SUM(CASE WHEN state = 'failed' THEN 1 ELSE 0 END), MIN(first_token_at) FROM requests")
     return {"tokens": int(tokens), "failed": int(failed), "wall_s": round(wall, 2),
             "tok_s_from_submit": round(tokens / wall), "stored_to_done_s": round(last - first, 2),
+            "stored_to_first_token_s": round(first_token - first, 2),
             "tok_s": round(tokens / (last - first)), "daemon_cpu_s": round(cpu, 2),
             "daemon_us_per_token": round(1e6 * cpu / tokens, 1),
             "engine_us_per_token": round(1e6 * engine_cpu / tokens, 1),
