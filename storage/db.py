@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sqlite3
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -210,18 +211,20 @@ class Database:
             return
         with self._translate_errors(), self.engine.connect() as conn:
             raw = conn.connection.driver_connection  # outside any transaction: these pragmas need it
+            if raw.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
+                _switch_to_incremental_vacuum(raw)  # the upgrade could not (the file was busy)
             raw.executescript("PRAGMA incremental_vacuum;")  # run to the end (execute steps it once)
             raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     def make_space_reclaimable(self) -> None:
-        """On SQLite, switch a file made before incremental vacuum to it (a VACUUM: once, at upgrade)."""
+        """On SQLite, switch a file made before incremental vacuum to it: a VACUUM, once, at upgrade.
+        Best effort: while other processes hold the file it is left to the next delete of a file."""
         if self.dialect != "sqlite":
             return
         with self._translate_errors(), self.engine.connect() as conn:
             raw = conn.connection.driver_connection
             if raw.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
-                raw.execute("PRAGMA auto_vacuum = INCREMENTAL")
-                raw.execute("VACUUM")
+                _switch_to_incremental_vacuum(raw)
 
     def daemon_lock(self) -> DaemonLock | None:
         """On SQLite, make this process the job table's only daemon (None on PostgreSQL).
@@ -255,6 +258,16 @@ class Database:
             hint = storage_hint(path)
             raise StorageError(f"cannot write the daemon lock {path}: {exc.strerror}{hint}") from None
         return DaemonLock(fd)
+
+
+def _switch_to_incremental_vacuum(raw) -> bool:
+    """Rewrite an SQLite file for incremental vacuum (VACUUM); False when others hold it now."""
+    try:
+        raw.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        raw.execute("VACUUM")
+        return True
+    except sqlite3.OperationalError:  # locked or busy past the timeout: a later call tries again
+        return False
 
 
 class DaemonLock:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -43,19 +43,33 @@ def take(db: Database, key_id: str, limits: Mapping[str, int], costs: Mapping[st
     kinds = sorted({RATE_KINDS[name] for name in limits})
     if not kinds:
         return RateDecision(True, 0.0, {})
-    insert = pg_insert if db.dialect == "postgresql" else sqlite_insert
     with db.write() as conn:
-        now = conn.execute(select(db.now())).scalar_one()
-        # A key's first request makes its rows (TAT 0: nothing spent); another replica may race to.
-        conn.execute(insert(key_rates).on_conflict_do_nothing(),
-                     [{"key_id": key_id, "kind": kind, "tat": 0.0} for kind in kinds])
-        query = select(key_rates.c.kind, key_rates.c.tat).where(key_rates.c.key_id == key_id,
-                                                                  key_rates.c.kind.in_(kinds))
         if db.dialect == "postgresql":
-            query = query.with_for_update()
-        tats = {row.kind: row.tat for row in conn.execute(query)}
-        decision = decide(tats, now, limits, costs)
-        for kind, tat in decision.tats.items():
-            conn.execute(update(key_rates).where(key_rates.c.key_id == key_id, key_rates.c.kind == kind)
-                         .values(tat=tat))
+            # A rate is no record: a crash may lose its last milliseconds of counting, and the
+            # request need not wait for the commit's flush to disk.
+            conn.execute(text("SET LOCAL synchronous_commit TO OFF"))
+        rows = _rates(conn, db, key_id, kinds)
+        if len(rows) < len(kinds):  # a key's first request makes its rows (TAT 0: nothing spent)
+            insert = pg_insert if db.dialect == "postgresql" else sqlite_insert
+            conn.execute(insert(key_rates).on_conflict_do_nothing(),
+                         [{"key_id": key_id, "kind": kind, "tat": 0.0} for kind in kinds])
+            rows = _rates(conn, db, key_id, kinds)
+        decision = decide({row.kind: row.tat for row in rows}, rows[0].now, limits, costs)
+        if decision.tats:
+            conn.execute(SET_TAT, [{"b_key": key_id, "b_kind": kind, "b_tat": tat}
+                                   for kind, tat in decision.tats.items()])
     return decision
+
+
+def _rates(conn, db: Database, key_id: str, kinds: list[str]) -> list:
+    """The key's rows of these kinds, locked on PostgreSQL, each with the database's clock."""
+    query = select(key_rates.c.kind, key_rates.c.tat, db.now().label("now")).where(
+        key_rates.c.key_id == key_id, key_rates.c.kind.in_(kinds))
+    if db.dialect == "postgresql":
+        query = query.with_for_update(of=key_rates)
+    return conn.execute(query).all()
+
+
+SET_TAT = (update(key_rates)
+           .where(key_rates.c.key_id == bindparam("b_key"), key_rates.c.kind == bindparam("b_kind"))
+           .values(tat=bindparam("b_tat")))

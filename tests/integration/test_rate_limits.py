@@ -67,6 +67,23 @@ def test_the_store_counts_for_every_replica_at_the_limit_and_one_past(table, db_
         table.keys.set_key_limit("nokey", "requests_per_minute", 1)
 
 
+def test_replicas_racing_on_a_new_key_let_exactly_the_limit_through(table, db_url):
+    from concurrent.futures import ThreadPoolExecutor
+
+    kid, _ = new_key(table, "alice")
+    replicas = [JobTable(db_url) for _ in range(4)]
+    try:
+        def attempt(i: int) -> bool:
+            return replicas[i % 4].keys.take_rate(kid, {"requests_per_minute": 20}, {"requests": 1}).allowed
+
+        with ThreadPoolExecutor(8) as pool:
+            outcomes = list(pool.map(attempt, range(40)))
+    finally:
+        for replica in replicas:
+            replica.dispose()
+    assert outcomes.count(True) == 20
+
+
 def test_requests_past_a_keys_limit_get_429_with_retry_after_and_others_go_on(table):
     kid, alice = new_key(table, "alice")
     _, bob = new_key(table, "bob")
