@@ -17,12 +17,12 @@ from fastapi.responses import JSONResponse, Response
 
 from fsched.api import ratelimit
 from fsched.api.errors import ApiError, error_body
-from fsched.api.guard import KeepAlive, StreamEnd, guarded
+from fsched.api.guard import KeepAlive, StreamEnd, Update, guarded
 from fsched.api.hub import Choices
 from fsched.api.sse import KEEPALIVE, BoundedStream, sse
 from fsched.api.state import ServerState, state_of
 from fsched.api.tokens import prompt_token_ids
-from fsched.core.jobs.answers import response_body, response_id
+from fsched.core.jobs.answers import opaque_response_id, response_body
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.jobs.jsontext import dumps as json_text
@@ -42,6 +42,10 @@ from fsched.core.types import Endpoint, JobOrigin, RequestState
 
 router = APIRouter()
 RETRY_AFTER_S = 1
+# How long a stream's headers wait for its first token (or its end, a refusal included): the engine
+# refuses a prompt over its context when it first sees it, within a step of the claim; a request
+# queued for longer starts streaming meanwhile (its refusal, if any, then comes as an SSE error).
+STREAM_OPEN_WAIT_S = 5.0
 
 
 @router.get("/v1/models")
@@ -88,9 +92,67 @@ async def _serve(request: Request, endpoint: Endpoint):
     await state.require_daemon()
     job_id = await submit(state, key, online)
     if online.stream:
-        return BoundedStream(_stream(request, state, endpoint, job_id, online, key),
+        opened = await first_news(request, state, job_id, online, key)
+        if opened is None:
+            return JSONResponse(error_body(499, "client closed the request"), 499)
+        return BoundedStream(_stream(request, state, endpoint, job_id, online, opened),
                              state.guard.rules.stall_s)
     return await _answer(request, state, endpoint, job_id, online)
+
+
+async def first_news(request: Request, state: ServerState, job_id: int, online: OnlineRequest,
+                     key: ApiKey) -> AsyncIterator[Update] | None:
+    """The job's progress, its stream held back until its first output token or its end (at most
+    STREAM_OPEN_WAIT_S): a request the engine refuses (a prompt over the context) answers its
+    error status before any stream starts, as unstreamed. None when the client went away first
+    (the request is cancelled)."""
+    watch = _updates(state, job_id, key)
+
+    async def first() -> Update | None:
+        async for update in watch:
+            if isinstance(update, StreamEnd):
+                return update
+            if not isinstance(update, KeepAlive) and any(p.num_output_tokens or p.state.finished
+                                                         for p in update):
+                return update
+        return None
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    waiting, gone = asyncio.ensure_future(first()), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({waiting, gone}, timeout=STREAM_OPEN_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone_now = gone.done() and not waiting.done()
+        gone.cancel()
+    if gone_now:
+        waiting.cancel()
+        await watch.aclose()
+        await cancel(state, job_id)
+        return None
+    opening = waiting.result() if waiting.done() else None
+    failed = failed_choice(opening) if isinstance(opening, tuple) else None
+    if failed is not None:
+        await watch.aclose()
+        observe(state, online, waiting.result())
+        status, message = failure(failed)
+        raise ApiError(status, message, code="request_failed")
+    return _then(waiting, watch)
+
+
+async def _then(first: asyncio.Future, rest: AsyncIterator[Update]) -> AsyncIterator[Update]:
+    """The first news (awaited here when it had not come before the stream opened), then the rest."""
+    try:
+        opening = await first
+        if opening is not None:
+            yield opening
+        async for choices in rest:
+            yield choices
+    finally:
+        first.cancel()
+        await rest.aclose()
 
 
 async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: ServerState) -> OnlineRequest:
@@ -158,7 +220,7 @@ async def _answer(request: Request, state: ServerState, endpoint: Endpoint, job_
     created = int(max(p.finished_at or time.time() for p in final))
     choices = [choice_of(p, online.specs[p.choice].prompt) for p in final]
     prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
-    body = response_body(endpoint, response_id(endpoint, job_id), created, _model(online, final[0]), choices,
+    body = response_body(endpoint, opaque_response_id(endpoint), created, _model(online, final[0]), choices,
                          online.spec.answer, prompt_ids)
     return Response(json_text(body), media_type="application/json")
 
@@ -197,7 +259,7 @@ async def final_or_disconnect(request: Request, state: ServerState, job_id: int)
 
 
 async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
-                  online: OnlineRequest, key: ApiKey) -> AsyncIterator[str]:
+                  online: OnlineRequest, progress: AsyncIterator[Update]) -> AsyncIterator[str]:
     """Server-sent events: chunks as tokens come (the choices interleaved, each by its index),
     keep-alive comments while nothing does, the usage chunk if asked, `[DONE]`; or an error event
     when a rule of api/guard.py ends the stream.
@@ -207,14 +269,14 @@ async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_
     the `finally` covers a generator closed early (a stalled client, a stop).
     """
     prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
-    relay = StreamRelay(endpoint, response_id(endpoint, job_id), int(time.time()),
+    relay = StreamRelay(endpoint, opaque_response_id(endpoint), int(time.time()),
                         online.spec.model or DEFAULT_MODEL_NAME, online, prompt_ids)
     final, ended = None, False
     hang_up = asyncio.ensure_future(_cancel_on_disconnect(request, state, job_id))
     try:
         for event in relay.opening():
             yield sse(event)
-        async for update in _updates(state, job_id, key):
+        async for update in progress:
             if isinstance(update, KeepAlive):
                 yield KEEPALIVE
                 continue
@@ -244,7 +306,7 @@ async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_
                 await cancel(state, job_id)
 
 
-def _updates(state: ServerState, job_id: int, key: ApiKey):
+def _updates(state: ServerState, job_id: int, key: ApiKey) -> AsyncIterator[Update]:
     async def read_key(key_id: str):
         return await state.call(state.backend.keys.get_key, key_id)
 
@@ -258,6 +320,7 @@ async def _cancel_on_disconnect(request: Request, state: ServerState, job_id: in
     while (await request.receive())["type"] != "http.disconnect":
         pass
     await cancel(state, job_id)
+
 
 
 def _model(online: OnlineRequest, progress: OnlineProgress) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,18 @@ def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) a process has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def postgres_cpu_s() -> float:
+    """CPU seconds used so far by this machine's PostgreSQL server processes (0 where none runs)."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() == "postgres":
+                total += cpu_s(int(proc.name))
+        except OSError:
+            continue
+    return total
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -157,7 +170,7 @@ def ideal(engine: Engine, work: Workload) -> dict:
             "engine_us_per_token": round(1e6 * engine_cpu / max(1, run.total), 1)}
 
 
-def relay(engine: Engine, work: Workload, backend: str, tmp: Path) -> dict:
+def relay(engine: Engine, work: Workload, backend: str, tmp: Path, profile: Path | None = None) -> dict:
     """The job through `fsched submit` + `fsched daemon --engine URL`, the daemon's CPU over the run."""
     table = Table(backend, tmp)
     try:
@@ -168,7 +181,14 @@ def relay(engine: Engine, work: Workload, backend: str, tmp: Path) -> dict:
         try:
             table.wait("SELECT COUNT(*) FROM daemons", lambda r: r[0] > 0, 120)
             time.sleep(1.0)
-            return _relay_run(table, engine, daemon, job)
+            spy = _profiler(daemon.pid, profile) if profile else None
+            try:
+                return _relay_run(table, engine, daemon, job)
+            finally:
+                if spy is not None:
+                    spy.send_signal(signal.SIGINT)
+                    spy.wait(60)
+                    print("\n".join(top_frames(profile)), flush=True)
         finally:
             daemon.terminate()
             daemon.communicate(timeout=60)
@@ -178,18 +198,50 @@ def relay(engine: Engine, work: Workload, backend: str, tmp: Path) -> dict:
 
 def _relay_run(table: Table, engine: Engine, daemon: subprocess.Popen, job: Path) -> dict:
     cpu0, engine0, start = cpu_s(daemon.pid), cpu_s(engine.proc.pid), time.perf_counter()
+    db0 = postgres_cpu_s()
     table.fsched("submit", str(job))
     table.wait("SELECT COUNT(*) FROM requests WHERE state NOT IN ('done', 'failed')", lambda r: r[0] == 0)
     wall = time.perf_counter() - start
     cpu, engine_cpu = cpu_s(daemon.pid) - cpu0, cpu_s(engine.proc.pid) - engine0
-    tokens, first, last, failed = table.query(
+    db_cpu = postgres_cpu_s() - db0  # the server's processes (a PostgreSQL table; the table polls count too)
+    tokens, first, last, failed, first_token = table.query(
         "SELECT SUM(num_output_tokens), MIN(enqueued_at), MAX(finished_at), "
-        "SUM(CASE WHEN state = 'failed' THEN 1 ELSE 0 END) FROM requests")
+        "SUM(CASE WHEN state = 'failed' THEN 1 ELSE 0 END), MIN(first_token_at) FROM requests")
     return {"tokens": int(tokens), "failed": int(failed), "wall_s": round(wall, 2),
             "tok_s_from_submit": round(tokens / wall), "stored_to_done_s": round(last - first, 2),
+            "stored_to_first_token_s": round(first_token - first, 2),
             "tok_s": round(tokens / (last - first)), "daemon_cpu_s": round(cpu, 2),
             "daemon_us_per_token": round(1e6 * cpu / tokens, 1),
-            "engine_us_per_token": round(1e6 * engine_cpu / tokens, 1)}
+            "engine_us_per_token": round(1e6 * engine_cpu / tokens, 1),
+            "postgres_us_per_token": round(1e6 * db_cpu / tokens, 1)}
+
+
+def _profiler(pid: int, out: Path) -> subprocess.Popen:
+    """py-spy sampling `pid` (collapsed stacks to `out`) until it gets SIGINT; with PROFILE_IDLE set, the
+    samples of waiting too (where the wall time goes, not only the CPU)."""
+    spy = str(Path(sys.executable).parent / "py-spy")
+    idle = ["--idle"] if os.environ.get("PROFILE_IDLE") else []
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "250",
+                             "--nonblocking", "--function", *idle, "-o", str(out)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def top_frames(collapsed: Path, n: int = 25) -> list[str]:
+    """The functions the samples were in (self) and under (total), most first, from collapsed stacks."""
+    own: dict[str, int] = {}
+    under: dict[str, int] = {}
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames, k = stack.split(";"), int(count)
+        total += k
+        own[frames[-1]] = own.get(frames[-1], 0) + k
+        for frame in set(frames):
+            under[frame] = under.get(frame, 0) + k
+    out = [f"{collapsed.name}: {total} samples; self% total% function"]
+    for frame, k in sorted(own.items(), key=lambda x: -x[1])[:n]:
+        out.append(f"  {100 * k / total:5.1f} {100 * under[frame] / total:5.1f}  {frame}")
+    return out
 
 
 def relay_arm(args, slots: int, backends: list[str]) -> list[dict]:
@@ -199,7 +251,8 @@ def relay_arm(args, slots: int, backends: list[str]) -> list[dict]:
         base = ideal(engine, work)
         for backend in backends:
             with tempfile.TemporaryDirectory() as tmp:
-                through = relay(engine, work, backend, Path(tmp))
+                profile = args.profile / f"relay-{slots}-{backend}.txt" if args.profile else None
+                through = relay(engine, work, backend, Path(tmp), profile)
             rows.append({"arm": "relay", "slots": slots, "pace_tok_s": round(engine.pace), "backend": backend,
                          "ideal": base, "fsched": through,
                          "ratio": round(through["tok_s"] / base["tok_s"], 3),
@@ -242,7 +295,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=120)
     parser.add_argument("--backends", nargs="+", default=["sqlite", "postgresql"],
                         choices=["sqlite", "postgresql"])
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="a folder: sample the daemon with py-spy (collapsed stacks) and print its top "
+                             "frames; the figures of a profiled run count py-spy's pauses too")
     args = parser.parse_args()
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     rows = []
     for arm in args.arms:
         for slots in args.slots:

@@ -9,6 +9,8 @@ import typer
 from fsched.cli.common import DbOption, UserError, handle_errors, open_table_to_serve
 
 POLL_MS = 5.0
+HEADER_TIMEOUT_S = 10.0  # as api/slowclients.py's ClientDeadlines (api/ is imported only once serving)
+BODY_TIMEOUT_S = 120.0
 
 
 def build_backend(db: str | None):
@@ -50,13 +52,23 @@ def serve(
                                  "ids in answers (default: known from the daemons' model when it is the "
                                  "tiny model or the stand-in).")
     ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port of 127.0.0.1 "
+                                 "(and nowhere else; default: no metrics).")
+    ] = None,
+    header_timeout: Annotated[
+        float, typer.Option("--header-timeout", help="Seconds a client has to send a request's headers.")
+    ] = HEADER_TIMEOUT_S,
+    body_timeout: Annotated[
+        float, typer.Option("--body-timeout", help="Seconds a client has to send a request's whole body.")
+    ] = BODY_TIMEOUT_S,
     no_daemon_s: NoDaemonOption = 10.0,
     stall_s: StallOption = 30.0,
     send_buffer_kb: SendBufferOption = None,
     link: LinkOption = True,
     db: DbOption = None,
 ) -> None:
-    """Serve the OpenAI API (completions, chat, the Batch API, /metrics) over the job table.
+    """Serve the OpenAI API (completions, chat, the Batch API) over the job table.
 
     Each API key (`fsched keys create`) is a tenant. Any number of servers may
     share one job table; the daemons do the generating (`fsched daemon`).
@@ -72,17 +84,22 @@ def serve(
             from None
     if not 0.1 <= poll_ms <= 1000:
         raise UserError(f"--poll-ms must be within 0.1..1000, got {poll_ms:g}")
+    if metrics_port is not None and metrics_port == port:
+        raise UserError("--metrics-port must differ from --port (the API port never serves /metrics)")
     if send_buffer_kb is not None and not 4 <= send_buffer_kb <= 65536:
         raise UserError(f"--send-buffer-kb must be within 4..65536, got {send_buffer_kb}")
+    from fsched.api.slowclients import ClientDeadlines, header_deadline_protocol
     from fsched.core.runners.connect import codec_for_served
 
+    try:
+        deadlines = ClientDeadlines(header_timeout, body_timeout)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     app = create_app(build_backend(db), poll_s=poll_ms / 1000,
-                     tokenizers=Tokenizers(tokenizer, load=codec_for_served),
-                     rules=_rules(no_daemon_s, stall_s), link=link)
-    # Logs name methods, paths and statuses only: never a prompt or an output.
-    config = uvicorn.Config(app, host=host, port=port, access_log=access_log, log_level="info",
-                            timeout_graceful_shutdown=5)
-    _run(config, app.state.fsched.hub, _listener(host, port, send_buffer_kb) if send_buffer_kb else None)
+                     tokenizers=Tokenizers(tokenizer, load=codec_for_served), metrics_port=metrics_port,
+                     body_timeout_s=deadlines.body_timeout_s, rules=_rules(no_daemon_s, stall_s), link=link)
+    protocol = header_deadline_protocol(deadlines.header_timeout_s)
+    _run(uvicorn, app, host, port, metrics_port, access_log, protocol, send_buffer_kb)
 
 
 def _rules(no_daemon_s: float, stall_s: float):
@@ -94,24 +111,17 @@ def _rules(no_daemon_s: float, stall_s: float):
         raise UserError(f"--no-daemon-s and --stall-s: {exc}") from None
 
 
-def _listener(host: str, port: int, send_buffer_kb: int):
-    """A listening socket whose connections get a fixed send buffer (they inherit it)."""
+def _run(uvicorn, app, host: str, port: int, metrics_port: int | None, access_log: bool, protocol,
+         send_buffer_kb: int | None = None) -> None:
+    """One uvicorn server on the API's socket and, if asked, the metrics port's (loopback only: the
+    scraper runs on this machine, or tunnels in). On SIGTERM or SIGINT, open online requests end at
+    once (cancelled, their streams told why), so the graceful shutdown has nothing left to wait for."""
+    import asyncio
     import socket
 
-    sock = socket.create_server((host, port), reuse_port=False)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_kb * 1024)
-    return sock
-
-
-def _run(config, hub, sock) -> None:
-    import asyncio
-
-    import uvicorn
+    hub = app.state.fsched.hub
 
     class Server(uvicorn.Server):
-        """On SIGTERM or SIGINT, open online requests end at once (cancelled, their streams told why),
-        so the graceful shutdown has nothing left to wait for."""
-
         def handle_exit(self, sig, frame) -> None:
             try:
                 asyncio.get_running_loop().call_soon_threadsafe(hub.close)
@@ -119,4 +129,12 @@ def _run(config, hub, sock) -> None:
                 hub.close()
             super().handle_exit(sig, frame)
 
-    Server(config).run(sockets=[sock] if sock is not None else None)
+    # Logs name methods, paths and statuses only: never a prompt or an output.
+    config = uvicorn.Config(app, host=host, port=port, access_log=access_log, log_level="info",
+                            timeout_graceful_shutdown=5, http=protocol)
+    sockets = [config.bind_socket()]
+    if send_buffer_kb is not None:  # connections inherit it: the most a stalled client makes us hold
+        sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_kb * 1024)
+    if metrics_port is not None:
+        sockets.append(uvicorn.Config(app, host="127.0.0.1", port=metrics_port).bind_socket())
+    Server(config).run(sockets=sockets)

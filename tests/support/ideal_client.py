@@ -1,11 +1,13 @@
 """The ideal client of an engine: what a relay in front of it is measured against.
 
-asyncio, one connection per stream (as many at once as `concurrency`),
-requests written by hand, every server-sent event parsed (JSON) and its
-`token_ids` counted; nothing else. `run(url, bodies, concurrency)` streams
-every body of `/v1/completions` and returns the tokens of each, the wall
-time from the first request sent to the last stream ended, and each
-stream's first-token time.
+asyncio, one connection per stream (as many at once as `concurrency`), a
+protocol object per connection reading bytes as they arrive (no stream
+reader), the request written by hand, the chunked body and its server-sent
+events parsed, every event's JSON decoded and its `token_ids` kept; nothing
+else. `run(url, bodies, concurrency)` streams every body of
+`/v1/completions` and returns the tokens of each, the wall time from the
+first request sent to the last stream ended, and each stream's first-token
+time.
 """
 
 from __future__ import annotations
@@ -32,35 +34,62 @@ class Run:
         return self.total / self.wall_s if self.wall_s else 0.0
 
 
-async def _one(host: str, port: int, path: str, body: dict) -> tuple[list[int], float]:
-    start = time.perf_counter()
-    reader, writer = await asyncio.open_connection(host, port)
+class _Reader(asyncio.Protocol):
+    """One streamed response: its head, then chunks, then events."""
+
+    def __init__(self, done: asyncio.Future):
+        self.done, self.buf, self.head = done, b"", False
+        self.tokens: list[int] = []
+        self.start = time.perf_counter()
+        self.first = 0.0
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if not self.head:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            if b" 200 " not in self.buf[: self.buf.find(b"\r\n")]:
+                self.done.set_exception(RuntimeError(f"the engine answered {self.buf[:200]!r}"))
+                return
+            self.head, self.buf = True, self.buf[end + 4 :]
+        while (eol := self.buf.find(b"\r\n")) >= 0:
+            size = int(self.buf[:eol], 16)
+            if size == 0:
+                if not self.done.done():
+                    self.done.set_result(self.tokens)
+                return
+            if len(self.buf) < eol + 4 + size:
+                return
+            self._events(self.buf[eol + 2 : eol + 2 + size])
+            self.buf = self.buf[eol + 4 + size :]
+
+    def _events(self, payload: bytes) -> None:
+        for line in payload.split(b"\n"):
+            if line.startswith(b"data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    if (ids := choice.get("token_ids")) and not self.tokens:
+                        self.first = time.perf_counter() - self.start
+                    self.tokens += ids or ()
+
+    def connection_lost(self, exc) -> None:
+        if not self.done.done():
+            self.done.set_exception(ConnectionError("the engine closed the stream early"))
+
+
+async def _one(host: str, port: int, body: dict) -> tuple[list[int], float]:
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    transport, reader = await loop.create_connection(lambda: _Reader(done), host, port)
     data = json.dumps(body).encode()
-    writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                 b"Accept: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
-                 % (path.encode(), host.encode(), len(data), data))
-    status = await reader.readline()
-    if b" 200 " not in status:
-        raise RuntimeError(f"the engine answered {status!r}")
-    while (await reader.readline()) not in (b"\r\n", b""):
-        pass
-    tokens: list[int] = []
-    first = 0.0
-    while True:
-        size = int((await reader.readline()).strip() or b"0", 16)
-        if size == 0:
-            break
-        chunk = await reader.readexactly(size + 2)
-        for line in chunk.split(b"\n"):
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            for choice in json.loads(line[6:])["choices"]:
-                ids = choice.get("token_ids") or ()
-                if ids and not tokens:
-                    first = time.perf_counter() - start
-                tokens.extend(ids)
-    writer.close()
-    return tokens, first
+    transport.write(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                    b"Accept: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
+                    % (host.encode(), len(data), data))
+    try:
+        tokens = await done
+    finally:
+        transport.close()
+    return tokens, reader.first
 
 
 async def _run(url: str, bodies: list[dict], concurrency: int) -> Run:
@@ -73,7 +102,7 @@ async def _run(url: str, bodies: list[dict], concurrency: int) -> Run:
     async def worker() -> None:
         while todo:
             i, body = todo.pop()
-            tokens[i], firsts[i] = await _one(parts.hostname, parts.port, "/v1/completions", body)
+            tokens[i], firsts[i] = await _one(parts.hostname, parts.port, body)
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
