@@ -82,12 +82,7 @@ def serve(
         missing = exc.name
         raise UserError(f"fsched serve needs its extra: pip install 'fsched[serve]' ({missing} is missing)") \
             from None
-    if not 0.1 <= poll_ms <= 1000:
-        raise UserError(f"--poll-ms must be within 0.1..1000, got {poll_ms:g}")
-    if metrics_port is not None and metrics_port == port:
-        raise UserError("--metrics-port must differ from --port (the API port never serves /metrics)")
-    if send_buffer_kb is not None and not 4 <= send_buffer_kb <= 65536:
-        raise UserError(f"--send-buffer-kb must be within 4..65536, got {send_buffer_kb}")
+    _check(poll_ms, port, metrics_port, send_buffer_kb)
     from fsched.api.slowclients import ClientDeadlines, header_deadline_protocol
     from fsched.core.runners.connect import codec_for_served
 
@@ -100,6 +95,15 @@ def serve(
                      body_timeout_s=deadlines.body_timeout_s, rules=_rules(no_daemon_s, stall_s), link=link)
     protocol = header_deadline_protocol(deadlines.header_timeout_s)
     _run(uvicorn, app, host, port, metrics_port, access_log, protocol, send_buffer_kb)
+
+
+def _check(poll_ms: float, port: int, metrics_port: int | None, send_buffer_kb: int | None) -> None:
+    if not 0.1 <= poll_ms <= 1000:
+        raise UserError(f"--poll-ms must be within 0.1..1000, got {poll_ms:g}")
+    if metrics_port is not None and metrics_port == port:
+        raise UserError("--metrics-port must differ from --port (the API port never serves /metrics)")
+    if send_buffer_kb is not None and not 4 <= send_buffer_kb <= 65536:
+        raise UserError(f"--send-buffer-kb must be within 4..65536, got {send_buffer_kb}")
 
 
 def _rules(no_daemon_s: float, stall_s: float):
