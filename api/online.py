@@ -101,12 +101,13 @@ async def _serve(request: Request, endpoint: Endpoint):
 
 
 async def first_news(request: Request, state: ServerState, job_id: int, online: OnlineRequest,
-                     key: ApiKey) -> AsyncIterator[Update] | None:
+                     key: ApiKey | None = None) -> AsyncIterator[Update] | None:
     """The job's progress, its stream held back until its first output token or its end (at most
     STREAM_OPEN_WAIT_S): a request the engine refuses (a prompt over the context) answers its
     error status before any stream starts, as unstreamed. None when the client went away first
     (the request is cancelled)."""
-    watch = _updates(state, job_id, key)
+    # With the key: the stream rules of api/guard.py too (keep-alives, ends); without: progress only.
+    watch = _updates(state, job_id, key) if key is not None else state.hub.watch(job_id)
 
     async def first() -> Update | None:
         async for update in watch:
