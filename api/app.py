@@ -17,8 +17,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from fsched.api import batch, dashboard, errors, expiry, online, responses, tokens
+from fsched.api.guard import Guard, StreamRules
 from fsched.api.hub import ProgressHub
 from fsched.api.limits import BodyLimit
+from fsched.api.link import LinkClient
 from fsched.api.metrics import Metrics
 from fsched.api.openapi import openapi_document
 from fsched.api.slowclients import BodyDeadline, ClientDeadlines
@@ -30,22 +32,37 @@ JSON_BODY_LIMIT = InputLimits().max_line_bytes
 MULTIPART_OVERHEAD = 64 * 1024
 
 
+def _link_tasks(state: ServerState) -> list[asyncio.Task]:
+    """The daemons' links, kept to every live daemon's published address (none when turned off)."""
+    if state.link is None:
+        return []
+
+    async def addresses() -> set[str]:
+        return {d.stats.link for d in await state.live_daemons() if d.stats.link}
+
+    state.hub.on_close = state.link.closed
+    return [asyncio.create_task(state.link.run(addresses))]
+
+
 def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None = None,
                tokenizers: tokens.Tokenizers | None = None, metrics_port: int | None = None,
-               body_timeout_s: float = ClientDeadlines().body_timeout_s) -> FastAPI:
-    """The server over `backend`; `poll_s` is how often the hub reads open requests' progress;
+               body_timeout_s: float = ClientDeadlines().body_timeout_s, rules: StreamRules | None = None,
+               link: bool = True) -> FastAPI:
+    """The server over `backend`; `poll_s`: how often the hub reads open requests' progress;
     `tokenizers` loads the served model's tokenizer for /tokenize (None: the server has none);
-    `/metrics` answers only on the listener of `metrics_port` (None: nowhere), which serves
-    nothing else; `body_timeout_s` bounds how long a request's body may take to arrive."""
+    `/metrics` answers only on the listener of `metrics_port` (None: nowhere); `body_timeout_s`
+    bounds a body; `rules` bound open streams; `link`: hear the daemons' links (api/link.py)."""
     hub = ProgressHub(backend.serving.progress, poll_s)
     state = ServerState(backend=backend, hub=hub, metrics=Metrics(backend),
-                        tokenizers=tokenizers or tokens.Tokenizers())
+                        tokenizers=tokenizers or tokens.Tokenizers(), guard=Guard(rules or StreamRules()),
+                        link=LinkClient(hub) if link else None)
     upload_limit = upload_limit or InputLimits().max_bytes
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(hub.run()), asyncio.create_task(dashboard.sample_forever(state)),
                  asyncio.create_task(expiry.expire_forever(state))]
+        tasks += _link_tasks(state)
         try:
             yield
         finally:
