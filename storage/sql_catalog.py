@@ -117,8 +117,10 @@ class SqlCatalogStore(SqlStoreBase):
                 finished = conn.execute(finished_query).all()
         if job_id is not None and not (active or finished):
             raise UnknownJob(job_id)
-        rows = sorted([*active, *finished], key=lambda row: row.id)
-        return [job_summary(row) for row in rows]
+        # Two reads: on PostgreSQL (read committed) a job that ends between them is in both; the later
+        # read, the finished row, is the one kept.
+        rows = {row.id: row for row in [*active, *finished]}
+        return [job_summary(rows[job]) for job in sorted(rows)]
 
     def online_groups(self, tenant: str | None = None,
                       window_s: float = ONLINE_WINDOW_S) -> list[OnlineGroup]:
