@@ -1,14 +1,21 @@
-"""One poller per server process: every open request's progress in one read of the table.
+"""One hub per server process: every open request's progress, from the table and from the daemons' links.
 
 Handlers do not poll the table themselves: each registers its job and waits
-on an event; the hub reads all registered jobs at once every `interval_s`
-and wakes those whose row changed. 200 open streams cost one query a tick,
-not 200.
+on an event. Two sources wake it:
+- the table: the hub reads all registered jobs at once every `interval_s`
+  (200 open streams cost one query a tick, not 200);
+- a daemon's link (api/link.py): the daemon pushes each step's text of a
+  request it holds; such a job is then read from the table only every
+  `linked_poll_s` (a check: cancels and failures reach the table first).
+
+What a handler sees never goes back: a read that shows less than a push
+already did is ignored until the table catches up, unless it ends the request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -20,39 +27,124 @@ from fsched.core.jobs.openai import OnlineProgress
 Choices = tuple[OnlineProgress, ...]
 Reader = Callable[[Sequence[int]], dict[int, Choices]]
 
+LINKED_POLL_S = 0.25  # a linked job's table check: cancels, failures and the record
+
 
 @dataclass(slots=True)
 class _Watch:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     latest: Choices = ()
+    linked_at: float | None = None  # the last push of a daemon's link (monotonic)
+    polled_at: float = -1e18
+
+
+def _ahead(new: Choices, old: Choices) -> bool:
+    """Whether `new` shows at least what `old` did (or ends the request)."""
+    if not old or any(p.state.finished for p in new):
+        return True
+    if any(p.state.finished for p in old):
+        return False
+    return sum(len(p.output_text) for p in new) >= sum(len(p.output_text) for p in old)
 
 
 class ProgressHub:
-    def __init__(self, read: Reader, interval_s: float = 0.005):
+    def __init__(self, read: Reader, interval_s: float = 0.005, linked_poll_s: float = LINKED_POLL_S):
         self.read = read
         self.interval_s = interval_s
+        self.linked_poll_s = linked_poll_s
+        self.closing = False
+        self.on_close: Callable[[int], None] | None = None  # told when a job's last watcher leaves
         self._watches: dict[int, _Watch] = {}
+        self._expected: dict[int, bool] = {}  # announced on a link before anyone watched
         self._wake = asyncio.Event()
+
+    @property
+    def open_jobs(self) -> list[int]:
+        return list(self._watches)
 
     async def watch(self, job_id: int) -> AsyncIterator[Choices]:
         """Each change of the job's requests (its choices), until every one has ended (the last
         yielded is final)."""
+        async for choices in self.follow(job_id, tick_s=None):
+            if choices is not None:
+                yield choices
+
+    async def follow(self, job_id: int, tick_s: float | None) -> AsyncIterator[Choices | None]:
+        """As `watch`, and None every `tick_s` without a change (the handler's moment to send a
+        keep-alive or give up), and at once when the server starts closing."""
         watch = self._watches[job_id] = _Watch()
+        if self._expected.pop(job_id, False):
+            watch.linked_at = time.monotonic()  # announced on a link: its daemon will push
         self._wake.set()
         seen = None
         try:
             while True:
-                await watch.event.wait()
+                try:
+                    await asyncio.wait_for(watch.event.wait(), tick_s)
+                except TimeoutError:
+                    yield None
+                    continue
                 watch.event.clear()
+                if self.closing:
+                    yield None
+                    continue
                 choices = watch.latest
                 key = tuple((p.state, p.num_output_tokens, len(p.output_text)) for p in choices)
                 if key != seen:
                     seen = key
                     yield choices
-                if all(p.state.finished for p in choices):
+                if choices and all(p.state.finished for p in choices):
                     return
         finally:
             self._watches.pop(job_id, None)
+            if self.on_close is not None:
+                self.on_close(job_id)
+
+    def push(self, job_id: int, choices: Choices) -> bool:
+        """A daemon's link pushed the job's progress; False when nobody here watches it."""
+        watch = self._watches.get(job_id)
+        if watch is None:
+            return False
+        watch.linked_at = time.monotonic()
+        self._offer(watch, choices)
+        return True
+
+    def expect_push(self, job_id: int) -> None:
+        """The job was announced on a live link: read it from the table only every `linked_poll_s`
+        from the start (the link's drop reverts that)."""
+        self._expected[job_id] = True
+
+    def unlink(self, job_ids: Sequence[int]) -> None:
+        """A link went down: read these jobs from the table at every tick again."""
+        for job_id in job_ids:
+            if (watch := self._watches.get(job_id)) is not None:
+                watch.linked_at = None
+        self._wake.set()
+
+    def close(self) -> None:
+        """The server is stopping: wake every handler (each sees `closing`)."""
+        self.closing = True
+        for watch in self._watches.values():
+            watch.event.set()
+
+    def latest(self, job_id: int) -> Choices:
+        watch = self._watches.get(job_id)
+        return watch.latest if watch is not None else ()
+
+    @staticmethod
+    def _offer(watch: _Watch, choices: Choices) -> None:
+        if _ahead(choices, watch.latest):
+            watch.latest = choices
+            watch.event.set()
+
+    def _due(self, now: float) -> list[int]:
+        """The jobs to read this tick: unlinked ones always, linked ones every `linked_poll_s`."""
+        due = []
+        for job_id, watch in self._watches.items():
+            if watch.linked_at is None or now - watch.polled_at >= self.linked_poll_s:
+                watch.polled_at = now
+                due.append(job_id)
+        return due
 
     async def run(self) -> None:
         """Poll while anyone watches; sleep otherwise. Runs for the server's life."""
@@ -60,14 +152,15 @@ class ProgressHub:
             if not self._watches:
                 self._wake.clear()
                 await self._wake.wait()
-            ids = list(self._watches)
-            try:
-                found = await anyio.to_thread.run_sync(self.read, ids)
-            except Exception:  # noqa: BLE001 - a failed read (database busy, gone) is retried next tick
-                found = {}
+            ids = self._due(time.monotonic())
+            found = {}
+            if ids:
+                try:
+                    found = await anyio.to_thread.run_sync(self.read, ids)
+                except Exception:  # noqa: BLE001 - a failed read (database busy, gone) is retried next tick
+                    found = {}
             for job_id, progress in found.items():
                 watch = self._watches.get(job_id)
                 if watch is not None:
-                    watch.latest = progress
-                    watch.event.set()
+                    self._offer(watch, progress)
             await asyncio.sleep(self.interval_s)

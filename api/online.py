@@ -13,14 +13,16 @@ from collections.abc import AsyncIterator
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from fsched.api import ratelimit
 from fsched.api.errors import ApiError, error_body
+from fsched.api.guard import KeepAlive, StreamEnd, Update, guarded
 from fsched.api.hub import Choices
+from fsched.api.sse import KEEPALIVE, BoundedStream, sse
 from fsched.api.state import ServerState, state_of
 from fsched.api.tokens import prompt_token_ids
-from fsched.core.jobs.answers import response_body, response_id
+from fsched.core.jobs.answers import opaque_response_id, response_body
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.jobs.jsontext import dumps as json_text
@@ -40,6 +42,10 @@ from fsched.core.types import Endpoint, JobOrigin, RequestState
 
 router = APIRouter()
 RETRY_AFTER_S = 1
+# How long a stream's headers wait for its first token (or its end, a refusal included): the engine
+# refuses a prompt over its context when it first sees it, within a step of the claim; a request
+# queued for longer starts streaming meanwhile (its refusal, if any, then comes as an SSE error).
+STREAM_OPEN_WAIT_S = 5.0
 
 
 @router.get("/v1/models")
@@ -86,9 +92,68 @@ async def _serve(request: Request, endpoint: Endpoint):
     await state.require_daemon()
     job_id = await submit(state, key, online)
     if online.stream:
-        return StreamingResponse(_stream(request, state, endpoint, job_id, online),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        opened = await first_news(request, state, job_id, online, key)
+        if opened is None:
+            return JSONResponse(error_body(499, "client closed the request"), 499)
+        return BoundedStream(_stream(request, state, endpoint, job_id, online, opened),
+                             state.guard.rules.stall_s)
     return await _answer(request, state, endpoint, job_id, online)
+
+
+async def first_news(request: Request, state: ServerState, job_id: int, online: OnlineRequest,
+                     key: ApiKey | None = None) -> AsyncIterator[Update] | None:
+    """The job's progress, its stream held back until its first output token or its end (at most
+    STREAM_OPEN_WAIT_S): a request the engine refuses (a prompt over the context) answers its
+    error status before any stream starts, as unstreamed. None when the client went away first
+    (the request is cancelled)."""
+    # With the key: the stream rules of api/guard.py too (keep-alives, ends); without: progress only.
+    watch = _updates(state, job_id, key) if key is not None else state.hub.watch(job_id)
+
+    async def first() -> Update | None:
+        async for update in watch:
+            if isinstance(update, StreamEnd):
+                return update
+            if not isinstance(update, KeepAlive) and any(p.num_output_tokens or p.state.finished
+                                                         for p in update):
+                return update
+        return None
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    waiting, gone = asyncio.ensure_future(first()), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({waiting, gone}, timeout=STREAM_OPEN_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone_now = gone.done() and not waiting.done()
+        gone.cancel()
+    if gone_now:
+        waiting.cancel()
+        await watch.aclose()
+        await cancel(state, job_id)
+        return None
+    opening = waiting.result() if waiting.done() else None
+    failed = failed_choice(opening) if isinstance(opening, tuple) else None
+    if failed is not None:
+        await watch.aclose()
+        observe(state, online, waiting.result())
+        status, message = failure(failed)
+        raise ApiError(status, message, code="request_failed")
+    return _then(waiting, watch)
+
+
+async def _then(first: asyncio.Future, rest: AsyncIterator[Update]) -> AsyncIterator[Update]:
+    """The first news (awaited here when it had not come before the stream opened), then the rest."""
+    try:
+        opening = await first
+        if opening is not None:
+            yield opening
+        async for choices in rest:
+            yield choices
+    finally:
+        first.cancel()
+        await rest.aclose()
 
 
 async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: ServerState) -> OnlineRequest:
@@ -120,11 +185,22 @@ async def submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
         raise ApiError(429, f"tenant {key.tenant!r} has too many unfinished requests "
                             f"(limit {limits.max_queued_per_tenant:,}); retry later",
                        code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    if state.link is not None:
+        state.link.announce(job.job_id, linkable=_linkable(online))
     return job.job_id
+
+
+def _linkable(online: OnlineRequest) -> bool:
+    """Whether a daemon may push this request's text over its link: one choice, and nothing per token
+    (logprobs, token ids) that only the table carries."""
+    answer = online.spec.answer
+    return len(online.specs) == 1 and not answer.logprobs and not answer.token_ids
 
 
 async def cancel(state: ServerState, job_id: int) -> None:
     await state.call(state.backend.jobs.cancel_job, job_id)
+    if state.link is not None:
+        state.link.wake()  # the daemon holding it drops it now, not at its next sync
 
 
 async def _answer(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
@@ -133,6 +209,9 @@ async def _answer(request: Request, state: ServerState, endpoint: Endpoint, job_
     final = await final_or_disconnect(request, state, job_id)
     if final is None:
         await cancel(state, job_id)
+        if state.hub.closing:
+            raise ApiError(503, "the server is shutting down; the request was cancelled (send it again)",
+                           code="server_shutdown")
         return JSONResponse(error_body(499, "client closed the request"), 499)
     observe(state, online, final)
     failed = failed_choice(final)
@@ -142,7 +221,7 @@ async def _answer(request: Request, state: ServerState, endpoint: Endpoint, job_
     created = int(max(p.finished_at or time.time() for p in final))
     choices = [choice_of(p, online.specs[p.choice].prompt) for p in final]
     prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
-    body = response_body(endpoint, response_id(endpoint, job_id), created, _model(online, final[0]), choices,
+    body = response_body(endpoint, opaque_response_id(endpoint), created, _model(online, final[0]), choices,
                          online.spec.answer, prompt_ids)
     return Response(json_text(body), media_type="application/json")
 
@@ -159,8 +238,10 @@ async def final_or_disconnect(request: Request, state: ServerState, job_id: int)
 
     async def final() -> Choices | None:
         last = None
-        async for choices in state.hub.watch(job_id):
-            last = choices
+        async for choices in state.hub.follow(job_id, tick_s=1.0):
+            if state.hub.closing:
+                return None
+            last = choices if choices is not None else last
         return last
 
     async def disconnected() -> None:
@@ -179,27 +260,36 @@ async def final_or_disconnect(request: Request, state: ServerState, job_id: int)
 
 
 async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
-                  online: OnlineRequest) -> AsyncIterator[str]:
-    """Server-sent events: chunks as tokens are flushed (the choices interleaved, each by its index),
-    the usage chunk if asked, `[DONE]`.
+                  online: OnlineRequest, progress: AsyncIterator[Update]) -> AsyncIterator[str]:
+    """Server-sent events: chunks as tokens come (the choices interleaved, each by its index),
+    keep-alive comments while nothing does, the usage chunk if asked, `[DONE]`; or an error event
+    when a rule of api/guard.py ends the stream.
 
     A client that hangs up cancels the request: a task waits for the
     disconnect (the server does not fail a write to a closed connection), and
-    the `finally` covers a generator closed early.
+    the `finally` covers a generator closed early (a stalled client, a stop).
     """
     prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
-    relay = StreamRelay(endpoint, response_id(endpoint, job_id), int(time.time()),
+    relay = StreamRelay(endpoint, opaque_response_id(endpoint), int(time.time()),
                         online.spec.model or DEFAULT_MODEL_NAME, online, prompt_ids)
-    final = None
+    final, ended = None, False
     hang_up = asyncio.ensure_future(_cancel_on_disconnect(request, state, job_id))
     try:
         for event in relay.opening():
             yield sse(event)
-        async for choices in state.hub.watch(job_id):
-            final = choices
-            if failed_choice(choices) is not None:
+        async for update in progress:
+            if isinstance(update, KeepAlive):
+                yield KEEPALIVE
+                continue
+            if isinstance(update, StreamEnd):  # cancelled before the client hears it is
+                ended = True
+                await cancel(state, job_id)
+                yield sse(error_body(update.status, update.message, code=update.code))
+                return
+            final = update
+            if failed_choice(update) is not None:
                 break
-            for event in relay.update(choices):
+            for event in relay.update(update):
                 yield sse(event)
         observe(state, online, final)
         failed = failed_choice(final)
@@ -212,9 +302,19 @@ async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_
         yield "data: [DONE]\n\n"
     finally:
         hang_up.cancel()
-        if final is None or not all(p.state.finished for p in final):
+        if not ended and (final is None or not all(p.state.finished for p in final)):
             with anyio.CancelScope(shield=True):  # the generator itself may be being cancelled
                 await cancel(state, job_id)
+
+
+def _updates(state: ServerState, job_id: int, key: ApiKey) -> AsyncIterator[Update]:
+    async def read_key(key_id: str):
+        return await state.call(state.backend.keys.get_key, key_id)
+
+    async def live() -> int:
+        return len(await state.live_daemons())
+
+    return guarded(state.hub, state.guard, job_id, key, read_key, live)
 
 
 async def _cancel_on_disconnect(request: Request, state: ServerState, job_id: int) -> None:
@@ -222,9 +322,6 @@ async def _cancel_on_disconnect(request: Request, state: ServerState, job_id: in
         pass
     await cancel(state, job_id)
 
-
-def sse(obj: dict) -> str:
-    return f"data: {json_text(obj, separators=(',', ':'))}\n\n"
 
 
 def _model(online: OnlineRequest, progress: OnlineProgress) -> str:

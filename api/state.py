@@ -11,6 +11,7 @@ import anyio.to_thread
 from fastapi import Request
 
 from fsched.api.errors import ApiError
+from fsched.api.guard import Guard
 from fsched.api.hub import ProgressHub
 from fsched.core.jobs.apikeys import ApiKey, secret_matches, split_key
 from fsched.core.jobs.limits import InputLimits, limits_in_force
@@ -22,6 +23,7 @@ from fsched.core.ports.serving import ServingStore
 
 if TYPE_CHECKING:
     from fsched.api.history import History
+    from fsched.api.link import LinkClient
     from fsched.api.metrics import Metrics
     from fsched.api.tokens import Tokenizers
 
@@ -57,6 +59,8 @@ class ServerState:
     metrics: Metrics | None = None
     history: History | None = None  # the dashboard's samples, made on first use
     tokenizers: Tokenizers | None = None  # the served model's tokenizer, loaded on first use
+    guard: Guard = field(default_factory=Guard)  # what open streams check while they wait
+    link: LinkClient | None = None  # the daemons' links: pushed wake-ups and tokens
     _daemons: _Cached[list[DaemonSummary]] = field(default_factory=_Cached)
     _limits: _Cached[InputLimits] = field(default_factory=_Cached)
 

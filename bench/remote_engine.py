@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import random
 import signal
 import sqlite3
@@ -88,19 +87,18 @@ def send(client: EngineClient, model: str, ids: list[int], max_tokens: int, prio
     }
     if priority is not None:
         body["priority"] = priority
-    events: queue.Queue = queue.Queue()
+    streams = client.streams()
     start = time.perf_counter()
-    client.stream("bare", 1, body, events)
+    stream = streams.open(body)
     first, tokens = None, []
-    while True:
-        event = events.get(timeout=600)
-        if event.tokens and first is None:
+    while not stream.ended:
+        streams.poll(1.0)
+        if stream.tokens and first is None:
             first = time.perf_counter() - start
-        tokens.extend(event.tokens)
-        if event.ended:
-            if event.error:
-                raise RuntimeError(event.error)
-            return first, tokens
+        tokens += stream.take()[0]
+    if stream.error:
+        raise RuntimeError(stream.error)
+    return first, tokens
 
 
 def bare_throughput(client, model, requests: list[tuple[list[int], int]], concurrency: int) -> dict:

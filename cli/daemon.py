@@ -27,6 +27,7 @@ OPTIONS = {
     "model": "--model", "device": "--device", "dtype": "--dtype", "policy": "--policy",
     "max_batch": "--max-batch", "kv_tokens": "--kv-tokens", "step_tokens": "--step-tokens",
     "threads": "--threads", "until_idle": "--until-idle", "lease_s": "--lease-ttl", "engine": "--engine",
+    "link": "--link",
 }
 
 
@@ -52,6 +53,9 @@ UntilIdleOption = Annotated[bool, typer.Option("--until-idle", help="Exit when n
 LeaseOption = Annotated[float, typer.Option(
     "--lease-ttl", help="Seconds a claimed request stays leased without a heartbeat; after that another "
     "daemon on the same (PostgreSQL) queue takes it over.")]
+LinkOption = Annotated[str, typer.Option(
+    "--link", help="HOST:PORT where `fsched serve` connects for pushed wake-ups and tokens (port 0: any "
+    "free one, published in the heartbeat); 'off': servers read the table only.")]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")]
 EngineOption = Annotated[str, typer.Option(
     "--engine", help="hf: run the model in this process. An OpenAI-compatible engine's URL (e.g. "
@@ -73,6 +77,7 @@ def daemon(
     threads: ThreadsOption = DEFAULTS.threads,
     until_idle: UntilIdleOption = DEFAULTS.until_idle,
     lease_ttl: LeaseOption = DEFAULTS.lease_s,
+    link: LinkOption = DEFAULTS.link,
     quiet: QuietOption = False,
     db: DbOption = None,
 ) -> None:
@@ -81,7 +86,7 @@ def daemon(
         settings = DaemonSettings(
             model=model, device=device, dtype=dtype, policy=policy, max_batch=max_batch,
             kv_tokens=kv_tokens, step_tokens=step_tokens, threads=threads, until_idle=until_idle,
-            lease_s=lease_ttl, engine=engine,
+            lease_s=lease_ttl, engine=engine, link=link,
         )
     except SettingsError as exc:
         raise UserError(f"{OPTIONS[exc.setting]}: {exc}") from None

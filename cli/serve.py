@@ -9,6 +9,8 @@ import typer
 from fsched.cli.common import DbOption, UserError, handle_errors, open_table_to_serve
 
 POLL_MS = 5.0
+HEADER_TIMEOUT_S = 10.0  # as api/slowclients.py's ClientDeadlines (api/ is imported only once serving)
+BODY_TIMEOUT_S = 120.0
 
 
 def build_backend(db: str | None):
@@ -17,6 +19,21 @@ def build_backend(db: str | None):
 
     table = open_table_to_serve(db, "serving the HTTP API (fsched serve)")
     return Backend(jobs=table.catalog, keys=table.keys, files=table.files, serving=table.serving)
+
+
+NoDaemonOption = Annotated[float, typer.Option(
+    "--no-daemon-s", help="An open request's stream ends with an error event (and the request is "
+    "cancelled) when no daemon has been live this long.")]
+StallOption = Annotated[float, typer.Option(
+    "--stall-s", help="A streaming client that takes no bytes this long is cut off and its request "
+    "cancelled.")]
+SendBufferOption = Annotated[int | None, typer.Option(
+    "--send-buffer-kb", help="Each connection's kernel send buffer (default: the kernel's, which grows to "
+    "megabytes): the most a client that stops reading makes the server hold for it, before --stall-s "
+    "counts.")]
+LinkOption = Annotated[bool, typer.Option(
+    "--link/--no-link", help="Hear the daemons' links (pushed wake-ups and tokens); without, progress is "
+    "read from the table only.")]
 
 
 @handle_errors
@@ -35,9 +52,23 @@ def serve(
                                  "ids in answers (default: known from the daemons' model when it is the "
                                  "tiny model or the stand-in).")
     ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port of 127.0.0.1 "
+                                 "(and nowhere else; default: no metrics).")
+    ] = None,
+    header_timeout: Annotated[
+        float, typer.Option("--header-timeout", help="Seconds a client has to send a request's headers.")
+    ] = HEADER_TIMEOUT_S,
+    body_timeout: Annotated[
+        float, typer.Option("--body-timeout", help="Seconds a client has to send a request's whole body.")
+    ] = BODY_TIMEOUT_S,
+    no_daemon_s: NoDaemonOption = 10.0,
+    stall_s: StallOption = 30.0,
+    send_buffer_kb: SendBufferOption = None,
+    link: LinkOption = True,
     db: DbOption = None,
 ) -> None:
-    """Serve the OpenAI API (completions, chat, the Batch API, /metrics) over the job table.
+    """Serve the OpenAI API (completions, chat, the Batch API) over the job table.
 
     Each API key (`fsched keys create`) is a tenant. Any number of servers may
     share one job table; the daemons do the generating (`fsched daemon`).
@@ -51,12 +82,63 @@ def serve(
         missing = exc.name
         raise UserError(f"fsched serve needs its extra: pip install 'fsched[serve]' ({missing} is missing)") \
             from None
-    if not 0.1 <= poll_ms <= 1000:
-        raise UserError(f"--poll-ms must be within 0.1..1000, got {poll_ms:g}")
+    _check(poll_ms, port, metrics_port, send_buffer_kb)
+    from fsched.api.slowclients import ClientDeadlines, header_deadline_protocol
     from fsched.core.runners.connect import codec_for_served
 
+    try:
+        deadlines = ClientDeadlines(header_timeout, body_timeout)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     app = create_app(build_backend(db), poll_s=poll_ms / 1000,
-                     tokenizers=Tokenizers(tokenizer, load=codec_for_served))
+                     tokenizers=Tokenizers(tokenizer, load=codec_for_served), metrics_port=metrics_port,
+                     body_timeout_s=deadlines.body_timeout_s, rules=_rules(no_daemon_s, stall_s), link=link)
+    protocol = header_deadline_protocol(deadlines.header_timeout_s)
+    _run(uvicorn, app, host, port, metrics_port, access_log, protocol, send_buffer_kb)
+
+
+def _check(poll_ms: float, port: int, metrics_port: int | None, send_buffer_kb: int | None) -> None:
+    if not 0.1 <= poll_ms <= 1000:
+        raise UserError(f"--poll-ms must be within 0.1..1000, got {poll_ms:g}")
+    if metrics_port is not None and metrics_port == port:
+        raise UserError("--metrics-port must differ from --port (the API port never serves /metrics)")
+    if send_buffer_kb is not None and not 4 <= send_buffer_kb <= 65536:
+        raise UserError(f"--send-buffer-kb must be within 4..65536, got {send_buffer_kb}")
+
+
+def _rules(no_daemon_s: float, stall_s: float):
+    from fsched.api.guard import StreamRules
+
+    try:
+        return StreamRules(no_daemon_s=no_daemon_s, stall_s=stall_s)
+    except ValueError as exc:
+        raise UserError(f"--no-daemon-s and --stall-s: {exc}") from None
+
+
+def _run(uvicorn, app, host: str, port: int, metrics_port: int | None, access_log: bool, protocol,
+         send_buffer_kb: int | None = None) -> None:
+    """One uvicorn server on the API's socket and, if asked, the metrics port's (loopback only: the
+    scraper runs on this machine, or tunnels in). On SIGTERM or SIGINT, open online requests end at
+    once (cancelled, their streams told why), so the graceful shutdown has nothing left to wait for."""
+    import asyncio
+    import socket
+
+    hub = app.state.fsched.hub
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            try:
+                asyncio.get_running_loop().call_soon_threadsafe(hub.close)
+            except RuntimeError:  # no loop running yet: nothing is open
+                hub.close()
+            super().handle_exit(sig, frame)
+
     # Logs name methods, paths and statuses only: never a prompt or an output.
-    uvicorn.run(app, host=host, port=port, access_log=access_log, log_level="info",
-                timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, host=host, port=port, access_log=access_log, log_level="info",
+                            timeout_graceful_shutdown=5, http=protocol)
+    sockets = [config.bind_socket()]
+    if send_buffer_kb is not None:  # connections inherit it: the most a stalled client makes us hold
+        sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_kb * 1024)
+    if metrics_port is not None:
+        sockets.append(uvicorn.Config(app, host="127.0.0.1", port=metrics_port).bind_socket())
+    Server(config).run(sockets=sockets)

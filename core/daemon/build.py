@@ -91,8 +91,16 @@ class DaemonSettings:
     # token-id prompts (vLLM) executes, fsched schedules; `model` then names the folder whose
     # tokenizer encodes prompts (or "standin" for the stand-in engine's ids).
     engine: str = "hf"
+    # Where HTTP servers reach this daemon for pushed wake-ups and tokens (core/daemon/link.py):
+    # HOST:PORT (port 0: any free one; the heartbeat says which), or "off" (they read the table).
+    # Loopback by default: a server on another machine needs a reachable address.
+    link: str = "127.0.0.1:0"
 
     def __post_init__(self) -> None:
+        if self.link != "off":
+            host, _, port = self.link.rpartition(":")
+            if not host or not port.isdigit() or int(port) > 65535:
+                raise SettingsError("link", f"must be HOST:PORT or off, got {self.link!r}")
         if self.policy not in POLICIES:
             raise SettingsError("policy", f"must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         try:
@@ -254,7 +262,18 @@ def build_daemon(settings: DaemonSettings, store: QueueStore, exclusive: bool) -
         owner, chosen.description, settings.policy, limits.max_batch, limits.kv_tokens, limits.step_tokens,
     )
     runner = chosen.runner
-    return Daemon(store, engine, lambda claimed: runner.encode(claimed.prompt, claimed.messages), config)
+    return Daemon(store, engine, lambda claimed: runner.encode(claimed.prompt, claimed.messages), config,
+                  link=_link(settings.link, config.host))
+
+
+def _link(address: str, hostname: str):
+    """The daemon's link server (None when turned off); bound to all addresses, it names the host."""
+    if address == "off":
+        return None
+    from fsched.core.daemon.link import LinkServer
+
+    host, _, port = address.rpartition(":")
+    return LinkServer(host, int(port), advertise=hostname if host in ("0.0.0.0", "::") else None)
 
 
 def runner_summary(daemon: Daemon) -> str | None:

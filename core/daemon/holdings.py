@@ -14,6 +14,7 @@ class Held:
     claimed: ClaimedRequest
     first_token_at: float | None = None
     dirty: bool = False  # tokens generated since the last write-back
+    linked: bool = False  # a server hears its tokens over the daemon's link (core/daemon/link.py)
 
     @property
     def lease_epoch(self) -> int:
@@ -21,8 +22,9 @@ class Held:
 
     @property
     def latency_sensitive(self) -> bool:
-        """Realtime and streaming output is written back every step; batch output less often."""
-        return self.claimed.request_class is not RequestClass.BATCH
+        """Realtime and streaming output is written back every step; batch output, and output a server
+        hears over the link already, less often."""
+        return self.claimed.request_class is not RequestClass.BATCH and not self.linked
 
 
 class Holdings:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from fsched.core.daemon.engine import Engine, EngineRequest, StepFailed, StepReport
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.daemon.leases import LeaseKeeper
+from fsched.core.daemon.link import LinkServer
+from fsched.core.daemon.publish import Publisher
 from fsched.core.daemon.stepfaults import StepFaults
 from fsched.core.daemon.writer import Writer
 from fsched.core.faults import crash_point
@@ -114,6 +116,7 @@ class Daemon:
         config: DaemonConfig,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        link: LinkServer | None = None,
     ):
         self.store = store
         self.engine = engine
@@ -128,6 +131,8 @@ class Daemon:
                                   self.writer.pending_leases)
         self.faults = StepFaults(engine, config.max_attempts)
         self.figures = StepFigures(config.share_half_life_s)
+        self.link = link  # servers hear wake-ups and tokens here (None: the table only)
+        self.publisher = Publisher(link, self.held, engine.output, config.model) if link else None
         self.started_at = clock()
         self.stopping = False
         self._weights: dict[str, float] = {}
@@ -170,7 +175,8 @@ class Daemon:
     def _one_pass(self) -> bool:
         """One pass of the loop; True when `until_idle` finds nothing left to do."""
         now = self.clock()
-        if now - self._last_sync >= self.config.sync_interval_s or not self.engine.has_work:
+        woken = self.link is not None and self.link.take_wake()
+        if woken or now - self._last_sync >= self.config.sync_interval_s or not self.engine.has_work:
             self.sync()
         if not self.config.exclusive and now - self._last_sweep >= self.config.sweep_s:
             self.sweep()
@@ -182,7 +188,10 @@ class Daemon:
             if self.config.until_idle and not self.store.has_queued(running_too=shared):
                 return True
             self._beat()
-            self.sleep(self.config.idle_sleep_s)
+            if self.link is not None:
+                self.link.wait(self.config.idle_sleep_s)
+            else:
+                self.sleep(self.config.idle_sleep_s)
             return False
         self.turn()
         return False
@@ -217,7 +226,11 @@ class Daemon:
             self.figures.record(report, now - start, now)
             for request_id in report.tokens:
                 self.held.produced(request_id, now)
+            if self.publisher is not None:
+                self.publisher.step(report.tokens, report.finished)
             self.writer.finished(report.finished)
+            if self.publisher is not None:
+                self.publisher.written(now)
         self.writer.after_step(now)
         self._beat()
 
@@ -274,6 +287,8 @@ class Daemon:
             self.store.release(self.config.owner)
         finally:
             self._beat(force=True, stopped=True)
+            if self.link is not None:
+                self.link.close()
 
     # -- helpers -------------------------------------------------------------------------
     def _admit(self, claimed: ClaimedRequest) -> None:
@@ -354,4 +369,5 @@ class Daemon:
             lost_leases=self.lost_leases,
             preemptions=engine.preemptions,
             requests=tuple(engine.requests),
+            link=self.link.address if self.link is not None else None,
         )

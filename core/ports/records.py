@@ -144,6 +144,7 @@ class DaemonStats:
     lost_leases: int = 0  # held requests dropped because another claim took them
     preemptions: int = 0  # since the daemon started
     requests: tuple[RequestStanding, ...] = ()  # running ones first, then waiting in admission order
+    link: str | None = None  # host:port where HTTP servers reach it for pushed wake-ups and tokens
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -154,6 +155,7 @@ class DaemonStats:
             "weights_applied_at": self.weights_applied_at, "lease_s": self.lease_s,
             "fenced_writes": self.fenced_writes, "lost_leases": self.lost_leases,
             "preemptions": self.preemptions, "requests": [r.to_json() for r in self.requests],
+            "link": self.link,
         }
 
     @classmethod

@@ -35,14 +35,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import queue
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from fsched.core.runners.openai_http import EngineClient, Fault, Stream, StreamEvent
+from fsched.core.runners.openai_http import EngineClient, Fault
 from fsched.core.runners.protocol import Runner, RunResult
 from fsched.core.runners.stopping import FinishReason, StopCheck, StopRules, check_stop, stop_rules
+from fsched.core.runners.streams import Stream
 from fsched.core.sched.plan import Outcome, Plan
 from fsched.core.types import (
     LOGIT_BIAS_RANGE,
@@ -58,6 +58,8 @@ from fsched.core.types import (
 log = logging.getLogger("fsched.daemon")
 
 MAX_ENGINE_SEED = 2**31 - 1
+# Reads of the ready streams after a step's gathering (a stream that sent more meanwhile is read again).
+DRAIN_ROUNDS = 4
 
 
 @dataclass(slots=True, frozen=True)
@@ -155,6 +157,15 @@ def _response_format(fmt: ResponseFormat) -> dict:
     return {"type": "json_schema", "json_schema": schema}
 
 
+def chunk_logprobs(chunks: Sequence[tuple[dict, int]], decode: Callable[[list[int]], str], top: int
+                   ) -> list[TokenLogprobs]:
+    """The logprobs of the tokens of several chunks, each (its `logprobs` object, its token count)."""
+    out: list[TokenLogprobs] = []
+    for raw, count in chunks:
+        out += event_logprobs(raw, count, decode, top)
+    return out
+
+
 def event_logprobs(raw: dict | None, count: int, decode: Callable[[list[int]], str], top: int
                    ) -> list[TokenLogprobs]:
     """The `count` tokens' logprobs from a completions chunk's `logprobs` object (tokens written
@@ -192,8 +203,7 @@ class _Request:
     tokens: list[int]  # prompt, then every generated token reported to the scheduler
     prompt_len: int
     params: SamplingParams
-    stream: Stream | None = None
-    streams: int = 0  # streams opened so far (events of older ones are ignored)
+    stream: Stream | None = None  # the open stream; what an older one sends is never read
     pending: list[int] = field(default_factory=list)  # arrived, not yet reported
     ended: str | None = None  # the engine's finish reason: no more tokens will come
     finish: StopCheck | None = None
@@ -202,6 +212,7 @@ class _Request:
     rules: StopRules = field(default_factory=StopRules)
     pending_logprobs: list[TokenLogprobs] = field(default_factory=list)  # of `pending`, when asked for
     replay: list[int] = field(default_factory=list)  # tokens the open stream must regenerate first
+    stops: frozenset[int] = frozenset()  # the tokens that end it (past min_tokens)
 
     @property
     def generated(self) -> list[int]:
@@ -219,7 +230,7 @@ class RemoteRunner(Runner):
         self.max_wait_s = max_wait_s
         self.gather_s = gather_s
         self.backoff_s = backoff_s
-        self._events: queue.Queue[StreamEvent] = queue.Queue()
+        self._streams = client.streams()
         self._requests: dict[RequestId, _Request] = {}
         self._down_since: float | None = None
         self._backoff = backoff_s[0]
@@ -237,8 +248,10 @@ class RemoteRunner(Runner):
             raise ValueError(f"request {request_id!r} is already in the runner")
         if not prompt:
             raise ValueError(f"request {request_id!r} has an empty prompt")
+        rules = stop_rules(params)
+        stops = rules.stop_token_ids if rules.ignore_eos else rules.stop_token_ids | self.codec.eos_token_ids
         self._requests[request_id] = _Request(request_id, [*prompt, *generated], len(prompt), params,
-                                              logprobs=list(logprobs), rules=stop_rules(params))
+                                              logprobs=list(logprobs), rules=rules, stops=stops)
 
     def release(self, request_id: RequestId) -> None:
         r = self._requests.pop(request_id, None)
@@ -309,99 +322,101 @@ class RemoteRunner(Runner):
             r.replay = []
             body = completion_body(self.model, r.tokens, r.params, generated, self.context_length,
                                    r.generated)
-        r.streams += 1
         r.pending.clear()
         r.pending_logprobs.clear()
-        r.stream = self.client.stream(r.id, r.streams, body, self._events)
+        r.stream = self._streams.open(body, r)
         self.streams_opened += 1
         self.resumes += generated > 0
+        if r.stream.ended:  # it could not even connect
+            self._apply(r.stream)
 
     def _close(self, r: _Request) -> None:
         """Abort the stream, keeping the tokens reported; unreported ones come again on resume."""
         if r.stream is not None:
-            r.stream.abort()
+            self._streams.abort(r.stream)
             r.stream = None
         r.pending.clear()
         r.ended = None
 
     def _await(self, producing: set[RequestId], start: float) -> None:
         """Apply what arrived; wait (up to `max_wait_s`) until a producing request has news."""
-        self._drain(0.0)
-        ready = any(self._has_news(self._requests[rid]) for rid in producing)
-        waiting_for = [rid for rid in producing if self._requests[rid].stream is not None]
-        if not ready and (waiting_for or self._down_since is not None):
+        ready = self._take(self._streams.poll(0.0), producing)
+        waiting_for = any(self._requests[rid].stream is not None for rid in producing)
+        if not ready and not any(self._has_news(self._requests[rid]) for rid in producing) and (
+                waiting_for or self._down_since is not None):
             deadline = start + self.max_wait_s
             if self._down_since is not None:
                 deadline = min(deadline, max(self._next_probe, time.perf_counter()))
             while (left := deadline - time.perf_counter()) > 0:
-                try:
-                    event = self._events.get(timeout=left)
-                except queue.Empty:
-                    break
-                self._apply(event)
-                if event.request_id in producing and self._has_news(self._requests[event.request_id]):
+                if self._take(self._streams.poll(left), producing):
                     break
         if self.gather_s:
-            self._drain(self.gather_s)  # the rest of the engine step's tokens, as they come in together
+            # The rest of the engine iteration's tokens arrive meanwhile; then one read of every stream
+            # that has some (a poll woken by each stream in turn would cost a system call per token).
+            time.sleep(self.gather_s)
+            for _ in range(DRAIN_ROUNDS):
+                if not (news := self._streams.poll(0.0)):
+                    break
+                self._take(news, producing)
 
-    def _drain(self, for_s: float) -> None:
-        end = time.perf_counter() + for_s
-        while True:
-            try:
-                left = end - time.perf_counter()
-                event = self._events.get(timeout=left) if left > 0 else self._events.get_nowait()
-            except queue.Empty:
-                return
-            self._apply(event)
+    def _take(self, news: list[Stream], producing: set[RequestId]) -> bool:
+        """Apply the streams' news; whether a producing request has some."""
+        any_news = False
+        for stream in news:
+            self._apply(stream)
+            r = stream.owner
+            any_news = any_news or (r.id in producing and self._has_news(r))
+        return any_news
 
     @staticmethod
     def _has_news(r: _Request) -> bool:
         return bool(r.pending) or r.ended is not None or r.error is not None
 
-    def _apply(self, event: StreamEvent) -> None:
-        r = self._requests.get(event.request_id)
-        if r is None or event.stream != r.streams or r.stream is None:
-            return  # from a stream since aborted or released
-        tokens = list(event.tokens)
-        logprobs = (event_logprobs(event.logprobs, len(tokens), self.codec.decode, r.params.logprobs)
+    def _apply(self, stream: Stream) -> None:
+        r = stream.owner
+        if r.stream is not stream or self._requests.get(r.id) is not r:
+            return  # from a stream since aborted, or a request since released
+        tokens, chunks = stream.take()
+        logprobs = (chunk_logprobs(chunks, self.codec.decode, r.params.logprobs)
                     if r.params.logprobs is not None else [])
-        while r.replay and tokens:  # a replayed stream: what it regenerates must be what was generated
-            expected, got = r.replay.pop(0), tokens.pop(0)
-            logprobs = logprobs[1:]
-            if got != expected:
-                r.stream.abort()
-                r.error, r.stream = ("the engine did not regenerate the output it had made before the "
-                                     "interruption (structured output resumes by replaying it)"), None
-                return
-        r.pending.extend(tokens)
-        r.pending_logprobs.extend(logprobs)
-        if event.finish_reason is not None and r.replay:
+        if r.replay and tokens and not self._replayed(r, tokens, logprobs):
+            return
+        r.pending += tokens
+        if logprobs:
+            r.pending_logprobs += logprobs
+        if not stream.ended:
+            return
+        if stream.finish is not None and r.replay:
             r.error, r.stream = "the engine ended the output earlier than before the interruption", None
-        elif event.finish_reason is not None:
-            r.ended, r.stream = event.finish_reason, None
-        elif event.fault is Fault.REFUSED:
-            r.error, r.stream = event.error, None
+        elif stream.finish is not None:
+            r.ended, r.stream = stream.finish, None
+        elif stream.fault is Fault.REFUSED:
+            r.error, r.stream = stream.error, None
             r.pending.clear()
-        elif event.fault is Fault.UNAVAILABLE:
+        else:
             r.stream = None
             r.pending.clear()
-            self._engine_lost(event.error or "unavailable")
+            self._engine_lost(stream.error or "unavailable")
+
+    def _replayed(self, r: _Request, tokens: list[int], logprobs: list[TokenLogprobs]) -> bool:
+        """Check a replayed stream's tokens against those generated before (consumed from `tokens`);
+        False, failing the request, when it diverges."""
+        while r.replay and tokens:  # a replayed stream: what it regenerates must be what was generated
+            expected, got = r.replay.pop(0), tokens.pop(0)
+            del logprobs[:1]
+            if got != expected:
+                self._streams.abort(r.stream)
+                r.error, r.stream = ("the engine did not regenerate the output it had made before the "
+                                     "interruption (structured output resumes by replaying it)"), None
+                return False
+        return True
 
     def _deliver(self, r: _Request, result: RunResult) -> int:
         """Report the tokens that arrived for a producing request; how many."""
         if r.error is not None:
             result.failed[r.id] = f"the engine refused the request: {r.error}"
             return 0
-        n = 0
-        for i, token in enumerate(r.pending):
-            r.tokens.append(token)
-            if r.params.logprobs is not None and i < len(r.pending_logprobs):
-                r.logprobs.append(r.pending_logprobs[i])
-            n += 1
-            check = self._check(r, token)
-            if check.finished is not None:
-                r.finish = check
-                break
+        n = self._take_plain(r) if self._plain(r) else self._take_each(r)
         r.pending.clear()
         r.pending_logprobs.clear()
         if n:
@@ -413,6 +428,43 @@ class RemoteRunner(Runner):
         if r.finish is not None:
             self._close(r)
             result.finished[r.id] = r.finish
+        return n
+
+    def _plain(self, r: _Request) -> bool:
+        """Whether only a stop token or the length can end the request within the pending tokens (no
+        stop strings, no logprobs, past min_tokens): then one scan finds where it ends."""
+        rules = r.rules
+        return not rules.stop and r.params.logprobs is None and (
+            len(r.tokens) - r.prompt_len + 1 >= rules.min_tokens)
+
+    def _take_plain(self, r: _Request) -> int:
+        """Take the pending tokens up to the first that ends the request (what `check_stop` would say
+        of each, checked once, at the last one taken); how many."""
+        pending = r.pending
+        if not pending:
+            return 0
+        stops = r.stops
+        room = min(r.params.max_tokens - (len(r.tokens) - r.prompt_len), self.context_length - len(r.tokens))
+        n = min(len(pending), max(1, room))
+        if stops and not stops.isdisjoint(pending[:n]):
+            n = next(i for i, token in enumerate(pending[:n]) if token in stops) + 1
+        r.tokens += pending[:n] if n < len(pending) else pending
+        check = self._check(r, r.tokens[-1])
+        if check.finished is not None:
+            r.finish = check
+        return n
+
+    def _take_each(self, r: _Request) -> int:
+        n = 0
+        for i, token in enumerate(r.pending):
+            r.tokens.append(token)
+            if r.params.logprobs is not None and i < len(r.pending_logprobs):
+                r.logprobs.append(r.pending_logprobs[i])
+            n += 1
+            check = self._check(r, token)
+            if check.finished is not None:
+                r.finish = check
+                break
         return n
 
     def _check(self, r: _Request, token: int) -> StopCheck:

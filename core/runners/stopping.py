@@ -56,7 +56,10 @@ def check_stop(
                 return StopCheck(FinishReason.STOP, cut + len(first) if rules.include_stop else cut)
     if generated >= max_tokens or context >= context_limit:
         return StopCheck(FinishReason.LENGTH)
-    return StopCheck(None)
+    return GOING
+
+
+GOING = StopCheck(None)  # not finished: one shared value (asked of every token)
 
 
 def stop_rules(params) -> StopRules:

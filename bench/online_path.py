@@ -1,0 +1,275 @@
+"""What an online request pays for going through fsched: the `openai` SDK direct to an engine against
+the same client through `fsched serve` + `fsched daemon --engine URL`, in one run.
+
+    .venv/bin/python bench/online_path.py [--concurrency 1 8 32 128 256] [--backends sqlite postgresql]
+        [--replicas 1 2] [--loaded] [--no-link] [--profile DIR]
+
+The engine is the paced stand-in (tests/support/paced_engine.py, its own
+process: `--slots` streams at once, one token each every `--step-ms`). The
+client (its own process, this one) is AsyncOpenAI: streamed chat,
+`--tokens` tokens (temperature 0, ignore_eos), `--rounds` x concurrency
+requests at each concurrency, `concurrency` of them open at a time. Per
+arm: tok/s (content chunks / wall time), TTFT p50 and p99 (request sent to
+first content chunk). fsched: serve and daemon in separate processes, over
+a fresh table on each backend; `--replicas 2` puts two `fsched serve` behind
+one table, the clients alternating between them. `--loaded`: another
+tenant's batch job fills the engine first and the client's key is
+realtime; its TTFT is compared with the idle direct engine's.
+`--no-link`: the daemons publish no link (servers read the table only): the
+path as it was. `--profile DIR`: py-spy records serve and daemon during the
+highest concurrency (top frames printed).
+
+Goal: tok/s >= 0.95x direct, TTFT p50 <= direct + 15 ms, p99 <= direct + 40 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from fast_path import FSCHED, Engine, Table, cpu_s  # noqa: E402
+
+MESSAGES = [{"role": "user", "content": "tell me about fair scheduling"}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- the client --------------------------------------------------------------------------------
+async def _one(client, model: str, tokens: int, ttfts: list[float]) -> int:
+    start = time.perf_counter()
+    got = 0
+    stream = await client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=tokens, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    usage = None
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            if not got:
+                ttfts.append(time.perf_counter() - start)
+            got += 1
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+    return usage if usage is not None else got  # a chunk may carry several tokens
+
+
+async def _load(urls: list[str], key: str, model: str, concurrency: int, requests: int, tokens: int) -> dict:
+    import httpx
+    from openai import AsyncOpenAI
+
+    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
+    clients = [AsyncOpenAI(base_url=f"{u}/v1", api_key=key, max_retries=0, timeout=120,
+                           http_client=httpx.AsyncClient(limits=limits, timeout=120)) for u in urls]
+    ttfts: list[float] = []
+    queue = list(range(requests))
+
+    async def worker(index: int) -> int:
+        got = 0
+        while queue:
+            queue.pop()
+            got += await _one(clients[index % len(clients)], model, tokens, ttfts)
+        return got
+
+    start = time.perf_counter()
+    results = await asyncio.gather(*(worker(i) for i in range(concurrency)), return_exceptions=True)
+    wall = time.perf_counter() - start
+    errors = [r for r in results if isinstance(r, BaseException)]
+    total = sum(r for r in results if isinstance(r, int))
+    for c in clients:
+        await c.close()
+    ttfts.sort()
+    return {"tokens": total, "errors": len(errors), "error": repr(errors[0])[:200] if errors else None,
+            "wall_s": round(wall, 2), "tok_s": round(total / wall, 1),
+            "ttft_p50_ms": round(1000 * statistics.median(ttfts), 1) if ttfts else None,
+            "ttft_p99_ms": round(1000 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 1)
+            if ttfts else None}
+
+
+def load(urls, key, model, concurrency, rounds, tokens) -> dict:
+    return asyncio.run(_load(urls, key, model, concurrency, max(16, rounds * concurrency), tokens))
+
+
+# -- fsched ----------------------------------------------------------------------------------------
+class Fsched:
+    """A table, a daemon in front of the engine, and `replicas` servers."""
+
+    def __init__(self, engine: Engine, backend: str, folder: Path, replicas: int, link: bool):
+        self.table = Table(backend, folder)
+        self.procs: list[subprocess.Popen] = []
+        self.table.fsched("tenants", "add", "bench")  # creates the table
+        self.key = self._key("bench")
+        self.daemon = self.table.daemon("--model", "standin", "--engine", engine.url, "--max-batch",
+                                        str(engine.slots), *([] if link else ["--link", "off"]))
+        self.procs.append(self.daemon)
+        self.ports = [free_port() for _ in range(replicas)]
+        self.servers = [subprocess.Popen([FSCHED, "serve", "--port", str(p), "--no-access-log"],
+                                         env=self.table.env, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL) for p in self.ports]
+        self.procs += self.servers
+        self._ready()
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.ports]
+
+    def _key(self, tenant: str) -> str:
+        from fsched.core.types import RequestClass
+        from fsched.storage.sql_keys import SqlKeyStore
+
+        keys = SqlKeyStore(self.table.url)
+        try:
+            return keys.create_key(tenant, RequestClass.REALTIME)[1]
+        finally:
+            keys.db.dispose()
+
+    def _ready(self) -> None:
+        import httpx
+
+        deadline = time.monotonic() + 120
+        for url in self.urls:
+            while True:
+                try:
+                    if httpx.get(f"{url}/health", timeout=2).json().get("daemons_alive"):
+                        break
+                except (httpx.HTTPError, ValueError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError("fsched did not come up")
+                time.sleep(0.1)
+        time.sleep(1.5)  # the servers link to the daemon (every 0.5 s)
+
+    def fill_with_batch(self, slots: int, tokens: int) -> None:
+        """Another tenant's batch job, more requests than the engine has slots, long enough to last."""
+        job = self.table.folder / "batch.jsonl"
+        job.write_text("".join(json.dumps({"custom_id": f"b{i}", "prompt": f"batch {i}", "max_tokens": tokens,
+                                           "temperature": 0, "ignore_eos": True}) + "\n"
+                               for i in range(2 * slots)))
+        self.table.fsched("tenants", "add", "other")
+        self.table.fsched("submit", str(job), "--tenant", "other")
+        self.table.wait("SELECT COUNT(*) FROM requests WHERE state = 'running'", lambda r: r[0] >= slots, 120)
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.table.close()
+
+
+def profile(pids: dict[str, int], seconds: float, out: Path) -> subprocess.Popen:
+    """py-spy records each process for `seconds`, raw (collapsed stacks)."""
+    out.mkdir(parents=True, exist_ok=True)
+    spy = str(Path(sys.executable).parent / "py-spy")
+    return [subprocess.Popen([spy, "record", "-r", "100", "-d", str(int(seconds)), "-f", "raw", "-o",
+                              str(out / f"{name}.txt"), "-p", str(pid)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL) for name, pid in pids.items()]
+
+
+def top_frames(path: Path, n: int = 12) -> list[str]:
+    """The functions most samples were in (self time), from py-spy's collapsed stacks."""
+    counts: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        leaf = stack.split(";")[-1]
+        counts[leaf] = counts.get(leaf, 0) + int(count)
+        total += int(count)
+    return [f"{100 * c / total:5.1f}% {f}" for f, c in sorted(counts.items(), key=lambda x: -x[1])[:n]]
+
+
+# -- the run -----------------------------------------------------------------------------------------
+def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[int, dict]) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        f = Fsched(engine, backend, Path(tmp), replicas, link=not args.no_link)
+        try:
+            if args.loaded:
+                f.fill_with_batch(engine.slots, int(100_000 // args.step_ms))
+            for c in args.concurrency:
+                pids = {"daemon": f.daemon.pid, **{f"serve{i}": s.pid for i, s in enumerate(f.servers)}}
+                cpu0 = {n: cpu_s(p) for n, p in pids.items()}
+                spies = []
+                if args.profile and c == max(args.concurrency):
+                    spies = profile(pids, 8, Path(args.profile) / f"{backend}-x{replicas}")
+                through = load(f.urls, f.key, "fsched", c, args.rounds, args.tokens)
+                for spy in spies:
+                    spy.wait()
+                cpu = {n: round(1e6 * (cpu_s(p) - cpu0[n]) / max(1, through["tokens"]), 1)
+                       for n, p in pids.items()}
+                base = direct[c]
+                row = {"arm": "online", "backend": backend, "replicas": replicas, "loaded": args.loaded,
+                       "link": not args.no_link, "concurrency": c, "direct": base, "fsched": through,
+                       "us_per_token": cpu, "ratio": round(through["tok_s"] / base["tok_s"], 3),
+                       "ttft_p50_extra_ms": round(through["ttft_p50_ms"] - base["ttft_p50_ms"], 1),
+                       "ttft_p99_extra_ms": round(through["ttft_p99_ms"] - base["ttft_p99_ms"], 1)}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+        finally:
+            f.close()
+    return rows
+
+
+def table_lines(rows: list[dict]) -> list[str]:
+    out = ["| backend | serve x | load | c | direct tok/s | fsched tok/s | ratio | TTFT p50 direct → fsched "
+           "| TTFT p99 direct → fsched | µs/token daemon, serve |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        d, f = r["direct"], r["fsched"]
+        serve = sum(v for k, v in r["us_per_token"].items() if k.startswith("serve"))
+        out.append(f"| {r['backend']} | {r['replicas']} | {'batch-filled' if r['loaded'] else 'idle'} | "
+                   f"{r['concurrency']} | {d['tok_s']:,.0f} | {f['tok_s']:,.0f} | {r['ratio']:.2f}x | "
+                   f"{d['ttft_p50_ms']} → {f['ttft_p50_ms']} ms | "
+                   f"{d['ttft_p99_ms']} → {f['ttft_p99_ms']} ms | "
+                   f"{r['us_per_token']['daemon']}, {serve:.1f} |")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128, 256])
+    parser.add_argument("--slots", type=int, default=256)
+    parser.add_argument("--step-ms", type=float, default=20.0)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--backends", nargs="+", default=["sqlite", "postgresql"],
+                        choices=["sqlite", "postgresql"])
+    parser.add_argument("--replicas", type=int, nargs="+", default=[1])
+    parser.add_argument("--loaded", action="store_true")
+    parser.add_argument("--no-link", action="store_true")
+    parser.add_argument("--profile", default=None)
+    args = parser.parse_args()
+    rows = []
+    with Engine(args.slots, args.step_ms) as engine:
+        direct = {}
+        for c in args.concurrency:
+            direct[c] = load([engine.url], "none", "paced-engine", c, args.rounds, args.tokens)
+            print(json.dumps({"arm": "direct", "concurrency": c, **direct[c]}), flush=True)
+        for backend in args.backends:
+            for replicas in args.replicas:
+                rows += fsched_arm(engine, args, backend, replicas, direct)
+    print("\n".join(table_lines(rows)))
+    if args.profile:
+        for path in sorted(Path(args.profile).rglob("*.txt")):
+            print(f"\n{path.relative_to(args.profile)}:\n" + "\n".join(top_frames(path)))
+
+
+if __name__ == "__main__":
+    main()

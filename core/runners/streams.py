@@ -1,0 +1,390 @@
+"""Every streamed completion of one engine, read by one selector in the caller's thread.
+
+No thread per stream and no queue: `open` writes a raw HTTP/1.1 request on
+a non-blocking socket, and `poll(timeout)` reads whatever has arrived on any
+of them, parsing the response incrementally from bytes (status line,
+headers, chunked transfer or a body until close, server-sent events). What
+a stream received waits on the stream itself until its reader takes it:
+token ids in one list, the chunks' `logprobs` objects in another, and once
+it ends its finish reason, or an error with its fault:
+- `Fault.UNAVAILABLE`: the engine could not be reached, reset the
+  connection, answered 502/503/504, cut the stream short or went silent
+  past the read timeout: try again later;
+- `Fault.REFUSED`: the engine answered the request with an error of its
+  own (a prompt over its context, a bad parameter): retrying would not help.
+`abort` closes a stream's socket; the engine sees the disconnect and frees
+the request (vLLM aborts a request whose client went away).
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import json
+import os
+import select
+import socket
+import time
+from dataclasses import dataclass, field
+
+CONNECT, SEND, HEAD, BODY = range(4)
+READ_SIZE = 1 << 16
+# Deadlines (connect, read) are checked this often: a timeout is a rare fault, not a per-read cost.
+DEADLINE_CHECK_S = 0.5
+
+
+class Fault(enum.StrEnum):
+    UNAVAILABLE = "unavailable"
+    REFUSED = "refused"
+
+
+@dataclass(slots=True, eq=False)
+class Stream:
+    """One streamed completion: what arrived and was not taken yet, and how it ended."""
+
+    sock: socket.socket
+    request: bytes  # what is left to send
+    owner: object = None  # whoever reads this stream (the runner's record of the request)
+    tokens: list[int] = field(default_factory=list)  # arrived, not taken
+    logprobs: list[tuple[dict, int]] = field(default_factory=list)  # (a chunk's logprobs object, its tokens)
+    finish: str | None = None  # the engine ended the stream (stop, length)
+    error: str | None = None
+    fault: Fault | None = None
+    state: int = CONNECT
+    status: int = 0
+    chunked: bool = False
+    length: int = -1  # an error answer's Content-Length (-1: until close)
+    buf: bytes = b""  # received, not parsed yet (HTTP framing)
+    sse: bytes = b""  # body bytes, not parsed yet (events)
+    last: str | None = None  # the last finish_reason an event named
+    deadline: float = 0.0
+    closed: bool = False
+    plain: bool = True  # its reader wants token ids and the finish reason only (no logprobs)
+    ended: bool = False  # a finish reason or an error: nothing more will come
+
+    def take(self) -> tuple[list[int], list[tuple[dict, int]]]:
+        """The tokens (and logprobs objects) that arrived since the last take."""
+        tokens, logprobs = self.tokens, self.logprobs
+        self.tokens = []
+        if logprobs:
+            self.logprobs = []
+        return tokens, logprobs
+
+
+class Streams:
+    """An engine's open streams, multiplexed on one selector."""
+
+    def __init__(self, host: str, port: int, path: str, connect_timeout_s: float = 5.0,
+                 read_timeout_s: float = 600.0):
+        self.host, self.port, self.path = host, port, path
+        self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
+        self._poller = _Poller()
+        self._open: dict[int, Stream] = {}  # by socket descriptor
+        self._next_deadline_check = 0.0
+        self._address: tuple | None = None
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def open(self, body: dict, owner: object = None) -> Stream:
+        """Start a streamed completion of `body` (its events come in through `poll`)."""
+        data = json.dumps(body, separators=(",", ":")).encode()
+        request = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                   f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+                   f"Connection: close\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
+        try:
+            family, address = self._resolve()
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as exc:
+            stream = Stream(socket.socket(), request, owner, closed=True)
+            stream.sock.close()
+            _fail(stream, f"cannot reach the engine: {exc}", Fault.UNAVAILABLE)
+            return stream
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        stream = Stream(sock, request, owner, deadline=time.monotonic() + self.connect_timeout_s,
+                        plain=body.get("logprobs") is None)
+        code = sock.connect_ex(address)
+        if code not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
+            _fail(stream, f"cannot connect to the engine: {os.strerror(code)}", Fault.UNAVAILABLE)
+            stream.closed = True
+            sock.close()
+            return stream
+        self._open[sock.fileno()] = stream
+        self._poller.register(sock.fileno(), select.POLLOUT)
+        return stream
+
+    def _resolve(self) -> tuple[int, tuple]:
+        if self._address is None:
+            family, _, _, _, address = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0]
+            self._address = (family, address)
+        return self._address
+
+    def abort(self, stream: Stream) -> None:
+        """Stop reading and drop the connection (the engine aborts the request)."""
+        if not stream.closed:
+            stream.closed = True
+            fd = stream.sock.fileno()
+            self._poller.unregister(fd)
+            del self._open[fd]
+            stream.sock.close()
+
+    def close(self) -> None:
+        for stream in list(self._open.values()):
+            self.abort(stream)
+
+    def poll(self, timeout: float) -> list[Stream]:
+        """Read what has arrived, waiting up to `timeout` s for something; the streams with news."""
+        if not self._open:
+            if timeout > 0:
+                time.sleep(timeout)
+            return []
+        news = []
+        ready = self._poller.poll(max(0.0, timeout))
+        now = time.monotonic()
+        streams = self._open
+        for fd, mask in ready:
+            stream = streams[fd]
+            if mask & select.POLLOUT:
+                self._send(stream)
+            elif self._read(stream, now):
+                news.append(stream)
+        if now >= self._next_deadline_check:
+            self._next_deadline_check = now + DEADLINE_CHECK_S
+            news += self._expired(now)
+        return news
+
+    # -- writing the request ---------------------------------------------------------------
+    def _send(self, stream: Stream) -> None:
+        sock = stream.sock
+        if stream.state == CONNECT:
+            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code:
+                return self._end(stream, f"cannot connect to the engine: {os.strerror(code)}",
+                                 Fault.UNAVAILABLE)
+            stream.state = SEND
+        try:
+            sent = sock.send(stream.request)
+        except OSError as exc:
+            return self._end(stream, f"{type(exc).__name__}: {exc}", Fault.UNAVAILABLE)
+        stream.request = stream.request[sent:]
+        if not stream.request:
+            stream.state = HEAD
+            stream.deadline = time.monotonic() + self.read_timeout_s
+            self._poller.modify(sock.fileno(), select.POLLIN)
+
+    # -- reading the response --------------------------------------------------------------
+    def _read(self, stream: Stream, now: float) -> bool:
+        """Read and parse what arrived on `stream`; whether it has news for its reader."""
+        try:
+            data = stream.sock.recv(READ_SIZE)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            self._end(stream, f"{type(exc).__name__}: {exc}", Fault.UNAVAILABLE)
+            return True
+        received(stream, data)
+        if stream.ended and not stream.closed:
+            self.abort(stream)
+        stream.deadline = 0.0 if stream.ended else now + self.read_timeout_s
+        return bool(stream.tokens) or stream.ended
+
+    def _expired(self, now: float) -> list[Stream]:
+        late = [stream for stream in self._open.values() if 0 < stream.deadline < now]
+        for stream in late:
+            what = "connecting to" if stream.state in (CONNECT, SEND) else "waiting for"
+            self._end(stream, f"TimeoutError: timed out {what} the engine", Fault.UNAVAILABLE)
+        return late
+
+    def _end(self, stream: Stream, error: str, fault: Fault) -> None:
+        _fail(stream, error, fault)
+        self.abort(stream)
+
+
+class _Poller:
+    """The descriptors' readiness: epoll where there is one (Linux), else poll; timeouts in seconds.
+    Used directly, not through `selectors`, whose objects per ready descriptor cost a token's worth."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+        self._poll = None if self._epoll is not None else select.poll()
+
+    def register(self, fd: int, events: int) -> None:
+        (self._epoll or self._poll).register(fd, events)
+
+    def modify(self, fd: int, events: int) -> None:
+        (self._epoll or self._poll).modify(fd, events)
+
+    def unregister(self, fd: int) -> None:
+        (self._epoll or self._poll).unregister(fd)
+
+    def poll(self, timeout_s: float) -> list[tuple[int, int]]:
+        if self._epoll is not None:
+            return self._epoll.poll(timeout_s)
+        return self._poll.poll(timeout_s * 1000)
+
+
+def received(stream: Stream, data: bytes) -> None:
+    """Parse what arrived on `stream` (b"": the engine closed the connection)."""
+    if stream.state != BODY or stream.status != 200:
+        stream.buf += data
+        _framed(stream)
+    elif stream.chunked:
+        _chunks(stream, stream.buf + data if stream.buf else data)
+    elif data:
+        _events(stream, stream.sse + data if stream.sse else data)
+    if not data and not stream.ended:
+        _eof(stream)
+
+
+def _framed(stream: Stream) -> None:
+    if stream.state == HEAD:
+        end = stream.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        _head(stream, stream.buf[:end])
+        stream.buf = stream.buf[end + 4 :]
+        stream.state = BODY
+    buf, stream.buf = stream.buf, b""
+    if stream.status == 200:
+        return _chunks(stream, buf) if stream.chunked else _events(stream, stream.sse + buf)
+    if stream.chunked:
+        _dechunk(stream, buf)
+    else:
+        stream.sse += buf
+    if 0 <= stream.length <= len(stream.sse):
+        _error_answer(stream)
+
+
+def _eof(stream: Stream) -> None:
+    """The engine closed the connection."""
+    if stream.status not in (0, 200) and stream.state == BODY:
+        _error_answer(stream)
+    else:
+        _fail(stream, "the engine closed the stream early", Fault.UNAVAILABLE)
+
+
+def _fail(stream: Stream, error: str, fault: Fault) -> None:
+    if not stream.ended:
+        stream.error, stream.fault, stream.ended = error, fault, True
+
+
+def _head(stream: Stream, head: bytes) -> None:
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    stream.status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name, value = name.strip().lower(), value.strip().lower()
+        if name == b"transfer-encoding" and b"chunked" in value:
+            stream.chunked = True
+        elif name == b"content-length" and value.isdigit():
+            stream.length = int(value)
+
+
+def _dechunk(stream: Stream, buf: bytes) -> bytes:
+    """The payload of the whole chunks at the start of `buf` (the rest waits in `stream.buf`); the last,
+    empty chunk marks the body complete (`stream.length`)."""
+    pos, out = 0, []
+    while (eol := buf.find(b"\r\n", pos)) >= 0:
+        size = int(buf[pos:eol].split(b";", 1)[0] or b"0", 16)
+        if size == 0:
+            stream.length = len(stream.sse) + sum(len(x) for x in out)
+            pos = len(buf)
+            break
+        if len(buf) < eol + 4 + size:
+            break
+        out.append(buf[eol + 2 : eol + 2 + size])
+        pos = eol + 4 + size
+    stream.buf = buf[pos:]
+    payload = b"".join(out)
+    if stream.status != 200:
+        stream.sse += payload
+    return payload
+
+
+def _chunks(stream: Stream, buf: bytes) -> None:
+    """A chunked event stream: the common case (whole chunks, each one whole event) without copies."""
+    payload = _dechunk(stream, buf)
+    if payload:
+        _events(stream, stream.sse + payload if stream.sse else payload)
+
+
+def _events(stream: Stream, sse: bytes) -> None:
+    """Parse the whole server-sent events in `sse`; keep a partial one for later (`stream.sse`)."""
+    end = sse.rfind(b"\n")
+    if end < 0:
+        stream.sse = sse
+        return
+    stream.sse = sse[end + 1 :]
+    for line in sse[:end].split(b"\n"):
+        if line[:5] != b"data:" or stream.ended:
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            stream.finish, stream.ended = stream.last or "stop", True
+            return
+        fast = _plain_chunk(data) if stream.plain else None
+        if fast is None:
+            _event(stream, json.loads(data))
+        else:
+            stream.tokens += fast[0]
+            if fast[1] is not None:
+                stream.last = fast[1]
+
+
+def _plain_chunk(data: bytes) -> tuple[list[int], str | None] | None:
+    """The token ids and finish reason of a one-choice chunk, read without parsing the JSON; None
+    when the chunk is anything else (an error, several choices, a shape not seen before).
+
+    A key found by its bytes is the key: inside a JSON string a quote is always escaped, so
+    `"token_ids":` cannot occur in a string's text.
+    """
+    i = data.find(b'"token_ids":')
+    if i < 0 or data.find(b'"token_ids":', i + 12) >= 0 or data.find(b'"error"') >= 0:
+        return None
+    start, end = data.find(b"[", i + 12), data.find(b"]", i + 12)
+    k = data.find(b'"finish_reason":')
+    if start < 0 or end < start or data[i + 12 : start].strip() or k < 0 \
+            or data.find(b'"finish_reason":', k + 16) >= 0:
+        return None
+    inner = data[start + 1 : end]
+    try:
+        tokens = [int(x) for x in inner.split(b",")] if inner.strip() else []
+    except ValueError:
+        return None
+    value = data[k + 16 : k + 48].lstrip()
+    if value[:4] == b"null":
+        return tokens, None
+    close = value.find(b'"', 1)
+    if value[:1] != b'"' or close < 0:
+        return None
+    return tokens, value[1:close].decode()
+
+
+def _event(stream: Stream, chunk: dict) -> None:
+    if "error" in chunk:
+        error = chunk["error"]
+        message = error.get("message", error) if isinstance(error, dict) else error
+        return _fail(stream, f"engine error: {message}", Fault.REFUSED)
+    for choice in chunk.get("choices") or ():
+        tokens = choice.get("token_ids")
+        if choice.get("finish_reason"):
+            stream.last = choice["finish_reason"]
+        if tokens:
+            stream.tokens += tokens
+            if (logprobs := choice.get("logprobs")) is not None:
+                stream.logprobs.append((logprobs, len(tokens)))
+
+
+def _error_answer(stream: Stream) -> None:
+    """A non-200 answer, read whole: the engine's message and whose fault it is."""
+    body = stream.sse
+    try:
+        error = json.loads(body)
+        message = error.get("error", error)
+        message = message.get("message", message) if isinstance(message, dict) else message
+    except ValueError:
+        message = body.decode(errors="replace")[:500]
+    fault = Fault.UNAVAILABLE if stream.status in (502, 503, 504) else Fault.REFUSED
+    _fail(stream, f"HTTP {stream.status}: {message}", fault)

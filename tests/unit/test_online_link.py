@@ -1,0 +1,159 @@
+"""The online fast path's pieces: the hub's merge of pushed and read progress, what the daemon pushes,
+the link's two ends over a real loopback socket, and the bound on a client that stops reading."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from fsched.api.hub import ProgressHub, _Watch
+from fsched.api.link import LinkClient
+from fsched.api.sse import BoundedStream, ClientStalled
+from fsched.core.daemon.engine import EngineResult
+from fsched.core.daemon.holdings import Holdings
+from fsched.core.daemon.link import LinkServer
+from fsched.core.daemon.publish import Publisher
+from fsched.core.jobs.openai import OnlineProgress
+from fsched.core.ports.records import ClaimedRequest
+from fsched.core.runners.stopping import FinishReason
+from fsched.core.types import RequestClass, RequestState
+
+
+def progress(text: str, state: RequestState = RequestState.RUNNING) -> OnlineProgress:
+    return OnlineProgress(job_id=1, request_id="r1", state=state, output_text=text,
+                          num_output_tokens=len(text), prompt_tokens=None, finish_reason=None, error=None,
+                          model=None, enqueued_at=0.0, first_token_at=None, finished_at=None)
+
+
+def claimed(job_id: int = 1, request_id: str = "r1") -> ClaimedRequest:
+    return ClaimedRequest(id=request_id, job_id=job_id, tenant="t", request_class=RequestClass.STREAMING,
+                          priority=5, custom_id="c", endpoint="/v1/chat/completions", prompt="p",
+                          messages=None, params={}, output_tokens=[], enqueued_at=1.0)
+
+
+async def _updates(hub: ProgressHub, job_id: int, n: int, until: str | None = None) -> list:
+    seen = []
+    async for choices in hub.watch(job_id):
+        seen.append(choices[0].output_text)
+        if len(seen) == n or seen[-1] == until:
+            break
+    return seen
+
+
+def test_the_hub_never_shows_less_than_a_push_did_until_the_request_ends():
+    table = {1: (progress("ab"),)}
+    hub = ProgressHub(lambda ids: {i: table[i] for i in ids if i in table}, interval_s=0.001)
+
+    async def run():
+        poller = asyncio.create_task(hub.run())
+        watcher = asyncio.create_task(_updates(hub, 1, 3))
+        await asyncio.sleep(0.02)
+        assert hub.push(1, (progress("abcdef"),))  # the link is ahead of the table
+        await asyncio.sleep(0.02)  # the table still says "ab": not shown again
+        table[1] = (progress("abcd", RequestState.DONE),)  # an end is taken whatever it shows
+        seen = await asyncio.wait_for(watcher, 2)
+        poller.cancel()
+        return seen
+
+    assert asyncio.run(run()) == ["ab", "abcdef", "abcd"]
+    assert not hub.push(1, (progress("x"),))  # nobody watches it any more
+
+
+def test_a_linked_job_is_read_from_the_table_only_every_linked_poll():
+    hub = ProgressHub(lambda ids: {}, linked_poll_s=0.25)
+    hub._watches[1], hub._watches[2] = _Watch(), _Watch()
+    assert hub._due(100.0) == [1, 2]
+    hub._watches[1].linked_at = 100.0
+    assert hub._due(100.1) == [2]
+    assert hub._due(100.3) == [1, 2]
+    hub.unlink([1])
+    assert hub._due(100.31) == [1, 2]
+
+
+class _Link:
+    def __init__(self, watched: set[int]):
+        self.watched, self.sent = watched, []
+
+    def watcher(self, job_id):
+        return "conn" if job_id in self.watched else None
+
+    def send(self, lines):
+        self.sent += lines.get("conn", [])
+
+
+def test_the_publisher_pushes_each_steps_text_from_what_was_settled_and_the_end_once_written():
+    holdings = Holdings()
+    holdings.add(claimed())
+    holdings.add(claimed(job_id=2, request_id="r2"))
+    texts = {"r1": "héllo\ufffd", "r2": "unwatched"}
+    link = _Link({1})
+    pub = Publisher(link, holdings, lambda rid: ([1, 2, 3], texts[rid]), "m")
+    pub.step({"r1": 3, "r2": 3}, [])
+    assert [(m["o"], m["t"]) for m in link.sent] == [(0, "héllo\ufffd")]
+    assert holdings.get("r1").linked and not holdings.get("r2").linked  # r2 is flushed every step
+    texts["r1"] = "héllo wörld"
+    pub.step({"r1": 4}, [])
+    assert (link.sent[-1]["o"], link.sent[-1]["t"]) == (5, " wörld")  # the unsettled tail again
+    result = EngineResult(id="r1", tokens=[1, 2, 3, 4], text="héllo wörld", finish_reason=FinishReason.STOP,
+                          prompt_tokens=2)
+    pub.step({"r1": 4}, [result])
+    assert "end" not in link.sent[-1]  # not before the completion is in the table
+    pub.written(now=9.0)
+    end = link.sent[-1]["end"]
+    assert end["state"] == "done" and end["t"] == "héllo wörld" and end["fin"] == 9.0 and end["pt"] == 2
+
+
+def test_the_link_carries_watches_wakeups_and_pushes_over_a_socket():
+    server = LinkServer("127.0.0.1", 0)
+    try:
+        async def run():
+            hub = ProgressHub(lambda ids: {}, interval_s=0.01)
+            client = LinkClient(hub, refresh_s=0.05)
+            runner = asyncio.create_task(client.run(lambda: _addresses(server.address)))
+            watcher = asyncio.create_task(_updates(hub, 7, 3, until="hello\x00\udc80"))
+            deadline = time.monotonic() + 5
+            while client.linked_daemons == 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            server.take_wake()
+            client.announce(7, linkable=True)
+            while server.watcher(7) is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert server.take_wake()  # a new request: the daemon syncs now
+            conn = server.watcher(7)
+            server.send({conn: [{"job": 7, "req": "r", "o": 0, "t": "he", "n": 1, "ft": 1.0, "q": 0.5}]})
+            rest = {"job": 7, "req": "r", "o": 2, "t": "llo\x00\udc80", "n": 2, "ft": 1.0, "q": 0.5}
+            server.send({conn: [rest]})
+            seen = await asyncio.wait_for(watcher, 5)
+            runner.cancel()
+            return seen
+
+        # Pieces joined at their offsets (updates may coalesce); any text crosses, NUL, lone surrogates.
+        assert asyncio.run(run())[-1] == "hello\x00\udc80"
+    finally:
+        server.close()
+
+
+async def _addresses(address: str) -> set[str]:
+    return {address}
+
+
+def test_a_client_that_takes_no_bytes_for_the_bound_is_cut_off_and_the_stream_closed():
+    closed = []
+
+    async def events():
+        try:
+            while True:
+                yield "data: x\n\n"
+        finally:
+            closed.append(True)
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            await asyncio.sleep(3600)  # a full socket that never drains
+
+    response = BoundedStream(events(), stall_s=0.05)
+    with pytest.raises(ClientStalled):
+        asyncio.run(response.stream_response(send))
+    assert closed == [True]  # the stream's `finally` ran: it cancels the request

@@ -1,0 +1,129 @@
+"""The engine streams' parser and selector: bytes in any pieces, answers of every kind, faults."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+import pytest
+
+from fsched.core.runners.streams import HEAD, Fault, Stream, Streams, _plain_chunk, received
+
+
+def _event(tokens: list[int], finish: str | None = None, compact: bool = True) -> bytes:
+    chunk = {"id": "cmpl-1", "object": "text_completion", "model": "m", "choices": [
+        {"index": 0, "text": " w", "logprobs": None, "finish_reason": finish, "token_ids": tokens}]}
+    separators = (",", ":") if compact else (", ", ": ")
+    return b"data: " + json.dumps(chunk, separators=separators).encode() + b"\n\n"
+
+
+def _chunked(*payloads: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in payloads) + b"0\r\n\r\n"
+
+
+STREAM = [_event([5]), _event([6, 7], compact=False), _event([8], "length"), b"data: [DONE]\n\n"]
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(*STREAM)
+UNTIL_CLOSE = b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + b"".join(STREAM)
+
+
+def _parsed(answer: bytes, cut: int | None = None, plain: bool = True) -> Stream:
+    stream = Stream(socket.socket(), b"", state=HEAD, plain=plain)
+    stream.sock.close()
+    pieces = [answer] if cut is None else [answer[:cut], answer[cut:]]
+    for piece in filter(None, pieces):  # an empty read is the engine closing the connection
+        received(stream, piece)
+    if not stream.ended:
+        received(stream, b"")  # the engine closes the connection
+    return stream
+
+
+@pytest.mark.parametrize("answer", [CHUNKED, UNTIL_CLOSE], ids=["chunked", "until-close"])
+def test_a_stream_cut_at_any_byte_reads_the_same(answer):
+    for cut in range(len(answer) + 1):
+        stream = _parsed(answer, cut)
+        assert (stream.tokens, stream.finish, stream.error) == ([5, 6, 7, 8], "length", None), cut
+
+
+def test_plain_chunks_read_without_json_equal_the_json_reading():
+    for chunk in [_event([1, 2]), _event([], "stop"), _event([3], compact=False)]:
+        data = chunk[6:-2]
+        choice = json.loads(data)["choices"][0]
+        assert _plain_chunk(data) == (choice["token_ids"], choice["finish_reason"])
+    tricky = json.dumps({"choices": [{"text": '"token_ids":[9]', "token_ids": [1], "finish_reason": None}]})
+    assert _plain_chunk(tricky.encode()) == ([1], None)  # a key's bytes inside a string are escaped
+    two = {"choices": [{"token_ids": [1], "finish_reason": None}, {"token_ids": [2], "finish_reason": None}]}
+    assert _plain_chunk(json.dumps(two).encode()) is None
+    assert _parsed(b"HTTP/1.0 200 OK\r\n\r\ndata: " + tricky.encode() + b"\n\ndata: [DONE]\n\n").tokens == [1]
+
+
+def test_logprobs_come_with_their_chunk_when_asked_for():
+    lp = {"tokens": ["token_id:5"], "token_logprobs": [-0.5], "top_logprobs": [{}]}
+    chunk = {"choices": [{"index": 0, "token_ids": [5], "logprobs": lp, "finish_reason": None}]}
+    stream = _parsed(b"HTTP/1.0 200 OK\r\n\r\ndata: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n",
+                     plain=False)
+    assert stream.take() == ([5], [(lp, 1)]) and stream.finish == "stop"
+
+
+@pytest.mark.parametrize("answer, fault, message", [
+    (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 32\r\n\r\n" + b'{"error": {"message": "too long"}}'[:32],
+     Fault.REFUSED, "HTTP 400"),
+    (b'HTTP/1.1 400 Bad Request\r\nContent-Length: 34\r\n\r\n{"error": {"message": "too long"}}',
+     Fault.REFUSED, "HTTP 400: too long"),
+    (b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(b'{"error": "later"}'),
+     Fault.UNAVAILABLE, "HTTP 503: later"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(_event([1])),
+     Fault.UNAVAILABLE, "closed the stream early"),
+    (b"HTTP/1.1 200 OK\r\n\r\n" + b'data: {"error": {"message": "bad"}}\n\n',
+     Fault.REFUSED, "engine error: bad"),
+])
+def test_every_kind_of_answer_ends_with_its_fault(answer, fault, message):
+    for cut in (None, len(answer) // 2):
+        stream = _parsed(answer, cut)
+        assert stream.ended and stream.fault is fault and message in stream.error, (cut, stream.error)
+
+
+def _serve_once(answer: bytes) -> tuple[int, list[bytes]]:
+    """A one-connection server that reads the request and sends `answer`; the request it got."""
+    server = socket.create_server(("127.0.0.1", 0))
+    got: list[bytes] = []
+
+    def serve():
+        conn, _ = server.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data or len(data) < data.index(b"\r\n\r\n") + 4 + int(
+                    data.split(b"Content-Length: ")[1].split(b"\r\n")[0]):
+                data += conn.recv(65536)
+            got.append(data)
+            conn.sendall(answer)
+        server.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server.getsockname()[1], got
+
+
+def test_a_stream_over_a_socket_sends_the_request_and_reads_the_answer():
+    port, got = _serve_once(CHUNKED)
+    streams = Streams("127.0.0.1", port, "/v1/completions")
+    stream = streams.open({"prompt": [1, 2], "stream": True}, owner="r1")
+    tokens = []
+    while not stream.ended:
+        for s in streams.poll(1.0):
+            assert s is stream and s.owner == "r1"
+            tokens += s.take()[0]
+    assert tokens == [5, 6, 7, 8] and stream.finish == "length" and len(streams) == 0
+    head, _, body = got[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /v1/completions HTTP/1.1") and json.loads(body) == {"prompt": [1, 2],
+                                                                                     "stream": True}
+
+
+def test_an_engine_that_is_not_there_is_unavailable():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    streams = Streams("127.0.0.1", port, "/v1/completions")
+    stream = streams.open({"prompt": [1]})
+    while not stream.ended:
+        streams.poll(1.0)
+    assert stream.fault is Fault.UNAVAILABLE and "refused" in stream.error.lower()
