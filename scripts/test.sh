@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The test command: set up the environment, make sure PostgreSQL answers, run pytest.
-# Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x).
+# Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x). With pytest-xdist installed and
+# no -n/-p/--dist among them, the tests run on two workers, one test file per worker at a time
+# (--dist loadfile: a file's module and session fixtures are built once); FSCHED_TEST_WORKERS=0 runs
+# them in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -14,4 +17,14 @@ if command -v pg_isready >/dev/null && ! pg_isready -q -h 127.0.0.1 -p 5432; the
   for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
 fi
 
-exec "$venv/bin/python" -m pytest "$@"
+workers=()
+if [ "${FSCHED_TEST_WORKERS:-2}" != 0 ] && "$venv/bin/python" -c "import xdist" 2>/dev/null; then
+  workers=(-n "${FSCHED_TEST_WORKERS:-2}" --dist loadfile)
+  for arg in "$@"; do
+    case "$arg" in
+      -n|-n*|--numprocesses*|-p|-p*|--dist*) workers=() ;;
+    esac
+  done
+fi
+
+exec "$venv/bin/python" -m pytest ${workers[@]+"${workers[@]}"} "$@"

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.model_cache import shared_model_cache
+
 FSCHED = str(Path(sys.executable).parent / "fsched")
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_JOBS = REPO / "sample_jobs"
@@ -60,7 +62,7 @@ def fsched(tmp_path) -> Fsched:
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory) -> str:
     """One tiny model for every daemon of the session (built by the first one)."""
-    return str(tmp_path_factory.mktemp("model-cache"))
+    return shared_model_cache(tmp_path_factory)
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.model_cache import shared_model_cache
+
 
 @pytest.fixture
 def long_seconds(request) -> float:
@@ -20,4 +22,4 @@ def long_seconds(request) -> float:
 @pytest.fixture(scope="session")
 def tiny_model_cache(tmp_path_factory) -> str:
     """One tiny model for the daemons of this session (the first one builds it)."""
-    return str(tmp_path_factory.mktemp("model-cache"))
+    return shared_model_cache(tmp_path_factory)

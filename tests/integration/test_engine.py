@@ -23,7 +23,9 @@ def tiny(tmp_path_factory):
     import os
 
     old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+    from tests.support.model_cache import shared_model_cache
+
+    os.environ["XDG_CACHE_HOME"] = shared_model_cache(tmp_path_factory)
     try:
         torch.set_num_threads(2)
         yield load_model(None)
