@@ -61,7 +61,8 @@ class DaemonConfig:
     exclusive: bool = True  # the only daemon on this job table (SQLite): it may reclaim everything
     share_half_life_s: float = 10.0  # of the served-share figures shown by status
     # Several daemons on one queue (PostgreSQL): a lease lasts `lease_s`
-    # unless renewed (every heartbeat); every `sweep_s` a daemon requeues
+    # unless renewed (once a quarter of it has passed, checked every heartbeat:
+    # core/daemon/leases.py); every `sweep_s` a daemon requeues
     # requests whose lease expired, and shares its tenants' usage.
     lease_s: float = 10.0
     sweep_s: float = 1.0
@@ -264,7 +265,7 @@ class Daemon:
 
     def renew(self) -> None:
         """Extend this daemon's leases; drop, without writing, the requests it lost."""
-        self.leases.renew()
+        self.leases.renew(self.clock())
 
     def shutdown(self) -> None:
         """Flush every token, hand unfinished requests back to the queue, say goodbye."""
