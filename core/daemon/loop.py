@@ -234,8 +234,9 @@ class Daemon:
             logprobs = self.engine.logprobs(request_id)
             self.engine.cancel(request_id)
             self.writer.cancelled(request_id, held, tokens, text, logprobs)
-        # The batch as it is now: an out-of-memory step lowers it.
-        per_group = self.config.held_batches * self.engine.max_batch
+        # The batch as it is now: an out-of-memory step lowers it. Holding nothing, one batch a
+        # group first: the engine starts on it sooner, and the next sync tops up the rest.
+        per_group = (self.config.held_batches if len(self.held) else 1) * self.engine.max_batch
         claimed_now = self.store.claim(self.config.owner, per_group, self.held.per_group(),
                                        lease_s=self.config.lease_s)
         if claimed_now:
