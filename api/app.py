@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from fsched.api import batch, dashboard, errors, online, responses, tokens
+from fsched.api import batch, dashboard, errors, expiry, online, responses, tokens
 from fsched.api.hub import ProgressHub
 from fsched.api.limits import BodyLimit
 from fsched.api.metrics import Metrics
+from fsched.api.openapi import openapi_document
+from fsched.api.slowclients import BodyDeadline, ClientDeadlines
 from fsched.api.state import Backend, ServerState, state_of
 from fsched.core.jobs.limits import InputLimits
 
@@ -28,9 +31,12 @@ MULTIPART_OVERHEAD = 64 * 1024
 
 
 def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None = None,
-               tokenizers: tokens.Tokenizers | None = None) -> FastAPI:
+               tokenizers: tokens.Tokenizers | None = None, metrics_port: int | None = None,
+               body_timeout_s: float = ClientDeadlines().body_timeout_s) -> FastAPI:
     """The server over `backend`; `poll_s` is how often the hub reads open requests' progress;
-    `tokenizers` loads the served model's tokenizer for /tokenize (None: the server has none)."""
+    `tokenizers` loads the served model's tokenizer for /tokenize (None: the server has none);
+    `/metrics` answers only on the listener of `metrics_port` (None: nowhere), which serves
+    nothing else; `body_timeout_s` bounds how long a request's body may take to arrive."""
     hub = ProgressHub(backend.serving.progress, poll_s)
     state = ServerState(backend=backend, hub=hub, metrics=Metrics(backend),
                         tokenizers=tokenizers or tokens.Tokenizers())
@@ -38,7 +44,8 @@ def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        tasks = [asyncio.create_task(hub.run()), asyncio.create_task(dashboard.sample_forever(state))]
+        tasks = [asyncio.create_task(hub.run()), asyncio.create_task(dashboard.sample_forever(state)),
+                 asyncio.create_task(expiry.expire_forever(state))]
         try:
             yield
         finally:
@@ -62,7 +69,13 @@ def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None
             return JSONResponse({"status": "error", "detail": "the job table cannot be read"}, 503)
         return JSONResponse({"status": "ok", "daemons_alive": alive})
 
-    @app.get("/metrics")
+    document = openapi_document(_version())
+
+    @app.get("/openapi.json")
+    async def openapi() -> JSONResponse:
+        return JSONResponse(document)
+
+    @app.get("/metrics", include_in_schema=False)
     async def metrics(request: Request) -> Response:
         body = await state_of(request).call(state.metrics.render)
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -71,4 +84,31 @@ def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None
         return upload_limit + MULTIPART_OVERHEAD if path == "/v1/files" else JSON_BODY_LIMIT
 
     app.add_middleware(BodyLimit, limit_for=limit_for)
+    app.add_middleware(BodyDeadline, timeout_s=body_timeout_s)
+    app.add_middleware(MetricsListener, port=metrics_port)
     return app
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("fsched")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "0+unknown"
+
+
+class MetricsListener:
+    """ASGI middleware: the metrics port serves `/metrics` alone, and no other port serves it (tenant
+    names and per-tenant figures are for the operator's scraper, not for API clients)."""
+
+    def __init__(self, app, port: int | None):
+        self.app = app
+        self.port = port
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            server = scope.get("server") or (None, None)
+            on_metrics_port = self.port is not None and server[1] == self.port
+            if on_metrics_port != (scope["path"] == "/metrics"):
+                await JSONResponse(errors.error_body(404, "no such endpoint"), 404)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -15,16 +15,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from fsched.api.errors import ApiError, not_found
+from fsched.api.limits import BodyTooLarge
 from fsched.api.state import ServerState, state_of
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.batches import (
     BATCH_PURPOSE,
-    COMPLETION_WINDOW,
     BatchRecord,
     batch_object,
     file_object,
     new_batch_id,
     validate_metadata,
+    window_seconds,
 )
 from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_job_file
 from fsched.core.jobs.jsontext import dumps as json_text
@@ -34,7 +35,10 @@ from fsched.core.types import Endpoint, JobOrigin, RequestClass
 
 router = APIRouter()
 BATCH_PRIORITY = 5
+BATCH_EXPIRED = {"code": "batch_expired",
+                 "message": "this request could not be executed before the completion window expired"}
 MAX_LIST = 100
+MAX_FILES_LIST = 10_000  # OpenAI's limit (and default) for a page of files
 
 
 # -- files ------------------------------------------------------------------------------------
@@ -46,6 +50,8 @@ async def upload(request: Request) -> dict:
     key = await state.authenticate(request)
     try:
         form = await request.form(max_files=1, max_fields=4)
+    except BodyTooLarge:
+        raise  # BodyLimit answers 413, however the body came (chunked or with a length)
     except Exception as exc:  # noqa: BLE001 - any unparseable multipart body is the client's
         raise ApiError(400, f"expected a multipart/form-data body with 'file' and 'purpose': {exc}") from None
     purpose, upload = form.get("purpose"), form.get("file")
@@ -64,11 +70,20 @@ async def upload(request: Request) -> dict:
 
 
 @router.get("/v1/files")
-async def list_files(request: Request, purpose: str | None = None) -> dict:
+async def list_files(request: Request, purpose: str | None = None, after: str | None = None,
+                     limit: int = MAX_FILES_LIST, order: str = "desc") -> dict:
+    """OpenAI's file list: newest first (`order=asc`: oldest), `limit` at a time, `after` a file id."""
     state = state_of(request)
     key = await state.authenticate(request)
-    found = await state.call(state.backend.files.list_files, key.tenant, purpose)
-    return {"object": "list", "data": [file_object(f) for f in found], "has_more": False}
+    if not 1 <= limit <= MAX_FILES_LIST:
+        raise ApiError(400, f"limit must be within 1..{MAX_FILES_LIST:,}", "limit")
+    if order not in ("asc", "desc"):
+        raise ApiError(400, "order must be 'asc' or 'desc'", "order")
+    found = await state.call(state.backend.files.list_files, key.tenant, purpose, limit + 1, after,
+                             order == "desc")
+    data = [file_object(f) for f in found[:limit]]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(found) > limit}
 
 
 @router.get("/v1/files/{file_id}")
@@ -95,13 +110,23 @@ async def file_content(request: Request, file_id: str):
     if f.job_id is None:
         pieces = await state.call(state.backend.files.iter_content, key.tenant, file_id)
         return StreamingResponse(pieces or iter([b""]), media_type="application/octet-stream")
-    return StreamingResponse(_results(state, f.job_id, f.errors), media_type="application/jsonl")
+    expired = await state.call(_expired, state, key.tenant, f.job_id)
+    return StreamingResponse(_results(state, f.job_id, f.errors, expired), media_type="application/jsonl")
 
 
-def _results(state: ServerState, job_id: int, errors: bool):
-    """Output lines, read in pages (a sync generator: Starlette runs it in a worker thread)."""
+def _results(state: ServerState, job_id: int, errors: bool, expired: bool = False):
+    """Output lines, read in pages (a sync generator: Starlette runs it in a worker thread); a
+    batch that expired shows its cancelled lines as OpenAI's `batch_expired`."""
     for line in lines_of(state.backend.jobs.iter_results(job_id, errors=errors)):
-        yield (json_text(output_line(line)) + "\n").encode()
+        out = output_line(line)
+        if expired and out["error"] is not None and out["error"]["code"] == "cancelled":
+            out["error"] = BATCH_EXPIRED
+        yield (json_text(out) + "\n").encode()
+
+
+def _expired(state: ServerState, tenant: str, job_id: int) -> bool:
+    record = state.backend.files.batch_of_job(tenant, job_id)
+    return record is not None and record.expired_at is not None
 
 
 async def _file(state: ServerState, key: ApiKey, file_id: str):
@@ -127,7 +152,7 @@ async def create_batch(request: Request) -> dict:
         raise ApiError(400, f"file {f.id!r} was not uploaded with purpose 'batch'", "input_file_id")
     content = await state.call(state.backend.files.file_content, key.tenant, f.id)
     record = BatchRecord(id=new_batch_id(), tenant=key.tenant, job_id=None, endpoint=endpoint.value,
-                         input_file_id=f.id, completion_window=COMPLETION_WINDOW, metadata=metadata,
+                         input_file_id=f.id, completion_window=body["completion_window"], metadata=metadata,
                          created_at=time.time())
     limits = await state.limits()
     try:
@@ -137,6 +162,9 @@ async def create_batch(request: Request) -> dict:
         failed = _refused(record, exc)
         await state.call(state.backend.files.add_batch, failed)
         return batch_object(failed, None)
+    if len(parsed.requests) > limits.max_queued_per_tenant:  # could never fit: not a retry later
+        raise ApiError(400, f"the batch holds {len(parsed.requests):,} requests, larger than your queue "
+                       f"limit of {limits.max_queued_per_tenant}", "input_file_id", "batch_too_large")
     submission = JobSubmission(parsed=parsed, tenant=key.tenant, request_class=RequestClass.BATCH,
                                priority=BATCH_PRIORITY, name=record.id, origin=JobOrigin.BATCH, key_id=key.id)
     try:
@@ -191,21 +219,25 @@ async def _batch_json(state: ServerState, record: BatchRecord) -> dict:
     if record.job_id is not None:
         (job,) = await state.call(state.backend.jobs.list_jobs, job_id=record.job_id)
         if job.state.finished and record.output_file_id is None:
-            sizes = await state.call(_output_sizes, state, record.job_id)
+            sizes = await state.call(_output_sizes, state, record)
             record = await state.call(state.backend.files.attach_outputs, record, sizes)
     return batch_object(record, job)
 
 
-def _output_sizes(state: ServerState, job_id: int) -> tuple[int, int]:
-    return tuple(sum(len(chunk) for chunk in _results(state, job_id, errors)) for errors in (False, True))
+def _output_sizes(state: ServerState, record: BatchRecord) -> tuple[int, int]:
+    expired = record.expired_at is not None
+    return tuple(sum(len(chunk) for chunk in _results(state, record.job_id, errors, expired))
+                 for errors in (False, True))
 
 
 async def _json_body(request: Request) -> dict:
     raw = await request.body()
     try:
         return load_json_object(raw.decode("utf-8"), 16)
-    except (UnicodeDecodeError, JobFileError) as exc:
-        raise ApiError(400, f"the body must be a JSON object: {exc}") from None
+    except UnicodeDecodeError:
+        raise ApiError(400, "the request body is not valid UTF-8") from None
+    except JobFileError as exc:
+        raise ApiError(400, f"the body must be a JSON object: {exc}", exc.field) from None
 
 
 def _batch_fields(body: dict) -> tuple[Endpoint, dict | None]:
@@ -219,8 +251,10 @@ def _batch_fields(body: dict) -> tuple[Endpoint, dict | None]:
         endpoint = Endpoint(body["endpoint"])
     except ValueError:
         raise ApiError(400, "endpoint must be /v1/completions or /v1/chat/completions", "endpoint") from None
-    if body["completion_window"] != COMPLETION_WINDOW:
-        raise ApiError(400, f"completion_window must be {COMPLETION_WINDOW!r}", "completion_window")
+    try:
+        window_seconds(body["completion_window"])
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "completion_window") from None
     try:
         return endpoint, validate_metadata(body.get("metadata"))
     except ValueError as exc:

@@ -7,6 +7,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from fsched.core.ports.records import StorageError
 
@@ -36,8 +37,14 @@ class ApiError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
-                      "param": param, "code": code}}
+    kind = ERROR_TYPES.get(status, "invalid_request_error")
+    return {"error": {"message": _encodable(message), "type": kind,
+                      "param": None if param is None else _encodable(param), "code": code}}
+
+
+def _encodable(text: str) -> str:
+    """`text` as UTF-8 can carry it: a lone surrogate the client sent is shown as its escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_response(exc: ApiError) -> JSONResponse:
@@ -49,6 +56,18 @@ def not_found(what: str, object_id: str, param: str | None = None) -> ApiError:
     return ApiError(404, f"no {what} with id {object_id!r}", param, "not_found")
 
 
+def _methods_of(app: FastAPI, path: str) -> set[str]:
+    probe = {"type": "http", "path": path, "method": "", "root_path": ""}
+    routes, found = list(app.router.routes), set()
+    while routes:
+        route = routes.pop()
+        if hasattr(route, "original_router"):  # an included router: its own routes
+            routes.extend(route.original_router.routes)
+        elif getattr(route, "methods", None) and route.matches(probe)[0] is not Match.NONE:
+            found |= route.methods
+    return found
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -58,6 +77,9 @@ def install(app: FastAPI) -> None:
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = "no such endpoint" if exc.status_code == 404 else str(exc.detail)
         headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:  # every method of the path, not only the first route's (RFC 9110)
+            allowed = _methods_of(_request.app, _request.url.path)
+            headers = {**(headers or {}), "Allow": ", ".join(sorted(allowed))}
         return JSONResponse(error_body(exc.status_code, message), exc.status_code, headers)
 
     @app.exception_handler(StorageError)

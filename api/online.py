@@ -20,7 +20,7 @@ from fsched.api.errors import ApiError, error_body
 from fsched.api.hub import Choices
 from fsched.api.state import ServerState, state_of
 from fsched.api.tokens import prompt_token_ids
-from fsched.core.jobs.answers import response_body, response_id
+from fsched.core.jobs.answers import opaque_response_id, response_body
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.jobs.jsontext import dumps as json_text
@@ -40,6 +40,10 @@ from fsched.core.types import Endpoint, JobOrigin, RequestState
 
 router = APIRouter()
 RETRY_AFTER_S = 1
+# How long a stream's headers wait for its first token (or its end, a refusal included): the engine
+# refuses a prompt over its context when it first sees it, within a step of the claim; a request
+# queued for longer starts streaming meanwhile (its refusal, if any, then comes as an SSE error).
+STREAM_OPEN_WAIT_S = 5.0
 
 
 @router.get("/v1/models")
@@ -86,9 +90,63 @@ async def _serve(request: Request, endpoint: Endpoint):
     await state.require_daemon()
     job_id = await submit(state, key, online)
     if online.stream:
-        return StreamingResponse(_stream(request, state, endpoint, job_id, online),
+        opened = await first_news(request, state, job_id, online)
+        if opened is None:
+            return JSONResponse(error_body(499, "client closed the request"), 499)
+        return StreamingResponse(_stream(request, state, endpoint, job_id, online, opened),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     return await _answer(request, state, endpoint, job_id, online)
+
+
+async def first_news(request: Request, state: ServerState, job_id: int,
+                     online: OnlineRequest) -> AsyncIterator[Choices] | None:
+    """The job's progress, its stream held back until its first output token or its end (at most
+    STREAM_OPEN_WAIT_S): a request the engine refuses (a prompt over the context) answers its
+    error status before any stream starts, as unstreamed. None when the client went away first
+    (the request is cancelled)."""
+    watch = state.hub.watch(job_id)
+
+    async def first() -> Choices | None:
+        async for choices in watch:
+            if any(p.num_output_tokens or p.state.finished for p in choices):
+                return choices
+        return None
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    waiting, gone = asyncio.ensure_future(first()), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({waiting, gone}, timeout=STREAM_OPEN_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone_now = gone.done() and not waiting.done()
+        gone.cancel()
+    if gone_now:
+        waiting.cancel()
+        await watch.aclose()
+        await cancel(state, job_id)
+        return None
+    failed = failed_choice(waiting.result()) if waiting.done() else None
+    if failed is not None:
+        await watch.aclose()
+        observe(state, online, waiting.result())
+        status, message = failure(failed)
+        raise ApiError(status, message, code="request_failed")
+    return _then(waiting, watch)
+
+
+async def _then(first: asyncio.Future, rest: AsyncIterator[Choices]) -> AsyncIterator[Choices]:
+    """The first news (awaited here when it had not come before the stream opened), then the rest."""
+    try:
+        opening = await first
+        if opening is not None:
+            yield opening
+        async for choices in rest:
+            yield choices
+    finally:
+        first.cancel()
+        await rest.aclose()
 
 
 async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: ServerState) -> OnlineRequest:
@@ -142,7 +200,7 @@ async def _answer(request: Request, state: ServerState, endpoint: Endpoint, job_
     created = int(max(p.finished_at or time.time() for p in final))
     choices = [choice_of(p, online.specs[p.choice].prompt) for p in final]
     prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
-    body = response_body(endpoint, response_id(endpoint, job_id), created, _model(online, final[0]), choices,
+    body = response_body(endpoint, opaque_response_id(endpoint), created, _model(online, final[0]), choices,
                          online.spec.answer, prompt_ids)
     return Response(json_text(body), media_type="application/json")
 
@@ -179,7 +237,7 @@ async def final_or_disconnect(request: Request, state: ServerState, job_id: int)
 
 
 async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
-                  online: OnlineRequest) -> AsyncIterator[str]:
+                  online: OnlineRequest, progress: AsyncIterator[Choices]) -> AsyncIterator[str]:
     """Server-sent events: chunks as tokens are flushed (the choices interleaved, each by its index),
     the usage chunk if asked, `[DONE]`.
 
@@ -188,14 +246,14 @@ async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_
     the `finally` covers a generator closed early.
     """
     prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
-    relay = StreamRelay(endpoint, response_id(endpoint, job_id), int(time.time()),
+    relay = StreamRelay(endpoint, opaque_response_id(endpoint), int(time.time()),
                         online.spec.model or DEFAULT_MODEL_NAME, online, prompt_ids)
     final = None
     hang_up = asyncio.ensure_future(_cancel_on_disconnect(request, state, job_id))
     try:
         for event in relay.opening():
             yield sse(event)
-        async for choices in state.hub.watch(job_id):
+        async for choices in progress:
             final = choices
             if failed_choice(choices) is not None:
                 break

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fsched.api import online
 from fsched.api.errors import ApiError, error_body
 from fsched.api.state import ServerState, state_of
+from fsched.core.jobs.answers import opaque_responses_id
 from fsched.core.jobs.jobfile import JobFileError, load_json_object
 from fsched.core.jobs.jsontext import dumps as json_text
 from fsched.core.jobs.openai import BodyError, ClassRefused, OnlineRequest, choice_of, parse_online
@@ -43,14 +44,17 @@ async def responses(request: Request):
     asked, chat = await _parse(request, state, key.request_class)
     await state.require_daemon()
     job_id = await online.submit(state, key, chat)
-    response_id = f"resp_{job_id}"
+    response_id = opaque_responses_id()
     model = chat.spec.model or DEFAULT_MODEL_NAME
     logprobs = chat.spec.answer.logprobs
     if chat.stream:
+        opened = await online.first_news(request, state, job_id, chat)
+        if opened is None:
+            return JSONResponse(error_body(499, "client closed the request"), 499)
         relay = ResponsesRelay(response_id, time.time(), model, asked.echo, logprobs,
                                chat.stream_options.obfuscation)
-        return StreamingResponse(_stream(request, state, job_id, chat, relay), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(_stream(request, state, job_id, chat, relay, opened),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     final = await online.final_or_disconnect(request, state, job_id)
     if final is None:
         await online.cancel(state, job_id)
@@ -93,14 +97,14 @@ def _responses_name(param: str | None) -> str | None:
 
 
 async def _stream(request: Request, state: ServerState, job_id: int, chat: OnlineRequest,
-                  relay: ResponsesRelay) -> AsyncIterator[str]:
+                  relay: ResponsesRelay, progress: AsyncIterator) -> AsyncIterator[str]:
     """The Responses events as the text is flushed; a client that hangs up cancels the request."""
     final = None
     hang_up = asyncio.ensure_future(_cancel_on_disconnect(request, state, job_id))
     try:
         for event in relay.opening():
             yield _sse(event)
-        async for choices in state.hub.watch(job_id):
+        async for choices in progress:
             final = choices
             if online.failed_choice(choices) is not None:
                 break

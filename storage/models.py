@@ -252,6 +252,8 @@ class BatchRow(Base):
     failed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     output_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     error_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    # When its completion window ran out with work unfinished (that work was cancelled).
+    expired_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     __table_args__ = (
         Index("ix_batches_tenant_seq", "tenant", "seq"),

@@ -24,7 +24,7 @@ from fsched.core.ports.records import SchemaMismatch
 from fsched.storage.db import Database
 from fsched.storage.models import Base, Meta
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 VERSION_KEY = "schema_version"
 CHUNKED_FILES_VERSION = 8  # from it on, SQLite files vacuum incrementally (storage.db.reclaim_space)
 
@@ -161,10 +161,15 @@ def _chunked_files_and_rates(conn: Connection) -> None:
     drop_column(conn, "files", "content")
 
 
+def _add_batch_expiry(conn: Connection) -> None:
+    """When a batch's completion window ran out with its work unfinished (NULL: it did not)."""
+    _add_column(conn, "batches", "expired_at", "FLOAT")
+
+
 # MIGRATIONS[v] upgrades a database from version v to v + 1.
 MIGRATIONS: dict[int, Migration] = {
     1: _v1_to_v2, 2: _v2_to_v3, 3: _drop_mlfq_level, 4: _job_origins_and_chargeback,
-    5: _add_output_logprobs, 6: _add_choices, 7: _chunked_files_and_rates,
+    5: _add_output_logprobs, 6: _add_choices, 7: _chunked_files_and_rates, 8: _add_batch_expiry,
 }
 
 

@@ -10,18 +10,21 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import and_, delete, func, or_, select, update
 
 from fsched.core.jobs.batches import OUTPUT_PURPOSE, BatchRecord, StoredFile, new_file_id
 from fsched.core.ports.records import FileQuotaExceeded
+from fsched.core.types import JobState
 from fsched.storage.chunks import chunk_at, file_chunks, pieces
 from fsched.storage.db import Database
-from fsched.storage.models import BatchRow, FileRow
+from fsched.storage.models import BatchRow, FileRow, Job
 from fsched.storage.schema import ensure_schema
 
 files = FileRow.__table__
 STOPPED_UPLOAD_S = 3600.0
 batches = BatchRow.__table__
+jobs = Job.__table__
+RUNNING_JOB_STATES = [JobState.QUEUED.value, JobState.IN_PROGRESS.value]  # not ended, nor cancelling
 FILE_COLUMNS = (files.c.id, files.c.tenant, files.c.purpose, files.c.filename, files.c.bytes,
                 files.c.created_at, files.c.job_id, files.c.errors)
 
@@ -125,12 +128,27 @@ class SqlFileStore:
             yield piece
             seq += 1
 
-    def list_files(self, tenant: str, purpose: str | None = None, limit: int = 10_000) -> list[StoredFile]:
+    def list_files(self, tenant: str, purpose: str | None = None, limit: int = 10_000,
+                   after: str | None = None, newest_first: bool = True) -> list[StoredFile]:
+        """The tenant's live files, newest (or oldest) first; `after` a file id: those past it."""
         query = select(*FILE_COLUMNS).where(files.c.tenant == tenant, files.c.deleted_at.is_(None))
         if purpose is not None:
             query = query.where(files.c.purpose == purpose)
         with self.db.read() as conn:
-            rows = conn.execute(query.order_by(files.c.created_at.desc(), files.c.id).limit(limit)).all()
+            if after is not None:
+                mark = conn.execute(select(files.c.created_at).where(*_live_file(tenant, after))).scalar()
+                if mark is None:
+                    return []
+                if newest_first:
+                    query = query.where(or_(files.c.created_at < mark,
+                                            and_(files.c.created_at == mark, files.c.id > after)))
+                else:
+                    query = query.where(or_(files.c.created_at > mark,
+                                            and_(files.c.created_at == mark, files.c.id < after)))
+            # one order and its exact reverse (ties of created_at by id)
+            order = (files.c.created_at.desc(), files.c.id) if newest_first else \
+                (files.c.created_at.asc(), files.c.id.desc())
+            rows = conn.execute(query.order_by(*order).limit(limit)).all()
         return [_file(row) for row in rows]
 
     def delete_file(self, tenant: str, file_id: str) -> bool:
@@ -178,6 +196,27 @@ class SqlFileStore:
             rows = conn.execute(query.order_by(batches.c.seq.desc()).limit(limit)).all()
         return [_batch(row) for row in rows]
 
+    def batch_of_job(self, tenant: str, job_id: int) -> BatchRecord | None:
+        with self.db.read() as conn:
+            row = conn.execute(
+                select(batches).where(batches.c.tenant == tenant, batches.c.job_id == job_id)
+            ).first()
+        return None if row is None else _batch(row)
+
+    def unfinished_batches(self, created_before: float) -> list[BatchRecord]:
+        """Batches created before this time whose jobs are queued or running, oldest first."""
+        query = (select(batches).join(jobs, jobs.c.id == batches.c.job_id)
+                 .where(batches.c.created_at < created_before, jobs.c.state.in_(RUNNING_JOB_STATES))
+                 .order_by(batches.c.seq))
+        with self.db.read() as conn:
+            return [_batch(row) for row in conn.execute(query).all()]
+
+    def mark_expired(self, batch_id: str, at: float) -> None:
+        """Record that the batch's window ran out (once: a second call keeps the first time)."""
+        with self.db.write() as conn:
+            conn.execute(update(batches).where(batches.c.id == batch_id, batches.c.expired_at.is_(None))
+                         .values(expired_at=at))
+
     def attach_outputs(self, record: BatchRecord, sizes: tuple[int, int]) -> BatchRecord:
         """Give a finished batch its output and error files (once: a second caller reads the first's)."""
         out = StoredFile(new_file_id(), record.tenant, OUTPUT_PURPOSE, f"{record.id}_output.jsonl",
@@ -214,4 +253,5 @@ def _batch(row) -> BatchRecord:
         input_file_id=row.input_file_id, completion_window=row.completion_window,
         metadata=row._mapping["metadata"], created_at=row.created_at, errors=row.errors,
         failed_at=row.failed_at, output_file_id=row.output_file_id, error_file_id=row.error_file_id,
+        expired_at=row.expired_at,
     )

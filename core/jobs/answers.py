@@ -36,6 +36,16 @@ def response_id(endpoint: Endpoint, request_id: int | str) -> str:
     return f"chatcmpl-{request_id}" if endpoint is Endpoint.CHAT else f"cmpl-{request_id}"
 
 
+def opaque_response_id(endpoint: Endpoint) -> str:
+    """An online answer's id: random, so ids tell nothing of how many requests anyone made."""
+    return response_id(endpoint, secrets.token_hex(12))
+
+
+def opaque_responses_id() -> str:
+    """A Responses API answer's id (OpenAI's `resp_` form), random as the others."""
+    return f"resp_{secrets.token_hex(24)}"
+
+
 def usage(choices: Sequence[AnswerChoice], answer: AnswerOptions) -> dict:
     """Prompt tokens once a prompt (the first choice of each), completion tokens of every choice."""
     prompt = sum(c.prompt_tokens or 0 for c in choices if c.index % answer.n == 0)

@@ -6,14 +6,18 @@ its `request_counts` the job's counters. Pure: the records come in, dicts go out
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass
 
 from fsched.core.jobs.jobstate import JobSummary
+from fsched.core.jobs.values import BadValue, storable
 from fsched.core.types import JobState
 
 COMPLETION_WINDOW = "24h"
 COMPLETION_WINDOW_S = 24 * 3600.0
+_WINDOW = re.compile(r"([1-9][0-9]{0,5})([smh])")
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
 BATCH_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"
 MAX_METADATA_PAIRS = 16
@@ -56,6 +60,23 @@ class BatchRecord:
     failed_at: float | None = None
     output_file_id: str | None = None
     error_file_id: str | None = None
+    expired_at: float | None = None  # its window ran out with work unfinished (that was cancelled)
+
+    @property
+    def expires_at(self) -> float:
+        return self.created_at + window_seconds(self.completion_window)
+
+
+def window_seconds(window: str) -> float:
+    """A completion window's length: OpenAI's "24h", or a shorter one ("30m", "90s"; fsched's).
+
+    Raises ValueError for anything else."""
+    match = _WINDOW.fullmatch(window)
+    seconds = float(match.group(1)) * _UNIT_S[match.group(2)] if match else 0.0
+    if not 0 < seconds <= COMPLETION_WINDOW_S:
+        raise ValueError(f"completion_window must be {COMPLETION_WINDOW!r} or shorter, as a number of "
+                         "seconds, minutes or hours ('90s', '30m', '2h')")
+    return seconds
 
 
 def new_file_id() -> str:
@@ -93,12 +114,19 @@ def validate_metadata(metadata: object) -> dict | None:
                 f"metadata keys are strings of at most {MAX_METADATA_KEY} characters, values strings "
                 f"of at most {MAX_METADATA_VALUE}"
             )
+        try:
+            storable(key)
+            storable(value)
+        except BadValue as exc:  # no column (SQLite text, PostgreSQL jsonb) takes these
+            raise ValueError(f"metadata {exc.message}") from None
     return dict(metadata)
 
 
 def batch_status(record: BatchRecord, job: JobSummary | None) -> str:
     if record.failed_at is not None or job is None:
         return "failed"
+    if record.expired_at is not None:  # its unfinished work is being, or was, cancelled
+        return "expired" if job.state.finished else "finalizing"
     return _JOB_STATUS[job.state]
 
 
@@ -122,11 +150,11 @@ def batch_object(record: BatchRecord, job: JobSummary | None) -> dict:
         "error_file_id": record.error_file_id,
         "created_at": int(record.created_at),
         "in_progress_at": _int(job.started_at) if job is not None else None,
-        "expires_at": int(record.created_at + COMPLETION_WINDOW_S),
+        "expires_at": int(record.expires_at),
         "finalizing_at": _int(finished) if status == "completed" else None,
         "completed_at": _int(finished) if status == "completed" else None,
         "failed_at": _int(record.failed_at),
-        "expired_at": None,
+        "expired_at": _int(record.expired_at) if status == "expired" else None,
         "cancelling_at": _int(finished) if status == "cancelled" else None,
         "cancelled_at": _int(finished) if status == "cancelled" else None,
         "request_counts": counts,

@@ -92,6 +92,9 @@ _CACHE_HINT = ("routes requests to OpenAI's prompt cache; fsched has no such rou
                "caches prefixes by itself)")
 _TEXT_ONLY = "fsched serves text generation only"
 _NO_TOOLS = "fsched does not take tools (see docs/http.md)"
+# The sampler draws safely at any accepted value (core/runners/hf/sampling.py): say how.
+TEMPERATURE_TEXT = "sampling temperature; 0 is greedy; above 0 and below 0.01, sampled at 0.01 (vLLM's floor)"
+TOP_P_TEXT = "nucleus sampling; however small, the likeliest token is kept"
 
 OPENAI_FIELDS = (
     _f("model", BOTH, S, "names the model in the answer; the daemons serve the model they loaded "
@@ -106,10 +109,8 @@ OPENAI_FIELDS = (
        "context leaves; asked for and not fitting: a 400)", kind=Integer(1), example=7),
     _f("max_completion_tokens", BOTH, S, "the newer name of max_tokens (both at once must agree; fsched "
        "takes it on completions too)", kind=Integer(1), example=7),
-    _f("temperature", BOTH, S, "sampling temperature; 0 is greedy", kind=Number(0.0, 2.0), neutral=(1,),
-       example=0.5),
-    _f("top_p", BOTH, S, "nucleus sampling", kind=Number(0.0, 1.0, low_open=True), neutral=(1,),
-       example=0.9),
+    _f("temperature", BOTH, S, TEMPERATURE_TEXT, kind=Number(0.0, 2.0), neutral=(1,), example=0.5),
+    _f("top_p", BOTH, S, TOP_P_TEXT, kind=Number(0.0, 1.0, low_open=True), neutral=(1,), example=0.9),
     _f("seed", BOTH, S, "the seed of every draw; each token's draw depends on (seed, position) only, so "
        "an answer replays after preemption and restarts (a negative seed is taken modulo 2^63)",
        kind=Seed(), example=42),

@@ -11,6 +11,7 @@ Every problem raises JobFileError naming the file, the line and the field.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,7 +196,33 @@ def _load_json(text: str, max_depth: int) -> dict:
         raise _LineError(None, f"each line must be a JSON object, got {json_type(obj)}")
     if _depth(obj) > max_depth:
         raise _LineError(None, f"JSON nested deeper than {max_depth} levels")
+    if _SURROGATE_ESCAPE.search(text):
+        _no_lone_surrogate(obj)
     return obj
+
+
+# A lone UTF-16 surrogate reaches a string only through a \uD800-\uDFFF escape (UTF-8 text cannot
+# hold one); pairs decode to one character, so only such text needs the walk.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_LONE = re.compile("[\ud800-\udfff]")
+
+
+def _no_lone_surrogate(obj: Any) -> None:
+    """Refuse any key or string holding a lone surrogate: no database column, tokenizer or JSON
+    encoder takes one, so it would fail wherever it went next."""
+    stack = [(None, obj)]
+    while stack:
+        top, node = stack.pop()
+        pairs = node.items() if isinstance(node, dict) else ((None, v) for v in node)
+        for key, value in pairs:
+            field = top or key
+            for text in (key, value):
+                bad = _LONE.search(text) if isinstance(text, str) else None
+                if bad is not None:
+                    raise _LineError(field, f"holds a lone surrogate \\u{ord(bad.group()):04x} (not valid "
+                                            "Unicode: a UTF-16 surrogate must come in a pair)")
+            if isinstance(value, dict | list):
+                stack.append((field, value))
 
 
 def _depth(obj: Any) -> int:

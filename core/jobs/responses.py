@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsched.core.jobs.answers import AnswerChoice, padding
-from fsched.core.jobs.fields import BodyField, Support
+from fsched.core.jobs.fields import TEMPERATURE_TEXT, TOP_P_TEXT, BodyField, Support
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.jobs.openai import OnlineProgress, visible_text
 from fsched.core.jobs.values import BadValue, Boolean, Custom, Integer, Number, Text, json_type
@@ -106,9 +106,8 @@ RESPONSES_FIELDS = (
        example="hi"),
     _f("instructions", S, "a system message before the input", kind=Text(1 << 20), example="Be brief."),
     _f("max_output_tokens", S, "the most tokens to generate", kind=Integer(1), example=7),
-    _f("temperature", S, "sampling temperature; 0 is greedy", kind=Number(0.0, 2.0), neutral=(1,),
-       example=0.5),
-    _f("top_p", S, "nucleus sampling", kind=Number(0.0, 1.0, low_open=True), neutral=(1,), example=0.9),
+    _f("temperature", S, TEMPERATURE_TEXT, kind=Number(0.0, 2.0), neutral=(1,), example=0.5),
+    _f("top_p", S, TOP_P_TEXT, kind=Number(0.0, 1.0, low_open=True), neutral=(1,), example=0.9),
     _f("top_logprobs", S, "log probabilities of the output text's tokens with this many alternatives",
        kind=Integer(0, 20), example=2),
     _f("include", S, f"{LOGPROBS_INCLUDE!r}: the output text's logprobs", kind=Custom(_include, "array"),

@@ -14,7 +14,7 @@ What every implementation must hold:
 4. **Outputs are attached once.** The first `attach_outputs` of a batch
    gives it its output and error files; a later caller reads the first's.
 5. **Newest first, by creation order.** Listings of files and batches go
-   newest first; `after` pages batches by a batch id.
+   newest first (files may go oldest first); `after` pages them by an id.
 6. **Short transactions.** Each call is one transaction (an upload: one a piece, and one
    that makes the file visible).
 """
@@ -52,8 +52,10 @@ class FileStore(Protocol):
         """An upload's bytes a piece at a time (never the whole file in memory); None as file_content."""
         ...
 
-    def list_files(self, tenant: str, purpose: str | None = None, limit: int = 10_000) -> list[StoredFile]:
-        """The tenant's live files (of one purpose, if given), newest first."""
+    def list_files(self, tenant: str, purpose: str | None = None, limit: int = 10_000,
+                   after: str | None = None, newest_first: bool = True) -> list[StoredFile]:
+        """The tenant's live files (of one purpose, if given), newest first (or oldest first); with
+        `after` (a file id of the tenant's), those that come after it in that order."""
         ...
 
     def delete_file(self, tenant: str, file_id: str) -> bool:
@@ -70,6 +72,19 @@ class FileStore(Protocol):
 
     def list_batches(self, tenant: str, after: str | None, limit: int) -> list[BatchRecord]:
         """The tenant's batches, newest first; with `after` (a batch id), those created before it."""
+        ...
+
+    def batch_of_job(self, tenant: str, job_id: int) -> BatchRecord | None:
+        """The tenant's batch that runs this job; None otherwise."""
+        ...
+
+    def unfinished_batches(self, created_before: float) -> list[BatchRecord]:
+        """Every tenant's batches created before `created_before` whose jobs are queued or running
+        (not ended, nor being cancelled), oldest first: what the completion-window sweep reads."""
+        ...
+
+    def mark_expired(self, batch_id: str, at: float) -> None:
+        """Record that the batch's completion window ran out at `at`; a later call changes nothing."""
         ...
 
     def attach_outputs(self, record: BatchRecord, sizes: tuple[int, int]) -> BatchRecord:

@@ -16,10 +16,13 @@ is the same for all four).
 fsched's order has two tiers:
 
 1. **Precedence**: realtime and streaming work of tenants whose recent
-   realtime and streaming use is within their share; by (class, base
-   priority, arrival) across tenants. Only precedence work may preempt: work
-   outside precedence, then precedence work of a worse class of its own
-   tenant, or of a tenant whose score is above its tenant's.
+   realtime and streaming use is within their share; by class, then the
+   tenant's score (the one further below its share first), then within the
+   tenant by base priority and arrival: a base priority orders its own
+   tenant's work only, so a label never puts one tenant ahead of another.
+   Only precedence work may preempt: work outside precedence, then
+   precedence work of a worse class of its own tenant, or of a tenant whose
+   score is above its tenant's.
 2. **Share**: everything else, by tenant score (weighted dominant use,
    lowest first, as DRF), then within the tenant by class, priority and
    arrival: a request waits only behind its own tenant's older work of its
@@ -207,17 +210,21 @@ class FschedPolicy(Fcfs):
         return r.tenant
 
     def static_rank(self, r: SchedRequest, now: float) -> tuple:
-        return (r.request_class.band, r.priority, r.arrival, r.seq)
+        return (r.request_class.band, r.tenant, r.priority, r.arrival, r.seq)
 
     def compose(self, static: tuple, standing: Standing) -> tuple:
-        if static[0] < BATCH_BAND and standing.precedence:
-            return (0, *static)  # precedence tier: class, priority, arrival across tenants
-        return (1, standing.score, *static)  # share tier: DRF across tenants
+        band, tenant, *own = static
+        if band < BATCH_BAND and standing.precedence:
+            # precedence tier: class, then the tenant further below its share; a base priority orders
+            # only its own tenant's work, so no label moves a tenant ahead of another
+            return (0, band, standing.score, tenant, *own)
+        return (1, standing.score, tenant, band, *own)  # share tier: DRF across tenants
 
     def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple:
         standing = stand[r.tenant]
-        tier = 0 if r.request_class.band < BATCH_BAND and standing.precedence else 1
-        return (tier, standing.score if tier else 0.0, r.request_class.band, r.priority, r.arrival, r.seq)
+        if r.request_class.band < BATCH_BAND and standing.precedence:
+            return (0, r.request_class.band, standing.score, r.tenant, r.priority, r.arrival, r.seq)
+        return (1, standing.score, r.tenant, r.request_class.band, r.priority, r.arrival, r.seq)
 
     def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool:
         # Only realtime and streaming work with precedence displaces others:

@@ -26,11 +26,17 @@ class Server:
     root: Path
     env: dict
     port: int = 0
+    metrics_port: int = 0
     procs: list = field(default_factory=list)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Where `/metrics` is served: the server's loopback metrics listener."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     @property
     def db_path(self) -> Path:
@@ -76,8 +82,9 @@ class Server:
         return proc
 
     def start_server(self, *args: str) -> None:
-        self.port = free_port()
-        proc = subprocess.Popen([FSCHED, "serve", "--port", str(self.port), "--no-access-log", *args],
+        self.port, self.metrics_port = free_port(), free_port()
+        proc = subprocess.Popen([FSCHED, "serve", "--port", str(self.port), "--metrics-port",
+                                 str(self.metrics_port), "--no-access-log", *args],
                                 env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.procs.append(proc)
 

@@ -86,7 +86,7 @@ def open_page(browser, server: Server, key: str):
 def metrics(server: Server) -> dict[tuple[str, frozenset], float]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    text = httpx.get(server.metrics_url, timeout=10).text
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:

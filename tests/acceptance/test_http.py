@@ -260,7 +260,7 @@ def test_a_client_that_disconnects_cancels_its_request(server):
 def test_metrics_and_health(server):
     c = client(server, server.key("measured", "realtime"))
     c.completions.create(model="m", prompt="p", max_tokens=3)
-    text = httpx.get(f"{server.url}/metrics").text
+    text = httpx.get(server.metrics_url).text
     for name in ("fsched:time_to_first_token_seconds_bucket{class=\"realtime\"",
                  "fsched:e2e_request_latency_seconds_count{class=\"realtime\"}",
                  "fsched:generation_tokens_total{class=\"realtime\",tenant=\"measured\"} 3.0",

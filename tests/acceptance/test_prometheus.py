@@ -64,8 +64,8 @@ def prometheus(server, tmp_path_factory):
     root = tmp_path_factory.mktemp("prometheus-data")
     config = (REPO / "deploy" / "prometheus.yml").read_text()
     config = config.replace("scrape_interval: 5s", "scrape_interval: 1s")
-    config = config.replace('"127.0.0.1:8000"', f'"127.0.0.1:{server.port}"')
-    assert f"127.0.0.1:{server.port}" in config
+    config = config.replace('"127.0.0.1:8001"', f'"127.0.0.1:{server.metrics_port}"')
+    assert f"127.0.0.1:{server.metrics_port}" in config
     (root / "prometheus.yml").write_text(config)
     port = free_port()
     proc = subprocess.Popen([PROMETHEUS, f"--config.file={root / 'prometheus.yml'}",

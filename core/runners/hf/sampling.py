@@ -33,6 +33,11 @@ import torch
 from fsched.core.types import LOGPROB_FLOOR, SamplingParams
 
 _MASK64 = (1 << 64) - 1
+# vLLM's floor: a temperature in (0, 0.01) is sampled at 0.01, below which logits / temperature
+# overflow float32 (inf - inf is NaN in the softmax). Greedy (0) stays greedy.
+MIN_TEMPERATURE = 1e-2
+# What an overflowed logit (a tiny repetition penalty's) is held at: the likeliest, still finite.
+_HIGHEST = float(torch.finfo(torch.float32).max) / 4
 
 
 def position_seed(seed: int, position: int) -> int:
@@ -76,6 +81,7 @@ def choose_tokens(logits: torch.Tensor, rows: Sequence[Row], allowed: torch.Tens
     _min_tokens(scores, rows)
     _logit_bias(scores, rows)
     _penalties(scores, rows)
+    scores.nan_to_num_(nan=-math.inf, posinf=_HIGHEST)
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
     if sampled:
         index = torch.tensor(sampled, device=scores.device)
@@ -141,7 +147,8 @@ def _penalties(scores: torch.Tensor, rows: Sequence[Row]) -> None:
 def _truncated(scores: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """The sampled rows' logits at their temperature, with what min_p, top_k and top_p drop at -inf."""
     device, vocab = scores.device, scores.shape[-1]
-    scores = scores / torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
+    temperature = torch.tensor([max(p.temperature, MIN_TEMPERATURE) for p in params], device=device)
+    scores = (scores / temperature.unsqueeze(1)).nan_to_num_(nan=-math.inf, posinf=_HIGHEST)
     if any(p.min_p > 0 for p in params):
         floor = torch.tensor([math.log(p.min_p) if p.min_p > 0 else -math.inf for p in params], device=device)
         top = scores.max(dim=-1, keepdim=True).values
@@ -158,6 +165,7 @@ def _truncated(scores: torch.Tensor, params: Sequence[SamplingParams]) -> torch.
         probs = torch.softmax(ordered, dim=-1)
         # Keep the smallest prefix whose mass reaches top_p (at least one token).
         drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+        drop[:, 0] = False  # a top_p that float32 rounds to 0 still keeps the likeliest token
         ordered = ordered.masked_fill(drop, -math.inf)
         scores = torch.empty_like(scores).scatter_(1, order, ordered)
     return scores

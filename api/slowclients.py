@@ -1,0 +1,178 @@
+"""Deadlines against slow clients: a request's headers, and its body, must arrive within a stated time.
+
+A client that opens connections and dribbles bytes would otherwise hold a
+connection (and its memory) for as long as it likes: uvicorn bounds only the
+idle time between requests, and any byte resets it. Two deadlines, as
+nginx's `client_header_timeout` and `client_body_timeout` (60 s there):
+
+* **Headers**: from a connection's start, or the end of its previous
+  response, its request line and headers must be complete within
+  `header_timeout_s`, or the connection is closed (`HeaderDeadline`, a
+  uvicorn HTTP protocol).
+* **Body**: once the headers are in, the whole body must be within
+  `body_timeout_s`, or the request is answered 408 in OpenAI's error shape
+  and the connection closed (`BodyDeadline`, ASGI middleware).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from fsched.api.errors import error_body
+
+
+@dataclass(slots=True, frozen=True)
+class ClientDeadlines:
+    # A request's headers are a few hundred bytes: 10 s is ample on any link, short for an attacker.
+    header_timeout_s: float = 10.0
+    # A body is at most the upload limit (200 MiB): 120 s is 1.7 MB/s, a slow uplink's pace.
+    body_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not (0 < self.header_timeout_s <= 3600 and 0 < self.body_timeout_s <= 3600):
+            raise ValueError("client deadlines must be within (0, 3600] seconds")
+
+
+class HeaderDeadline(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose request headers are not in on time.
+
+    It also closes as nginx's `lingering_close` does: a connection closed
+    while the client is still sending a body (an early 413) first sends its
+    FIN and reads and drops what still comes, for at most LINGER_S, so the
+    client reads the answer instead of a reset.
+    """
+
+    header_timeout_s = ClientDeadlines().header_timeout_s
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(_Lingering(transport, self))
+        self._waiting_for = None
+        self._deadline = None
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.lingering:
+            return  # the answer is sent: what the client still sends is dropped
+        super().data_received(data)
+
+    def eof_received(self) -> None:
+        if self.transport.lingering:
+            self.transport.close_now()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.cycle is not None and self.cycle is not self._waiting_for and self._deadline is not None:
+            self._deadline.cancel()  # this request's headers are in
+            self._deadline = None
+
+    def on_response_complete(self) -> None:
+        self._arm()  # the next request's headers; a pipelined one disarms it at once
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._waiting_for = self.cycle
+        self._deadline = self.loop.call_later(self.header_timeout_s, self._expired)
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+LINGER_S = 2.0
+
+
+class _Lingering:
+    """A transport whose close() lingers while the client is still sending a request body."""
+
+    def __init__(self, transport, protocol: H11Protocol):
+        self._transport = transport
+        self._protocol = protocol
+        self.lingering = False
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        sending = self._protocol.conn.their_state is h11.SEND_BODY
+        if self.lingering or not sending or not self._transport.can_write_eof():
+            self.close_now()
+            return
+        self.lingering = True
+        self._transport.write_eof()
+        self._protocol.loop.call_later(LINGER_S, self.close_now)
+
+    def close_now(self) -> None:
+        if not self._transport.is_closing():
+            self._transport.close()
+
+
+def header_deadline_protocol(timeout_s: float) -> type[HeaderDeadline]:
+    """The protocol class for uvicorn's `http` setting, with this header timeout."""
+    return type("HeaderDeadlineProtocol", (HeaderDeadline,), {"header_timeout_s": timeout_s})
+
+
+class BodyTooSlow(Exception):
+    pass
+
+
+class BodyDeadline:
+    """ASGI middleware: a request's whole body within `timeout_s` of its headers, else 408."""
+
+    def __init__(self, app, timeout_s: float):
+        self.app = app
+        self.timeout_s = timeout_s
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        deadline = time.monotonic() + self.timeout_s
+        body_done = False
+        started = False
+
+        async def timed_receive():
+            nonlocal body_done
+            if body_done:  # afterwards receive() only waits for a disconnect: no deadline
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise BodyTooSlow from None
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        async def watched_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, timed_receive, watched_send)
+        except BodyTooSlow:
+            if not started:
+                await _too_slow(send, self.timeout_s)
+
+
+async def _too_slow(send, timeout_s: float) -> None:
+    body = json.dumps(error_body(408, f"the request body did not arrive within {timeout_s:g} s")).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": 408, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
