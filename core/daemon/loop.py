@@ -63,7 +63,8 @@ class DaemonConfig:
     exclusive: bool = True  # the only daemon on this job table (SQLite): it may reclaim everything
     share_half_life_s: float = 10.0  # of the served-share figures shown by status
     # Several daemons on one queue (PostgreSQL): a lease lasts `lease_s`
-    # unless renewed (every heartbeat); every `sweep_s` a daemon requeues
+    # unless renewed (once a quarter of it has passed, checked every heartbeat:
+    # core/daemon/leases.py); every `sweep_s` a daemon requeues
     # requests whose lease expired, and shares its tenants' usage.
     lease_s: float = 10.0
     sweep_s: float = 1.0
@@ -246,8 +247,9 @@ class Daemon:
             logprobs = self.engine.logprobs(request_id)
             self.engine.cancel(request_id)
             self.writer.cancelled(request_id, held, tokens, text, logprobs)
-        # The batch as it is now: an out-of-memory step lowers it.
-        per_group = self.config.held_batches * self.engine.max_batch
+        # The batch as it is now: an out-of-memory step lowers it. Holding nothing, one batch a
+        # group first: the engine starts on it sooner, and the next sync tops up the rest.
+        per_group = (self.config.held_batches if len(self.held) else 1) * self.engine.max_batch
         claimed_now = self.store.claim(self.config.owner, per_group, self.held.per_group(),
                                        lease_s=self.config.lease_s)
         if claimed_now:
@@ -277,7 +279,7 @@ class Daemon:
 
     def renew(self) -> None:
         """Extend this daemon's leases; drop, without writing, the requests it lost."""
-        self.leases.renew()
+        self.leases.renew(self.clock())
 
     def shutdown(self) -> None:
         """Flush every token, hand unfinished requests back to the queue, say goodbye."""

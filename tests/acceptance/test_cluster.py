@@ -153,8 +153,8 @@ def test_three_daemons_kill_and_pause_every_request_ends_once(cluster, tmp_path)
     paused_reclaim_s = time.monotonic() - killed_at + wait_until(lambda: held_by(store, sleeper_id) == 0, 15)
     print(f"\nreclaim after kill -9: {reclaim_s:.2f} s; after SIGSTOP: {paused_reclaim_s:.2f} s "
           f"(lease TTL {LEASE_TTL_S} s + sweep {SWEEP_S} s)")
-    # A lease lives TTL from its last renewal (<= 1 heartbeat before the kill),
-    # then waits for the next sweep of a live daemon.
+    # A lease lives TTL from its last renewal (before the kill: with this TTL, every
+    # heartbeat), then waits for the next sweep of a live daemon.
     assert reclaim_s <= LEASE_TTL_S + SWEEP_S + 1.0, cluster.logs()
     os.kill(sleeper.pid, signal.SIGCONT)  # it wakes up holding requests it lost
 

@@ -233,7 +233,8 @@ def test_a_dead_daemons_requests_are_reclaimed_after_their_lease_and_finished(st
     store.submit([job(10, seed=8)])
     dead = Rig(store, clock, owner="dead", exclusive=False, lease_s=3.0)
     dead.daemon.sync()
-    dead.daemon.turn()  # it takes everything, runs a step, flushes, and dies (no goodbye)
+    dead.daemon.sync()  # one batch, then the rest
+    dead.daemon.turn()  # it took everything, runs a step, flushes, and dies (no goodbye)
     live = Rig(store, clock, owner="live", exclusive=False, lease_s=3.0)
     live.run()  # idle until the leases expire; its sweep requeues them; it claims and finishes them
     assert {r.state for r in store.requests()} == {RequestState.DONE}
@@ -282,3 +283,12 @@ def test_step_fault_attribution_rule():
     assert (again.fail, again.requeue, faults.failures) == ({"3": 2}, [], {})
     oom = faults.judge(StepFailed(["1", "2", "3", "4", "5", "6"], MemoryError()), ["1"])
     assert oom.requeue == ["1"] and engine.max_batch == 3 and len(engine.caps) == 1
+
+
+def test_holding_nothing_a_daemon_claims_one_batch_a_group_then_tops_up_to_its_held_batches(store, clock):
+    store.submit([job(30, seed=1), job(30, seed=2, tenant="bob")])
+    rig = Rig(store, clock, max_batch=4)
+    rig.daemon.sync()  # the first claim: one batch per group, so the engine starts sooner
+    assert rig.daemon.held.per_group() == {("alice", RequestClass.BATCH): 4, ("bob", RequestClass.BATCH): 4}
+    rig.daemon.sync()  # then held_batches (2) batches per group
+    assert rig.daemon.held.per_group() == {("alice", RequestClass.BATCH): 8, ("bob", RequestClass.BATCH): 8}
