@@ -106,9 +106,11 @@ def _wire_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         cursor.execute("PRAGMA foreign_keys = ON")
-        # Deleted files give their pages back (`reclaim_space`): takes effect on a new file (before its
-        # first table) and after the VACUUM the schema upgrade runs on an older one.
-        cursor.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        # Deleted files give their pages back (`reclaim_space`): set on a new file only (before its first
+        # table; an older one switches by the VACUUM its upgrade runs). Setting it on a file that has pages
+        # writes its header, which a full disk refuses even to a reader.
+        if cursor.execute("PRAGMA page_count").fetchone()[0] == 0:
+            cursor.execute("PRAGMA auto_vacuum = INCREMENTAL")
         # A checkpointed WAL is cut back to this size instead of keeping its largest size for good.
         cursor.execute(f"PRAGMA journal_size_limit = {WAL_KEPT_BYTES}")
         if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
