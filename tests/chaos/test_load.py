@@ -52,7 +52,10 @@ def test_submits_cancels_and_weights_while_a_daemon_serves(tmp_path):
     assert wait_for(lambda: _daemons(table) > 0, timeout=30), "the daemon never started"
 
     # Cancel jobs 1, 3, 5 and 7 as they appear (some exist, some not yet), and reweight throughout.
-    canceller = _bash_loop(table, f"for i in 1 3 5 7; do {FSCHED} cancel $i; done")
+    # Then cancel job 1 again until it exists (up to 30 s): at least one cancel lands, however the
+    # submits and the first pass interleave on a loaded machine.
+    canceller = _bash_loop(table, f"for i in 1 3 5 7; do {FSCHED} cancel $i; done; "
+                                  f"for t in $(seq 150); do {FSCHED} cancel 1 && break; sleep 0.2; done")
     weigher = _bash_loop(table, f"for w in $(seq 1 6); do {FSCHED} tenants set-weight t$((w % 3)) $w; done")
     submitters = [
         subprocess.Popen([FSCHED, "submit", str(path), "--tenant", TENANTS[i % 3], "--json"],
