@@ -3,6 +3,8 @@ codes the OpenAI SDK maps to its exception classes."""
 
 from __future__ import annotations
 
+import json
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -97,3 +99,39 @@ def install(app: FastAPI) -> None:
         first = exc.errors()[0] if exc.errors() else {}
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         return JSONResponse(error_body(400, first.get("msg", "invalid request"), param), 400)
+
+
+class BodyRefused(Exception):
+    """Raised from an ASGI middleware's receive(): the request is answered `status` with `message`
+    (unless its response has already started), and the connection closes."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+async def send_refusal(send, status: int, message: str) -> None:
+    """A whole error answer at the ASGI level, before any route ran, closing the connection."""
+    body = json.dumps(error_body(status, message)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def run_refusing(app, scope, receive, send) -> None:
+    """Run `app` with a wrapped `receive` that may raise BodyRefused: answer the refusal if nothing
+    was sent yet (once a response started, the connection can only be dropped)."""
+    started = False
+
+    async def watched_send(message):
+        nonlocal started
+        started = started or message["type"] == "http.response.start"
+        await send(message)
+
+    try:
+        await app(scope, receive, watched_send)
+    except BodyRefused as refused:
+        if not started:
+            await send_refusal(send, refused.status, refused.message)

@@ -3,14 +3,14 @@ refused before a byte is read): 413 in OpenAI's error shape."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
-from fsched.api.errors import error_body
+from fsched.api.errors import BodyRefused, run_refusing, send_refusal
 
 
-class BodyTooLarge(Exception):
-    pass
+class BodyTooLarge(BodyRefused):
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body is over the limit of {limit:,} bytes")
 
 
 class BodyLimit:
@@ -27,10 +27,10 @@ class BodyLimit:
         limit = self.limit_for(scope["path"])
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _too_large(send, limit)
+            refused = BodyTooLarge(limit)
+            await send_refusal(send, refused.status, refused.message)
             return
         seen = 0
-        started = False
 
         async def counted_receive():
             nonlocal seen
@@ -38,24 +38,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise BodyTooLarge
+                    raise BodyTooLarge(limit)
             return message
 
-        async def watched_send(message):
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted_receive, watched_send)
-        except BodyTooLarge:
-            if not started:
-                await _too_large(send, limit)
-
-
-async def _too_large(send, limit: int) -> None:
-    body = json.dumps(error_body(413, f"request body is over the limit of {limit:,} bytes")).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"connection", b"close")]
-    await send({"type": "http.response.start", "status": 413, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+        await run_refusing(self.app, scope, counted_receive, send)

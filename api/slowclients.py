@@ -17,14 +17,13 @@ nginx's `client_header_timeout` and `client_body_timeout` (60 s there):
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from fsched.api.errors import error_body
+from fsched.api.errors import BodyRefused, run_refusing
 
 
 @dataclass(slots=True, frozen=True)
@@ -128,8 +127,9 @@ def header_deadline_protocol(timeout_s: float) -> type[HeaderDeadline]:
     return type("HeaderDeadlineProtocol", (HeaderDeadline,), {"header_timeout_s": timeout_s})
 
 
-class BodyTooSlow(Exception):
-    pass
+class BodyTooSlow(BodyRefused):
+    def __init__(self, timeout_s: float):
+        super().__init__(408, f"the request body did not arrive within {timeout_s:g} s")
 
 
 class BodyDeadline:
@@ -145,7 +145,6 @@ class BodyDeadline:
             return
         deadline = time.monotonic() + self.timeout_s
         body_done = False
-        started = False
 
         async def timed_receive():
             nonlocal body_done
@@ -154,25 +153,8 @@ class BodyDeadline:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
-                raise BodyTooSlow from None
+                raise BodyTooSlow(self.timeout_s) from None
             body_done = message["type"] != "http.request" or not message.get("more_body", False)
             return message
 
-        async def watched_send(message):
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, timed_receive, watched_send)
-        except BodyTooSlow:
-            if not started:
-                await _too_slow(send, self.timeout_s)
-
-
-async def _too_slow(send, timeout_s: float) -> None:
-    body = json.dumps(error_body(408, f"the request body did not arrive within {timeout_s:g} s")).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"connection", b"close")]
-    await send({"type": "http.response.start", "status": 408, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+        await run_refusing(self.app, scope, timed_receive, send)
