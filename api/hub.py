@@ -35,7 +35,7 @@ class _Watch:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     latest: Choices = ()
     linked_at: float | None = None  # the last push of a daemon's link (monotonic)
-    polled_at: float = -1e18
+    ticked: bool = False  # a tick of `follow` came since the last wake-up
 
 
 def _ahead(new: Choices, old: Choices) -> bool:
@@ -57,6 +57,7 @@ class ProgressHub:
         self._watches: dict[int, _Watch] = {}
         self._expected: dict[int, bool] = {}  # announced on a link before anyone watched
         self._wake = asyncio.Event()
+        self._linked_polled_at = -1e18
 
     @property
     def open_jobs(self) -> list[int]:
@@ -70,21 +71,31 @@ class ProgressHub:
                 yield choices
 
     async def follow(self, job_id: int, tick_s: float | None) -> AsyncIterator[Choices | None]:
-        """As `watch`, and None every `tick_s` without a change (the handler's moment to send a
-        keep-alive or give up), and at once when the server starts closing."""
+        """As `watch`, and None at a tick (every `tick_s`) that brings no change (the handler's moment
+        to send a keep-alive or give up), and at once when the server starts closing."""
         watch = self._watches[job_id] = _Watch()
         if self._expected.pop(job_id, False):
             watch.linked_at = time.monotonic()  # announced on a link: its daemon will push
         self._wake.set()
+        # One timer a watch, re-armed each tick, instead of a timeout around every wait: a wait per
+        # token would otherwise cost a task and a timer per token.
+        timer = None
+        if tick_s is not None:
+            loop = asyncio.get_running_loop()
+
+            def tick() -> None:
+                nonlocal timer
+                watch.ticked = True
+                watch.event.set()
+                timer = loop.call_later(tick_s, tick)
+
+            timer = loop.call_later(tick_s, tick)
         seen = None
         try:
             while True:
-                try:
-                    await asyncio.wait_for(watch.event.wait(), tick_s)
-                except TimeoutError:
-                    yield None
-                    continue
+                await watch.event.wait()
                 watch.event.clear()
+                ticked, watch.ticked = watch.ticked, False
                 if self.closing:
                     yield None
                     continue
@@ -93,9 +104,13 @@ class ProgressHub:
                 if key != seen:
                     seen = key
                     yield choices
+                elif ticked:
+                    yield None
                 if choices and all(p.state.finished for p in choices):
                     return
         finally:
+            if timer is not None:
+                timer.cancel()
             self._watches.pop(job_id, None)
             if self.on_close is not None:
                 self.on_close(job_id)
@@ -138,13 +153,12 @@ class ProgressHub:
             watch.event.set()
 
     def _due(self, now: float) -> list[int]:
-        """The jobs to read this tick: unlinked ones always, linked ones every `linked_poll_s`."""
-        due = []
-        for job_id, watch in self._watches.items():
-            if watch.linked_at is None or now - watch.polled_at >= self.linked_poll_s:
-                watch.polled_at = now
-                due.append(job_id)
-        return due
+        """The jobs to read this tick: unlinked ones always, linked ones together every
+        `linked_poll_s` (one read for all of them, not one a tick for whichever is due)."""
+        linked_due = now - self._linked_polled_at >= self.linked_poll_s
+        if linked_due:
+            self._linked_polled_at = now
+        return [job_id for job_id, watch in self._watches.items() if watch.linked_at is None or linked_due]
 
     async def run(self) -> None:
         """Poll while anyone watches; sleep otherwise. Runs for the server's life."""

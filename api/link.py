@@ -2,9 +2,10 @@
 
 Every `refresh_s` the server connects to each live daemon's link address
 (from its heartbeat) and drops links of daemons gone. A new online request
-is announced on every link: a wake-up (the daemon that can take it claims at
-once) and, where the text alone answers it, a watch (the daemon holding it
-pushes its text each step). Pushed progress goes to the hub; a link that
+is announced on every link: a claim (the daemon that can take it claims at
+once, even while it waits for its engine's tokens) or, where the text alone
+answers it, a watch (a claim too; the daemon holding it pushes its text each
+step). Pushed progress goes to the hub; a link that
 closes sends its jobs back to table polling. Nothing here is the record: the
 table is, and a server without links (none reachable, `--link off` daemons)
 serves from the table alone.
@@ -54,7 +55,7 @@ class LinkClient:
         if linkable and self._peers:
             self.hub.expect_push(job_id)
         for peer in self._peers.values():
-            self._send(peer, [{"op": "watch", "job": job_id}] if linkable else [{"op": "wake"}])
+            self._send(peer, [{"op": "watch", "job": job_id}] if linkable else [{"op": "claim"}])
 
     def closed(self, job_id: int) -> None:
         """The job's handler is done with it (answered, cancelled, gone)."""

@@ -38,15 +38,52 @@ class BoundedStream(StreamingResponse):
 
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        watchdog = _Watchdog(self.stall_s)
         try:
             async for chunk in self.body_iterator:
                 body = chunk.encode(self.charset) if isinstance(chunk, str) else chunk
-                try:
-                    await asyncio.wait_for(send({"type": "http.response.body", "body": body,
-                                                 "more_body": True}), self.stall_s)
-                except TimeoutError:
-                    log.warning("a client took no bytes for %g s: its stream is closed", self.stall_s)
-                    raise ClientStalled from None
+                with watchdog:
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
+            watchdog.stop()
             await self.body_iterator.aclose()  # its `finally` cancels an unfinished request
+
+
+class _Watchdog:
+    """Cuts off a write that waits longer than `stall_s`: one timer for the whole stream, re-armed
+    only when it fires (a timeout around every write would cost a task and a timer per token).
+
+    The write is cancelled exactly `stall_s` after it started: the timer, firing
+    while no write waits, sleeps `stall_s` again; firing while one does, it
+    cancels it if it has waited that long, else fires again when it will have."""
+
+    def __init__(self, stall_s: float):
+        self.stall_s = stall_s
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._since: float | None = None
+        self._stalled = False
+        self._timer = self._loop.call_later(stall_s, self._check)
+
+    def __enter__(self) -> None:
+        self._since = self._loop.time()
+
+    def __exit__(self, kind, exc, tb) -> None:
+        self._since = None
+        if self._stalled and kind is asyncio.CancelledError:
+            self._task.uncancel()
+            log.warning("a client took no bytes for %g s: its stream is closed", self.stall_s)
+            raise ClientStalled from None
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if self._since is not None and now - self._since >= self.stall_s:
+            self._stalled = True
+            self._task.cancel()
+            return
+        start = now if self._since is None else self._since
+        self._timer = self._loop.call_at(start + self.stall_s, self._check)
+
+    def stop(self) -> None:
+        self._timer.cancel()

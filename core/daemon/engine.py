@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from fsched.core.runners.protocol import RequestRefused, Runner
+from fsched.core.runners.protocol import RequestRefused, Runner, Wakeable
 from fsched.core.runners.stopping import FinishReason
 from fsched.core.sched.explain import RequestStanding, explain
 from fsched.core.sched.request import SchedRequest
@@ -128,6 +128,11 @@ class Engine:
     @property
     def has_work(self) -> bool:
         return bool(self.scheduler.running) or self.scheduler.waiting_count > 0
+
+    def wake_on(self, fd: int) -> None:
+        """Where the runner's step may wait on its engine, a readable `fd` ends the wait."""
+        if isinstance(self.runner, Wakeable):
+            self.runner.wake_on(fd)
 
     def add(self, request: EngineRequest) -> EngineResult | None:
         """Queue a request; a request that can never run fails alone, at once."""

@@ -3,10 +3,13 @@
 The job table stays the record; the link only makes things fast, and losing
 it loses nothing but speed. Each server connects to every live daemon's
 link (the address is in the heartbeat) and sends, one JSON object a line:
-- `{"op": "wake"}`: new online work, or a cancel: sync with the table now
-  instead of at the next interval;
+- `{"op": "wake"}`: a cancel (or a server just linked): sync with the table
+  now instead of at the next interval;
+- `{"op": "claim"}`: new online work: claim now (only that: weights and
+  cancels wait for the next sync);
 - `{"op": "watch", "job": J}` / `{"op": "forget", "job": J}`: push, or stop
-  pushing, the progress of job J's requests held here.
+  pushing, the progress of job J's requests held here (a watch is new work:
+  it claims too).
 The daemon pushes, one line a request: `{"job", "req", "o", "t", "n", "ft", "q"}`
 after each step that gave it tokens (the text from character `o` on is `t`:
 a tail the tokenizer has not settled yet is sent again), and `{"job", "req",
@@ -33,6 +36,17 @@ log = logging.getLogger("fsched.daemon")
 MAX_BUFFER = 8 * 1024 * 1024
 
 
+@dataclass(slots=True)
+class Wants:
+    """What servers asked of the daemon since it last looked."""
+
+    sync: bool = False  # weights, cancels and new work
+    claim: bool = False  # new work only
+
+    def __bool__(self) -> bool:
+        return self.sync or self.claim
+
+
 @dataclass(slots=True, eq=False)
 class _Conn:
     sock: socket.socket
@@ -53,6 +67,11 @@ class LinkServer:
         self._watchers: dict[int, _Conn] = {}
         self._conns: dict[socket.socket, _Conn] = {}
         self._woken = threading.Event()
+        self._wants = Wants()
+        # Readable while a wake-up waits: a daemon blocked on its engine's streams polls it too.
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         self._poke_r, self._poke_w = socket.socketpair()
         self._poke_r.setblocking(False)
         self._poke_w.setblocking(False)
@@ -64,16 +83,26 @@ class LinkServer:
         self._thread.start()
 
     # -- the daemon loop's side ------------------------------------------------------
+    @property
+    def wake_fd(self) -> int:
+        """A descriptor readable while a wake-up waits for `take_wake`."""
+        return self._wake_r.fileno()
+
     def wait(self, timeout: float) -> None:
-        """Sleep up to `timeout`, less if a server asks for a sync."""
+        """Sleep up to `timeout`, less if a server asks for a sync or a claim."""
         self._woken.wait(timeout)
 
-    def take_wake(self) -> bool:
-        """Whether a server asked for a sync since the last call."""
-        if self._woken.is_set():
+    def take_wake(self) -> Wants:
+        """What servers asked for since the last call."""
+        if not self._woken.is_set():
+            return Wants()
+        with self._lock:
+            wants, self._wants = self._wants, Wants()
             self._woken.clear()
-            return True
-        return False
+            with contextlib.suppress(BlockingIOError):
+                while self._wake_r.recv(4096):
+                    pass
+        return wants
 
     def watcher(self, job_id: int) -> object | None:
         """The connection that watches the job, if any (a handle for `send`)."""
@@ -117,6 +146,8 @@ class LinkServer:
         for conn in list(self._conns.values()):
             self._drop(conn)
         self._listener.close()
+        for sock in (self._wake_r, self._wake_w, self._poke_r, self._poke_w):
+            sock.close()
 
     def _accept(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -162,8 +193,16 @@ class LinkServer:
                     conn.jobs.discard(job)
                     if self._watchers.get(job) is conn:
                         del self._watchers[job]
-            if op in ("wake", "watch"):
-                self._woken.set()
+                if op == "wake":
+                    self._wants.sync = True
+                elif op in ("claim", "watch"):
+                    self._wants.claim = True
+                else:
+                    continue
+                if not self._woken.is_set():
+                    self._woken.set()
+                    with contextlib.suppress(BlockingIOError):
+                        self._wake_w.send(b"x")
 
     def _drop(self, conn: _Conn) -> None:
         with self._lock:

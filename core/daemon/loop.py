@@ -134,6 +134,8 @@ class Daemon:
         self.figures = StepFigures(config.share_half_life_s)
         self.link = link  # servers hear wake-ups and tokens here (None: the table only)
         self.publisher = Publisher(link, self.held, engine.output, config.model) if link else None
+        if link is not None:
+            engine.wake_on(link.wake_fd)  # a step waiting for a remote engine's tokens ends for new work
         self.started_at = clock()
         self.stopping = False
         self._weights: dict[str, float] = {}
@@ -176,9 +178,13 @@ class Daemon:
     def _one_pass(self) -> bool:
         """One pass of the loop; True when `until_idle` finds nothing left to do."""
         now = self.clock()
-        woken = self.link is not None and self.link.take_wake()
-        if woken or now - self._last_sync >= self.config.sync_interval_s or not self.engine.has_work:
+        wants = self.link.take_wake() if self.link is not None else None
+        if (wants is not None and wants.sync) or now - self._last_sync >= self.config.sync_interval_s:
             self.sync()
+        elif (wants is not None and wants.claim) or not self.engine.has_work:
+            # New work announced, or nothing to do: look for work only (weights and cancels wait for
+            # the interval's sync; an idle daemon holds nothing to cancel).
+            self.claim()
         if not self.config.exclusive and now - self._last_sweep >= self.config.sweep_s:
             self.sweep()
         self.writer.write_completions()
@@ -239,7 +245,7 @@ class Daemon:
         """Weights, cancels and new work from the job table."""
         self._last_sync = self.clock()
         self._apply_weights(self.store.tenant_weights())
-        for request_id in self.store.cancelled_held(self.config.owner):
+        for request_id in self.store.cancelled_held(self.config.owner) if len(self.held) else ():
             held = self.held.pop(request_id)
             if held is None:
                 continue
@@ -247,6 +253,10 @@ class Daemon:
             logprobs = self.engine.logprobs(request_id)
             self.engine.cancel(request_id)
             self.writer.cancelled(request_id, held, tokens, text, logprobs)
+        self.claim()
+
+    def claim(self) -> None:
+        """New work from the job table, fairly (up to `held_batches` batches held per group)."""
         # The batch as it is now: an out-of-memory step lowers it. Holding nothing, one batch a
         # group first: the engine starts on it sooner, and the next sync tops up the rest.
         per_group = (self.config.held_batches if len(self.held) else 1) * self.engine.max_batch

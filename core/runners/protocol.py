@@ -114,4 +114,12 @@ class Runner(Protocol):
         ...
 
 
-__all__ = ["RequestRefused", "RunResult", "Runner"]
+@runtime_checkable
+class Wakeable(Protocol):
+    """A runner whose step may wait for its engine (a remote one): a readable `fd` ends that wait,
+    so that work to claim does not wait behind tokens to come."""
+
+    def wake_on(self, fd: int) -> None: ...
+
+
+__all__ = ["RequestRefused", "RunResult", "Runner", "Wakeable"]

@@ -58,8 +58,6 @@ from fsched.core.types import (
 log = logging.getLogger("fsched.daemon")
 
 MAX_ENGINE_SEED = 2**31 - 1
-# Reads of the ready streams after a step's gathering (a stream that sent more meanwhile is read again).
-DRAIN_ROUNDS = 4
 
 
 @dataclass(slots=True, frozen=True)
@@ -223,12 +221,14 @@ class RemoteRunner(Runner):
     """The Runner protocol over a remote engine's streamed completions."""
 
     def __init__(self, client: EngineClient, codec: Codec, model: str, max_wait_s: float = 0.05,
-                 gather_s: float = 0.010, backoff_s: tuple[float, float] = (0.5, 8.0)):
+                 gather_s: float = 0.010, gather_slice_s: float = 0.002,
+                 backoff_s: tuple[float, float] = (0.5, 8.0)):
         self.client = client
         self.codec = codec
         self.model = model
         self.max_wait_s = max_wait_s
         self.gather_s = gather_s
+        self.gather_slice_s = gather_slice_s
         self.backoff_s = backoff_s
         self._streams = client.streams()
         self._requests: dict[RequestId, _Request] = {}
@@ -338,24 +338,37 @@ class RemoteRunner(Runner):
         r.pending.clear()
         r.ended = None
 
+    def wake_on(self, fd: int) -> None:
+        """End a step's wait for tokens when `fd` becomes readable (new work for the daemon to claim)."""
+        self._streams.wake_on(fd)
+
     def _await(self, producing: set[RequestId], start: float) -> None:
-        """Apply what arrived; wait (up to `max_wait_s`) until a producing request has news."""
-        ready = self._take(self._streams.poll(0.0), producing)
+        """Apply what arrived; wait (up to `max_wait_s`) until a producing request has news, or the
+        wake descriptor says the daemon has work to take first."""
+        streams = self._streams
+        ready = self._take(streams.poll(0.0), producing)
         waiting_for = any(self._requests[rid].stream is not None for rid in producing)
-        if not ready and not any(self._has_news(self._requests[rid]) for rid in producing) and (
-                waiting_for or self._down_since is not None):
+        news = ready or streams.woken or any(self._has_news(self._requests[rid]) for rid in producing)
+        if not news and (waiting_for or self._down_since is not None):
             deadline = start + self.max_wait_s
             if self._down_since is not None:
                 deadline = min(deadline, max(self._next_probe, time.perf_counter()))
             while (left := deadline - time.perf_counter()) > 0:
-                if self._take(self._streams.poll(left), producing):
+                if self._take(streams.poll(left), producing) or streams.woken:
                     break
+        if streams.woken:
+            return  # the daemon claims first; what else arrived is read at the next step
         if self.gather_s:
-            # The rest of the engine iteration's tokens arrive meanwhile; then one read of every stream
-            # that has some (a poll woken by each stream in turn would cost a system call per token).
-            time.sleep(self.gather_s)
-            for _ in range(DRAIN_ROUNDS):
-                if not (news := self._streams.poll(0.0)):
+            # The rest of the engine iteration's tokens arrive meanwhile: read them a slice at a time
+            # (a poll woken by each stream in turn would cost a system call per token) until every
+            # producing request has news, a slice brings nothing (the iteration's burst is over) or
+            # `gather_s` has passed.
+            deadline = time.perf_counter() + self.gather_s
+            requests = self._requests
+            while (left := deadline - time.perf_counter()) > 0 and not all(
+                    self._has_news(requests[rid]) for rid in producing):
+                time.sleep(min(self.gather_slice_s, left))
+                if not (news := streams.poll(0.0)):
                     break
                 self._take(news, producing)
 

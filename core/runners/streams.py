@@ -82,6 +82,14 @@ class Streams:
         self._open: dict[int, Stream] = {}  # by socket descriptor
         self._next_deadline_check = 0.0
         self._address: tuple | None = None
+        self._wake_fd: int | None = None
+        self.woken = False  # the wake descriptor was readable at the last poll
+
+    def wake_on(self, fd: int) -> None:
+        """A descriptor that ends a poll's wait when it becomes readable (its owner drains it):
+        the caller has something better to do than wait for tokens."""
+        self._wake_fd = fd
+        self._poller.register(fd, select.POLLIN)
 
     def __len__(self) -> int:
         return len(self._open)
@@ -135,7 +143,7 @@ class Streams:
 
     def poll(self, timeout: float) -> list[Stream]:
         """Read what has arrived, waiting up to `timeout` s for something; the streams with news."""
-        if not self._open:
+        if not self._open and self._wake_fd is None:
             if timeout > 0:
                 time.sleep(timeout)
             return []
@@ -143,7 +151,11 @@ class Streams:
         ready = self._poller.poll(max(0.0, timeout))
         now = time.monotonic()
         streams = self._open
+        self.woken = False
         for fd, mask in ready:
+            if fd == self._wake_fd:
+                self.woken = True
+                continue
             stream = streams[fd]
             if mask & select.POLLOUT:
                 self._send(stream)

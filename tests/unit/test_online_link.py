@@ -4,6 +4,8 @@ the link's two ends over a real loopback socket, and the bound on a client that 
 from __future__ import annotations
 
 import asyncio
+import select
+import socket
 import time
 
 import pytest
@@ -105,6 +107,26 @@ def test_the_publisher_pushes_each_steps_text_from_what_was_settled_and_the_end_
     assert end["state"] == "done" and end["t"] == "héllo wörld" and end["fin"] == 9.0 and end["pt"] == 2
 
 
+def test_a_wakeup_makes_the_link_descriptor_readable_until_taken_and_says_what_was_asked():
+    server = LinkServer("127.0.0.1", 0)
+    try:
+        with socket.create_connection(("127.0.0.1", int(server.address.rpartition(":")[2]))) as sock:
+            assert not select.select([server.wake_fd], [], [], 0.05)[0]
+            sock.sendall(b'{"op": "claim"}\n')
+            assert select.select([server.wake_fd], [], [], 5)[0]  # a waiting step would end now
+            sock.sendall(b'{"op": "wake"}\n')
+            deadline = time.monotonic() + 5
+            wants = server.take_wake()
+            while not wants.sync and time.monotonic() < deadline:  # the second line may come later
+                time.sleep(0.01)
+                taken = server.take_wake()
+                wants.sync, wants.claim = wants.sync or taken.sync, wants.claim or taken.claim
+            assert wants.claim and wants.sync
+            assert not select.select([server.wake_fd], [], [], 0.05)[0] and not server.take_wake()
+    finally:
+        server.close()
+
+
 def test_the_link_carries_watches_wakeups_and_pushes_over_a_socket():
     server = LinkServer("127.0.0.1", 0)
     try:
@@ -120,7 +142,8 @@ def test_the_link_carries_watches_wakeups_and_pushes_over_a_socket():
             client.announce(7, linkable=True)
             while server.watcher(7) is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
-            assert server.take_wake()  # a new request: the daemon syncs now
+            wants = server.take_wake()  # a new request: the daemon claims now, and only claims
+            assert wants.claim and not wants.sync and not server.take_wake()
             conn = server.watcher(7)
             server.send({conn: [{"job": 7, "req": "r", "o": 0, "t": "he", "n": 1, "ft": 1.0, "q": 0.5}]})
             rest = {"job": 7, "req": "r", "o": 2, "t": "llo\x00\udc80", "n": 2, "ft": 1.0, "q": 0.5}
@@ -157,3 +180,19 @@ def test_a_client_that_takes_no_bytes_for_the_bound_is_cut_off_and_the_stream_cl
     with pytest.raises(ClientStalled):
         asyncio.run(response.stream_response(send))
     assert closed == [True]  # the stream's `finally` ran: it cancels the request
+
+
+def test_a_client_that_reads_slowly_but_within_the_bound_is_never_cut_off():
+    async def events():
+        for _ in range(12):
+            yield "data: x\n\n"
+
+    sent = []
+
+    async def send(message):
+        if message["type"] == "http.response.body" and message["body"]:
+            await asyncio.sleep(0.03)  # each write waits, less than the bound; the whole stream far more
+            sent.append(message["body"])
+
+    asyncio.run(BoundedStream(events(), stall_s=0.05).stream_response(send))
+    assert len(sent) == 12

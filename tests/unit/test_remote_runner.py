@@ -7,6 +7,7 @@ real engine loop (scheduler + RemoteRunner) over it; about 5 s in all.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 
@@ -83,6 +84,28 @@ def test_a_step_reports_every_token_that_arrived_and_waits_when_none_did(fake):
     empty = runner.run(Plan(step=2, prefill=(PrefillChunk("b", 0, 2, True),)))
     took = time.perf_counter() - start
     assert empty.outcome.produced.get("b", 0) == 0 and 0.19 <= took < 0.6
+
+
+def test_a_readable_wake_descriptor_ends_a_steps_wait_at_once(fake):
+    fake.step_s = 1.0  # no token comes for a second
+    runner = remote_runner(fake, max_wait_s=2.0)
+    wake_r, wake_w = socket.socketpair()
+    try:
+        runner.wake_on(wake_r.fileno())
+        runner.add("a", [1, 2], SamplingParams(max_tokens=5, temperature=0))
+        threading.Timer(0.1, wake_w.send, (b"x",)).start()
+        start = time.perf_counter()
+        result = runner.run(Plan(step=0, prefill=(PrefillChunk("a", 0, 2, True),)))
+        took = time.perf_counter() - start
+        assert result.outcome.produced.get("a", 0) == 0 and 0.08 <= took < 0.5  # not the 2 s wait
+        wake_r.recv(16)  # its owner takes the wake-up: the next step waits for tokens again
+        start = time.perf_counter()
+        result = runner.run(Plan(step=1, decode=("a",)))
+        assert result.outcome.produced["a"] >= 1 and time.perf_counter() - start > 0.5
+    finally:
+        runner.release("a")
+        wake_r.close()
+        wake_w.close()
 
 
 def test_preemption_aborts_the_stream_and_resumes_from_prompt_plus_generated(fake):
