@@ -179,8 +179,7 @@ async def submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
         origin=JobOrigin.ONLINE, key_id=key.id,
     )
     try:
-        (job,) = await state.call(state.backend.jobs.submit, [submission],
-                                  max_queued_per_tenant=limits.max_queued_per_tenant)
+        job = await state.submit_online(submission, limits.max_queued_per_tenant)
     except QueueFull:
         raise ApiError(429, f"tenant {key.tenant!r} has too many unfinished requests "
                             f"(limit {limits.max_queued_per_tenant:,}); retry later",

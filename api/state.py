@@ -13,12 +13,13 @@ from fastapi import Request
 from fsched.api.errors import ApiError
 from fsched.api.guard import Guard
 from fsched.api.hub import ProgressHub
+from fsched.api.submitter import Submitter
 from fsched.core.jobs.apikeys import ApiKey, secret_matches, split_key
 from fsched.core.jobs.limits import InputLimits, limits_in_force
 from fsched.core.ports.catalog import CatalogStore
 from fsched.core.ports.files import FileStore
 from fsched.core.ports.keys import KeyStore
-from fsched.core.ports.records import DaemonSummary
+from fsched.core.ports.records import DaemonSummary, JobSubmission, SubmittedJob
 from fsched.core.ports.serving import ServingStore
 
 if TYPE_CHECKING:
@@ -61,12 +62,20 @@ class ServerState:
     tokenizers: Tokenizers | None = None  # the served model's tokenizer, loaded on first use
     guard: Guard = field(default_factory=Guard)  # what open streams check while they wait
     link: LinkClient | None = None  # the daemons' links: pushed wake-ups and tokens
+    _submitter: Submitter | None = None
     _daemons: _Cached[list[DaemonSummary]] = field(default_factory=_Cached)
     _limits: _Cached[InputLimits] = field(default_factory=_Cached)
 
     async def call(self, fn, *args, **kwargs):
         """A store call in a worker thread: the event loop never waits on the database."""
         return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+    async def submit_online(self, submission: JobSubmission, max_queued_per_tenant: int) -> SubmittedJob:
+        """Store one online request's job, in a group commit with those arriving meanwhile."""
+        if self._submitter is None:
+            self._submitter = Submitter(lambda group, limit: self.call(
+                self.backend.jobs.submit_each, group, max_queued_per_tenant=limit))
+        return await self._submitter.submit(submission, max_queued_per_tenant)
 
     async def live_daemons(self) -> list[DaemonSummary]:
         now = time.monotonic()

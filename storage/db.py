@@ -13,6 +13,7 @@ import fcntl
 import os
 import sqlite3
 import stat
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -121,8 +122,38 @@ def _wire_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
 
     @event.listens_for(engine, "begin")
     def on_begin(conn: Connection) -> None:
-        write = conn.get_execution_options().get("fsched_write", False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+        if conn.get_execution_options().get("fsched_write", False):
+            _begin_immediate(conn, busy_timeout_ms / 1000)
+        else:
+            conn.exec_driver_sql("BEGIN")
+
+
+# While another process writes, BEGIN IMMEDIATE is retried after these pauses (doubling, then the
+# last again). SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20, 25 ms...: a daemon and a server
+# taking turns on the write lock then wait a sleep far longer than the other's transaction.
+BUSY_RETRY_S = (0.0001, 0.001)
+
+
+def _begin_immediate(conn: Connection, timeout_s: float) -> None:
+    """Take the write lock, retrying briefly while another connection holds it, up to `timeout_s`
+    (then the last attempt's error is SQLAlchemy's, as any statement's)."""
+    raw = conn.connection.driver_connection
+    raw.execute("PRAGMA busy_timeout = 0")
+    try:
+        deadline = time.monotonic() + timeout_s
+        pause, longest = BUSY_RETRY_S
+        while time.monotonic() + pause < deadline:
+            try:
+                raw.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+                    break
+            time.sleep(pause)
+            pause = min(2 * pause, longest)
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    finally:
+        raw.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
 
 
 def _wire_postgresql(engine: Engine) -> None:

@@ -21,6 +21,7 @@ from fsched.core.ports.records import (
     DaemonSummary,
     JobSubmission,
     OnlineGroup,
+    QueueFull,
     RequestProgress,
     RequestTiming,
     SubmittedJob,
@@ -47,7 +48,7 @@ from fsched.storage.rows import (
     requests,
     tenants,
 )
-from fsched.storage.submit import check_queue_limit, create_missing_tenants, insert_job
+from fsched.storage.submit import check_queue_limit, create_missing_tenants, insert_job, unfinished_of
 
 RESULTS_BATCH = 1_000
 
@@ -84,6 +85,33 @@ class SqlCatalogStore(SqlStoreBase):
                 )
                 for s in submissions
             ]
+
+    def submit_each(
+        self,
+        submissions: Sequence[JobSubmission],
+        max_queued_per_tenant: int = DEFAULT_MAX_QUEUED_PER_TENANT,
+    ) -> list[SubmittedJob | QueueFull]:
+        """Store each job on its own terms in one transaction for all (a group commit of the
+        HTTP server's online requests): a job over its tenant's limit gets its QueueFull in its
+        place, counted after the jobs before it in the list."""
+        now = self.clock()
+        names = {s.tenant for s in submissions}
+        for name in names:
+            validate_tenant_name(name)
+        outcomes: list[SubmittedJob | QueueFull] = []
+        with self.db.write() as conn:
+            created = create_missing_tenants(conn, self.db.dialect, names, now)
+            have = unfinished_of(conn, names)
+            for s in submissions:
+                adding = len(s.parsed.requests)
+                if have[s.tenant] + adding > max_queued_per_tenant:
+                    outcomes.append(QueueFull(s.tenant, have[s.tenant], adding, max_queued_per_tenant))
+                    continue
+                have[s.tenant] += adding
+                outcomes.append(SubmittedJob(job_id=insert_job(conn, s, now), num_requests=adding,
+                                             tenant=s.tenant, request_class=s.request_class,
+                                             tenant_created=s.tenant in created))
+        return outcomes
 
     # -- reading --------------------------------------------------------------
 

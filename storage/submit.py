@@ -29,19 +29,21 @@ def check_queue_limit(conn: Connection, submissions: Sequence[JobSubmission], li
     adding = Counter()
     for submission in submissions:
         adding[submission.tenant] += len(submission.parsed.requests)
-    # Lock the tenants' rows: concurrent submits of one tenant take turns
-    # on PostgreSQL (SQLite's BEGIN IMMEDIATE already serialises writers).
-    conn.execute(select(tenants.c.name).where(tenants.c.name.in_(adding)).with_for_update())
-    have = dict(
-        conn.execute(
-            select(jobs.c.tenant, func.sum(UNFINISHED))
-            .where(jobs.c.tenant.in_(adding), jobs.c.state.not_in(FINISHED_JOB_STATES))
-            .group_by(jobs.c.tenant)
-        ).all()
-    )
+    have = unfinished_of(conn, set(adding))
     for tenant in sorted(adding):
-        if int(have.get(tenant) or 0) + adding[tenant] > limit:
-            raise QueueFull(tenant, int(have.get(tenant) or 0), adding[tenant], limit)
+        if have[tenant] + adding[tenant] > limit:
+            raise QueueFull(tenant, have[tenant], adding[tenant], limit)
+
+
+def unfinished_of(conn: Connection, names: set[str]) -> Counter:
+    """Each tenant's unfinished requests, its row locked: concurrent submits of one tenant take turns
+    on PostgreSQL (SQLite's BEGIN IMMEDIATE already serialises writers)."""
+    conn.execute(select(tenants.c.name).where(tenants.c.name.in_(names)).with_for_update())
+    return Counter({tenant: int(n or 0) for tenant, n in conn.execute(
+        select(jobs.c.tenant, func.sum(UNFINISHED))
+        .where(jobs.c.tenant.in_(names), jobs.c.state.not_in(FINISHED_JOB_STATES))
+        .group_by(jobs.c.tenant)
+    ).all()})
 
 
 def create_missing_tenants(conn: Connection, dialect: str, names: set[str], now: float) -> set[str]:

@@ -34,6 +34,7 @@ from fsched.core.ports.records import (
     DaemonSummary,
     JobSubmission,
     OnlineGroup,
+    QueueFull,
     RequestProgress,
     RequestTiming,
     SubmittedJob,
@@ -47,6 +48,13 @@ class CatalogStore(Protocol):
         self, submissions: Sequence[JobSubmission], max_queued_per_tenant: int = ...
     ) -> list[SubmittedJob]:
         """Store jobs and their requests in one transaction; QueueFull over a tenant's limit."""
+        ...
+
+    def submit_each(
+        self, submissions: Sequence[JobSubmission], max_queued_per_tenant: int = ...
+    ) -> list[SubmittedJob | QueueFull]:
+        """Store each job on its own terms, in one transaction for all (a group commit): a job over
+        its tenant's limit gets its QueueFull in its place, the others are stored."""
         ...
 
     def list_jobs(

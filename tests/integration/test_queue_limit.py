@@ -79,3 +79,15 @@ def test_concurrent_submits_cannot_both_slip_under_the_limit(store, db_url):
         t.join()
     assert sorted(results) == ["full", "full", "full", "ok"]
     assert queued(store) == {"alice": 7}
+
+
+def test_a_group_commit_stores_each_job_on_its_own_terms(store):
+    store.submit([submission(8)], max_queued_per_tenant=10)
+    outcomes = store.submit_each([submission(1), submission(1, "bob"), submission(2), submission(1)],
+                                 max_queued_per_tenant=10)
+    first, bob, over, last = outcomes
+    assert first.tenant == "alice" and bob.tenant == "bob" and bob.tenant_created  # stored, in order
+    assert isinstance(over, QueueFull) and over.tenant == "alice"  # 9 + 2 > 10: this one alone
+    assert last.tenant == "alice" and last.job_id > bob.job_id > first.job_id  # 9 + 1 fits
+    assert queued(store) == {"alice": 10, "bob": 1}
+    assert len([j for j in store.list_jobs() if j.tenant == "alice"]) == 3
