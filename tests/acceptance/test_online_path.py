@@ -56,7 +56,7 @@ def long_draw(server: Server, tenant: str, n: int, attempt: Callable[[], tuple[T
     The Responses API takes no seed: the server draws one, so a test that needs a long request opens
     it again (`close`s the short one) until a draw is long; a request with a long seed (long_seed) is
     kept at once."""
-    last = 0
+    ((last,),) = server.rows("SELECT coalesce(max(id), 0) FROM jobs WHERE tenant = ?", tenant)
     while True:
         opened, close = attempt()
         deadline = time.time() + 10
@@ -64,7 +64,7 @@ def long_draw(server: Server, tenant: str, n: int, attempt: Callable[[], tuple[T
                                          "ON j.id = r.job_id WHERE j.tenant = ? AND j.id > ?", tenant, last)):
             assert time.time() < deadline, "the request was not stored"
             time.sleep(0.02)
-        last, params = found[-1]
+        ((last, params),) = found  # one request opened at a time: its job is the tenant's newest
         if runs_long(n, json.loads(params)["seed"], **encoded):
             return opened, last
         close()
