@@ -3,8 +3,8 @@
 A request becomes a one-row job of the key's tenant (as `fsched generate`
 makes), its tokens come back through the progress hub, and a client that
 goes away cancels it. The translation both ways lives in core/jobs/openai.py.
-A stream, theirs as /v1/responses's, is relayed under the rules of api/guard.py
-(`relayed`) and bounded against a client that stops reading (api/sse.py).
+Their streams, and /v1/responses's, go out through `relayed`: under the rules
+of api/guard.py, and bounded against a client that stops reading (api/sse.py).
 """
 
 from __future__ import annotations
