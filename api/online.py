@@ -3,13 +3,18 @@
 A request becomes a one-row job of the key's tenant (as `fsched generate`
 makes), its tokens come back through the progress hub, and a client that
 goes away cancels it. The translation both ways lives in core/jobs/openai.py.
+Their streams, and /v1/responses's, go out through `relayed`: under the rules
+of api/guard.py, and bounded against a client that stops reading (api/sse.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 import anyio
 from fastapi import APIRouter, Request
@@ -101,13 +106,12 @@ async def _serve(request: Request, endpoint: Endpoint):
 
 
 async def first_news(request: Request, state: ServerState, job_id: int, online: OnlineRequest,
-                     key: ApiKey | None = None) -> AsyncIterator[Update] | None:
-    """The job's progress, its stream held back until its first output token or its end (at most
-    STREAM_OPEN_WAIT_S): a request the engine refuses (a prompt over the context) answers its
-    error status before any stream starts, as unstreamed. None when the client went away first
-    (the request is cancelled)."""
-    # With the key: the stream rules of api/guard.py too (keep-alives, ends); without: progress only.
-    watch = _updates(state, job_id, key) if key is not None else state.hub.watch(job_id)
+                     key: ApiKey) -> AsyncIterator[Update] | None:
+    """The job's progress under the stream rules of api/guard.py (keep-alives, ends), its stream held
+    back until its first output token or its end (at most STREAM_OPEN_WAIT_S): a request the engine
+    refuses (a prompt over the context) answers its error status before any stream starts, as
+    unstreamed. None when the client went away first (the request is cancelled)."""
+    watch = _updates(state, job_id, key)
 
     async def first() -> Update | None:
         async for update in watch:
@@ -260,22 +264,63 @@ async def final_or_disconnect(request: Request, state: ServerState, job_id: int)
 
 async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
                   online: OnlineRequest, progress: AsyncIterator[Update]) -> AsyncIterator[str]:
-    """Server-sent events: chunks as tokens come (the choices interleaved, each by its index),
-    keep-alive comments while nothing does, the usage chunk if asked, `[DONE]`; or an error event
-    when a rule of api/guard.py ends the stream.
+    """Chat's and completions' server-sent events: chunks as tokens come (the choices interleaved, each
+    by its index), the usage chunk if asked, `[DONE]`; under the rules of `relayed`."""
+    prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
+    relay = StreamRelay(endpoint, opaque_response_id(endpoint), int(time.time()),
+                        online.spec.model or DEFAULT_MODEL_NAME, online, prompt_ids)
+    async with aclosing(relayed(request, state, job_id, online, progress, _ChatEvents(relay))) as events:
+        async for event in events:
+            yield event
+
+
+class StreamEvents(Protocol):
+    """What one endpoint's stream says, as SSE text; `relayed` says it when the rules have it."""
+
+    trailer: ClassVar[str]  # after the answer or its failure (not after a rule's end): "" for nothing
+
+    def opening(self) -> Iterable[str]: ...
+
+    def update(self, choices: Choices) -> Iterable[str]: ...
+
+    def closing(self, final: Choices) -> Iterable[str]: ...
+
+    def error(self, status: int, message: str, code: str) -> str: ...
+
+
+@dataclass(slots=True)
+class _ChatEvents:
+    relay: StreamRelay
+    trailer: ClassVar[str] = "data: [DONE]\n\n"
+
+    def opening(self) -> Iterable[str]:
+        return map(sse, self.relay.opening())
+
+    def update(self, choices: Choices) -> Iterable[str]:
+        return map(sse, self.relay.update(choices))
+
+    def closing(self, final: Choices) -> Iterable[str]:
+        return map(sse, self.relay.closing(final))
+
+    def error(self, status: int, message: str, code: str) -> str:
+        return sse(error_body(status, message, code=code))
+
+
+async def relayed(request: Request, state: ServerState, job_id: int, online: OnlineRequest,
+                  progress: AsyncIterator[Update], events: StreamEvents) -> AsyncIterator[str]:
+    """A streamed request's events (chat's, completions', the Responses API's): its opening, its
+    updates as they come, keep-alive comments while nothing does, its closing; or an error event
+    when it fails or a rule of api/guard.py ends the stream (then the request is cancelled).
 
     A client that hangs up cancels the request: a task waits for the
     disconnect (the server does not fail a write to a closed connection), and
     the `finally` covers a generator closed early (a stalled client, a stop).
     """
-    prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
-    relay = StreamRelay(endpoint, opaque_response_id(endpoint), int(time.time()),
-                        online.spec.model or DEFAULT_MODEL_NAME, online, prompt_ids)
     final, ended = None, False
     hang_up = asyncio.ensure_future(_cancel_on_disconnect(request, state, job_id))
     try:
-        for event in relay.opening():
-            yield sse(event)
+        for event in events.opening():
+            yield event
         async for update in progress:
             if isinstance(update, KeepAlive):
                 yield KEEPALIVE
@@ -283,22 +328,22 @@ async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_
             if isinstance(update, StreamEnd):  # cancelled before the client hears it is
                 ended = True
                 await cancel(state, job_id)
-                yield sse(error_body(update.status, update.message, code=update.code))
+                yield events.error(update.status, update.message, update.code)
                 return
             final = update
             if failed_choice(update) is not None:
                 break
-            for event in relay.update(update):
-                yield sse(event)
+            for event in events.update(update):
+                yield event
         observe(state, online, final)
         failed = failed_choice(final)
         if failed is not None:
-            status, message = failure(failed)
-            yield sse(error_body(status, message, code="request_failed"))
+            yield events.error(*failure(failed), "request_failed")
         else:
-            for event in relay.closing(final):
-                yield sse(event)
-        yield "data: [DONE]\n\n"
+            for event in events.closing(final):
+                yield event
+        if events.trailer:
+            yield events.trailer
     finally:
         hang_up.cancel()
         if not ended and (final is None or not all(p.state.finished for p in final)):
@@ -320,7 +365,6 @@ async def _cancel_on_disconnect(request: Request, state: ServerState, job_id: in
     while (await request.receive())["type"] != "http.disconnect":
         pass
     await cancel(state, job_id)
-
 
 
 def _model(online: OnlineRequest, progress: OnlineProgress) -> str:

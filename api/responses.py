@@ -2,22 +2,25 @@
 
 The body is said in chat's words (core/jobs/responses.py) and checked by the
 chat parser; the request is a one-row job as a chat request is; the answer
-is a `response` object or, streamed, the Responses event sequence.
+is a `response` object or, streamed, the Responses event sequence, under the
+stream rules chat's streams follow (api/online.py `relayed`, api/guard.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import ClassVar
 
-import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from fsched.api import online
 from fsched.api.errors import ApiError, error_body
+from fsched.api.hub import Choices
+from fsched.api.sse import BoundedStream
 from fsched.api.state import ServerState, state_of
 from fsched.core.jobs.answers import opaque_responses_id
 from fsched.core.jobs.jobfile import JobFileError, load_json_object
@@ -48,13 +51,13 @@ async def responses(request: Request):
     model = chat.spec.model or DEFAULT_MODEL_NAME
     logprobs = chat.spec.answer.logprobs
     if chat.stream:
-        opened = await online.first_news(request, state, job_id, chat)
+        opened = await online.first_news(request, state, job_id, chat, key)
         if opened is None:
             return JSONResponse(error_body(499, "client closed the request"), 499)
-        relay = ResponsesRelay(response_id, time.time(), model, asked.echo, logprobs,
-                               chat.stream_options.obfuscation)
-        return StreamingResponse(_stream(request, state, job_id, chat, relay, opened),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        events = _ResponsesEvents(ResponsesRelay(response_id, time.time(), model, asked.echo, logprobs,
+                                                 chat.stream_options.obfuscation))
+        return BoundedStream(online.relayed(request, state, job_id, chat, opened, events),
+                             state.guard.rules.stall_s)
     final = await online.final_or_disconnect(request, state, job_id)
     if final is None:
         await online.cancel(state, job_id)
@@ -96,40 +99,25 @@ def _responses_name(param: str | None) -> str | None:
     return param
 
 
-async def _stream(request: Request, state: ServerState, job_id: int, chat: OnlineRequest,
-                  relay: ResponsesRelay, progress: AsyncIterator) -> AsyncIterator[str]:
-    """The Responses events as the text is flushed; a client that hangs up cancels the request."""
-    final = None
-    hang_up = asyncio.ensure_future(_cancel_on_disconnect(request, state, job_id))
-    try:
-        for event in relay.opening():
-            yield _sse(event)
-        async for choices in progress:
-            final = choices
-            if online.failed_choice(choices) is not None:
-                break
-            for event in relay.update(choices):
-                yield _sse(event)
-        online.observe(state, chat, final)
-        failed = online.failed_choice(final)
-        if failed is not None:
-            status, message = online.failure(failed)
-            yield _sse({"type": "error", "sequence_number": relay.seq, "code": "request_failed",
-                        "message": message, "param": None, **error_body(status, message)})
-        else:
-            for event in relay.closing(final, choice_of(final[0])):
-                yield _sse(event)
-    finally:
-        hang_up.cancel()
-        if final is None or not all(p.state.finished for p in final):
-            with anyio.CancelScope(shield=True):
-                await online.cancel(state, job_id)
+@dataclass(slots=True)
+class _ResponsesEvents:
+    """The Responses event sequence as the text is flushed (online.relayed says when)."""
 
+    relay: ResponsesRelay
+    trailer: ClassVar[str] = ""
 
-async def _cancel_on_disconnect(request: Request, state: ServerState, job_id: int) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    await online.cancel(state, job_id)
+    def opening(self) -> Iterable[str]:
+        return map(_sse, self.relay.opening())
+
+    def update(self, choices: Choices) -> Iterable[str]:
+        return map(_sse, self.relay.update(choices))
+
+    def closing(self, final: Choices) -> Iterable[str]:
+        return map(_sse, self.relay.closing(final, choice_of(final[0])))
+
+    def error(self, status: int, message: str, code: str) -> str:
+        return _sse({"type": "error", "sequence_number": self.relay.seq, "code": code, "message": message,
+                     "param": None, **error_body(status, message, code=code)})
 
 
 def _sse(event: dict) -> str:

@@ -45,15 +45,20 @@ def long_seed(n: int, messages=None, prompt=None) -> int:
     """A seed with which the stand-in generates `n` tokens without drawing its end token
     (about one draw in 500 is), so a test's request runs as long as it needs."""
     for seed in range(100_000):
-        context = standin_encode(prompt, messages)
-        for _ in range(n):
-            token = standin_token(seed, context)
-            if token == STANDIN_EOS:
-                break
-            context.append(token)
-        else:
+        if runs_long(n, seed, messages, prompt):
             return seed
     raise AssertionError("no such seed")
+
+
+def runs_long(n: int, seed: int | None, messages=None, prompt=None) -> bool:
+    """Whether the stand-in generates `n` tokens with this seed and input without drawing its end token."""
+    context = standin_encode(prompt, messages)
+    for _ in range(n):
+        token = standin_token(seed, context)
+        if token == STANDIN_EOS:
+            return False
+        context.append(token)
+    return True
 
 
 def test_models_and_a_completion(server):

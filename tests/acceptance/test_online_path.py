@@ -1,5 +1,8 @@
 """What an open online stream gets when its path breaks: a daemon killed, the server stopped, a client
 that stops reading, a key revoked. A real `fsched serve` and stand-in daemons in subprocesses.
+
+Each test holds a request of each streaming API open at once (a chat or completions stream, and a
+Responses stream): the rules are the same for both, and one server, one kill and one wait serve both.
 """
 
 from __future__ import annotations
@@ -8,18 +11,22 @@ import json
 import signal
 import socket
 import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from functools import partial
+from typing import TypeVar
 
 import httpx
 import pytest
 
-from fsched.core.jobs.apikeys import split_key
-
 from .http_server import Server, make_server
-from .test_http import CHAT, long_seed
+from .test_http import CHAT, CHAT_URL, long_seed, runs_long
 
 pytestmark = pytest.mark.timeout(120)
 
 TOKENS = 400
+RESPONSES_URL = "/v1/responses"
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -36,29 +43,51 @@ def start(server: Server, *serve_args: str, step: str = "20ms") -> None:
     server.wait_ready()
 
 
-def body(max_tokens: int = TOKENS) -> dict:
-    return {"model": "m", "messages": CHAT, "max_tokens": max_tokens, "stream": True,
-            "seed": long_seed(max_tokens, messages=CHAT)}
+def body(url: str) -> dict:
+    if url == CHAT_URL:
+        return {"model": "m", "messages": CHAT, "max_tokens": TOKENS, "stream": True,
+                "seed": long_seed(TOKENS, messages=CHAT)}
+    return {"model": "m", "input": CHAT, "max_output_tokens": TOKENS, "stream": True}
 
 
-def row(server: Server, tenant: str) -> tuple:
-    found = server.rows("SELECT r.state, r.output_text FROM requests r JOIN jobs j ON j.id = r.job_id "
-                        "WHERE j.tenant = ?", tenant)
-    return found[0] if found else (None, None)
+def long_draw(server: Server, tenant: str, n: int, attempt: Callable[[], tuple[T, Callable]], **encoded):
+    """(what `attempt()` opened, its job id), of the first request of the tenant's it opens whose stored
+    seed has the stand-in generate `n` tokens without its end token (`encoded`: the prompt or messages).
+    The Responses API takes no seed: the server draws one, so a test that needs a long request opens
+    it again (`close`s the short one) until a draw is long; a request with a long seed (long_seed) is
+    kept at once."""
+    ((last,),) = server.rows("SELECT coalesce(max(id), 0) FROM jobs WHERE tenant = ?", tenant)
+    while True:
+        opened, close = attempt()
+        deadline = time.time() + 10
+        while not (found := server.rows("SELECT j.id, r.params FROM requests r JOIN jobs j "
+                                         "ON j.id = r.job_id WHERE j.tenant = ? AND j.id > ?", tenant, last)):
+            assert time.time() < deadline, "the request was not stored"
+            time.sleep(0.02)
+        ((last, params),) = found  # one request opened at a time: its job is the tenant's newest
+        if runs_long(n, json.loads(params)["seed"], **encoded):
+            return opened, last
+        close()
 
 
-def wait_state(server: Server, tenant: str, state: str, within_s: float = 10) -> tuple:
+def row(server: Server, job_id: int) -> tuple:
+    (found,) = server.rows("SELECT state, output_text FROM requests WHERE job_id = ?", job_id)
+    return tuple(found)
+
+
+def wait_state(server: Server, job_id: int, state: str, within_s: float = 10) -> str:
     deadline = time.time() + within_s
-    while (found := row(server, tenant))[0] != state and time.time() < deadline:
+    while (found := row(server, job_id)[0]) != state and time.time() < deadline:
         time.sleep(0.05)
     return found
 
 
 class Reader:
-    """An SSE stream read line by line: the content so far, keep-alive comments, error events."""
+    """An SSE stream read line by line, chat's chunks or the Responses API's events: the content so far,
+    keep-alive comments, error events, whether it ended."""
 
-    def __init__(self, response: httpx.Response):
-        self.lines = response.iter_lines()
+    def __init__(self, response: httpx.Response, job_id: int):
+        self.lines, self.job_id = response.iter_lines(), job_id
         self.content, self.keepalives, self.errors, self.done = "", 0, [], False
 
     def until(self, stop) -> None:
@@ -68,107 +97,150 @@ class Reader:
             elif line == "data: [DONE]":
                 self.done = True
             elif line.startswith("data: "):
-                event = json.loads(line[6:])
-                if "error" in event:
-                    self.errors.append(event["error"])
-                else:
-                    for choice in event["choices"]:
-                        self.content += choice["delta"].get("content") or ""
+                self.read(json.loads(line[6:]))
             if stop(self):
                 return
 
+    def read(self, event: dict) -> None:
+        kind = event.get("type")
+        if "error" in event:
+            if kind == "error":  # the Responses API's: its code at the top too
+                assert event["code"] == event["error"]["code"] and "sequence_number" in event
+            self.errors.append(event["error"])
+        elif kind == "response.output_text.delta":
+            self.content += event["delta"]
+        elif kind in ("response.completed", "response.incomplete"):
+            self.done = True
+        else:
+            for choice in event.get("choices", ()):
+                self.content += choice["delta"].get("content") or ""
 
-def stream(server: Server, key: str, **kw):
-    return httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body(**kw),
-                        headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+@contextmanager
+def streams(server: Server, tenant: str) -> Iterator[list[Reader]]:
+    """A chat stream, then a Responses stream, of a new key of `tenant`, both open and each running to
+    TOKENS tokens unless stopped: their readers, in that order."""
+    key = server.key(tenant)
+    with ExitStack() as stack:
+        readers = []
+        for url in (CHAT_URL, RESPONSES_URL):
+            attempt = partial(open_stream, server, key, url)
+            (one, response), job_id = long_draw(server, tenant, TOKENS, attempt, messages=CHAT)
+            stack.push(one.pop_all())
+            readers.append(Reader(response, job_id))
+        yield readers
 
 
-def test_a_killed_daemon_keeps_the_stream_alive_and_a_new_one_resumes_it_without_repeats(server):
+def open_stream(server: Server, key: str, url: str) -> tuple[tuple[ExitStack, httpx.Response], Callable]:
+    one = ExitStack()
+    response = one.enter_context(httpx.stream("POST", f"{server.url}{url}", json=body(url), timeout=30,
+                                              headers={"Authorization": f"Bearer {key}"}))
+    return (one, response), one.close
+
+
+def each_until(readers: list[Reader], stop) -> None:
+    for reader in readers:
+        reader.until(stop)
+
+
+def test_a_killed_daemon_keeps_the_streams_alive_and_a_new_one_resumes_them_without_repeats(server):
     start(server)
-    key = server.key("kept")
-    with stream(server, key) as response:
-        reader = Reader(response)
-        reader.until(lambda r: len(r.content) > 40)
+    with streams(server, "kept") as readers:
+        each_until(readers, lambda r: len(r.content) > 40)
         server.procs[0].send_signal(signal.SIGKILL)
-        reader.until(lambda r: r.keepalives >= 1)  # no bytes of text come, but the stream is alive
+        each_until(readers, lambda r: r.keepalives >= 1)  # no bytes of text come, but the streams are alive
         server.start_daemon("--model", "standin:1ms", "--lease-ttl", "3")  # back within --no-daemon-s
-        reader.until(lambda r: r.done)
-    assert reader.errors == []
-    state, text = row(server, "kept")
-    assert state == "done" and reader.content == text  # what was pushed before the kill is not repeated
+        each_until(readers, lambda r: r.done)
+    assert [(r.errors, r.keepalives >= 1) for r in readers] == [([], True)] * 2
+    # What was pushed before the kill is not repeated.
+    assert [row(server, r.job_id) for r in readers] == [("done", r.content) for r in readers]
 
 
-def test_no_live_daemon_ends_the_stream_with_an_error_event_and_cancels_the_request(server):
+def test_no_live_daemon_ends_the_streams_with_an_error_event_and_cancels_the_requests(server):
     start(server)
-    key = server.key("orphan")
     started = time.monotonic()
-    with stream(server, key) as response:
-        reader = Reader(response)
-        reader.until(lambda r: len(r.content) > 10)
+    with streams(server, "orphan") as readers:
+        each_until(readers, lambda r: len(r.content) > 10)
         server.procs[0].send_signal(signal.SIGKILL)
         killed = time.monotonic()
-        reader.until(lambda r: bool(r.errors))
-    waited = time.monotonic() - killed
-    assert reader.errors[0]["code"] == "no_daemon" and reader.keepalives >= 1
+        waited = []
+        for reader in readers:
+            reader.until(lambda r: bool(r.errors))
+            waited.append(time.monotonic() - killed)
+    assert [(r.errors[0]["code"], r.keepalives >= 1) for r in readers] == [("no_daemon", True)] * 2
     # Dead after its lease (3 s), then --no-daemon-s (3 s), checked once a second.
-    assert 5 < waited < 12, (waited, time.monotonic() - started)
+    assert all(5 < w < 12 for w in waited), (waited, time.monotonic() - started)
     # Cancelled: a running row waits for a daemon to drop it; its job says so now.
-    (cancel_requested,) = server.rows("SELECT cancel_requested_at FROM jobs WHERE tenant = 'orphan'")
-    assert cancel_requested[0] is not None
+    for reader in readers:
+        (cancel_requested,) = server.rows("SELECT cancel_requested_at FROM jobs WHERE id = ?", reader.job_id)
+        assert cancel_requested[0] is not None
 
 
 def test_stopping_the_server_cancels_its_open_streams(server):
     start(server)
-    key = server.key("stopped")
-    with stream(server, key) as response:
-        reader = Reader(response)
-        reader.until(lambda r: len(r.content) > 10)
+    with streams(server, "stopped") as readers:
+        each_until(readers, lambda r: len(r.content) > 10)
         server.procs[1].send_signal(signal.SIGTERM)
-        reader.until(lambda r: bool(r.errors))
-    assert reader.errors[0]["code"] == "server_shutdown"
-    assert wait_state(server, "stopped", "cancelled")[0] == "cancelled"  # not run on to the end
+        each_until(readers, lambda r: bool(r.errors))
+    assert [r.errors[0]["code"] for r in readers] == ["server_shutdown"] * 2
+    # Not run on to the end.
+    assert [wait_state(server, r.job_id, "cancelled") for r in readers] == ["cancelled"] * 2
     assert server.procs[1].wait(timeout=10) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
 
 
 def test_a_client_that_stops_reading_is_cut_off_and_its_request_cancelled(server):
     start(server, "--send-buffer-kb", "8", step="5ms")
     key = server.key("stalled")
-    # Small buffers both ends, and big chunks (20 log probabilities a token): they fill fast.
-    payload = json.dumps({"model": "m", "prompt": "p", "max_tokens": 2000, "stream": True, "logprobs": 20,
-                          "seed": long_seed(2000, prompt="p")}).encode()
+    # Small buffers both ends, and big chunks (20 log probabilities a token): they fill fast, within some
+    # 150 tokens; a Responses request (no seed) is drawn again until it would run 600.
+    completion = {"model": "m", "prompt": "p", "max_tokens": 2000, "stream": True, "logprobs": 20,
+                  "seed": long_seed(2000, prompt="p")}
+    responses = {"model": "m", "input": CHAT, "max_output_tokens": 600, "stream": True, "top_logprobs": 20}
+    clients = [("/v1/completions", completion, 2000, {"prompt": "p"}),
+               (RESPONSES_URL, responses, 600, {"messages": CHAT})]
+    opened = [long_draw(server, "stalled", n, partial(stalled_client, server, key, url, payload), **encoded)
+              for url, payload, n, encoded in clients]
+    socks, jobs = [sock for sock, _ in opened], [job for _, job in opened]
+    try:
+        # Cut off while generating, not run to their max tokens.
+        assert [wait_state(server, job, "cancelled", within_s=30) for job in jobs] == ["cancelled"] * 2
+        for sock in socks:
+            sock.settimeout(10)
+            while sock.recv(65536):  # what the buffers held, then the server's close
+                pass
+    finally:
+        for sock in socks:
+            sock.close()
+    tokens = [server.rows("SELECT num_output_tokens FROM requests WHERE job_id = ?", j)[0][0] for j in jobs]
+    assert 0 < tokens[0] < 2000 and 0 < tokens[1] < 600, tokens
+
+
+def stalled_client(server: Server, key: str, url: str, payload: dict) -> tuple[socket.socket, Callable]:
+    """A client that sends its request, then reads nothing, through a small receive buffer."""
+    data = json.dumps(payload).encode()
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", server.port))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Authorization: Bearer " + key.encode() + b"\r\nContent-Length: "
-                 + str(len(payload)).encode() + b"\r\n\r\n" + payload)
-    try:
-        state, _ = wait_state(server, "stalled", "cancelled", within_s=30)
-        assert state == "cancelled"  # cut off while generating, not run to its 2000 tokens
-        sock.settimeout(10)
-        while sock.recv(65536):  # what the buffers held, then the server's close
-            pass
-    finally:
-        sock.close()
-    (tokens,) = server.rows("SELECT r.num_output_tokens FROM requests r JOIN jobs j ON j.id = r.job_id "
-                            "WHERE j.tenant = 'stalled'")
-    assert 0 < tokens[0] < 2000
+    sock.sendall(f"POST {url} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+                 + b"Authorization: Bearer " + key.encode() + b"\r\nContent-Length: "
+                 + str(len(data)).encode() + b"\r\n\r\n" + data)
+    return sock, sock.close
 
 
 def test_revoking_a_key_ends_its_open_streams(server):
     from fsched.storage.sql_keys import SqlKeyStore
 
     start(server)
-    key = server.key("revoked")
-    with stream(server, key) as response:
-        reader = Reader(response)
-        reader.until(lambda r: len(r.content) > 10)
+    with streams(server, "revoked") as readers:
+        each_until(readers, lambda r: len(r.content) > 10)
         keys = SqlKeyStore(server.env["FSCHED_DB"])
         try:
-            keys.revoke_key(split_key(key)[0])
+            (key,) = [k for k in keys.list_keys() if k.tenant == "revoked"]
+            keys.revoke_key(key.id)
         finally:
             keys.db.dispose()
         revoked = time.monotonic()
-        reader.until(lambda r: bool(r.errors))
-    assert reader.errors[0]["code"] == "invalid_api_key" and time.monotonic() - revoked < 3
-    assert wait_state(server, "revoked", "cancelled")[0] == "cancelled"
+        each_until(readers, lambda r: bool(r.errors))
+    assert [r.errors[0]["code"] for r in readers] == ["invalid_api_key"] * 2
+    assert time.monotonic() - revoked < 3
+    assert [wait_state(server, r.job_id, "cancelled") for r in readers] == ["cancelled"] * 2
