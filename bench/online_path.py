@@ -25,9 +25,11 @@ once, as bench/remote_engine.py starts it, its session at `--engine-nice`;
 concurrency). The direct arm is measured again before each backend's
 fsched arm (the machine's two cores are shared with vLLM, and a baseline
 measured minutes earlier drifts); warm-up requests go to vLLM and to fsched
-before they are measured. Rows add vLLM's CPU per token in each arm (its
-whole session), the TTFT p50 ratio, and the CPU daemon and servers use idle
-(ms per second, over 2 s before the load).
+before they are measured. Rows add, in each arm, the CPU per token of vLLM
+(its whole session), of the client (this process) and of the machine's
+PostgreSQL server, and the machine's busy cores over the load (every
+process's, /proc/stat); the TTFT p50 ratio; the CPU daemon and servers use
+idle (ms per second, over 2 s before the load).
 
 Goal: tok/s >= 0.95x direct, TTFT p50 <= direct + 15 ms, p99 <= direct + 40 ms.
 In front of vLLM: tok/s >= 0.9x direct, TTFT p50 <= 1.2x direct.
@@ -39,6 +41,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -51,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from fast_path import FSCHED, Engine, Table, cpu_s  # noqa: E402
+from fast_path import FSCHED, TICK, Engine, Table, cpu_s, postgres_cpu_s  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "tell me about fair scheduling"}]
 
@@ -274,10 +277,26 @@ def measured(engine, urls: list[str], key: str, model: str, concurrency: int, ro
     """load(), with vLLM's CPU per token over it (its whole session) when the engine is vLLM."""
     if not isinstance(engine, Vllm):
         return load(urls, key, model, concurrency, rounds, tokens)
-    before = engine.cpu_s()
+    before, client, db, busy = engine.cpu_s(), own_cpu_s(), postgres_cpu_s(), machine_busy_s()
     got = load(urls, key, model, concurrency, rounds, tokens)
-    got["engine_us_per_token"] = round(1e6 * (engine.cpu_s() - before) / max(1, got["tokens"]), 1)
+    n = max(1, got["tokens"])
+    got["engine_us_per_token"] = round(1e6 * (engine.cpu_s() - before) / n, 1)
+    got["client_us_per_token"] = round(1e6 * (own_cpu_s() - client) / n, 1)
+    got["postgres_us_per_token"] = round(1e6 * (postgres_cpu_s() - db) / n, 1)
+    got["machine_busy_cores"] = round((machine_busy_s() - busy) / got["wall_s"], 2)
     return got
+
+
+def own_cpu_s() -> float:
+    """CPU seconds this process (the client) has used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy so far (all cores, every process, /proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / TICK  # less idle and iowait
 
 
 def direct_arm(engine, args) -> dict[int, dict]:
@@ -336,8 +355,9 @@ def table_lines(rows: list[dict]) -> list[str]:
     vllm = any(r.get("engine") == "vllm" for r in rows)
     out = ["| backend | serve x | load | c | direct tok/s | fsched tok/s | ratio | TTFT p50 direct → fsched "
            "| TTFT p99 direct → fsched | µs/token daemon, serve |"
-           + (" TTFT p50 ratio | vLLM µs/token direct, fsched |" if vllm else ""),
-           "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if vllm else "")]
+           + (" TTFT p50 ratio | vLLM µs/token direct, fsched | client µs/token direct, fsched "
+              "| busy cores direct, fsched |" if vllm else ""),
+           "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if vllm else "")]
     for r in rows:
         d, f = r["direct"], r["fsched"]
         serve = sum(v for k, v in r["us_per_token"].items() if k.startswith("serve"))
@@ -346,8 +366,10 @@ def table_lines(rows: list[dict]) -> list[str]:
                    f"{d['ttft_p50_ms']} → {f['ttft_p50_ms']} ms | "
                    f"{d['ttft_p99_ms']} → {f['ttft_p99_ms']} ms | "
                    f"{r['us_per_token']['daemon']}, {serve:.1f} |"
-                   + (f" {r['ttft_p50_ratio']:.2f}x | {d['engine_us_per_token']}, "
-                      f"{f['engine_us_per_token']} |" if vllm else ""))
+                   + (f" {r['ttft_p50_ratio']:.2f}x | "
+                      f"{d['engine_us_per_token']}, {f['engine_us_per_token']} | "
+                      f"{d['client_us_per_token']}, {f['client_us_per_token']} | "
+                      f"{d['machine_busy_cores']}, {f['machine_busy_cores']} |" if vllm else ""))
     return out
 
 
