@@ -2,7 +2,7 @@
 the same client through `fsched serve` + `fsched daemon --engine URL`, in one run.
 
     .venv/bin/python bench/online_path.py [--concurrency 1 8 32 128 256] [--backends sqlite postgresql]
-        [--replicas 1 2] [--loaded] [--no-link] [--profile DIR]
+        [--replicas 1 2] [--loaded] [--no-link] [--profile DIR] [--vllm [--engine-nice 10]]
 
 The engine is the paced stand-in (tests/support/paced_engine.py, its own
 process: `--slots` streams at once, one token each every `--step-ms`). The
@@ -19,7 +19,20 @@ realtime; its TTFT is compared with the idle direct engine's.
 path as it was. `--profile DIR`: py-spy records serve and daemon during the
 highest concurrency (top frames printed).
 
+`--vllm`: the engine is vLLM's CPU build serving the tiny model (started
+once, as bench/remote_engine.py starts it, its session at `--engine-nice`;
+`--max-num-seqs` and the daemon's `--max-batch` are the highest
+concurrency). The direct arm is measured again before each backend's
+fsched arm (the machine's two cores are shared with vLLM, and a baseline
+measured minutes earlier drifts); warm-up requests go to vLLM and to fsched
+before they are measured. Rows add, in each arm, the CPU per token of vLLM
+(its whole session), of the client (this process) and of the machine's
+PostgreSQL server, and the machine's busy cores over the load (every
+process's, /proc/stat); the TTFT p50 ratio; the CPU daemon and servers use
+idle (ms per second, over 2 s before the load).
+
 Goal: tok/s >= 0.95x direct, TTFT p50 <= direct + 15 ms, p99 <= direct + 40 ms.
+In front of vLLM: tok/s >= 0.9x direct, TTFT p50 <= 1.2x direct.
 """
 
 from __future__ import annotations
@@ -27,6 +40,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -39,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from fast_path import FSCHED, Engine, Table, cpu_s  # noqa: E402
+from fast_path import FSCHED, TICK, Engine, Table, cpu_s, postgres_cpu_s  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "tell me about fair scheduling"}]
 
@@ -108,12 +123,13 @@ def load(urls, key, model, concurrency, rounds, tokens) -> dict:
 class Fsched:
     """A table, a daemon in front of the engine, and `replicas` servers."""
 
-    def __init__(self, engine: Engine, backend: str, folder: Path, replicas: int, link: bool):
+    def __init__(self, engine: Engine | Vllm, backend: str, folder: Path, replicas: int, link: bool):
         self.table = Table(backend, folder)
         self.procs: list[subprocess.Popen] = []
         self.table.fsched("tenants", "add", "bench")  # creates the table
         self.key = self._key("bench")
-        self.daemon = self.table.daemon("--model", "standin", "--engine", engine.url, "--max-batch",
+        model = engine.folder if isinstance(engine, Vllm) else "standin"
+        self.daemon = self.table.daemon("--model", model, "--engine", engine.url, "--max-batch",
                                         str(engine.slots), *([] if link else ["--link", "off"]))
         self.procs.append(self.daemon)
         self.ports = [free_port() for _ in range(replicas)]
@@ -152,6 +168,14 @@ class Fsched:
                     raise TimeoutError("fsched did not come up")
                 time.sleep(0.1)
         time.sleep(1.5)  # the servers link to the daemon (every 0.5 s)
+
+    def served_model(self) -> str:
+        """The model name the servers list (the daemon's)."""
+        import httpx
+
+        got = httpx.get(f"{self.urls[0]}/v1/models", headers={"Authorization": f"Bearer {self.key}"},
+                        timeout=10).json()
+        return got["data"][0]["id"]
 
     def fill_with_batch(self, slots: int, tokens: int) -> None:
         """Another tenant's batch job, more requests than the engine has slots, long enough to last."""
@@ -195,6 +219,97 @@ def top_frames(path: Path, n: int = 12) -> list[str]:
     return [f"{100 * c / total:5.1f}% {f}" for f, c in sorted(counts.items(), key=lambda x: -x[1])[:n]]
 
 
+# -- vLLM ------------------------------------------------------------------------------------------
+class Vllm:
+    """vLLM's CPU build serving the tiny model (its chat template in the folder), `slots` sequences at
+    once, its session's CPU priority lowered to `nice` (bench/remote_engine.py says why)."""
+
+    def __init__(self, slots: int, nice: int, log: Path):
+        import httpx
+        from remote_engine import VllmServer, ensure_tiny_model  # torch and transformers: here only
+
+        self.slots = slots
+        self.folder = str(ensure_tiny_model())
+        self.server = VllmServer(Path(self.folder), log, extra=("--max-num-seqs", str(slots)), nice=nice)
+        self.server.start()
+        self.url = self.server.url
+        try:
+            self.model = httpx.get(f"{self.url}/v1/models", timeout=10).json()["data"][0]["id"]
+        except BaseException:
+            self.server.stop()
+            raise
+
+    def cpu_s(self) -> float:
+        """CPU seconds used so far by the server's whole session (API server and engine core)."""
+        sid, total = self.server.proc.pid, 0.0
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3]) == sid:  # its session
+                    total += cpu_s(int(proc.name))
+            except (OSError, ValueError, IndexError):
+                continue
+        return total
+
+    def __enter__(self) -> Vllm:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.stop()
+
+
+def idle_cpu(pids: dict[str, int], seconds: float = 2.0) -> dict[str, float]:
+    """CPU ms per second each process uses with nothing to do (its loops' idle passes), which a
+    per-token figure at a few hundred tok/s also counts."""
+    before = {n: cpu_s(p) for n, p in pids.items()}
+    time.sleep(seconds)
+    return {n: round(1000 * (cpu_s(p) - before[n]) / seconds, 1) for n, p in pids.items()}
+
+
+def warm_up(urls: list[str], key: str, model: str) -> None:
+    """A few short requests first: what a fresh server or engine does once is not measured."""
+    asyncio.run(_load(urls, key, model, 4, 8, 8))
+
+
+def measured(engine, urls: list[str], key: str, model: str, concurrency: int, rounds: int,
+             tokens: int) -> dict:
+    """load(), with vLLM's CPU per token over it (its whole session) when the engine is vLLM."""
+    if not isinstance(engine, Vllm):
+        return load(urls, key, model, concurrency, rounds, tokens)
+    before, client, db, busy = engine.cpu_s(), own_cpu_s(), postgres_cpu_s(), machine_busy_s()
+    got = load(urls, key, model, concurrency, rounds, tokens)
+    n = max(1, got["tokens"])
+    got["engine_us_per_token"] = round(1e6 * (engine.cpu_s() - before) / n, 1)
+    got["client_us_per_token"] = round(1e6 * (own_cpu_s() - client) / n, 1)
+    got["postgres_us_per_token"] = round(1e6 * (postgres_cpu_s() - db) / n, 1)
+    got["machine_busy_cores"] = round((machine_busy_s() - busy) / got["wall_s"], 2)
+    return got
+
+
+def own_cpu_s() -> float:
+    """CPU seconds this process (the client) has used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy so far (all cores, every process, /proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / TICK  # less idle and iowait
+
+
+def direct_arm(engine, args) -> dict[int, dict]:
+    model = engine.model if isinstance(engine, Vllm) else "paced-engine"
+    if isinstance(engine, Vllm):
+        warm_up([engine.url], "none", model)
+    direct = {}
+    for c in args.concurrency:
+        direct[c] = measured(engine, [engine.url], "none", model, c, args.rounds, args.tokens)
+        print(json.dumps({"arm": "direct", "concurrency": c, **direct[c]}), flush=True)
+    return direct
+
+
 # -- the run -----------------------------------------------------------------------------------------
 def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[int, dict]) -> list[dict]:
     rows = []
@@ -203,13 +318,18 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
         try:
             if args.loaded:
                 f.fill_with_batch(engine.slots, int(100_000 // args.step_ms))
+            model = "fsched"
+            if isinstance(engine, Vllm):
+                model = f.served_model()
+                warm_up(f.urls, f.key, model)
             for c in args.concurrency:
                 pids = {"daemon": f.daemon.pid, **{f"serve{i}": s.pid for i, s in enumerate(f.servers)}}
+                idle = idle_cpu(pids) if isinstance(engine, Vllm) else None
                 cpu0 = {n: cpu_s(p) for n, p in pids.items()}
                 spies = []
                 if args.profile and c == max(args.concurrency):
                     spies = profile(pids, 8, Path(args.profile) / f"{backend}-x{replicas}")
-                through = load(f.urls, f.key, "fsched", c, args.rounds, args.tokens)
+                through = measured(engine, f.urls, f.key, model, c, args.rounds, args.tokens)
                 for spy in spies:
                     spy.wait()
                 cpu = {n: round(1e6 * (cpu_s(p) - cpu0[n]) / max(1, through["tokens"]), 1)
@@ -220,6 +340,10 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
                        "us_per_token": cpu, "ratio": round(through["tok_s"] / base["tok_s"], 3),
                        "ttft_p50_extra_ms": round(through["ttft_p50_ms"] - base["ttft_p50_ms"], 1),
                        "ttft_p99_extra_ms": round(through["ttft_p99_ms"] - base["ttft_p99_ms"], 1)}
+                if isinstance(engine, Vllm):
+                    row["engine"] = "vllm"
+                    row["ttft_p50_ratio"] = round(through["ttft_p50_ms"] / base["ttft_p50_ms"], 3)
+                    row["idle_cpu_ms_per_s"] = idle
                 print(json.dumps(row), flush=True)
                 rows.append(row)
         finally:
@@ -228,9 +352,12 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
 
 
 def table_lines(rows: list[dict]) -> list[str]:
+    vllm = any(r.get("engine") == "vllm" for r in rows)
     out = ["| backend | serve x | load | c | direct tok/s | fsched tok/s | ratio | TTFT p50 direct → fsched "
-           "| TTFT p99 direct → fsched | µs/token daemon, serve |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| TTFT p99 direct → fsched | µs/token daemon, serve |"
+           + (" TTFT p50 ratio | vLLM µs/token direct, fsched | client µs/token direct, fsched "
+              "| busy cores direct, fsched |" if vllm else ""),
+           "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if vllm else "")]
     for r in rows:
         d, f = r["direct"], r["fsched"]
         serve = sum(v for k, v in r["us_per_token"].items() if k.startswith("serve"))
@@ -238,7 +365,11 @@ def table_lines(rows: list[dict]) -> list[str]:
                    f"{r['concurrency']} | {d['tok_s']:,.0f} | {f['tok_s']:,.0f} | {r['ratio']:.2f}x | "
                    f"{d['ttft_p50_ms']} → {f['ttft_p50_ms']} ms | "
                    f"{d['ttft_p99_ms']} → {f['ttft_p99_ms']} ms | "
-                   f"{r['us_per_token']['daemon']}, {serve:.1f} |")
+                   f"{r['us_per_token']['daemon']}, {serve:.1f} |"
+                   + (f" {r['ttft_p50_ratio']:.2f}x | "
+                      f"{d['engine_us_per_token']}, {f['engine_us_per_token']} | "
+                      f"{d['client_us_per_token']}, {f['client_us_per_token']} | "
+                      f"{d['machine_busy_cores']}, {f['machine_busy_cores']} |" if vllm else ""))
     return out
 
 
@@ -255,16 +386,28 @@ def main() -> None:
     parser.add_argument("--loaded", action="store_true")
     parser.add_argument("--no-link", action="store_true")
     parser.add_argument("--profile", default=None)
+    parser.add_argument("--vllm", action="store_true",
+                        help="vLLM's CPU build on the tiny model instead of the paced stand-in")
+    parser.add_argument("--engine-nice", type=int, default=10,
+                        help="--vllm: CPU nice of vLLM's session (0: none), as in bench/remote_engine.py")
     args = parser.parse_args()
+    if args.vllm and args.loaded:
+        parser.error("--loaded is for the paced engine only")
     rows = []
-    with Engine(args.slots, args.step_ms) as engine:
-        direct = {}
-        for c in args.concurrency:
-            direct[c] = load([engine.url], "none", "paced-engine", c, args.rounds, args.tokens)
-            print(json.dumps({"arm": "direct", "concurrency": c, **direct[c]}), flush=True)
-        for backend in args.backends:
-            for replicas in args.replicas:
-                rows += fsched_arm(engine, args, backend, replicas, direct)
+    if args.vllm:
+        log = Path(tempfile.gettempdir()) / f"online_path-vllm-{os.getpid()}.log"
+        print(f"vLLM's log: {log}", file=sys.stderr, flush=True)
+        with Vllm(max(args.concurrency), args.engine_nice, log) as engine:
+            for backend in args.backends:
+                direct = direct_arm(engine, args)  # again before each arm: the baseline drifts
+                for replicas in args.replicas:
+                    rows += fsched_arm(engine, args, backend, replicas, direct)
+    else:
+        with Engine(args.slots, args.step_ms) as engine:
+            direct = direct_arm(engine, args)
+            for backend in args.backends:
+                for replicas in args.replicas:
+                    rows += fsched_arm(engine, args, backend, replicas, direct)
     print("\n".join(table_lines(rows)))
     if args.profile:
         for path in sorted(Path(args.profile).rglob("*.txt")):
