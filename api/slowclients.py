@@ -101,6 +101,7 @@ class _Lingering:
         self._transport = transport
         self._protocol = protocol
         self.lingering = False
+        self.write = transport.write  # every streamed token: no lookup through __getattr__
 
     def __getattr__(self, name: str):
         return getattr(self._transport, name)

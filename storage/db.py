@@ -180,6 +180,8 @@ class Database:
         except ArgumentError:
             raise StorageError(f"not a database URL: {self.url!r}") from None
         self.dialect = parsed.get_backend_name()
+        self._watcher: sqlite3.Connection | None = None  # for `changed`
+        self._seen_version: int | None = None
         if self.dialect == "sqlite":
             if not parsed.database or parsed.database == ":memory:":
                 raise StorageError("fsched needs an SQLite file, not an in-memory database")
@@ -240,8 +242,25 @@ class Database:
                 raise StorageError(f"database {self.display_url}: connection lost") from exc
             raise
 
+    def changed(self) -> bool:
+        """Whether any connection but the watcher's committed since the last call (True the first
+        time, and always on PostgreSQL): SQLite's `data_version`, one pragma on a connection kept for it."""
+        if self.dialect != "sqlite":
+            return True
+        if self._watcher is None:
+            self._watcher = sqlite3.connect(make_url(self.url).database, check_same_thread=False)
+        try:
+            version = self._watcher.execute("PRAGMA data_version").fetchone()[0]
+        except sqlite3.Error:
+            return True  # cannot tell: look
+        changed, self._seen_version = version != self._seen_version, version
+        return changed
+
     def dispose(self) -> None:
         self.engine.dispose()
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
 
     def reclaim_space(self) -> None:
         """After a large delete: on SQLite, give the free pages back to the file system and cut the WAL

@@ -340,6 +340,10 @@ class SqlQueueStore(SqlStoreBase):
         with self.db.read() as conn:
             return {row.name: row.weight for row in conn.execute(select(tenants.c.name, tenants.c.weight))}
 
+    def may_have_changed(self) -> bool:
+        """False only when nothing was committed to the table since the last call (SQLite)."""
+        return self.db.changed()
+
     def has_queued(self, running_too: bool = False) -> bool:
         """Whether any request waits (or, with `running_too`, is still held by some daemon)."""
         states = [RequestState.QUEUED.value] + ([RequestState.RUNNING.value] if running_too else [])

@@ -179,9 +179,14 @@ class Daemon:
         """One pass of the loop; True when `until_idle` finds nothing left to do."""
         now = self.clock()
         wants = self.link.take_wake() if self.link is not None else None
-        if (wants is not None and wants.sync) or now - self._last_sync >= self.config.sync_interval_s:
+        idle = not self.engine.has_work
+        # An idle daemon looks at the table only when it changed (a cheap check on SQLite): its
+        # heartbeat's own write makes it look once a beat at least.
+        fresh = not idle or self.store.may_have_changed()
+        due = now - self._last_sync >= self.config.sync_interval_s
+        if (wants is not None and wants.sync) or (due and fresh):
             self.sync()
-        elif (wants is not None and wants.claim) or not self.engine.has_work:
+        elif (wants is not None and wants.claim) or (idle and fresh):
             # New work announced, or nothing to do: look for work only (weights and cancels wait for
             # the interval's sync; an idle daemon holds nothing to cancel).
             self.claim()

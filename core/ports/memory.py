@@ -222,6 +222,9 @@ class MemoryQueueStore:
     def tenant_weights(self) -> dict[str, float]:
         return dict(self.weights)
 
+    def may_have_changed(self) -> bool:
+        return True
+
     def has_queued(self, running_too: bool = False) -> bool:
         states = {RequestState.QUEUED} | ({RequestState.RUNNING} if running_too else set())
         return any(r.state in states for r in self._requests.values())

@@ -116,6 +116,11 @@ class QueueStore(Protocol):
         """Every tenant's weight, as last set."""
         ...
 
+    def may_have_changed(self) -> bool:
+        """False only when the table certainly did not change since the last call (a cheap check an
+        idle daemon makes before it looks for work); True when it cannot tell."""
+        ...
+
     def has_queued(self, running_too: bool = False) -> bool:
         """Whether any request waits to be claimed (with `running_too`: or is held by a daemon)."""
         ...

@@ -318,6 +318,5 @@ def test_arbitrary_objects_are_accepted_or_rejected_cleanly(obj):
         parsed = parse_job_file(data, "f")
     except JobFileError as error:
         assert error.line in (1, None)
-    else:
-        (spec,) = parsed.requests
-        assert spec.params.max_tokens >= 1
+    else:  # one request a line, or several: a completions prompt may be a list of prompts
+        assert parsed.requests and all(spec.params.max_tokens >= 1 for spec in parsed.requests)
