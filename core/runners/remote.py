@@ -361,16 +361,14 @@ class RemoteRunner(Runner):
         if self.gather_s:
             # The rest of the engine iteration's tokens arrive meanwhile: read them a slice at a time
             # (a poll woken by each stream in turn would cost a system call per token) until every
-            # producing request has news, a slice brings nothing (the iteration's burst is over) or
-            # `gather_s` has passed.
+            # producing request has news or `gather_s` has passed (a slice that brings nothing does
+            # not end it: an engine's sender may pause within one iteration's burst).
             deadline = time.perf_counter() + self.gather_s
             requests = self._requests
             while (left := deadline - time.perf_counter()) > 0 and not all(
                     self._has_news(requests[rid]) for rid in producing):
                 time.sleep(min(self.gather_slice_s, left))
-                if not (news := streams.poll(0.0)):
-                    break
-                self._take(news, producing)
+                self._take(streams.poll(0.0), producing)
 
     def _take(self, news: list[Stream], producing: set[RequestId]) -> bool:
         """Apply the streams' news; whether a producing request has some."""
