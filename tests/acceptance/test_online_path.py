@@ -144,7 +144,7 @@ def each_until(readers: list[Reader], stop) -> None:
 
 
 def test_a_killed_daemon_keeps_the_streams_alive_and_a_new_one_resumes_them_without_repeats(server):
-    start(server)
+    start(server, "--no-daemon-s", "30")  # ample time for the successor to start on a loaded machine
     with streams(server, "kept") as readers:
         each_until(readers, lambda r: len(r.content) > 40)
         server.procs[0].send_signal(signal.SIGKILL)
