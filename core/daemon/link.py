@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import select
 import selectors
 import socket
 import threading
@@ -66,7 +67,6 @@ class LinkServer:
         self._lock = threading.Lock()
         self._watchers: dict[int, _Conn] = {}
         self._conns: dict[socket.socket, _Conn] = {}
-        self._woken = threading.Event()
         self._wants = Wants()
         # Readable while a wake-up waits: a daemon blocked on its engine's streams polls it too.
         self._wake_r, self._wake_w = socket.socketpair()
@@ -90,15 +90,14 @@ class LinkServer:
 
     def wait(self, timeout: float) -> None:
         """Sleep up to `timeout`, less if a server asks for a sync or a claim."""
-        self._woken.wait(timeout)
+        select.select([self._wake_r], [], [], timeout)
 
     def take_wake(self) -> Wants:
         """What servers asked for since the last call."""
-        if not self._woken.is_set():
-            return Wants()
         with self._lock:
             wants, self._wants = self._wants, Wants()
-            self._woken.clear()
+            if not wants:
+                return wants
             with contextlib.suppress(BlockingIOError):
                 while self._wake_r.recv(4096):
                     pass
@@ -193,14 +192,14 @@ class LinkServer:
                     conn.jobs.discard(job)
                     if self._watchers.get(job) is conn:
                         del self._watchers[job]
+                if op not in ("wake", "claim", "watch"):
+                    continue
+                first = not self._wants  # one byte a wake-up: the descriptor is readable until taken
                 if op == "wake":
                     self._wants.sync = True
-                elif op in ("claim", "watch"):
-                    self._wants.claim = True
                 else:
-                    continue
-                if not self._woken.is_set():
-                    self._woken.set()
+                    self._wants.claim = True
+                if first:
                     with contextlib.suppress(BlockingIOError):
                         self._wake_w.send(b"x")
 
