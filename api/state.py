@@ -21,6 +21,7 @@ from fsched.core.ports.files import FileStore
 from fsched.core.ports.keys import KeyStore
 from fsched.core.ports.records import DaemonSummary, JobSubmission, SubmittedJob
 from fsched.core.ports.serving import ServingStore
+from fsched.core.ports.table import Table
 
 if TYPE_CHECKING:
     from fsched.api.history import History
@@ -36,12 +37,17 @@ LIMITS_TTL_S = 1.0
 
 @dataclass(slots=True)
 class Backend:
-    """The stores a server uses, all over one database (built by `fsched serve`)."""
+    """The stores a server uses, all over one database (built by `fsched serve`, or by a test)."""
 
     jobs: CatalogStore  # submit, list jobs and daemons, results, cancel, tenants
     keys: KeyStore  # API keys and stored limits
     files: FileStore  # Batch API files and batches
     serving: ServingStore  # online requests' progress, metric totals
+
+    @classmethod
+    def of(cls, table: Table) -> Backend:
+        """The stores of one job table: SQL (storage/stores.py) or in memory (core/ports/memory)."""
+        return cls(jobs=table.catalog, keys=table.keys, files=table.files, serving=table.serving)
 
 
 T = TypeVar("T")

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from fsched.core.jobs.access import Actor
     from fsched.core.jobs.limits import InputLimits
     from fsched.core.ports.catalog import CatalogStore
-    from fsched.storage.stores import JobTable
+    from fsched.core.ports.table import Table
 
 DbOption = Annotated[
     str | None,
@@ -61,8 +61,9 @@ def handle_errors(command: Callable) -> Callable:
     return wrapper
 
 
-def open_table(db: str | None) -> JobTable:
-    """The job table named by --db (or the default), its stores made as a command uses them."""
+def open_table(db: str | None) -> Table:
+    """The job table named by --db (or the default), its stores made as a command uses them (`memory:NAME`:
+    this process's in-memory table, what tests run the commands over)."""
     from fsched.storage.stores import open_table as open_job_table
 
     return open_job_table(db)
@@ -86,7 +87,7 @@ def allow(refusal: str | None) -> None:
         raise UserError(refusal)
 
 
-def open_table_as_admin(db: str | None, doing: str) -> JobTable:
+def open_table_as_admin(db: str | None, doing: str) -> Table:
     """The job table, for a command only an fsched admin may run (`doing` names it in the refusal)."""
     from fsched.core.jobs.access import may_administer
 
@@ -100,7 +101,7 @@ def open_catalog_as_admin(db: str | None, doing: str) -> CatalogStore:
     return open_table_as_admin(db, doing).catalog
 
 
-def open_table_to_serve(db: str | None, doing: str) -> JobTable:
+def open_table_to_serve(db: str | None, doing: str) -> Table:
     """The job table, for a process that reads every tenant's work (`fsched daemon`, `fsched serve`).
 
     On a shared SQLite file that is an admin's job. On PostgreSQL, holding
@@ -114,7 +115,7 @@ def open_table_to_serve(db: str | None, doing: str) -> JobTable:
     return table
 
 
-def limits_in_force(table: JobTable) -> InputLimits:
+def limits_in_force(table: Table) -> InputLimits:
     """The limits a submitting command applies: the stored ones, lowered by this command's environment."""
     import os
 

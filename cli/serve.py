@@ -17,8 +17,7 @@ def build_backend(db: str | None):
     """The stores a server needs, all over one database connection pool."""
     from fsched.api.state import Backend
 
-    table = open_table_to_serve(db, "serving the HTTP API (fsched serve)")
-    return Backend(jobs=table.catalog, keys=table.keys, files=table.files, serving=table.serving)
+    return Backend.of(open_table_to_serve(db, "serving the HTTP API (fsched serve)"))
 
 
 NoDaemonOption = Annotated[float, typer.Option(

@@ -7,13 +7,11 @@ time, each piece is a row, and reading the content back goes a row at a time.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from sqlalchemy import Connection, select
 
+from fsched.core.ports.files import PIECE_BYTES as CHUNK_BYTES
 from fsched.storage.models import FileChunk
 
-CHUNK_BYTES = 1024 * 1024
 file_chunks = FileChunk.__table__
 
 
@@ -24,17 +22,6 @@ def insert_chunks(conn: Connection, file_id: str, data: memoryview, created_at: 
     if rows:
         conn.execute(file_chunks.insert(), rows)
     return len(rows)
-
-
-def pieces(reader, size: int = CHUNK_BYTES) -> Iterator[bytes]:
-    """A binary file's (or bytes') content in pieces of `size` bytes."""
-    if isinstance(reader, bytes | bytearray | memoryview):
-        view = memoryview(reader)
-        for at in range(0, len(view), size):
-            yield bytes(view[at:at + size])
-        return
-    while piece := reader.read(size):
-        yield piece
 
 
 def chunk_at(conn: Connection, file_id: str, seq: int) -> bytes | None:

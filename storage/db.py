@@ -29,6 +29,7 @@ DEFAULT_BUSY_TIMEOUT_MS = 30_000
 # client's locks are gone before its leases expire.
 PG_IDLE_IN_TRANSACTION_MS = 2_000
 WAL_KEPT_BYTES = 64 * 1024 * 1024
+MEMORY_SCHEME = "memory:"
 
 
 def default_database_path() -> Path:
@@ -37,10 +38,11 @@ def default_database_path() -> Path:
 
 
 def resolve_database_url(explicit: str | None = None) -> str:
-    """`--db` wins, then FSCHED_DB, then the per-user SQLite file."""
+    """`--db` wins, then FSCHED_DB, then the per-user SQLite file; a `memory:` URL stays as it is (an
+    in-memory table of this process: storage/stores.py)."""
     url = explicit or os.environ.get("FSCHED_DB")
     if url:
-        if "://" not in url:  # a bare path is taken as an SQLite file
+        if "://" not in url and not url.startswith(MEMORY_SCHEME):  # a bare path is taken as an SQLite file
             url = f"sqlite:///{Path(url).expanduser().absolute()}"
         return url
     return f"sqlite:///{default_database_path()}"

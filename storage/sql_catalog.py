@@ -15,6 +15,7 @@ from fsched.core.jobs.jobstate import JobSummary
 from fsched.core.jobs.limits import DEFAULT_MAX_QUEUED_PER_TENANT
 from fsched.core.jobs.results import RequestResult
 from fsched.core.jobs.tenants import validate_tenant_name, validate_weight
+from fsched.core.ports.lines import finished_lines
 from fsched.core.ports.records import (
     CancelOutcome,
     DaemonStats,
@@ -199,13 +200,7 @@ class SqlCatalogStore(SqlStoreBase):
         """Finished lines' requests in input order: the lines all of whose choices are done, or with
         `errors` the lines that ended otherwise (a failed choice fails its line)."""
         self._check_job(job_id)
-        line: list[RequestResult] = []
-        for result in self._finished_rows(job_id, errors):
-            if result.choice == 0 and line:
-                yield from _if_line_is(line, errors)
-                line = []
-            line.append(result)
-        yield from _if_line_is(line, errors)
+        yield from finished_lines(self._finished_rows(job_id, errors), errors)
 
     def _finished_rows(self, job_id: int, errors: bool) -> Iterator[RequestResult]:
         """Rows in the state asked for, and every finished row of a line of several choices."""
@@ -335,14 +330,3 @@ class SqlCatalogStore(SqlStoreBase):
                 )
             conn.execute(tenants.delete().where(tenants.c.name == name))
 
-
-def _if_line_is(line: list[RequestResult], errors: bool) -> list[RequestResult]:
-    """A line's rows when the line ended as asked: every choice there and done (or, with `errors`,
-    every choice ended and one did not finish done)."""
-    if not line:
-        return []
-    answer = line[0].answer
-    if len(line) != answer.n * answer.prompts:
-        return []  # a choice has not ended yet
-    done = all(r.state is RequestState.DONE for r in line)
-    return line if done != errors else []

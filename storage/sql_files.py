@@ -13,9 +13,10 @@ from typing import BinaryIO
 from sqlalchemy import and_, delete, func, or_, select, update
 
 from fsched.core.jobs.batches import OUTPUT_PURPOSE, BatchRecord, StoredFile, new_file_id
+from fsched.core.ports.files import pieces
 from fsched.core.ports.records import FileQuotaExceeded
 from fsched.core.types import JobState
-from fsched.storage.chunks import chunk_at, file_chunks, pieces
+from fsched.storage.chunks import chunk_at, file_chunks
 from fsched.storage.db import Database
 from fsched.storage.models import BatchRow, FileRow, Job
 from fsched.storage.schema import ensure_schema

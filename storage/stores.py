@@ -4,6 +4,10 @@ The callers (cli/, api/) see the protocols of core/ports only, never a SQL
 class or the database underneath: this is the one place that makes the
 stores, all over one connection pool. Each store is made on first use, so a
 command opens (and checks the schema for) only the sides it uses.
+
+A `memory:NAME` URL opens the in-memory table (core/ports/memory) this
+process keeps under that name: tests run the commands over it in process,
+each command finding the rows the one before left.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from functools import cached_property
 from fsched.core.ports.catalog import CatalogStore
 from fsched.core.ports.files import FileStore
 from fsched.core.ports.keys import KeyStore
+from fsched.core.ports.memory import MemoryTable
 from fsched.core.ports.queue import QueueStore
 from fsched.core.ports.serving import ServingStore
-from fsched.storage.db import DaemonLock, Database
+from fsched.core.ports.table import Table
+from fsched.storage.db import MEMORY_SCHEME, DaemonLock, Database, resolve_database_url
 from fsched.storage.sql_catalog import SqlCatalogStore
 from fsched.storage.sql_files import SqlFileStore
 from fsched.storage.sql_keys import SqlKeyStore
@@ -68,6 +74,18 @@ class JobTable:
         self._db.dispose()
 
 
-def open_table(url: str | None = None) -> JobTable:
-    """The job table at `url`, its stores made as they are used."""
+_memory_tables: dict[str, MemoryTable] = {}
+
+
+def open_table(url: str | None = None) -> Table:
+    """The job table at `url` (None: FSCHED_DB, else the default), its stores made as they are used; a
+    `memory:NAME` URL: this process's in-memory table of that name, made on first use."""
+    url = resolve_database_url(url)
+    if url.startswith(MEMORY_SCHEME):
+        return _memory_tables.setdefault(url, MemoryTable())
     return JobTable(url)
+
+
+def forget_memory_table(url: str) -> None:
+    """Drop this process's in-memory table of that URL (the next open makes a new one)."""
+    _memory_tables.pop(url, None)

@@ -159,21 +159,32 @@ class Daemon:
 
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> None:
+        self.start()
+        try:
+            while not self.stopping and not self.step():
+                pass
+        finally:
+            self.shutdown()
+
+    def start(self) -> None:
+        """Before the first pass: take back what a previous daemon left running (alone on the table),
+        and say hello."""
         if self.config.exclusive:
             reclaimed = self.store.release()
             if reclaimed:
                 log.info("resuming %d request(s) left running by a previous daemon", reclaimed)
         self._beat(force=True)
+
+    def step(self) -> bool:
+        """One pass of the loop (what `run` repeats); True when `until_idle` finds nothing left to do.
+        A table that fails is tried again at the next pass, within `storage_patience_s`."""
         try:
-            while not self.stopping:
-                try:
-                    if self._one_pass():
-                        break
-                    self._storage_down_since = None
-                except StorageError as exc:
-                    self._storage_trouble(exc)
-        finally:
-            self.shutdown()
+            done = self._one_pass()
+        except StorageError as exc:
+            self._storage_trouble(exc)
+            return False
+        self._storage_down_since = None
+        return done
 
     def _one_pass(self) -> bool:
         """One pass of the loop; True when `until_idle` finds nothing left to do."""

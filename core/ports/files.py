@@ -26,6 +26,21 @@ from typing import BinaryIO, Protocol, runtime_checkable
 
 from fsched.core.jobs.batches import BatchRecord, StoredFile
 
+# An upload is stored and read back in pieces of this size: neither the server nor the table then
+# holds a whole file in one value.
+PIECE_BYTES = 1024 * 1024
+
+
+def pieces(content: bytes | bytearray | memoryview | BinaryIO, size: int = PIECE_BYTES) -> Iterator[bytes]:
+    """Bytes', or a binary file's, content in pieces of `size` bytes (the last one shorter)."""
+    if isinstance(content, bytes | bytearray | memoryview):
+        view = memoryview(content)
+        for at in range(0, len(view), size):
+            yield bytes(view[at:at + size])
+        return
+    while piece := content.read(size):
+        yield piece
+
 
 @runtime_checkable
 class FileStore(Protocol):

@@ -1,5 +1,5 @@
-"""Several choices a line in the job table: one row a choice under the line's custom_id, read back
-line by line (a failed choice fails its line); a schema-4 table gains the columns with its rows."""
+"""A schema-4 table gains the columns of several choices a line, with its rows (how lines of several
+choices are stored and read back is in the catalog contract, test_catalog_contract.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ import pytest
 from sqlalchemy import inspect, text
 
 from fsched.core.jobs.jobfile import parse_job_file
-from fsched.core.jobs.results import lines_of, output_line
 from fsched.core.ports.records import Completion, JobSubmission
 from fsched.core.types import RequestClass, RequestState
 from fsched.storage import schema
 from fsched.storage.jobstore import SqlJobStore
-from fsched.storage.sql_serving import SqlServingStore
 
 
 @pytest.fixture
@@ -36,41 +34,6 @@ def finish(store, claimed, state=RequestState.DONE, text_of=lambda c: f"t{c.id}"
                        error=None if state is RequestState.DONE else "broke")
             for c in claimed]
     assert all(store.finish_requests(done, "d"))
-
-
-def test_a_line_of_n_choices_is_n_rows_and_one_output_line(store):
-    (job,) = store.submit([batch({"prompt": "p", "n": 3, "seed": 5}, {"prompt": "q"})])
-    assert job.num_requests == 4
-    claimed = store.claim("d", per_group=10)
-    seeds = sorted(c.params["seed"] for c in claimed if c.custom_id == "l0")
-    assert seeds == [5, 6, 7]  # choice i draws with seed + i
-    finish(store, claimed)
-    lines = list(lines_of(store.iter_results(job.job_id)))
-    assert [[r.choice for r in line] for line in lines] == [[0, 1, 2], [0]]
-    first = output_line(lines[0])
-    body = first["response"]["body"]
-    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
-    assert list(store.iter_results(job.job_id, errors=True)) == []
-    progress = SqlServingStore(store.db).progress([job.job_id])[job.job_id]
-    assert [p.choice for p in progress] == [0, 0, 1, 2] and progress[1].tokens == (7, 8)
-
-
-def test_a_failed_choice_fails_its_line_and_an_unfinished_one_holds_it_back(store):
-    (job,) = store.submit([batch({"prompt": "p", "n": 2}, {"prompt": ["a", "b"]}, {"prompt": "r"})])
-    rows = {(c.custom_id, i): c for i, c in enumerate(store.claim("d", per_group=10))}
-    by_line = {}
-    for (custom_id, _), c in rows.items():
-        by_line.setdefault(custom_id, []).append(c)
-    finish(store, [by_line["l0"][0], by_line["l2"][0]])
-    finish(store, [by_line["l0"][1]], RequestState.FAILED)
-    finish(store, [by_line["l1"][0]])  # its second prompt's choice still runs
-    assert [r.custom_id for r in store.iter_results(job.job_id)] == ["l2"]
-    errors = list(lines_of(store.iter_results(job.job_id, errors=True)))
-    assert [[r.choice for r in line] for line in errors] == [[0, 1]]
-    assert output_line(errors[0])["error"] == {"code": "request_failed", "message": "broke"}
-    finish(store, [by_line["l1"][1]])
-    assert [r.custom_id for r in store.iter_results(job.job_id)] == ["l1", "l1", "l2"]
 
 
 def test_a_schema_4_table_gains_the_columns_and_keeps_its_rows(store):

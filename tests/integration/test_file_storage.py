@@ -11,7 +11,6 @@ import pytest
 from sqlalchemy import func, inspect, select, text
 from sqlalchemy.engine import make_url
 
-from fsched.core.ports.records import FileQuotaExceeded
 from fsched.storage import schema
 from fsched.storage.chunks import CHUNK_BYTES, file_chunks
 from fsched.storage.models import FileRow
@@ -38,45 +37,6 @@ def blob(n: int, seed: int = 0) -> bytes:
 def chunk_rows(files: SqlFileStore) -> int:
     with files.db.read() as conn:
         return conn.execute(select(func.count()).select_from(file_chunks)).scalar_one()
-
-
-def test_an_upload_is_stored_and_read_back_in_pieces(files):
-    data = blob(2 * CHUNK_BYTES + 12345)
-    f = files.add_file("alice", "batch", "in.jsonl", io.BytesIO(data))
-    assert f.bytes == len(data) and chunk_rows(files) == 3
-    assert files.file_content("alice", f.id) == data
-    parts = list(files.iter_content("alice", f.id))
-    assert [len(p) for p in parts] == [CHUNK_BYTES, CHUNK_BYTES, 12345] and b"".join(parts) == data
-    assert files.iter_content("bob", f.id) is None and files.file_content("bob", f.id) is None
-    assert files.add_file("alice", "batch", "empty.jsonl", b"").bytes == 0
-    assert files.stored_bytes("alice") == len(data) and files.stored_bytes("bob") == 0
-
-
-class Unreadable(io.RawIOBase):
-    def read(self, size=-1):
-        raise AssertionError("the quota should have refused this upload before reading it")
-
-
-def test_the_quota_takes_an_upload_at_it_and_refuses_one_byte_past(files):
-    first = files.add_file("alice", "batch", "a.jsonl", blob(1000), quota=3000)
-    at_quota = files.add_file("alice", "batch", "b.jsonl", io.BytesIO(blob(2000)), quota=3000)
-    assert files.stored_bytes("alice") == 3000
-    rows_before = chunk_rows(files)
-    with pytest.raises(FileQuotaExceeded, match="quota of 3,000 bytes"):
-        files.add_file("alice", "batch", "c.jsonl", io.BytesIO(b"x"), quota=3000)
-    with pytest.raises(FileQuotaExceeded):  # the declared size refuses before a byte is read
-        files.add_file("alice", "batch", "d.jsonl", Unreadable(), quota=3000, size_hint=1)
-    assert chunk_rows(files) == rows_before and len(files.list_files("alice")) == 2  # nothing stored
-    assert files.add_file("bob", "batch", "b", blob(3000), quota=3000).bytes == 3000  # others: their own
-    assert files.delete_file("alice", first.id)  # room again
-    assert files.add_file("alice", "batch", "c.jsonl", blob(1000), quota=3000).bytes == 1000
-    assert files.file_content("alice", at_quota.id) == blob(2000)
-
-
-def test_a_refused_upload_larger_than_a_piece_leaves_no_pieces(files):
-    with pytest.raises(FileQuotaExceeded):
-        files.add_file("alice", "batch", "big", io.BytesIO(blob(3 * CHUNK_BYTES)), quota=CHUNK_BYTES + 1)
-    assert chunk_rows(files) == 0 and files.list_files("alice") == []
 
 
 def test_deleting_a_file_gives_its_space_back(files):

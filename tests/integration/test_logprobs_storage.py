@@ -1,5 +1,6 @@
-"""Logprobs in the job table: written with the tokens, kept by a resume, read back by results and
-the HTTP server; a database from before the column gains it with its rows intact."""
+"""Logprobs in the SQL job table: the column's form, NULL for a request that asked for none, and a
+database from before the column gaining it with its rows intact (that they are written with the tokens,
+kept by a resume and read back by every read is in the serving contract, test_serving_contract.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 from sqlalchemy import inspect, text
 
 from fsched.core.jobs.jobfile import ParsedJobFile
-from fsched.core.ports.memory import MemoryQueueStore
 from fsched.core.ports.records import Completion, JobSubmission, TokenUpdate
 from fsched.core.types import (
     Endpoint,
@@ -22,7 +22,6 @@ from fsched.core.types import (
 )
 from fsched.storage import schema
 from fsched.storage.jobstore import SqlJobStore
-from fsched.storage.sql_serving import SqlServingStore
 
 
 def records(tokens: list[int]) -> tuple[TokenLogprobs, ...]:
@@ -57,18 +56,13 @@ def flush_then_resume(store, logprobs_of_update):
     return job, a, b, again
 
 
-def test_flushed_logprobs_come_back_with_the_tokens_on_a_resume(store):
-    job, a, b, again = flush_then_resume(store, records)
-    assert again[a.id].output_tokens == [4, 5] and again[a.id].output_logprobs == records([4, 5])
-    assert again[b.id].output_logprobs == ()
+def test_logprobs_are_stored_as_plain_json(store):
+    """Written with the tokens and read back by every read (the serving contract); in the column as plain
+    JSON, with no infinity, which neither JSON nor PostgreSQL takes."""
+    _, a, _, again = flush_then_resume(store, records)
     final = Completion(a.id, RequestState.DONE, (4, 5, 6), "w4 w5 w6", "stop", 1, "m",
                        lease_epoch=again[a.id].lease_epoch, logprobs=records([4, 5, 6]))
     assert store.finish_requests([final], "d2") == [True]
-    results = {r.custom_id: r for r in store.iter_results(job.job_id)}
-    assert results["c0"].logprobs == records([4, 5, 6])
-    progress = SqlServingStore(store.db).progress([job.job_id])[job.job_id][0]  # the first row
-    assert progress.logprobs == records([4, 5, 6])
-    # Stored as plain JSON (no infinity, which neither JSON nor PostgreSQL takes).
     with store.db.read() as conn:
         raw = conn.execute(text("SELECT output_logprobs FROM requests WHERE id = :id"),
                            {"id": int(a.id)}).scalar()
@@ -101,13 +95,3 @@ def test_a_schema_3_table_gains_the_column_and_keeps_its_rows(store):
     store.release("d3")
     assert {c.id: c for c in store.claim("d4", per_group=5)}[a.id].output_logprobs == records([4, 5, 7])
     assert schema.ensure_schema(store.db) == schema.SCHEMA_VERSION
-
-
-def test_the_memory_queue_keeps_logprobs_as_the_table_does():
-    store = MemoryQueueStore()
-    store.submit([submission(1)])
-    a, _ = store.claim("d", per_group=5)
-    store.flush_tokens("d", [TokenUpdate(a.id, (3,), "w3", 1.0, a.lease_epoch, records([3]))])
-    store.release("d")
-    again = {c.id: c for c in store.claim("d", per_group=5)}
-    assert again[a.id].output_logprobs == records([3])

@@ -7,89 +7,18 @@ the SQL one the daemons use.
 
 from __future__ import annotations
 
-import json
-import time
-
 import pytest
 
-from fsched.core.jobs.jobfile import parse_job_file
-from fsched.core.ports.memory import MemoryQueueStore
 from fsched.core.ports.queue import QueueStore
-from fsched.core.ports.records import Completion, JobSubmission, StoreError, TokenUpdate
+from fsched.core.ports.records import Completion, StoreError, TokenUpdate
 from fsched.core.types import RequestClass, RequestState
 from tests.support.store import finish
-
-from ..fakes import FakeClock
-
-SHORT_LEASE_S = 0.3
+from tests.support.tables import KINDS, SHORT_LEASE_S, open_table
 
 
-def submission(n: int, tenant: str, request_class: RequestClass) -> JobSubmission:
-    data = "".join(json.dumps({"prompt": f"p{i}", "custom_id": f"c{i}", "max_tokens": 4}) + "\n"
-                   for i in range(n))
-    return JobSubmission(parse_job_file(data.encode(), "f.jsonl"), tenant, request_class, 5, "job")
-
-
-class InMemory:
-    def __init__(self):
-        self.clock = FakeClock()
-        self.queue = MemoryQueueStore(self.clock)
-
-    def submit(self, n: int, tenant: str = "alice", request_class: RequestClass = RequestClass.BATCH) -> int:
-        return self.queue.submit([submission(n, tenant, request_class)])[0].job_id
-
-    def cancel(self, job_id: int) -> None:
-        self.queue.cancel_job(job_id)
-
-    def set_weight(self, tenant: str, weight: float) -> None:
-        self.queue.set_weight(tenant, weight)
-
-    def expire(self) -> None:
-        self.clock.advance(SHORT_LEASE_S + 1)
-
-    def view(self, job_id: int) -> dict[str, tuple[RequestState, str, int]]:
-        """Request id -> (state, text, tokens), as a reader of the job sees it."""
-        return {r.id: (r.state, r.output_text, len(r.output_tokens))
-                for r in self.queue.requests() if r.job_id == job_id}
-
-    def close(self) -> None:
-        pass
-
-
-class InSql:
-    def __init__(self, url: str):
-        from fsched.storage.sql_catalog import SqlCatalogStore
-        from fsched.storage.sql_queue import SqlQueueStore
-
-        self.queue = SqlQueueStore(url)
-        self.catalog = SqlCatalogStore(self.queue.db)  # both sides over one Database
-
-    def submit(self, n: int, tenant: str = "alice", request_class: RequestClass = RequestClass.BATCH) -> int:
-        return self.catalog.submit([submission(n, tenant, request_class)])[0].job_id
-
-    def cancel(self, job_id: int) -> None:
-        self.catalog.cancel_job(job_id)
-
-    def set_weight(self, tenant: str, weight: float) -> None:
-        self.catalog.set_weight(tenant, weight)
-
-    def expire(self) -> None:
-        time.sleep(SHORT_LEASE_S + 0.3)  # leases run on the database's clock
-
-    def view(self, job_id: int) -> dict[str, tuple[RequestState, str, int]]:
-        return {str(p.id): (p.state, p.output_text, p.num_output_tokens)
-                for p in self.catalog.request_progress(job_id)}
-
-    def close(self) -> None:
-        self.queue.db.dispose()
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+@pytest.fixture(params=KINDS)
 def table(request):
-    if request.param == "memory":
-        made = InMemory()
-    else:
-        made = InSql(request.getfixturevalue(f"{'pg' if request.param == 'postgresql' else 'sqlite'}_url"))
+    made = open_table(request, request.param)
     yield made
     made.close()
 
@@ -228,3 +157,12 @@ def test_weights_and_has_queued(table):
     assert q.has_queued()
     q.claim("d", per_group=1)
     assert not q.has_queued() and q.has_queued(running_too=True)
+
+
+def test_a_finish_names_a_final_state_and_a_known_request(table):
+    job = table.submit(1)
+    (request_id,) = table.view(job)
+    with pytest.raises(ValueError):
+        finish(table.queue, request_id, RequestState.RUNNING)
+    with pytest.raises(StoreError, match="no request"):
+        finish(table.queue, "999", RequestState.DONE)

@@ -1,0 +1,111 @@
+"""The KeyStore contract, one set of tests run on every implementation: in memory, SQLite, PostgreSQL.
+
+API keys (made once, stored as a hash, revoked at once), the limits an
+admin stores, and per-key rate limits counted for every server process.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from fsched.core.jobs.apikeys import secret_matches, split_key
+from fsched.core.ports.keys import KeyStore
+from fsched.core.ports.records import UnknownKey
+from fsched.core.types import RequestClass
+from tests.support.tables import KINDS, open_table
+
+
+@pytest.fixture(params=KINDS)
+def table(request):
+    made = open_table(request, request.param)
+    yield made
+    made.close()
+
+
+def test_it_is_a_key_store(table):
+    assert isinstance(table.keys, KeyStore)
+
+
+def test_keys_are_created_found_listed_and_revoked(table):
+    keys = table.keys
+    key, secret = keys.create_key("alice", RequestClass.REALTIME, "laptop")
+    key_id, raw = split_key(secret)
+    assert key_id == key.id
+    found = keys.get_key(key_id)
+    assert found == key and secret_matches(raw, found)
+    assert secret not in table.stored_text() and raw not in table.stored_text()  # the key is nowhere
+    keys.create_key("bob", RequestClass.BATCH)
+    assert [k.tenant for k in keys.list_keys()] == ["alice", "bob"]
+    revoked = keys.revoke_key(key.id)
+    assert revoked.revoked and not secret_matches(raw, keys.get_key(key_id))
+    assert keys.revoke_key(key.id).revoked_at == revoked.revoked_at  # twice: no error, no change
+    with pytest.raises(UnknownKey):
+        keys.revoke_key("nope")
+    with pytest.raises(ValueError, match="tenant name"):
+        keys.create_key("no spaces please", RequestClass.BATCH)
+    admin, _ = keys.create_key("root", RequestClass.BATCH, admin=True)
+    assert keys.get_key(admin.id).admin and not keys.get_key(key.id).admin
+
+
+def test_limits_are_stored_and_unset(table):
+    keys = table.keys
+    assert keys.stored_limits() == {}
+    keys.set_limit("max_queued_per_tenant", 10)
+    keys.set_limit("max_queued_per_tenant", 12)
+    assert keys.stored_limits() == {"max_queued_per_tenant": 12}
+    keys.set_limit("max_queued_per_tenant", None)
+    assert keys.stored_limits() == {}
+
+
+def test_the_store_counts_for_every_replica_at_the_limit_and_one_past(table):
+    kid, _ = table.keys.create_key("alice", RequestClass.STREAMING)
+    other, _ = table.keys.create_key("bob", RequestClass.STREAMING)
+    kid, other = kid.id, other.id
+    replica = table.another()  # a second server process's stores over the same table
+    limits = {"requests_per_minute": 4}
+    try:
+        answers = [t.keys.take_rate(kid, limits, {"requests": 1}) for t in (table, replica) * 2]
+        assert all(d.allowed for d in answers)
+        fifth = replica.keys.take_rate(kid, limits, {"requests": 1})
+        assert not fifth.allowed and fifth.refused_by == "requests_per_minute"
+        assert 10 < fifth.retry_after_s <= 15
+        assert table.keys.take_rate(other, limits, {"requests": 1}).allowed  # another key: its own count
+    finally:
+        replica.close()
+    table.keys.set_limit("tokens_per_minute", 100)
+    table.keys.set_key_limit(kid, "requests_per_minute", 9)
+    assert table.keys.rate_limits(kid) == {"requests_per_minute": 9, "tokens_per_minute": 100}
+    assert table.keys.rate_limits(other) == {"tokens_per_minute": 100}
+    table.keys.set_key_limit(kid, "requests_per_minute", None)
+    assert table.keys.key_limits(kid) == {}
+    with pytest.raises(UnknownKey):
+        table.keys.set_key_limit("nokey", "requests_per_minute", 1)
+
+
+def test_replicas_racing_on_a_new_key_let_exactly_the_limit_through(table):
+    record, _ = table.keys.create_key("alice", RequestClass.STREAMING)
+    replicas = [table.another() for _ in range(4)]
+    try:
+        def attempt(i: int) -> bool:
+            return replicas[i % 4].keys.take_rate(record.id, {"requests_per_minute": 20},
+                                                  {"requests": 1}).allowed
+
+        with ThreadPoolExecutor(8) as pool:
+            outcomes = list(pool.map(attempt, range(40)))
+    finally:
+        for replica in replicas:
+            replica.close()
+    assert outcomes.count(True) == 20
+
+
+def test_a_request_past_a_limit_is_refused_and_changes_nothing(table):
+    record, _ = table.keys.create_key("alice", RequestClass.STREAMING)
+    limits = {"requests_per_minute": 60, "tokens_per_minute": 10}
+    assert table.keys.take_rate(record.id, limits, {"requests": 1, "tokens": 8}).allowed
+    refused = table.keys.take_rate(record.id, limits, {"requests": 1, "tokens": 8})
+    assert not refused.allowed and refused.refused_by == "tokens_per_minute" and refused.tats == {}
+    # The refusal spent nothing: a request within what is left still passes.
+    assert table.keys.take_rate(record.id, limits, {"requests": 1, "tokens": 2}).allowed
+    assert table.keys.take_rate(record.id, {}, {"requests": 1}).allowed  # no limit: no count
