@@ -1,7 +1,11 @@
-"""`fsched serve` as clients see it: the real `openai` SDK against a server and a daemon in subprocesses.
+"""`fsched serve` end to end: the real `openai` SDK over real sockets against a server and a daemon in
+subprocesses, on SQLite.
 
 One server and one stand-in daemon (1 ms a step) serve the whole module; each
-test makes its own keys, so its tenants are its own.
+test makes its own keys, so its tenants are its own. What the API answers, case
+by case, is tested in process (tests/unit/test_http_api.py, test_front_door.py):
+here, that the real processes serve it (a completion, a stream, a batch through
+the daemon process, a client's socket closing, a daemon stopping, the tiny model).
 """
 
 from __future__ import annotations
@@ -12,12 +16,12 @@ import time
 import httpx
 import openai
 import pytest
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
 
-from fsched.core.runners.standin import STANDIN_EOS, standin_encode, standin_token
+from tests.support.seeds import long_seed, runs_long
 
 from .http_server import Server, make_server
+
+__all__ = ["CHAT", "CHAT_URL", "long_seed", "runs_long"]  # what test_online_path.py shares
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -39,26 +43,6 @@ def client(server: Server, key: str, **kw) -> openai.OpenAI:
 
 CHAT = [{"role": "user", "content": "hello there"}]
 CHAT_URL = "/v1/chat/completions"
-
-
-def long_seed(n: int, messages=None, prompt=None) -> int:
-    """A seed with which the stand-in generates `n` tokens without drawing its end token
-    (about one draw in 500 is), so a test's request runs as long as it needs."""
-    for seed in range(100_000):
-        if runs_long(n, seed, messages, prompt):
-            return seed
-    raise AssertionError("no such seed")
-
-
-def runs_long(n: int, seed: int | None, messages=None, prompt=None) -> bool:
-    """Whether the stand-in generates `n` tokens with this seed and input without drawing its end token."""
-    context = standin_encode(prompt, messages)
-    for _ in range(n):
-        token = standin_token(seed, context)
-        if token == STANDIN_EOS:
-            return False
-        context.append(token)
-    return True
 
 
 def test_models_and_a_completion(server):
@@ -132,101 +116,6 @@ def test_a_full_batch_cycle(server):
         c.files.retrieve(uploaded.id)
 
 
-def test_a_bad_line_fails_the_batch_and_nothing_runs(server):
-    c = client(server, server.key("careless"))
-    data = batch_file(3).replace(b'"temperature": 0', b'"temperature": 9', 1)
-    uploaded = c.files.create(file=("bad.jsonl", data), purpose="batch")
-    before = server.counts()
-    batch = c.batches.create(input_file_id=uploaded.id, endpoint=CHAT_URL, completion_window="24h")
-    assert batch.status == "failed" and batch.request_counts.total == 0
-    (error,) = batch.errors.data
-    assert error.line == 1 and error.param == "body.temperature"
-    after = server.counts()
-    assert after["jobs"] == before["jobs"] and after["requests"] == before["requests"]
-    wrong_url = c.files.create(file=("u.jsonl", batch_file(2, url="/v1/completions")), purpose="batch")
-    batch = c.batches.create(input_file_id=wrong_url.id, endpoint=CHAT_URL, completion_window="24h")
-    assert batch.status == "failed" and batch.errors.data[0].line == 1
-
-
-def test_cancelling_a_batch(server):
-    c = client(server, server.key("canceller"))
-    uploaded = c.files.create(file=("big.jsonl", batch_file(200, max_tokens=2000)), purpose="batch")
-    batch = c.batches.create(input_file_id=uploaded.id, endpoint=CHAT_URL, completion_window="24h")
-    cancelling = c.batches.cancel(batch.id)
-    assert cancelling.status in ("cancelling", "cancelled")
-    done = wait_batch(c, batch.id, until=("cancelled",), timeout=10)
-    assert done.request_counts.completed < 200
-
-
-def test_each_error_reaches_the_sdk_as_its_exception(server):
-    key = server.key("errant", "streaming")
-    c = client(server, key)
-    with pytest.raises(openai.BadRequestError) as bad:
-        c.chat.completions.create(model="m", messages=CHAT, temperature=7)
-    assert bad.value.body["param"] == "temperature" and bad.value.body["type"] == "invalid_request_error"
-    with pytest.raises(openai.AuthenticationError):
-        client(server, key[:-1] + ("A" if key[-1] != "A" else "B")).models.list()
-    with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(api_key="sk-not-ours", base_url=f"{server.url}/v1", max_retries=0).models.list()
-    with pytest.raises(openai.PermissionDeniedError):
-        c.chat.completions.create(model="m", messages=CHAT, service_tier="priority")
-    with pytest.raises(openai.NotFoundError):
-        c.batches.retrieve("batch_nope")
-    with pytest.raises(openai.APIStatusError) as too_big:
-        c.completions.create(model="m", prompt="x" * (2 << 20), max_tokens=1)
-    assert too_big.value.status_code == 413 and too_big.value.body["type"] == "invalid_request_error"
-
-
-def test_the_queue_limit_answers_429_with_retry_after(server):
-    from fsched.core.jobs.jobfile import parse_job_file
-    from fsched.core.ports.records import JobSubmission
-    from fsched.core.types import RequestClass
-    from fsched.storage.jobstore import SqlJobStore
-
-    c = client(server, server.key("crowd"))
-    jobs = SqlJobStore(server.env["FSCHED_DB"])
-    parsed = parse_job_file(batch_file(200, max_tokens=2000), "long.jsonl")
-    (job,) = jobs.submit([JobSubmission(parsed, "crowd", RequestClass.BATCH, 9, "long")])
-    server.cli("limits", "set", "max_queued_per_tenant", "100")  # 200 queued: over it for seconds
-    try:
-        time.sleep(1.1)  # a server re-reads the stored limits every second
-        with pytest.raises(openai.RateLimitError) as limited:
-            c.completions.create(model="m", prompt="p", max_tokens=1)
-        assert limited.value.response.headers["retry-after"] == "1"
-    finally:
-        server.cli("limits", "unset", "max_queued_per_tenant")
-        jobs.cancel_job(job.job_id)
-        jobs.db.dispose()
-
-
-def test_a_revoked_key_is_refused_at_once(server):
-    created = json.loads(server.cli("keys", "create", "leaver", "--json"))
-    c = client(server, created["key"])
-    assert c.completions.create(model="m", prompt="p", max_tokens=1).choices
-    server.cli("keys", "revoke", created["id"])
-    with pytest.raises(openai.AuthenticationError):
-        c.completions.create(model="m", prompt="p", max_tokens=1)
-    (listed,) = [k for k in json.loads(server.cli("keys", "list", "--json")) if k["id"] == created["id"]]
-    assert listed["tenant"] == "leaver" and listed["revoked_at"] is not None and "key" not in listed
-
-
-def test_one_tenant_cannot_see_anothers_files_batches_or_requests(server):
-    alice, bob = client(server, server.key("alice")), client(server, server.key("bob"))
-    uploaded = alice.files.create(file=("a.jsonl", batch_file(2)), purpose="batch")
-    batch = alice.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                 completion_window="24h")
-    for call in (lambda: bob.files.retrieve(uploaded.id), lambda: bob.files.content(uploaded.id),
-                 lambda: bob.files.delete(uploaded.id), lambda: bob.batches.retrieve(batch.id),
-                 lambda: bob.batches.cancel(batch.id),
-                 lambda: bob.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                            completion_window="24h")):
-        with pytest.raises(openai.NotFoundError) as missing:
-            call()
-        assert "alice" not in str(missing.value.body)
-    assert bob.files.list().data == [] and bob.batches.list().data == []
-    assert alice.batches.retrieve(batch.id).id == batch.id  # still alice's, untouched
-
-
 def test_a_client_that_disconnects_cancels_its_request(server):
     key = server.key("quitter")
     seed = long_seed(2000, messages=CHAT)
@@ -260,72 +149,6 @@ def test_a_client_that_disconnects_cancels_its_request(server):
             break
         time.sleep(0.05)
     assert states == ["cancelled", "cancelled"]
-
-
-def test_metrics_and_health(server):
-    c = client(server, server.key("measured", "realtime"))
-    c.completions.create(model="m", prompt="p", max_tokens=3)
-    text = httpx.get(server.metrics_url).text
-    for name in ("fsched:time_to_first_token_seconds_bucket{class=\"realtime\"",
-                 "fsched:e2e_request_latency_seconds_count{class=\"realtime\"}",
-                 "fsched:generation_tokens_total{class=\"realtime\",tenant=\"measured\"} 3.0",
-                 "fsched:num_requests_waiting", "fsched:tenant_entitled_share{tenant=\"measured\"}",
-                 "fsched:daemons_alive 1.0", "fsched:kv_cache_usage_perc"):
-        assert name in text, name
-    assert httpx.get(f"{server.url}/health").json() == {"status": "ok", "daemons_alive": 1}
-
-
-# -- fuzzed bodies -------------------------------------------------------------------------------
-
-_leaf = (st.none() | st.booleans() | st.integers(-3, 3) | st.integers(10**6, 10**20)
-         | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12))
-_json = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=3)
-                     | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
-_fields = st.sampled_from(["model", "prompt", "messages", "max_tokens", "max_completion_tokens",
-                           "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options", "user",
-                           "priority", "service_tier", "logprobs", "input_file_id", "endpoint",
-                           "completion_window"])
-_values = {
-    "max_tokens": st.integers(-2, 24) | _json,
-    "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "bot"]),
-                                                "content": st.text(max_size=20) | _json}), max_size=2)
-    | _json,
-    "prompt": st.text(max_size=30) | _json,
-    "service_tier": st.sampled_from(["priority", "default", "flex", "auto", "gold"]) | _json,
-}
-_random_body = st.dictionaries(_fields, _json, max_size=6).flatmap(
-    lambda d: st.fixed_dictionaries({k: _values.get(k, st.just(v)) for k, v in d.items()}))
-# Mostly well-formed bodies with one or two fields gone astray, so some are accepted and run.
-_near_valid = st.builds(
-    lambda base, extra: {**base, **extra},
-    st.sampled_from([{"model": "m", "prompt": "a b", "max_tokens": 3},
-                     {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}]),
-    st.just({}) | st.just({"stream": True}) | _random_body.map(lambda d: dict(list(d.items())[:1])),
-)
-_body = _random_body | _near_valid
-_raw = st.one_of(_body.map(lambda b: json.dumps(b).encode()), st.binary(max_size=64),
-                 st.text(max_size=64).map(str.encode))
-
-
-@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
-@given(path=st.sampled_from(["/v1/completions", "/v1/chat/completions", "/v1/batches", "/v1/files"]),
-       raw=_raw)
-def test_fuzzed_bodies_never_500_nor_change_the_table_unless_accepted(server, fuzz_key, path, raw):
-    before = server.counts()
-    response = httpx.post(f"{server.url}{path}", content=raw, timeout=30,
-                          headers={"Authorization": f"Bearer {fuzz_key}", "Content-Type": "application/json"})
-    assert response.status_code < 500, response.text
-    event(f"HTTP {response.status_code}")
-    if response.status_code != 200:
-        error = response.json()["error"]
-        assert set(error) == {"message", "type", "param", "code"}
-        if error["code"] != "request_failed":  # accepted, then refused by the engine (too long)
-            assert server.counts() == before
-
-
-@pytest.fixture(scope="module")
-def fuzz_key(server) -> str:
-    return server.key("fuzzer", "streaming")
 
 
 def test_no_daemon_is_503_at_once(server):

@@ -27,7 +27,8 @@ CORE_LAYERS = {
     "jobs": ("fsched.core.types",),
     # The heartbeat carries the scheduler's explanation of each request (its standing), nothing more;
     # the in-memory serving reads give latency percentiles by the one definition of a percentile.
-    "ports": ("fsched.core.types", "fsched.core.jobs", "fsched.core.sched.explain", "fsched.core.sim.metrics"),
+    "ports": ("fsched.core.types", "fsched.core.jobs", "fsched.core.sched.explain",
+              "fsched.core.sim.metrics"),
     # Structured output: the grammar a request's response_format compiles to is checked at submit
     # (core.jobs) and enforced by the runners, one definition for both.
     "runners": ("fsched.core.types", "fsched.core.sched", "fsched.core.jobs.grammar"),

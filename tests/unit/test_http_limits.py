@@ -1,0 +1,102 @@
+"""Per-key rate limits and the file quota through the HTTP API, in process over an in-memory table: at the
+limit, one past it (429 with Retry-After, or 400 for what can never pass, in OpenAI's shape), other
+tenants unaffected. How the stores count for every replica is in the keys and files contract suites."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.inprocess import served
+
+pytestmark = pytest.mark.anyio
+BODY = {"model": "m", "prompt": "hi", "max_tokens": 4}
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+async def rig():
+    async with served() as made:
+        yield made
+
+
+def new_key(rig, tenant: str) -> tuple[str, dict]:
+    from fsched.core.types import RequestClass
+
+    record, key = rig.table.keys.create_key(tenant, RequestClass.STREAMING)
+    return record.id, {"Authorization": f"Bearer {key}"}
+
+
+def refused(response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == code
+    return error
+
+
+async def test_requests_past_a_keys_limit_get_429_with_retry_after_and_others_go_on(rig):
+    kid, alice = new_key(rig, "alice")
+    _, bob = new_key(rig, "bob")
+    rig.table.keys.set_key_limit(kid, "requests_per_minute", 2)
+    async with rig.server.http() as client:
+        for _ in range(2):
+            assert (await client.post("/v1/completions", json=BODY, headers=alice)).status_code == 200
+        third = await client.post("/v1/completions", json=BODY, headers=alice)
+        error = refused(third, 429, "rate_limit_exceeded")
+        assert error["type"] == "rate_limit_error" and "2 requests per minute" in error["message"]
+        assert int(third.headers["Retry-After"]) == 30
+        streamed = await client.post("/v1/chat/completions", headers=alice, json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+        refused(streamed, 429, "rate_limit_exceeded")  # streamed too: refused before a stream opens
+        for _ in range(3):  # bob has no limit of his own and none table-wide
+            assert (await client.post("/v1/completions", json=BODY, headers=bob)).status_code == 200
+    before = rig.table.catalog.list_jobs()
+    assert sum(1 for j in before if j.tenant == "alice") == 2  # the refused ones stored nothing
+
+
+async def test_tokens_past_the_table_wide_limit_are_refused_and_a_request_that_never_fits_is_a_400(rig):
+    rig.table.keys.set_limit("tokens_per_minute", 10)
+    _, alice = new_key(rig, "alice")
+    _, bob = new_key(rig, "bob")
+    async with rig.server.http() as client:
+        for max_tokens in (6, 4):
+            assert (await client.post("/v1/completions", json={**BODY, "max_tokens": max_tokens},
+                                      headers=alice)).status_code == 200
+        past = await client.post("/v1/completions", json={**BODY, "max_tokens": 1}, headers=alice)
+        refused(past, 429, "rate_limit_exceeded")
+        assert int(past.headers["Retry-After"]) == 6  # one token at 10 a minute
+        assert (await client.post("/v1/completions", json={**BODY, "max_tokens": 10},
+                                  headers=bob)).status_code == 200
+        never = await client.post("/v1/completions", json={**BODY, "max_tokens": 11, "n": 1}, headers=bob)
+        assert refused(never, 400, "rate_limit_exceeded")["param"] == "max_tokens"
+        two_choices = await client.post("/v1/completions", json={**BODY, "max_tokens": 6, "n": 2},
+                                        headers=bob)
+        refused(two_choices, 400, "rate_limit_exceeded")  # 12 tokens: every choice counts
+
+
+async def upload(client, auth: dict, content: bytes):
+    return await client.post("/v1/files", headers=auth, data={"purpose": "batch"},
+                             files={"file": ("in.jsonl", content)})
+
+
+async def test_uploads_past_the_tenants_file_quota_get_a_4xx_naming_it_and_store_nothing(rig):
+    rig.table.keys.set_limit("max_file_bytes_per_tenant", 1000)
+    _, alice = new_key(rig, "alice")
+    _, bob = new_key(rig, "bob")
+    async with rig.server.http() as client:
+        first = await upload(client, alice, b"x" * 600)
+        assert first.status_code == 200, first.text
+        assert (await upload(client, alice, b"y" * 400)).status_code == 200  # at the quota
+        past = await upload(client, alice, b"z")
+        error = refused(past, 400, "file_quota_exceeded")
+        assert "quota of 1,000 bytes" in error["message"] and "max_file_bytes_per_tenant" in error["message"]
+        assert len((await client.get("/v1/files", headers=alice)).json()["data"]) == 2
+        assert (await upload(client, bob, b"b" * 1000)).status_code == 200  # bob's bytes are his own
+        assert (await client.delete(f"/v1/files/{first.json()['id']}", headers=alice)).status_code == 200
+        again = await upload(client, alice, b"w" * 600)
+        assert again.status_code == 200
+        content = await client.get(f"/v1/files/{again.json()['id']}/content", headers=alice)
+        assert content.content == b"w" * 600
