@@ -12,6 +12,7 @@ each command finding the rows the one before left.
 
 from __future__ import annotations
 
+import os
 from functools import cached_property
 
 from fsched.core.ports.catalog import CatalogStore
@@ -82,7 +83,10 @@ def open_table(url: str | None = None) -> Table:
     `memory:NAME` URL: this process's in-memory table of that name, made on first use."""
     url = resolve_database_url(url)
     if url.startswith(MEMORY_SCHEME):
-        return _memory_tables.setdefault(url, MemoryTable())
+        if url not in _memory_tables:
+            # Made by this process, as an SQLite file is by the user who first opens it: its owner.
+            _memory_tables[url] = MemoryTable(file_owner=os.geteuid())
+        return _memory_tables[url]
     return JobTable(url)
 
 

@@ -1,0 +1,68 @@
+"""The `fsched` commands run in process (typer's CliRunner) over an in-memory job table.
+
+`Commands` reads as the acceptance tests' `Fsched` does (`run`, `ok`, `dump`),
+without a subprocess or a database: each command opens the table by its
+`memory:NAME` URL (FSCHED_DB), as it opens an SQLite file by path, and finds
+what the command before it left. The table was made by this process, so its
+user is an admin of it (as the owner of an SQLite file is); `act_as` makes the
+commands run as another OS user instead.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+
+import pytest
+from typer.testing import CliRunner
+
+from fsched.cli.main import app
+from fsched.core.jobs.access import Actor
+from fsched.core.ports.memory import MemoryTable
+from fsched.storage.stores import forget_memory_table, open_table
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A command's outcome, as a finished process's."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+class Commands:
+    def __init__(self) -> None:
+        self.url = f"memory:{uuid.uuid4().hex}"
+        self.table: MemoryTable = open_table(self.url)
+        self.env = {name: None for name in os.environ if name.startswith("FSCHED_")}
+        self.env.update(FSCHED_DB=self.url, USER="tester", LOGNAME="tester", COLUMNS="160")
+        self.runner = CliRunner()
+
+    def run(self, *args: str, input: str | bytes | None = None, env: dict | None = None) -> Ran:
+        result = self.runner.invoke(app, list(args), input=input, env={**self.env, **(env or {})},
+                                    prog_name="fsched", catch_exceptions=False)
+        return Ran(result.exit_code, result.stdout_bytes, result.stderr_bytes)
+
+    def ok(self, *args: str, **kw) -> str:
+        ran = self.run(*args, **kw)
+        assert ran.returncode == 0, ran.stderr.decode()
+        return ran.stdout.decode()
+
+    def dump(self) -> dict:
+        """Every row of every table: what 'the table is unchanged' compares."""
+        rows = self.table.rows
+        tables = {"tenants": rows.tenants, "jobs": rows.jobs, "requests": rows.requests,
+                  "api_keys": rows.api_keys, "limits": rows.limits, "key_limits": rows.key_limits,
+                  "files": rows.files, "batches": rows.batches}
+        return {name: sorted(map(repr, table.items())) for name, table in tables.items()}
+
+    def close(self) -> None:
+        forget_memory_table(self.url)
+
+
+def act_as(monkeypatch: pytest.MonkeyPatch, user: str, admin: bool = False) -> None:
+    """The commands run as OS user `user` (an fsched admin or not), whoever runs the tests."""
+    actor = Actor(user, admin=admin, why_admin="member of group fsched-admin" if admin else None)
+    monkeypatch.setattr("fsched.core.jobs.access.local_actor", lambda db_owner_uid: actor)
