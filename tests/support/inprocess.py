@@ -12,6 +12,10 @@ No socket, no subprocess, no database, and nothing that waits on a clock:
   says: `daemon.run_until_idle()`.
 - `AsgiCall` is one request whose response is read as it comes, and whose
   client can hang up in the middle (what httpx's ASGI transport cannot do).
+
+The app's store calls still run on worker threads (as in a server); they
+wait on each other, never on the clock, and the in-memory table's lock makes
+each call atomic beside the daemon's.
 """
 
 from __future__ import annotations
@@ -41,7 +45,6 @@ from fsched.core.types import RequestClass
 from tests.fakes import FakeClock
 
 TICK_S = 0.001  # the fake clock moves this much at every read: time passes as the daemon works
-
 METRICS_PORT = 9109  # the port the app is told /metrics is on (a scope's, no listening socket)
 MAX_STEPS = 200_000  # a daemon still busy after this many steps is stuck: the test fails
 

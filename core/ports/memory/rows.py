@@ -164,6 +164,7 @@ class MemoryRows:
         self.files: dict[str, MemoryFile] = {}
         self.batches: dict[str, MemoryBatch] = {}
         self.refused = 0  # queue writes fenced off: leases their writer had lost
+        self._next_job = 0
         self._next_request = 0
         self._next_batch = 0
 
@@ -174,7 +175,8 @@ class MemoryRows:
         return job
 
     def next_job_id(self) -> int:
-        return max(self.jobs, default=0) + 1
+        self._next_job += 1
+        return self._next_job
 
     def next_request_id(self) -> RequestId:
         self._next_request += 1
