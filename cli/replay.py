@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from fsched.cli.common import fail
 from fsched.cli.simulate import _DEFAULT_MIX_TEXT, _Limit, _Mix, _RateScale, _Seed, _Trace, comparison_table
 from fsched.core.sim.trace import TraceError, load_trace, parse_assignments, parse_mix
+
+if TYPE_CHECKING:
+    from fsched.core.replay.driver import Observed
+    from fsched.core.replay.http import ServerAddress
+    from fsched.core.replay.plan import Send
+    from fsched.core.replay.report import LiveRun
 
 _Url = Annotated[str, typer.Option("--url", show_default=False,
                                    help="The endpoint: http://HOST:PORT of fsched serve, vLLM or any "
@@ -36,6 +43,9 @@ _Endpoint = Annotated[str, typer.Option("--endpoint", metavar="chat|completions"
 _Label = Annotated[str | None, typer.Option("--label", show_default=False,
                                             help="The run's name in the table (default: the URL).")]
 _Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts (per tenant and class too).")]
+_Records = Annotated[Path | None, typer.Option(
+    "--records", metavar="FILE", show_default=False,
+    help="Also write each request as measured, one JSON line each, in trace order.")]
 
 
 def replay(
@@ -52,6 +62,7 @@ def replay(
     seed: _Seed = 0,
     label: _Label = None,
     json_out: _Json = False,
+    records: _Records = None,
 ) -> None:
     """Send a request trace to an endpoint at its own times (scaled) and report it as simulate does."""
     from fsched.core.replay.driver import raise_open_files_limit
@@ -76,7 +87,11 @@ def replay(
     except (TraceError, ValueError) as exc:
         fail(str(exc), 2)
     raise_open_files_limit()
-    run = _run(target, keys, weights, sends, model, endpoint == "chat", seed, label or target.url)
+    run, observed = _run(target, keys, weights, sends, model, endpoint == "chat", seed, label or target.url)
+    if records is not None:
+        from fsched.core.replay.report import observed_json
+
+        records.write_text("".join(json.dumps(observed_json(o)) + "\n" for o in observed))
     if json_out:
         print(json.dumps({"trace": str(trace), "requests": len(sends), **run.to_json()}, indent=2))
         return
@@ -99,13 +114,16 @@ def _keys_and_weights(key: list[str], tenants: str | None) -> tuple[dict[str, st
     weights = parse_assignments(tenants, "--tenants")
     if any(w <= 0 for w in weights.values()):
         raise ValueError("--tenants: weights must be > 0")
-    missing = sorted(set(weights) - set(keys))
+    missing, extra = sorted(set(weights) - set(keys)), sorted(set(keys) - set(weights))
     if missing:
         raise ValueError(f"--key: no key for tenant {missing[0]!r}")
+    if extra:
+        raise ValueError(f"--key: tenant {extra[0]!r} is not in --tenants")
     return keys, weights
 
 
-def _run(target, keys, weights, sends, model, chat, seed, label):
+def _run(target: ServerAddress, keys: dict[str, str], weights: dict[str, float], sends: list[Send],
+         model: str | None, chat: bool, seed: int, label: str) -> tuple[LiveRun, list[Observed]]:
     from fsched.core.replay.driver import ReplayError, connect
     from fsched.core.replay.driver import replay as send_all
     from fsched.core.replay.report import live_report
@@ -119,8 +137,10 @@ def _run(target, keys, weights, sends, model, chat, seed, label):
             found, observed = asyncio.run(both(on_progress))
     except ReplayError as exc:
         fail(str(exc))
+    except KeyboardInterrupt:
+        fail("interrupted: no report (the requests already sent may still run at the endpoint)", 130)
     return live_report(label, observed, weights, url=target.url, model=found.model,
-                       prompt_sizing=found.shape.describe(), forcing=found.forcing.describe())
+                       prompt_sizing=found.shape.describe(), forcing=found.forcing.describe()), observed
 
 
 class _progress:
@@ -149,7 +169,7 @@ class _progress:
                              f"tokens {p.tokens:,}")
 
 
-def replay_table(trace: str, run):
+def replay_table(trace: str, run: LiveRun):
     """The simulator's table for the live run, then what only a live run has (pure)."""
     from fsched.core.replay.report import goodput
 

@@ -78,7 +78,8 @@ class PromptShape:
     def describe(self) -> str:
         if not self.measured:
             return "approximate: one token a word (the endpoint has no /tokenize)"
-        return f"counted by the endpoint's /tokenize: {self.per_word:g} tokens a word + {self.overhead}"
+        unit = "token" if self.per_word == 1 else "tokens"
+        return f"counted by the endpoint's /tokenize: {self.per_word:g} {unit} a word, {self.overhead} more"
 
 
 def prompt_text(words: int, seed: int) -> str:

@@ -171,6 +171,16 @@ def live_report(label: str, observed: Sequence[Observed], weights: Mapping[str, 
     return run
 
 
+def observed_json(o: Observed) -> dict:
+    """One request as the client measured it (times in seconds after the replay started)."""
+    r = o.send.request
+    return {"index": o.send.index, "tenant": r.tenant, "class": r.request_class.value, "at_s": o.send.at_s,
+            "sent_s": o.sent_s, "first_token_s": o.first_token_s, "finish_s": o.finish_s,
+            "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
+            "endpoint_prompt_tokens": o.prompt_tokens, "endpoint_output_tokens": o.output_tokens,
+            "status": o.status, "error": o.error}
+
+
 def _track(o: Observed) -> Track:
     req = replace(o.send.request, arrival_s=o.sent_s, output_tokens=max(1, o.output_tokens))
     return Track(req, first_token_s=o.first_token_s, finish_s=o.finish_s, wait_start=o.sent_s,

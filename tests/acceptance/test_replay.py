@@ -55,19 +55,24 @@ def replay(server: Server, trace, keys: dict[str, str], *extra: str):
         capture_output=True, text=True, env=server.env, timeout=45)
 
 
-def test_every_request_of_the_trace_completes_as_simulate_classes_it(live, trace):
+def test_every_request_of_the_trace_completes_as_simulate_classes_it(live, trace, tmp_path):
     server, keys, engine = live
     sent_before = engine.requests
-    proc = replay(server, trace, keys, "--json")
+    proc = replay(server, trace, keys, "--json", "--records", str(tmp_path / "requests.jsonl"))
     assert proc.returncode == 0, proc.stderr
     run = json.loads(proc.stdout)
+    measured = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert [m["index"] for m in measured] == list(range(REQUESTS))
+    assert all(m["sent_s"] < m["first_token_s"] <= m["finish_s"] and m["error"] is None for m in measured)
     assert (run["sent"], run["completed"], run["refused"], run["failed"]) == (REQUESTS, REQUESTS, 0, 0)
     assert run["short_outputs"] == 0 and run["prompt_error"] == 0.0  # the stand-in's /tokenize is exact
     assert "/tokenize" in run["prompt_sizing"] and "ignore_eos" in run["forcing"]
     expected = load_trace(trace, tenants=["a", "b"], mix=parse_mix("20/30/50"), rate_scale=2, seed=5)
-    by_class = {c.value: sum(r.request_class == c for r in expected) for c in {r.request_class for r in expected}}
+    by_class = {c.value: sum(r.request_class == c for r in expected)
+                for c in {r.request_class for r in expected}}
     assert {c: s["count"] for c, s in run["report"]["classes"].items()} == by_class
-    per_tenant = {t: sum(s["count"] for s in v["classes"].values()) for t, v in run["report"]["tenants"].items()}
+    per_tenant = {t: sum(s["count"] for s in v["classes"].values())
+                  for t, v in run["report"]["tenants"].items()}
     assert per_tenant == {t: sum(r.tenant == t for r in expected) for t in ("a", "b")}
     tokens = sum(r.output_tokens for r in expected)
     assert run["report"]["throughput_tok_s"] * run["report"]["makespan_s"] == pytest.approx(tokens)

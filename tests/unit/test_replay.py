@@ -238,6 +238,7 @@ def test_the_paced_profile_predicts_the_paced_engines_timing_of_a_lone_request()
     (["--key", "a=k1"], "no key for tenant 'b'"),
     (["--key", "a=k1", "--key", "b"], "expected TENANT=KEY"),
     (["--key", "a=k1", "--key", "a=k2"], "given twice"),
+    (["--key", "a=k1", "--key", "b=k2", "--key", "c=k3"], "'c' is not in --tenants"),
     (["--key", "a=k1", "--key", "b=k2", "--url", "localhost:8000"], "--url"),
     (["--key", "a=k1", "--key", "b=k2", "--endpoint", "embeddings"], "chat or completions"),
     (["--key", "a=k1", "--key", "b=k2", "--mix", "1/2"], "--mix"),
@@ -255,3 +256,21 @@ def test_the_commands_flag_errors_name_the_flag_before_anything_is_sent(tmp_path
         argv += ["--url", "http://127.0.0.1:9"]
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_the_commands_table_is_simulates_less_what_a_client_cannot_see_plus_what_only_a_live_run_has():
+    from rich.console import Console
+
+    from fsched.cli.replay import replay_table
+
+    obs = [observed(0, "a", RT, 0.0, 0.1, 1.0, 10), observed(1, "b", BA, 0.5, None, None, 0, status=400,
+                                                            error="HTTP 400: too long")]
+    run = live_report("vllm", obs, {"a": 3, "b": 1}, url="http://x", model="m", prompt_sizing="exact",
+                      forcing="forced")
+    console = Console(width=200, record=True)
+    console.print(replay_table("t.csv", run))
+    text = console.export_text()
+    assert "realtime TTFT p50" in text and "tenant a served over the run / entitled" in text
+    assert "realtime on target" in text and "realtime goodput (on target/s)" in text
+    assert "preemptions" not in text and "backfilled" not in text
+    assert "1 x" in text and "HTTP 400: too long" in text and "1 / 2" in text
