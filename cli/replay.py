@@ -178,7 +178,7 @@ def replay_table(trace: str, run: LiveRun):
     for request_class, stats in report.classes.items():
         table.add_row(f"{request_class} on target", f"{stats.on_target:.3f}")
     for request_class, value in goodput(report).items():
-        table.add_row(f"{request_class} goodput (on target/s)", f"{value:.2f}")
+        table.add_row(f"{request_class} goodput (on target/s)", f"{value:.3g}")
     table.add_row("completed / sent", f"{run.completed:,} / {run.sent:,}")
     table.add_row("refused (HTTP 400) / failed", f"{run.refused:,} / {run.failed:,}")
     for message, count in run.errors.items():
