@@ -9,6 +9,7 @@ from fsched.cli.daemon import daemon
 from fsched.cli.demo import demo
 from fsched.cli.generate import generate
 from fsched.cli.jobs import cancel, results
+from fsched.cli.replay import replay
 from fsched.cli.serve import serve
 from fsched.cli.simulate import simulate
 from fsched.cli.status import status
@@ -31,6 +32,7 @@ app.add_typer(keys.app, name="keys")
 app.add_typer(limits.app, name="limits")
 app.command("daemon")(daemon)
 app.command("simulate")(simulate)
+app.command("replay")(replay)
 app.command("generate")(generate)
 app.command("demo")(demo)
 app.command("serve")(serve)

@@ -51,7 +51,8 @@ _KvTokens = Annotated[
 _CostModel = Annotated[
     str,
     typer.Option("--cost-model", help="Engine to simulate: tiny-cpu (fitted to fsched's engine on "
-                 "the built-in model, CPU) or h100-8b (an ~8B model on one H100-class GPU)."),
+                 "the built-in model, CPU), h100-8b (an ~8B model on one H100-class GPU) or paced (the "
+                 "paced stand-in engine, 20 ms a step; its slots are --max-batch)."),
 ]
 _Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts (per tenant and class too).")]
 _Plot = Annotated[
@@ -157,11 +158,12 @@ def _fmt(value: float | None, unit: str = "s") -> str:
     return f"{value:,.3f}" if unit == "x" else f"{value:,.0f}"
 
 
-def comparison_table(trace: str, n: int, reports: list[PolicyReport]):
-    """A rich Table: one column per policy, one row per metric (pure)."""
+def comparison_table(trace: str, n: int, reports: list[PolicyReport], kind: str = "simulated"):
+    """A rich Table: one column per policy, one row per metric (pure). A measured run (`kind`, e.g. a
+    replay's) has no preemption or backfill counts: a client cannot see them."""
     from rich.table import Table
 
-    table = Table(title=f"{trace}: {n} requests (simulated)")
+    table = Table(title=f"{trace}: {n} requests ({kind})")
     table.add_column("metric")
     for r in reports:
         table.add_column(r.policy, justify="right")
@@ -189,8 +191,9 @@ def comparison_table(trace: str, n: int, reports: list[PolicyReport]):
     table.add_row("Jain index", *[_fmt(r.jain_index, "x") for r in reports])
     table.add_row("throughput tok/s", *[_fmt(r.throughput_tok_s, "n") for r in reports])
     table.add_row("max wait", *[_fmt(r.max_wait_s) for r in reports])
-    table.add_row("preemptions", *[f"{r.preemptions:,}" for r in reports])
-    table.add_row("backfilled", *[f"{r.backfilled:,}" for r in reports])
-    table.add_row("refused (beyond the KV budget)", *[f"{r.rejected:,}" for r in reports])
+    if kind == "simulated":
+        table.add_row("preemptions", *[f"{r.preemptions:,}" for r in reports])
+        table.add_row("backfilled", *[f"{r.backfilled:,}" for r in reports])
+        table.add_row("refused (beyond the KV budget)", *[f"{r.rejected:,}" for r in reports])
     table.add_row("makespan", *[_fmt(r.makespan_s) for r in reports])
     return table

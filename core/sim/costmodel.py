@@ -71,6 +71,19 @@ class CostModel:
         return steps
 
 
+def paced_profile(step_s: float) -> CostModel:
+    """The paced stand-in engine (tests/support/paced_engine.py) as a cost model.
+
+    That engine computes nothing: every `step_s` it gives each running
+    request one token, whatever the prompts or the KV held, and a request
+    that joins gets its first token at the end of the step it joins. So a
+    step costs `step_s` flat (a prefill step included: its first token comes
+    with it), and tokens, KV and parking cost nothing. Its slots are the
+    batch: simulate with `--max-batch` set to them.
+    """
+    return CostModel(base_s=step_s, token_s=0.0, kv_token_s=0.0, swap_token_s=0.0)
+
+
 # Named engines the simulator can stand in for.
 #  - "tiny-cpu": fitted to fsched's own engine (runner + scheduler) serving the
 #    built-in tiny model on a 2-core CPU with 2 threads, by
@@ -78,8 +91,11 @@ class CostModel:
 #    a fresh `fsched daemon` runs, so it is `fsched simulate`'s default.
 #  - "h100-8b": the analytic model above (an ~8B GQA model on one H100-class
 #    GPU); docs/scheduling.md's Azure-trace figures use it.
+#  - "paced": the paced stand-in engine at its default pace (20 ms a step),
+#    what `fsched replay` is checked against live (docs/scheduling.md).
 PROFILES: dict[str, CostModel] = {
     "tiny-cpu": CostModel(base_s=1.140e-02, token_s=3.449e-04, kv_token_s=1.516e-06, swap_token_s=1.088e-05),
     "h100-8b": CostModel(),
+    "paced": paced_profile(0.020),
 }
 DEFAULT_PROFILE = "tiny-cpu"

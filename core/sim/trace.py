@@ -215,6 +215,9 @@ def parse_assignments(text: str, what: str) -> dict[str, float]:
 
 
 def parse_mix(text: str) -> dict[RequestClass, float]:
+    """'realtime=0.05,streaming=0.15,batch=0.8', or realtime/streaming/batch weights: '5/15/80'."""
+    if "=" not in text and "/" in text:
+        text = _slashed_mix(text)
     raw = parse_assignments(text, "--mix")
     mix: dict[RequestClass, float] = {}
     for name, p in raw.items():
@@ -226,3 +229,11 @@ def parse_mix(text: str) -> dict[RequestClass, float]:
     if sum(mix.values()) <= 0:
         raise ValueError("--mix: the probabilities must not all be 0")
     return mix
+
+
+def _slashed_mix(text: str) -> str:
+    parts = [p.strip() for p in text.split("/")]
+    if len(parts) != len(RequestClass):
+        order = "/".join(c.value for c in RequestClass)
+        raise ValueError(f"--mix: expected {order} (e.g. 5/15/80) or CLASS=P,..., got {text!r}")
+    return ",".join(f"{c.value}={p}" for c, p in zip(RequestClass, parts, strict=True))

@@ -34,6 +34,9 @@ CORE_LAYERS = {
     "runners": ("fsched.core.types", "fsched.core.sched", "fsched.core.jobs.grammar"),
     "daemon": ("fsched.core.types", "fsched.core.faults", "fsched.core.sched", "fsched.core.ports",
                "fsched.core.runners"),
+    # The replayer reads traces and reports as the simulator does, and names classes as the online API
+    # maps them (service tiers): one definition of each.
+    "replay": ("fsched.core.types", "fsched.core.sched", "fsched.core.sim", "fsched.core.jobs.openai"),
 }
 # The HTTP server speaks the core's records and rules; it neither runs a daemon nor a model.
 API_MAY_IMPORT = ("fsched.api", "fsched.core.types", "fsched.core.jobs", "fsched.core.ports",
