@@ -18,18 +18,12 @@ from fsched.api.errors import ApiError, not_found
 from fsched.api.limits import BodyTooLarge
 from fsched.api.state import ServerState, state_of
 from fsched.core.jobs.apikeys import ApiKey
-from fsched.core.jobs.batches import (
-    BATCH_PURPOSE,
-    BatchRecord,
-    batch_object,
-    file_object,
-    new_batch_id,
-    validate_metadata,
-    window_seconds,
-)
-from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_job_file
+from fsched.core.jobs.batches import BATCH_PURPOSE, BatchRecord, new_batch_id, window_seconds
+from fsched.core.jobs.jobfile import JobFileError, load_json_object
 from fsched.core.jobs.jsontext import dumps as json_text
-from fsched.core.jobs.results import lines_of, output_line
+from fsched.core.openai.batch import batch_object, file_object, validate_metadata
+from fsched.core.openai.batchfile import parse_job_file
+from fsched.core.openai.results import lines_of, output_line
 from fsched.core.ports.records import FileQuotaExceeded, JobSubmission, QueueFull
 from fsched.core.types import Endpoint, JobOrigin, RequestClass
 

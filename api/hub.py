@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import anyio.to_thread
 
-from fsched.core.jobs.openai import OnlineProgress
+from fsched.core.ports.records import OnlineProgress
 
 # A job's requests, one a choice, in choice order.
 Choices = tuple[OnlineProgress, ...]

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from fsched.api.hub import ProgressHub
-from fsched.core.jobs.openai import OnlineProgress
+from fsched.core.ports.records import OnlineProgress
 from fsched.core.types import RequestState
 
 log = logging.getLogger("fsched.serve")

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from fsched.core.jobs.openai import OnlineProgress
-from fsched.core.ports.records import DaemonSummary, newest_live_daemon
+from fsched.core.ports.records import DaemonSummary, OnlineProgress, newest_live_daemon
 from fsched.core.sched.shares import entitled_shares
 from fsched.core.types import RequestClass
 

@@ -2,7 +2,7 @@
 
 A request becomes a one-row job of the key's tenant (as `fsched generate`
 makes), its tokens come back through the progress hub, and a client that
-goes away cancels it. The translation both ways lives in core/jobs/openai.py.
+goes away cancels it. The translation both ways lives in core/openai/online.py.
 Their streams, and /v1/responses's, go out through `relayed`: under the rules
 of api/guard.py, and bounded against a client that stops reading (api/sse.py).
 """
@@ -27,11 +27,11 @@ from fsched.api.hub import Choices
 from fsched.api.sse import KEEPALIVE, BoundedStream, sse
 from fsched.api.state import ServerState, state_of
 from fsched.api.tokens import prompt_token_ids
-from fsched.core.jobs.answers import opaque_response_id, response_body
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.jobs.jsontext import dumps as json_text
-from fsched.core.jobs.openai import (
+from fsched.core.openai.answers import opaque_response_id, response_body
+from fsched.core.openai.online import (
     BodyError,
     ClassRefused,
     OnlineProgress,
@@ -40,8 +40,8 @@ from fsched.core.jobs.openai import (
     failure_status,
     parse_online,
 )
-from fsched.core.jobs.results import DEFAULT_MODEL_NAME
-from fsched.core.jobs.streams import StreamRelay
+from fsched.core.openai.results import DEFAULT_MODEL_NAME
+from fsched.core.openai.streams import StreamRelay
 from fsched.core.ports.records import JobSubmission, QueueFull
 from fsched.core.types import Endpoint, JobOrigin, RequestState
 
@@ -169,9 +169,9 @@ async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: Serve
     try:
         return parse_online(text, endpoint, key.request_class, await state.limits())
     except ClassRefused as exc:
-        raise ApiError(403, exc.message, exc.param, "class_not_allowed") from None
+        raise ApiError(403, exc.message, exc.field, "class_not_allowed") from None
     except BodyError as exc:
-        raise ApiError(400, exc.message, exc.param, "invalid_value") from None
+        raise ApiError(400, exc.message, exc.field, "invalid_value") from None
 
 
 async def submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:

@@ -16,8 +16,9 @@ from fastapi import APIRouter, Request
 
 from fsched.api.errors import ApiError
 from fsched.api.state import ServerState, state_of
+from fsched.core.jobs.inputs import InputError
 from fsched.core.jobs.jobfile import JobFileError, load_json_object
-from fsched.core.jobs.tokenize import TokenizeProblem, parse_detokenize, parse_tokenize
+from fsched.core.openai.tokenize import parse_detokenize, parse_tokenize
 
 router = APIRouter()
 
@@ -91,7 +92,7 @@ async def tokenize(request: Request) -> dict:
     await state.authenticate(request)
     try:
         asked = parse_tokenize(await _body(request, state), await state.limits())
-    except TokenizeProblem as exc:
+    except InputError as exc:
         raise ApiError(400, exc.message, exc.field, "invalid_value") from None
     _, codec = await state.tokenizers.codec(state)
     messages = [m.to_json() for m in asked.messages] or None
@@ -107,7 +108,7 @@ async def detokenize(request: Request) -> dict:
     await state.authenticate(request)
     try:
         tokens = parse_detokenize(await _body(request, state))
-    except TokenizeProblem as exc:
+    except InputError as exc:
         raise ApiError(400, exc.message, exc.field, "invalid_value") from None
     _, codec = await state.tokenizers.codec(state)
     try:

@@ -112,7 +112,7 @@ def generate(
     and tokens/s on stderr. The request waits in the queue like any other, so
     a daemon must be running (`fsched daemon`).
     """
-    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.openai.batchfile import parse_job_file
     from fsched.core.ports.records import JobSubmission
 
     request_class = parse_class(request_class)
@@ -173,7 +173,7 @@ def print_answer(answer: Answer, job_id: int, streamed: bool) -> None:
 
 def _wait(store, job_id: int, stream: bool, timeout: float | None) -> RequestProgress:
     """Poll the request until it ends; print new text when streaming. Raises on failure/timeout."""
-    from fsched.core.jobs.openai import visible_text
+    from fsched.core.ports.records import visible_text
 
     start = time.monotonic()
     warned = False

@@ -21,8 +21,9 @@ from fsched.cli.common import (
     print_json,
 )
 from fsched.core.jobs.access import default_tenant, may_act_as
-from fsched.core.jobs.jobfile import JobFileError, ParsedJobFile, parse_job_file
+from fsched.core.jobs.jobfile import JobFileError, ParsedJobFile
 from fsched.core.jobs.limits import InputLimits
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.types import RequestClass
 
 if TYPE_CHECKING:

@@ -6,8 +6,7 @@ request id changes type (the core's text id, the table's integer key).
 from __future__ import annotations
 
 from fsched.core.jobs.jobstate import JobCounts, JobSummary
-from fsched.core.jobs.results import RequestResult
-from fsched.core.ports.records import ClaimedRequest, StoreError
+from fsched.core.ports.records import ClaimedRequest, RequestResult, StoreError
 from fsched.core.types import (
     AnswerOptions,
     JobOrigin,

@@ -13,7 +13,6 @@ from sqlalchemy import func, select, update
 
 from fsched.core.jobs.jobstate import JobSummary
 from fsched.core.jobs.limits import DEFAULT_MAX_QUEUED_PER_TENANT
-from fsched.core.jobs.results import RequestResult
 from fsched.core.jobs.tenants import validate_tenant_name, validate_weight
 from fsched.core.ports.records import (
     CancelOutcome,
@@ -23,6 +22,7 @@ from fsched.core.ports.records import (
     OnlineGroup,
     QueueFull,
     RequestProgress,
+    RequestResult,
     RequestTiming,
     SubmittedJob,
     TenantBusy,

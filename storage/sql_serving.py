@@ -10,8 +10,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import func, select
 
-from fsched.core.jobs.openai import OnlineProgress
-from fsched.core.ports.records import FirstTokens, TenantTotals
+from fsched.core.ports.records import FirstTokens, OnlineProgress, TenantTotals
 from fsched.core.types import RequestClass, RequestState
 from fsched.storage.activity import first_tokens
 from fsched.storage.db import Database

@@ -9,11 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol
 
 from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.sched.explain import RequestStanding
-from fsched.core.types import JobOrigin, JobState, RequestClass, RequestId, RequestState, TokenLogprobs
+from fsched.core.types import (
+    AnswerOptions,
+    JobOrigin,
+    JobState,
+    RequestClass,
+    RequestId,
+    RequestState,
+    TokenLogprobs,
+)
 
 # A daemon silent for longer than its lease (or this, for one whose heartbeat does not say) is
 # dead: its leases are expiring, and other daemons take its work over.
@@ -349,3 +357,69 @@ class PeerUsage:
     gpu_s: float
     kv_token_s: float
     age_s: float  # since it was published, on the database's clock
+
+
+@dataclass(slots=True, frozen=True)
+class OnlineProgress:
+    """An online request's row as its HTTP handler polls it."""
+
+    job_id: int
+    request_id: RequestId
+    state: RequestState
+    output_text: str
+    num_output_tokens: int
+    prompt_tokens: int | None
+    finish_reason: str | None
+    error: str | None
+    model: str | None
+    enqueued_at: float
+    first_token_at: float | None
+    finished_at: float | None
+    # One per output token so far when the request asked for logprobs; empty otherwise.
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    choice: int = 0  # the choice's index within the request
+    tokens: tuple[int, ...] = ()  # the output token ids so far
+
+
+class Progress(Protocol):
+    """A request's output as a reader polls it (`OnlineProgress`, the catalog's `RequestProgress`)."""
+
+    @property
+    def state(self) -> RequestState: ...
+
+    @property
+    def output_text(self) -> str: ...
+
+
+def visible_text(progress: Progress) -> str:
+    """The text a reader may see now: a token may end inside a multi-byte character, which
+    decodes as U+FFFD until the next token completes it, so such a tail waits for the end.
+    Every streamed text (the HTTP API's, `fsched generate --stream`'s) is shown through this."""
+    if progress.state.finished:
+        return progress.output_text
+    return progress.output_text.rstrip("\ufffd")
+
+
+@dataclass(slots=True, frozen=True)
+class RequestResult:
+    """A finished request (one choice of a line) as the job table reports it: what its output line
+    is made of."""
+
+    id: RequestId
+    idx: int
+    custom_id: str
+    endpoint: str
+    state: RequestState
+    model: str | None
+    output_text: str
+    num_output_tokens: int
+    prompt_tokens: int | None
+    finish_reason: str | None
+    error: str | None
+    finished_at: float | None
+    # One per output token when the request asked for logprobs; empty otherwise.
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    choice: int = 0  # the choice's index within its line
+    answer: AnswerOptions = AnswerOptions()
+    prompt: str | None = None  # a completions request's prompt (echo shows it)
+    output_tokens: tuple[int, ...] = ()

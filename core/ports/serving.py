@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from fsched.core.jobs.openai import OnlineProgress
-from fsched.core.ports.records import FirstTokens, TenantTotals
+from fsched.core.ports.records import FirstTokens, OnlineProgress, TenantTotals
 from fsched.core.types import RequestClass
 
 

@@ -178,7 +178,7 @@ def test_each_error_reaches_the_sdk_as_its_exception(server):
 
 
 def test_the_queue_limit_answers_429_with_retry_after(server):
-    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.openai.batchfile import parse_job_file
     from fsched.core.ports.records import JobSubmission
     from fsched.core.types import RequestClass
     from fsched.storage.jobstore import SqlJobStore

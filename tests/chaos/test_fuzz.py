@@ -49,8 +49,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsched.core.jobs.jobfile import CHAT_ROLES, JobFileError, ParsedJobFile, parse_job_file
+from fsched.core.jobs.jobfile import JobFileError, ParsedJobFile
 from fsched.core.jobs.limits import MIB, InputLimits
+from fsched.core.openai.batchfile import parse_job_file
+from fsched.core.openai.messages import CHAT_ROLES
 from fsched.core.ports.records import JobSubmission, QueueFull
 from fsched.core.types import MAX_SEED, RequestClass, RequestSpec
 from fsched.storage import submit as submit_module

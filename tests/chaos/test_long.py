@@ -22,7 +22,7 @@ from collections import Counter
 from functools import partial
 
 from fsched.core.daemon.engine import Engine, EngineRequest
-from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.runners.standin import StandInRunner, standin_encode
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.scheduler import Scheduler

@@ -113,7 +113,7 @@ def test_files_and_batches_are_seen_only_by_their_tenant(db_url):
 
 
 def _one_job(store: SqlJobStore, tenant: str, n: int, request_class=RequestClass.BATCH):
-    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.openai.batchfile import parse_job_file
     from fsched.core.ports.records import JobSubmission
 
     lines = "".join(f'{{"prompt": "p{i}", "max_tokens": 4}}\n' for i in range(n))
@@ -191,7 +191,7 @@ def test_databases_before_origins_gain_prompt_tokens_origins_admin_keys_and_inde
 def test_jobs_carry_their_origin_and_online_requests_are_grouped_per_tenant_and_key(db_url):
     import time
 
-    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.openai.batchfile import parse_job_file
     from fsched.core.ports.records import JobSubmission, TokenUpdate
     from fsched.core.types import JobOrigin
     from tests.support.store import finish

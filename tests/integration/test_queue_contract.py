@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.memory import MemoryQueueStore
 from fsched.core.ports.queue import QueueStore
 from fsched.core.ports.records import Completion, JobSubmission, StoreError, TokenUpdate

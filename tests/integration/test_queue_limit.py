@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.records import JobSubmission, QueueFull
 from fsched.core.types import RequestClass
 from fsched.storage.jobstore import SqlJobStore

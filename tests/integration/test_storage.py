@@ -8,7 +8,8 @@ import time
 import pytest
 from sqlalchemy.exc import IntegrityError
 
-from fsched.core.jobs.jobfile import ParsedJobFile, parse_job_file
+from fsched.core.jobs.jobfile import ParsedJobFile
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.catalog import CatalogStore
 from fsched.core.ports.queue import QueueStore
 from fsched.core.ports.records import (

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.records import JobSubmission, TokenUpdate, UnknownJob
 from fsched.core.types import RequestClass, RequestState
 from fsched.storage.jobstore import SqlJobStore

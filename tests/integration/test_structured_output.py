@@ -19,7 +19,7 @@ pytest.importorskip("torch")
 
 from fsched.core.daemon.build import DaemonSettings, build_daemon  # noqa: E402
 from fsched.core.jobs.jobfile import ParsedJobFile  # noqa: E402
-from fsched.core.jobs.results import output_line  # noqa: E402
+from fsched.core.openai.results import output_line  # noqa: E402
 from fsched.core.ports.records import JobSubmission  # noqa: E402
 from fsched.core.types import (  # noqa: E402
     ChatMessage,

@@ -109,8 +109,13 @@ def test_unknown_paths_and_bad_bodies_answer_in_openai_shape():
 def test_metrics_read_the_table_and_the_daemons_figures():
     from fsched.api.metrics import Metrics
     from fsched.core.jobs.jobstate import JobCounts, JobSummary
-    from fsched.core.jobs.openai import OnlineProgress
-    from fsched.core.ports.records import DaemonStats, DaemonSummary, TenantSummary, TenantTotals
+    from fsched.core.ports.records import (
+        DaemonStats,
+        DaemonSummary,
+        OnlineProgress,
+        TenantSummary,
+        TenantTotals,
+    )
     from fsched.core.types import JobState, RequestState
 
     class Table:

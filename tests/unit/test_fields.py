@@ -13,9 +13,10 @@ from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 from openai.types.responses import response_create_params
 
-from fsched.core.jobs.fields import FIELDS, Origin, Support, field_for, markdown_table
-from fsched.core.jobs.openai import BodyError, ClassRefused, parse_online
-from fsched.core.jobs.responses import RESPONSES_FIELDS, ResponsesProblem, to_chat_body
+from fsched.core.jobs.inputs import InputError
+from fsched.core.openai.fields import FIELDS, Origin, Support, field_for, markdown_table
+from fsched.core.openai.online import BodyError, ClassRefused, parse_online
+from fsched.core.openai.responses import RESPONSES_FIELDS, to_chat_body
 from fsched.core.types import Endpoint, RequestClass
 
 CHAT, COMPLETIONS = Endpoint.CHAT, Endpoint.COMPLETIONS
@@ -142,7 +143,7 @@ def test_any_other_value_is_honoured_or_refused_by_name(field, endpoint):
     with pytest.raises(BodyError) as refused:
         parse(endpoint, **{field.name: field.example})
     assert not isinstance(refused.value, ClassRefused)
-    assert refused.value.param == field.name and field.note in refused.value.message
+    assert refused.value.field == field.name and field.note in refused.value.message
     assert refused.value.message.startswith(field.name + ":")
 
 
@@ -153,7 +154,7 @@ def test_any_other_value_is_honoured_or_refused_by_name(field, endpoint):
 def test_a_misspelt_field_is_refused_naming_it_and_the_likely_one(endpoint, typo, meant):
     with pytest.raises(BodyError) as refused:
         parse(endpoint, **{typo: 1})
-    assert refused.value.param == typo and f"did you mean {meant!r}" in refused.value.message
+    assert refused.value.field == typo and f"did you mean {meant!r}" in refused.value.message
 
 
 def test_every_responses_field_of_the_sdk_is_in_its_table_and_neutral_values_pass():
@@ -170,7 +171,7 @@ def test_every_responses_field_of_the_sdk_is_in_its_table_and_neutral_values_pas
         for value in (None, *f.neutral):
             assert asked(**{f.name: value}) == base, (f.name, value)
         if f.support in (Support.NEUTRAL, Support.REFUSED):
-            with pytest.raises(ResponsesProblem) as refused:
+            with pytest.raises(InputError) as refused:
                 to_chat_body({"input": "hi", f.name: f.example})
             assert refused.value.field == f.name
         else:

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsched.core.jobs.jobfile import JobFileError, parse_job_file
+from fsched.core.jobs.jobfile import JobFileError
 from fsched.core.jobs.limits import InputLimits
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.types import Endpoint
 
 

@@ -17,8 +17,7 @@ from fsched.core.daemon.engine import EngineResult
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.daemon.link import LinkServer
 from fsched.core.daemon.publish import Publisher
-from fsched.core.jobs.openai import OnlineProgress
-from fsched.core.ports.records import ClaimedRequest
+from fsched.core.ports.records import ClaimedRequest, OnlineProgress
 from fsched.core.runners.stopping import FinishReason
 from fsched.core.types import RequestClass, RequestState
 

@@ -6,17 +6,12 @@ import json
 
 import pytest
 
-from fsched.core.jobs.answers import AnswerChoice, Delta, chunk, response_body, usage_chunk
-from fsched.core.jobs.batches import BatchRecord, batch_object, validate_metadata
+from fsched.core.jobs.batches import BatchRecord
 from fsched.core.jobs.jobstate import JobCounts, JobSummary
-from fsched.core.jobs.openai import (
-    BodyError,
-    ClassRefused,
-    OnlineProgress,
-    failure_status,
-    parse_online,
-    visible_text,
-)
+from fsched.core.openai.answers import AnswerChoice, Delta, chunk, response_body, usage_chunk
+from fsched.core.openai.batch import batch_object, validate_metadata
+from fsched.core.openai.online import BodyError, ClassRefused, failure_status, parse_online
+from fsched.core.ports.records import OnlineProgress, visible_text
 from fsched.core.types import Endpoint, JobState, RequestClass, RequestState
 
 CHAT = Endpoint.CHAT
@@ -47,7 +42,7 @@ def test_service_tier_asks_for_a_class_never_above_the_keys():
     assert tier("auto", RequestClass.BATCH) is RequestClass.BATCH
     with pytest.raises(ClassRefused) as refused:
         parse_online(body(service_tier="priority"), CHAT, RequestClass.STREAMING)
-    assert refused.value.param == "service_tier"
+    assert refused.value.field == "service_tier"
     with pytest.raises(ClassRefused):
         parse_online(body(service_tier="default"), CHAT, RequestClass.BATCH)
 
@@ -72,7 +67,7 @@ def test_service_tier_asks_for_a_class_never_above_the_keys():
 def test_bad_bodies_name_the_field(text, param):
     with pytest.raises(BodyError) as error:
         parse_online(text, CHAT, RequestClass.REALTIME)
-    assert error.value.param == param and not isinstance(error.value, ClassRefused)
+    assert error.value.field == param and not isinstance(error.value, ClassRefused)
 
 
 def test_streaming_with_usage_and_a_completions_body():
@@ -165,7 +160,7 @@ def choice_progress(choice: int, state: RequestState, tokens: list[int], logprob
 
 
 def relay_of(text: str, endpoint=COMPLETIONS):
-    from fsched.core.jobs.streams import StreamRelay
+    from fsched.core.openai.streams import StreamRelay
 
     online = parse_online(text, endpoint, RequestClass.REALTIME)
     return StreamRelay(endpoint, "cmpl-1", 0, "m", online)
@@ -218,7 +213,7 @@ SCHEMA = {"type": "object"}
 
 
 def test_a_responses_body_is_a_chat_body_and_its_stream_the_responses_events():
-    from fsched.core.jobs.responses import ResponsesRelay, to_chat_body
+    from fsched.core.openai.responses import ResponsesRelay, to_chat_body
 
     asked = to_chat_body({"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
                           "instructions": "Be brief.", "max_output_tokens": 9, "top_logprobs": 2,
@@ -230,7 +225,7 @@ def test_a_responses_body_is_a_chat_body_and_its_stream_the_responses_events():
     relay = ResponsesRelay("resp_1", 0.0, "m", asked.echo, logprobs=True)
     events = list(relay.opening())
     done = choice_progress(0, RequestState.DONE, [3, 4], logprobs=True)
-    from fsched.core.jobs.openai import choice_of
+    from fsched.core.openai.online import choice_of
 
     events += list(relay.closing([done], choice_of(done)))
     kinds = [e["type"] for e in events]

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from fsched.core.jobs.answers import Delta, chunk, usage, usage_chunk
-from fsched.core.jobs.openai import OnlineProgress, OnlineRequest, choice_of, visible_text
+from fsched.core.openai.answers import Delta, chunk, usage, usage_chunk
+from fsched.core.openai.online import OnlineRequest, choice_of
+from fsched.core.ports.records import OnlineProgress, visible_text
 from fsched.core.types import Endpoint
 
 
