@@ -25,7 +25,7 @@ from fsched.core.openai.batch import batch_object, file_object, validate_metadat
 from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.openai.results import lines_of, output_line
 from fsched.core.ports.records import FileQuotaExceeded, JobSubmission, QueueFull
-from fsched.core.types import Endpoint, JobOrigin, RequestClass
+from fsched.core.types import Endpoint, JobOrigin, RequestClass, RequestSpec
 
 router = APIRouter()
 BATCH_PRIORITY = 5
@@ -150,16 +150,16 @@ async def create_batch(request: Request) -> dict:
                          created_at=time.time())
     limits = await state.limits()
     try:
-        parsed = await state.call(parse_job_file, content or b"", f.filename, limits)
-        _same_endpoint(parsed, endpoint, content or b"")
+        requests = await state.call(parse_job_file, content or b"", f.filename, limits)
+        _same_endpoint(requests, f.filename, endpoint, content or b"")
     except JobFileError as exc:
         failed = _refused(record, exc)
         await state.call(state.backend.files.add_batch, failed)
         return batch_object(failed, None)
-    if len(parsed.requests) > limits.max_queued_per_tenant:  # could never fit: not a retry later
-        raise ApiError(400, f"the batch holds {len(parsed.requests):,} requests, larger than your queue "
+    if len(requests) > limits.max_queued_per_tenant:  # could never fit: not a retry later
+        raise ApiError(400, f"the batch holds {len(requests):,} requests, larger than your queue "
                        f"limit of {limits.max_queued_per_tenant}", "input_file_id", "batch_too_large")
-    submission = JobSubmission(parsed=parsed, tenant=key.tenant, request_class=RequestClass.BATCH,
+    submission = JobSubmission(requests, tenant=key.tenant, request_class=RequestClass.BATCH,
                                priority=BATCH_PRIORITY, name=record.id, origin=JobOrigin.BATCH, key_id=key.id)
     try:
         (job,) = await state.call(state.backend.jobs.submit, [submission],
@@ -255,12 +255,13 @@ def _batch_fields(body: dict) -> tuple[Endpoint, dict | None]:
         raise ApiError(400, str(exc), "metadata") from None
 
 
-def _same_endpoint(parsed, endpoint: Endpoint, content: bytes) -> None:
+def _same_endpoint(requests: tuple[RequestSpec, ...], source: str, endpoint: Endpoint, content: bytes
+                   ) -> None:
     """Every line of a batch asks for the batch's endpoint (OpenAI's rule)."""
-    for index, spec in enumerate(parsed.requests):
+    for index, spec in enumerate(requests):
         if spec.endpoint is not endpoint:
             lines = [n for n, raw in enumerate(content.split(b"\n"), start=1) if raw.strip()]
-            raise JobFileError(parsed.source, f"asks for {spec.endpoint.value}; this batch's endpoint is "
+            raise JobFileError(source, f"asks for {spec.endpoint.value}; this batch's endpoint is "
                                f"{endpoint.value}", lines[index], "url")
 
 

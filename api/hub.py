@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 import anyio.to_thread
 
-from fsched.core.ports.records import OnlineProgress
+from fsched.core.ports.records import RequestProgress
 
 # A job's requests, one a choice, in choice order.
-Choices = tuple[OnlineProgress, ...]
+Choices = tuple[RequestProgress, ...]
 Reader = Callable[[Sequence[int]], dict[int, Choices]]
 
 LINKED_POLL_S = 0.25  # a linked job's table check: cancels, failures and the record

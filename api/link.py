@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from fsched.api.hub import ProgressHub
-from fsched.core.ports.records import OnlineProgress
+from fsched.core.ports.records import RequestProgress
 from fsched.core.types import RequestState
 
 log = logging.getLogger("fsched.serve")
@@ -133,9 +133,9 @@ class LinkClient:
             self._text.pop(job_id, None)
 
 
-def _progress(job_id: int, request_id: str, state: RequestState, text: str, m: dict) -> OnlineProgress:
-    return OnlineProgress(
-        job_id=job_id, request_id=request_id, state=state, output_text=text, num_output_tokens=m["n"],
-        prompt_tokens=m.get("pt"), finish_reason=m.get("fr"), error=m.get("err"), model=m.get("model"),
-        enqueued_at=m["q"], first_token_at=m.get("ft"), finished_at=m.get("fin"),
+def _progress(job_id: int, request_id: str, state: RequestState, text: str, m: dict) -> RequestProgress:
+    return RequestProgress(
+        id=request_id, job_id=job_id, state=state, output_text=text, num_output_tokens=m["n"],
+        enqueued_at=m["q"], first_token_at=m.get("ft"), finished_at=m.get("fin"), finish_reason=m.get("fr"),
+        error=m.get("err"), prompt_tokens=m.get("pt"), model=m.get("model"),
     )

@@ -28,13 +28,11 @@ from fsched.api.sse import KEEPALIVE, BoundedStream, sse
 from fsched.api.state import ServerState, state_of
 from fsched.api.tokens import prompt_token_ids
 from fsched.core.jobs.apikeys import ApiKey
-from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.jobs.jsontext import dumps as json_text
 from fsched.core.openai.answers import opaque_response_id, response_body
 from fsched.core.openai.online import (
     BodyError,
     ClassRefused,
-    OnlineProgress,
     OnlineRequest,
     choice_of,
     failure_status,
@@ -42,8 +40,8 @@ from fsched.core.openai.online import (
 )
 from fsched.core.openai.results import DEFAULT_MODEL_NAME
 from fsched.core.openai.streams import StreamRelay
-from fsched.core.ports.records import JobSubmission, QueueFull
-from fsched.core.types import Endpoint, JobOrigin, RequestState
+from fsched.core.ports.records import QueueFull, RequestProgress
+from fsched.core.types import Endpoint, RequestState
 
 router = APIRouter()
 RETRY_AFTER_S = 1
@@ -167,7 +165,7 @@ async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: Serve
     except UnicodeDecodeError:
         raise ApiError(400, "the request body is not valid UTF-8") from None
     try:
-        return parse_online(text, endpoint, key.request_class, await state.limits())
+        return parse_online(text, endpoint, key, await state.limits())
     except ClassRefused as exc:
         raise ApiError(403, exc.message, exc.field, "class_not_allowed") from None
     except BodyError as exc:
@@ -177,13 +175,8 @@ async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: Serve
 async def submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
     await ratelimit.admit(state, key, online)
     limits = await state.limits()
-    submission = JobSubmission(
-        parsed=ParsedJobFile(source="<http>", requests=online.specs, form="openai"),
-        tenant=key.tenant, request_class=online.request_class, priority=online.priority, name="http",
-        origin=JobOrigin.ONLINE, key_id=key.id,
-    )
     try:
-        job = await state.submit_online(submission, limits.max_queued_per_tenant)
+        job = await state.submit_online(online.job, limits.max_queued_per_tenant)
     except QueueFull:
         raise ApiError(429, f"tenant {key.tenant!r} has too many unfinished requests "
                             f"(limit {limits.max_queued_per_tenant:,}); retry later",
@@ -367,16 +360,16 @@ async def _cancel_on_disconnect(request: Request, state: ServerState, job_id: in
     await cancel(state, job_id)
 
 
-def _model(online: OnlineRequest, progress: OnlineProgress) -> str:
+def _model(online: OnlineRequest, progress: RequestProgress) -> str:
     return online.spec.model or progress.model or DEFAULT_MODEL_NAME
 
 
-def failed_choice(choices: Choices | None) -> OnlineProgress | None:
+def failed_choice(choices: Choices | None) -> RequestProgress | None:
     """The first choice that ended without finishing done (failed or cancelled), if any."""
     return next((p for p in choices or () if p.state.finished and p.state is not RequestState.DONE), None)
 
 
-def failure(progress: OnlineProgress) -> tuple[int, str]:
+def failure(progress: RequestProgress) -> tuple[int, str]:
     if progress.state is RequestState.CANCELLED:
         return 500, "the request was cancelled (by an admin, or its job was cancelled) before it finished"
     return failure_status(progress.error), progress.error or "the request failed"

@@ -22,6 +22,7 @@ from fsched.api.errors import ApiError, error_body
 from fsched.api.hub import Choices
 from fsched.api.sse import BoundedStream
 from fsched.api.state import ServerState, state_of
+from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.inputs import InputError
 from fsched.core.jobs.jobfile import load_json_object
 from fsched.core.jobs.jsontext import dumps as json_text
@@ -44,7 +45,7 @@ router = APIRouter()
 async def responses(request: Request):
     state = state_of(request)
     key = await state.authenticate(request)
-    asked, chat = await _parse(request, state, key.request_class)
+    asked, chat = await _parse(request, state, key)
     await state.require_daemon()
     job_id = await online.submit(state, key, chat)
     response_id = opaque_responses_id()
@@ -73,12 +74,12 @@ async def responses(request: Request):
     return Response(json_text(body), media_type="application/json")
 
 
-async def _parse(request: Request, state: ServerState, key_class) -> tuple[ResponsesRequest, OnlineRequest]:
+async def _parse(request: Request, state: ServerState, key: ApiKey) -> tuple[ResponsesRequest, OnlineRequest]:
     limits = await state.limits()
     try:
         text = (await request.body()).decode("utf-8")
         asked = to_chat_body(load_json_object(text, limits.max_depth), limits)
-        return asked, parse_online(json.dumps(asked.chat_body), Endpoint.CHAT, key_class, limits)
+        return asked, parse_online(json.dumps(asked.chat_body), Endpoint.CHAT, key, limits)
     except UnicodeDecodeError:
         raise ApiError(400, "the request body is not valid UTF-8") from None
     except ClassRefused as exc:

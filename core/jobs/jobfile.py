@@ -12,25 +12,17 @@ Every problem raises JobFileError naming the file, the line and the field.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from fsched.core.jobs.inputs import InputError, JobFileError, printable, shown
 from fsched.core.jobs.jsontext import loads_object
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.types import RequestSpec
 
-__all__ = ["JobFileError", "LineParser", "ParsedJobFile", "load_json_object", "parse_lines", "printable"]
+__all__ = ["JobFileError", "LineParser", "load_json_object", "parse_lines", "printable"]
 
 # A line's object, its line number and its place among the file's requests -> its requests (one per
 # choice, all with the line's custom_id), or InputError naming the field.
 LineParser = Callable[[dict, int, int], tuple[RequestSpec, ...]]
-
-
-@dataclass(slots=True, frozen=True)
-class ParsedJobFile:
-    source: str
-    requests: tuple[RequestSpec, ...]
-    form: str  # "simple" or "openai"
 
 
 def parse_lines(data: bytes, source: str, limits: InputLimits, parse_line: LineParser

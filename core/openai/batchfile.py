@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsched.core.jobs.inputs import InputError, JobFileError, json_type, shown, storable
-from fsched.core.jobs.jobfile import ParsedJobFile, parse_lines
+from fsched.core.jobs.jobfile import parse_lines
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.body import parse_body
 from fsched.core.types import Endpoint, RequestSpec
@@ -30,14 +30,13 @@ def parse_job_file(
     source: str,
     limits: InputLimits = InputLimits(),
     default_max_tokens: int | None = None,
-) -> ParsedJobFile:
-    """Validate `data` (a whole JSONL file) into request specs, or raise JobFileError."""
+) -> tuple[RequestSpec, ...]:
+    """Validate `data` (a whole JSONL file) into its requests (what a `JobSubmission` stores), or
+    raise JobFileError."""
     default_max_tokens = default_max_tokens or limits.default_max_tokens
     if not 1 <= default_max_tokens <= limits.max_tokens:
         raise JobFileError(source, f"--max-tokens must be within 1..{limits.max_tokens:,}")
-    forms = _LineForms(limits, default_max_tokens)
-    requests = parse_lines(data, source, limits, forms.parse)
-    return ParsedJobFile(source=source, requests=requests, form=forms.name or "simple")
+    return parse_lines(data, source, limits, _LineForms(limits, default_max_tokens).parse)
 
 
 @dataclass(slots=True)

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsched.core.jobs.apikeys import class_allowed
+from fsched.core.jobs.apikeys import ApiKey, class_allowed
 from fsched.core.jobs.inputs import InputError
 from fsched.core.jobs.jsontext import loads_object
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.answers import AnswerChoice
 from fsched.core.openai.body import parse_body
-from fsched.core.ports.records import OnlineProgress
-from fsched.core.types import Endpoint, RequestClass, RequestSpec
+from fsched.core.ports.records import JobSubmission, RequestProgress
+from fsched.core.types import Endpoint, JobOrigin, RequestClass, RequestSpec
 
 # OpenAI's service tiers as fsched's classes; "auto" (or none) is the key's own class.
 SERVICE_TIERS = {
@@ -32,6 +32,7 @@ TIER_OF_CLASS = {
 }
 DEFAULT_PRIORITY = 5
 DEFAULT_MAX_TOKENS = 256
+JOB_NAME = "http"  # an online request's job, in listings
 CONTEXT_WORDS = "model's context"  # the engine's words for a request that cannot fit
 
 
@@ -53,23 +54,29 @@ class StreamOptions:
 
 @dataclass(slots=True, frozen=True)
 class OnlineRequest:
-    specs: tuple[RequestSpec, ...]  # one per choice
-    request_class: RequestClass
-    priority: int
+    """An online request as its body reads: the job the catalog stores as it is (one row a choice,
+    the key's tenant, the class and priority asked for), and how its answer streams."""
+
+    job: JobSubmission
     stream: bool
     stream_options: StreamOptions = StreamOptions()
 
     @property
-    def spec(self) -> RequestSpec:
-        """The first choice: what every choice shares (model, endpoint, answer options)."""
-        return self.specs[0]
+    def specs(self) -> tuple[RequestSpec, ...]:
+        """The choices, in order."""
+        return self.job.requests
 
     @property
-    def include_usage(self) -> bool:
-        return self.stream_options.include_usage
+    def spec(self) -> RequestSpec:
+        """The first choice: what every choice shares (model, endpoint, answer options)."""
+        return self.job.requests[0]
+
+    @property
+    def request_class(self) -> RequestClass:
+        return self.job.request_class
 
 
-def choice_of(progress: OnlineProgress, prompt: str | None = None) -> AnswerChoice:
+def choice_of(progress: RequestProgress, prompt: str | None = None) -> AnswerChoice:
     """A finished choice as an answer shows it."""
     return AnswerChoice(index=progress.choice, text=progress.output_text,
                         finish_reason=progress.finish_reason, num_tokens=progress.num_output_tokens,
@@ -77,10 +84,10 @@ def choice_of(progress: OnlineProgress, prompt: str | None = None) -> AnswerChoi
                         logprobs=progress.logprobs, prompt=prompt)
 
 
-def parse_online(
-    text: str, endpoint: Endpoint, key_class: RequestClass, limits: InputLimits = InputLimits()
-) -> OnlineRequest:
-    """A completions or chat completions body as requests (one per choice), or BodyError / ClassRefused."""
+def parse_online(text: str, endpoint: Endpoint, key: ApiKey, limits: InputLimits = InputLimits()
+                 ) -> OnlineRequest:
+    """A completions or chat completions body, sent with `key`, as the job to store (one request a
+    choice), or BodyError / ClassRefused."""
     try:
         body = loads_object(text, limits.max_depth)
         parsed = parse_body(endpoint, body, limits, DEFAULT_MAX_TOKENS, online=True)
@@ -88,13 +95,11 @@ def parse_online(
         raise BodyError(exc.named(), exc.field) from None
     own = parsed.online
     stream = own.get("stream", False)
-    return OnlineRequest(
-        specs=parsed.specs,
-        request_class=_tier_class(own.get("service_tier"), key_class),
-        priority=_priority(own.get("priority")),
-        stream=stream,
-        stream_options=_stream_options(own.get("stream_options"), stream),
-    )
+    job = JobSubmission(parsed.specs, tenant=key.tenant,
+                        request_class=_tier_class(own.get("service_tier"), key.request_class),
+                        priority=_priority(own.get("priority")), name=JOB_NAME, origin=JobOrigin.ONLINE,
+                        key_id=key.id)
+    return OnlineRequest(job, stream, _stream_options(own.get("stream_options"), stream))
 
 
 def _tier_class(tier: str | None, key_class: RequestClass) -> RequestClass:

@@ -20,7 +20,7 @@ from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.answers import AnswerChoice, padding
 from fsched.core.openai.fields import TEMPERATURE_TEXT, TOP_P_TEXT, BodyField, Support
 from fsched.core.openai.values import Boolean, Custom, Integer, Number, Text
-from fsched.core.ports.records import OnlineProgress, visible_text
+from fsched.core.ports.records import RequestProgress
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 INPUT_ROLES = ("user", "assistant", "system", "developer")
@@ -279,9 +279,9 @@ class ResponsesRelay:
         yield self._event("response.content_part.added", item_id=self.item_id, output_index=0,
                           content_index=0, part=_text_part("", []))
 
-    def update(self, choices: Sequence[OnlineProgress]) -> Iterator[dict]:
+    def update(self, choices: Sequence[RequestProgress]) -> Iterator[dict]:
         (p,) = choices
-        text = visible_text(p)
+        text = p.visible_text
         if len(text) <= self.chars:
             return
         count = len(p.logprobs)
@@ -291,7 +291,7 @@ class ResponsesRelay:
                           content_index=0, delta=text[self.chars:], logprobs=logprobs, **extra)
         self.chars, self.tokens = len(text), count
 
-    def closing(self, final: Sequence[OnlineProgress], choice: AnswerChoice) -> Iterator[dict]:
+    def closing(self, final: Sequence[RequestProgress], choice: AnswerChoice) -> Iterator[dict]:
         yield from self.update(final)
         logprobs = _logprobs(choice.logprobs) if self.logprobs else []
         part = _text_part(choice.text, logprobs)

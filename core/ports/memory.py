@@ -92,7 +92,7 @@ class MemoryQueueStore:
             created = s.tenant not in self.weights
             self.weights.setdefault(s.tenant, 1.0)
             ids = []
-            for idx, spec in enumerate(s.parsed.requests):
+            for idx, spec in enumerate(s.requests):
                 params = spec.params if spec.params.seed is not None else replace(
                     spec.params, seed=job_id * 1_000_003 + idx)
                 request = MemoryRequest(

@@ -55,7 +55,7 @@ def reference(files: list[JobFile]) -> dict[tuple[str, str], list[int]]:
             EngineRequest(spec.custom_id, standin_encode(spec.prompt, [
                 {"role": m.role, "content": m.content} for m in spec.messages] if spec.messages else None),
                 spec.params)
-            for spec in parsed.requests
+            for spec in parsed
         ]
         for rid, result in engine.run_all(requests).items():
             expected[(f.name, rid)] = result.tokens

@@ -8,7 +8,6 @@ import time
 import pytest
 from sqlalchemy.exc import IntegrityError
 
-from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.catalog import CatalogStore
 from fsched.core.ports.queue import QueueStore
@@ -26,7 +25,7 @@ from fsched.storage.jobstore import SqlJobStore
 from tests.support.store import finish
 
 
-def parsed(n: int, source: str = "f.jsonl") -> ParsedJobFile:
+def parsed(n: int, source: str = "f.jsonl") -> tuple[RequestSpec, ...]:
     data = "".join(
         json.dumps({"prompt": f"p{i}", "custom_id": f"c{i}", "max_tokens": 4}) + "\n" for i in range(n)
     )
@@ -35,7 +34,7 @@ def parsed(n: int, source: str = "f.jsonl") -> ParsedJobFile:
 
 def submission(n: int = 3, tenant: str = "alice",
                request_class: RequestClass = RequestClass.BATCH) -> JobSubmission:
-    return JobSubmission(parsed=parsed(n), tenant=tenant, request_class=request_class, priority=5, name="job")
+    return JobSubmission(parsed(n), tenant=tenant, request_class=request_class, priority=5, name="job")
 
 
 @pytest.fixture
@@ -73,13 +72,9 @@ def test_every_stored_request_has_a_seed(store):
 
 
 def test_submit_is_all_or_nothing(store):
-    bad = ParsedJobFile(
-        source="bad.jsonl",
-        form="simple",
-        requests=tuple(
-            RequestSpec(custom_id="same", endpoint=Endpoint.COMPLETIONS, params=SamplingParams(4), prompt="x")
-            for _ in range(2)
-        ),
+    bad = tuple(
+        RequestSpec(custom_id="same", endpoint=Endpoint.COMPLETIONS, params=SamplingParams(4), prompt="x")
+        for _ in range(2)
     )
     good = submission(3, tenant="bob")
     with pytest.raises(IntegrityError):  # the database's unique constraint

@@ -112,7 +112,7 @@ def test_metrics_read_the_table_and_the_daemons_figures():
     from fsched.core.ports.records import (
         DaemonStats,
         DaemonSummary,
-        OnlineProgress,
+        RequestProgress,
         TenantSummary,
         TenantTotals,
     )
@@ -137,7 +137,7 @@ def test_metrics_read_the_table_and_the_daemons_figures():
     table = Table()
     backend = Backend(jobs=table, keys=None, files=None, serving=table)
     metrics = Metrics(backend)
-    done = OnlineProgress(1, 1, RequestState.DONE, "x", 1, 1, "stop", None, None, 10.0, 10.2, 11.0)
+    done = RequestProgress(1, 1, RequestState.DONE, "x", 1, 10.0, 10.2, 11.0, "stop", None, prompt_tokens=1)
     metrics.observe(RequestClass.REALTIME, done)
     text = metrics.render().decode()
     for line in ('fsched:num_requests_waiting{class="batch",tenant="a"} 2.0',

@@ -13,6 +13,7 @@ from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 from openai.types.responses import response_create_params
 
+from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.inputs import InputError
 from fsched.core.openai.fields import FIELDS, Origin, Support, field_for, markdown_table
 from fsched.core.openai.online import BodyError, ClassRefused, parse_online
@@ -92,13 +93,17 @@ def sdk_fields(module) -> set[str]:
     return set(typing.get_type_hints(base)) | {"stream"}
 
 
+def key(request_class: RequestClass) -> ApiKey:
+    return ApiKey("k1", "alice", request_class, "a key", "hash", 0.0)
+
+
 def parse(endpoint: Endpoint, **fields):
     body = {**BASE[endpoint], **fields}
-    return parse_online(json.dumps(body), endpoint, RequestClass.REALTIME)
+    return parse_online(json.dumps(body), endpoint, key(RequestClass.REALTIME))
 
 
 def outcome(online) -> tuple:
-    return (online.specs, online.request_class, online.priority, online.stream, online.stream_options)
+    return (online.specs, online.request_class, online.job.priority, online.stream, online.stream_options)
 
 
 @pytest.mark.parametrize("endpoint", [COMPLETIONS, CHAT])
@@ -162,7 +167,7 @@ def test_every_responses_field_of_the_sdk_is_in_its_table_and_neutral_values_pas
     assert sorted(sdk_fields(response_create_params) - names) == []
     def asked(**fields):
         chat = to_chat_body({"input": "hi", **fields}).chat_body
-        return outcome(parse_online(json.dumps(chat), CHAT, RequestClass.REALTIME))
+        return outcome(parse_online(json.dumps(chat), CHAT, key(RequestClass.REALTIME)))
 
     base = asked()
     for f in RESPONSES_FIELDS:

@@ -38,8 +38,7 @@ def test_simple_form_prompt_and_messages():
         ),
         "jobs.jsonl",
     )
-    assert parsed.form == "simple"
-    first, second = parsed.requests
+    first, second = parsed
     assert first.custom_id == "a1" and first.prompt == "Summarise this."
     assert first.endpoint is Endpoint.COMPLETIONS
     assert first.params.max_tokens == 64 and first.params.greedy
@@ -74,8 +73,7 @@ def test_openai_batch_form():
         ),
         "batch.jsonl",
     )
-    assert parsed.form == "openai"
-    chat, completion = parsed.requests
+    chat, completion = parsed
     assert chat.model == "gpt-x" and chat.params.max_tokens == 20
     assert chat.messages[1].content == "Hello"
     assert completion.endpoint is Endpoint.COMPLETIONS and completion.params.top_p == 0.9
@@ -85,12 +83,12 @@ def test_default_max_tokens_applies_to_lines_without_one():
     parsed = parse_job_file(
         lines({"prompt": "a"}, {"prompt": "b", "max_tokens": 3}), "f", default_max_tokens=9
     )
-    assert [r.params.max_tokens for r in parsed.requests] == [9, 3]
+    assert [r.params.max_tokens for r in parsed] == [9, 3]
 
 
 def test_bom_crlf_and_blank_lines_are_accepted():
     data = b"\xef\xbb\xbf" + b'{"prompt": "a"}\r\n\r\n   \n{"prompt": "b"}\r\n'
-    assert [r.prompt for r in parse_job_file(data, "f").requests] == ["a", "b"]
+    assert [r.prompt for r in parse_job_file(data, "f")] == ["a", "b"]
 
 
 OPENAI_OK = {"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": {"prompt": "p"}}
@@ -236,13 +234,13 @@ def test_error_messages_are_one_printable_line_whatever_the_input():
 
 
 def test_only_an_omitted_max_tokens_is_a_default():
-    simple = parse_job_file(lines({"prompt": "a"}, {"prompt": "b", "max_tokens": 9}), "f").requests
+    simple = parse_job_file(lines({"prompt": "a"}, {"prompt": "b", "max_tokens": 9}), "f")
     assert [(r.params.max_tokens, r.params.max_tokens_is_default) for r in simple] == [
         (256, True),
         (9, False),
     ]
     body = {"prompt": "c", "max_completion_tokens": 7}
-    (openai,) = parse_job_file(lines({**OPENAI_OK, "body": body}), "f").requests
+    (openai,) = parse_job_file(lines({**OPENAI_OK, "body": body}), "f")
     assert (openai.params.max_tokens, openai.params.max_tokens_is_default) == (7, False)
 
 
@@ -278,7 +276,7 @@ def test_arbitrary_bytes_are_accepted_or_rejected_cleanly(data):
     except JobFileError as error:
         assert "\n" not in str(error)
     else:
-        assert parsed.requests
+        assert parsed
 
 
 json_values = st.recursive(
@@ -320,4 +318,4 @@ def test_arbitrary_objects_are_accepted_or_rejected_cleanly(obj):
     except JobFileError as error:
         assert error.line in (1, None)
     else:  # one request a line, or several: a completions prompt may be a list of prompts
-        assert parsed.requests and all(spec.params.max_tokens >= 1 for spec in parsed.requests)
+        assert parsed and all(spec.params.max_tokens >= 1 for spec in parsed)

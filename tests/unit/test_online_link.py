@@ -17,15 +17,15 @@ from fsched.core.daemon.engine import EngineResult
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.daemon.link import LinkServer
 from fsched.core.daemon.publish import Publisher
-from fsched.core.ports.records import ClaimedRequest, OnlineProgress
+from fsched.core.ports.records import ClaimedRequest, RequestProgress
 from fsched.core.runners.stopping import FinishReason
 from fsched.core.types import RequestClass, RequestState
 
 
-def progress(text: str, state: RequestState = RequestState.RUNNING) -> OnlineProgress:
-    return OnlineProgress(job_id=1, request_id="r1", state=state, output_text=text,
-                          num_output_tokens=len(text), prompt_tokens=None, finish_reason=None, error=None,
-                          model=None, enqueued_at=0.0, first_token_at=None, finished_at=None)
+def progress(text: str, state: RequestState = RequestState.RUNNING) -> RequestProgress:
+    return RequestProgress(id="r1", job_id=1, state=state, output_text=text, num_output_tokens=len(text),
+                           enqueued_at=0.0, first_token_at=None, finished_at=None, finish_reason=None,
+                           error=None)
 
 
 def claimed(job_id: int = 1, request_id: str = "r1") -> ClaimedRequest:
