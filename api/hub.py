@@ -59,10 +59,6 @@ class ProgressHub:
         self._wake = asyncio.Event()
         self._linked_polled_at = -1e18
 
-    @property
-    def open_jobs(self) -> list[int]:
-        return list(self._watches)
-
     async def watch(self, job_id: int) -> AsyncIterator[Choices]:
         """Each change of the job's requests (its choices), until every one has ended (the last
         yielded is final)."""
