@@ -23,21 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from fsched.api.hub import ProgressHub
-from fsched.core.ports.link import (
-    VERSION,
-    Claim,
-    End,
-    Forget,
-    Hello,
-    LinkRefused,
-    Message,
-    StepText,
-    Wake,
-    Watch,
-    decode,
-    encode,
-    greeting,
-)
+from fsched.core.ports import link as wire
 
 log = logging.getLogger("fsched.serve")
 
@@ -68,19 +54,19 @@ class LinkClient:
         if linkable and self._peers:
             self.hub.expect_push(job_id)
         for peer in self._peers.values():
-            self._send(peer, [Watch(job_id)] if linkable else [Claim()])
+            self._send(peer, [wire.Watch(job_id)] if linkable else [wire.Claim()])
 
     def closed(self, job_id: int) -> None:
         """The job's handler is done with it (answered, cancelled, gone)."""
         if self._open.pop(job_id, None):
             for peer in self._peers.values():
-                self._send(peer, [Forget(job_id)])
+                self._send(peer, [wire.Forget(job_id)])
         self._text.pop(job_id, None)
 
     def wake(self) -> None:
         """Ask every daemon to sync now (a cancel)."""
         for peer in self._peers.values():
-            self._send(peer, [Wake()])
+            self._send(peer, [wire.Wake()])
 
     async def run(self, addresses: Callable[[], Awaitable[set[str]]]) -> None:
         """Keep one link to each live daemon; runs for the server's life."""
@@ -107,19 +93,20 @@ class LinkClient:
             log.debug("cannot link to the daemon at %s: %s", address, exc)
             return
         peer = self._peers[address] = _Peer(address, writer)
-        self._send(peer, [Hello(VERSION), Wake(), *(Watch(j) for j, ok in self._open.items() if ok)])
+        watches = [wire.Watch(j) for j, ok in self._open.items() if ok]
+        self._send(peer, [wire.Hello(wire.VERSION), wire.Wake(), *watches])
         peer.task = asyncio.create_task(self._read(peer, reader))
 
-    def _send(self, peer: _Peer, messages: list[Message]) -> None:
+    def _send(self, peer: _Peer, messages: list[wire.Message]) -> None:
         with contextlib.suppress(OSError, RuntimeError):
-            peer.writer.write(encode(messages))
+            peer.writer.write(wire.encode(messages))
 
     async def _read(self, peer: _Peer, reader: asyncio.StreamReader) -> None:
         try:
-            greeting(await reader.readline(), f"the daemon at {peer.address}")
+            wire.greeting(await reader.readline(), f"the daemon at {peer.address}")
             while line := await reader.readline():
-                self._pushed(peer, decode(line))
-        except LinkRefused as exc:
+                self._pushed(peer, wire.decode(line))
+        except wire.LinkRefused as exc:
             self._refused[peer.address] = time.monotonic()
             log.error("%s; this server reads its requests from the table", exc)
         except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
@@ -127,14 +114,14 @@ class LinkClient:
         finally:
             self._drop(peer)
 
-    def _pushed(self, peer: _Peer, message: Message) -> None:
-        if isinstance(message, StepText):
+    def _pushed(self, peer: _Peer, message: wire.Message) -> None:
+        if isinstance(message, wire.StepText):
             progress = message.progress(self._text.get(message.job, ""))
-        elif isinstance(message, End):
+        elif isinstance(message, wire.End):
             progress = message.progress()
         else:
-            raise LinkRefused(f"the daemon at {peer.address} sent a {message.TAG} message, which a daemon "
-                              "never sends after its hello")
+            raise wire.LinkRefused(f"the daemon at {peer.address} sent a {message.TAG} message, which a "
+                                   "daemon never sends after its hello")
         self._text[message.job] = progress.output_text
         peer.jobs.add(message.job)
         if not self.hub.push(message.job, (progress,)):

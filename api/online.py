@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
@@ -24,11 +24,13 @@ from fsched.api import ratelimit
 from fsched.api.errors import ApiError, error_body
 from fsched.api.guard import KeepAlive, StreamEnd, Update, guarded
 from fsched.api.hub import Choices
+from fsched.api.limits import body_text
 from fsched.api.sse import KEEPALIVE, BoundedStream, sse
 from fsched.api.state import ServerState, state_of
 from fsched.api.tokens import prompt_token_ids
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.jsontext import dumps as json_text
+from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.answers import opaque_response_id, response_body
 from fsched.core.openai.online import (
     BodyError,
@@ -120,17 +122,8 @@ async def first_news(request: Request, state: ServerState, job_id: int, online: 
                 return update
         return None
 
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    waiting, gone = asyncio.ensure_future(first()), asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({waiting, gone}, timeout=STREAM_OPEN_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone_now = gone.done() and not waiting.done()
-        gone.cancel()
-    if gone_now:
+    waiting = asyncio.ensure_future(first())
+    if await gone_first(request, waiting, STREAM_OPEN_WAIT_S):
         waiting.cancel()
         await watch.aclose()
         await cancel(state, job_id)
@@ -159,17 +152,19 @@ async def _then(first: asyncio.Future, rest: AsyncIterator[Update]) -> AsyncIter
 
 
 async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: ServerState) -> OnlineRequest:
-    raw = await request.body()
+    return parsed(await body_text(request), endpoint, key, await state.limits())
+
+
+def parsed(text: str, endpoint: Endpoint, key: ApiKey, limits: InputLimits,
+           field_name: Callable[[str | None], str | None] = lambda field: field) -> OnlineRequest:
+    """The body as `parse_online` reads it, or the ApiError its refusal answers: 403 for a class above
+    the key's, else 400 (`field_name`: the field's name as the client's body says it)."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ApiError(400, "the request body is not valid UTF-8") from None
-    try:
-        return parse_online(text, endpoint, key, await state.limits())
+        return parse_online(text, endpoint, key, limits)
     except ClassRefused as exc:
-        raise ApiError(403, exc.message, exc.field, "class_not_allowed") from None
+        raise ApiError(403, exc.message, field_name(exc.field), "class_not_allowed") from None
     except BodyError as exc:
-        raise ApiError(400, exc.message, exc.field, "invalid_value") from None
+        raise ApiError(400, exc.message, field_name(exc.field), "invalid_value") from None
 
 
 async def submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
@@ -240,19 +235,30 @@ async def final_or_disconnect(request: Request, state: ServerState, job_id: int)
             last = choices if choices is not None else last
         return last
 
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
     waiting = asyncio.ensure_future(final())
-    gone = asyncio.ensure_future(disconnected())
     try:
-        await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await gone_first(request, waiting)
     finally:
-        gone.cancel()
         if not waiting.done():
             waiting.cancel()
     return waiting.result() if waiting.done() and not waiting.cancelled() else None
+
+
+async def disconnected(request: Request) -> None:
+    """Returns once the client has hung up: the one way a handler learns it (the server does not fail a
+    write to a closed connection)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def gone_first(request: Request, work: asyncio.Future, timeout: float | None = None) -> bool:
+    """Wait for `work` (at most `timeout`), unless the client hangs up first: True when it did."""
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        return gone.done() and not work.done()
+    finally:
+        gone.cancel()
 
 
 async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
@@ -355,8 +361,7 @@ def _updates(state: ServerState, job_id: int, key: ApiKey) -> AsyncIterator[Upda
 
 
 async def _cancel_on_disconnect(request: Request, state: ServerState, job_id: int) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    await disconnected(request)
     await cancel(state, job_id)
 
 

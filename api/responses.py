@@ -20,14 +20,15 @@ from fastapi.responses import JSONResponse, Response
 from fsched.api import online
 from fsched.api.errors import ApiError, error_body
 from fsched.api.hub import Choices
+from fsched.api.limits import body_text
 from fsched.api.sse import BoundedStream
 from fsched.api.state import ServerState, state_of
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.inputs import InputError
-from fsched.core.jobs.jobfile import load_json_object
 from fsched.core.jobs.jsontext import dumps as json_text
+from fsched.core.jobs.jsontext import loads_object
 from fsched.core.openai.answers import opaque_responses_id
-from fsched.core.openai.online import BodyError, ClassRefused, OnlineRequest, choice_of, parse_online
+from fsched.core.openai.online import OnlineRequest, choice_of
 from fsched.core.openai.responses import (
     RESPONSES_NAME,
     ResponsesRelay,
@@ -75,19 +76,15 @@ async def responses(request: Request):
 
 
 async def _parse(request: Request, state: ServerState, key: ApiKey) -> tuple[ResponsesRequest, OnlineRequest]:
+    """The Responses body, and the chat request it says (a chat field refused is named by its Responses
+    name)."""
     limits = await state.limits()
+    text = await body_text(request)
     try:
-        text = (await request.body()).decode("utf-8")
-        asked = to_chat_body(load_json_object(text, limits.max_depth), limits)
-        return asked, parse_online(json.dumps(asked.chat_body), Endpoint.CHAT, key, limits)
-    except UnicodeDecodeError:
-        raise ApiError(400, "the request body is not valid UTF-8") from None
-    except ClassRefused as exc:
-        raise ApiError(403, exc.message, exc.field, "class_not_allowed") from None
-    except BodyError as exc:
-        raise ApiError(400, exc.message, _responses_name(exc.field), "invalid_value") from None
+        asked = to_chat_body(loads_object(text, limits.max_depth), limits)
     except InputError as exc:  # the body's JSON, or a field of the Responses body itself
         raise ApiError(400, exc.message, exc.field, "invalid_value") from None
+    return asked, online.parsed(json.dumps(asked.chat_body), Endpoint.CHAT, key, limits, _responses_name)
 
 
 def _responses_name(param: str | None) -> str | None:

@@ -29,20 +29,7 @@ import socket
 import threading
 from dataclasses import dataclass, field
 
-from fsched.core.ports.link import (
-    VERSION,
-    End,
-    Forget,
-    Hello,
-    LinkRefused,
-    Message,
-    StepText,
-    Wake,
-    Watch,
-    decode,
-    encode,
-    greeting,
-)
+from fsched.core.ports import link as wire
 
 log = logging.getLogger("fsched.daemon")
 
@@ -121,7 +108,7 @@ class LinkServer:
         """The connection that watches the job, if any (a handle for `send`)."""
         return self._watchers.get(job_id)
 
-    def send(self, lines: dict[object, list[Message]]) -> None:
+    def send(self, lines: dict[object, list[wire.Message]]) -> None:
         """Queue each connection's messages; the link thread writes them."""
         if not lines:
             return
@@ -129,7 +116,7 @@ class LinkServer:
             for conn, messages in lines.items():
                 if conn not in self._conns.values():
                     continue
-                conn.out += encode(messages)
+                conn.out += wire.encode(messages)
         with contextlib.suppress(BlockingIOError):
             self._poke_w.send(b"x")
 
@@ -187,7 +174,7 @@ class LinkServer:
                         raise ConnectionError("the server does not read its link")
         except BlockingIOError:
             pass
-        except LinkRefused as exc:
+        except wire.LinkRefused as exc:
             log.error("%s", exc)
             self._drop(conn)
         except (OSError, ValueError) as exc:
@@ -201,36 +188,36 @@ class LinkServer:
             if not conn.greeted:
                 self._greet(conn, line)
                 continue
-            self._take(conn, decode(line))
+            self._take(conn, wire.decode(line))
 
     def _greet(self, conn: _Conn, line: bytes) -> None:
         """The server's hello answered with ours; LinkRefused for another link version, or none (a
         server older than versions), after telling it ours (its log then says both)."""
         try:
-            greeting(line, conn.peer)
-        except LinkRefused:
+            wire.greeting(line, conn.peer)
+        except wire.LinkRefused:
             with contextlib.suppress(OSError):
-                conn.sock.send(encode([Hello(VERSION)]))
+                conn.sock.send(wire.encode([wire.Hello(wire.VERSION)]))
             raise
         conn.greeted = True
         with self._lock:
-            conn.out += encode([Hello(VERSION)])
+            conn.out += wire.encode([wire.Hello(wire.VERSION)])
 
-    def _take(self, conn: _Conn, message: Message) -> None:
+    def _take(self, conn: _Conn, message: wire.Message) -> None:
         with self._lock:
-            if isinstance(message, Watch):
+            if isinstance(message, wire.Watch):
                 conn.jobs.add(message.job)
                 self._watchers[message.job] = conn
-            elif isinstance(message, Forget):
+            elif isinstance(message, wire.Forget):
                 conn.jobs.discard(message.job)
                 if self._watchers.get(message.job) is conn:
                     del self._watchers[message.job]
                 return
-            elif isinstance(message, StepText | End | Hello):
-                raise LinkRefused(f"{conn.peer} sent a {message.TAG} message, which a server never sends "
-                                  "after its hello")
+            elif isinstance(message, wire.StepText | wire.End | wire.Hello):
+                raise wire.LinkRefused(f"{conn.peer} sent a {message.TAG} message, which a server never "
+                                       "sends after its hello")
             first = not self._wants  # one byte a wake-up: the descriptor is readable until taken
-            if isinstance(message, Wake):
+            if isinstance(message, wire.Wake):
                 self._wants.sync = True
             else:
                 self._wants.claim = True

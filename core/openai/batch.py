@@ -38,6 +38,13 @@ def file_object(f: StoredFile) -> dict:
     }
 
 
+def list_page(data: list[dict], has_more: bool) -> dict:
+    """OpenAI's page of a list (files, batches): the objects, the first and last ids, whether more
+    follow."""
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+
+
 def validate_metadata(metadata: object) -> dict | None:
     """OpenAI's metadata: at most 16 string pairs, keys up to 64 and values up to 512 characters."""
     if metadata is None:

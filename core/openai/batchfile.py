@@ -30,13 +30,21 @@ def parse_job_file(
     source: str,
     limits: InputLimits = InputLimits(),
     default_max_tokens: int | None = None,
+    endpoint: Endpoint | None = None,
 ) -> tuple[RequestSpec, ...]:
     """Validate `data` (a whole JSONL file) into its requests (what a `JobSubmission` stores), or
-    raise JobFileError."""
+    raise JobFileError. `endpoint`: a batch's, which every line must ask for (OpenAI's rule; checked
+    once every line has parsed)."""
     default_max_tokens = default_max_tokens or limits.default_max_tokens
     if not 1 <= default_max_tokens <= limits.max_tokens:
         raise JobFileError(source, f"--max-tokens must be within 1..{limits.max_tokens:,}")
-    return parse_lines(data, source, limits, _LineForms(limits, default_max_tokens).parse)
+    forms = _LineForms(limits, default_max_tokens, endpoint)
+    requests = parse_lines(data, source, limits, forms.parse)
+    if forms.off_endpoint is not None:
+        line_no, asked = forms.off_endpoint
+        raise JobFileError(source, f"asks for {asked.value}; this batch's endpoint is {endpoint.value}",
+                           line_no, "url")
+    return requests
 
 
 @dataclass(slots=True)
@@ -45,8 +53,10 @@ class _LineForms:
 
     limits: InputLimits
     default_max_tokens: int
+    endpoint: Endpoint | None = None  # the one every line must ask for, if any
     name: str | None = None
     line: int = 0
+    off_endpoint: tuple[int, Endpoint] | None = None  # the first line asking for another, and what
 
     def parse(self, obj: dict, line_no: int, index: int) -> tuple[RequestSpec, ...]:
         """The line's requests: one per choice it asks for."""
@@ -57,8 +67,13 @@ class _LineForms:
             raise InputError(f"mixes the {line_form} form with the {self.name} form of line {self.line}; "
                              "use one form per file")
         if line_form == "openai":
-            return _parse_openai(obj, self.limits, self.default_max_tokens)
-        return _parse_simple(obj, self.limits, self.default_max_tokens, index)
+            specs = _parse_openai(obj, self.limits, self.default_max_tokens)
+        else:
+            specs = _parse_simple(obj, self.limits, self.default_max_tokens, index)
+        asked = specs[0].endpoint
+        if self.endpoint not in (None, asked) and self.off_endpoint is None:
+            self.off_endpoint = (line_no, asked)
+        return specs
 
 
 def _parse_simple(obj: dict, limits: InputLimits, default_max_tokens: int, index: int

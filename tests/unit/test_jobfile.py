@@ -93,6 +93,22 @@ def test_bom_crlf_and_blank_lines_are_accepted():
 
 OPENAI_OK = {"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": {"prompt": "p"}}
 
+
+def test_a_batch_file_names_the_first_line_that_asks_for_another_endpoint_once_every_line_parsed():
+    many = {**OPENAI_OK, "custom_id": "a", "body": {"prompt": ["p", "q"], "n": 3}}  # six requests
+    other = {**OPENAI_OK, "custom_id": "b", "url": "/v1/chat/completions",
+             "body": {"messages": [{"role": "user", "content": "hi"}]}}
+    data = lines(many, {**many, "custom_id": "c"}, other, {**other, "custom_id": "d"})
+    with pytest.raises(JobFileError) as info:
+        parse_job_file(data, "batch.jsonl", endpoint=Endpoint.COMPLETIONS)
+    assert (info.value.line, info.value.field) == (3, "url")
+    assert info.value.message == "asks for /v1/chat/completions; this batch's endpoint is /v1/completions"
+    assert len(parse_job_file(data, "batch.jsonl")) == 14  # a file without a batch may mix them
+    broken = data + b'{"custom_id": "e", "prompt": "simple form"}\n'
+    with pytest.raises(JobFileError) as info:  # a line that does not parse is named first
+        parse_job_file(broken, "batch.jsonl", endpoint=Endpoint.COMPLETIONS)
+    assert info.value.line == 5 and "mixes the simple form" in info.value.message
+
 BAD_INPUTS = [
     # (name, file bytes, expected line, expected field or None, text in the message)
     ("invalid json", b'{"prompt": "a"}\n{"prompt": \n', 2, None, "invalid JSON"),
