@@ -1,10 +1,12 @@
-"""OpenAI's online API in fsched's terms: request bodies in, response objects and chunks out.
+"""An online request (/v1/completions, /v1/chat/completions) in fsched's terms: its body read as the job
+the catalog stores, and a finished choice as its answer shows it.
 
 Pure translation, no I/O. A body is checked by the same parser as a line of a
 batch file (so `submit`, the Batch API and the online endpoints accept the
 same fields), after the fields only online requests have are taken off:
 `stream_options`, `service_tier` (the class, never above the key's) and
-`priority` (fsched's base priority, 0 most urgent to 9).
+`priority` (fsched's base priority, 0 most urgent to 9). The answers and
+chunks themselves are `answers.py`'s and `streams.py`'s.
 """
 
 from __future__ import annotations
