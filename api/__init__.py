@@ -1,4 +1,4 @@
 """`fsched serve`: the OpenAI-compatible HTTP API over the job table.
 
-Thin handlers; the translation both ways is in core/jobs (openai.py, batches.py).
+Thin handlers; the translation both ways is the OpenAI protocol's, in core/openai.
 """

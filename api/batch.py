@@ -15,21 +15,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from fsched.api.errors import ApiError, not_found
-from fsched.api.limits import BodyTooLarge
+from fsched.api.limits import BodyTooLarge, body_text
 from fsched.api.state import ServerState, state_of
 from fsched.core.jobs.apikeys import ApiKey
-from fsched.core.jobs.batches import (
-    BATCH_PURPOSE,
-    BatchRecord,
-    batch_object,
-    file_object,
-    new_batch_id,
-    validate_metadata,
-    window_seconds,
-)
-from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_job_file
+from fsched.core.jobs.batches import BATCH_PURPOSE, BatchRecord, new_batch_id, window_seconds
+from fsched.core.jobs.jobfile import JobFileError, load_json_object
 from fsched.core.jobs.jsontext import dumps as json_text
-from fsched.core.jobs.results import lines_of, output_line
+from fsched.core.openai.batch import batch_object, file_object, list_page, validate_metadata
+from fsched.core.openai.batchfile import parse_job_file
+from fsched.core.openai.results import lines_of, output_line
 from fsched.core.ports.records import FileQuotaExceeded, JobSubmission, QueueFull
 from fsched.core.types import Endpoint, JobOrigin, RequestClass
 
@@ -81,9 +75,7 @@ async def list_files(request: Request, purpose: str | None = None, after: str | 
         raise ApiError(400, "order must be 'asc' or 'desc'", "order")
     found = await state.call(state.backend.files.list_files, key.tenant, purpose, limit + 1, after,
                              order == "desc")
-    data = [file_object(f) for f in found[:limit]]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": len(found) > limit}
+    return list_page([file_object(f) for f in found[:limit]], has_more=len(found) > limit)
 
 
 @router.get("/v1/files/{file_id}")
@@ -156,16 +148,15 @@ async def create_batch(request: Request) -> dict:
                          created_at=time.time())
     limits = await state.limits()
     try:
-        parsed = await state.call(parse_job_file, content or b"", f.filename, limits)
-        _same_endpoint(parsed, endpoint, content or b"")
+        requests = await state.call(parse_job_file, content or b"", f.filename, limits, endpoint=endpoint)
     except JobFileError as exc:
         failed = _refused(record, exc)
         await state.call(state.backend.files.add_batch, failed)
         return batch_object(failed, None)
-    if len(parsed.requests) > limits.max_queued_per_tenant:  # could never fit: not a retry later
-        raise ApiError(400, f"the batch holds {len(parsed.requests):,} requests, larger than your queue "
+    if len(requests) > limits.max_queued_per_tenant:  # could never fit: not a retry later
+        raise ApiError(400, f"the batch holds {len(requests):,} requests, larger than your queue "
                        f"limit of {limits.max_queued_per_tenant}", "input_file_id", "batch_too_large")
-    submission = JobSubmission(parsed=parsed, tenant=key.tenant, request_class=RequestClass.BATCH,
+    submission = JobSubmission(requests, tenant=key.tenant, request_class=RequestClass.BATCH,
                                priority=BATCH_PRIORITY, name=record.id, origin=JobOrigin.BATCH, key_id=key.id)
     try:
         (job,) = await state.call(state.backend.jobs.submit, [submission],
@@ -191,9 +182,7 @@ async def list_batches(request: Request, after: str | None = None, limit: int = 
     if not 1 <= limit <= MAX_LIST:
         raise ApiError(400, f"limit must be within 1..{MAX_LIST}", "limit")
     records = await state.call(state.backend.files.list_batches, key.tenant, after, limit + 1)
-    data = [await _batch_json(state, r) for r in records[:limit]]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": len(records) > limit}
+    return list_page([await _batch_json(state, r) for r in records[:limit]], has_more=len(records) > limit)
 
 
 @router.post("/v1/batches/{batch_id}/cancel")
@@ -231,11 +220,9 @@ def _output_sizes(state: ServerState, record: BatchRecord) -> tuple[int, int]:
 
 
 async def _json_body(request: Request) -> dict:
-    raw = await request.body()
+    text = await body_text(request)
     try:
-        return load_json_object(raw.decode("utf-8"), 16)
-    except UnicodeDecodeError:
-        raise ApiError(400, "the request body is not valid UTF-8") from None
+        return load_json_object(text, 16)
     except JobFileError as exc:
         raise ApiError(400, f"the body must be a JSON object: {exc}", exc.field) from None
 
@@ -259,15 +246,6 @@ def _batch_fields(body: dict) -> tuple[Endpoint, dict | None]:
         return endpoint, validate_metadata(body.get("metadata"))
     except ValueError as exc:
         raise ApiError(400, str(exc), "metadata") from None
-
-
-def _same_endpoint(parsed, endpoint: Endpoint, content: bytes) -> None:
-    """Every line of a batch asks for the batch's endpoint (OpenAI's rule)."""
-    for index, spec in enumerate(parsed.requests):
-        if spec.endpoint is not endpoint:
-            lines = [n for n, raw in enumerate(content.split(b"\n"), start=1) if raw.strip()]
-            raise JobFileError(parsed.source, f"asks for {spec.endpoint.value}; this batch's endpoint is "
-                               f"{endpoint.value}", lines[index], "url")
 
 
 def _refused(record: BatchRecord, exc: JobFileError) -> BatchRecord:

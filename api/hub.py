@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 import anyio.to_thread
 
-from fsched.core.jobs.openai import OnlineProgress
+from fsched.core.ports.records import RequestProgress
 
 # A job's requests, one a choice, in choice order.
-Choices = tuple[OnlineProgress, ...]
+Choices = tuple[RequestProgress, ...]
 Reader = Callable[[Sequence[int]], dict[int, Choices]]
 
 LINKED_POLL_S = 0.25  # a linked job's table check: cancels, failures and the record
@@ -58,10 +58,6 @@ class ProgressHub:
         self._expected: dict[int, bool] = {}  # announced on a link before anyone watched
         self._wake = asyncio.Event()
         self._linked_polled_at = -1e18
-
-    @property
-    def open_jobs(self) -> list[int]:
-        return list(self._watches)
 
     async def watch(self, job_id: int) -> AsyncIterator[Choices]:
         """Each change of the job's requests (its choices), until every one has ended (the last

@@ -1,11 +1,21 @@
-"""Body size limits, enforced as the bytes arrive (a declared Content-Length over the limit is
-refused before a byte is read): 413 in OpenAI's error shape."""
+"""Request bodies: their size limits, enforced as the bytes arrive (a declared Content-Length over
+the limit is refused before a byte is read: 413 in OpenAI's error shape), and their text."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from fsched.api.errors import BodyRefused, run_refusing, send_refusal
+from fastapi import Request
+
+from fsched.api.errors import ApiError, BodyRefused, run_refusing, send_refusal
+
+
+async def body_text(request: Request) -> str:
+    """The request's body as text; a 400 when it is not UTF-8."""
+    try:
+        return (await request.body()).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "the request body is not valid UTF-8") from None
 
 
 class BodyTooLarge(BodyRefused):

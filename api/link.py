@@ -1,33 +1,35 @@
-"""The server's side of the daemons' links (core/daemon/link.py says what travels).
+"""The server's side of the daemons' links (`core/ports/link.py` defines what travels).
 
 Every `refresh_s` the server connects to each live daemon's link address
-(from its heartbeat) and drops links of daemons gone. A new online request
-is announced on every link: a claim (the daemon that can take it claims at
-once, even while it waits for its engine's tokens) or, where the text alone
-answers it, a watch (a claim too; the daemon holding it pushes its text each
-step). Pushed progress goes to the hub; a link that
-closes sends its jobs back to table polling. Nothing here is the record: the
-table is, and a server without links (none reachable, `--link off` daemons)
-serves from the table alone.
+(from its heartbeat) and drops links of daemons gone. A link opens with both
+ends' hellos: a daemon of another link version is refused, loudly (an error
+in the log naming both versions), and tried again only after
+`REFUSED_RETRY_S`. A new online request is announced on every link: a claim
+(the daemon that can take it claims at once, even while it waits for its
+engine's tokens) or, where the text alone answers it, a watch (a claim too;
+the daemon holding it pushes its text each step). Pushed progress goes to
+the hub; a link that closes sends its jobs back to table polling. Nothing
+here is the record: the table is, and a server without links (none
+reachable, refused, `--link off` daemons) serves from the table alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from fsched.api.hub import ProgressHub
-from fsched.core.jobs.openai import OnlineProgress
-from fsched.core.types import RequestState
+from fsched.core.ports import link as wire
 
 log = logging.getLogger("fsched.serve")
 
 REFRESH_S = 0.5
 CONNECT_TIMEOUT_S = 1.0
+REFUSED_RETRY_S = 30.0  # a daemon of another link version: asked again this long after (a restart)
 
 
 @dataclass(slots=True, eq=False)
@@ -45,29 +47,26 @@ class LinkClient:
         self._peers: dict[str, _Peer] = {}
         self._open: dict[int, bool] = {}  # announced jobs still open -> linkable
         self._text: dict[int, str] = {}  # pushed text so far, per linked job
-
-    @property
-    def linked_daemons(self) -> int:
-        return len(self._peers)
+        self._refused: dict[str, float] = {}  # daemons of another link version -> when (monotonic)
 
     def announce(self, job_id: int, linkable: bool) -> None:
         self._open[job_id] = linkable
         if linkable and self._peers:
             self.hub.expect_push(job_id)
         for peer in self._peers.values():
-            self._send(peer, [{"op": "watch", "job": job_id}] if linkable else [{"op": "claim"}])
+            self._send(peer, [wire.Watch(job_id)] if linkable else [wire.Claim()])
 
     def closed(self, job_id: int) -> None:
         """The job's handler is done with it (answered, cancelled, gone)."""
         if self._open.pop(job_id, None):
             for peer in self._peers.values():
-                self._send(peer, [{"op": "forget", "job": job_id}])
+                self._send(peer, [wire.Forget(job_id)])
         self._text.pop(job_id, None)
 
     def wake(self) -> None:
         """Ask every daemon to sync now (a cancel)."""
         for peer in self._peers.values():
-            self._send(peer, [{"op": "wake"}])
+            self._send(peer, [wire.Wake()])
 
     async def run(self, addresses: Callable[[], Awaitable[set[str]]]) -> None:
         """Keep one link to each live daemon; runs for the server's life."""
@@ -78,7 +77,10 @@ class LinkClient:
                 wanted = set(self._peers)
             for address in set(self._peers) - wanted:
                 self._drop(self._peers[address])
-            for address in wanted - set(self._peers):
+            now = time.monotonic()
+            self._refused = {a: t for a, t in self._refused.items()
+                             if a in wanted and now - t < REFUSED_RETRY_S}
+            for address in wanted - set(self._peers) - set(self._refused):
                 await self._connect(address)
             await asyncio.sleep(self.refresh_s)
 
@@ -91,34 +93,39 @@ class LinkClient:
             log.debug("cannot link to the daemon at %s: %s", address, exc)
             return
         peer = self._peers[address] = _Peer(address, writer)
-        self._send(peer, [{"op": "wake"}, *({"op": "watch", "job": j} for j, ok in self._open.items() if ok)])
+        watches = [wire.Watch(j) for j, ok in self._open.items() if ok]
+        self._send(peer, [wire.Hello(wire.VERSION), wire.Wake(), *watches])
         peer.task = asyncio.create_task(self._read(peer, reader))
 
-    def _send(self, peer: _Peer, messages: list[dict]) -> None:
+    def _send(self, peer: _Peer, messages: list[wire.Message]) -> None:
         with contextlib.suppress(OSError, RuntimeError):
-            peer.writer.write("".join(json.dumps(m, separators=(",", ":")) + "\n" for m in messages).encode())
+            peer.writer.write(wire.encode(messages))
 
     async def _read(self, peer: _Peer, reader: asyncio.StreamReader) -> None:
         try:
+            wire.greeting(await reader.readline(), f"the daemon at {peer.address}")
             while line := await reader.readline():
-                self._pushed(peer, json.loads(line))
+                self._pushed(peer, wire.decode(line))
+        except wire.LinkRefused as exc:
+            self._refused[peer.address] = time.monotonic()
+            log.error("%s; this server reads its requests from the table", exc)
         except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
             log.debug("the link to %s failed: %s", peer.address, exc)
         finally:
             self._drop(peer)
 
-    def _pushed(self, peer: _Peer, message: dict) -> None:
-        job_id = message["job"]
-        end = message.get("end")
-        if end is None:
-            text = self._text.get(job_id, "")[: message["o"]] + message["t"]
-            progress = _progress(job_id, message["req"], RequestState.RUNNING, text, message)
+    def _pushed(self, peer: _Peer, message: wire.Message) -> None:
+        if isinstance(message, wire.StepText):
+            progress = message.progress(self._text.get(message.job, ""))
+        elif isinstance(message, wire.End):
+            progress = message.progress()
         else:
-            progress = _progress(job_id, message["req"], RequestState(end["state"]), end["t"], end)
-        self._text[job_id] = progress.output_text
-        peer.jobs.add(job_id)
-        if not self.hub.push(job_id, (progress,)):
-            self.closed(job_id)
+            raise wire.LinkRefused(f"the daemon at {peer.address} sent a {message.TAG} message, which a "
+                                   "daemon never sends after its hello")
+        self._text[message.job] = progress.output_text
+        peer.jobs.add(message.job)
+        if not self.hub.push(message.job, (progress,)):
+            self.closed(message.job)
 
     def _drop(self, peer: _Peer) -> None:
         if self._peers.get(peer.address) is peer:
@@ -132,10 +139,3 @@ class LinkClient:
         for job_id in peer.jobs:
             self._text.pop(job_id, None)
 
-
-def _progress(job_id: int, request_id: str, state: RequestState, text: str, m: dict) -> OnlineProgress:
-    return OnlineProgress(
-        job_id=job_id, request_id=request_id, state=state, output_text=text, num_output_tokens=m["n"],
-        prompt_tokens=m.get("pt"), finish_reason=m.get("fr"), error=m.get("err"), model=m.get("model"),
-        enqueued_at=m["q"], first_token_at=m.get("ft"), finished_at=m.get("fin"),
-    )

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from fsched.core.jobs.openai import OnlineProgress
-from fsched.core.ports.records import DaemonSummary, newest_live_daemon
+from fsched.core.ports.records import DaemonSummary, RequestProgress, newest_live_daemon
 from fsched.core.sched.shares import entitled_shares
 from fsched.core.types import RequestClass
 
@@ -45,7 +44,7 @@ class Metrics:
                              ["class"], buckets=E2E_BUCKETS, registry=self.registry)
         self.registry.register(_TableCollector(backend))
 
-    def observe(self, request_class: RequestClass, p: OnlineProgress) -> None:
+    def observe(self, request_class: RequestClass, p: RequestProgress) -> None:
         if p.first_token_at is not None:
             self.ttft.labels(request_class.value).observe(max(0.0, p.first_token_at - p.enqueued_at))
         if p.finished_at is not None:

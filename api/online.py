@@ -2,7 +2,7 @@
 
 A request becomes a one-row job of the key's tenant (as `fsched generate`
 makes), its tokens come back through the progress hub, and a client that
-goes away cancels it. The translation both ways lives in core/jobs/openai.py.
+goes away cancels it. The translation both ways lives in core/openai/online.py.
 Their streams, and /v1/responses's, go out through `relayed`: under the rules
 of api/guard.py, and bounded against a client that stops reading (api/sse.py).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
@@ -24,26 +24,26 @@ from fsched.api import ratelimit
 from fsched.api.errors import ApiError, error_body
 from fsched.api.guard import KeepAlive, StreamEnd, Update, guarded
 from fsched.api.hub import Choices
+from fsched.api.limits import body_text
 from fsched.api.sse import KEEPALIVE, BoundedStream, sse
 from fsched.api.state import ServerState, state_of
 from fsched.api.tokens import prompt_token_ids
-from fsched.core.jobs.answers import opaque_response_id, response_body
 from fsched.core.jobs.apikeys import ApiKey
-from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.jobs.jsontext import dumps as json_text
-from fsched.core.jobs.openai import (
+from fsched.core.jobs.limits import InputLimits
+from fsched.core.openai.answers import opaque_response_id, response_body
+from fsched.core.openai.online import (
     BodyError,
     ClassRefused,
-    OnlineProgress,
     OnlineRequest,
     choice_of,
     failure_status,
     parse_online,
 )
-from fsched.core.jobs.results import DEFAULT_MODEL_NAME
-from fsched.core.jobs.streams import StreamRelay
-from fsched.core.ports.records import JobSubmission, QueueFull
-from fsched.core.types import Endpoint, JobOrigin, RequestState
+from fsched.core.openai.results import DEFAULT_MODEL_NAME
+from fsched.core.openai.streams import StreamRelay
+from fsched.core.ports.records import QueueFull, RequestProgress
+from fsched.core.types import Endpoint, RequestState
 
 router = APIRouter()
 RETRY_AFTER_S = 1
@@ -122,17 +122,8 @@ async def first_news(request: Request, state: ServerState, job_id: int, online: 
                 return update
         return None
 
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    waiting, gone = asyncio.ensure_future(first()), asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({waiting, gone}, timeout=STREAM_OPEN_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone_now = gone.done() and not waiting.done()
-        gone.cancel()
-    if gone_now:
+    waiting = asyncio.ensure_future(first())
+    if await gone_first(request, waiting, STREAM_OPEN_WAIT_S):
         waiting.cancel()
         await watch.aclose()
         await cancel(state, job_id)
@@ -161,29 +152,26 @@ async def _then(first: asyncio.Future, rest: AsyncIterator[Update]) -> AsyncIter
 
 
 async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: ServerState) -> OnlineRequest:
-    raw = await request.body()
+    return parsed(await body_text(request), endpoint, key, await state.limits())
+
+
+def parsed(text: str, endpoint: Endpoint, key: ApiKey, limits: InputLimits,
+           field_name: Callable[[str | None], str | None] = lambda field: field) -> OnlineRequest:
+    """The body as `parse_online` reads it, or the ApiError its refusal answers: 403 for a class above
+    the key's, else 400 (`field_name`: the field's name as the client's body says it)."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ApiError(400, "the request body is not valid UTF-8") from None
-    try:
-        return parse_online(text, endpoint, key.request_class, await state.limits())
+        return parse_online(text, endpoint, key, limits)
     except ClassRefused as exc:
-        raise ApiError(403, exc.message, exc.param, "class_not_allowed") from None
+        raise ApiError(403, exc.message, field_name(exc.field), "class_not_allowed") from None
     except BodyError as exc:
-        raise ApiError(400, exc.message, exc.param, "invalid_value") from None
+        raise ApiError(400, exc.message, field_name(exc.field), "invalid_value") from None
 
 
 async def submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
     await ratelimit.admit(state, key, online)
     limits = await state.limits()
-    submission = JobSubmission(
-        parsed=ParsedJobFile(source="<http>", requests=online.specs, form="openai"),
-        tenant=key.tenant, request_class=online.request_class, priority=online.priority, name="http",
-        origin=JobOrigin.ONLINE, key_id=key.id,
-    )
     try:
-        job = await state.submit_online(submission, limits.max_queued_per_tenant)
+        job = await state.submit_online(online.job, limits.max_queued_per_tenant)
     except QueueFull:
         raise ApiError(429, f"tenant {key.tenant!r} has too many unfinished requests "
                             f"(limit {limits.max_queued_per_tenant:,}); retry later",
@@ -247,19 +235,30 @@ async def final_or_disconnect(request: Request, state: ServerState, job_id: int)
             last = choices if choices is not None else last
         return last
 
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
     waiting = asyncio.ensure_future(final())
-    gone = asyncio.ensure_future(disconnected())
     try:
-        await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await gone_first(request, waiting)
     finally:
-        gone.cancel()
         if not waiting.done():
             waiting.cancel()
     return waiting.result() if waiting.done() and not waiting.cancelled() else None
+
+
+async def disconnected(request: Request) -> None:
+    """Returns once the client has hung up: the one way a handler learns it (the server does not fail a
+    write to a closed connection)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def gone_first(request: Request, work: asyncio.Future, timeout: float | None = None) -> bool:
+    """Wait for `work` (at most `timeout`), unless the client hangs up first: True when it did."""
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        return gone.done() and not work.done()
+    finally:
+        gone.cancel()
 
 
 async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
@@ -362,21 +361,20 @@ def _updates(state: ServerState, job_id: int, key: ApiKey) -> AsyncIterator[Upda
 
 
 async def _cancel_on_disconnect(request: Request, state: ServerState, job_id: int) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    await disconnected(request)
     await cancel(state, job_id)
 
 
-def _model(online: OnlineRequest, progress: OnlineProgress) -> str:
+def _model(online: OnlineRequest, progress: RequestProgress) -> str:
     return online.spec.model or progress.model or DEFAULT_MODEL_NAME
 
 
-def failed_choice(choices: Choices | None) -> OnlineProgress | None:
+def failed_choice(choices: Choices | None) -> RequestProgress | None:
     """The first choice that ended without finishing done (failed or cancelled), if any."""
     return next((p for p in choices or () if p.state.finished and p.state is not RequestState.DONE), None)
 
 
-def failure(progress: OnlineProgress) -> tuple[int, str]:
+def failure(progress: RequestProgress) -> tuple[int, str]:
     if progress.state is RequestState.CANCELLED:
         return 500, "the request was cancelled (by an admin, or its job was cancelled) before it finished"
     return failure_status(progress.error), progress.error or "the request failed"

@@ -1,7 +1,7 @@
 """`GET /openapi.json`: the OpenAPI 3.1 description of the endpoints the server really has.
 
 Written by hand, as the handlers parse their bodies themselves (by the same
-rules as a batch line, core/jobs/): the request schemas name the fields a
+rules as a batch line, core/openai/): the request schemas name the fields a
 client most often sends, with their ranges, and allow the rest of OpenAI's
 and vLLM's fields (the server checks each and answers 400 for one it cannot
 honour). Every error is declared in OpenAI's shape, for every operation.
@@ -9,7 +9,7 @@ honour). Every error is declared in OpenAI's shape, for every operation.
 
 from __future__ import annotations
 
-from fsched.core.jobs.batches import MAX_METADATA_PAIRS, MAX_METADATA_VALUE
+from fsched.core.openai.batch import MAX_METADATA_PAIRS, MAX_METADATA_VALUE
 
 JSON = "application/json"
 _ERROR_STATUSES = ("400", "401", "403", "404", "408", "413", "429", "503")

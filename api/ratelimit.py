@@ -15,8 +15,8 @@ import time
 from fsched.api.errors import ApiError
 from fsched.api.state import LIMITS_TTL_S, ServerState
 from fsched.core.jobs.apikeys import ApiKey
-from fsched.core.jobs.openai import OnlineRequest
 from fsched.core.jobs.ratelimit import never_fits
+from fsched.core.openai.online import OnlineRequest
 
 # key id -> (its rate limits, when read). Key ids are random and never reused, so one cache serves
 # every app of a process.

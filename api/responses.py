@@ -1,6 +1,6 @@
 """POST /v1/responses: OpenAI's Responses API for text, over the same queue as chat.
 
-The body is said in chat's words (core/jobs/responses.py) and checked by the
+The body is said in chat's words (core/openai/responses.py) and checked by the
 chat parser; the request is a one-row job as a chat request is; the answer
 is a `response` object or, streamed, the Responses event sequence, under the
 stream rules chat's streams follow (api/online.py `relayed`, api/guard.py).
@@ -20,21 +20,23 @@ from fastapi.responses import JSONResponse, Response
 from fsched.api import online
 from fsched.api.errors import ApiError, error_body
 from fsched.api.hub import Choices
+from fsched.api.limits import body_text
 from fsched.api.sse import BoundedStream
 from fsched.api.state import ServerState, state_of
-from fsched.core.jobs.answers import opaque_responses_id
-from fsched.core.jobs.jobfile import JobFileError, load_json_object
+from fsched.core.jobs.apikeys import ApiKey
+from fsched.core.jobs.inputs import InputError
 from fsched.core.jobs.jsontext import dumps as json_text
-from fsched.core.jobs.openai import BodyError, ClassRefused, OnlineRequest, choice_of, parse_online
-from fsched.core.jobs.responses import (
+from fsched.core.jobs.jsontext import loads_object
+from fsched.core.openai.answers import opaque_responses_id
+from fsched.core.openai.online import OnlineRequest, choice_of
+from fsched.core.openai.responses import (
     RESPONSES_NAME,
-    ResponsesProblem,
     ResponsesRelay,
     ResponsesRequest,
     response_object,
     to_chat_body,
 )
-from fsched.core.jobs.results import DEFAULT_MODEL_NAME
+from fsched.core.openai.results import DEFAULT_MODEL_NAME
 from fsched.core.types import Endpoint
 
 router = APIRouter()
@@ -44,7 +46,7 @@ router = APIRouter()
 async def responses(request: Request):
     state = state_of(request)
     key = await state.authenticate(request)
-    asked, chat = await _parse(request, state, key.request_class)
+    asked, chat = await _parse(request, state, key)
     await state.require_daemon()
     job_id = await online.submit(state, key, chat)
     response_id = opaque_responses_id()
@@ -73,20 +75,16 @@ async def responses(request: Request):
     return Response(json_text(body), media_type="application/json")
 
 
-async def _parse(request: Request, state: ServerState, key_class) -> tuple[ResponsesRequest, OnlineRequest]:
+async def _parse(request: Request, state: ServerState, key: ApiKey) -> tuple[ResponsesRequest, OnlineRequest]:
+    """The Responses body, and the chat request it says (a chat field refused is named by its Responses
+    name)."""
     limits = await state.limits()
+    text = await body_text(request)
     try:
-        text = (await request.body()).decode("utf-8")
-        asked = to_chat_body(load_json_object(text, limits.max_depth), limits)
-        return asked, parse_online(json.dumps(asked.chat_body), Endpoint.CHAT, key_class, limits)
-    except UnicodeDecodeError:
-        raise ApiError(400, "the request body is not valid UTF-8") from None
-    except (JobFileError, ResponsesProblem) as exc:
+        asked = to_chat_body(loads_object(text, limits.max_depth), limits)
+    except InputError as exc:  # the body's JSON, or a field of the Responses body itself
         raise ApiError(400, exc.message, exc.field, "invalid_value") from None
-    except ClassRefused as exc:
-        raise ApiError(403, exc.message, exc.param, "class_not_allowed") from None
-    except BodyError as exc:
-        raise ApiError(400, exc.message, _responses_name(exc.param), "invalid_value") from None
+    return asked, online.parsed(json.dumps(asked.chat_body), Endpoint.CHAT, key, limits, _responses_name)
 
 
 def _responses_name(param: str | None) -> str | None:

@@ -15,9 +15,11 @@ from typing import Protocol
 from fastapi import APIRouter, Request
 
 from fsched.api.errors import ApiError
+from fsched.api.limits import body_text
 from fsched.api.state import ServerState, state_of
-from fsched.core.jobs.jobfile import JobFileError, load_json_object
-from fsched.core.jobs.tokenize import TokenizeProblem, parse_detokenize, parse_tokenize
+from fsched.core.jobs.inputs import InputError
+from fsched.core.jobs.jsontext import loads_object
+from fsched.core.openai.tokenize import parse_detokenize, parse_tokenize
 
 router = APIRouter()
 
@@ -76,12 +78,10 @@ async def prompt_token_ids(state: ServerState, prompt: str | None, messages: lis
 
 
 async def _body(request: Request, state: ServerState) -> dict:
-    raw = await request.body()
+    text = await body_text(request)
     try:
-        return load_json_object(raw.decode("utf-8"), (await state.limits()).max_depth)
-    except UnicodeDecodeError:
-        raise ApiError(400, "the request body is not valid UTF-8") from None
-    except JobFileError as exc:
+        return loads_object(text, (await state.limits()).max_depth)
+    except InputError as exc:
         raise ApiError(400, exc.message, exc.field) from None
 
 
@@ -91,7 +91,7 @@ async def tokenize(request: Request) -> dict:
     await state.authenticate(request)
     try:
         asked = parse_tokenize(await _body(request, state), await state.limits())
-    except TokenizeProblem as exc:
+    except InputError as exc:
         raise ApiError(400, exc.message, exc.field, "invalid_value") from None
     _, codec = await state.tokenizers.codec(state)
     messages = [m.to_json() for m in asked.messages] or None
@@ -107,7 +107,7 @@ async def detokenize(request: Request) -> dict:
     await state.authenticate(request)
     try:
         tokens = parse_detokenize(await _body(request, state))
-    except TokenizeProblem as exc:
+    except InputError as exc:
         raise ApiError(400, exc.message, exc.field, "invalid_value") from None
     _, codec = await state.tokenizers.codec(state)
     try:

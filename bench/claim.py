@@ -26,7 +26,7 @@ import time
 import uuid
 from pathlib import Path
 
-from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.records import Completion, JobSubmission
 from fsched.core.types import RequestClass, RequestState
 from fsched.storage.sql_catalog import SqlCatalogStore

@@ -65,7 +65,7 @@ def job_lines(n: int, seed: int, out=(8, 128), prompt=(4, 40)) -> bytes:
 
 
 def submit(store, data: bytes, tenant: str, request_class: str = "batch", name: str = "job") -> int:
-    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.openai.batchfile import parse_job_file
     from fsched.core.ports.records import JobSubmission
     from fsched.core.types import RequestClass
 

@@ -91,7 +91,7 @@ def generate_path_ttft(db_url: str, n: int, max_tokens: int) -> list[float]:
     """`fsched generate`'s path in this process: a one-line job submitted, its row polled every 20 ms,
     until it shows text or has ended."""
     from fsched.cli.generate import POLL_S, one_line_job
-    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.openai.batchfile import parse_job_file
     from fsched.core.ports.records import JobSubmission
     from fsched.core.types import RequestClass
     from fsched.storage.jobstore import SqlJobStore
@@ -150,7 +150,7 @@ def bench_first_token(root: Path, model_cache: str, n: int, model: str | None = 
 
 
 def bench_loaded(root: Path, model_cache: str, n: int) -> None:
-    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.openai.batchfile import parse_job_file
     from fsched.core.ports.records import JobSubmission
     from fsched.core.types import RequestClass
     from fsched.storage.jobstore import SqlJobStore

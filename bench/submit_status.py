@@ -65,7 +65,7 @@ def bare_insert_seconds(job_file: Path, folder: Path) -> float:
 
 def fill_to(total: int, job_file: Path, url: str) -> None:
     """Submit the same file as further jobs (in-process) until `total` requests are stored."""
-    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.openai.batchfile import parse_job_file
     from fsched.core.ports.records import JobSubmission
     from fsched.core.types import RequestClass
     from fsched.storage.sql_catalog import SqlCatalogStore

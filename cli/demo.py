@@ -229,7 +229,7 @@ def demo(
 
 
 def _run(url: str, tmp: Path, policy: str, threads: int | None, size: float, as_json: bool) -> None:
-    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.openai.batchfile import parse_job_file
     from fsched.core.ports.records import JobSubmission, TenantExists
 
     store = open_catalog(url)

@@ -112,7 +112,7 @@ def generate(
     and tokens/s on stderr. The request waits in the queue like any other, so
     a daemon must be running (`fsched daemon`).
     """
-    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.openai.batchfile import parse_job_file
     from fsched.core.ports.records import JobSubmission
 
     request_class = parse_class(request_class)
@@ -124,12 +124,12 @@ def generate(
     tenant = tenant or default_tenant(actor, getpass.getuser())
     allow(may_act_as(actor, tenant))
     limits = limits_in_force(table)
-    parsed = parse_job_file(
+    requests = parse_job_file(
         one_line_job(prompt, max_tokens, temperature, seed), "<generate>", limits, DEFAULT_MAX_TOKENS
     )
     # Ctrl-C cancels the request even where the shell started us with SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    (job,) = store.submit([JobSubmission(parsed=parsed, tenant=tenant,
+    (job,) = store.submit([JobSubmission(requests=requests, tenant=tenant,
                                          request_class=request_class, priority=5, name="generate",
                                          origin=JobOrigin.GENERATE)],
                            max_queued_per_tenant=limits.max_queued_per_tenant)
@@ -173,7 +173,6 @@ def print_answer(answer: Answer, job_id: int, streamed: bool) -> None:
 
 def _wait(store, job_id: int, stream: bool, timeout: float | None) -> RequestProgress:
     """Poll the request until it ends; print new text when streaming. Raises on failure/timeout."""
-    from fsched.core.jobs.openai import visible_text
 
     start = time.monotonic()
     warned = False
@@ -189,7 +188,7 @@ def _wait(store, job_id: int, stream: bool, timeout: float | None) -> RequestPro
                 note("fsched: no daemon is running on this job table; the request waits for `fsched daemon`")
         (p,) = store.request_progress(job_id)
         if stream:
-            visible = visible_text(p)
+            visible = p.visible_text
             if len(visible) > shown:
                 sys.stdout.write(visible[shown:])
                 sys.stdout.flush()

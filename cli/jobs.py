@@ -89,7 +89,7 @@ def results(
     """Write a job's results as OpenAI batch output lines, in input order."""
     from fsched.core.jobs.access import may_touch_job
     from fsched.core.jobs.jsontext import dumps as json_text
-    from fsched.core.jobs.results import lines_of, output_line
+    from fsched.core.openai.results import lines_of, output_line
 
     store = open_catalog(db)
     job = store.list_jobs(job_id=job_id)[0]

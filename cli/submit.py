@@ -21,8 +21,9 @@ from fsched.cli.common import (
     print_json,
 )
 from fsched.core.jobs.access import default_tenant, may_act_as
-from fsched.core.jobs.jobfile import JobFileError, ParsedJobFile, parse_job_file
+from fsched.core.jobs.jobfile import JobFileError
 from fsched.core.jobs.limits import InputLimits
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.types import RequestClass
 
 if TYPE_CHECKING:
@@ -97,11 +98,10 @@ def submit(
     tenant = tenant or default_tenant(actor, getpass.getuser())
     allow(may_act_as(actor, tenant))
     limits = limits_in_force(table)
-    parsed = parse_all(read_files(files, limits, max_tokens), limits, max_tokens)
-    jobs = [
-        JobSubmission(parsed=p, tenant=tenant, request_class=request_class, priority=priority,
-                      name=name or ("stdin" if p.source == "<stdin>" else Path(p.source).name))
-        for p in parsed
+    jobs = [  # every file parsed whole before any is stored
+        JobSubmission(parse_job_file(data, source, limits, default_max_tokens=max_tokens), tenant=tenant,
+                      request_class=request_class, priority=priority, name=name or _job_name(source))
+        for data, source in read_files(files, limits, max_tokens)
     ]
     submitted = store.submit(jobs, max_queued_per_tenant=limits.max_queued_per_tenant)
     for job in submitted:
@@ -118,10 +118,8 @@ def read_files(files: list[str], limits: InputLimits, max_tokens: int | None) ->
     return inputs
 
 
-def parse_all(
-    inputs: list[tuple[bytes, str]], limits: InputLimits, max_tokens: int | None
-) -> list[ParsedJobFile]:
-    return [parse_job_file(data, source, limits, default_max_tokens=max_tokens) for data, source in inputs]
+def _job_name(source: str) -> str:
+    return "stdin" if source == "<stdin>" else Path(source).name
 
 
 def print_submitted(job: SubmittedJob, priority: int, as_json: bool) -> None:

@@ -6,8 +6,7 @@ request id changes type (the core's text id, the table's integer key).
 from __future__ import annotations
 
 from fsched.core.jobs.jobstate import JobCounts, JobSummary
-from fsched.core.jobs.results import RequestResult
-from fsched.core.ports.records import ClaimedRequest, StoreError
+from fsched.core.ports.records import ClaimedRequest, RequestProgress, RequestResult, StoreError
 from fsched.core.types import (
     AnswerOptions,
     JobOrigin,
@@ -72,6 +71,26 @@ def job_summary(row) -> JobSummary:
         finished_at=row.finished_at,
         origin=JobOrigin(row.origin),
         key_id=row.key_id,
+    )
+
+
+# What a reader of a request's output reads of its row (`request_progress`).
+PROGRESS_COLUMNS = (
+    requests.c.id, requests.c.job_id, requests.c.state, requests.c.output_text, requests.c.num_output_tokens,
+    requests.c.prompt_tokens, requests.c.finish_reason, requests.c.error, requests.c.model,
+    requests.c.enqueued_at, requests.c.first_token_at, requests.c.finished_at, requests.c.output_logprobs,
+    requests.c.choice, requests.c.output_tokens,
+)
+
+
+def request_progress(row) -> RequestProgress:
+    """A row of `PROGRESS_COLUMNS` as its readers see it (the HTTP answers, `fsched generate`)."""
+    return RequestProgress(
+        id=core_id(row.id), job_id=row.job_id, state=RequestState(row.state), output_text=row.output_text,
+        num_output_tokens=row.num_output_tokens, enqueued_at=row.enqueued_at,
+        first_token_at=row.first_token_at, finished_at=row.finished_at, finish_reason=row.finish_reason,
+        error=row.error, prompt_tokens=row.prompt_tokens, model=row.model,
+        logprobs=logprobs_of(row.output_logprobs), choice=row.choice, tokens=tuple(row.output_tokens or ()),
     )
 
 

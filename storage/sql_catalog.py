@@ -13,7 +13,6 @@ from sqlalchemy import func, select, update
 
 from fsched.core.jobs.jobstate import JobSummary
 from fsched.core.jobs.limits import DEFAULT_MAX_QUEUED_PER_TENANT
-from fsched.core.jobs.results import RequestResult
 from fsched.core.jobs.tenants import validate_tenant_name, validate_weight
 from fsched.core.ports.lines import finished_lines
 from fsched.core.ports.records import (
@@ -24,6 +23,7 @@ from fsched.core.ports.records import (
     OnlineGroup,
     QueueFull,
     RequestProgress,
+    RequestResult,
     RequestTiming,
     SubmittedJob,
     TenantBusy,
@@ -38,6 +38,7 @@ from fsched.storage.base import SqlStoreBase
 from fsched.storage.counters import lock_job, store_counts
 from fsched.storage.rows import (
     FINISHED_JOB_STATES,
+    PROGRESS_COLUMNS,
     WAITING,
     WAITING_REQUEST_STATES,
     core_id,
@@ -45,6 +46,7 @@ from fsched.storage.rows import (
     job_counts,
     job_summary,
     jobs,
+    request_progress,
     request_result,
     requests,
     tenants,
@@ -79,7 +81,7 @@ class SqlCatalogStore(SqlStoreBase):
             return [
                 SubmittedJob(
                     job_id=insert_job(conn, s, now),
-                    num_requests=len(s.parsed.requests),
+                    num_requests=len(s.requests),
                     tenant=s.tenant,
                     request_class=s.request_class,
                     tenant_created=s.tenant in created,
@@ -104,7 +106,7 @@ class SqlCatalogStore(SqlStoreBase):
             created = create_missing_tenants(conn, self.db.dialect, names, now)
             have = unfinished_of(conn, names)
             for s in submissions:
-                adding = len(s.parsed.requests)
+                adding = len(s.requests)
                 if have[s.tenant] + adding > max_queued_per_tenant:
                     outcomes.append(QueueFull(s.tenant, have[s.tenant], adding, max_queued_per_tenant))
                     continue
@@ -231,24 +233,9 @@ class SqlCatalogStore(SqlStoreBase):
         self._check_job(job_id)
         with self.db.read() as conn:
             rows = conn.execute(
-                select(
-                    requests.c.id, requests.c.job_id, requests.c.state, requests.c.output_text,
-                    requests.c.num_output_tokens, requests.c.enqueued_at, requests.c.first_token_at,
-                    requests.c.finished_at, requests.c.finish_reason, requests.c.error,
-                )
-                .where(requests.c.job_id == job_id)
-                .order_by(requests.c.idx)
+                select(*PROGRESS_COLUMNS).where(requests.c.job_id == job_id).order_by(requests.c.idx)
             ).all()
-        return [
-            RequestProgress(
-                id=core_id(row.id), job_id=row.job_id, state=RequestState(row.state),
-                output_text=row.output_text,
-                num_output_tokens=row.num_output_tokens, enqueued_at=row.enqueued_at,
-                first_token_at=row.first_token_at, finished_at=row.finished_at,
-                finish_reason=row.finish_reason, error=row.error,
-            )
-            for row in rows
-        ]
+        return [request_progress(row) for row in rows]
 
     def request_timings(self, job_ids: Sequence[int]) -> list[RequestTiming]:
         """The given jobs' requests (by id) with tenant, class and timestamps: one read."""

@@ -10,29 +10,18 @@ from collections.abc import Sequence
 
 from sqlalchemy import func, select
 
-from fsched.core.jobs.openai import OnlineProgress
-from fsched.core.ports.records import FirstTokens, TenantTotals
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.ports.records import FirstTokens, RequestProgress, TenantTotals
+from fsched.core.types import RequestClass
 from fsched.storage.activity import first_tokens
 from fsched.storage.db import Database
-from fsched.storage.models import Job, Request
-from fsched.storage.rows import core_id, logprobs_of
-
-jobs = Job.__table__
-requests = Request.__table__
-PROGRESS_COLUMNS = (
-    requests.c.id, requests.c.job_id, requests.c.state, requests.c.output_text, requests.c.num_output_tokens,
-    requests.c.prompt_tokens, requests.c.finish_reason, requests.c.error, requests.c.model,
-    requests.c.enqueued_at, requests.c.first_token_at, requests.c.finished_at, requests.c.output_logprobs,
-    requests.c.choice, requests.c.output_tokens,
-)
+from fsched.storage.rows import PROGRESS_COLUMNS, jobs, request_progress, requests
 
 
 class SqlServingStore:
     def __init__(self, db: Database):
         self.db = db
 
-    def progress(self, job_ids: Sequence[int]) -> dict[int, tuple[OnlineProgress, ...]]:
+    def progress(self, job_ids: Sequence[int]) -> dict[int, tuple[RequestProgress, ...]]:
         """Each given job's requests (an online request is a job of one row a choice), by job id,
         in choice order."""
         if not job_ids:
@@ -42,16 +31,9 @@ class SqlServingStore:
                 select(*PROGRESS_COLUMNS).where(requests.c.job_id.in_(list(job_ids)))
                 .order_by(requests.c.job_id, requests.c.choice)
             ).all()
-        out: dict[int, list[OnlineProgress]] = {}
+        out: dict[int, list[RequestProgress]] = {}
         for row in rows:
-            out.setdefault(row.job_id, []).append(OnlineProgress(
-                job_id=row.job_id, request_id=core_id(row.id), state=RequestState(row.state),
-                output_text=row.output_text, num_output_tokens=row.num_output_tokens,
-                prompt_tokens=row.prompt_tokens, finish_reason=row.finish_reason, error=row.error,
-                model=row.model, enqueued_at=row.enqueued_at, first_token_at=row.first_token_at,
-                finished_at=row.finished_at, logprobs=logprobs_of(row.output_logprobs),
-                choice=row.choice, tokens=tuple(row.output_tokens or ()),
-            ))
+            out.setdefault(row.job_id, []).append(request_progress(row))
         return {job_id: tuple(choices) for job_id, choices in out.items()}
 
     def tenant_totals(self) -> list[TenantTotals]:

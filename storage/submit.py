@@ -28,7 +28,7 @@ def check_queue_limit(conn: Connection, submissions: Sequence[JobSubmission], li
     """QueueFull when a tenant's unfinished requests would go over `limit`."""
     adding = Counter()
     for submission in submissions:
-        adding[submission.tenant] += len(submission.parsed.requests)
+        adding[submission.tenant] += len(submission.requests)
     have = unfinished_of(conn, set(adding))
     for tenant in sorted(adding):
         if have[tenant] + adding[tenant] > limit:
@@ -66,7 +66,7 @@ def create_missing_tenants(conn: Connection, dialect: str, names: set[str], now:
 
 def insert_job(conn: Connection, submission: JobSubmission, now: float) -> int:
     """The job's row, then its requests in chunks; return the job's id."""
-    specs = submission.parsed.requests
+    specs = submission.requests
     job_id = conn.execute(
         jobs.insert()
         .values(

@@ -2,19 +2,17 @@
 
 The job table stays the record; the link only makes things fast, and losing
 it loses nothing but speed. Each server connects to every live daemon's
-link (the address is in the heartbeat) and sends, one JSON object a line:
-- `{"op": "wake"}`: a cancel (or a server just linked): sync with the table
-  now instead of at the next interval;
-- `{"op": "claim"}`: new online work: claim now (only that: weights and
-  cancels wait for the next sync);
-- `{"op": "watch", "job": J}` / `{"op": "forget", "job": J}`: push, or stop
-  pushing, the progress of job J's requests held here (a watch is new work:
-  it claims too).
-The daemon pushes, one line a request: `{"job", "req", "o", "t", "n", "ft", "q"}`
-after each step that gave it tokens (the text from character `o` on is `t`:
-a tail the tokenizer has not settled yet is sent again), and `{"job", "req",
-"end": {...}}` once its completion is in the table. A linked request's
-tokens go to the table in batches (the writer's batch interval), not every step.
+link (the address is in the heartbeat). What travels, both ways, is the
+typed messages of `core/ports/link.py`, the server's end (`api/link.py`)
+reading and writing the same ones: a server opens with its hello (a server
+of another link version is refused, loudly, and disconnected), then asks
+for a sync (`Wake`: a cancel, or a server just linked), a claim (`Claim`:
+new online work; weights and cancels wait for the next sync), or pushes of
+a job's progress (`Watch` / `Forget`; a watch is new work and claims too).
+The daemon pushes each step's text of a watched request (`StepText`) and its end
+once the completion is in the table (`End`), from `core/daemon/publish.py`.
+A linked request's tokens go to the table in batches (the writer's batch
+interval), not every step.
 
 One thread does the sockets (a selector); the daemon's loop only appends to a
 connection's buffer. A server that does not read its buffer past
@@ -24,13 +22,14 @@ connection's buffer. A server that does not read its buffer past
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import select
 import selectors
 import socket
 import threading
 from dataclasses import dataclass, field
+
+from fsched.core.ports import link as wire
 
 log = logging.getLogger("fsched.daemon")
 
@@ -51,6 +50,8 @@ class Wants:
 @dataclass(slots=True, eq=False)
 class _Conn:
     sock: socket.socket
+    peer: str  # for the log
+    greeted: bool = False  # its hello, of this link version, came
     inbox: bytearray = field(default_factory=bytearray)
     out: bytearray = field(default_factory=bytearray)
     jobs: set[int] = field(default_factory=set)
@@ -107,17 +108,15 @@ class LinkServer:
         """The connection that watches the job, if any (a handle for `send`)."""
         return self._watchers.get(job_id)
 
-    def send(self, lines: dict[object, list[dict]]) -> None:
-        """Queue each connection's lines; the link thread writes them (ASCII JSON: any text, lone
-        surrogates included, goes through as escapes)."""
+    def send(self, lines: dict[object, list[wire.Message]]) -> None:
+        """Queue each connection's messages; the link thread writes them."""
         if not lines:
             return
         with self._lock:
             for conn, messages in lines.items():
                 if conn not in self._conns.values():
                     continue
-                conn.out += "".join(json.dumps(m, separators=(",", ":")) + "\n"
-                                    for m in messages).encode()
+                conn.out += wire.encode(messages)
         with contextlib.suppress(BlockingIOError):
             self._poke_w.send(b"x")
 
@@ -153,7 +152,8 @@ class LinkServer:
             sock, _ = self._listener.accept()
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock)
+            host, port = sock.getpeername()[:2]
+            conn = _Conn(sock, f"a server at {host}:{port}")
             with self._lock:
                 self._conns[sock] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
@@ -174,6 +174,9 @@ class LinkServer:
                         raise ConnectionError("the server does not read its link")
         except BlockingIOError:
             pass
+        except wire.LinkRefused as exc:
+            log.error("%s", exc)
+            self._drop(conn)
         except (OSError, ValueError) as exc:
             log.debug("link connection dropped: %s", exc)
             self._drop(conn)
@@ -182,26 +185,45 @@ class LinkServer:
         *lines, rest = conn.inbox.split(b"\n")
         conn.inbox = bytearray(rest)
         for line in lines:
-            message = json.loads(line)
-            op, job = message.get("op"), message.get("job")
-            with self._lock:
-                if op == "watch" and isinstance(job, int):
-                    conn.jobs.add(job)
-                    self._watchers[job] = conn
-                elif op == "forget" and isinstance(job, int):
-                    conn.jobs.discard(job)
-                    if self._watchers.get(job) is conn:
-                        del self._watchers[job]
-                if op not in ("wake", "claim", "watch"):
-                    continue
-                first = not self._wants  # one byte a wake-up: the descriptor is readable until taken
-                if op == "wake":
-                    self._wants.sync = True
-                else:
-                    self._wants.claim = True
-                if first:
-                    with contextlib.suppress(BlockingIOError):
-                        self._wake_w.send(b"x")
+            if not conn.greeted:
+                self._greet(conn, line)
+                continue
+            self._take(conn, wire.decode(line))
+
+    def _greet(self, conn: _Conn, line: bytes) -> None:
+        """The server's hello answered with ours; LinkRefused for another link version, or none (a
+        server older than versions), after telling it ours (its log then says both)."""
+        try:
+            wire.greeting(line, conn.peer)
+        except wire.LinkRefused:
+            with contextlib.suppress(OSError):
+                conn.sock.send(wire.encode([wire.Hello(wire.VERSION)]))
+            raise
+        conn.greeted = True
+        with self._lock:
+            conn.out += wire.encode([wire.Hello(wire.VERSION)])
+
+    def _take(self, conn: _Conn, message: wire.Message) -> None:
+        with self._lock:
+            if isinstance(message, wire.Watch):
+                conn.jobs.add(message.job)
+                self._watchers[message.job] = conn
+            elif isinstance(message, wire.Forget):
+                conn.jobs.discard(message.job)
+                if self._watchers.get(message.job) is conn:
+                    del self._watchers[message.job]
+                return
+            elif isinstance(message, wire.StepText | wire.End | wire.Hello):
+                raise wire.LinkRefused(f"{conn.peer} sent a {message.TAG} message, which a server never "
+                                       "sends after its hello")
+            first = not self._wants  # one byte a wake-up: the descriptor is readable until taken
+            if isinstance(message, wire.Wake):
+                self._wants.sync = True
+            else:
+                self._wants.claim = True
+            if first:
+                with contextlib.suppress(BlockingIOError):
+                    self._wake_w.send(b"x")
 
     def _drop(self, conn: _Conn) -> None:
         with self._lock:

@@ -1,5 +1,5 @@
 """What the daemon loop pushes over its link (core/daemon/link.py): each step's text of linked requests,
-and their ends once written to the table.
+and their ends once written to the table, as the link's messages (`core/ports/link.py`).
 
 A request is linked while a connected server watches its job: its tokens
 then reach the table with the batch writes (the writer reads `Held.linked`),
@@ -10,11 +10,13 @@ unlinks it and the writer flushes it every step again.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 from fsched.core.daemon.engine import EngineResult
 from fsched.core.daemon.holdings import Holdings
-from fsched.core.types import RequestId
+from fsched.core.ports.link import End, Message, StepText
+from fsched.core.types import RequestId, RequestState
 
 Output = Callable[[RequestId], tuple[list[int], str]]
 UNSETTLED = "\ufffd"  # what a tokenizer shows for bytes of a character not complete yet
@@ -22,7 +24,7 @@ UNSETTLED = "\ufffd"  # what a tokenizer shows for bytes of a character not comp
 
 class Link(Protocol):
     def watcher(self, job_id: int) -> object | None: ...
-    def send(self, lines: dict[object, list[dict]]) -> None: ...
+    def send(self, lines: dict[object, list[Message]]) -> None: ...
 
 
 class Publisher:
@@ -32,11 +34,11 @@ class Publisher:
         self.output = output
         self.model = model
         self._settled: dict[RequestId, int] = {}  # characters pushed that will not change
-        self._ending: list[tuple[object, dict]] = []
+        self._ending: list[tuple[object, End]] = []
 
     def step(self, produced: dict[RequestId, int], finished: list[EngineResult]) -> None:
         """Push the step's text of linked requests; note the ends to push once they are written."""
-        lines: dict[object, list[dict]] = {}
+        lines: dict[object, list[Message]] = {}
         done = {r.id: r for r in finished}
         for request_id in produced:
             held = self.holdings.get(request_id)
@@ -52,28 +54,28 @@ class Publisher:
             tokens, text = self.output(request_id)
             start = self._settled.get(request_id, 0)
             self._settled[request_id] = len(text.rstrip(UNSETTLED))
-            lines.setdefault(conn, []).append({
-                "job": held.claimed.job_id, "req": str(request_id), "o": start, "t": text[start:],
-                "n": len(tokens), "ft": held.first_token_at, "q": held.claimed.enqueued_at})
+            job, enqueued_at = held.claimed.job_id, held.claimed.enqueued_at
+            lines.setdefault(conn, []).append(StepText(job, str(request_id), start, text[start:], len(tokens),
+                                                   held.first_token_at, enqueued_at))
         self.link.send(lines)
 
     def written(self, now: float) -> None:
         """The step's completions are in the table: push the linked ones' ends."""
-        lines: dict[object, list[dict]] = {}
-        for conn, message in self._ending:
-            message["end"]["fin"] = now
-            lines.setdefault(conn, []).append(message)
+        lines: dict[object, list[Message]] = {}
+        for conn, end in self._ending:
+            lines.setdefault(conn, []).append(replace(end, finished_at=now))
         self._ending = []
         self.link.send(lines)
 
-    def _end(self, held, result: EngineResult) -> dict:
+    def _end(self, held, result: EngineResult) -> End:
         self._settled.pop(result.id, None)
-        state = "done" if result.finish_reason is not None else "failed"
-        return {"job": held.claimed.job_id, "req": str(result.id), "end": {
-            "state": state, "t": result.text if state == "done" else "", "n": len(result.tokens),
-            "pt": result.prompt_tokens, "fr": result.finish_reason.value if result.finish_reason else None,
-            "err": result.error if state == "failed" else None, "model": self.model,
-            "ft": held.first_token_at, "q": held.claimed.enqueued_at}}
+        done = result.finish_reason is not None
+        reason = result.finish_reason.value if done else None
+        return End(held.claimed.job_id, str(result.id), RequestState.DONE if done else RequestState.FAILED,
+                   text=result.text if done else "", tokens=len(result.tokens),
+                   prompt_tokens=result.prompt_tokens, finish_reason=reason,
+                   error=None if done else result.error, model=self.model,
+                   first_token_at=held.first_token_at, enqueued_at=held.claimed.enqueued_at)
 
     def forget(self, request_id: RequestId) -> None:
         self._settled.pop(request_id, None)

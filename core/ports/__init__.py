@@ -7,7 +7,9 @@
   cancel, tenants, daemons);
 - `keys`, `files`, `serving`: `KeyStore`, `FileStore`, `ServingStore`, what
   the HTTP server needs beyond the catalog;
-- `memory`: an in-memory `QueueStore`, to run the real daemon in unit tests.
+- `memory`: an in-memory `QueueStore`, to run the real daemon in unit tests;
+- `link`: the messages a daemon and an HTTP server exchange over the daemon's
+  link (the faster channel beside the table), typed and versioned.
 
 `storage` implements the protocols over SQL; the core never imports it.
 """

@@ -28,7 +28,6 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 from fsched.core.jobs.jobstate import JobSummary
-from fsched.core.jobs.results import RequestResult
 from fsched.core.ports.records import (
     CancelOutcome,
     DaemonSummary,
@@ -36,6 +35,7 @@ from fsched.core.ports.records import (
     OnlineGroup,
     QueueFull,
     RequestProgress,
+    RequestResult,
     RequestTiming,
     SubmittedJob,
     TenantSummary,

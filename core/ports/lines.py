@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from fsched.core.jobs.results import RequestResult
+from fsched.core.ports.records import RequestResult
 from fsched.core.types import RequestState
 
 

@@ -11,9 +11,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.sched.explain import RequestStanding
-from fsched.core.types import JobOrigin, JobState, RequestClass, RequestId, RequestState, TokenLogprobs
+from fsched.core.types import (
+    AnswerOptions,
+    JobOrigin,
+    JobState,
+    RequestClass,
+    RequestId,
+    RequestSpec,
+    RequestState,
+    TokenLogprobs,
+)
 
 # A daemon silent for longer than its lease (or this, for one whose heartbeat does not say) is
 # dead: its leases are expiring, and other daemons take its work over.
@@ -82,9 +90,11 @@ class SchemaMismatch(StoreError):
 
 @dataclass(slots=True, frozen=True)
 class JobSubmission:
-    """One parsed file and how to run it."""
+    """A job as it is stored: its requests (a submitted file's lines, an online request's choices, each
+    one row), whose they are and how they run. What `fsched submit`, the Batch API and an online
+    request parse is this, and the catalog stores it as it is."""
 
-    parsed: ParsedJobFile
+    requests: tuple[RequestSpec, ...]
     tenant: str
     request_class: RequestClass
     priority: int
@@ -240,7 +250,8 @@ class ClaimedRequest:
 
 @dataclass(slots=True, frozen=True)
 class RequestProgress:
-    """One request as a reader of its output sees it: what `fsched generate` polls."""
+    """One request as a reader of its output sees it, while it runs and once it ended: what the HTTP
+    answers and streams, `fsched generate` and the daemon's link (pushed text) all read."""
 
     id: RequestId
     job_id: int
@@ -252,6 +263,21 @@ class RequestProgress:
     finished_at: float | None
     finish_reason: str | None
     error: str | None
+    prompt_tokens: int | None = None  # once the engine measured the prompt
+    model: str | None = None  # the model that answered
+    # One per output token so far when the request asked for logprobs; empty otherwise.
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    choice: int = 0  # the choice's index within its line (an online request's choices are one job)
+    tokens: tuple[int, ...] = ()  # the output token ids so far
+
+    @property
+    def visible_text(self) -> str:
+        """The text a reader may see now: a token may end inside a multi-byte character, which
+        decodes as U+FFFD until the next token completes it, so such a tail waits for the end.
+        Every streamed text (the HTTP API's, `fsched generate --stream`'s) is shown through this."""
+        if self.state.finished:
+            return self.output_text
+        return self.output_text.rstrip("\ufffd")
 
 
 @dataclass(slots=True, frozen=True)
@@ -349,3 +375,28 @@ class PeerUsage:
     gpu_s: float
     kv_token_s: float
     age_s: float  # since it was published, on the database's clock
+
+
+@dataclass(slots=True, frozen=True)
+class RequestResult:
+    """A finished request (one choice of a line) as the job table reports it: what its output line
+    is made of."""
+
+    id: RequestId
+    idx: int
+    custom_id: str
+    endpoint: str
+    state: RequestState
+    model: str | None
+    output_text: str
+    num_output_tokens: int
+    prompt_tokens: int | None
+    finish_reason: str | None
+    error: str | None
+    finished_at: float | None
+    # One per output token when the request asked for logprobs; empty otherwise.
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    choice: int = 0  # the choice's index within its line
+    answer: AnswerOptions = AnswerOptions()
+    prompt: str | None = None  # a completions request's prompt (echo shows it)
+    output_tokens: tuple[int, ...] = ()

@@ -18,14 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from fsched.core.jobs.openai import OnlineProgress
-from fsched.core.ports.records import FirstTokens, TenantTotals
+from fsched.core.ports.records import FirstTokens, RequestProgress, TenantTotals
 from fsched.core.types import RequestClass
 
 
 @runtime_checkable
 class ServingStore(Protocol):
-    def progress(self, job_ids: Sequence[int]) -> dict[int, OnlineProgress]:
+    def progress(self, job_ids: Sequence[int]) -> dict[int, RequestProgress]:
         """The first request of each given job, by job id."""
         ...
 

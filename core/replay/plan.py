@@ -20,7 +20,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fsched.core.jobs.openai import DEFAULT_PRIORITY, TIER_OF_CLASS
+from fsched.core.openai.online import DEFAULT_PRIORITY, TIER_OF_CLASS
 from fsched.core.sim.trace import TraceRequest
 
 WORDS = ("the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "on", "was", "he", "be",

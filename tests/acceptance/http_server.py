@@ -61,7 +61,7 @@ class Server:
     def seed(self, weights: dict[str, float], jobs: list[tuple[str, str, str]]) -> None:
         """Tenants with weights and batch jobs (tenant, name, JSONL text), stored in this process (each
         CLI call costs a second or two; the CLI's own paths are tested apart)."""
-        from fsched.core.jobs.jobfile import parse_job_file
+        from fsched.core.openai.batchfile import parse_job_file
         from fsched.core.ports.records import JobSubmission
         from fsched.core.types import RequestClass
         from fsched.storage.jobstore import SqlJobStore

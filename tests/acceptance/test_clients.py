@@ -17,7 +17,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from fsched.core.jobs.fields import FIELDS, Support
+from fsched.core.openai.fields import FIELDS, Support
 
 from .http_server import Server, make_server
 

@@ -53,7 +53,7 @@ def _compose(url: str, policy: str, weights: dict[str, float] | None = None):
 
 
 def _submit(store, data: bytes, tenant: str, request_class: str, priority: int = 5) -> None:
-    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.openai.batchfile import parse_job_file
     from fsched.core.ports.records import JobSubmission
     from fsched.core.types import RequestClass
 

@@ -42,7 +42,7 @@ def table(tmp_path_factory) -> Server:
 
 
 def add_online_requests(url: str) -> None:
-    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.openai.batchfile import parse_job_file
     from fsched.core.ports.records import JobSubmission
     from fsched.core.types import JobOrigin, RequestClass
     from fsched.storage.jobstore import SqlJobStore

@@ -49,8 +49,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsched.core.jobs.jobfile import CHAT_ROLES, JobFileError, ParsedJobFile, parse_job_file
+from fsched.core.jobs.jobfile import JobFileError
 from fsched.core.jobs.limits import MIB, InputLimits
+from fsched.core.openai.batchfile import parse_job_file
+from fsched.core.openai.messages import CHAT_ROLES
 from fsched.core.ports.records import JobSubmission, QueueFull
 from fsched.core.types import MAX_SEED, RequestClass, RequestSpec
 from fsched.storage import submit as submit_module
@@ -59,6 +61,7 @@ from fsched.storage.jobstore import SqlJobStore
 FUZZ_EXAMPLES = int(os.environ.get("FSCHED_FUZZ_EXAMPLES", "1000"))
 STORE_EXAMPLES = max(20, FUZZ_EXAMPLES // 4)
 CLI_EXAMPLES = max(6, FUZZ_EXAMPLES // 200)
+Parsed = tuple[RequestSpec, ...]  # a file parse_job_file accepted: its requests
 # CPU time for one parse of one case (CPU, not wall: other processes' load does not count), so a
 # hang or a blow-up fails while the largest valid file (50,000 lines, ~0.5 s) passes with room.
 CASE_LIMIT_S = 2.0
@@ -369,7 +372,7 @@ def is_blank(line: bytes) -> bool:
         return False
 
 
-def timed_parse(run: Run, data: bytes, source: str, limits: InputLimits) -> ParsedJobFile | JobFileError:
+def timed_parse(run: Run, data: bytes, source: str, limits: InputLimits) -> Parsed | JobFileError:
     # The parser's own time: no collection of the test process's heap (hypothesis keeps a large
     # one on long runs; a collection landing in a parse cost it 0.4 s of CPU there).
     gc.disable()
@@ -393,14 +396,14 @@ def storable(text: str) -> bool:
     return "\x00" not in text
 
 
-def check_accepted(parsed: ParsedJobFile, data: bytes) -> None:
+def check_accepted(parsed: Parsed, data: bytes) -> None:
     """One request per non-blank line, each what plain json.loads reads in that line."""
     lines = [line for line in physical_lines(data) if not is_blank(line)]
-    assert len(parsed.requests) == len(lines), "a line was dropped or split"
-    assert len({r.custom_id for r in parsed.requests}) == len(parsed.requests)
-    for raw, spec in zip(lines, parsed.requests, strict=True):
+    assert len(parsed) == len(lines), "a line was dropped or split"
+    assert len({r.custom_id for r in parsed}) == len(parsed)
+    for raw, spec in zip(lines, parsed, strict=True):
         obj = json.loads(raw.decode("utf-8"))
-        body = obj["body"] if parsed.form == "openai" else obj
+        body = obj["body"] if "body" in obj else obj  # an accepted line has a body in the OpenAI form only
         check_spec(spec, obj, body)
 
 
@@ -442,7 +445,7 @@ def check_rejected(run: Run, error: JobFileError, data: bytes, source: str, limi
     bom = BOM if data.startswith(BOM) else b""
     prefix = bom + b"\n".join(lines[: error.line - 1])
     if any(not is_blank(line) for line in lines[: error.line - 1]):
-        assert isinstance(timed_parse(run, prefix, source, limits), ParsedJobFile), message
+        assert isinstance(timed_parse(run, prefix, source, limits), tuple), message
     # ... and adding it brings back the same error.
     again = timed_parse(run, bom + b"\n".join(lines[: error.line]), source, limits)
     assert isinstance(again, JobFileError) and str(again) == message
@@ -450,7 +453,7 @@ def check_rejected(run: Run, error: JobFileError, data: bytes, source: str, limi
 
 def check_case(run: Run, data: bytes, limits: InputLimits, source: str = "fuzz.jsonl"):
     result = timed_parse(run, data, source, limits)
-    if isinstance(result, ParsedJobFile):
+    if isinstance(result, tuple):
         check_accepted(result, data)
         run.outcomes["accepted"] += 1
     else:
@@ -529,7 +532,7 @@ def test_parser_enormous_inputs(name, run):
     run.name = f"enormous input: {name}"
     result = check_case(run, ENORMOUS[name], InputLimits())
     valid = ("a line of exactly 1 MiB", "50,000 lines", "a 1,000,000-digit fraction")
-    assert isinstance(result, ParsedJobFile) == (name in valid)
+    assert isinstance(result, tuple) == (name in valid)
 
 
 # -- the store and the command: all or nothing --------------------------------------------
@@ -550,7 +553,7 @@ def dump(path: Path) -> dict[str, list]:
         conn.close()
 
 
-def check_stored(path: Path, before: dict, new_ids: list[int], parsed: list[ParsedJobFile]) -> None:
+def check_stored(path: Path, before: dict, new_ids: list[int], parsed: list[Parsed]) -> None:
     """The table holds everything it held, plus exactly these jobs and their requests."""
     after = dump(path)
     for table in before:
@@ -565,9 +568,9 @@ def check_stored(path: Path, before: dict, new_ids: list[int], parsed: list[Pars
                 "WHERE job_id = ? ORDER BY idx",
                 (job_id,),
             ).fetchall()
-            assert num == len(rows) == len(p.requests)
+            assert num == len(rows) == len(p)
             for (idx, custom_id, prompt, messages, params, state), (i, spec) in zip(
-                rows, enumerate(p.requests), strict=True
+                rows, enumerate(p), strict=True
             ):
                 assert (idx, custom_id, prompt, state) == (i, spec.custom_id, spec.prompt, "queued")
                 wanted = [{"role": m.role, "content": m.content} for m in spec.messages] or None
@@ -577,7 +580,7 @@ def check_stored(path: Path, before: dict, new_ids: list[int], parsed: list[Pars
                 assert params["max_tokens_is_default"] == spec.params.max_tokens_is_default
     finally:
         conn.close()
-    added = sum(len(p.requests) for p in parsed)
+    added = sum(len(p) for p in parsed)
     assert len(after["requests"]) - len(before["requests"]) == added
 
 
@@ -658,7 +661,7 @@ def test_command_takes_a_submit_whole_or_not_at_all(run, tmp_path):
         else:
             assert proc.returncode == 0, proc.stderr.decode()
             out = [json.loads(line) for line in proc.stdout.decode().splitlines()]
-            assert [o["num_requests"] for o in out] == [len(p.requests) for p in expected]
+            assert [o["num_requests"] for o in out] == [len(p) for p in expected]
             check_stored(path, before, [o["job_id"] for o in out], expected)
             run.outcomes["stored whole"] += 1
 

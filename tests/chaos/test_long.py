@@ -22,7 +22,7 @@ from collections import Counter
 from functools import partial
 
 from fsched.core.daemon.engine import Engine, EngineRequest
-from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.runners.standin import StandInRunner, standin_encode
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.scheduler import Scheduler
@@ -55,7 +55,7 @@ def reference(files: list[JobFile]) -> dict[tuple[str, str], list[int]]:
             EngineRequest(spec.custom_id, standin_encode(spec.prompt, [
                 {"role": m.role, "content": m.content} for m in spec.messages] if spec.messages else None),
                 spec.params)
-            for spec in parsed.requests
+            for spec in parsed
         ]
         for rid, result in engine.run_all(requests).items():
             expected[(f.name, rid)] = result.tokens

@@ -8,7 +8,7 @@ test_kill_points.py::test_a_job_cancelled_while_its_daemon_is_stuck_ends_cancell
 
 from __future__ import annotations
 
-from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.records import JobSubmission
 from fsched.core.types import JobState, RequestClass
 from fsched.storage.jobstore import SqlJobStore

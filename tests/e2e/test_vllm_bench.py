@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fsched.core.jobs.fields import field_for
+from fsched.core.openai.fields import field_for
 from fsched.core.types import Endpoint
 from tests.acceptance.http_server import Server, make_server
 from tests.support.vllm_server import REPO, vllm_python

@@ -48,7 +48,7 @@ def test_schema_2_databases_gain_the_server_tables(db_url):
 
 
 def _one_job(store: SqlJobStore, tenant: str, n: int, request_class=RequestClass.BATCH):
-    from fsched.core.jobs.jobfile import parse_job_file
+    from fsched.core.openai.batchfile import parse_job_file
     from fsched.core.ports.records import JobSubmission
 
     lines = "".join(f'{{"prompt": "p{i}", "max_tokens": 4}}\n' for i in range(n))

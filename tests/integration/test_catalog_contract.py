@@ -14,8 +14,8 @@ import threading
 
 import pytest
 
-from fsched.core.jobs.jobfile import ParsedJobFile, parse_job_file
-from fsched.core.jobs.results import lines_of, output_line
+from fsched.core.openai.batchfile import parse_job_file
+from fsched.core.openai.results import lines_of, output_line
 from fsched.core.ports.catalog import CatalogStore
 from fsched.core.ports.records import (
     Completion,
@@ -86,13 +86,9 @@ def test_every_stored_request_has_a_seed(table):
 
 
 def test_submit_is_all_or_nothing(table):
-    bad = ParsedJobFile(
-        source="bad.jsonl",
-        form="simple",
-        requests=tuple(
-            RequestSpec(custom_id="same", endpoint=Endpoint.COMPLETIONS, params=SamplingParams(4), prompt="x")
-            for _ in range(2)
-        ),
+    bad = tuple(
+        RequestSpec(custom_id="same", endpoint=Endpoint.COMPLETIONS, params=SamplingParams(4), prompt="x")
+        for _ in range(2)
     )
     good = submission(3, tenant="bob")
     with pytest.raises(table.duplicate_error):

@@ -8,7 +8,7 @@ import json
 import pytest
 from sqlalchemy import inspect, text
 
-from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.records import Completion, JobSubmission
 from fsched.core.types import RequestClass, RequestState
 from fsched.storage import schema

@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 
 from fsched.api.app import create_app
 from fsched.api.state import Backend
-from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.records import Completion, JobSubmission, TokenUpdate
 from fsched.core.types import RequestClass, RequestState
 from fsched.storage import textcodec

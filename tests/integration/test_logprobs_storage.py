@@ -9,7 +9,6 @@ import json
 import pytest
 from sqlalchemy import inspect, text
 
-from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.ports.records import Completion, JobSubmission, TokenUpdate
 from fsched.core.types import (
     Endpoint,
@@ -35,7 +34,7 @@ def records(tokens: list[int]) -> tuple[TokenLogprobs, ...]:
 def submission(logprobs: int | None) -> JobSubmission:
     specs = tuple(RequestSpec(custom_id=f"c{i}", endpoint=Endpoint.COMPLETIONS, prompt="p",
                               params=SamplingParams(max_tokens=8, logprobs=logprobs)) for i in range(2))
-    return JobSubmission(ParsedJobFile("f", specs, "simple"), "alice", RequestClass.BATCH, 5, "job")
+    return JobSubmission(tuple(specs), "alice", RequestClass.BATCH, 5, "job")
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-from fsched.core.jobs.jobfile import ParsedJobFile
 from fsched.core.ports.records import Completion, JobSubmission, TokenUpdate
 from fsched.core.ports.serving import ServingStore
 from fsched.core.types import (
@@ -79,7 +78,7 @@ def test_progress_reads_every_asked_job_at_once_as_it_goes(table):
         RequestState.RUNNING, "w4 w5", 2, (4, 5), 2.0)
     finish(table.queue, claimed[a].id, RequestState.DONE, (4, 5, 6), "w4 w5 w6", "stop", 3, "tiny")
     (end,) = table.serving.progress([a])[a]
-    assert (end.state, end.finish_reason, end.prompt_tokens, end.model, end.request_id) == (
+    assert (end.state, end.finish_reason, end.prompt_tokens, end.model, end.id) == (
         RequestState.DONE, "stop", 3, "tiny", claimed[a].id)
     assert end.finished_at is not None and end.first_token_at == 2.0
 
@@ -95,7 +94,7 @@ def records(tokens: list[int]) -> tuple[TokenLogprobs, ...]:
 def with_logprobs(logprobs: int | None) -> JobSubmission:
     specs = tuple(RequestSpec(custom_id=f"c{i}", endpoint=Endpoint.COMPLETIONS, prompt="p",
                               params=SamplingParams(max_tokens=8, logprobs=logprobs)) for i in range(2))
-    return JobSubmission(ParsedJobFile("f", specs, "simple"), "alice", RequestClass.BATCH, 5, "job")
+    return JobSubmission(tuple(specs), "alice", RequestClass.BATCH, 5, "job")
 
 
 def test_flushed_logprobs_come_back_with_the_tokens_on_a_resume_and_in_every_read(table):

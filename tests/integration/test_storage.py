@@ -10,15 +10,15 @@ import json
 
 import pytest
 
-from fsched.core.jobs.jobfile import ParsedJobFile, parse_job_file
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.catalog import CatalogStore
 from fsched.core.ports.queue import QueueStore
 from fsched.core.ports.records import JobSubmission
-from fsched.core.types import RequestClass, SamplingParams
+from fsched.core.types import RequestClass, RequestSpec, SamplingParams
 from fsched.storage.jobstore import SqlJobStore
 
 
-def parsed(n: int, source: str = "f.jsonl") -> ParsedJobFile:
+def parsed(n: int, source: str = "f.jsonl") -> tuple[RequestSpec, ...]:
     data = "".join(
         json.dumps({"prompt": f"p{i}", "custom_id": f"c{i}", "max_tokens": 4}) + "\n" for i in range(n)
     )
@@ -27,7 +27,7 @@ def parsed(n: int, source: str = "f.jsonl") -> ParsedJobFile:
 
 def submission(n: int = 3, tenant: str = "alice",
                request_class: RequestClass = RequestClass.BATCH) -> JobSubmission:
-    return JobSubmission(parsed=parsed(n), tenant=tenant, request_class=request_class, priority=5, name="job")
+    return JobSubmission(parsed(n), tenant=tenant, request_class=request_class, priority=5, name="job")
 
 
 @pytest.fixture

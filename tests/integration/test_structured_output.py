@@ -18,8 +18,7 @@ import pytest
 pytest.importorskip("torch")
 
 from fsched.core.daemon.build import DaemonSettings, build_daemon  # noqa: E402
-from fsched.core.jobs.jobfile import ParsedJobFile  # noqa: E402
-from fsched.core.jobs.results import output_line  # noqa: E402
+from fsched.core.openai.results import output_line  # noqa: E402
 from fsched.core.ports.records import JobSubmission  # noqa: E402
 from fsched.core.types import (  # noqa: E402
     ChatMessage,
@@ -71,7 +70,7 @@ def serve(tmp_path, specs: list[RequestSpec], max_batch: int = 32, engine: str =
     model's tokenizer) until idle, return its output lines."""
     store = SqlJobStore(f"sqlite:///{tmp_path / 'fsched.db'}")
     try:
-        (job,) = store.submit([JobSubmission(ParsedJobFile("docs.jsonl", tuple(specs), "openai"), "alice",
+        (job,) = store.submit([JobSubmission(tuple(specs), "alice",
                                              RequestClass.BATCH, 5, "extract")])
         settings = DaemonSettings(model=None, device="cpu", until_idle=True, threads=2, max_batch=max_batch,
                                   engine=engine)

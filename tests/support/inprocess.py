@@ -34,9 +34,8 @@ from fsched.api.app import create_app
 from fsched.api.state import Backend
 from fsched.core.daemon.engine import Engine
 from fsched.core.daemon.loop import Daemon, DaemonConfig
-from fsched.core.jobs.openai import OnlineProgress
 from fsched.core.ports.memory import MemoryTable
-from fsched.core.ports.records import FirstTokens, TenantTotals
+from fsched.core.ports.records import FirstTokens, RequestProgress, TenantTotals
 from fsched.core.ports.serving import ServingStore
 from fsched.core.runners.standin import STANDIN_NAME, StandInRunner
 from fsched.core.sched.config import SchedulerConfig
@@ -92,7 +91,7 @@ class SteppingServing:
         self.serving = serving
         self.daemon = daemon
 
-    def progress(self, job_ids: Sequence[int]) -> dict[int, tuple[OnlineProgress, ...]]:
+    def progress(self, job_ids: Sequence[int]) -> dict[int, tuple[RequestProgress, ...]]:
         self.daemon.step()
         return self.serving.progress(job_ids)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.memory import MemoryTable
 from fsched.core.ports.records import JobSubmission, StoreError
 from fsched.core.types import RequestClass, RequestState

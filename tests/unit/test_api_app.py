@@ -109,8 +109,13 @@ def test_unknown_paths_and_bad_bodies_answer_in_openai_shape():
 def test_metrics_read_the_table_and_the_daemons_figures():
     from fsched.api.metrics import Metrics
     from fsched.core.jobs.jobstate import JobCounts, JobSummary
-    from fsched.core.jobs.openai import OnlineProgress
-    from fsched.core.ports.records import DaemonStats, DaemonSummary, TenantSummary, TenantTotals
+    from fsched.core.ports.records import (
+        DaemonStats,
+        DaemonSummary,
+        RequestProgress,
+        TenantSummary,
+        TenantTotals,
+    )
     from fsched.core.types import JobState, RequestState
 
     class Table:
@@ -132,7 +137,7 @@ def test_metrics_read_the_table_and_the_daemons_figures():
     table = Table()
     backend = Backend(jobs=table, keys=None, files=None, serving=table)
     metrics = Metrics(backend)
-    done = OnlineProgress(1, 1, RequestState.DONE, "x", 1, 1, "stop", None, None, 10.0, 10.2, 11.0)
+    done = RequestProgress(1, 1, RequestState.DONE, "x", 1, 10.0, 10.2, 11.0, "stop", None, prompt_tokens=1)
     metrics.observe(RequestClass.REALTIME, done)
     text = metrics.render().decode()
     for line in ('fsched:num_requests_waiting{class="batch",tenant="a"} 2.0',

@@ -2,9 +2,11 @@
 
 The layers, from the bottom: `core.types` and `core.faults`; the scheduling core
 (`core.sched`) and the job rules (`core.jobs`); the simulator (`core.sim`), the
-runners (`core.runners`) and the store protocols (`core.ports`) over those; the daemon
-(`core.daemon`) over all of them; `storage` implements the protocols; `api` serves
-HTTP over them; `cli` composes everything. No package imports one that imports it back.
+runners (`core.runners`) and the store protocols (`core.ports`) over those; the OpenAI
+protocol (`core.openai`) over the job rules and the stores' records; the daemon
+(`core.daemon`) over all but the protocol; `storage` implements the protocols with
+domain records only; `api` serves HTTP over them; `cli` composes everything. No package
+imports one that imports it back.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ RUNNER_PACKAGE = "core/runners/hf/"
 CORE_LAYERS = {
     "sched": ("fsched.core.types",),
     "sim": ("fsched.core.types", "fsched.core.sched"),
+    # fsched's own rules: they know nothing of the OpenAI protocol that reads and writes them.
     "jobs": ("fsched.core.types",),
+    # The protocol in OpenAI's words over the domain: its records (progress, results) and rules.
+    "openai": ("fsched.core.types", "fsched.core.jobs", "fsched.core.ports.records"),
     # The heartbeat carries the scheduler's explanation of each request (its standing), nothing more;
     # the in-memory serving reads give latency percentiles by the one definition of a percentile.
     "ports": ("fsched.core.types", "fsched.core.jobs", "fsched.core.sched.explain",
@@ -36,11 +41,11 @@ CORE_LAYERS = {
                "fsched.core.runners"),
     # The replayer reads traces and reports as the simulator does, and names classes as the online API
     # maps them (service tiers): one definition of each.
-    "replay": ("fsched.core.types", "fsched.core.sched", "fsched.core.sim", "fsched.core.jobs.openai"),
+    "replay": ("fsched.core.types", "fsched.core.sched", "fsched.core.sim", "fsched.core.openai.online"),
 }
 # The HTTP server speaks the core's records and rules; it neither runs a daemon nor a model.
-API_MAY_IMPORT = ("fsched.api", "fsched.core.types", "fsched.core.jobs", "fsched.core.ports",
-                  "fsched.core.sched")
+API_MAY_IMPORT = ("fsched.api", "fsched.core.types", "fsched.core.jobs", "fsched.core.openai",
+                  "fsched.core.ports", "fsched.core.sched")
 # The daemon's side of serving goes through the engine's own methods and the
 # queue protocol: never into the scheduler, never to a concrete store.
 DAEMON_MODULES = ("loop", "holdings", "leases", "stepfaults", "writer")
@@ -76,6 +81,17 @@ def test_scheduling_core_imports_nothing_from_serving_or_storage():
                 if n.startswith("fsched") and not n.startswith((own, *allowed))
             }
             assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_the_protocol_is_a_package_apart_from_the_rules_and_the_table():
+    """core/jobs, the store protocols and storage never import the OpenAI protocol: the table keeps and
+    returns domain records, and what they read as in OpenAI's JSON is the protocol's alone."""
+    for folder in ("core/jobs", "core/ports", "core/daemon", "core/runners", "core/sched", "storage"):
+        for path in sources(folder):
+            bad = {n for n in imports_of(path) if n.startswith("fsched.core.openai")}
+            assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+    assert {"body", "fields", "messages", "answers", "responses", "batch"} <= {
+        p.stem for p in sources("core/openai")}
 
 
 def test_the_daemon_reaches_the_scheduler_only_through_the_engine():

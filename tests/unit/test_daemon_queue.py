@@ -17,7 +17,7 @@ import pytest
 from fsched.core.daemon.engine import Engine, EngineRequest, StepFailed
 from fsched.core.daemon.loop import Daemon, DaemonConfig
 from fsched.core.daemon.stepfaults import StepFaults
-from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.memory import MemoryQueueStore
 from fsched.core.ports.records import JobSubmission
 from fsched.core.runners.standin import STANDIN_NAME, StandInRunner, standin_encode

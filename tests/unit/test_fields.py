@@ -13,9 +13,11 @@ from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 from openai.types.responses import response_create_params
 
-from fsched.core.jobs.fields import FIELDS, Origin, Support, field_for, markdown_table
-from fsched.core.jobs.openai import BodyError, ClassRefused, parse_online
-from fsched.core.jobs.responses import RESPONSES_FIELDS, ResponsesProblem, to_chat_body
+from fsched.core.jobs.apikeys import ApiKey
+from fsched.core.jobs.inputs import InputError
+from fsched.core.openai.fields import FIELDS, Origin, Support, field_for, markdown_table
+from fsched.core.openai.online import BodyError, ClassRefused, parse_online
+from fsched.core.openai.responses import RESPONSES_FIELDS, to_chat_body
 from fsched.core.types import Endpoint, RequestClass
 
 CHAT, COMPLETIONS = Endpoint.CHAT, Endpoint.COMPLETIONS
@@ -91,13 +93,17 @@ def sdk_fields(module) -> set[str]:
     return set(typing.get_type_hints(base)) | {"stream"}
 
 
+def key(request_class: RequestClass) -> ApiKey:
+    return ApiKey("k1", "alice", request_class, "a key", "hash", 0.0)
+
+
 def parse(endpoint: Endpoint, **fields):
     body = {**BASE[endpoint], **fields}
-    return parse_online(json.dumps(body), endpoint, RequestClass.REALTIME)
+    return parse_online(json.dumps(body), endpoint, key(RequestClass.REALTIME))
 
 
 def outcome(online) -> tuple:
-    return (online.specs, online.request_class, online.priority, online.stream, online.stream_options)
+    return (online.specs, online.request_class, online.job.priority, online.stream, online.stream_options)
 
 
 @pytest.mark.parametrize("endpoint", [COMPLETIONS, CHAT])
@@ -142,7 +148,7 @@ def test_any_other_value_is_honoured_or_refused_by_name(field, endpoint):
     with pytest.raises(BodyError) as refused:
         parse(endpoint, **{field.name: field.example})
     assert not isinstance(refused.value, ClassRefused)
-    assert refused.value.param == field.name and field.note in refused.value.message
+    assert refused.value.field == field.name and field.note in refused.value.message
     assert refused.value.message.startswith(field.name + ":")
 
 
@@ -153,7 +159,7 @@ def test_any_other_value_is_honoured_or_refused_by_name(field, endpoint):
 def test_a_misspelt_field_is_refused_naming_it_and_the_likely_one(endpoint, typo, meant):
     with pytest.raises(BodyError) as refused:
         parse(endpoint, **{typo: 1})
-    assert refused.value.param == typo and f"did you mean {meant!r}" in refused.value.message
+    assert refused.value.field == typo and f"did you mean {meant!r}" in refused.value.message
 
 
 def test_every_responses_field_of_the_sdk_is_in_its_table_and_neutral_values_pass():
@@ -161,7 +167,7 @@ def test_every_responses_field_of_the_sdk_is_in_its_table_and_neutral_values_pas
     assert sorted(sdk_fields(response_create_params) - names) == []
     def asked(**fields):
         chat = to_chat_body({"input": "hi", **fields}).chat_body
-        return outcome(parse_online(json.dumps(chat), CHAT, RequestClass.REALTIME))
+        return outcome(parse_online(json.dumps(chat), CHAT, key(RequestClass.REALTIME)))
 
     base = asked()
     for f in RESPONSES_FIELDS:
@@ -170,7 +176,7 @@ def test_every_responses_field_of_the_sdk_is_in_its_table_and_neutral_values_pas
         for value in (None, *f.neutral):
             assert asked(**{f.name: value}) == base, (f.name, value)
         if f.support in (Support.NEUTRAL, Support.REFUSED):
-            with pytest.raises(ResponsesProblem) as refused:
+            with pytest.raises(InputError) as refused:
                 to_chat_body({"input": "hi", f.name: f.example})
             assert refused.value.field == f.name
         else:

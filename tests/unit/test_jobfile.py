@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsched.core.jobs.jobfile import JobFileError, parse_job_file
+from fsched.core.jobs.jobfile import JobFileError
 from fsched.core.jobs.limits import InputLimits
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.types import Endpoint
 
 
@@ -37,8 +38,7 @@ def test_simple_form_prompt_and_messages():
         ),
         "jobs.jsonl",
     )
-    assert parsed.form == "simple"
-    first, second = parsed.requests
+    first, second = parsed
     assert first.custom_id == "a1" and first.prompt == "Summarise this."
     assert first.endpoint is Endpoint.COMPLETIONS
     assert first.params.max_tokens == 64 and first.params.greedy
@@ -73,8 +73,7 @@ def test_openai_batch_form():
         ),
         "batch.jsonl",
     )
-    assert parsed.form == "openai"
-    chat, completion = parsed.requests
+    chat, completion = parsed
     assert chat.model == "gpt-x" and chat.params.max_tokens == 20
     assert chat.messages[1].content == "Hello"
     assert completion.endpoint is Endpoint.COMPLETIONS and completion.params.top_p == 0.9
@@ -84,15 +83,31 @@ def test_default_max_tokens_applies_to_lines_without_one():
     parsed = parse_job_file(
         lines({"prompt": "a"}, {"prompt": "b", "max_tokens": 3}), "f", default_max_tokens=9
     )
-    assert [r.params.max_tokens for r in parsed.requests] == [9, 3]
+    assert [r.params.max_tokens for r in parsed] == [9, 3]
 
 
 def test_bom_crlf_and_blank_lines_are_accepted():
     data = b"\xef\xbb\xbf" + b'{"prompt": "a"}\r\n\r\n   \n{"prompt": "b"}\r\n'
-    assert [r.prompt for r in parse_job_file(data, "f").requests] == ["a", "b"]
+    assert [r.prompt for r in parse_job_file(data, "f")] == ["a", "b"]
 
 
 OPENAI_OK = {"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": {"prompt": "p"}}
+
+
+def test_a_batch_file_names_the_first_line_that_asks_for_another_endpoint_once_every_line_parsed():
+    many = {**OPENAI_OK, "custom_id": "a", "body": {"prompt": ["p", "q"], "n": 3}}  # six requests
+    other = {**OPENAI_OK, "custom_id": "b", "url": "/v1/chat/completions",
+             "body": {"messages": [{"role": "user", "content": "hi"}]}}
+    data = lines(many, {**many, "custom_id": "c"}, other, {**other, "custom_id": "d"})
+    with pytest.raises(JobFileError) as info:
+        parse_job_file(data, "batch.jsonl", endpoint=Endpoint.COMPLETIONS)
+    assert (info.value.line, info.value.field) == (3, "url")
+    assert info.value.message == "asks for /v1/chat/completions; this batch's endpoint is /v1/completions"
+    assert len(parse_job_file(data, "batch.jsonl")) == 14  # a file without a batch may mix them
+    broken = data + b'{"custom_id": "e", "prompt": "simple form"}\n'
+    with pytest.raises(JobFileError) as info:  # a line that does not parse is named first
+        parse_job_file(broken, "batch.jsonl", endpoint=Endpoint.COMPLETIONS)
+    assert info.value.line == 5 and "mixes the simple form" in info.value.message
 
 BAD_INPUTS = [
     # (name, file bytes, expected line, expected field or None, text in the message)
@@ -235,13 +250,13 @@ def test_error_messages_are_one_printable_line_whatever_the_input():
 
 
 def test_only_an_omitted_max_tokens_is_a_default():
-    simple = parse_job_file(lines({"prompt": "a"}, {"prompt": "b", "max_tokens": 9}), "f").requests
+    simple = parse_job_file(lines({"prompt": "a"}, {"prompt": "b", "max_tokens": 9}), "f")
     assert [(r.params.max_tokens, r.params.max_tokens_is_default) for r in simple] == [
         (256, True),
         (9, False),
     ]
     body = {"prompt": "c", "max_completion_tokens": 7}
-    (openai,) = parse_job_file(lines({**OPENAI_OK, "body": body}), "f").requests
+    (openai,) = parse_job_file(lines({**OPENAI_OK, "body": body}), "f")
     assert (openai.params.max_tokens, openai.params.max_tokens_is_default) == (7, False)
 
 
@@ -277,7 +292,7 @@ def test_arbitrary_bytes_are_accepted_or_rejected_cleanly(data):
     except JobFileError as error:
         assert "\n" not in str(error)
     else:
-        assert parsed.requests
+        assert parsed
 
 
 json_values = st.recursive(
@@ -319,4 +334,4 @@ def test_arbitrary_objects_are_accepted_or_rejected_cleanly(obj):
     except JobFileError as error:
         assert error.line in (1, None)
     else:  # one request a line, or several: a completions prompt may be a list of prompts
-        assert parsed.requests and all(spec.params.max_tokens >= 1 for spec in parsed.requests)
+        assert parsed and all(spec.params.max_tokens >= 1 for spec in parsed)

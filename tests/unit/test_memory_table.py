@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from fsched.core.jobs.jobfile import parse_job_file
+from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.memory import MemoryTable
 from fsched.core.ports.records import Completion, JobSubmission, TokenUpdate
 from fsched.core.ports.table import Table
@@ -80,12 +80,11 @@ def test_store_calls_from_many_threads_are_each_atomic():
 
 
 def test_a_duplicate_custom_id_refuses_the_whole_submit():
-    from fsched.core.jobs.jobfile import ParsedJobFile
     from fsched.core.ports.records import StoreError
 
     table = MemoryTable()
-    spec = job(1).parsed.requests[0]
-    twice = JobSubmission(ParsedJobFile("f", (spec, spec), "simple"), "bob", RequestClass.BATCH, 5, "f")
+    spec = job(1).requests[0]
+    twice = JobSubmission((spec, spec), "bob", RequestClass.BATCH, 5, "f")
     with pytest.raises(StoreError, match="duplicate custom_id 'c0'"):
         table.catalog.submit([job(1), twice])
     assert table.catalog.list_jobs() == [] and table.catalog.list_tenants() == []

@@ -17,16 +17,16 @@ from fsched.core.daemon.engine import EngineResult
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.daemon.link import LinkServer
 from fsched.core.daemon.publish import Publisher
-from fsched.core.jobs.openai import OnlineProgress
-from fsched.core.ports.records import ClaimedRequest
+from fsched.core.ports.link import VERSION, Claim, End, Hello, StepText, Wake, encode
+from fsched.core.ports.records import ClaimedRequest, RequestProgress
 from fsched.core.runners.stopping import FinishReason
 from fsched.core.types import RequestClass, RequestState
 
 
-def progress(text: str, state: RequestState = RequestState.RUNNING) -> OnlineProgress:
-    return OnlineProgress(job_id=1, request_id="r1", state=state, output_text=text,
-                          num_output_tokens=len(text), prompt_tokens=None, finish_reason=None, error=None,
-                          model=None, enqueued_at=0.0, first_token_at=None, finished_at=None)
+def progress(text: str, state: RequestState = RequestState.RUNNING) -> RequestProgress:
+    return RequestProgress(id="r1", job_id=1, state=state, output_text=text, num_output_tokens=len(text),
+                           enqueued_at=0.0, first_token_at=None, finished_at=None, finish_reason=None,
+                           error=None)
 
 
 def claimed(job_id: int = 1, request_id: str = "r1") -> ClaimedRequest:
@@ -93,18 +93,19 @@ def test_the_publisher_pushes_each_steps_text_from_what_was_settled_and_the_end_
     link = _Link({1})
     pub = Publisher(link, holdings, lambda rid: ([1, 2, 3], texts[rid]), "m")
     pub.step({"r1": 3, "r2": 3}, [])
-    assert [(m["o"], m["t"]) for m in link.sent] == [(0, "héllo\ufffd")]
+    assert [(m.start, m.text) for m in link.sent] == [(0, "héllo\ufffd")]
     assert holdings.get("r1").linked and not holdings.get("r2").linked  # r2 is flushed every step
     texts["r1"] = "héllo wörld"
     pub.step({"r1": 4}, [])
-    assert (link.sent[-1]["o"], link.sent[-1]["t"]) == (5, " wörld")  # the unsettled tail again
+    assert (link.sent[-1].start, link.sent[-1].text) == (5, " wörld")  # the unsettled tail again
     result = EngineResult(id="r1", tokens=[1, 2, 3, 4], text="héllo wörld", finish_reason=FinishReason.STOP,
                           prompt_tokens=2)
     pub.step({"r1": 4}, [result])
-    assert "end" not in link.sent[-1]  # not before the completion is in the table
+    assert not isinstance(link.sent[-1], End)  # not before the completion is in the table
     pub.written(now=9.0)
-    end = link.sent[-1]["end"]
-    assert end["state"] == "done" and end["t"] == "héllo wörld" and end["fin"] == 9.0 and end["pt"] == 2
+    end = link.sent[-1]
+    assert (end.state, end.text, end.finished_at, end.prompt_tokens) == (
+        RequestState.DONE, "héllo wörld", 9.0, 2)
 
 
 def test_a_wakeup_makes_the_link_descriptor_readable_until_taken_and_says_what_was_asked():
@@ -112,9 +113,9 @@ def test_a_wakeup_makes_the_link_descriptor_readable_until_taken_and_says_what_w
     try:
         with socket.create_connection(("127.0.0.1", int(server.address.rpartition(":")[2]))) as sock:
             assert not select.select([server.wake_fd], [], [], 0.05)[0]
-            sock.sendall(b'{"op": "claim"}\n')
+            sock.sendall(encode([Hello(VERSION), Claim()]))
             assert select.select([server.wake_fd], [], [], 5)[0]  # a waiting step would end now
-            sock.sendall(b'{"op": "wake"}\n')
+            sock.sendall(encode([Wake()]))
             deadline = time.monotonic() + 5
             wants = server.take_wake()
             while not wants.sync and time.monotonic() < deadline:  # the second line may come later
@@ -136,18 +137,16 @@ def test_the_link_carries_watches_wakeups_and_pushes_over_a_socket():
             runner = asyncio.create_task(client.run(lambda: _addresses(server.address)))
             watcher = asyncio.create_task(_updates(hub, 7, 3, until="hello\x00\udc80"))
             deadline = time.monotonic() + 5
-            while client.linked_daemons == 0 and time.monotonic() < deadline:
+            while not server.take_wake().sync and time.monotonic() < deadline:  # a new link asks for a sync
                 await asyncio.sleep(0.01)
-            server.take_wake()
             client.announce(7, linkable=True)
             while server.watcher(7) is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             wants = server.take_wake()  # a new request: the daemon claims now, and only claims
             assert wants.claim and not wants.sync and not server.take_wake()
             conn = server.watcher(7)
-            server.send({conn: [{"job": 7, "req": "r", "o": 0, "t": "he", "n": 1, "ft": 1.0, "q": 0.5}]})
-            rest = {"job": 7, "req": "r", "o": 2, "t": "llo\x00\udc80", "n": 2, "ft": 1.0, "q": 0.5}
-            server.send({conn: [rest]})
+            server.send({conn: [StepText(7, "r", 0, "he", 1, 1.0, 0.5)]})
+            server.send({conn: [StepText(7, "r", 2, "llo\x00\udc80", 2, 1.0, 0.5)]})
             seen = await asyncio.wait_for(watcher, 5)
             runner.cancel()
             return seen

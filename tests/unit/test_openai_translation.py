@@ -6,21 +6,21 @@ import json
 
 import pytest
 
-from fsched.core.jobs.answers import AnswerChoice, Delta, chunk, response_body, usage_chunk
-from fsched.core.jobs.batches import BatchRecord, batch_object, validate_metadata
+from fsched.core.jobs.apikeys import ApiKey
+from fsched.core.jobs.batches import BatchRecord
 from fsched.core.jobs.jobstate import JobCounts, JobSummary
-from fsched.core.jobs.openai import (
-    BodyError,
-    ClassRefused,
-    OnlineProgress,
-    failure_status,
-    parse_online,
-    visible_text,
-)
-from fsched.core.types import Endpoint, JobState, RequestClass, RequestState
+from fsched.core.openai.answers import AnswerChoice, Delta, chunk, response_body, usage_chunk
+from fsched.core.openai.batch import batch_object, validate_metadata
+from fsched.core.openai.online import BodyError, ClassRefused, failure_status, parse_online
+from fsched.core.ports.records import RequestProgress
+from fsched.core.types import Endpoint, JobOrigin, JobState, RequestClass, RequestState
 
 CHAT = Endpoint.CHAT
 COMPLETIONS = Endpoint.COMPLETIONS
+
+
+def key(request_class: RequestClass) -> ApiKey:
+    return ApiKey("k1", "alice", request_class, "a key", "hash", 0.0)
 
 
 def body(**fields) -> str:
@@ -29,27 +29,29 @@ def body(**fields) -> str:
 
 def test_a_chat_body_becomes_a_request_of_the_keys_class():
     online = parse_online(body(max_completion_tokens=7, temperature=0, seed=3, stop=["x"], user="u", n=1),
-                          CHAT, RequestClass.STREAMING)
+                          CHAT, key(RequestClass.STREAMING))
     spec = online.spec
     assert (spec.params.max_tokens, spec.params.temperature, spec.params.seed, spec.params.stop) == (
         7, 0.0, 3, ("x",))
     assert spec.messages[0].content == "hi" and spec.model == "m"
-    assert (online.request_class, online.priority, online.stream, online.include_usage) == (
-        RequestClass.STREAMING, 5, False, False)
+    assert (online.request_class, online.job.priority, online.stream, online.stream_options.include_usage
+            ) == (RequestClass.STREAMING, 5, False, False)
+    job = online.job  # what the catalog stores: the key's tenant, one request a choice
+    assert (job.tenant, job.key_id, job.origin, job.requests) == ("alice", "k1", JobOrigin.ONLINE, (spec,))
 
 
 def test_service_tier_asks_for_a_class_never_above_the_keys():
     def tier(name: str, key_class: RequestClass) -> RequestClass:
-        return parse_online(body(service_tier=name), CHAT, key_class).request_class
+        return parse_online(body(service_tier=name), CHAT, key(key_class)).request_class
 
     assert tier("flex", RequestClass.STREAMING) is RequestClass.BATCH
     assert tier("priority", RequestClass.REALTIME) is RequestClass.REALTIME
     assert tier("auto", RequestClass.BATCH) is RequestClass.BATCH
     with pytest.raises(ClassRefused) as refused:
-        parse_online(body(service_tier="priority"), CHAT, RequestClass.STREAMING)
-    assert refused.value.param == "service_tier"
+        parse_online(body(service_tier="priority"), CHAT, key(RequestClass.STREAMING))
+    assert refused.value.field == "service_tier"
     with pytest.raises(ClassRefused):
-        parse_online(body(service_tier="default"), CHAT, RequestClass.BATCH)
+        parse_online(body(service_tier="default"), CHAT, key(RequestClass.BATCH))
 
 
 @pytest.mark.parametrize(("text", "param"), [
@@ -71,15 +73,16 @@ def test_service_tier_asks_for_a_class_never_above_the_keys():
 ])
 def test_bad_bodies_name_the_field(text, param):
     with pytest.raises(BodyError) as error:
-        parse_online(text, CHAT, RequestClass.REALTIME)
-    assert error.value.param == param and not isinstance(error.value, ClassRefused)
+        parse_online(text, CHAT, key(RequestClass.REALTIME))
+    assert error.value.field == param and not isinstance(error.value, ClassRefused)
 
 
 def test_streaming_with_usage_and_a_completions_body():
     online = parse_online(json.dumps({"model": "m", "prompt": "p", "stream": True, "priority": 0,
                                       "stream_options": {"include_usage": True}}), COMPLETIONS,
-                          RequestClass.BATCH)
-    assert online.stream and online.include_usage and online.priority == 0 and online.spec.prompt == "p"
+                          key(RequestClass.BATCH))
+    assert online.stream and online.stream_options.include_usage and online.job.priority == 0
+    assert online.spec.prompt == "p"
 
 
 def test_response_objects_follow_openai():
@@ -106,13 +109,13 @@ def test_chunks_carry_deltas_then_the_finish_then_the_usage():
         "index": 1, "text": "ab", "logprobs": None, "finish_reason": None}
 
 
-def progress(state: RequestState, text: str) -> OnlineProgress:
-    return OnlineProgress(1, 1, state, text, 1, None, None, None, None, 0.0, None, None)
+def progress(state: RequestState, text: str) -> RequestProgress:
+    return RequestProgress(1, 1, state, text, 1, 0.0, None, None, None, None)
 
 
 def test_a_partial_character_waits_for_the_end():
-    assert visible_text(progress(RequestState.RUNNING, "ab\ufffd")) == "ab"
-    assert visible_text(progress(RequestState.DONE, "ab\ufffd")) == "ab\ufffd"
+    assert progress(RequestState.RUNNING, "ab\ufffd").visible_text == "ab"
+    assert progress(RequestState.DONE, "ab\ufffd").visible_text == "ab\ufffd"
 
 
 def test_a_request_too_long_for_the_context_is_the_clients_error():
@@ -159,15 +162,15 @@ def choice_progress(choice: int, state: RequestState, tokens: list[int], logprob
     from fsched.core.types import Logprob, TokenLogprobs
 
     lps = tuple(TokenLogprobs(Logprob(t, -1.0, f" w{t}"), (Logprob(t, -1.0, f" w{t}"),)) for t in tokens)
-    return OnlineProgress(1, str(choice), state, "".join(f" w{t}" for t in tokens), len(tokens), 4,
-                          "length" if state.finished else None, None, None, 0.0, None, None,
-                          logprobs=lps if logprobs else (), choice=choice, tokens=tuple(tokens))
+    return RequestProgress(str(choice), 1, state, "".join(f" w{t}" for t in tokens), len(tokens), 0.0, None,
+                           None, "length" if state.finished else None, None, prompt_tokens=4,
+                           logprobs=lps if logprobs else (), choice=choice, tokens=tuple(tokens))
 
 
 def relay_of(text: str, endpoint=COMPLETIONS):
-    from fsched.core.jobs.streams import StreamRelay
+    from fsched.core.openai.streams import StreamRelay
 
-    online = parse_online(text, endpoint, RequestClass.REALTIME)
+    online = parse_online(text, endpoint, key(RequestClass.REALTIME))
     return StreamRelay(endpoint, "cmpl-1", 0, "m", online)
 
 
@@ -218,7 +221,7 @@ SCHEMA = {"type": "object"}
 
 
 def test_a_responses_body_is_a_chat_body_and_its_stream_the_responses_events():
-    from fsched.core.jobs.responses import ResponsesRelay, to_chat_body
+    from fsched.core.openai.responses import ResponsesRelay, to_chat_body
 
     asked = to_chat_body({"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
                           "instructions": "Be brief.", "max_output_tokens": 9, "top_logprobs": 2,
@@ -230,7 +233,7 @@ def test_a_responses_body_is_a_chat_body_and_its_stream_the_responses_events():
     relay = ResponsesRelay("resp_1", 0.0, "m", asked.echo, logprobs=True)
     events = list(relay.opening())
     done = choice_progress(0, RequestState.DONE, [3, 4], logprobs=True)
-    from fsched.core.jobs.openai import choice_of
+    from fsched.core.openai.online import choice_of
 
     events += list(relay.closing([done], choice_of(done)))
     kinds = [e["type"] for e in events]

@@ -9,8 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fsched.core.jobs.jobstate import JobCounts, derive_job_state
-from fsched.core.jobs.results import RequestResult, output_line
 from fsched.core.jobs.tenants import validate_tenant_name, validate_weight
+from fsched.core.openai.results import output_line
+from fsched.core.ports.records import RequestResult
 from fsched.core.sched.shares import entitled_shares
 from fsched.core.types import JobState, RequestState, SamplingParams
 

@@ -14,7 +14,6 @@ from dataclasses import replace
 
 from fsched.core.jobs.jobstate import JobSummary
 from fsched.core.jobs.limits import DEFAULT_MAX_QUEUED_PER_TENANT
-from fsched.core.jobs.results import RequestResult
 from fsched.core.jobs.tenants import validate_tenant_name, validate_weight
 from fsched.core.ports.lines import finished_lines
 from fsched.core.ports.memory.reads import ONLINE_WINDOW_S, online_groups, result_of
@@ -26,6 +25,7 @@ from fsched.core.ports.records import (
     OnlineGroup,
     QueueFull,
     RequestProgress,
+    RequestResult,
     RequestTiming,
     StoreError,
     SubmittedJob,
@@ -56,7 +56,7 @@ class MemoryCatalogStore:
             _check_unique(s)
         adding = Counter()
         for s in submissions:
-            adding[s.tenant] += len(s.parsed.requests)
+            adding[s.tenant] += len(s.requests)
         for tenant in sorted(adding):
             have = self.rows.unfinished_of(tenant)
             if have + adding[tenant] > max_queued_per_tenant:
@@ -76,7 +76,7 @@ class MemoryCatalogStore:
         have = {name: self.rows.unfinished_of(name) for name in {s.tenant for s in submissions}}
         outcomes: list[SubmittedJob | QueueFull] = []
         for s in submissions:
-            adding = len(s.parsed.requests)
+            adding = len(s.requests)
             if have[s.tenant] + adding > max_queued_per_tenant:
                 outcomes.append(QueueFull(s.tenant, have[s.tenant], adding, max_queued_per_tenant))
                 continue
@@ -94,7 +94,7 @@ class MemoryCatalogStore:
         now = self.rows.clock()
         job_id = self.rows.next_job_id()
         ids = []
-        for idx, spec in enumerate(s.parsed.requests):
+        for idx, spec in enumerate(s.requests):
             params = spec.params if spec.params.seed is not None else replace(
                 spec.params, seed=job_id * SEED_STRIDE + idx)
             request = MemoryRequest(
@@ -238,7 +238,7 @@ class MemoryCatalogStore:
 def _check_unique(submission: JobSubmission) -> None:
     """A job's requests are unique by (custom_id, choice), as the SQL table's constraint has them."""
     seen = set()
-    for spec in submission.parsed.requests:
+    for spec in submission.requests:
         key = (spec.custom_id, spec.choice)
         if key in seen:
             raise StoreError(f"duplicate custom_id {spec.custom_id!r} (choice {spec.choice}) in one job")

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from fsched.core.jobs.openai import OnlineProgress
-from fsched.core.jobs.results import RequestResult
 from fsched.core.ports.memory.rows import MemoryRequest, MemoryRows
-from fsched.core.ports.records import FirstTokens, OnlineGroup
+from fsched.core.ports.records import FirstTokens, OnlineGroup, RequestProgress, RequestResult
 from fsched.core.sim.metrics import percentile
 from fsched.core.types import AnswerOptions, RequestClass
 
@@ -30,9 +28,9 @@ def result_of(r: MemoryRequest) -> RequestResult:
     )
 
 
-def progress_of(r: MemoryRequest) -> OnlineProgress:
-    return OnlineProgress(
-        job_id=r.job_id, request_id=r.id, state=r.state, output_text=r.output_text,
+def progress_of(r: MemoryRequest) -> RequestProgress:
+    return RequestProgress(
+        id=r.id, job_id=r.job_id, state=r.state, output_text=r.output_text,
         num_output_tokens=len(r.output_tokens), prompt_tokens=r.prompt_tokens, finish_reason=r.finish_reason,
         error=r.error, model=r.model, enqueued_at=r.enqueued_at, first_token_at=r.first_token_at,
         finished_at=r.finished_at, logprobs=r.output_logprobs, choice=r.choice, tokens=tuple(r.output_tokens),

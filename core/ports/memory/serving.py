@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fsched.core.jobs.openai import OnlineProgress
 from fsched.core.ports.memory.reads import first_tokens, progress_of
 from fsched.core.ports.memory.rows import MemoryRows, atomic
-from fsched.core.ports.records import FirstTokens, TenantTotals
+from fsched.core.ports.records import FirstTokens, RequestProgress, TenantTotals
 from fsched.core.types import RequestClass
 
 
@@ -16,7 +15,7 @@ class MemoryServingStore:
         self.rows = rows
 
     @atomic
-    def progress(self, job_ids: Sequence[int]) -> dict[int, tuple[OnlineProgress, ...]]:
+    def progress(self, job_ids: Sequence[int]) -> dict[int, tuple[RequestProgress, ...]]:
         """Each given job's requests (one a choice), by job id, in choice order."""
         out = {}
         for job_id in job_ids:

@@ -11,9 +11,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from fsched.core.jobs.inputs import InputError, json_type, storable
 from fsched.core.jobs.limits import InputLimits
-from fsched.core.jobs.shapes import messages as checked_messages
-from fsched.core.jobs.values import INT64, BadValue, Boolean, Text, integer, json_type, same_value, storable
+from fsched.core.openai.messages import messages as checked_messages
+from fsched.core.openai.values import INT64, Boolean, Text, integer, same_value
 from fsched.core.types import ChatMessage
 
 # Fields vLLM defines that change what is encoded: fsched takes their neutral values only.
@@ -29,13 +30,6 @@ _NEUTRAL = {
 MAX_DETOKENIZE = 1_000_000
 
 
-class TokenizeProblem(ValueError):
-    def __init__(self, field: str | None, message: str):
-        super().__init__(message)
-        self.field = field
-        self.message = message
-
-
 @dataclass(slots=True, frozen=True)
 class TokenizeRequest:
     prompt: str | None
@@ -46,7 +40,7 @@ class TokenizeRequest:
 def parse_tokenize(body: dict, limits: InputLimits = InputLimits()) -> TokenizeRequest:
     """{model?, prompt} or {model?, messages, ...}; every field checked, none ignored."""
     if ("prompt" in body) == ("messages" in body):
-        raise TokenizeProblem("prompt", "give either 'prompt' (text) or 'messages' (chat), not both")
+        raise InputError("give either 'prompt' (text) or 'messages' (chat), not both", "prompt")
     prompt, messages, token_strs = None, (), False
     for key, value in body.items():
         try:
@@ -64,22 +58,22 @@ def parse_tokenize(body: dict, limits: InputLimits = InputLimits()) -> TokenizeR
                 # vLLM's defaults: a prompt gets the tokenizer's special tokens, messages only the
                 # template's; fsched encodes as its requests are encoded, so only these.
                 if value is not None and not same_value(value, "prompt" in body):
-                    raise BadValue(f"only {json.dumps('prompt' in body)} here: fsched encodes as its "
+                    raise InputError(f"only {json.dumps('prompt' in body)} here: fsched encodes as its "
                                    "requests are encoded")
             elif key in _NEUTRAL:
                 if value is not None and not any(same_value(value, n) for n in _NEUTRAL[key]):
-                    raise BadValue("fsched encodes as its requests are encoded (the model's chat "
+                    raise InputError("fsched encodes as its requests are encoded (the model's chat "
                                    "template, its tokenizer's defaults): only the neutral value")
             else:
-                raise BadValue("unknown field")
-        except BadValue as exc:
-            raise TokenizeProblem(key + exc.where, exc.message) from None
+                raise InputError("unknown field")
+        except InputError as exc:
+            raise exc.within(key) from None
     return TokenizeRequest(prompt, messages, token_strs)
 
 
 def _text(value: Any) -> str:
     if not isinstance(value, str):
-        raise BadValue(f"must be a string, got {json_type(value)}")
+        raise InputError(f"must be a string, got {json_type(value)}")
     return value
 
 
@@ -87,13 +81,13 @@ def parse_detokenize(body: dict) -> list[int]:
     """{model?, tokens: [int, ...]}."""
     for key in body:
         if key not in ("model", "tokens"):
-            raise TokenizeProblem(key, "unknown field (accepted: model, tokens)")
+            raise InputError("unknown field (accepted: model, tokens)", key)
     tokens = body.get("tokens")
     if not isinstance(tokens, list):
-        raise TokenizeProblem("tokens", f"must be an array of token ids, got {json_type(tokens)}")
+        raise InputError(f"must be an array of token ids, got {json_type(tokens)}", "tokens")
     if len(tokens) > MAX_DETOKENIZE:
-        raise TokenizeProblem("tokens", f"at most {MAX_DETOKENIZE:,} token ids")
+        raise InputError(f"at most {MAX_DETOKENIZE:,} token ids", "tokens")
     try:
         return [integer(t, 0, INT64 - 1, f"[{i}]") for i, t in enumerate(tokens)]
-    except BadValue as exc:
-        raise TokenizeProblem("tokens" + exc.where, exc.message) from None
+    except InputError as exc:
+        raise exc.within("tokens") from None

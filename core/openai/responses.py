@@ -15,22 +15,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fsched.core.jobs.answers import AnswerChoice, padding
-from fsched.core.jobs.fields import TEMPERATURE_TEXT, TOP_P_TEXT, BodyField, Support
+from fsched.core.jobs.inputs import InputError, json_type
 from fsched.core.jobs.limits import InputLimits
-from fsched.core.jobs.openai import OnlineProgress, visible_text
-from fsched.core.jobs.values import BadValue, Boolean, Custom, Integer, Number, Text, json_type
+from fsched.core.openai.answers import AnswerChoice, padding
+from fsched.core.openai.fields import TEMPERATURE_TEXT, TOP_P_TEXT, BodyField, Support
+from fsched.core.openai.values import Boolean, Custom, Integer, Number, Text
+from fsched.core.ports.records import RequestProgress
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 INPUT_ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
-
-
-class ResponsesProblem(ValueError):
-    def __init__(self, field: str | None, message: str):
-        super().__init__(message)
-        self.field = field
-        self.message = message
 
 
 def _input(value: Any, limits: InputLimits) -> list[dict]:
@@ -38,49 +32,49 @@ def _input(value: Any, limits: InputLimits) -> list[dict]:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
-        raise BadValue(f"must be a string or a non-empty array of messages, got {json_type(value)}")
+        raise InputError(f"must be a string or a non-empty array of messages, got {json_type(value)}")
     return [_input_message(item, f"[{i}]") for i, item in enumerate(value)]
 
 
 def _input_message(item: Any, where: str) -> dict:
     if not isinstance(item, dict):
-        raise BadValue(f"must be an object, got {json_type(item)}", where)
+        raise InputError(f"must be an object, got {json_type(item)}", where)
     kind = item.get("type", "message")
     if kind != "message":
-        raise BadValue(f"only message items are taken (fsched serves text, without tools), not {kind!r}",
+        raise InputError(f"only message items are taken (fsched serves text, without tools), not {kind!r}",
                        f"{where}.type")
     unknown = set(item) - {"type", "role", "content", "id", "status"}
     if unknown:
-        raise BadValue("unknown field of a message item", f"{where}.{sorted(unknown)[0]}")
+        raise InputError("unknown field of a message item", f"{where}.{sorted(unknown)[0]}")
     role = item.get("role")
     if role not in INPUT_ROLES:
-        raise BadValue(f"must be one of {', '.join(INPUT_ROLES)}", f"{where}.role")
+        raise InputError(f"must be one of {', '.join(INPUT_ROLES)}", f"{where}.role")
     content = item.get("content")
     if isinstance(content, list):
         parts = []
         for j, part in enumerate(content):
             if not (isinstance(part, dict) and part.get("type") in TEXT_PARTS
                     and isinstance(part.get("text"), str)):
-                raise BadValue(f'only text parts ({", ".join(TEXT_PARTS)})', f"{where}.content[{j}]")
+                raise InputError(f'only text parts ({", ".join(TEXT_PARTS)})', f"{where}.content[{j}]")
             parts.append(part["text"])
         content = "".join(parts)
     if not isinstance(content, str):
-        raise BadValue("must be a string or a list of text parts", f"{where}.content")
+        raise InputError("must be a string or a list of text parts", f"{where}.content")
     return {"role": role, "content": content}
 
 
 def _text_config(value: Any, limits: InputLimits) -> dict:
     """`text`: {format: {type: text | json_object | json_schema, name, schema, strict}, verbosity}."""
     if not isinstance(value, dict):
-        raise BadValue(f"must be an object, got {json_type(value)}")
+        raise InputError(f"must be an object, got {json_type(value)}")
     unknown = set(value) - {"format", "verbosity"}
     if unknown:
-        raise BadValue("unknown field of text", f".{sorted(unknown)[0]}")
+        raise InputError("unknown field of text", f".{sorted(unknown)[0]}")
     if value.get("verbosity") not in (None, "medium"):
-        raise BadValue("the models fsched serves have no verbosity setting; accepted: medium", ".verbosity")
+        raise InputError("the models fsched serves have no verbosity setting; accepted: medium", ".verbosity")
     fmt = value.get("format") or {"type": "text"}
     if not isinstance(fmt, dict):
-        raise BadValue(f"must be an object, got {json_type(fmt)}", ".format")
+        raise InputError(f"must be an object, got {json_type(fmt)}", ".format")
     if fmt.get("type") != "json_schema":
         return {"type": fmt.get("type")}
     schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
@@ -89,7 +83,7 @@ def _text_config(value: Any, limits: InputLimits) -> dict:
 
 def _include(value: Any, limits: InputLimits) -> bool:
     if not isinstance(value, list) or any(v != LOGPROBS_INCLUDE for v in value):
-        raise BadValue(f"fsched includes {LOGPROBS_INCLUDE!r} only (no tools, no reasoning to include)")
+        raise InputError(f"fsched includes {LOGPROBS_INCLUDE!r} only (no tools, no reasoning to include)")
     return bool(value)
 
 
@@ -161,24 +155,24 @@ class ResponsesRequest:
 
 
 def to_chat_body(body: dict, limits: InputLimits = InputLimits()) -> ResponsesRequest:
-    """The Responses body as a chat completions body; ResponsesProblem names a Responses field."""
+    """The Responses body as a chat completions body; InputError names a Responses field."""
     values = {}
     for key, value in body.items():
         spec = _BY_NAME.get(key)
         if spec is None:
-            raise ResponsesProblem(key, "unknown field (docs/http.md lists the fields of /v1/responses)")
+            raise InputError("unknown field (docs/http.md lists the fields of /v1/responses)", key)
         if value is None:
             continue
         if spec.support in (Support.NEUTRAL, Support.REFUSED):
             if spec.is_neutral(value):
                 continue
-            raise ResponsesProblem(key, spec.note)
+            raise InputError(spec.note, key)
         try:
             values[key] = spec.kind.check(value, limits)
-        except BadValue as exc:
-            raise ResponsesProblem(key + exc.where, exc.message) from None
+        except InputError as exc:
+            raise exc.within(key) from None
     if "input" not in values:
-        raise ResponsesProblem("input", "missing: give 'input' (a string or messages)")
+        raise InputError("missing: give 'input' (a string or messages)", "input")
     return ResponsesRequest(_chat_of(values), _echo_of(values))
 
 
@@ -198,7 +192,7 @@ def _chat_of(values: dict) -> dict:
     options = values.get("stream_options")
     if options:
         if not isinstance(options, dict) or set(options) - {"include_obfuscation"}:
-            raise ResponsesProblem("stream_options", 'must be an object {"include_obfuscation": bool}')
+            raise InputError('must be an object {"include_obfuscation": bool}', "stream_options")
         chat["stream_options"] = options
     return chat
 
@@ -285,9 +279,9 @@ class ResponsesRelay:
         yield self._event("response.content_part.added", item_id=self.item_id, output_index=0,
                           content_index=0, part=_text_part("", []))
 
-    def update(self, choices: Sequence[OnlineProgress]) -> Iterator[dict]:
+    def update(self, choices: Sequence[RequestProgress]) -> Iterator[dict]:
         (p,) = choices
-        text = visible_text(p)
+        text = p.visible_text
         if len(text) <= self.chars:
             return
         count = len(p.logprobs)
@@ -297,7 +291,7 @@ class ResponsesRelay:
                           content_index=0, delta=text[self.chars:], logprobs=logprobs, **extra)
         self.chars, self.tokens = len(text), count
 
-    def closing(self, final: Sequence[OnlineProgress], choice: AnswerChoice) -> Iterator[dict]:
+    def closing(self, final: Sequence[RequestProgress], choice: AnswerChoice) -> Iterator[dict]:
         yield from self.update(final)
         logprobs = _logprobs(choice.logprobs) if self.logprobs else []
         part = _text_part(choice.text, logprobs)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from fsched.core.jobs.answers import Delta, chunk, usage, usage_chunk
-from fsched.core.jobs.openai import OnlineProgress, OnlineRequest, choice_of, visible_text
+from fsched.core.openai.answers import Delta, chunk, usage, usage_chunk
+from fsched.core.openai.online import OnlineRequest, choice_of
+from fsched.core.ports.records import RequestProgress
 from fsched.core.types import Endpoint
 
 
@@ -37,7 +38,7 @@ class StreamRelay:
         self.online = online
         self.answer = online.spec.answer
         self.sent = [_Sent() for _ in online.specs]
-        self.latest: Sequence[OnlineProgress] = ()
+        self.latest: Sequence[RequestProgress] = ()
         self.prompt_ids = prompt_ids  # vLLM's prompt_token_ids: sent with the first chunk
 
     def opening(self) -> Iterator[dict]:
@@ -47,7 +48,7 @@ class StreamRelay:
                 sent.started = True
                 yield self._chunk(Delta(index, first=True))
 
-    def update(self, choices: Sequence[OnlineProgress]) -> Iterator[dict]:
+    def update(self, choices: Sequence[RequestProgress]) -> Iterator[dict]:
         """The chunks a new read of the choices calls for (none when nothing visible changed)."""
         self.latest = choices
         for p in choices:
@@ -61,14 +62,14 @@ class StreamRelay:
                 sent.ended = True
                 yield self._chunk(Delta(p.choice, finish_reason=p.finish_reason or "stop"))
 
-    def closing(self, final: Sequence[OnlineProgress]) -> Iterator[dict]:
+    def closing(self, final: Sequence[RequestProgress]) -> Iterator[dict]:
         """After every choice ended: the usage chunk, when asked for."""
         if self.online.stream_options.include_usage:
             figures = usage([choice_of(p) for p in final], self.answer)
             yield usage_chunk(self.endpoint, self.answer_id, self.created, self.model, figures)
 
-    def _delta(self, p: OnlineProgress, sent: _Sent) -> Delta | None:
-        text = visible_text(p)
+    def _delta(self, p: RequestProgress, sent: _Sent) -> Delta | None:
+        text = p.visible_text
         new_text = text[sent.chars:]
         shows_tokens = self.answer.logprobs or self.answer.token_ids
         count = len(p.tokens) if p.state.finished or len(text) > sent.chars else sent.tokens

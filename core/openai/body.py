@@ -1,7 +1,7 @@
 """An OpenAI request body as fsched's requests: one per choice, checked by the field table.
 
 The same parser reads a batch line's `body`, a simple line and an online
-request (`jobfile.py` and `openai.py` call it), so every door takes the same
+request (`batchfile.py` and `online.py` call it), so every door takes the same
 fields with the same checks. A field is looked up in `fields.FIELDS`: an
 unknown one is refused naming it (with the likeliest intended name), one
 fsched cannot honour is refused with the reason, a neutral value always
@@ -17,10 +17,11 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fsched.core.jobs.fields import BodyField, Support, field_for, names_for, other_endpoint
 from fsched.core.jobs.grammar import GrammarError, check_response_format
+from fsched.core.jobs.inputs import InputError
 from fsched.core.jobs.limits import InputLimits
-from fsched.core.jobs.values import INT64, BadValue
+from fsched.core.openai.fields import BodyField, Support, field_for, names_for, other_endpoint
+from fsched.core.openai.values import INT64
 from fsched.core.types import (
     AnswerOptions,
     ChatMessage,
@@ -34,15 +35,6 @@ from fsched.core.types import (
 MAX_CHOICES = 128  # rows one body may become: prompts x n (OpenAI's bound on n)
 
 
-class BodyProblem(ValueError):
-    """A body fsched cannot take; `field` is the path inside the body ("messages[0].role")."""
-
-    def __init__(self, field: str | None, message: str):
-        super().__init__(message)
-        self.field = field
-        self.message = message
-
-
 @dataclass(slots=True, frozen=True)
 class ParsedBody:
     specs: tuple[RequestSpec, ...]  # one per choice, in choice order
@@ -53,8 +45,9 @@ def parse_body(
     endpoint: Endpoint, body: dict, limits: InputLimits, default_max_tokens: int,
     custom_id: str = "request", online: bool = False,
 ) -> ParsedBody:
-    """The body's requests, or BodyProblem naming the field. `online`: an HTTP request (it may stream,
-    choose its class and priority); otherwise a batch or simple line."""
+    """The body's requests, or InputError naming the field (a path inside the body:
+    "messages[0].role"). `online`: an HTTP request (it may stream, choose its class and priority);
+    otherwise a batch or simple line."""
     values = checked_values(endpoint, body, limits, online)
     params = _sampling(endpoint, values, limits, default_max_tokens)
     answer = _answer(endpoint, values)
@@ -72,22 +65,22 @@ def checked_values(endpoint: Endpoint, body: dict, limits: InputLimits, online: 
     for key, value in body.items():
         spec = field_for(key, endpoint)
         if spec is None:
-            raise BodyProblem(key, _unknown(key, endpoint))
+            raise InputError(_unknown(key, endpoint), key)
         if value is None:
             continue
         if spec.online and not online:
             if spec.is_neutral(value):
                 continue
-            raise BodyProblem(key, f"an HTTP request's own field: a batch line takes {_neutrals(spec)} "
-                                   "only (its class and priority are the job's)")
+            raise InputError(f"an HTTP request's own field: a batch line takes {_neutrals(spec)} "
+                             "only (its class and priority are the job's)", key)
         if spec.support in (Support.NEUTRAL, Support.REFUSED):
             if spec.is_neutral(value) or _neutral_here(key, value, body):
                 continue
-            raise BodyProblem(key, f"{spec.note}; accepted: {_neutrals(spec)}")
+            raise InputError(f"{spec.note}; accepted: {_neutrals(spec)}", key)
         try:
             values[key] = spec.kind.check(value, limits)
-        except BadValue as exc:
-            raise BodyProblem(key + exc.where, exc.message) from None
+        except InputError as exc:
+            raise exc.within(key) from None
     return values
 
 
@@ -117,12 +110,12 @@ def _sampling(endpoint: Endpoint, values: dict, limits: InputLimits, default_max
     newer = values.get("max_completion_tokens")
     if newer is not None:
         if max_tokens is not None and max_tokens != newer:
-            raise BodyProblem("max_completion_tokens", "differs from max_tokens; give one of them")
+            raise InputError("differs from max_tokens; give one of them", "max_completion_tokens")
         max_tokens = newer
     asked = max_tokens is not None
     max_tokens = max_tokens if asked else default_max_tokens
     if values.get("min_tokens", 0) > max_tokens:
-        raise BodyProblem("min_tokens", f"must not exceed max_tokens ({max_tokens:,})")
+        raise InputError(f"must not exceed max_tokens ({max_tokens:,})", "min_tokens")
     return SamplingParams(
         max_tokens=max_tokens,
         max_tokens_is_default=not asked,
@@ -151,13 +144,13 @@ def _logprobs(endpoint: Endpoint, values: dict) -> int | None:
     if endpoint is Endpoint.COMPLETIONS:
         k = values.get("logprobs")
         if k is not None and values.get("echo"):
-            raise BodyProblem("echo", "echo with logprobs is not taken: fsched computes no log "
-                                      "probabilities of the prompt; ask for one of the two")
+            raise InputError("echo with logprobs is not taken: fsched computes no log probabilities of "
+                             "the prompt; ask for one of the two", "echo")
         return k
     top = values.get("top_logprobs", 0)
     if not values.get("logprobs"):
         if top:
-            raise BodyProblem("top_logprobs", "needs logprobs: true")
+            raise InputError("needs logprobs: true", "top_logprobs")
         return None
     return top
 
@@ -174,7 +167,7 @@ def _response_format(value: dict | None) -> ResponseFormat | None:
         chosen = ResponseFormat.json_schema(spec["schema"], spec["name"], spec["strict"])
         check_response_format(chosen)
     except (GrammarError, ValueError) as exc:
-        raise BodyProblem("response_format.json_schema.schema", str(exc)) from None
+        raise InputError(str(exc), "response_format.json_schema.schema") from None
     return chosen
 
 
@@ -195,12 +188,12 @@ def _choices(endpoint: Endpoint, values: dict, params: SamplingParams, answer: A
              custom_id: str) -> tuple[RequestSpec, ...]:
     wanted = "prompt" if endpoint is Endpoint.COMPLETIONS else "messages"
     if wanted not in values:
-        raise BodyProblem(wanted, f"missing ({endpoint.value} takes '{wanted}')")
+        raise InputError(f"missing ({endpoint.value} takes '{wanted}')", wanted)
     inputs: tuple[str, ...] | tuple[tuple[ChatMessage, ...]] = (
         values["prompt"] if endpoint is Endpoint.COMPLETIONS else (values["messages"],))
     if len(inputs) * answer.n > MAX_CHOICES:
-        raise BodyProblem("n", f"at most {MAX_CHOICES} choices in one request (prompts x n), "
-                               f"asked for {len(inputs) * answer.n:,}")
+        raise InputError(f"at most {MAX_CHOICES} choices in one request (prompts x n), "
+                         f"asked for {len(inputs) * answer.n:,}", "n")
     specs = []
     for p, given in enumerate(inputs):
         for j in range(answer.n):

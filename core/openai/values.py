@@ -1,72 +1,23 @@
 """How one value of a request body is checked: the kinds the field table names.
 
 Each kind is a small frozen object whose `check(value, limits)` returns the
-value as fsched keeps it, or raises `BadValue` saying what is wrong (and, for
-a value inside an object or array, where). Pure: no I/O, no knowledge of the
-field it checks, so one kind serves every field of its shape.
+value as fsched keeps it, or raises `InputError` saying what is wrong (and, for
+a value inside an object or array, where: a path relative to the value). Pure:
+no I/O, no knowledge of the field it checks, so one kind serves every field of
+its shape.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fsched.core.jobs.inputs import InputError, json_type, printable, shown, storable
 from fsched.core.jobs.limits import InputLimits
 
-# What a stored string may not hold: a NUL (PostgreSQL's text refuses it) or a
-# lone surrogate (JSON's "\ud800" escape: not Unicode, so not storable as UTF-8).
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-SHOWN_CHARS = 80  # a value quoted in an error is cut to this many characters
 INT64 = 2**63
-
-
-class BadValue(ValueError):
-    """A value a field cannot take; `where` is the path inside the value ("[2].text"), if any."""
-
-    def __init__(self, message: str, where: str = ""):
-        super().__init__(message)
-        self.message = message
-        self.where = where
-
-
-def printable(text: str, limit: int = SHOWN_CHARS) -> str:
-    """`text` fit for one line of an error: control characters escaped, cut to `limit`."""
-    if len(text) > limit:
-        text = text[:limit] + "..."
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
-def shown(value: Any) -> str:
-    """A JSON value quoted in an error message, cut short."""
-    return printable(repr(value))
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
-def storable(text: str, where: str = "") -> str:
-    """`text` unless it holds a character no database column takes."""
-    bad = _UNSTORABLE.search(text)
-    if bad is not None:
-        what = "a NUL character" if bad.group() == "\x00" else "a lone surrogate (not valid Unicode)"
-        raise BadValue(f"contains {what}: \\u{ord(bad.group()):04x} at character {bad.start() + 1}", where)
-    return text
 
 
 def same_value(value: Any, neutral: Any) -> bool:
@@ -82,9 +33,9 @@ def integer(value: Any, low: int, high: int, where: str = "") -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadValue(f"must be an integer, got {json_type(value)}", where)
+        raise InputError(f"must be an integer, got {json_type(value)}", where)
     if not low <= value <= high:
-        raise BadValue(f"must be within {low:,}..{high:,}, got {printable(f'{value:,}')}", where)
+        raise InputError(f"must be within {low:,}..{high:,}, got {printable(f'{value:,}')}", where)
     return value
 
 
@@ -92,7 +43,7 @@ def integer(value: Any, low: int, high: int, where: str = "") -> int:
 class Boolean:
     def check(self, value: Any, limits: InputLimits) -> bool:
         if not isinstance(value, bool):
-            raise BadValue(f"must be a boolean, got {json_type(value)}")
+            raise InputError(f"must be a boolean, got {json_type(value)}")
         return value
 
 
@@ -113,13 +64,13 @@ class Number:
 
     def check(self, value: Any, limits: InputLimits) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise BadValue(f"must be a number, got {json_type(value)}")
+            raise InputError(f"must be a number, got {json_type(value)}")
         value = float(value)
         if not math.isfinite(value):
-            raise BadValue("must be a finite number (this one overflows a float)")
+            raise InputError("must be a finite number (this one overflows a float)")
         if not (self.low <= value <= self.high) or (self.low_open and value == self.low):
             bracket = "(" if self.low_open else ""
-            raise BadValue(f"must be within {bracket}{self.low:g}..{self.high:g}, got {value:g}")
+            raise InputError(f"must be within {bracket}{self.low:g}..{self.high:g}, got {value:g}")
         return value
 
 
@@ -130,11 +81,11 @@ class Text:
 
     def check(self, value: Any, limits: InputLimits) -> str:
         if not isinstance(value, str):
-            raise BadValue(f"must be a string, got {json_type(value)}")
+            raise InputError(f"must be a string, got {json_type(value)}")
         if self.choices and value not in self.choices:
-            raise BadValue(f"must be one of {', '.join(self.choices)}, got {shown(value)}")
+            raise InputError(f"must be one of {', '.join(self.choices)}, got {shown(value)}")
         if len(value) > self.max_chars:
-            raise BadValue(f"longer than {self.max_chars:,} characters")
+            raise InputError(f"longer than {self.max_chars:,} characters")
         return storable(value)
 
 
@@ -154,9 +105,9 @@ class Stop:
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
-            raise BadValue("must be a non-empty string or an array of non-empty strings")
+            raise InputError("must be a non-empty string or an array of non-empty strings")
         if len(value) > limits.max_stop_sequences:
-            raise BadValue(f"at most {limits.max_stop_sequences} stop sequences")
+            raise InputError(f"at most {limits.max_stop_sequences} stop sequences")
         return tuple(storable(s) for s in value)
 
 
@@ -168,9 +119,9 @@ class TokenIds:
 
     def check(self, value: Any, limits: InputLimits) -> tuple[int, ...]:
         if not isinstance(value, list):
-            raise BadValue(f"must be an array of token ids, got {json_type(value)}")
+            raise InputError(f"must be an array of token ids, got {json_type(value)}")
         if len(value) > self.max_items:
-            raise BadValue(f"at most {self.max_items:,} token ids")
+            raise InputError(f"at most {self.max_items:,} token ids")
         return tuple(integer(v, 0, INT64 - 1, f"[{i}]") for i, v in enumerate(value))
 
 
@@ -182,17 +133,17 @@ class LogitBias:
 
     def check(self, value: Any, limits: InputLimits) -> tuple[tuple[int, float], ...]:
         if not isinstance(value, dict):
-            raise BadValue(f"must be an object of token id -> bias, got {json_type(value)}")
+            raise InputError(f"must be an object of token id -> bias, got {json_type(value)}")
         if len(value) > self.max_items:
-            raise BadValue(f"at most {self.max_items:,} token ids")
+            raise InputError(f"at most {self.max_items:,} token ids")
         out = []
         for key, bias in value.items():
             if not key.isdigit() or not key.isascii() or len(key) > 19:
-                raise BadValue(f"keys must be token ids (non-negative integers), got {shown(key)}")
+                raise InputError(f"keys must be token ids (non-negative integers), got {shown(key)}")
             try:
                 out.append((int(key), _BIAS.check(bias, limits)))
-            except BadValue as exc:
-                raise BadValue(exc.message, f".{key}") from None
+            except InputError as exc:
+                raise exc.within(f".{key}") from None
         return tuple(sorted(out))
 
 

@@ -1,6 +1,6 @@
 """Every request field of /v1/completions and /v1/chat/completions, and what fsched does with it.
 
-One table, from which the body parser (`jobfile.py`), its refusals, the
+One table, from which the body parser (`body.py`), its refusals, the
 field table of docs/http.md and the tests that walk OpenAI's and vLLM's
 field lists all derive. A field is
 
@@ -23,8 +23,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from fsched.core.jobs import shapes
-from fsched.core.jobs.values import (
+from fsched.core.openai import messages, shapes
+from fsched.core.openai.values import (
     INT64,
     Boolean,
     Custom,
@@ -103,7 +103,7 @@ OPENAI_FIELDS = (
        "(choices by index, prompt by prompt)", kind=Custom(shapes.prompts, "string or array of strings"),
        example="Once upon a time"),
     _f("messages", H, S, "the conversation, rendered through the model's chat template; text content "
-       "(a string or text parts) and a message's name", kind=Custom(shapes.messages, "array of messages"),
+       "(a string or text parts) and a message's name", kind=Custom(messages.messages, "array of messages"),
        example=[{"role": "user", "content": "hello"}]),
     _f("max_tokens", BOTH, S, "the most tokens to generate (default 256, capped to the room the model's "
        "context leaves; asked for and not fitting: a 400)", kind=Integer(1), example=7),

@@ -3,37 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 
-from fsched.core.jobs.answers import AnswerChoice, response_body, response_id
-from fsched.core.types import AnswerOptions, Endpoint, RequestId, RequestState, TokenLogprobs
+from fsched.core.openai.answers import AnswerChoice, response_body, response_id
+from fsched.core.ports.records import RequestResult
+from fsched.core.types import Endpoint, RequestState
 
 DEFAULT_MODEL_NAME = "fsched"
-
-
-@dataclass(slots=True, frozen=True)
-class RequestResult:
-    """A finished request (one choice of a line) as the job table reports it: what its output line
-    is made of."""
-
-    id: RequestId
-    idx: int
-    custom_id: str
-    endpoint: str
-    state: RequestState
-    model: str | None
-    output_text: str
-    num_output_tokens: int
-    prompt_tokens: int | None
-    finish_reason: str | None
-    error: str | None
-    finished_at: float | None
-    # One per output token when the request asked for logprobs; empty otherwise.
-    logprobs: tuple[TokenLogprobs, ...] = ()
-    choice: int = 0  # the choice's index within its line
-    answer: AnswerOptions = AnswerOptions()
-    prompt: str | None = None  # a completions request's prompt (echo shows it)
-    output_tokens: tuple[int, ...] = ()
 
 
 def lines_of(results: Iterable[RequestResult]) -> Iterator[tuple[RequestResult, ...]]:

@@ -1,22 +1,26 @@
-"""OpenAI's online API in fsched's terms: request bodies in, response objects and chunks out.
+"""An online request (/v1/completions, /v1/chat/completions) in fsched's terms: its body read as the job
+the catalog stores, and a finished choice as its answer shows it.
 
 Pure translation, no I/O. A body is checked by the same parser as a line of a
 batch file (so `submit`, the Batch API and the online endpoints accept the
 same fields), after the fields only online requests have are taken off:
 `stream_options`, `service_tier` (the class, never above the key's) and
-`priority` (fsched's base priority, 0 most urgent to 9).
+`priority` (fsched's base priority, 0 most urgent to 9). The answers and
+chunks themselves are `answers.py`'s and `streams.py`'s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
-from fsched.core.jobs.answers import AnswerChoice
-from fsched.core.jobs.apikeys import class_allowed
-from fsched.core.jobs.jobfile import JobFileError, load_json_object, parse_openai_body, printable
+from fsched.core.jobs.apikeys import ApiKey, class_allowed
+from fsched.core.jobs.inputs import InputError
+from fsched.core.jobs.jsontext import loads_object
 from fsched.core.jobs.limits import InputLimits
-from fsched.core.types import Endpoint, RequestClass, RequestId, RequestSpec, RequestState, TokenLogprobs
+from fsched.core.openai.answers import AnswerChoice
+from fsched.core.openai.body import parse_body
+from fsched.core.ports.records import JobSubmission, RequestProgress
+from fsched.core.types import Endpoint, JobOrigin, RequestClass, RequestSpec
 
 # OpenAI's service tiers as fsched's classes; "auto" (or none) is the key's own class.
 SERVICE_TIERS = {
@@ -30,16 +34,13 @@ TIER_OF_CLASS = {
 }
 DEFAULT_PRIORITY = 5
 DEFAULT_MAX_TOKENS = 256
+JOB_NAME = "http"  # an online request's job, in listings
 CONTEXT_WORDS = "model's context"  # the engine's words for a request that cannot fit
 
 
-class BodyError(ValueError):
-    """A request body fsched cannot take (HTTP 400); `param` names the field when known."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.param = param
+class BodyError(InputError):
+    """A request body fsched cannot take (HTTP 400), its message as the answer says it (the field
+    first); `field` names the field when known."""
 
 
 class ClassRefused(BodyError):
@@ -55,45 +56,29 @@ class StreamOptions:
 
 @dataclass(slots=True, frozen=True)
 class OnlineRequest:
-    specs: tuple[RequestSpec, ...]  # one per choice
-    request_class: RequestClass
-    priority: int
+    """An online request as its body reads: the job the catalog stores as it is (one row a choice,
+    the key's tenant, the class and priority asked for), and how its answer streams."""
+
+    job: JobSubmission
     stream: bool
     stream_options: StreamOptions = StreamOptions()
 
     @property
-    def spec(self) -> RequestSpec:
-        """The first choice: what every choice shares (model, endpoint, answer options)."""
-        return self.specs[0]
+    def specs(self) -> tuple[RequestSpec, ...]:
+        """The choices, in order."""
+        return self.job.requests
 
     @property
-    def include_usage(self) -> bool:
-        return self.stream_options.include_usage
+    def spec(self) -> RequestSpec:
+        """The first choice: what every choice shares (model, endpoint, answer options)."""
+        return self.job.requests[0]
+
+    @property
+    def request_class(self) -> RequestClass:
+        return self.job.request_class
 
 
-@dataclass(slots=True, frozen=True)
-class OnlineProgress:
-    """An online request's row as its HTTP handler polls it."""
-
-    job_id: int
-    request_id: RequestId
-    state: RequestState
-    output_text: str
-    num_output_tokens: int
-    prompt_tokens: int | None
-    finish_reason: str | None
-    error: str | None
-    model: str | None
-    enqueued_at: float
-    first_token_at: float | None
-    finished_at: float | None
-    # One per output token so far when the request asked for logprobs; empty otherwise.
-    logprobs: tuple[TokenLogprobs, ...] = ()
-    choice: int = 0  # the choice's index within the request
-    tokens: tuple[int, ...] = ()  # the output token ids so far
-
-
-def choice_of(progress: OnlineProgress, prompt: str | None = None) -> AnswerChoice:
+def choice_of(progress: RequestProgress, prompt: str | None = None) -> AnswerChoice:
     """A finished choice as an answer shows it."""
     return AnswerChoice(index=progress.choice, text=progress.output_text,
                         finish_reason=progress.finish_reason, num_tokens=progress.num_output_tokens,
@@ -101,29 +86,22 @@ def choice_of(progress: OnlineProgress, prompt: str | None = None) -> AnswerChoi
                         logprobs=progress.logprobs, prompt=prompt)
 
 
-def parse_online(
-    text: str, endpoint: Endpoint, key_class: RequestClass, limits: InputLimits = InputLimits()
-) -> OnlineRequest:
-    """A completions or chat completions body as requests (one per choice), or BodyError / ClassRefused."""
+def parse_online(text: str, endpoint: Endpoint, key: ApiKey, limits: InputLimits = InputLimits()
+                 ) -> OnlineRequest:
+    """A completions or chat completions body, sent with `key`, as the job to store (one request a
+    choice), or BodyError / ClassRefused."""
     try:
-        body = load_json_object(text, limits.max_depth)
-        parsed = parse_openai_body(endpoint, body, limits, DEFAULT_MAX_TOKENS, online=True)
-    except JobFileError as exc:
-        raise BodyError(_named(exc.message, exc.field), exc.field) from None
+        body = loads_object(text, limits.max_depth)
+        parsed = parse_body(endpoint, body, limits, DEFAULT_MAX_TOKENS, online=True)
+    except InputError as exc:
+        raise BodyError(exc.named(), exc.field) from None
     own = parsed.online
     stream = own.get("stream", False)
-    return OnlineRequest(
-        specs=parsed.specs,
-        request_class=_tier_class(own.get("service_tier"), key_class),
-        priority=_priority(own.get("priority")),
-        stream=stream,
-        stream_options=_stream_options(own.get("stream_options"), stream),
-    )
-
-
-def _named(message: str, field: str | None) -> str:
-    """The message as a 400 says it: the field first, so a client that shows only the message names it."""
-    return f"{printable(field)}: {message}" if field else message
+    job = JobSubmission(parsed.specs, tenant=key.tenant,
+                        request_class=_tier_class(own.get("service_tier"), key.request_class),
+                        priority=_priority(own.get("priority")), name=JOB_NAME, origin=JobOrigin.ONLINE,
+                        key_id=key.id)
+    return OnlineRequest(job, stream, _stream_options(own.get("stream_options"), stream))
 
 
 def _tier_class(tier: str | None, key_class: RequestClass) -> RequestClass:
@@ -156,28 +134,6 @@ def _stream_options(options: dict | None, stream: bool) -> StreamOptions:
         continuous_usage=options.get("continuous_usage_stats", False),
         obfuscation=options.get("include_obfuscation", False),
     )
-
-
-# -- progress ----------------------------------------------------------------------------------
-
-
-class Progress(Protocol):
-    """A request's output as a reader polls it (`OnlineProgress`, the catalog's `RequestProgress`)."""
-
-    @property
-    def state(self) -> RequestState: ...
-
-    @property
-    def output_text(self) -> str: ...
-
-
-def visible_text(progress: Progress) -> str:
-    """The text a reader may see now: a token may end inside a multi-byte character, which
-    decodes as U+FFFD until the next token completes it, so such a tail waits for the end.
-    Every streamed text (the HTTP API's, `fsched generate --stream`'s) is shown through this."""
-    if progress.state.finished:
-        return progress.output_text
-    return progress.output_text.rstrip("\ufffd")
 
 
 def failure_status(error: str | None) -> int:

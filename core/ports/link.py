@@ -1,0 +1,178 @@
+"""The daemon link's messages, both ways: one definition for the daemon's end and the server's.
+
+A link (`core/daemon/link.py`, the daemon's end; `api/link.py`, an HTTP
+server's) carries these messages and nothing else. Each is a small dataclass
+(not frozen: a frozen one costs four times as much to make, and a `StepText`
+is made for every watched request at every step); `encode` makes the bytes
+of a list of them, `decode` reads one back from a line. How they are written
+is this module's alone (today one JSON array a line: the message's tag, then
+its fields in their order; ASCII, so any text, NUL and lone surrogates
+included, crosses as escapes), so a change of the encoding (one binary frame
+a step, say) is made here, for both ends at once.
+
+A server speaks first: `Hello(VERSION)`, then what it wants. The daemon
+answers with its own `Hello`. Either end that reads another version (or a
+first line that is no hello, as from a fsched that predates versions)
+refuses the link: it logs both versions at error level and closes the
+connection. The server then serves from the table, as without a link:
+losing the link loses speed, never an answer. Bump `VERSION` with any change
+of a message's fields or of the encoding.
+
+Server to daemon: `Wake` (sync with the table now: a cancel, a new link),
+`Claim` (new online work: claim now), `Watch(job)` / `Forget(job)` (push, or
+stop pushing, the progress of that job's requests; a watch is new work and
+claims too). Daemon to server: `StepText` after each step that gave a watched
+request tokens (its text from character `start` on: a tail the tokenizer
+has not settled is sent again), `End` once its completion is in the table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import ClassVar
+
+from fsched.core.ports.records import RequestProgress
+from fsched.core.types import RequestId, RequestState
+
+VERSION = 1
+
+
+class LinkRefused(ValueError):
+    """A line this end cannot take: another version's, no hello first, or not a message at all."""
+
+
+@dataclass(slots=True)
+class Hello:
+    version: int
+    TAG: ClassVar[str] = "hello"
+
+
+@dataclass(slots=True)
+class Wake:
+    TAG: ClassVar[str] = "wake"
+
+
+@dataclass(slots=True)
+class Claim:
+    TAG: ClassVar[str] = "claim"
+
+
+@dataclass(slots=True)
+class Watch:
+    job: int
+    TAG: ClassVar[str] = "watch"
+
+    def __post_init__(self) -> None:
+        _check_job(self.job)
+
+
+@dataclass(slots=True)
+class Forget:
+    job: int
+    TAG: ClassVar[str] = "forget"
+
+    def __post_init__(self) -> None:
+        _check_job(self.job)
+
+
+def _check_job(job: object) -> None:
+    if isinstance(job, bool) or not isinstance(job, int):
+        raise TypeError(f"a job id is an integer, not {job!r}")
+
+
+@dataclass(slots=True)
+class StepText:
+    """A step's text of one request: the whole text is what the server had up to `start`, then `text`."""
+
+    job: int
+    request: RequestId
+    start: int
+    text: str
+    tokens: int  # output tokens so far
+    first_token_at: float | None
+    enqueued_at: float
+    TAG: ClassVar[str] = "text"
+
+    def progress(self, before: str) -> RequestProgress:
+        """The request's progress, `before` being the text the server had of it."""
+        return RequestProgress(self.request, self.job, RequestState.RUNNING, before[: self.start] + self.text,
+                               self.tokens, self.enqueued_at, self.first_token_at, finished_at=None,
+                               finish_reason=None, error=None)
+
+
+@dataclass(slots=True)
+class End:
+    """A request's end, pushed once its completion is in the table."""
+
+    job: int
+    request: RequestId
+    state: RequestState
+    text: str
+    tokens: int
+    prompt_tokens: int | None
+    finish_reason: str | None
+    error: str | None
+    model: str | None
+    first_token_at: float | None
+    enqueued_at: float
+    finished_at: float | None = None  # set when the completion is written
+    TAG: ClassVar[str] = "end"
+
+    def progress(self) -> RequestProgress:
+        return RequestProgress(self.request, self.job, self.state, self.text, self.tokens, self.enqueued_at,
+                               self.first_token_at, self.finished_at, self.finish_reason, self.error,
+                               prompt_tokens=self.prompt_tokens, model=self.model)
+
+
+Message = Hello | Wake | Claim | Watch | Forget | StepText | End
+_TYPES: dict[str, type] = {t.TAG: t for t in (Hello, Wake, Claim, Watch, Forget, StepText, End)}
+_dumps = json.JSONEncoder(separators=(",", ":")).encode  # ASCII: every character escaped as JSON says
+
+
+def _fields_of(kind: type) -> Callable[[Message], tuple]:
+    """A message's fields in their order, as a tuple (attrgetter: one C call on the per-token path)."""
+    names = kind.__slots__
+    if len(names) > 1:
+        return attrgetter(*names)
+    if names:
+        one = attrgetter(names[0])
+        return lambda message: (one(message),)
+    return lambda message: ()
+
+
+_FIELDS = {kind: _fields_of(kind) for kind in _TYPES.values()}
+
+
+def encode(messages: Iterable[Message]) -> bytes:
+    """The bytes of `messages`, one line each."""
+    return "".join([_dumps([m.TAG, *_FIELDS[type(m)](m)]) + "\n" for m in messages]).encode()
+
+
+def decode(line: bytes | str) -> Message:
+    """One message from its line, or LinkRefused when it is not one of this version's."""
+    try:
+        tag, *fields = json.loads(line)
+        kind = _TYPES[tag]
+        if kind is End:
+            fields[2] = RequestState(fields[2])  # the state, by its value
+        return kind(*fields)
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise LinkRefused(f"not a message of link version {VERSION}: {line[:80]!r}") from exc
+
+
+def greeting(line: bytes | str, peer: str) -> Hello:
+    """The hello a link must open with, or LinkRefused saying why (both versions, for the log)."""
+    try:
+        message = decode(line)
+    except LinkRefused:
+        message = None
+    if not isinstance(message, Hello):
+        raise LinkRefused(f"{peer} did not open with a hello: it speaks no link version, this end "
+                          f"speaks {VERSION}; the link is refused")
+    if message.version != VERSION:
+        raise LinkRefused(f"{peer} speaks link version {message.version}, this end {VERSION}; "
+                          "the link is refused")
+    return message
