@@ -40,9 +40,9 @@ class _Watch:
 
 def _ahead(new: Choices, old: Choices) -> bool:
     """Whether `new` shows at least what `old` did (or ends the request)."""
-    if not old or any(p.state.finished for p in new):
+    if not old or any(p.status.is_finished for p in new):
         return True
-    if any(p.state.finished for p in old):
+    if any(p.status.is_finished for p in old):
         return False
     return sum(len(p.output_text) for p in new) >= sum(len(p.output_text) for p in old)
 
@@ -96,13 +96,13 @@ class ProgressHub:
                     yield None
                     continue
                 choices = watch.latest
-                key = tuple((p.state, p.num_output_tokens, len(p.output_text)) for p in choices)
+                key = tuple((p.status, p.num_output_tokens, len(p.output_text)) for p in choices)
                 if key != seen:
                     seen = key
                     yield choices
                 elif ticked:
                     yield None
-                if choices and all(p.state.finished for p in choices):
+                if choices and all(p.status.is_finished for p in choices):
                     return
         finally:
             if timer is not None:

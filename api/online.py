@@ -43,7 +43,7 @@ from fsched.core.openai.online import (
 from fsched.core.openai.results import DEFAULT_MODEL_NAME
 from fsched.core.openai.streams import StreamRelay
 from fsched.core.ports.records import QueueFull, RequestProgress
-from fsched.core.types import Endpoint, RequestState
+from fsched.core.types import Endpoint, RequestStatus
 
 router = APIRouter()
 RETRY_AFTER_S = 1
@@ -117,7 +117,7 @@ async def first_news(request: Request, state: ServerState, job_id: int, online: 
         async for update in watch:
             if isinstance(update, StreamEnd):
                 return update
-            if not isinstance(update, KeepAlive) and any(p.num_output_tokens or p.state.finished
+            if not isinstance(update, KeepAlive) and any(p.num_output_tokens or p.status.is_finished
                                                          for p in update):
                 return update
         return None
@@ -345,7 +345,7 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
             yield events.trailer
     finally:
         hang_up.cancel()
-        if not ended and (final is None or not all(p.state.finished for p in final)):
+        if not ended and (final is None or not all(p.status.is_finished for p in final)):
             with anyio.CancelScope(shield=True):  # the generator itself may be being cancelled
                 await cancel(state, job_id)
 
@@ -371,11 +371,11 @@ def _model(online: OnlineRequest, progress: RequestProgress) -> str:
 
 def failed_choice(choices: Choices | None) -> RequestProgress | None:
     """The first choice that ended without finishing done (failed or cancelled), if any."""
-    return next((p for p in choices or () if p.state.finished and p.state is not RequestState.DONE), None)
+    return next((p for p in choices or () if p.status.is_finished and not p.status.succeeded), None)
 
 
 def failure(progress: RequestProgress) -> tuple[int, str]:
-    if progress.state is RequestState.CANCELLED:
+    if progress.status is RequestStatus.FINISHED_CANCELLED:
         return 500, "the request was cancelled (by an admin, or its job was cancelled) before it finished"
     return failure_status(progress.error), progress.error or "the request failed"
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.records import Completion, JobSubmission
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import RequestClass, RequestStatus
 from fsched.storage.sql_catalog import SqlCatalogStore
 from fsched.storage.sql_queue import SqlQueueStore
 
@@ -58,7 +58,7 @@ def worker(url: str, per_group: int, start, done_count) -> None:
                 break
             continue
         outcome = store.finish_requests(
-            [Completion(c.id, RequestState.DONE, (1, 2, 3), "abc", finish_reason="length",
+            [Completion(c.id, RequestStatus.FINISHED_LENGTH, (1, 2, 3), "abc",
                         lease_epoch=c.lease_epoch) for c in claimed],
             owner,
         )

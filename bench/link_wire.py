@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fsched.core.ports.link import StepText, decode, encode  # noqa: E402
 from fsched.core.ports.records import RequestProgress  # noqa: E402
-from fsched.core.types import RequestState  # noqa: E402
+from fsched.core.types import RequestStatus  # noqa: E402
 
 
 def typed_daemon(i: int) -> bytes:
@@ -44,8 +44,8 @@ def plain_daemon(i: int) -> bytes:
 def plain_server(line: bytes, texts: dict[int, str]) -> RequestProgress:
     m = json.loads(line)
     text = texts.get(m["job"], "")[: m["o"]] + m["t"]
-    progress = RequestProgress(m["req"], m["job"], RequestState.RUNNING, text, m["n"], m["q"], m.get("ft"),
-                               None, None, None)
+    progress = RequestProgress(m["req"], m["job"], RequestStatus.RUNNING, text, m["n"], m["q"], m.get("ft"),
+                               None, None)
     texts[m["job"]] = progress.output_text
     return progress
 

@@ -40,7 +40,7 @@ from fsched.core.daemon.build import DEFAULTS
 from fsched.core.jobs.jobstate import JobSummary
 from fsched.core.ports.records import RequestTiming
 from fsched.core.sched.policy import POLICIES
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import RequestClass
 
 WEIGHTS = {"alice": 3.0, "bob": 1.0}
 # Batch work: short prompts (a sentence of the corpus) and short outputs, sized so
@@ -136,7 +136,7 @@ def summary(timings: list[RequestTiming], window: ShareWindow, policy: str, star
         p50, p99 = percentile(ttft, 50), percentile(ttft, 99)
         classes[request_class.value] = {
             "requests": len(mine),
-            "done": sum(t.state is RequestState.DONE for t in mine),
+            "done": sum(t.status.succeeded for t in mine),
             "tokens": sum(t.num_output_tokens for t in mine),
             "ttft_p50_ms": None if p50 is None else round(p50, 1),
             "ttft_p99_ms": None if p99 is None else round(p99, 1),

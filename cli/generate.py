@@ -34,7 +34,7 @@ from fsched.cli.common import (
 from fsched.cli.submit import CLASS_NAMES, parse_class
 from fsched.core.jobs.access import default_tenant, may_act_as
 from fsched.core.ports.records import RequestProgress
-from fsched.core.types import JobOrigin, RequestClass, RequestState
+from fsched.core.types import JobOrigin, RequestClass, RequestStatus
 
 POLL_S = 0.02
 DEFAULT_MAX_TOKENS = 64
@@ -155,10 +155,15 @@ def answer_json(answer: Answer, final: RequestProgress, job_id: int, tenant: str
 
     return {
         "job_id": job_id, "request_id": final.id, "tenant": tenant, "class": request_class.value,
-        "state": final.state.value, "text": answer.text, "tokens": answer.tokens,
+        "state": _state_word(final.status), "text": answer.text, "tokens": answer.tokens,
         "finish_reason": answer.finish_reason, "ttft_ms": rounded(answer.ttft_ms),
         "tok_s": rounded(answer.tok_s), "total_ms": rounded(answer.total_ms),
     }
+
+
+def _state_word(status: RequestStatus) -> str:
+    """The word `--json` has always shown: done, failed or cancelled."""
+    return "done" if status.succeeded else status.word.removeprefix("finished_")
 
 
 def print_answer(answer: Answer, job_id: int, streamed: bool) -> None:
@@ -193,7 +198,7 @@ def _wait(store, job_id: int, stream: bool, timeout: float | None) -> RequestPro
                 sys.stdout.write(visible[shown:])
                 sys.stdout.flush()
                 shown = len(visible)
-        if p.state.finished:
+        if p.status.is_finished:
             break
         if timeout is not None and now - start >= timeout:
             store.cancel_job(job_id)
@@ -202,8 +207,8 @@ def _wait(store, job_id: int, stream: bool, timeout: float | None) -> RequestPro
                 sys.stdout.flush()
             fail(f"no answer within {timeout:g} s; job {job_id} cancelled")
         time.sleep(POLL_S)
-    if p.state is RequestState.FAILED:
+    if p.status is RequestStatus.FINISHED_FAILED:
         fail(f"request failed: {p.error or 'unknown error'} (job {job_id})")
-    if p.state is RequestState.CANCELLED:
+    if p.status is RequestStatus.FINISHED_CANCELLED:
         fail(f"job {job_id} was cancelled")
     return p

@@ -12,7 +12,7 @@ from fsched.cli.report import StatusSnapshot, tenant_entitlements
 from fsched.core.jobs.jobstate import JobSummary
 from fsched.core.ports.records import DaemonSummary, OnlineGroup, TenantSummary, newest_live_daemon
 from fsched.core.sched.explain import RequestStanding
-from fsched.core.types import JobState, RequestState
+from fsched.core.types import JobState, RequestStatus
 
 STATE_STYLES = {
     JobState.QUEUED: "yellow",
@@ -158,9 +158,9 @@ def why_table(requests: tuple[RequestStanding, ...] | list[RequestStanding], wid
             Col("tenant share", "share", drop=1, justify="right")]
     rows = []
     for r in requests:
-        running = r.state is RequestState.RUNNING
+        running = r.status is RequestStatus.RUNNING
         rows.append([r.id, r.tenant, r.request_class.value,
-                     Text(r.state.value, style="cyan" if running else "yellow"), r.tier, str(r.priority),
+                     Text(r.status.word, style="cyan" if running else "yellow"), r.tier, str(r.priority),
                      f"{r.waited_s:.1f}s", Text("late", style="red") if r.late else "", f"{r.generated:,}",
                      f"{r.tenant_share:.3f}"])
     return with_legend(fitted_table("Why (running, then waiting in admission order)", cols, rows, width, wide,

@@ -67,26 +67,64 @@ class JobOrigin(enum.StrEnum):
         return self in (JobOrigin.ONLINE, JobOrigin.GENERATE)
 
 
-class RequestState(enum.StrEnum):
-    """A request's life. `preempted` waits again, holding its tokens so far."""
+class RequestStatus(enum.IntEnum):
+    """A request's life, in order: waiting < running < preempted < finished.
 
-    QUEUED = "queued"
-    RUNNING = "running"
-    PREEMPTED = "preempted"
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+    One status from claim to completion (as vLLM's `RequestStatus`): a
+    finished status names why it finished, so there is no separate finish
+    reason and no "no reason means failed". `preempted` waits again, holding
+    its tokens so far (and its KV in the host pool when it was parked).
+
+    The job table stores it as two columns, a state word and OpenAI's finish
+    reason; storage maps them at its own boundary (storage/rows.py, and the
+    in-memory table keeps the status itself).
+    """
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3  # EOS, a stop token or a stop string
+    FINISHED_LENGTH = 4  # max_tokens, or the model's context is full
+    FINISHED_CANCELLED = 5  # its job was cancelled (or the request, by its caller)
+    FINISHED_FAILED = 6  # an error ended it (stored beside it)
 
     @property
-    def finished(self) -> bool:
-        return self in _FINISHED_REQUEST_STATES
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
 
     @property
-    def waiting(self) -> bool:
-        return self in (RequestState.QUEUED, RequestState.PREEMPTED)
+    def is_waiting(self) -> bool:
+        """Waiting to run: new, or preempted."""
+        return self in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+    @property
+    def succeeded(self) -> bool:
+        """Finished with its output whole (stopped or at its length)."""
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """OpenAI's finish reason of a request that succeeded ("stop", "length"); None otherwise."""
+        return _FINISH_REASONS.get(self)
+
+    @property
+    def word(self) -> str:
+        """Its name in text (JSON, status views): "waiting", "finished_length"..."""
+        return self.name.lower()
+
+    @classmethod
+    def of_word(cls, word: str) -> RequestStatus:
+        """The status `word` names (the inverse of `word`)."""
+        return cls[word.upper()]
+
+    @classmethod
+    def finished_by(cls, reason: str | None) -> RequestStatus:
+        """The status of a request that ended for OpenAI's `reason` (a remote engine's word: anything
+        but "length" stopped it)."""
+        return cls.FINISHED_LENGTH if reason == "length" else cls.FINISHED_STOPPED
 
 
-_FINISHED_REQUEST_STATES = frozenset({RequestState.DONE, RequestState.FAILED, RequestState.CANCELLED})
+_FINISH_REASONS = {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length"}
 
 
 class Endpoint(enum.StrEnum):

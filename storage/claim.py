@@ -17,10 +17,18 @@ from dataclasses import replace
 from sqlalchemy import Connection, select, update
 
 from fsched.core.ports.records import ClaimedRequest
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import RequestClass
 from fsched.storage.counters import lock_job, store_counts
 from fsched.storage.db import Database
-from fsched.storage.rows import FINISHED_JOB_STATES, WAITING, claimed_request, job_counts, jobs, requests
+from fsched.storage.rows import (
+    FINISHED_JOB_STATES,
+    WAITING,
+    RowState,
+    claimed_request,
+    job_counts,
+    jobs,
+    requests,
+)
 
 Group = tuple[str, RequestClass]
 
@@ -69,7 +77,7 @@ def _claim_from_job(
     query = (
         select(requests, jobs.c.tenant, jobs.c["class"].label("request_class"), jobs.c.priority)
         .join(jobs, jobs.c.id == requests.c.job_id)
-        .where(requests.c.job_id == job_id, requests.c.state == RequestState.QUEUED.value)
+        .where(requests.c.job_id == job_id, requests.c.state == RowState.QUEUED.value)
         .order_by(requests.c.idx)
         .limit(want)
     )
@@ -82,7 +90,7 @@ def _claim_from_job(
         update(requests)
         .where(requests.c.id.in_([row.id for row in rows]))
         .values(
-            state=RequestState.RUNNING.value,
+            state=RowState.RUNNING.value,
             lease_owner=owner,
             lease_epoch=requests.c.lease_epoch + 1,
             lease_expires_at=db.now() + lease_s,

@@ -14,8 +14,8 @@ from sqlalchemy import Connection, select, update
 
 from fsched.core.jobs.jobstate import JobCounts, derive_job_state
 from fsched.core.ports.records import UnknownJob
-from fsched.core.types import JobState, RequestState
-from fsched.storage.rows import job_counts, jobs, requests
+from fsched.core.types import JobState
+from fsched.storage.rows import RowState, job_counts, jobs, requests
 
 
 @dataclass(slots=True)
@@ -29,14 +29,14 @@ class CountDelta:
     output_tokens: int = 0
     prompt_tokens: int = 0
 
-    def ended(self, previous: RequestState, state: RequestState, tokens_added: int,
+    def ended(self, previous: RowState, state: RowState, tokens_added: int,
               prompt_tokens: int | None = None) -> None:
         """Count one request that ended in `state`, having been `previous` (with its prompt's
         length when the engine measured one)."""
-        self.running -= previous is RequestState.RUNNING
-        self.done += state is RequestState.DONE
-        self.failed += state is RequestState.FAILED
-        self.cancelled += state is RequestState.CANCELLED
+        self.running -= previous is RowState.RUNNING
+        self.done += state is RowState.DONE
+        self.failed += state is RowState.FAILED
+        self.cancelled += state is RowState.CANCELLED
         self.output_tokens += tokens_added
         self.prompt_tokens += prompt_tokens or 0
 
@@ -100,7 +100,7 @@ def requeue(conn: Connection, dialect: str, rows: Sequence, now: float) -> None:
     conn.execute(
         update(requests)
         .where(requests.c.id.in_([row.id for row in rows]))
-        .values(state=RequestState.QUEUED.value, lease_owner=None, lease_expires_at=None)
+        .values(state=RowState.QUEUED.value, lease_owner=None, lease_expires_at=None)
     )
     per_job: dict[int, list[int]] = {}
     for row in rows:
@@ -113,7 +113,7 @@ def requeue(conn: Connection, dialect: str, rows: Sequence, now: float) -> None:
             cancelled = conn.execute(
                 update(requests)
                 .where(requests.c.id.in_(ids))
-                .values(state=RequestState.CANCELLED.value, finished_at=now)
+                .values(state=RowState.CANCELLED.value, finished_at=now)
             ).rowcount
         counts = replace(job_counts(job), num_running=job.num_running - len(ids),
                          num_cancelled=job.num_cancelled + cancelled)

@@ -5,6 +5,8 @@ request id changes type (the core's text id, the table's integer key).
 
 from __future__ import annotations
 
+import enum
+
 from fsched.core.jobs.jobstate import JobCounts, JobSummary
 from fsched.core.ports.records import ClaimedRequest, RequestProgress, RequestResult, StoreError
 from fsched.core.types import (
@@ -13,7 +15,7 @@ from fsched.core.types import (
     JobState,
     RequestClass,
     RequestId,
-    RequestState,
+    RequestStatus,
     TokenLogprobs,
 )
 from fsched.storage.models import DaemonHeartbeat, DaemonUsage, Job, Request, Tenant
@@ -24,8 +26,50 @@ tenants = Tenant.__table__
 daemons = DaemonHeartbeat.__table__
 daemon_usage = DaemonUsage.__table__
 
+
+
+class RowState(enum.StrEnum):
+    """A request row's `state` column: the words the table stores a `RequestStatus` as (with its
+    finish reason in its own column). Mapped here, both ways, and nowhere else."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RowState.DONE, RowState.FAILED, RowState.CANCELLED)
+
+
+_ROW_STATES = {
+    RequestStatus.WAITING: RowState.QUEUED,
+    RequestStatus.RUNNING: RowState.RUNNING,
+    RequestStatus.PREEMPTED: RowState.PREEMPTED,
+    RequestStatus.FINISHED_STOPPED: RowState.DONE,
+    RequestStatus.FINISHED_LENGTH: RowState.DONE,
+    RequestStatus.FINISHED_CANCELLED: RowState.CANCELLED,
+    RequestStatus.FINISHED_FAILED: RowState.FAILED,
+}
+_OF_ROW_STATE = {word: status for status, word in _ROW_STATES.items() if word is not RowState.DONE}
+
+
+def row_state(status: RequestStatus) -> RowState:
+    """The state column's word for `status` (its finish reason goes in its own column)."""
+    return _ROW_STATES[status]
+
+
+def status_of_row(state: str, finish_reason: str | None = None) -> RequestStatus:
+    """The status a row's state word and finish reason stand for."""
+    if state == RowState.DONE:
+        return RequestStatus.finished_by(finish_reason)
+    return _OF_ROW_STATE[RowState(state)]
+
+
 FINISHED_JOB_STATES = [s.value for s in JobState if s.finished]
-WAITING_REQUEST_STATES = [RequestState.QUEUED.value, RequestState.PREEMPTED.value]
+WAITING_REQUEST_STATES = [RowState.QUEUED.value, RowState.PREEMPTED.value]
 
 # A job's requests not yet ended (waiting or running), and those of them waiting:
 # read from the job's counters, never by counting request rows.
@@ -86,9 +130,10 @@ PROGRESS_COLUMNS = (
 def request_progress(row) -> RequestProgress:
     """A row of `PROGRESS_COLUMNS` as its readers see it (the HTTP answers, `fsched generate`)."""
     return RequestProgress(
-        id=core_id(row.id), job_id=row.job_id, state=RequestState(row.state), output_text=row.output_text,
+        id=core_id(row.id), job_id=row.job_id, status=status_of_row(row.state, row.finish_reason),
+        output_text=row.output_text,
         num_output_tokens=row.num_output_tokens, enqueued_at=row.enqueued_at,
-        first_token_at=row.first_token_at, finished_at=row.finished_at, finish_reason=row.finish_reason,
+        first_token_at=row.first_token_at, finished_at=row.finished_at,
         error=row.error, prompt_tokens=row.prompt_tokens, model=row.model,
         logprobs=logprobs_of(row.output_logprobs), choice=row.choice, tokens=tuple(row.output_tokens or ()),
     )
@@ -100,12 +145,11 @@ def request_result(row) -> RequestResult:
         idx=row.idx,
         custom_id=row.custom_id,
         endpoint=row.endpoint,
-        state=RequestState(row.state),
+        status=status_of_row(row.state, row.finish_reason),
         model=row.model,
         output_text=row.output_text,
         num_output_tokens=row.num_output_tokens,
         prompt_tokens=row.prompt_tokens,
-        finish_reason=row.finish_reason,
         error=row.error,
         finished_at=row.finished_at,
         logprobs=logprobs_of(row.output_logprobs),

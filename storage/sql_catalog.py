@@ -32,7 +32,7 @@ from fsched.core.ports.records import (
     UnknownJob,
     UnknownTenant,
 )
-from fsched.core.types import JobOrigin, JobState, RequestClass, RequestState
+from fsched.core.types import JobOrigin, JobState, RequestClass
 from fsched.storage.activity import ONLINE_WINDOW_S, online_groups
 from fsched.storage.base import SqlStoreBase
 from fsched.storage.counters import lock_job, store_counts
@@ -41,6 +41,7 @@ from fsched.storage.rows import (
     PROGRESS_COLUMNS,
     WAITING,
     WAITING_REQUEST_STATES,
+    RowState,
     core_id,
     daemons,
     job_counts,
@@ -49,6 +50,7 @@ from fsched.storage.rows import (
     request_progress,
     request_result,
     requests,
+    status_of_row,
     tenants,
 )
 from fsched.storage.submit import check_queue_limit, create_missing_tenants, insert_job, unfinished_of
@@ -206,9 +208,9 @@ class SqlCatalogStore(SqlStoreBase):
 
     def _finished_rows(self, job_id: int, errors: bool) -> Iterator[RequestResult]:
         """Rows in the state asked for, and every finished row of a line of several choices."""
-        wanted = [RequestState.FAILED.value, RequestState.CANCELLED.value] if errors \
-            else [RequestState.DONE.value]
-        finished = [RequestState.DONE.value, RequestState.FAILED.value, RequestState.CANCELLED.value]
+        wanted = [RowState.FAILED.value, RowState.CANCELLED.value] if errors \
+            else [RowState.DONE.value]
+        finished = [RowState.DONE.value, RowState.FAILED.value, RowState.CANCELLED.value]
         several = requests.c.answer.is_not(None) & requests.c.state.in_(finished)
         chosen = requests.c.state.in_(wanted) | several
         last_idx = -1
@@ -246,7 +248,7 @@ class SqlCatalogStore(SqlStoreBase):
                 select(
                     requests.c.id, requests.c.job_id, jobs.c.tenant, jobs.c["class"], requests.c.state,
                     requests.c.num_output_tokens, requests.c.enqueued_at, requests.c.first_token_at,
-                    requests.c.finished_at,
+                    requests.c.finished_at, requests.c.finish_reason,
                 )
                 .select_from(requests.join(jobs, jobs.c.id == requests.c.job_id))
                 .where(requests.c.job_id.in_(list(job_ids)))
@@ -255,7 +257,7 @@ class SqlCatalogStore(SqlStoreBase):
         return [
             RequestTiming(
                 id=core_id(row.id), job_id=row.job_id, tenant=row.tenant, request_class=RequestClass(row[3]),
-                state=RequestState(row.state), num_output_tokens=row.num_output_tokens,
+                status=status_of_row(row.state, row.finish_reason), num_output_tokens=row.num_output_tokens,
                 enqueued_at=row.enqueued_at, first_token_at=row.first_token_at, finished_at=row.finished_at,
             )
             for row in rows
@@ -278,7 +280,7 @@ class SqlCatalogStore(SqlStoreBase):
             cancelled_now = conn.execute(
                 update(requests)
                 .where(requests.c.job_id == job_id, requests.c.state.in_(WAITING_REQUEST_STATES))
-                .values(state=RequestState.CANCELLED.value, finished_at=now)
+                .values(state=RowState.CANCELLED.value, finished_at=now)
             ).rowcount
             counts = replace(job_counts(job), num_cancelled=job.num_cancelled + cancelled_now)
             state = store_counts(conn, job, counts, now, cancel_requested_at=now)

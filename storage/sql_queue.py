@@ -21,12 +21,13 @@ from fsched.core.ports.records import (
     StoreError,
     TokenUpdate,
 )
-from fsched.core.types import RequestClass, RequestId, RequestState
+from fsched.core.types import RequestClass, RequestId
 from fsched.storage.base import SqlStoreBase
 from fsched.storage.claim import claim_requests
 from fsched.storage.counters import CountDelta, apply_delta, requeue
 from fsched.storage.refusals import is_refusal, write_each
 from fsched.storage.rows import (
+    RowState,
     core_id,
     daemon_usage,
     daemons,
@@ -34,6 +35,7 @@ from fsched.storage.rows import (
     logprobs_json,
     requests,
     row_id,
+    row_state,
     tenants,
 )
 
@@ -118,7 +120,7 @@ class SqlQueueStore(SqlStoreBase):
                            requests.c.lease_epoch).where(
                         requests.c.id.in_([row_id(u.request_id) for u in updates]),
                         requests.c.lease_owner == owner,
-                        requests.c.state == RequestState.RUNNING.value,
+                        requests.c.state == RowState.RUNNING.value,
                     )
                 )
             }
@@ -150,10 +152,10 @@ class SqlQueueStore(SqlStoreBase):
         now = self.clock()
         for key, (job_id, why) in sorted(refused.items()):
             conn.execute(update(requests).where(requests.c.id == key).values(
-                state=RequestState.FAILED.value, error=why, finished_at=now, lease_owner=None,
+                state=RowState.FAILED.value, error=why, finished_at=now, lease_owner=None,
                 lease_expires_at=None))
             delta = CountDelta()
-            delta.ended(RequestState.RUNNING, RequestState.FAILED, 0)
+            delta.ended(RowState.RUNNING, RowState.FAILED, 0)
             apply_delta(conn, self.db.dialect, job_id, delta, now)
 
     def finish_requests(self, completions: Sequence[Completion], owner: str | None = None) -> list[bool]:
@@ -166,8 +168,8 @@ class SqlQueueStore(SqlStoreBase):
         with the table's reason (storage.refusals).
         """
         for c in completions:
-            if not c.state.finished:
-                raise ValueError(f"{c.state} is not a final state")
+            if not c.status.is_finished:
+                raise ValueError(f"{c.status.word} is not a final status")
         if not completions:
             return []
         try:
@@ -192,7 +194,7 @@ class SqlQueueStore(SqlStoreBase):
             per_job: dict[int, CountDelta] = {}
             for w, (job_id, previous, tokens_before) in zip(writes, ends, strict=True):
                 per_job.setdefault(job_id, CountDelta()).ended(
-                    previous, RequestState(w["b_state"]), w["b_num"] - tokens_before, w["b_prompt"])
+                    previous, RowState(w["b_state"]), w["b_num"] - tokens_before, w["b_prompt"])
             for job_id, delta in per_job.items():
                 apply_delta(conn, self.db.dialect, job_id, delta, now)
             if per_job:
@@ -201,7 +203,7 @@ class SqlQueueStore(SqlStoreBase):
 
     def _completion_writes(
         self, conn: Connection, completions: Sequence[Completion], owner: str | None, now: float
-    ) -> tuple[list[bool], list[dict], list[tuple[int, RequestState, int]]]:
+    ) -> tuple[list[bool], list[dict], list[tuple[int, RowState, int]]]:
         """Which completions may be written (fencing), their rows, and for each row its job, state
         and tokens before."""
         keys = [row_id(c.request_id) for c in completions]
@@ -218,7 +220,7 @@ class SqlQueueStore(SqlStoreBase):
             row = rows.get(key)
             if row is None:
                 raise StoreError(f"no request with id {c.request_id}")
-            previous = RequestState(row.state)
+            previous = RowState(row.state)
             fenced = owner is not None and (
                 row.lease_owner != owner or (c.lease_epoch is not None and row.lease_epoch != c.lease_epoch)
             )
@@ -226,9 +228,9 @@ class SqlQueueStore(SqlStoreBase):
             if not outcome[-1]:
                 continue
             writes.append({
-                "b_id": key, "b_state": c.state.value, "b_tokens": list(c.output_tokens),
+                "b_id": key, "b_state": row_state(c.status).value, "b_tokens": list(c.output_tokens),
                 "b_text": c.output_text, "b_logprobs": logprobs_json(c.logprobs),
-                "b_num": len(c.output_tokens), "b_reason": c.finish_reason,
+                "b_num": len(c.output_tokens), "b_reason": c.status.finish_reason,
                 "b_prompt": c.prompt_tokens, "b_model": c.model, "b_error": c.error, "b_now": now,
                 "b_first": c.first_token_at,
             })
@@ -244,7 +246,7 @@ class SqlQueueStore(SqlStoreBase):
         """
         with self.db.write() as conn:
             query = select(requests.c.id, requests.c.job_id).where(
-                requests.c.state == RequestState.RUNNING.value
+                requests.c.state == RowState.RUNNING.value
             )
             if owner is not None:
                 query = query.where(requests.c.lease_owner == owner)
@@ -270,7 +272,7 @@ class SqlQueueStore(SqlStoreBase):
                 .where(
                     requests.c.id.in_(list(epochs)),
                     requests.c.lease_owner == owner,
-                    requests.c.state == RequestState.RUNNING.value,
+                    requests.c.state == RowState.RUNNING.value,
                 )
                 .values(lease_expires_at=self.db.now() + lease_s)
                 .returning(requests.c.id, requests.c.lease_epoch)
@@ -285,7 +287,7 @@ class SqlQueueStore(SqlStoreBase):
         holder's late writes are refused.
         """
         query = select(requests.c.id, requests.c.job_id).where(
-            requests.c.state == RequestState.RUNNING.value,
+            requests.c.state == RowState.RUNNING.value,
             requests.c.lease_expires_at < self.db.now(),
         )
         with self.db.read() as conn:  # most sweeps find nothing: no write lock for them
@@ -330,7 +332,7 @@ class SqlQueueStore(SqlStoreBase):
                 .join(jobs, jobs.c.id == requests.c.job_id)
                 .where(
                     requests.c.lease_owner == owner,
-                    requests.c.state == RequestState.RUNNING.value,
+                    requests.c.state == RowState.RUNNING.value,
                     jobs.c.cancel_requested_at.is_not(None),
                 )
             ).scalars()
@@ -346,7 +348,7 @@ class SqlQueueStore(SqlStoreBase):
 
     def has_queued(self, running_too: bool = False) -> bool:
         """Whether any request waits (or, with `running_too`, is still held by some daemon)."""
-        states = [RequestState.QUEUED.value] + ([RequestState.RUNNING.value] if running_too else [])
+        states = [RowState.QUEUED.value] + ([RowState.RUNNING.value] if running_too else [])
         with self.db.read() as conn:
             return conn.execute(
                 select(requests.c.id).where(requests.c.state.in_(states)).limit(1)
@@ -368,5 +370,5 @@ class SqlQueueStore(SqlStoreBase):
 
 def _failed_write(write: dict, why: str) -> dict:
     """A completion the table refused, written failed instead: its tokens (integers) and why."""
-    return {**write, "b_state": RequestState.FAILED.value, "b_text": "", "b_logprobs": None,
+    return {**write, "b_state": RowState.FAILED.value, "b_text": "", "b_logprobs": None,
             "b_reason": None, "b_error": why}

@@ -18,8 +18,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from fsched.core.faults import crash_point
 from fsched.core.ports.records import JobSubmission, QueueFull
-from fsched.core.types import JobState, RequestState
-from fsched.storage.rows import FINISHED_JOB_STATES, UNFINISHED, jobs, requests, tenants
+from fsched.core.types import JobState
+from fsched.storage.rows import FINISHED_JOB_STATES, UNFINISHED, RowState, jobs, requests, tenants
 
 INSERT_CHUNK = 5_000
 
@@ -108,7 +108,7 @@ def _request_row(job_id: int, idx: int, spec, now: float) -> dict:
         "params": _with_seed(spec.params).to_json(),
         "max_tokens": spec.params.max_tokens,
         "model": spec.model,
-        "state": RequestState.QUEUED.value,
+        "state": RowState.QUEUED.value,
         "output_tokens": [],
         "output_text": "",
         "num_output_tokens": 0,

@@ -17,12 +17,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fsched.core.runners.protocol import RequestRefused, Runner, Wakeable
-from fsched.core.runners.stopping import FinishReason
 from fsched.core.sched.explain import RequestStanding, explain
 from fsched.core.sched.request import SchedRequest
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sched.usage import TenantCharge, peer_totals
-from fsched.core.types import RequestClass, RequestId, SamplingParams, TokenLogprobs
+from fsched.core.types import RequestClass, RequestId, RequestStatus, SamplingParams, TokenLogprobs
 
 
 @dataclass(slots=True)
@@ -42,7 +41,7 @@ class EngineResult:
     id: RequestId
     tokens: list[int]
     text: str
-    finish_reason: FinishReason | None  # None: failed
+    status: RequestStatus  # a finished one: why it finished
     prompt_tokens: int
     error: str | None = None
     arrival: float = 0.0
@@ -200,7 +199,7 @@ class Engine:
             if rid in self._requests:
                 finished.append(self._refused(rid, error, now))
         # The scheduler also ends a request at max_tokens on its own count.
-        finished += [self._finish(rid, FinishReason.LENGTH, now) for rid in post.finished
+        finished += [self._finish(rid, RequestStatus.FINISHED_LENGTH, now) for rid in post.finished
                      if rid not in result.finished and rid in self._requests]
         return StepReport(
             tokens=result.tokens,
@@ -287,13 +286,13 @@ class Engine:
                 results[r.id] = r
         return results
 
-    def _finish(self, rid: RequestId, reason: FinishReason, now: float) -> EngineResult:
+    def _finish(self, rid: RequestId, status: RequestStatus, now: float) -> EngineResult:
         request = self._requests[rid]
         result = EngineResult(
             id=rid,
             tokens=self.runner.generated(rid),
             text=self.runner.text(rid),
-            finish_reason=reason,
+            status=status,
             prompt_tokens=len(request.prompt),
             arrival=self._arrival[rid],
             first_token_at=self._first_token.get(rid),
@@ -319,7 +318,7 @@ class Engine:
             id=request.id,
             tokens=list(request.generated),
             text="",
-            finish_reason=None,
+            status=RequestStatus.FINISHED_FAILED,
             prompt_tokens=len(request.prompt),
             error=error,
             arrival=now,

@@ -16,7 +16,7 @@ from typing import Protocol
 from fsched.core.daemon.engine import EngineResult
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.ports.link import End, Message, StepText
-from fsched.core.types import RequestId, RequestState
+from fsched.core.types import RequestId
 
 Output = Callable[[RequestId], tuple[list[int], str]]
 UNSETTLED = "\ufffd"  # what a tokenizer shows for bytes of a character not complete yet
@@ -69,11 +69,10 @@ class Publisher:
 
     def _end(self, held, result: EngineResult) -> End:
         self._settled.pop(result.id, None)
-        done = result.finish_reason is not None
-        reason = result.finish_reason.value if done else None
-        return End(held.claimed.job_id, str(result.id), RequestState.DONE if done else RequestState.FAILED,
+        done = result.status.succeeded
+        return End(held.claimed.job_id, str(result.id), result.status,
                    text=result.text if done else "", tokens=len(result.tokens),
-                   prompt_tokens=result.prompt_tokens, finish_reason=reason,
+                   prompt_tokens=result.prompt_tokens,
                    error=None if done else result.error, model=self.model,
                    first_token_at=held.first_token_at, enqueued_at=held.claimed.enqueued_at)
 

@@ -15,7 +15,7 @@ from fsched.core.daemon.holdings import Held, Holdings
 from fsched.core.faults import crash_point
 from fsched.core.ports.queue import QueueStore
 from fsched.core.ports.records import Completion, TokenUpdate
-from fsched.core.types import RequestId, RequestState, TokenLogprobs
+from fsched.core.types import RequestId, RequestStatus, TokenLogprobs
 
 Output = Callable[[RequestId], tuple[list[int], str]]  # a live request's tokens and text so far
 Logprobs = Callable[[RequestId], list[TokenLogprobs]]  # a live request's logprobs so far (or none)
@@ -76,12 +76,12 @@ class Writer:
     def cancelled(self, request_id: RequestId, held: Held, tokens: list[int], text: str,
                   logprobs: list[TokenLogprobs] | None = None) -> None:
         """End a request whose job was cancelled, keeping its output so far."""
-        self._one(Completion(request_id, RequestState.CANCELLED, tuple(tokens), text,
+        self._one(Completion(request_id, RequestStatus.FINISHED_CANCELLED, tuple(tokens), text,
                              first_token_at=held.first_token_at, lease_epoch=held.lease_epoch,
                              logprobs=tuple(logprobs or ())))
 
     def failed(self, request_id: RequestId, error: str, tokens: list[int], lease_epoch: int) -> None:
-        self._one(Completion(request_id, RequestState.FAILED, tuple(tokens), "", error=error,
+        self._one(Completion(request_id, RequestStatus.FINISHED_FAILED, tuple(tokens), "", error=error,
                              model=self.model, lease_epoch=lease_epoch))
 
     def pending_leases(self) -> dict[RequestId, int]:
@@ -98,12 +98,11 @@ class Writer:
                            tuple(self.logprobs(request_id)))
 
     def _completion(self, result: EngineResult, held: Held) -> Completion:
-        if result.finish_reason is None:
-            return Completion(result.id, RequestState.FAILED, tuple(result.tokens),
+        if not result.status.succeeded:
+            return Completion(result.id, result.status, tuple(result.tokens),
                               error=result.error or "failed", model=self.model, lease_epoch=held.lease_epoch)
         return Completion(
-            result.id, RequestState.DONE, tuple(result.tokens), result.text,
-            finish_reason=result.finish_reason.value, prompt_tokens=result.prompt_tokens,
+            result.id, result.status, tuple(result.tokens), result.text, prompt_tokens=result.prompt_tokens,
             model=self.model, first_token_at=held.first_token_at, lease_epoch=held.lease_epoch,
             logprobs=tuple(result.logprobs),
         )

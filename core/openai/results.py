@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from fsched.core.openai.answers import AnswerChoice, response_body, response_id
 from fsched.core.ports.records import RequestResult
-from fsched.core.types import Endpoint, RequestState
+from fsched.core.types import Endpoint, RequestStatus
 
 DEFAULT_MODEL_NAME = "fsched"
 
@@ -28,7 +28,7 @@ def output_line(line: Sequence[RequestResult] | RequestResult) -> dict:
     rows = (line,) if isinstance(line, RequestResult) else tuple(line)
     first = rows[0]
     out = {"id": f"batch_req_{first.id}", "custom_id": first.custom_id}
-    failed = next((r for r in rows if r.state is not RequestState.DONE), None)
+    failed = next((r for r in rows if not r.status.succeeded), None)
     if failed is None:
         out["response"] = {
             "status_code": 200,
@@ -54,6 +54,6 @@ def _response_body(rows: Sequence[RequestResult]) -> dict:
 
 
 def _error(result: RequestResult) -> dict:
-    if result.state is RequestState.CANCELLED:
+    if result.status is RequestStatus.FINISHED_CANCELLED:
         return {"code": "cancelled", "message": "the request was cancelled before it finished"}
     return {"code": "request_failed", "message": result.error or "the request failed"}

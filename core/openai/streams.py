@@ -58,7 +58,7 @@ class StreamRelay:
             delta = self._delta(p, sent)
             if delta is not None:
                 yield self._chunk(delta)
-            if p.state.finished:
+            if p.status.is_finished:
                 sent.ended = True
                 yield self._chunk(Delta(p.choice, finish_reason=p.finish_reason or "stop"))
 
@@ -72,7 +72,7 @@ class StreamRelay:
         text = p.visible_text
         new_text = text[sent.chars:]
         shows_tokens = self.answer.logprobs or self.answer.token_ids
-        count = len(p.tokens) if p.state.finished or len(text) > sent.chars else sent.tokens
+        count = len(p.tokens) if p.status.is_finished or len(text) > sent.chars else sent.tokens
         if not new_text and not (shows_tokens and count > sent.tokens):
             return None
         prefix = ""

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from fsched.core.ports.records import RequestResult
-from fsched.core.types import RequestState
 
 
 def finished_lines(rows: Iterable[RequestResult], errors: bool) -> Iterator[RequestResult]:
@@ -33,5 +32,5 @@ def _if_line_is(line: list[RequestResult], errors: bool) -> list[RequestResult]:
     answer = line[0].answer
     if len(line) != answer.n * answer.prompts:
         return []  # a choice has not ended yet
-    done = all(r.state is RequestState.DONE for r in line)
+    done = all(r.status.succeeded for r in line)
     return line if done != errors else []

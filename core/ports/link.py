@@ -35,9 +35,9 @@ from operator import attrgetter
 from typing import ClassVar
 
 from fsched.core.ports.records import RequestProgress
-from fsched.core.types import RequestId, RequestState
+from fsched.core.types import RequestId, RequestStatus
 
-VERSION = 1
+VERSION = 2
 
 
 class LinkRefused(ValueError):
@@ -98,9 +98,9 @@ class StepText:
 
     def progress(self, before: str) -> RequestProgress:
         """The request's progress, `before` being the text the server had of it."""
-        return RequestProgress(self.request, self.job, RequestState.RUNNING, before[: self.start] + self.text,
-                               self.tokens, self.enqueued_at, self.first_token_at, finished_at=None,
-                               finish_reason=None, error=None)
+        text = before[: self.start] + self.text
+        return RequestProgress(self.request, self.job, RequestStatus.RUNNING, text, self.tokens,
+                               self.enqueued_at, self.first_token_at, finished_at=None, error=None)
 
 
 @dataclass(slots=True)
@@ -109,11 +109,10 @@ class End:
 
     job: int
     request: RequestId
-    state: RequestState
+    status: RequestStatus  # a finished one (its word on the wire)
     text: str
     tokens: int
     prompt_tokens: int | None
-    finish_reason: str | None
     error: str | None
     model: str | None
     first_token_at: float | None
@@ -122,8 +121,8 @@ class End:
     TAG: ClassVar[str] = "end"
 
     def progress(self) -> RequestProgress:
-        return RequestProgress(self.request, self.job, self.state, self.text, self.tokens, self.enqueued_at,
-                               self.first_token_at, self.finished_at, self.finish_reason, self.error,
+        return RequestProgress(self.request, self.job, self.status, self.text, self.tokens, self.enqueued_at,
+                               self.first_token_at, self.finished_at, self.error,
                                prompt_tokens=self.prompt_tokens, model=self.model)
 
 
@@ -146,6 +145,16 @@ def _fields_of(kind: type) -> Callable[[Message], tuple]:
 _FIELDS = {kind: _fields_of(kind) for kind in _TYPES.values()}
 
 
+def _end_fields(end: End) -> tuple:
+    """An end's fields, its status by its word (readable on the wire, and not its number)."""
+    fields = _END_FIELDS(end)
+    return (*fields[:2], fields[2].word, *fields[3:])
+
+
+_END_FIELDS = _FIELDS[End]
+_FIELDS[End] = _end_fields
+
+
 def encode(messages: Iterable[Message]) -> bytes:
     """The bytes of `messages`, one line each."""
     return "".join([_dumps([m.TAG, *_FIELDS[type(m)](m)]) + "\n" for m in messages]).encode()
@@ -157,7 +166,7 @@ def decode(line: bytes | str) -> Message:
         tag, *fields = json.loads(line)
         kind = _TYPES[tag]
         if kind is End:
-            fields[2] = RequestState(fields[2])  # the state, by its value
+            fields[2] = RequestStatus.of_word(fields[2])  # the status, by its word
         return kind(*fields)
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         raise LinkRefused(f"not a message of link version {VERSION}: {line[:80]!r}") from exc

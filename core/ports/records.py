@@ -19,7 +19,7 @@ from fsched.core.types import (
     RequestClass,
     RequestId,
     RequestSpec,
-    RequestState,
+    RequestStatus,
     TokenLogprobs,
 )
 
@@ -255,13 +255,12 @@ class RequestProgress:
 
     id: RequestId
     job_id: int
-    state: RequestState
+    status: RequestStatus
     output_text: str
     num_output_tokens: int
     enqueued_at: float
     first_token_at: float | None
     finished_at: float | None
-    finish_reason: str | None
     error: str | None
     prompt_tokens: int | None = None  # once the engine measured the prompt
     model: str | None = None  # the model that answered
@@ -271,11 +270,15 @@ class RequestProgress:
     tokens: tuple[int, ...] = ()  # the output token ids so far
 
     @property
+    def finish_reason(self) -> str | None:
+        return self.status.finish_reason
+
+    @property
     def visible_text(self) -> str:
         """The text a reader may see now: a token may end inside a multi-byte character, which
         decodes as U+FFFD until the next token completes it, so such a tail waits for the end.
         Every streamed text (the HTTP API's, `fsched generate --stream`'s) is shown through this."""
-        if self.state.finished:
+        if self.status.is_finished:
             return self.output_text
         return self.output_text.rstrip("\ufffd")
 
@@ -288,7 +291,7 @@ class RequestTiming:
     job_id: int
     tenant: str
     request_class: RequestClass
-    state: RequestState
+    status: RequestStatus
     num_output_tokens: int
     enqueued_at: float
     first_token_at: float | None
@@ -300,10 +303,9 @@ class Completion:
     """A request's end: final state and output, written in one transaction."""
 
     request_id: RequestId
-    state: RequestState
+    status: RequestStatus  # a finished one
     output_tokens: tuple[int, ...] = ()
     output_text: str = ""
-    finish_reason: str | None = None
     prompt_tokens: int | None = None
     model: str | None = None
     error: str | None = None
@@ -386,12 +388,11 @@ class RequestResult:
     idx: int
     custom_id: str
     endpoint: str
-    state: RequestState
+    status: RequestStatus
     model: str | None
     output_text: str
     num_output_tokens: int
     prompt_tokens: int | None
-    finish_reason: str | None
     error: str | None
     finished_at: float | None
     # One per output token when the request asked for logprobs; empty otherwise.
@@ -400,3 +401,7 @@ class RequestResult:
     answer: AnswerOptions = AnswerOptions()
     prompt: str | None = None  # a completions request's prompt (echo shows it)
     output_tokens: tuple[int, ...] = ()
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.finish_reason

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from fsched.core.runners.openai_http import EngineClient, Fault
 from fsched.core.runners.protocol import Runner, RunResult
-from fsched.core.runners.stopping import FinishReason, StopCheck, StopRules, check_stop, stop_rules
+from fsched.core.runners.stopping import StopCheck, StopRules, check_stop, stop_rules
 from fsched.core.runners.streams import Stream
 from fsched.core.sched.plan import Outcome, Plan
 from fsched.core.types import (
@@ -49,6 +49,7 @@ from fsched.core.types import (
     LOGPROB_FLOOR,
     Logprob,
     RequestId,
+    RequestStatus,
     ResponseFormat,
     ResponseFormatType,
     SamplingParams,
@@ -434,8 +435,7 @@ class RemoteRunner(Runner):
             result.tokens[r.id] = r.tokens[-1]
         if r.finish is None and r.ended is not None:
             # The engine stopped on its own (its EOS or length): take its word.
-            reason = FinishReason.LENGTH if r.ended == "length" else FinishReason.STOP
-            r.finish = StopCheck(reason)
+            r.finish = StopCheck(RequestStatus.finished_by(r.ended))
         if r.finish is not None:
             self._close(r)
             result.finished[r.id] = r.finish

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
-
-class FinishReason(enum.StrEnum):
-    STOP = "stop"  # EOS token or a stop string (OpenAI's word for both)
-    LENGTH = "length"  # max_tokens, or the model's context is full
+from fsched.core.types import RequestStatus
 
 
 @dataclass(slots=True, frozen=True)
 class StopCheck:
-    finished: FinishReason | None
+    finished: RequestStatus | None  # FINISHED_STOPPED or FINISHED_LENGTH; None: going on
     text_end: int | None = None  # cut the text here (before, or just after, a stop string)
     on_token: bool = False  # ended by its last token (EOS or a stop token), which the text leaves out
 
@@ -48,14 +44,15 @@ def check_stop(
     rules = rules or StopRules(stop=stop)
     if generated >= rules.min_tokens:
         if (token in eos_token_ids and not rules.ignore_eos) or token in rules.stop_token_ids:
-            return StopCheck(FinishReason.STOP, on_token=True)
+            return StopCheck(RequestStatus.FINISHED_STOPPED, on_token=True)
         if rules.stop and text is not None:
             found = [(i, s) for s in rules.stop if (i := text.find(s)) >= 0]
             if found:
                 cut, first = min(found)
-                return StopCheck(FinishReason.STOP, cut + len(first) if rules.include_stop else cut)
+                end = cut + len(first) if rules.include_stop else cut
+                return StopCheck(RequestStatus.FINISHED_STOPPED, end)
     if generated >= max_tokens or context >= context_limit:
-        return StopCheck(FinishReason.LENGTH)
+        return StopCheck(RequestStatus.FINISHED_LENGTH)
     return GOING
 
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fsched.core.types import RequestClass, RequestId, RequestState
+from fsched.core.types import RequestClass, RequestId, RequestStatus
 
 if TYPE_CHECKING:
     from fsched.core.sched.scheduler import Scheduler
@@ -28,7 +28,7 @@ class RequestStanding:
     id: RequestId
     tenant: str
     request_class: RequestClass
-    state: RequestState
+    status: RequestStatus  # waiting, running or preempted
     priority: int
     waited_s: float
     generated: int
@@ -46,7 +46,7 @@ class RequestStanding:
         (= band), `age_boost` and `level` (0) are kept for readers of the earlier layout."""
         return {
             "id": self.id, "tenant": self.tenant, "class": self.request_class.value,
-            "state": self.state.value, "band": self.band, "aged_band": self.band, "age_boost": 0, "level": 0,
+            "state": self.status.word, "band": self.band, "aged_band": self.band, "age_boost": 0, "level": 0,
             "priority": self.priority, "waited_s": self.waited_s, "generated": self.generated,
             "tenant_share": self.tenant_share, "in_share": self.in_share, "tier": self.tier,
             "late": self.late,
@@ -56,7 +56,7 @@ class RequestStanding:
     def from_json(cls, data: Mapping[str, Any]) -> RequestStanding:
         return cls(
             id=str(data["id"]), tenant=data["tenant"], request_class=RequestClass(data["class"]),
-            state=RequestState(data["state"]), priority=int(data["priority"]),
+            status=RequestStatus.of_word(data["state"]), priority=int(data["priority"]),
             waited_s=float(data["waited_s"]), generated=int(data.get("generated", 0)),
             tenant_share=float(data["tenant_share"]), in_share=bool(data.get("in_share", True)),
             tier=data.get("tier", "share"), late=bool(data.get("late", False)),
@@ -72,14 +72,14 @@ def explain(scheduler: Scheduler, now: float, running_limit: int = 8,
     config = scheduler.config
 
     def row(r) -> RequestStanding:
-        waiting = r.state is not RequestState.RUNNING
+        waiting = r.status is not RequestStatus.RUNNING
         standing = stand.get(r.tenant)
         precedence = standing is None or standing.precedence
         return RequestStanding(
             id=r.id,
             tenant=r.tenant,
             request_class=r.request_class,
-            state=r.state,
+            status=r.status,
             priority=r.priority,
             waited_s=round(max(0.0, now - r.wait_since), 3) if waiting else 0.0,
             generated=r.generated,

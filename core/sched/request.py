@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from fsched.core.types import RequestClass, RequestId, RequestState
+from fsched.core.types import RequestClass, RequestId, RequestStatus
 
 
 class Checkpoint(enum.StrEnum):
@@ -34,10 +34,9 @@ class SchedRequest:
     priority: int = 5  # base priority: 0 most urgent .. 9 least (the priority baseline orders by it)
 
     # Mutable progress, owned by the scheduler.
-    state: RequestState = RequestState.QUEUED
+    status: RequestStatus = RequestStatus.WAITING
     generated: int = 0
     computed: int = 0
-    parked: bool = False
     wait_since: float = 0.0  # when it last started waiting (arrival or preemption)
     run_steps: int = 0  # steps with progress since last admission (minimum quantum)
     idle_steps: int = 0  # consecutive running steps without a prefill chunk
@@ -53,6 +52,11 @@ class SchedRequest:
             raise ValueError("max_tokens must be >= 1")
         if not 0 <= self.priority <= 9:
             raise ValueError("priority must be within 0..9")
+
+    @property
+    def parked(self) -> bool:
+        """Preempted with its KV kept in the host pool (a recomputed one keeps none: computed is 0)."""
+        return self.status is RequestStatus.PREEMPTED and self.computed > 0
 
     @property
     def context(self) -> int:

@@ -41,7 +41,7 @@ from fsched.core.sched.request import Checkpoint, SchedRequest
 from fsched.core.sched.shares import entitled_shares
 from fsched.core.sched.usage import PrecedenceUsage, TenantCharge
 from fsched.core.sched.waitqueue import WaitQueue
-from fsched.core.types import RequestId, RequestState
+from fsched.core.types import RequestId, RequestStatus
 
 
 @dataclass(slots=True, frozen=True)
@@ -138,7 +138,7 @@ class Scheduler:
         if r.prompt_tokens + r.max_tokens + cfg.min_quantum_steps > cfg.kv_tokens:
             raise ValueError(f"request {r.id!r} needs {r.prompt_tokens + r.max_tokens} KV slots; "
                              f"the budget is {cfg.kv_tokens}")
-        r.state = RequestState.QUEUED
+        r.status = RequestStatus.WAITING
         r.seq = next(self._seq)
         self._live[r.id] = r
         self._tenant_live[r.tenant] += 1
@@ -160,15 +160,14 @@ class Scheduler:
         r = self._live.pop(request_id, None)
         if r is None:
             return False
-        if r.state is RequestState.RUNNING:
+        if r.status is RequestStatus.RUNNING:
             self._leave_running(r)
         else:
             self._waiting.remove(r, self._now)
             self._tenant_waiting[r.tenant] -= 1
             if r.parked:
                 self._host_used -= r.computed
-                r.parked = False
-        r.state = RequestState.CANCELLED
+        r.status = RequestStatus.FINISHED_CANCELLED
         self._tenant_live[r.tenant] -= 1
         return True
 
@@ -283,10 +282,9 @@ class Scheduler:
         self._tenant_waiting[r.tenant] -= 1
         if r.parked:
             self._host_used -= r.computed
-            r.parked = False
             b.resumed.append(r.id)
             b.swap_tokens += r.computed
-        r.state = RequestState.RUNNING
+        r.status = RequestStatus.RUNNING
         r.run_steps = r.idle_steps = 0
         self._running[r.id] = r
         self._kv_committed += r.context
@@ -304,15 +302,14 @@ class Scheduler:
         self._leave_running(r)
         kv = r.computed
         if checkpoint is Checkpoint.PARK and kv > 0:
-            self._host_used += kv
-            r.parked = True
+            self._host_used += kv  # parked: preempted with its KV computed (see `parked`)
             b.swap_tokens += kv
         else:
             checkpoint = Checkpoint.RECOMPUTE
             r.computed = 0
         b.preempted.append(Preemption(r.id, checkpoint, kv))
         b.touched.add(r.id)
-        r.state = RequestState.PREEMPTED
+        r.status = RequestStatus.PREEMPTED
         r.preemptions += 1
         self.preemptions += 1
         self._enqueue(r, now)
@@ -352,6 +349,8 @@ class Scheduler:
 
     def _finish(self, r: SchedRequest) -> None:
         self._leave_running(r)
-        r.state = RequestState.DONE
+        if not r.status.is_finished:  # the engine sets why a request it stopped stopped
+            r.status = RequestStatus.FINISHED_LENGTH if r.generated >= r.max_tokens \
+                else RequestStatus.FINISHED_STOPPED
         del self._live[r.id]
         self._tenant_live[r.tenant] -= 1

@@ -25,7 +25,6 @@ from fsched.core.runners.standin import (
     standin_token,
 )
 from fsched.core.runners.stopping import check_stop
-from fsched.core.types import RequestState
 from fsched.storage.jobstore import SqlJobStore
 
 from .conftest import FSCHED
@@ -118,7 +117,7 @@ def held_by(store: SqlJobStore, owner: str) -> int:
     with store.db.read() as conn:
         return conn.execute(
             select(func.count()).where(requests.c.lease_owner == owner,
-                                       requests.c.state == RequestState.RUNNING.value)
+                                       requests.c.state == "running")
         ).scalar_one()
 
 

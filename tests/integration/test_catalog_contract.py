@@ -35,7 +35,7 @@ from fsched.core.types import (
     JobState,
     RequestClass,
     RequestSpec,
-    RequestState,
+    RequestStatus,
     SamplingParams,
 )
 from fsched.storage import sql_catalog
@@ -201,16 +201,16 @@ def test_claim_finish_and_counters(table):
     claimed = queue.claim("daemon-1", per_group=2)
     assert [c.custom_id for c in claimed] == ["c0", "c1"]
     assert store.list_jobs(job_id=job.job_id)[0].state is JobState.IN_PROGRESS
-    assert finish(queue, claimed[0].id, RequestState.DONE, [5, 6, 7], "abc", "length", 3, "tiny")
+    assert finish(queue, claimed[0].id, RequestStatus.FINISHED_LENGTH, [5, 6, 7], "abc", 3, "tiny")
     # No request ends twice: a second finish changes nothing.
-    assert not finish(queue, claimed[0].id, RequestState.FAILED, error="late")
-    assert finish(queue, claimed[1].id, RequestState.FAILED, error="boom")
+    assert not finish(queue, claimed[0].id, RequestStatus.FINISHED_FAILED, error="late")
+    assert finish(queue, claimed[1].id, RequestStatus.FINISHED_FAILED, error="boom")
     summary = store.list_jobs(job_id=job.job_id)[0]
     c = summary.counts
     assert (c.num_done, c.num_failed, c.num_running, c.num_waiting) == (1, 1, 0, 1)
     assert summary.num_output_tokens == 3
     (rest,) = queue.claim("daemon-1", per_group=5)
-    finish(queue, rest.id, RequestState.DONE, [1], "z")
+    finish(queue, rest.id, RequestStatus.FINISHED_STOPPED, [1], "z")
     summary = store.list_jobs(job_id=job.job_id)[0]
     assert summary.state is JobState.COMPLETED and summary.finished_at is not None
 
@@ -219,11 +219,11 @@ def test_cancel_waiting_at_once_and_running_by_the_daemon(table):
     store, queue = table.catalog, table.queue
     (job,) = store.submit([submission(4)])
     running = queue.claim("d", per_group=2)
-    finish(queue, running[0].id, RequestState.DONE, [1, 2], "ok")
+    finish(queue, running[0].id, RequestStatus.FINISHED_STOPPED, [1, 2], "ok")
     outcome = store.cancel_job(job.job_id)
     assert (outcome.cancelled_now, outcome.stopping, outcome.state) == (2, 1, JobState.CANCELLING)
     assert queue.claim("d", per_group=10) == []  # nothing of a cancelled job is claimed again
-    finish(queue, running[1].id, RequestState.CANCELLED, [3], "c")
+    finish(queue, running[1].id, RequestStatus.FINISHED_CANCELLED, [3], "c")
     summary = store.list_jobs(job_id=job.job_id)[0]
     assert summary.state is JobState.CANCELLED
     assert [r.output_text for r in store.iter_results(job.job_id)] == ["ok"]  # finished work kept
@@ -252,7 +252,7 @@ def test_flush_release_and_fencing_keep_the_counters(table):
                                      TokenUpdate(b.id, (7,), "z")]) == 2
     assert queue.flush_tokens("intruder", [TokenUpdate(c.id, (1,), "no")]) == 0  # not its lease
     assert store.list_jobs(job_id=job.job_id)[0].num_output_tokens == 3
-    assert not finish(queue, a.id, RequestState.DONE, [5, 6, 9], "xyw", owner="intruder")
+    assert not finish(queue, a.id, RequestStatus.FINISHED_STOPPED, [5, 6, 9], "xyw", owner="intruder")
     assert queue.release("d1", [b.id]) == 1  # back to the queue, tokens kept
     (again,) = queue.claim("d2", per_group=10)
     assert again.id == b.id and again.output_tokens == [7]
@@ -268,10 +268,10 @@ def test_a_write_under_a_lease_shows_in_the_results(table):
     (first,) = queue.claim("d1", per_group=5, lease_s=30)
     assert queue.release("d1") == 1
     (second,) = queue.claim("d1", per_group=5, lease_s=30)  # the same daemon, a new lease
-    stale = Completion(first.id, RequestState.DONE, (1,), "a", lease_epoch=1)
+    stale = Completion(first.id, RequestStatus.FINISHED_STOPPED, (1,), "a", lease_epoch=1)
     assert queue.finish_requests([stale], "d1") == [False]
     assert queue.flush_tokens("d1", [TokenUpdate(first.id, (1, 2), "ab", lease_epoch=2)]) == 1
-    assert queue.finish_requests([Completion(first.id, RequestState.DONE, (1, 2, 3), "abc",
+    assert queue.finish_requests([Completion(first.id, RequestStatus.FINISHED_STOPPED, (1, 2, 3), "abc",
                                              lease_epoch=second.lease_epoch)], "d1") == [True]
     (result,) = store.iter_results(first.job_id)
     assert result.output_text == "abc" and result.num_output_tokens == 3
@@ -289,10 +289,10 @@ def test_expired_leases_go_back_to_waiting_and_only_the_new_holder_ends_them(tab
     summary = store.list_jobs(job_id=job.job_id)[0]
     assert summary.counts.num_running == 1 and summary.counts.num_waiting == 2
     queue.claim("live", per_group=5, lease_s=60)
-    late = [Completion(c.id, RequestState.DONE, (9, 9), "late", lease_epoch=1) for c in stale]
+    late = [Completion(c.id, RequestStatus.FINISHED_STOPPED, (9, 9), "late", lease_epoch=1) for c in stale]
     assert queue.finish_requests(late, "paused") == [False, False]
     assert queue.finish_requests(
-        [Completion(c.id, RequestState.DONE, (1,), "ok", lease_epoch=2) for c in stale], "live"
+        [Completion(c.id, RequestStatus.FINISHED_STOPPED, (1,), "ok", lease_epoch=2) for c in stale], "live"
     ) == [True, True]
     done = {r.custom_id: r.output_text for r in store.iter_results(job.job_id)}
     assert {done[c.custom_id] for c in stale} == {"ok"}
@@ -325,7 +325,7 @@ def test_results_in_input_order_across_pages(table, monkeypatch):
     (job,) = table.catalog.submit([submission(30)])
     claimed = table.queue.claim("d", per_group=30)
     for c in reversed(claimed):  # finish in reverse order
-        finish(table.queue, c.id, RequestState.DONE, [1], c.custom_id)
+        finish(table.queue, c.id, RequestStatus.FINISHED_STOPPED, [1], c.custom_id)
     assert [r.custom_id for r in table.catalog.iter_results(job.job_id)] == [f"c{i}" for i in range(30)]
 
 
@@ -344,19 +344,19 @@ def test_request_progress_follows_flushes_and_the_finish(at_100):
     store, queue = at_100.catalog, at_100.queue
     (job,) = store.submit([submission(1, "alice", RequestClass.REALTIME)])
     (before,) = store.request_progress(job.job_id)
-    assert (before.state, before.output_text, before.first_token_at) == (RequestState.QUEUED, "", None)
+    assert (before.status, before.output_text, before.first_token_at) == (RequestStatus.WAITING, "", None)
     assert before.enqueued_at == 100.0
 
     (claimed,) = queue.claim("d", per_group=5)
     queue.flush_tokens("d", [TokenUpdate(claimed.id, (5, 6), "he", first_token_at=100.25)])
     (mid,) = store.request_progress(job.job_id)
-    assert (mid.state, mid.output_text, mid.num_output_tokens, mid.first_token_at) == (
-        RequestState.RUNNING, "he", 2, 100.25)
+    assert (mid.status, mid.output_text, mid.num_output_tokens, mid.first_token_at) == (
+        RequestStatus.RUNNING, "he", 2, 100.25)
 
-    finish(queue, claimed.id, RequestState.DONE, (5, 6, 7), "hey", finish_reason="length", owner="d")
+    finish(queue, claimed.id, RequestStatus.FINISHED_LENGTH, (5, 6, 7), "hey", owner="d")
     (end,) = store.request_progress(job.job_id)
-    assert (end.state, end.output_text, end.num_output_tokens, end.finish_reason) == (
-        RequestState.DONE, "hey", 3, "length")
+    assert (end.status, end.output_text, end.num_output_tokens, end.finish_reason) == (
+        RequestStatus.FINISHED_LENGTH, "hey", 3, "length")
     assert end.first_token_at == 100.25 and end.finished_at == 100.0
 
 
@@ -371,8 +371,8 @@ def test_request_timings_only_the_given_jobs_with_tenant_and_class(at_100):
     assert [(t.job_id, t.tenant, t.request_class) for t in timings] == [
         (a, "alice", RequestClass.BATCH), (a, "alice", RequestClass.BATCH), (b, "bob", RequestClass.REALTIME)]
     bob = timings[-1]
-    assert (bob.first_token_at - bob.enqueued_at, bob.num_output_tokens, bob.state) == (
-        0.5, 1, RequestState.RUNNING)
+    assert (bob.first_token_at - bob.enqueued_at, bob.num_output_tokens, bob.status) == (
+        0.5, 1, RequestStatus.RUNNING)
     assert all(t.first_token_at is None for t in timings[:2])
     assert store.request_timings([]) == []
 
@@ -391,7 +391,7 @@ def test_jobs_carry_their_origin_and_online_requests_are_grouped_per_tenant_and_
     claimed = {c.job_id: c for c in queue.claim("d", per_group=10)}
     first = claimed[online[0].job_id]
     queue.flush_tokens("d", [TokenUpdate(first.id, (1,), "x", first_token_at=table.now())])
-    finish(queue, first.id, RequestState.DONE, [1, 2], "xy", "length", prompt_tokens=1)
+    finish(queue, first.id, RequestStatus.FINISHED_LENGTH, [1, 2], "xy", prompt_tokens=1)
     groups = {(g.tenant, g.key_id): g for g in store.online_groups()}
     assert set(groups) == {("alice", "k1"), ("alice", "k2"), ("bob", "k3"), ("bob", None)}
     k1 = groups["alice", "k1"]
@@ -408,9 +408,9 @@ def batch(*bodies: dict) -> JobSubmission:
     return JobSubmission(parsed, "alice", RequestClass.BATCH, 5, "job")
 
 
-def finish_choices(queue, claimed, state=RequestState.DONE, text_of=lambda c: f"t{c.id}"):
-    done = [Completion(c.id, state, (7, 8), text_of(c), "stop", 3, "m", lease_epoch=c.lease_epoch,
-                       error=None if state is RequestState.DONE else "broke")
+def finish_choices(queue, claimed, state=RequestStatus.FINISHED_STOPPED, text_of=lambda c: f"t{c.id}"):
+    done = [Completion(c.id, state, (7, 8), text_of(c), 3, "m", lease_epoch=c.lease_epoch,
+                       error=None if state.succeeded else "broke")
             for c in claimed]
     assert all(queue.finish_requests(done, "d"))
 
@@ -441,7 +441,7 @@ def test_a_failed_choice_fails_its_line_and_an_unfinished_one_holds_it_back(tabl
     for c in queue.claim("d", per_group=10):
         by_line.setdefault(c.custom_id, []).append(c)
     finish_choices(queue, [by_line["l0"][0], by_line["l2"][0]])
-    finish_choices(queue, [by_line["l0"][1]], RequestState.FAILED)
+    finish_choices(queue, [by_line["l0"][1]], RequestStatus.FINISHED_FAILED)
     finish_choices(queue, [by_line["l1"][0]])  # its second prompt's choice still runs
     assert [r.custom_id for r in store.iter_results(job.job_id)] == ["l2"]
     errors = list(lines_of(store.iter_results(job.job_id, errors=True)))

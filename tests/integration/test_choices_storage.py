@@ -10,7 +10,7 @@ from sqlalchemy import inspect, text
 
 from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.records import Completion, JobSubmission
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import RequestClass, RequestStatus
 from fsched.storage import schema
 from fsched.storage.jobstore import SqlJobStore
 
@@ -29,9 +29,9 @@ def batch(*bodies: dict) -> JobSubmission:
     return JobSubmission(parsed, "alice", RequestClass.BATCH, 5, "job")
 
 
-def finish(store, claimed, state=RequestState.DONE, text_of=lambda c: f"t{c.id}"):
-    done = [Completion(c.id, state, (7, 8), text_of(c), "stop", 3, "m", lease_epoch=c.lease_epoch,
-                       error=None if state is RequestState.DONE else "broke")
+def finish(store, claimed, state=RequestStatus.FINISHED_STOPPED, text_of=lambda c: f"t{c.id}"):
+    done = [Completion(c.id, state, (7, 8), text_of(c), 3, "m", lease_epoch=c.lease_epoch,
+                       error=None if state.succeeded else "broke")
             for c in claimed]
     assert all(store.finish_requests(done, "d"))
 

@@ -13,7 +13,7 @@ from fsched.core.runners.hf.model import load_model  # noqa: E402
 from fsched.core.runners.hf.runner import ModelRunner  # noqa: E402
 from fsched.core.sched.config import SchedulerConfig  # noqa: E402
 from fsched.core.sched.scheduler import Scheduler  # noqa: E402
-from fsched.core.types import RequestClass, SamplingParams  # noqa: E402
+from fsched.core.types import RequestClass, RequestStatus, SamplingParams  # noqa: E402
 
 N_REQUESTS = 64
 
@@ -108,7 +108,7 @@ def test_batched_greedy_equals_one_at_a_time_generate(tiny, reference, max_batch
     requests = workload(tiny)[:16] if max_batch == 1 else workload(tiny)
     engine, results = run(tiny, requests, max_batch=max_batch)
     assert tokens(results) == {r.id: reference[r.id] for r in requests}
-    assert all(r.finish_reason is not None for r in results.values())
+    assert all(r.status.succeeded for r in results.values())
     if max_batch > 1:
         assert engine.steps < sum(len(t) for t in reference.values())  # it really batched
 
@@ -227,7 +227,7 @@ def test_prompt_longer_than_the_context_fails_alone(tiny, reference):
         id="long", prompt=[5] * (tiny.context_length + 10), params=SamplingParams(max_tokens=4, temperature=0)
     )
     _, results = run(tiny, [too_long, *requests])
-    assert results["long"].finish_reason is None
+    assert results["long"].status is RequestStatus.FINISHED_FAILED
     assert results["long"].error == (
         f"the prompt is {tiny.context_length + 10} tokens; the model's context holds {tiny.context_length}"
     )
@@ -261,17 +261,16 @@ def test_resume_with_every_field_continues_the_same_output_and_logprobs(tiny, te
 
 
 def test_stop_strings_and_eos(tiny):
-    from fsched.core.runners.stopping import FinishReason
 
     prompt = tiny.tokenizer("The train left the coast at dawn")["input_ids"]
     free = EngineRequest("free", prompt, SamplingParams(max_tokens=40, temperature=0))
     _, results = run(tiny, [free])
     text = results["free"].text
-    assert results["free"].finish_reason is FinishReason.LENGTH and len(text) > 10
+    assert results["free"].status is RequestStatus.FINISHED_LENGTH and len(text) > 10
     stop = text[5:8]
     stopped = EngineRequest("stopped", prompt, SamplingParams(max_tokens=40, temperature=0, stop=(stop,)))
     _, results = run(tiny, [stopped])
-    assert results["stopped"].finish_reason is FinishReason.STOP
+    assert results["stopped"].status is RequestStatus.FINISHED_STOPPED
     assert results["stopped"].text == text[: text.index(stop)]
 
 

@@ -23,7 +23,7 @@ from fsched.api.app import create_app
 from fsched.api.state import Backend
 from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.records import Completion, JobSubmission, TokenUpdate
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import RequestClass, RequestStatus
 from fsched.storage import textcodec
 from fsched.storage.refusals import REFUSED_PREFIX
 from fsched.storage.stores import JobTable
@@ -54,7 +54,7 @@ def run_all(table: JobTable, text: str = EVERY_BYTE) -> None:
     claimed = table.queue.claim("d1", per_group=100)
     assert table.queue.flush_tokens("d1", [TokenUpdate(c.id, (1, 2), text[:100], 1.0, c.lease_epoch)
                                            for c in claimed]) == len(claimed)
-    table.queue.finish_requests([Completion(c.id, RequestState.DONE, (1, 2, 3), text, "stop",
+    table.queue.finish_requests([Completion(c.id, RequestStatus.FINISHED_STOPPED, (1, 2, 3), text,
                                             lease_epoch=c.lease_epoch) for c in claimed], "d1")
 
 
@@ -66,10 +66,10 @@ def test_every_byte_and_lone_surrogates_round_trip_through_the_stores(table):
                                                         claimed.lease_epoch)]) == 1
     (progress,) = table.serving.progress([job_id])[job_id]
     assert progress.output_text == EVERY_BYTE
-    table.queue.finish_requests([Completion(claimed.id, RequestState.DONE, (1, 2), EVERY_BYTE, "stop",
+    table.queue.finish_requests([Completion(claimed.id, RequestStatus.FINISHED_STOPPED, (1, 2), EVERY_BYTE,
                                             lease_epoch=claimed.lease_epoch)], "d1")
     (result,) = table.catalog.iter_results(job_id)
-    assert result.output_text == EVERY_BYTE and result.state is RequestState.DONE
+    assert result.output_text == EVERY_BYTE and result.status is RequestStatus.FINISHED_STOPPED
     assert [p.output_text for p in table.catalog.request_progress(job_id)] == [EVERY_BYTE]
 
 
@@ -95,14 +95,14 @@ def test_a_refused_write_fails_that_request_alone(table, monkeypatch):
                                               TokenUpdate(b.id, (1,), poison, 1.0, b.lease_epoch)])
     assert written == 1
     outcome = table.queue.finish_requests([
-        Completion(c.id, RequestState.DONE, (1, 2), poison, "stop", lease_epoch=c.lease_epoch),
-        Completion(d.id, RequestState.DONE, (1, 2), "fine", "stop", lease_epoch=d.lease_epoch),
-        Completion(b.id, RequestState.DONE, (1, 2), "late", "stop", lease_epoch=b.lease_epoch),
+        Completion(c.id, RequestStatus.FINISHED_STOPPED, (1, 2), poison, lease_epoch=c.lease_epoch),
+        Completion(d.id, RequestStatus.FINISHED_STOPPED, (1, 2), "fine", lease_epoch=d.lease_epoch),
+        Completion(b.id, RequestStatus.FINISHED_STOPPED, (1, 2), "late", lease_epoch=b.lease_epoch),
     ], "d1")
     assert outcome == [True, True, False]  # b had already ended (failed at its flush)
     results = {r.custom_id: r for r in table.catalog.iter_results(job_id, errors=True)}
     assert set(results) == {"c1", "c2"}
-    assert all(r.state is RequestState.FAILED and r.error.startswith(REFUSED_PREFIX)
+    assert all(r.status is RequestStatus.FINISHED_FAILED and r.error.startswith(REFUSED_PREFIX)
                for r in results.values())
     (done,) = table.catalog.iter_results(job_id)
     assert done.custom_id == "c3" and done.output_text == "fine"

@@ -15,7 +15,7 @@ from fsched.core.types import (
     Logprob,
     RequestClass,
     RequestSpec,
-    RequestState,
+    RequestStatus,
     SamplingParams,
     TokenLogprobs,
 )
@@ -59,7 +59,7 @@ def test_logprobs_are_stored_as_plain_json(store):
     """Written with the tokens and read back by every read (the serving contract); in the column as plain
     JSON, with no infinity, which neither JSON nor PostgreSQL takes."""
     _, a, _, again = flush_then_resume(store, records)
-    final = Completion(a.id, RequestState.DONE, (4, 5, 6), "w4 w5 w6", "stop", 1, "m",
+    final = Completion(a.id, RequestStatus.FINISHED_STOPPED, (4, 5, 6), "w4 w5 w6", 1, "m",
                        lease_epoch=again[a.id].lease_epoch, logprobs=records([4, 5, 6]))
     assert store.finish_requests([final], "d2") == [True]
     with store.db.read() as conn:

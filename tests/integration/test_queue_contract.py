@@ -11,7 +11,7 @@ import pytest
 
 from fsched.core.ports.queue import QueueStore
 from fsched.core.ports.records import Completion, StoreError, TokenUpdate
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import RequestClass, RequestStatus
 from tests.support.store import finish
 from tests.support.tables import KINDS, SHORT_LEASE_S, open_table
 
@@ -61,13 +61,13 @@ def test_a_claim_raises_the_epoch_and_stale_epochs_write_nothing(table):
     (second,) = q.claim("d1", per_group=5, lease_s=30)  # the same owner, a new lease
     assert (second.id, second.lease_epoch, second.attempts) == (first.id, 2, 2)
     assert q.flush_tokens("d1", [TokenUpdate(first.id, (1, 2), "ab", lease_epoch=1)]) == 0
-    stale = Completion(first.id, RequestState.DONE, (1,), "a", lease_epoch=1)
+    stale = Completion(first.id, RequestStatus.FINISHED_STOPPED, (1,), "a", lease_epoch=1)
     assert q.finish_requests([stale], "d1") == [False]
-    assert table.view(job)[first.id] == (RequestState.RUNNING, "", 0)
+    assert table.view(job)[first.id] == (RequestStatus.RUNNING, "", 0)
     assert q.flush_tokens("d1", [TokenUpdate(first.id, (1, 2), "ab", lease_epoch=2)]) == 1
-    done = Completion(first.id, RequestState.DONE, (1, 2, 3), "abc", lease_epoch=2)
+    done = Completion(first.id, RequestStatus.FINISHED_STOPPED, (1, 2, 3), "abc", lease_epoch=2)
     assert q.finish_requests([done], "d1") == [True]
-    assert table.view(job)[first.id] == (RequestState.DONE, "abc", 3)
+    assert table.view(job)[first.id] == (RequestStatus.FINISHED_STOPPED, "abc", 3)
 
 
 def test_another_owner_writes_nothing_and_nothing_ends_twice(table):
@@ -75,16 +75,17 @@ def test_another_owner_writes_nothing_and_nothing_ends_twice(table):
     job = table.submit(2)
     a, b = q.claim("d1", per_group=5)
     assert q.flush_tokens("intruder", [TokenUpdate(a.id, (9,), "x")]) == 0
-    assert not finish(q, a.id, RequestState.DONE, [9], "x", owner="intruder")
-    assert finish(q, a.id, RequestState.DONE, [1], "ok", owner="d1", lease_epoch=a.lease_epoch)
-    assert not finish(q, a.id, RequestState.FAILED, error="late")  # ended already
-    assert q.finish_requests([Completion(b.id, RequestState.FAILED, error="boom")]) == [True]
+    assert not finish(q, a.id, RequestStatus.FINISHED_STOPPED, [9], "x", owner="intruder")
+    assert finish(q, a.id, RequestStatus.FINISHED_STOPPED, [1], "ok", owner="d1", lease_epoch=a.lease_epoch)
+    assert not finish(q, a.id, RequestStatus.FINISHED_FAILED, error="late")  # ended already
+    assert q.finish_requests([Completion(b.id, RequestStatus.FINISHED_FAILED, error="boom")]) == [True]
     view = table.view(job)
-    assert view[a.id] == (RequestState.DONE, "ok", 1) and view[b.id][0] is RequestState.FAILED
+    assert view[a.id] == (RequestStatus.FINISHED_STOPPED, "ok", 1)
+    assert view[b.id][0] is RequestStatus.FINISHED_FAILED
     with pytest.raises(ValueError):
-        finish(q, b.id, RequestState.RUNNING)
+        finish(q, b.id, RequestStatus.RUNNING)
     with pytest.raises(StoreError, match="no request"):
-        finish(q, "999999", RequestState.DONE)
+        finish(q, "999999", RequestStatus.FINISHED_STOPPED)
 
 
 def test_released_requests_resume_with_their_tokens(table):
@@ -116,11 +117,11 @@ def test_expired_leases_are_reclaimed_and_the_old_holder_is_fenced(table):
     assert (taken[stale[0].id].output_tokens, taken[stale[0].id].lease_epoch) == ([7], 2)
     assert q.renew_leases("paused", {c.id: 1 for c in stale}, lease_s=60) == set()
     assert q.flush_tokens("paused", [TokenUpdate(c.id, (9, 9), "late", lease_epoch=1) for c in stale]) == 0
-    late = [Completion(c.id, RequestState.DONE, (9,), "late", lease_epoch=1) for c in stale]
+    late = [Completion(c.id, RequestStatus.FINISHED_STOPPED, (9,), "late", lease_epoch=1) for c in stale]
     assert q.finish_requests(late, "paused") == [False, False]
     assert q.renew_leases("live", {live.id: 1, **{c.id: 2 for c in stale}}, lease_s=60) == {
         live.id, *(c.id for c in stale)}
-    assert all(state is RequestState.RUNNING for state, _, _ in table.view(job).values())
+    assert all(state is RequestStatus.RUNNING for state, _, _ in table.view(job).values())
 
 
 def test_a_cancelled_job_is_never_claimed_and_its_held_requests_end(table):
@@ -133,7 +134,8 @@ def test_a_cancelled_job_is_never_claimed_and_its_held_requests_end(table):
     assert [c.job_id for c in q.claim("d1", per_group=10)] == [other]  # nothing of the cancelled job
     assert q.release("d1", [c.id for c in held]) == 2
     view = table.view(job)
-    assert {state for state, _, _ in view.values()} == {RequestState.CANCELLED}  # handed back: ended
+    # handed back: ended
+    assert {state for state, _, _ in view.values()} == {RequestStatus.FINISHED_CANCELLED}
     assert not q.has_queued()
 
 
@@ -163,6 +165,6 @@ def test_a_finish_names_a_final_state_and_a_known_request(table):
     job = table.submit(1)
     (request_id,) = table.view(job)
     with pytest.raises(ValueError):
-        finish(table.queue, request_id, RequestState.RUNNING)
+        finish(table.queue, request_id, RequestStatus.RUNNING)
     with pytest.raises(StoreError, match="no request"):
-        finish(table.queue, "999", RequestState.DONE)
+        finish(table.queue, "999", RequestStatus.FINISHED_STOPPED)

@@ -16,7 +16,7 @@ from fsched.core.types import (
     Logprob,
     RequestClass,
     RequestSpec,
-    RequestState,
+    RequestStatus,
     SamplingParams,
     TokenLogprobs,
 )
@@ -42,9 +42,9 @@ def test_tenant_totals_count_prompt_tokens_and_outcomes_for_chargeback(table):
     claimed = queue.claim("d", per_group=5)
     assert len(claimed) == 4
     a = [c for c in claimed if c.tenant == "alice"]
-    finish(queue, a[0].id, RequestState.DONE, [1, 2, 3], "abc", "length", prompt_tokens=7)
-    finish(queue, a[1].id, RequestState.FAILED, error="boom")
-    finish(queue, a[2].id, RequestState.DONE, [4], "d", "stop", prompt_tokens=5)
+    finish(queue, a[0].id, RequestStatus.FINISHED_LENGTH, [1, 2, 3], "abc", prompt_tokens=7)
+    finish(queue, a[1].id, RequestStatus.FINISHED_FAILED, error="boom")
+    finish(queue, a[2].id, RequestStatus.FINISHED_STOPPED, [4], "d", prompt_tokens=5)
     totals = {(t.tenant, t.request_class): t for t in table.serving.tenant_totals()}
     alice = totals["alice", RequestClass.BATCH]
     assert (alice.generated_tokens, alice.prompt_tokens, alice.done, alice.failed, alice.cancelled) == \
@@ -74,12 +74,12 @@ def test_progress_reads_every_asked_job_at_once_as_it_goes(table):
     claimed = {c.job_id: c for c in table.queue.claim("d", per_group=5)}
     table.queue.flush_tokens("d", [TokenUpdate(claimed[a].id, (4, 5), "w4 w5", first_token_at=2.0)])
     (mid,) = table.serving.progress([a])[a]
-    assert (mid.state, mid.output_text, mid.num_output_tokens, mid.tokens, mid.first_token_at) == (
-        RequestState.RUNNING, "w4 w5", 2, (4, 5), 2.0)
-    finish(table.queue, claimed[a].id, RequestState.DONE, (4, 5, 6), "w4 w5 w6", "stop", 3, "tiny")
+    assert (mid.status, mid.output_text, mid.num_output_tokens, mid.tokens, mid.first_token_at) == (
+        RequestStatus.RUNNING, "w4 w5", 2, (4, 5), 2.0)
+    finish(table.queue, claimed[a].id, RequestStatus.FINISHED_STOPPED, (4, 5, 6), "w4 w5 w6", 3, "tiny")
     (end,) = table.serving.progress([a])[a]
-    assert (end.state, end.finish_reason, end.prompt_tokens, end.model, end.id) == (
-        RequestState.DONE, "stop", 3, "tiny", claimed[a].id)
+    assert (end.status, end.finish_reason, end.prompt_tokens, end.model, end.id) == (
+        RequestStatus.FINISHED_STOPPED, "stop", 3, "tiny", claimed[a].id)
     assert end.finished_at is not None and end.first_token_at == 2.0
 
 
@@ -108,7 +108,7 @@ def test_flushed_logprobs_come_back_with_the_tokens_on_a_resume_and_in_every_rea
     again = {c.id: c for c in queue.claim("d2", per_group=5)}
     assert again[a.id].output_tokens == [4, 5] and again[a.id].output_logprobs == records([4, 5])
     assert again[b.id].output_logprobs == ()
-    final = Completion(a.id, RequestState.DONE, (4, 5, 6), "w4 w5 w6", "stop", 1, "m",
+    final = Completion(a.id, RequestStatus.FINISHED_STOPPED, (4, 5, 6), "w4 w5 w6", 1, "m",
                        lease_epoch=again[a.id].lease_epoch, logprobs=records([4, 5, 6]))
     assert queue.finish_requests([final], "d2") == [True]
     results = {r.custom_id: r for r in store.iter_results(job.job_id)}

@@ -6,16 +6,15 @@ from collections.abc import Sequence
 
 from fsched.core.ports.queue import QueueStore
 from fsched.core.ports.records import Completion
-from fsched.core.types import RequestId, RequestState
+from fsched.core.types import RequestId, RequestStatus
 
 
 def finish(
     store: QueueStore,
     request_id: RequestId,
-    state: RequestState,
+    status: RequestStatus,
     output_tokens: Sequence[int] = (),
     output_text: str = "",
-    finish_reason: str | None = None,
     prompt_tokens: int | None = None,
     model: str | None = None,
     error: str | None = None,
@@ -23,6 +22,6 @@ def finish(
     lease_epoch: int | None = None,
 ) -> bool:
     """`store.finish_requests` with one completion; whether it was written."""
-    completion = Completion(request_id, state, tuple(output_tokens), output_text, finish_reason,
-                            prompt_tokens, model, error, lease_epoch=lease_epoch)
+    completion = Completion(request_id, status, tuple(output_tokens), output_text, prompt_tokens, model,
+                            error, lease_epoch=lease_epoch)
     return store.finish_requests([completion], owner)[0]

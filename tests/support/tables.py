@@ -17,7 +17,7 @@ import pytest
 from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.memory import MemoryTable
 from fsched.core.ports.records import JobSubmission, StoreError
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import RequestClass, RequestStatus
 from tests.fakes import FakeClock
 
 KINDS = ["memory", "sqlite", "postgresql"]
@@ -48,9 +48,9 @@ class ContractTable:
     def set_weight(self, tenant: str, weight: float) -> None:
         self.catalog.set_weight(tenant, weight)
 
-    def view(self, job_id: int) -> dict[str, tuple[RequestState, str, int]]:
+    def view(self, job_id: int) -> dict[str, tuple[RequestStatus, str, int]]:
         """Request id -> (state, text, tokens), as a reader of the job sees it."""
-        return {str(p.id): (p.state, p.output_text, p.num_output_tokens)
+        return {str(p.id): (p.status, p.output_text, p.num_output_tokens)
                 for p in self.catalog.request_progress(job_id)}
 
 

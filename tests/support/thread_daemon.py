@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 from fsched.core.ports.records import Completion, DaemonStats, DaemonSummary
-from fsched.core.types import RequestState
+from fsched.core.types import RequestStatus
 
 
 def _serve(queue, text: str, stop: threading.Event) -> None:
@@ -18,7 +18,7 @@ def _serve(queue, text: str, stop: threading.Event) -> None:
                                       DaemonStats()))
         claimed = queue.claim("thread-daemon", per_group=100)
         if claimed:
-            queue.finish_requests([Completion(c.id, RequestState.DONE, (1, 2), text, "stop",
+            queue.finish_requests([Completion(c.id, RequestStatus.FINISHED_STOPPED, (1, 2), text,
                                               lease_epoch=c.lease_epoch) for c in claimed], "thread-daemon")
         time.sleep(0.01)
 

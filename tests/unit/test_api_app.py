@@ -116,7 +116,7 @@ def test_metrics_read_the_table_and_the_daemons_figures():
         TenantSummary,
         TenantTotals,
     )
-    from fsched.core.types import JobState, RequestState
+    from fsched.core.types import JobState, RequestStatus
 
     class Table:
         def list_jobs(self, include_finished):
@@ -137,7 +137,8 @@ def test_metrics_read_the_table_and_the_daemons_figures():
     table = Table()
     backend = Backend(jobs=table, keys=None, files=None, serving=table)
     metrics = Metrics(backend)
-    done = RequestProgress(1, 1, RequestState.DONE, "x", 1, 10.0, 10.2, 11.0, "stop", None, prompt_tokens=1)
+    done = RequestProgress(1, 1, RequestStatus.FINISHED_STOPPED, "x", 1, 10.0, 10.2, 11.0, None,
+                           prompt_tokens=1)
     metrics.observe(RequestClass.REALTIME, done)
     text = metrics.render().decode()
     for line in ('fsched:num_requests_waiting{class="batch",tenant="a"} 2.0',

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fsched.core.types import RequestState
+from fsched.core.types import RequestStatus
 from tests.support.cli import Commands
 
 SAMPLE_JOBS = Path(__file__).resolve().parents[2] / "sample_jobs"
@@ -247,8 +247,8 @@ def test_results_of_a_finished_job_are_its_lines_in_input_order(fsched):
     fsched.ok("submit", str(SAMPLE_JOBS / "openai_batch.jsonl"))
     queue = fsched.table.queue
     claimed = queue.claim("d", per_group=10)
-    queue.finish_requests([Completion(c.id, RequestState.DONE, (1, 2), f"answer {c.custom_id}", "stop", 3,
-                                      "m", lease_epoch=c.lease_epoch) for c in reversed(claimed)], "d")
+    queue.finish_requests([Completion(c.id, RequestStatus.FINISHED_STOPPED, (1, 2), f"answer {c.custom_id}",
+                                      3, "m", lease_epoch=c.lease_epoch) for c in reversed(claimed)], "d")
     lines = [json.loads(x) for x in fsched.ok("results", "1").splitlines()]
     assert [x["custom_id"] for x in lines] == [f"req-{i}" for i in range(1, 7)]
     assert all(x["response"]["status_code"] == 200 and x["error"] is None for x in lines)

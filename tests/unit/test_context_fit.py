@@ -8,7 +8,7 @@ from fsched.core.daemon.engine import ContextOverflow, Engine, EngineRequest, fi
 from fsched.core.runners.standin import StandInRunner
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.scheduler import Scheduler
-from fsched.core.types import SamplingParams
+from fsched.core.types import RequestStatus, SamplingParams
 
 ASKED = SamplingParams(max_tokens=50)
 DEFAULT = SamplingParams(max_tokens=50, max_tokens_is_default=True)
@@ -44,7 +44,7 @@ def test_engine_fails_an_over_long_request_alone_and_caps_a_default():
         EngineRequest("fits", [7] * 40, SamplingParams(max_tokens=24, temperature=0)),
     ]
     results = engine.run_all(requests)
-    assert results["asked"].finish_reason is None
+    assert results["asked"].status is RequestStatus.FINISHED_FAILED
     assert results["asked"].error == (
         "the prompt (40 tokens) plus max_tokens (30) is 70 tokens, over the model's context of 64; "
         "lower max_tokens to at most 24 or shorten the prompt"

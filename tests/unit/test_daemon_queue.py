@@ -24,7 +24,7 @@ from fsched.core.runners.standin import STANDIN_NAME, StandInRunner, standin_enc
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Plan
 from fsched.core.sched.scheduler import Scheduler
-from fsched.core.types import RequestClass, RequestState, SamplingParams
+from fsched.core.types import RequestClass, RequestStatus, SamplingParams
 
 from ..fakes import FakeClock
 
@@ -131,7 +131,7 @@ def test_a_plain_run_ends_every_request_with_the_reference_output(store, clock):
     store.submit([job(12, seed=1), job(5, seed=2, tenant="bob", request_class=RequestClass.REALTIME)])
     rig = Rig(store, clock)
     rig.run()
-    assert {r.state for r in store.requests()} == {RequestState.DONE}
+    assert {r.status.succeeded for r in store.requests()} == {True}
     assert outputs(store) == reference(store)
     assert all(r.attempts == 1 and r.first_token_at is not None for r in store.requests())
     assert rig.daemon.fenced_writes == 0 and store.refused == 0
@@ -156,8 +156,8 @@ def test_a_request_whose_lease_was_taken_is_dropped_without_writing(store, clock
     rig.daemon.shutdown()
     assert store.writes == []  # nothing even attempted for a lost request
     assert store.refused == 0 and outputs(store) == at_takeover
-    assert {(r.state, r.lease_owner, r.lease_epoch) for r in store.requests()} == {
-        (RequestState.RUNNING, "d2", 2)}
+    assert {(r.status, r.lease_owner, r.lease_epoch) for r in store.requests()} == {
+        (RequestStatus.RUNNING, "d2", 2)}
 
 
 def test_writes_under_a_stale_lease_are_refused_and_counted(store, clock):
@@ -177,7 +177,7 @@ def test_writes_under_a_stale_lease_are_refused_and_counted(store, clock):
     assert not rig.engine.has_work  # it ran its requests to the end, and every write bounced
     assert rig.daemon.fenced_writes == store.refused > 4  # token flushes and the four completions
     assert outputs(store) == at_takeover
-    assert {(r.state, r.lease_owner) for r in store.requests()} == {(RequestState.RUNNING, "d2")}
+    assert {(r.status, r.lease_owner) for r in store.requests()} == {(RequestStatus.RUNNING, "d2")}
 
 
 def test_a_failed_step_with_one_request_counts_against_it(store, clock, caplog):
@@ -190,7 +190,7 @@ def test_a_failed_step_with_one_request_counts_against_it(store, clock, caplog):
     with caplog.at_level(logging.WARNING, logger="fsched.daemon"):
         rig.run()
     bad = store.request(poison)
-    assert bad.state is RequestState.FAILED and "3 times with this request alone" in bad.error
+    assert bad.status is RequestStatus.FINISHED_FAILED and "3 times with this request alone" in bad.error
     want = reference(store)
     assert {r.id: r.output_tokens for r in store.requests() if r.id != poison} == {
         rid: tokens for rid, tokens in want.items() if rid != poison}
@@ -211,7 +211,7 @@ def test_a_failed_step_with_several_counts_against_none_and_caps_the_batch(store
     rig.run()
     involved = seen[2]
     assert len(involved) > 1 and rig.failures == [len(involved)]
-    assert {r.state for r in store.requests()} == {RequestState.DONE}
+    assert {r.status.succeeded for r in store.requests()} == {True}
     assert outputs(store) == reference(store)  # recomputed identically
     assert {store.request(rid).attempts for rid in involved} == {2}  # claimed again, nothing failed
     assert rig.daemon.faults.failures == {}  # counted against none
@@ -225,7 +225,7 @@ def test_out_of_memory_halves_the_batch_for_good(store, clock, error):
     rig = Rig(store, clock, fail_when=lambda plan: error if len(plan_ids(plan)) > 3 else None)
     rig.run()
     assert rig.engine.max_batch == 2 and len(rig.failures) == 2  # 8 -> 4 -> 2
-    assert {r.state for r in store.requests()} == {RequestState.DONE}
+    assert {r.status.succeeded for r in store.requests()} == {True}
     assert outputs(store) == reference(store)
 
 
@@ -237,7 +237,7 @@ def test_a_dead_daemons_requests_are_reclaimed_after_their_lease_and_finished(st
     dead.daemon.turn()  # it took everything, runs a step, flushes, and dies (no goodbye)
     live = Rig(store, clock, owner="live", exclusive=False, lease_s=3.0)
     live.run()  # idle until the leases expire; its sweep requeues them; it claims and finishes them
-    assert {r.state for r in store.requests()} == {RequestState.DONE}
+    assert {r.status.succeeded for r in store.requests()} == {True}
     assert outputs(store) == reference(store)
     assert {(r.attempts, r.lease_epoch) for r in store.requests()} == {(2, 2)}
     assert live.daemon.fenced_writes == 0 and clock.now > 3.0 + 1_000.0
@@ -252,7 +252,7 @@ def test_a_cancelled_job_stops_at_the_next_sync_with_its_output_so_far(store, cl
     store.cancel_job(submitted.job_id)
     rig.daemon.sync()
     assert len(rig.daemon.held) == 0 and not rig.engine.has_work
-    assert {r.state for r in store.requests()} == {RequestState.CANCELLED}
+    assert {r.status for r in store.requests()} == {RequestStatus.FINISHED_CANCELLED}
     assert all(len(r.output_tokens) == 1 for r in store.requests())
 
 

@@ -7,7 +7,7 @@ import pytest
 from fsched.cli.demo import ShareWindow, percentile, summary
 from fsched.core.jobs.jobstate import JobCounts, JobSummary
 from fsched.core.ports.records import RequestTiming
-from fsched.core.types import JobState, RequestClass, RequestState
+from fsched.core.types import JobState, RequestClass, RequestStatus
 
 
 def test_percentile_is_nearest_rank():
@@ -41,7 +41,7 @@ def test_share_window_counts_only_while_both_tenants_have_batch_work():
 
 
 def timing(id, tenant, request_class, tokens, ttft_s):
-    return RequestTiming(id, 1, tenant, request_class, RequestState.DONE, tokens, 100.0,
+    return RequestTiming(id, 1, tenant, request_class, RequestStatus.FINISHED_STOPPED, tokens, 100.0,
                          None if ttft_s is None else 100.0 + ttft_s, 120.0)
 
 

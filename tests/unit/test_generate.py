@@ -9,13 +9,13 @@ import typer
 
 from fsched.cli import generate as gen
 from fsched.core.ports.records import DaemonStats, DaemonSummary, RequestProgress
-from fsched.core.types import RequestState
+from fsched.core.types import RequestStatus
 
 
-def progress(text: str, state=RequestState.RUNNING, tokens=None, first=None, finished=None):
-    return RequestProgress(id=7, job_id=3, state=state, output_text=text,
+def progress(text: str, state=RequestStatus.RUNNING, tokens=None, first=None, finished=None):
+    return RequestProgress(id=7, job_id=3, status=state, output_text=text,
                            num_output_tokens=len(text) if tokens is None else tokens, enqueued_at=100.0,
-                           first_token_at=first, finished_at=finished, finish_reason=None, error=None)
+                           first_token_at=first, finished_at=finished, error=None)
 
 
 class ScriptedStore:
@@ -46,7 +46,8 @@ def fast_polls(monkeypatch):
 
 def test_stream_prints_new_text_and_holds_back_a_half_decoded_character(capsys):
     store = ScriptedStore([progress(""), progress("He"), progress("Hello caf\ufffd"),
-                           progress("Hello café w"), progress("Hello café world", RequestState.DONE)])
+                           progress("Hello café w"),
+                           progress("Hello café world", RequestStatus.FINISHED_STOPPED)])
     final = gen._wait(store, 3, stream=True, timeout=None)
     out, err = capsys.readouterr()
     assert out == "Hello café world" and final.output_text == out
@@ -54,13 +55,13 @@ def test_stream_prints_new_text_and_holds_back_a_half_decoded_character(capsys):
 
 
 def test_without_stream_prints_nothing_while_waiting(capsys):
-    store = ScriptedStore([progress("a"), progress("ab", RequestState.DONE)])
+    store = ScriptedStore([progress("a"), progress("ab", RequestStatus.FINISHED_STOPPED)])
     assert gen._wait(store, 3, stream=False, timeout=None).output_text == "ab"
     assert capsys.readouterr().out == ""
 
 
 def test_no_daemon_warns_once_then_the_timeout_cancels(capsys):
-    store = ScriptedStore([progress("", RequestState.QUEUED)], daemon_alive=False)
+    store = ScriptedStore([progress("", RequestStatus.WAITING)], daemon_alive=False)
     with pytest.raises(typer.Exit) as exit_:
         gen._wait(store, 3, stream=False, timeout=0.05)
     err = capsys.readouterr().err
@@ -70,15 +71,16 @@ def test_no_daemon_warns_once_then_the_timeout_cancels(capsys):
 
 
 def test_a_failed_request_is_an_error():
-    failed = RequestProgress(7, 3, RequestState.FAILED, "", 0, 100.0, None, 101.0, None, "prompt too long")
+    failed = RequestProgress(7, 3, RequestStatus.FINISHED_FAILED, "", 0, 100.0, None, 101.0,
+                             "prompt too long")
     with pytest.raises(typer.Exit):
         gen._wait(ScriptedStore([failed]), 3, stream=False, timeout=None)
 
 
 def test_answer_figures():
-    done = progress("x" * 11, RequestState.DONE, tokens=11, first=100.25, finished=100.75)
+    done = progress("x" * 11, RequestStatus.FINISHED_STOPPED, tokens=11, first=100.25, finished=100.75)
     o = gen.answer_of(done)
     assert (o.ttft_ms, o.tok_s, o.total_ms, o.tokens) == (250.0, 20.0, 750.0, 11)
-    assert gen.answer_of(progress("", RequestState.QUEUED)).ttft_ms is None
-    one = progress("x", RequestState.DONE, tokens=1, first=100.1, finished=100.1)
+    assert gen.answer_of(progress("", RequestStatus.WAITING)).ttft_ms is None
+    one = progress("x", RequestStatus.FINISHED_STOPPED, tokens=1, first=100.1, finished=100.1)
     assert gen.answer_of(one).tok_s is None

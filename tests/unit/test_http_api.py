@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.records import JobSubmission
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import RequestClass, RequestStatus
 from tests.support.inprocess import served
 from tests.support.seeds import long_seed
 
@@ -188,8 +188,8 @@ async def test_one_tenant_cannot_see_anothers_files_batches_or_requests(rig):
     assert (await alice.batches.retrieve(batch.id)).id == batch.id  # still alice's, untouched
 
 
-def state_of(rig, tenant: str) -> list[tuple[RequestState, int]]:
-    return [(p.state, p.num_output_tokens) for job in rig.table.catalog.list_jobs(tenant=tenant)
+def state_of(rig, tenant: str) -> list[tuple[RequestStatus, int]]:
+    return [(p.status, p.num_output_tokens) for job in rig.table.catalog.list_jobs(tenant=tenant)
             for p in rig.table.catalog.request_progress(job.id)]
 
 
@@ -205,7 +205,7 @@ async def test_a_client_that_disconnects_cancels_its_request(rig):
     await streaming.hang_up()
     rig.daemon.run_until_idle()  # its daemon stops it at its next sync
     ((state, tokens),) = state_of(rig, "quitter")
-    assert state is RequestState.CANCELLED and 0 < tokens < 2000
+    assert state is RequestStatus.FINISHED_CANCELLED and 0 < tokens < 2000
     # A plain (unstreamed) request whose client gives up is cancelled too.
     body = {"model": "m", "prompt": "p", "max_tokens": 2000, "seed": long_seed(2000, prompt="p")}
     plain = rig.server.call("POST", "/v1/completions", key, body)
@@ -215,7 +215,7 @@ async def test_a_client_that_disconnects_cancels_its_request(rig):
         await asyncio.sleep(0)
     await plain.hang_up()
     rig.daemon.run_until_idle()
-    assert [state for state, _ in state_of(rig, "quitter")] == [RequestState.CANCELLED] * 2
+    assert [state for state, _ in state_of(rig, "quitter")] == [RequestStatus.FINISHED_CANCELLED] * 2
 
 
 async def test_metrics_and_health(rig):

@@ -19,24 +19,24 @@ from fsched.core.ports.link import (
     encode,
     greeting,
 )
-from fsched.core.types import RequestState
+from fsched.core.types import RequestStatus
 
 EVERY_MESSAGE = [
     Hello(VERSION), Wake(), Claim(), Watch(7), Forget(7),
     StepText(7, "41", 3, "any text: NUL \x00, a lone surrogate \udc80, é", 5, 1.5, 1.25),
-    End(7, "41", RequestState.DONE, "the whole text", 9, 12, "stop", None, "m", 1.5, 1.25, 2.0),
-    End(7, "42", RequestState.FAILED, "", 0, None, None, "the prompt is too long", "m", None, 1.0),
+    End(7, "41", RequestStatus.FINISHED_STOPPED, "the whole text", 9, 12, None, "m", 1.5, 1.25, 2.0),
+    End(7, "42", RequestStatus.FINISHED_FAILED, "", 0, None, "the prompt is too long", "m", None, 1.0),
 ]
 
 
 # The wire of this link version, byte for byte. A change of a message's fields or of the encoding fails
 # here: bump VERSION with it (then write these lines anew), so that ends of two versions refuse each
 # other instead of misreading.
-WIRE = {1: [
-    b'["hello",1]', b'["wake"]', b'["claim"]', b'["watch",7]', b'["forget",7]',
+WIRE = {2: [
+    b'["hello",2]', b'["wake"]', b'["claim"]', b'["watch",7]', b'["forget",7]',
     b'["text",7,"41",3,"any text: NUL \\u0000, a lone surrogate \\udc80, \\u00e9",5,1.5,1.25]',
-    b'["end",7,"41","done","the whole text",9,12,"stop",null,"m",1.5,1.25,2.0]',
-    b'["end",7,"42","failed","",0,null,null,"the prompt is too long","m",null,1.0,null]',
+    b'["end",7,"41","finished_stopped","the whole text",9,12,null,"m",1.5,1.25,2.0]',
+    b'["end",7,"42","finished_failed","",0,null,"the prompt is too long","m",null,1.0,null]',
 ]}
 
 
@@ -49,16 +49,17 @@ def test_every_message_reads_back_as_it_was_written():
     assert data.isascii() and data.count(b"\n") == len(EVERY_MESSAGE)  # one line each, any text escaped
     back = [decode(line) for line in data.splitlines()]
     assert back == EVERY_MESSAGE
-    assert back[6].state is RequestState.DONE and isinstance(back[7].state, RequestState)
+    assert back[6].status is RequestStatus.FINISHED_STOPPED and isinstance(back[7].status, RequestStatus)
 
 
 def test_text_and_end_are_a_requests_progress():
     text = StepText(7, "41", 2, "llo", 3, 1.5, 1.25).progress(before="he??")
-    assert (text.id, text.job_id, text.state, text.output_text, text.num_output_tokens) == (
-        "41", 7, RequestState.RUNNING, "hello", 3)
+    assert (text.id, text.job_id, text.status, text.output_text, text.num_output_tokens) == (
+        "41", 7, RequestStatus.RUNNING, "hello", 3)
     end = EVERY_MESSAGE[6].progress()
-    assert (end.state, end.output_text, end.prompt_tokens, end.finish_reason, end.finished_at, end.model) == (
-        RequestState.DONE, "the whole text", 12, "stop", 2.0, "m")
+    got = (end.status, end.output_text, end.prompt_tokens, end.finish_reason, end.finished_at, end.model)
+    assert got == (
+        RequestStatus.FINISHED_STOPPED, "the whole text", 12, "stop", 2.0, "m")
 
 
 @pytest.mark.parametrize("line", [

@@ -14,7 +14,7 @@ from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.memory import MemoryTable
 from fsched.core.ports.records import Completion, JobSubmission, TokenUpdate
 from fsched.core.ports.table import Table
-from fsched.core.types import JobState, RequestClass, RequestState
+from fsched.core.types import JobState, RequestClass, RequestStatus
 from fsched.storage.stores import forget_memory_table, open_table
 from tests.fakes import FakeClock
 
@@ -32,8 +32,9 @@ def test_what_the_catalog_stores_the_queue_claims_and_what_it_writes_every_read_
     a, b = table.queue.claim("d", per_group=5)
     assert table.queue.flush_tokens("d", [TokenUpdate(a.id, (7,), "w7", first_token_at=100.5)]) == 1
     assert table.serving.progress([submitted.job_id])[submitted.job_id][0].output_text == "w7"
-    assert table.queue.finish_requests([Completion(a.id, RequestState.DONE, (7, 8), "w7 w8", "stop"),
-                                        Completion(b.id, RequestState.FAILED, error="boom")]) == [True, True]
+    assert table.queue.finish_requests([Completion(a.id, RequestStatus.FINISHED_STOPPED, (7, 8), "w7 w8"),
+                                        Completion(b.id, RequestStatus.FINISHED_FAILED, error="boom")]
+                                       ) == [True, True]
     (summary,) = table.catalog.list_jobs()
     assert summary.state is JobState.COMPLETED and summary.num_output_tokens == 2
     assert [r.output_text for r in table.catalog.iter_results(submitted.job_id)] == ["w7 w8"]

@@ -19,14 +19,12 @@ from fsched.core.daemon.link import LinkServer
 from fsched.core.daemon.publish import Publisher
 from fsched.core.ports.link import VERSION, Claim, End, Hello, StepText, Wake, encode
 from fsched.core.ports.records import ClaimedRequest, RequestProgress
-from fsched.core.runners.stopping import FinishReason
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import RequestClass, RequestStatus
 
 
-def progress(text: str, state: RequestState = RequestState.RUNNING) -> RequestProgress:
-    return RequestProgress(id="r1", job_id=1, state=state, output_text=text, num_output_tokens=len(text),
-                           enqueued_at=0.0, first_token_at=None, finished_at=None, finish_reason=None,
-                           error=None)
+def progress(text: str, state: RequestStatus = RequestStatus.RUNNING) -> RequestProgress:
+    return RequestProgress(id="r1", job_id=1, status=state, output_text=text, num_output_tokens=len(text),
+                           enqueued_at=0.0, first_token_at=None, finished_at=None, error=None)
 
 
 def claimed(job_id: int = 1, request_id: str = "r1") -> ClaimedRequest:
@@ -54,7 +52,7 @@ def test_the_hub_never_shows_less_than_a_push_did_until_the_request_ends():
         await asyncio.sleep(0.02)
         assert hub.push(1, (progress("abcdef"),))  # the link is ahead of the table
         await asyncio.sleep(0.02)  # the table still says "ab": not shown again
-        table[1] = (progress("abcd", RequestState.DONE),)  # an end is taken whatever it shows
+        table[1] = (progress("abcd", RequestStatus.FINISHED_STOPPED),)  # an end is taken whatever it shows
         seen = await asyncio.wait_for(watcher, 2)
         poller.cancel()
         return seen
@@ -98,14 +96,14 @@ def test_the_publisher_pushes_each_steps_text_from_what_was_settled_and_the_end_
     texts["r1"] = "héllo wörld"
     pub.step({"r1": 4}, [])
     assert (link.sent[-1].start, link.sent[-1].text) == (5, " wörld")  # the unsettled tail again
-    result = EngineResult(id="r1", tokens=[1, 2, 3, 4], text="héllo wörld", finish_reason=FinishReason.STOP,
-                          prompt_tokens=2)
+    result = EngineResult(id="r1", tokens=[1, 2, 3, 4], text="héllo wörld",
+                          status=RequestStatus.FINISHED_STOPPED, prompt_tokens=2)
     pub.step({"r1": 4}, [result])
     assert not isinstance(link.sent[-1], End)  # not before the completion is in the table
     pub.written(now=9.0)
     end = link.sent[-1]
-    assert (end.state, end.text, end.finished_at, end.prompt_tokens) == (
-        RequestState.DONE, "héllo wörld", 9.0, 2)
+    assert (end.status, end.text, end.finished_at, end.prompt_tokens) == (
+        RequestStatus.FINISHED_STOPPED, "héllo wörld", 9.0, 2)
 
 
 def test_a_wakeup_makes_the_link_descriptor_readable_until_taken_and_says_what_was_asked():

@@ -13,7 +13,7 @@ from fsched.core.openai.answers import AnswerChoice, Delta, chunk, response_body
 from fsched.core.openai.batch import batch_object, validate_metadata
 from fsched.core.openai.online import BodyError, ClassRefused, failure_status, parse_online
 from fsched.core.ports.records import RequestProgress
-from fsched.core.types import Endpoint, JobOrigin, JobState, RequestClass, RequestState
+from fsched.core.types import Endpoint, JobOrigin, JobState, RequestClass, RequestStatus
 
 CHAT = Endpoint.CHAT
 COMPLETIONS = Endpoint.COMPLETIONS
@@ -109,13 +109,13 @@ def test_chunks_carry_deltas_then_the_finish_then_the_usage():
         "index": 1, "text": "ab", "logprobs": None, "finish_reason": None}
 
 
-def progress(state: RequestState, text: str) -> RequestProgress:
-    return RequestProgress(1, 1, state, text, 1, 0.0, None, None, None, None)
+def progress(state: RequestStatus, text: str) -> RequestProgress:
+    return RequestProgress(1, 1, state, text, 1, 0.0, None, None, None)
 
 
 def test_a_partial_character_waits_for_the_end():
-    assert progress(RequestState.RUNNING, "ab\ufffd").visible_text == "ab"
-    assert progress(RequestState.DONE, "ab\ufffd").visible_text == "ab\ufffd"
+    assert progress(RequestStatus.RUNNING, "ab\ufffd").visible_text == "ab"
+    assert progress(RequestStatus.FINISHED_STOPPED, "ab\ufffd").visible_text == "ab\ufffd"
 
 
 def test_a_request_too_long_for_the_context_is_the_clients_error():
@@ -158,12 +158,13 @@ def test_metadata_is_bounded_string_pairs():
             validate_metadata(bad)
 
 
-def choice_progress(choice: int, state: RequestState, tokens: list[int], logprobs: bool = False):
+def choice_progress(choice: int, state: RequestStatus, tokens: list[int], logprobs: bool = False):
+    state = RequestStatus.FINISHED_LENGTH if state.is_finished else state
     from fsched.core.types import Logprob, TokenLogprobs
 
     lps = tuple(TokenLogprobs(Logprob(t, -1.0, f" w{t}"), (Logprob(t, -1.0, f" w{t}"),)) for t in tokens)
     return RequestProgress(str(choice), 1, state, "".join(f" w{t}" for t in tokens), len(tokens), 0.0, None,
-                           None, "length" if state.finished else None, None, prompt_tokens=4,
+                           None, None, prompt_tokens=4,
                            logprobs=lps if logprobs else (), choice=choice, tokens=tuple(tokens))
 
 
@@ -177,7 +178,7 @@ def relay_of(text: str, endpoint=COMPLETIONS):
 def test_a_stream_interleaves_choices_and_echoes_each_prompt_once():
     relay = relay_of(json.dumps({"prompt": ["A", "B"], "stream": True, "echo": True,
                                  "stream_options": {"include_usage": True, "continuous_usage_stats": True}}))
-    running, done = RequestState.RUNNING, RequestState.DONE
+    running, done = RequestStatus.RUNNING, RequestStatus.FINISHED_STOPPED
     first = list(relay.update([choice_progress(0, running, [5]), choice_progress(1, running, [])]))
     assert [(c["choices"][0]["index"], c["choices"][0]["text"]) for c in first] == [(0, "A w5")]
     assert first[0]["usage"]["completion_tokens"] == 1
@@ -192,7 +193,7 @@ def test_a_stream_interleaves_choices_and_echoes_each_prompt_once():
 
 def test_streamed_logprobs_carry_each_chunks_tokens_and_their_offsets():
     relay = relay_of(json.dumps({"prompt": "A", "stream": True, "logprobs": 1}))
-    running = RequestState.RUNNING
+    running = RequestStatus.RUNNING
     (first,) = relay.update([choice_progress(0, running, [5], True)])
     (second,) = relay.update([choice_progress(0, running, [5, 61], True)])
     assert first["choices"][0]["logprobs"]["tokens"] == [" w5"]
@@ -232,7 +233,7 @@ def test_a_responses_body_is_a_chat_body_and_its_stream_the_responses_events():
         "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}}
     relay = ResponsesRelay("resp_1", 0.0, "m", asked.echo, logprobs=True)
     events = list(relay.opening())
-    done = choice_progress(0, RequestState.DONE, [3, 4], logprobs=True)
+    done = choice_progress(0, RequestStatus.FINISHED_STOPPED, [3, 4], logprobs=True)
     from fsched.core.openai.online import choice_of
 
     events += list(relay.closing([done], choice_of(done)))

@@ -20,7 +20,7 @@ from fsched.core.runners.standin import STANDIN_EOS, StandInRunner, standin_text
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Plan, PrefillChunk
 from fsched.core.sched.scheduler import Scheduler
-from fsched.core.types import RequestClass, SamplingParams
+from fsched.core.types import RequestClass, RequestStatus, SamplingParams
 from tests.support.fake_engine import FakeEngine, expected_tokens
 
 pytestmark = pytest.mark.timeout(120)
@@ -59,7 +59,7 @@ def test_greedy_outputs_equal_the_builtin_standin(fake):
     assert set(remote) == set(local)
     for rid, result in local.items():
         assert remote[rid].tokens == result.tokens, rid
-        assert remote[rid].finish_reason == result.finish_reason
+        assert remote[rid].status == result.status
         assert remote[rid].text == result.text
     assert fake.max_in_flight <= 8  # never more than the batch in flight
     assert all(b["return_token_ids"] and b["stream"] for b in fake.bodies)
@@ -194,7 +194,7 @@ def test_engine_restart_mid_run_loses_nothing(fake, caplog):
 def test_a_refused_request_fails_alone_with_the_engine_message(fake):
     fake.refuse = lambda body: "prompt too nasty" if body["prompt"] == [1, 2, 3, 4, 5] else None
     results = run(remote_runner(fake), requests(8))
-    failed = {k for k, v in results.items() if v.finish_reason is None}
+    failed = {k for k, v in results.items() if v.status is RequestStatus.FINISHED_FAILED}
     assert failed == {"2"}  # the one with prompt [1, 2, 3, 4, 5]
     assert "the engine refused the request: HTTP 400: prompt too nasty" == results["2"].error
     local = run(StandInRunner(), requests(8))
@@ -206,8 +206,8 @@ def test_context_too_long_is_refused_by_the_engine_with_its_message(fake):
     reqs = [EngineRequest("long", list(range(1, 40)), SamplingParams(max_tokens=50, temperature=0, seed=1)),
             EngineRequest("ok", [1, 2, 3], SamplingParams(max_tokens=20, temperature=0, seed=1))]
     results = run(remote_runner(fake), reqs)
-    assert results["ok"].finish_reason is not None
-    assert results["long"].finish_reason is None
+    assert results["ok"].status.succeeded
+    assert results["long"].status is RequestStatus.FINISHED_FAILED
     assert "maximum context length is 64 tokens" in results["long"].error
 
 

@@ -13,7 +13,7 @@ from fsched.core.jobs.tenants import validate_tenant_name, validate_weight
 from fsched.core.openai.results import output_line
 from fsched.core.ports.records import RequestResult
 from fsched.core.sched.shares import entitled_shares
-from fsched.core.types import JobState, RequestState, SamplingParams
+from fsched.core.types import JobState, RequestStatus, SamplingParams
 
 
 @pytest.mark.parametrize(
@@ -35,8 +35,17 @@ def test_job_state(counts, started, cancel, expected):
 
 def test_finished_is_a_property():
     assert JobState.CANCELLED.finished and not JobState.CANCELLING.finished
-    assert RequestState.DONE.finished and not RequestState.PREEMPTED.finished
-    assert RequestState.PREEMPTED.waiting and not RequestState.RUNNING.waiting
+    assert RequestStatus.FINISHED_STOPPED.is_finished and not RequestStatus.PREEMPTED.is_finished
+    assert RequestStatus.PREEMPTED.is_waiting and not RequestStatus.RUNNING.is_waiting
+    # One order, as a request lives it: waiting < running < preempted < finished (why, in the status).
+    assert RequestStatus.WAITING < RequestStatus.RUNNING < RequestStatus.PREEMPTED
+    assert RequestStatus.PREEMPTED < min(s for s in RequestStatus if s.is_finished)
+    assert all(s.is_finished for s in RequestStatus if s > RequestStatus.PREEMPTED)
+    assert [s.finish_reason for s in RequestStatus if s.succeeded] == ["stop", "length"]
+    assert RequestStatus.FINISHED_FAILED.finish_reason is None and not RequestStatus.FINISHED_FAILED.succeeded
+    assert RequestStatus.finished_by("length") is RequestStatus.FINISHED_LENGTH
+    assert RequestStatus.finished_by("abort") is RequestStatus.FINISHED_STOPPED  # an engine's other words
+    assert all(RequestStatus.of_word(s.word) is s for s in RequestStatus)
 
 
 def test_entitled_shares_active_sum_to_one_and_idle_shows_would_be_share():
@@ -77,12 +86,11 @@ def result(state, endpoint="/v1/completions", **kw):
         idx=0,
         custom_id="c1",
         endpoint=endpoint,
-        state=state,
+        status=state,
         model="tiny",
         output_text="hello",
         num_output_tokens=2,
         prompt_tokens=5,
-        finish_reason="length",
         error=None,
         finished_at=1700000000.5,
     )
@@ -90,14 +98,14 @@ def result(state, endpoint="/v1/completions", **kw):
 
 
 def test_output_lines_follow_the_openai_batch_shape():
-    done = output_line(result(RequestState.DONE))
+    done = output_line(result(RequestStatus.FINISHED_LENGTH))
     assert done["custom_id"] == "c1" and done["error"] is None
     body = done["response"]["body"]
     assert done["response"]["status_code"] == 200
     assert body["choices"][0]["text"] == "hello" and body["choices"][0]["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
-    chat = output_line(result(RequestState.DONE, endpoint="/v1/chat/completions"))
+    chat = output_line(result(RequestStatus.FINISHED_LENGTH, endpoint="/v1/chat/completions"))
     assert chat["response"]["body"]["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
-    failed = output_line(result(RequestState.FAILED, error="prompt too long"))
+    failed = output_line(result(RequestStatus.FINISHED_FAILED, error="prompt too long"))
     assert failed["response"] is None and failed["error"]["message"] == "prompt too long"
-    assert output_line(result(RequestState.CANCELLED))["error"]["code"] == "cancelled"
+    assert output_line(result(RequestStatus.FINISHED_CANCELLED))["error"]["code"] == "cancelled"

@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fsched.core.runners.hf.sampling import Row, choose_tokens  # noqa: E402
-from fsched.core.runners.stopping import FinishReason, StopRules, check_stop  # noqa: E402
-from fsched.core.types import LOGPROB_FLOOR, SamplingParams  # noqa: E402
+from fsched.core.runners.stopping import StopRules, check_stop  # noqa: E402
+from fsched.core.types import LOGPROB_FLOOR, RequestStatus, SamplingParams  # noqa: E402
 
 VOCAB = 64
 
@@ -119,8 +119,8 @@ def test_stop_rules():
 
     assert check(2, 1, ignore_eos=True).finished is None
     assert check(2, 1, min_tokens=3).finished is None and check(2, 3, min_tokens=3).on_token
-    assert check(9, 1, stop_token_ids=frozenset({9})).finished is FinishReason.STOP
+    assert check(9, 1, stop_token_ids=frozenset({9})).finished is RequestStatus.FINISHED_STOPPED
     assert check(7, 1, "ab END cd", stop=("END",)).text_end == 3
     assert check(7, 1, "ab END cd", stop=("END",), include_stop=True).text_end == 6
     assert check(7, 2, "ab END", stop=("END",), min_tokens=4).finished is None
-    assert check(7, 10, "x", min_tokens=10).finished is FinishReason.LENGTH
+    assert check(7, 10, "x", min_tokens=10).finished is RequestStatus.FINISHED_LENGTH

@@ -18,7 +18,7 @@ from fsched.core.sched.plan import Outcome
 from fsched.core.sched.request import Checkpoint, SchedRequest
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sched.usage import TenantCharge
-from fsched.core.types import RequestClass, RequestState
+from fsched.core.types import RequestClass, RequestStatus
 
 CLASSES = list(RequestClass)
 
@@ -315,7 +315,7 @@ def test_recomputed_request_prefills_its_whole_context_and_resumes_generation():
     assert plan.prefill[0].tokens == 41 and plan.prefill[0].produces_token
     assert b.generated == 6 and b.computed == 105
     eng.run(100)
-    assert b.state is RequestState.DONE and b.generated == 20
+    assert b.status is RequestStatus.FINISHED_LENGTH and b.generated == 20
 
 
 @settings(max_examples=30, deadline=None)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fsched.core.runners.stopping import FinishReason, check_stop
+from fsched.core.runners.stopping import check_stop
+from fsched.core.types import RequestStatus
 
 EOS = frozenset({2})
 
@@ -14,15 +15,15 @@ def stop(token=7, generated=1, max_tokens=10, context=20, limit=100, text=None, 
 
 
 def test_eos_max_tokens_and_context():
-    assert stop(token=2).finished is FinishReason.STOP
-    assert stop(generated=10).finished is FinishReason.LENGTH
-    assert stop(context=100).finished is FinishReason.LENGTH
+    assert stop(token=2).finished is RequestStatus.FINISHED_STOPPED
+    assert stop(generated=10).finished is RequestStatus.FINISHED_LENGTH
+    assert stop(context=100).finished is RequestStatus.FINISHED_LENGTH
     assert stop().finished is None
 
 
 def test_stop_string_cuts_the_text_at_the_earliest_match():
     check = stop(text="hello world. bye", stops=("bye", "."))
-    assert check.finished is FinishReason.STOP and check.text_end == len("hello world")
+    assert check.finished is RequestStatus.FINISHED_STOPPED and check.text_end == len("hello world")
     assert stop(text="hello", stops=("xyz",)).finished is None
 
 

@@ -15,7 +15,7 @@ from fsched.core.ports.records import (
     newest_live_daemon,
 )
 from fsched.core.sched.explain import RequestStanding
-from fsched.core.types import JobState, RequestClass, RequestState
+from fsched.core.types import JobState, RequestClass, RequestStatus
 
 NOW = 1_000_000.0
 
@@ -32,8 +32,8 @@ def daemon(id="vm:1:abc", heartbeat_age=0.5, stopped=False, **stats) -> DaemonSu
         "running": 17, "waiting": 40, "held": 57, "kv_tokens": 8192, "kv_budget": 32768,
         "served_share": {"alice": 0.7412, "bob": 0.2588}, "weights": {"alice": 3.0, "bob": 1.0},
         "requests": (
-            RequestStanding("11", "alice", RequestClass.BATCH, RequestState.RUNNING, 5, 0.0, 42, 0.2471),
-            RequestStanding("97", "bob", RequestClass.STREAMING, RequestState.QUEUED, 3, 7.5, 0, 0.0863,
+            RequestStanding("11", "alice", RequestClass.BATCH, RequestStatus.RUNNING, 5, 0.0, 42, 0.2471),
+            RequestStanding("97", "bob", RequestClass.STREAMING, RequestStatus.WAITING, 3, 7.5, 0, 0.0863,
                             tier="precedence", late=True),
         ),
     }
@@ -80,7 +80,7 @@ def test_why_table_explains_each_request_like_sprio():
     for figure in ("running", "batch", "share", "42", "0.247"):
         assert figure in running, (figure, running)
     assert "late" not in running
-    for figure in ("queued", "streaming", "precedence", "7.5s", "late", "0.086"):
+    for figure in ("waiting", "streaming", "precedence", "7.5s", "late", "0.086"):
         assert figure in waiting, (figure, waiting)
     assert text.index(" 11 ") < text.index(" 97 ")  # the order the daemon gave
     assert "nothing running or waiting" in render(why_table([]))

@@ -35,7 +35,7 @@ from fsched.core.ports.records import (
     UnknownJob,
     UnknownTenant,
 )
-from fsched.core.types import RequestState
+from fsched.core.types import RequestStatus
 
 # Seeds by place: a request stored without one draws the same tokens in every run of a test.
 SEED_STRIDE = 1_000_003
@@ -136,18 +136,18 @@ class MemoryCatalogStore:
     def iter_results(self, job_id: int, errors: bool = False) -> Iterator[RequestResult]:
         """Read whole at once (the rows cannot change under a reader in memory)."""
         job = self.rows.job(job_id)
-        wanted = {RequestState.FAILED, RequestState.CANCELLED} if errors else {RequestState.DONE}
         rows = [r for r in self._in_order(job)
-                if r.state in wanted or (r.answer is not None and r.state.finished)]
+                if (r.status.is_finished and r.status.succeeded != errors)
+                or (r.answer is not None and r.status.is_finished)]
         return iter(list(finished_lines(map(result_of, rows), errors)))
 
     @atomic
     def request_progress(self, job_id: int) -> list[RequestProgress]:
         return [
             RequestProgress(
-                id=r.id, job_id=r.job_id, state=r.state, output_text=r.output_text,
+                id=r.id, job_id=r.job_id, status=r.status, output_text=r.output_text,
                 num_output_tokens=len(r.output_tokens), enqueued_at=r.enqueued_at,
-                first_token_at=r.first_token_at, finished_at=r.finished_at, finish_reason=r.finish_reason,
+                first_token_at=r.first_token_at, finished_at=r.finished_at,
                 error=r.error,
             )
             for r in self._in_order(self.rows.job(job_id))
@@ -161,7 +161,7 @@ class MemoryCatalogStore:
         return [
             RequestTiming(
                 id=r.id, job_id=r.job_id, tenant=self.rows.jobs[r.job_id].tenant,
-                request_class=self.rows.jobs[r.job_id].request_class, state=r.state,
+                request_class=self.rows.jobs[r.job_id].request_class, status=r.status,
                 num_output_tokens=len(r.output_tokens), enqueued_at=r.enqueued_at,
                 first_token_at=r.first_token_at, finished_at=r.finished_at,
             )
@@ -179,10 +179,10 @@ class MemoryCatalogStore:
         if job.state.finished:
             return CancelOutcome(job_id, job.state, 0, 0, already_finished=True)
         now = self.rows.clock()
-        waiting = [r for r in map(self.rows.requests.get, job.request_ids) if r.state.waiting]
+        waiting = [r for r in map(self.rows.requests.get, job.request_ids) if r.status.is_waiting]
         for request in waiting:
-            job.ended(request.state, RequestState.CANCELLED)
-            request.state, request.finished_at = RequestState.CANCELLED, now
+            job.ended(request.status, RequestStatus.FINISHED_CANCELLED)
+            request.status, request.finished_at = RequestStatus.FINISHED_CANCELLED, now
         job.cancel_requested_at = now
         return CancelOutcome(job_id, job.settle(now), len(waiting), job.num_running, already_finished=False)
 

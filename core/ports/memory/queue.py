@@ -31,7 +31,7 @@ from fsched.core.ports.records import (
     SubmittedJob,
     TokenUpdate,
 )
-from fsched.core.types import RequestClass, RequestId, RequestState
+from fsched.core.types import RequestClass, RequestId, RequestStatus
 
 USAGE_KEPT_S = 86_400.0
 
@@ -91,7 +91,7 @@ class MemoryQueueStore:
             room.setdefault(group, per_group - held.get(group, 0))
             want = room[group] if limit is None else min(room[group], limit - len(claimed))
             taken = [r for r in map(self.rows.requests.get, job.request_ids)
-                     if r.state is RequestState.QUEUED][: max(0, want)]
+                     if r.status is RequestStatus.WAITING][: max(0, want)]
             for request in taken:
                 claimed.append(self._lease(request, job, owner, now + lease_s))
             if taken:
@@ -121,8 +121,8 @@ class MemoryQueueStore:
     @atomic
     def finish_requests(self, completions: Sequence[Completion], owner: str | None = None) -> list[bool]:
         for c in completions:
-            if not c.state.finished:
-                raise ValueError(f"{c.state} is not a final state")
+            if not c.status.is_finished:
+                raise ValueError(f"{c.status.word} is not a final status")
             if c.request_id not in self.rows.requests:
                 raise StoreError(f"no request with id {c.request_id}")
         now = self.clock()
@@ -136,7 +136,7 @@ class MemoryQueueStore:
         wanted = None if request_ids is None else set(request_ids)
         running = [
             r for r in self.rows.requests.values()
-            if r.state is RequestState.RUNNING and (owner is None or r.lease_owner == owner)
+            if r.status is RequestStatus.RUNNING and (owner is None or r.lease_owner == owner)
             and (wanted is None or r.id in wanted)
         ]
         self.rows.requeue(running, self.clock())
@@ -158,7 +158,7 @@ class MemoryQueueStore:
     def reclaim_expired(self) -> int:
         now = self.clock()
         expired = [r for r in self.rows.requests.values()
-                   if r.state is RequestState.RUNNING and r.lease_expires_at < now]
+                   if r.status is RequestStatus.RUNNING and r.lease_expires_at < now]
         self.rows.requeue(expired, now)
         return len(expired)
 
@@ -190,8 +190,8 @@ class MemoryQueueStore:
 
     @atomic
     def has_queued(self, running_too: bool = False) -> bool:
-        states = {RequestState.QUEUED} | ({RequestState.RUNNING} if running_too else set())
-        return any(r.state in states for r in self.rows.requests.values())
+        states = {RequestStatus.WAITING} | ({RequestStatus.RUNNING} if running_too else set())
+        return any(r.status in states for r in self.rows.requests.values())
 
     @atomic
     def heartbeat(self, daemon: DaemonSummary) -> None:
@@ -204,7 +204,7 @@ class MemoryQueueStore:
 
     @staticmethod
     def _lease(request: MemoryRequest, job: MemoryJob, owner: str, expires_at: float) -> ClaimedRequest:
-        request.state = RequestState.RUNNING
+        request.status = RequestStatus.RUNNING
         request.lease_owner = owner
         request.lease_epoch += 1
         request.lease_expires_at = expires_at
@@ -221,14 +221,14 @@ class MemoryQueueStore:
     @staticmethod
     def _holds(request: MemoryRequest, owner: str, lease_epoch: int | None) -> bool:
         """Whether `owner` holds the running request (under `lease_epoch`, when one is named)."""
-        return (request.state is RequestState.RUNNING and request.lease_owner == owner
+        return (request.status is RequestStatus.RUNNING and request.lease_owner == owner
                 and (lease_epoch is None or request.lease_epoch == lease_epoch))
 
     def _complete(self, c: Completion, owner: str | None, now: float) -> bool:
         request = self.rows.requests[c.request_id]
         stale = c.lease_epoch is not None and request.lease_epoch != c.lease_epoch
         fenced = owner is not None and (request.lease_owner != owner or stale)
-        if request.state.finished or fenced:
+        if request.status.is_finished or fenced:
             self.rows.refused += 1
             return False
         job = self.rows.jobs[request.job_id]
@@ -237,9 +237,9 @@ class MemoryQueueStore:
         request.output_tokens = list(c.output_tokens)
         request.output_text = c.output_text
         request.output_logprobs = c.logprobs
-        request.finish_reason, request.prompt_tokens = c.finish_reason, c.prompt_tokens
+        request.prompt_tokens = c.prompt_tokens
         request.model, request.error = c.model, c.error
         if request.first_token_at is None:
             request.first_token_at = c.first_token_at
-        self.rows.end(request, c.state, now)
+        self.rows.end(request, c.status, now)
         return True

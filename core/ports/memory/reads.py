@@ -20,9 +20,9 @@ ONLINE_WINDOW_S = 300.0
 
 def result_of(r: MemoryRequest) -> RequestResult:
     return RequestResult(
-        id=r.id, idx=r.idx, custom_id=r.custom_id, endpoint=r.endpoint, state=r.state, model=r.model,
+        id=r.id, idx=r.idx, custom_id=r.custom_id, endpoint=r.endpoint, status=r.status, model=r.model,
         output_text=r.output_text, num_output_tokens=len(r.output_tokens), prompt_tokens=r.prompt_tokens,
-        finish_reason=r.finish_reason, error=r.error, finished_at=r.finished_at, logprobs=r.output_logprobs,
+        error=r.error, finished_at=r.finished_at, logprobs=r.output_logprobs,
         choice=r.choice, answer=AnswerOptions.from_json(r.answer), prompt=r.prompt,
         output_tokens=tuple(r.output_tokens),
     )
@@ -30,8 +30,8 @@ def result_of(r: MemoryRequest) -> RequestResult:
 
 def progress_of(r: MemoryRequest) -> RequestProgress:
     return RequestProgress(
-        id=r.id, job_id=r.job_id, state=r.state, output_text=r.output_text,
-        num_output_tokens=len(r.output_tokens), prompt_tokens=r.prompt_tokens, finish_reason=r.finish_reason,
+        id=r.id, job_id=r.job_id, status=r.status, output_text=r.output_text,
+        num_output_tokens=len(r.output_tokens), prompt_tokens=r.prompt_tokens,
         error=r.error, model=r.model, enqueued_at=r.enqueued_at, first_token_at=r.first_token_at,
         finished_at=r.finished_at, logprobs=r.output_logprobs, choice=r.choice, tokens=tuple(r.output_tokens),
     )

@@ -29,7 +29,7 @@ from fsched.core.types import (
     JobState,
     RequestClass,
     RequestId,
-    RequestState,
+    RequestStatus,
     TokenLogprobs,
 )
 
@@ -52,13 +52,12 @@ class MemoryRequest:
     choice: int = 0
     answer: dict | None = None  # the answer options that differ from the defaults (None: none do)
     model: str | None = None  # asked for at submit; the engine's, once finished
-    state: RequestState = RequestState.QUEUED
+    status: RequestStatus = RequestStatus.WAITING
     output_tokens: list[int] = field(default_factory=list)
     output_text: str = ""
     output_logprobs: tuple[TokenLogprobs, ...] = ()
     first_token_at: float | None = None
     finished_at: float | None = None
-    finish_reason: str | None = None
     prompt_tokens: int | None = None
     error: str | None = None
     attempts: int = 0
@@ -106,12 +105,12 @@ class MemoryJob:
         """Requests not ended yet (waiting or running), from the counters."""
         return len(self.request_ids) - self.counts.num_finished
 
-    def ended(self, previous: RequestState, state: RequestState) -> None:
-        """Count one request that ended in `state`, having been `previous`."""
-        self.num_running -= previous is RequestState.RUNNING
-        self.num_done += state is RequestState.DONE
-        self.num_failed += state is RequestState.FAILED
-        self.num_cancelled += state is RequestState.CANCELLED
+    def ended(self, previous: RequestStatus, status: RequestStatus) -> None:
+        """Count one request that ended in `status`, having been `previous`."""
+        self.num_running -= previous is RequestStatus.RUNNING
+        self.num_done += status.succeeded
+        self.num_failed += status is RequestStatus.FINISHED_FAILED
+        self.num_cancelled += status is RequestStatus.FINISHED_CANCELLED
 
     def settle(self, now: float) -> JobState:
         """The state the counters derive (and the finish time, once); as storage/counters.py writes it."""
@@ -190,11 +189,11 @@ class MemoryRows:
         """A tenant's requests not ended yet, read from its jobs' counters."""
         return sum(j.unfinished for j in self.jobs.values() if j.tenant == tenant and not j.state.finished)
 
-    def end(self, request: MemoryRequest, state: RequestState, now: float) -> None:
-        """A request ends: its state, its time, its lease let go, its job's counters."""
+    def end(self, request: MemoryRequest, status: RequestStatus, now: float) -> None:
+        """A request ends: its status, its time, its lease let go, its job's counters."""
         job = self.jobs[request.job_id]
-        job.ended(request.state, state)
-        request.state = state
+        job.ended(request.status, status)
+        request.status = status
         request.finished_at = now
         request.lease_owner = request.lease_expires_at = None
 
@@ -206,10 +205,10 @@ class MemoryRows:
             job = self.jobs[request.job_id]
             request.lease_owner = request.lease_expires_at = None
             if job.cancelled:
-                self.end(request, RequestState.CANCELLED, now)
+                self.end(request, RequestStatus.FINISHED_CANCELLED, now)
             else:
                 job.num_running -= 1
-                request.state = RequestState.QUEUED
+                request.status = RequestStatus.WAITING
             touched.add(job.id)
         for job_id in touched:
             self.jobs[job_id].settle(now)

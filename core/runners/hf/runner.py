@@ -23,10 +23,10 @@ from fsched.core.runners.hf.kvbatch import BatchKV, ParkedKV, RowGroup, cache_fr
 from fsched.core.runners.hf.model import LoadedModel, encode_prompt
 from fsched.core.runners.hf.sampling import Row, choose_tokens
 from fsched.core.runners.protocol import RequestRefused, Runner, RunResult
-from fsched.core.runners.stopping import FinishReason, StopCheck, StopRules, check_stop, stop_rules
+from fsched.core.runners.stopping import StopCheck, StopRules, check_stop, stop_rules
 from fsched.core.sched.plan import Outcome, Plan, PrefillChunk
 from fsched.core.sched.request import Checkpoint
-from fsched.core.types import Logprob, RequestId, SamplingParams, TokenLogprobs
+from fsched.core.types import Logprob, RequestId, RequestStatus, SamplingParams, TokenLogprobs
 
 
 class RunnerError(Exception):
@@ -340,7 +340,7 @@ class ModelRunner(Runner):
         if r.grammar is not None:
             r.grammar.consume_token(token)
             if r.grammar.is_stopped():  # before min_tokens too: nothing else may follow
-                return StopCheck(FinishReason.STOP, on_token=token in self.loaded.eos_token_ids)
+                return StopCheck(RequestStatus.FINISHED_STOPPED, on_token=token in self.loaded.eos_token_ids)
         text = self.loaded.tokenizer.decode(r.generated, skip_special_tokens=True) if r.params.stop else None
         return check_stop(token, len(r.generated), r.params.max_tokens, len(r.tokens),
                           self.loaded.context_length, self.loaded.eos_token_ids, text, rules=r.rules)
