@@ -24,9 +24,10 @@ import torch
 
 
 def collect(loaded, seed: int) -> list[tuple[int, int, int, float]]:
-    from fsched.core.daemon.engine import Engine, EngineRequest
+    from fsched.core.daemon.engine import Engine
     from fsched.core.runners.hf.runner import ModelRunner
     from fsched.core.sched.config import SchedulerConfig
+    from fsched.core.sched.request import Request
     from fsched.core.sched.scheduler import Scheduler
     from fsched.core.types import RequestClass, SamplingParams
 
@@ -60,7 +61,7 @@ def collect(loaded, seed: int) -> list[tuple[int, int, int, float]]:
         runner.run = recording
         batch, realtime = [], []
         for i in range(3 * max_batch + 4):
-            request = EngineRequest(
+            request = Request.to_run(
                 f"r{i}",
                 [rng.randrange(3, vocab) for _ in range(rng.randint(8, prompt_hi))],
                 SamplingParams(max_tokens=rng.randint(4, out_hi), temperature=0),

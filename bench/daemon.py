@@ -74,10 +74,11 @@ def submit(store, data: bytes, tenant: str, request_class: str = "batch", name: 
 
 
 def overhead(loaded, folder: Path) -> None:
-    from fsched.core.daemon.engine import Engine, EngineRequest
+    from fsched.core.daemon.engine import Engine
     from fsched.core.runners.hf.model import encode_prompt
     from fsched.core.runners.hf.runner import ModelRunner
     from fsched.core.sched.config import SchedulerConfig
+    from fsched.core.sched.request import Request
     from fsched.core.sched.scheduler import Scheduler
     from fsched.core.types import SamplingParams
 
@@ -85,7 +86,7 @@ def overhead(loaded, folder: Path) -> None:
     lines = [json.loads(x) for x in data.splitlines()]
     rates = {"bare": [], "daemon": []}
     for trial in range(3):
-        requests = [EngineRequest(f"r{i}", encode_prompt(loaded, x["prompt"]),
+        requests = [Request.to_run(f"r{i}", encode_prompt(loaded, x["prompt"]),
                                   SamplingParams(max_tokens=x["max_tokens"], temperature=0))
                     for i, x in enumerate(lines)]
         engine = Engine(ModelRunner(loaded), Scheduler(SchedulerConfig(max_batch=32, kv_tokens=32_768,

@@ -102,16 +102,17 @@ def run_hf_cb(loaded, work, max_batch_tokens: int, num_blocks: int):
 
 
 def run_fsched(loaded, work, max_batch: int, kv_tokens: int, step_tokens: int):
-    from fsched.core.daemon.engine import Engine, EngineRequest
+    from fsched.core.daemon.engine import Engine
     from fsched.core.runners.hf.runner import ModelRunner
     from fsched.core.sched.config import SchedulerConfig
+    from fsched.core.sched.request import Request
     from fsched.core.sched.scheduler import Scheduler
     from fsched.core.types import SamplingParams
 
     config = SchedulerConfig(max_batch=max_batch, kv_tokens=kv_tokens, step_tokens=step_tokens)
     engine = Engine(ModelRunner(loaded), Scheduler(config, "fsched"), loaded.context_length)
     requests = [
-        EngineRequest(f"r{i}", p, SamplingParams(max_tokens=m, temperature=0))
+        Request.to_run(f"r{i}", p, SamplingParams(max_tokens=m, temperature=0))
         for i, (p, m) in enumerate(work)
     ]
     results = engine.run_all(requests)

@@ -49,9 +49,10 @@ def mode_fields(mode: str, vocab: int, rng: random.Random) -> dict:
 
 
 def run(loaded, mode: str, seed: int, n: int) -> tuple[int, float, int]:
-    from fsched.core.daemon.engine import Engine, EngineRequest
+    from fsched.core.daemon.engine import Engine
     from fsched.core.runners.hf.runner import ModelRunner
     from fsched.core.sched.config import SchedulerConfig
+    from fsched.core.sched.request import Request
     from fsched.core.sched.scheduler import Scheduler
     from fsched.core.types import SamplingParams
 
@@ -62,7 +63,7 @@ def run(loaded, mode: str, seed: int, n: int) -> tuple[int, float, int]:
         prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(16, 128))]
         params = SamplingParams(max_tokens=rng.randint(8, 128), seed=seed * 1000 + i,
                                 **mode_fields(mode, vocab, random.Random(i)))
-        requests.append(EngineRequest(f"r{i}", prompt, params))
+        requests.append(Request.to_run(f"r{i}", prompt, params))
     config = SchedulerConfig(max_batch=32, kv_tokens=65_536, step_tokens=2048)
     engine = Engine(ModelRunner(loaded), Scheduler(config, "fsched"), loaded.context_length)
     start = time.perf_counter()

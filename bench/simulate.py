@@ -35,7 +35,7 @@ from rich.console import Console
 from fsched.cli.simulate import comparison_table
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Outcome
-from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.request import Request
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sim.simulator import simulate
 from fsched.core.sim.trace import load_trace, parse_mix
@@ -131,8 +131,8 @@ def micro(
     ids = itertools.count()
     classes = list(RequestClass)
 
-    def new(now: float) -> SchedRequest:
-        return SchedRequest(
+    def new(now: float) -> Request:
+        return Request(
             str(next(ids)), rng.choice(tenants), rng.choice(classes), rng.randint(10, 3000),
             rng.randint(10, 1000), now, priority=rng.choice(priorities),
         )

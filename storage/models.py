@@ -81,7 +81,7 @@ class Job(Base):
     )
 
 
-class Request(Base):
+class RequestRow(Base):
     __tablename__ = "requests"
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))

@@ -18,10 +18,10 @@ from fsched.core.types import (
     RequestStatus,
     TokenLogprobs,
 )
-from fsched.storage.models import DaemonHeartbeat, DaemonUsage, Job, Request, Tenant
+from fsched.storage.models import DaemonHeartbeat, DaemonUsage, Job, RequestRow, Tenant
 
 jobs = Job.__table__
-requests = Request.__table__
+requests = RequestRow.__table__
 tenants = Tenant.__table__
 daemons = DaemonHeartbeat.__table__
 daemon_usage = DaemonUsage.__table__

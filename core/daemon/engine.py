@@ -18,35 +18,22 @@ from dataclasses import dataclass, field
 
 from fsched.core.runners.protocol import RequestRefused, Runner, Wakeable
 from fsched.core.sched.explain import RequestStanding, explain
-from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.request import Request
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sched.usage import TenantCharge, peer_totals
-from fsched.core.types import RequestClass, RequestId, RequestStatus, SamplingParams, TokenLogprobs
-
-
-@dataclass(slots=True)
-class EngineRequest:
-    id: RequestId
-    prompt: list[int]  # token ids
-    params: SamplingParams
-    tenant: str = "default"
-    request_class: RequestClass = RequestClass.BATCH
-    priority: int = 5
-    generated: list[int] = field(default_factory=list)  # tokens from before a restart
-    logprobs: list[TokenLogprobs] = field(default_factory=list)  # theirs, when the request asks for them
+from fsched.core.types import RequestId, RequestStatus, SamplingParams, TokenLogprobs
 
 
 @dataclass(slots=True)
 class EngineResult:
+    """A request's output as it ended, read from the runner before it lets the request go."""
+
     id: RequestId
     tokens: list[int]
     text: str
     status: RequestStatus  # a finished one: why it finished
     prompt_tokens: int
     error: str | None = None
-    arrival: float = 0.0
-    first_token_at: float | None = None
-    finished_at: float | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when asked for
 
 
@@ -119,9 +106,7 @@ class Engine:
         self.scheduler = scheduler
         self.context_length = context_length
         self.clock = clock
-        self._requests: dict[RequestId, EngineRequest] = {}
-        self._arrival: dict[RequestId, float] = {}
-        self._first_token: dict[RequestId, float] = {}
+        self._requests: dict[RequestId, Request] = {}  # the live records it runs (the scheduler's too)
         self.steps = 0
 
     @property
@@ -133,36 +118,28 @@ class Engine:
         if isinstance(self.runner, Wakeable):
             self.runner.wake_on(fd)
 
-    def add(self, request: EngineRequest) -> EngineResult | None:
-        """Queue a request; a request that can never run fails alone, at once."""
+    def add(self, request: Request) -> EngineResult | None:
+        """Queue a request (its record, from now on the scheduler's and this engine's to update); a
+        request that can never run fails alone, at once."""
         now = self.clock()
+        request.arrival = now
         try:
-            max_tokens = fit_to_context(
-                len(request.prompt), len(request.generated), request.params, self.context_length
+            request.max_tokens = fit_to_context(
+                len(request.prompt), len(request.resumed), request.params, self.context_length
             )
         except ContextOverflow as exc:
-            return self._failed(request, now, str(exc))
-        sched = SchedRequest(
-            id=request.id,
-            tenant=request.tenant,
-            request_class=request.request_class,
-            prompt_tokens=len(request.prompt),
-            max_tokens=max_tokens,
-            arrival=now,
-            priority=request.priority,
-        )
-        sched.generated = len(request.generated)
+            return self._failed(request, str(exc))
         try:
-            self.scheduler.add(sched)
+            self.scheduler.add(request)
         except ValueError as exc:
-            return self._failed(request, now, str(exc))
+            return self._failed(request, str(exc))
         try:
-            self.runner.add(request.id, request.prompt, request.params, request.generated, request.logprobs)
+            self.runner.add(request.id, list(request.prompt), request.params, request.resumed,
+                            request.resumed_logprobs)
         except RequestRefused as exc:
             self.scheduler.cancel(request.id)
-            return self._failed(request, now, str(exc))
+            return self._failed(request, str(exc))
         self._requests[request.id] = request
-        self._arrival[request.id] = now
         return None
 
     def cancel(self, request_id: RequestId) -> bool:
@@ -170,7 +147,7 @@ class Engine:
             return False
         self.scheduler.cancel(request_id)
         self.runner.release(request_id)
-        self._forget(request_id)
+        self._requests.pop(request_id, None)
         return True
 
     def step(self) -> StepReport | None:
@@ -188,18 +165,19 @@ class Engine:
                 self.cancel(rid)
             raise StepFailed(involved, exc) from exc
         now = self.clock()
+        for rid, check in result.finished.items():  # why the runner stopped them: the scheduler keeps it
+            if rid in self._requests:
+                self._requests[rid].status = check.finished
         post = self.scheduler.postprocess(plan, result.outcome, now)
         self.steps += 1
         kv = self.runner.kv_tokens
-        for rid in result.tokens:
-            self._first_token.setdefault(rid, now)
-        finished = [self._finish(rid, check.finished, now) for rid, check in result.finished.items()]
+        finished = [self._finish(rid, check.finished) for rid, check in result.finished.items()]
         # A remote engine can refuse one request (its own error answer): it fails alone.
         for rid, error in result.failed.items():
             if rid in self._requests:
-                finished.append(self._refused(rid, error, now))
+                finished.append(self._refused(rid, error))
         # The scheduler also ends a request at max_tokens on its own count.
-        finished += [self._finish(rid, RequestStatus.FINISHED_LENGTH, now) for rid in post.finished
+        finished += [self._finish(rid, RequestStatus.FINISHED_LENGTH) for rid in post.finished
                      if rid not in result.finished and rid in self._requests]
         return StepReport(
             tokens=result.tokens,
@@ -268,7 +246,7 @@ class Engine:
         return self.runner.logprobs(request_id)
 
     def run_all(
-        self, requests: Iterable[EngineRequest], on_step: Callable[[StepReport], None] | None = None
+        self, requests: Iterable[Request], on_step: Callable[[StepReport], None] | None = None
     ) -> dict[RequestId, EngineResult]:
         """Run requests to completion; results by id."""
         results: dict[RequestId, EngineResult] = {}
@@ -286,46 +264,37 @@ class Engine:
                 results[r.id] = r
         return results
 
-    def _finish(self, rid: RequestId, status: RequestStatus, now: float) -> EngineResult:
+    def _finish(self, rid: RequestId, status: RequestStatus) -> EngineResult:
         request = self._requests[rid]
+        request.status = status
         result = EngineResult(
             id=rid,
             tokens=self.runner.generated(rid),
             text=self.runner.text(rid),
             status=status,
             prompt_tokens=len(request.prompt),
-            arrival=self._arrival[rid],
-            first_token_at=self._first_token.get(rid),
-            finished_at=now,
             logprobs=self.runner.logprobs(rid),
         )
         self.runner.release(rid)
-        self._forget(rid)
+        self._requests.pop(rid, None)
         return result
 
-    def _refused(self, rid: RequestId, error: str, now: float) -> EngineResult:
+    def _refused(self, rid: RequestId, error: str) -> EngineResult:
         """A request the runner reports failed: out of the scheduler, out of the runner, failed."""
-        result = self._failed(self._requests[rid], now, error)
-        result.tokens = self.runner.generated(rid)
-        result.arrival = self._arrival[rid]
-        self.scheduler.cancel(rid)
+        tokens = self.runner.generated(rid)
+        self.scheduler.cancel(rid)  # while its status still says where the scheduler holds it
         self.runner.release(rid)
-        self._forget(rid)
+        result = self._failed(self._requests.pop(rid), error)
+        result.tokens = tokens
         return result
 
-    def _failed(self, request: EngineRequest, now: float, error: str) -> EngineResult:
+    def _failed(self, request: Request, error: str) -> EngineResult:
+        request.status = RequestStatus.FINISHED_FAILED
         return EngineResult(
             id=request.id,
-            tokens=list(request.generated),
+            tokens=list(request.resumed),
             text="",
             status=RequestStatus.FINISHED_FAILED,
             prompt_tokens=len(request.prompt),
             error=error,
-            arrival=now,
-            finished_at=now,
         )
-
-    def _forget(self, rid: RequestId) -> None:
-        self._requests.pop(rid, None)
-        self._arrival.pop(rid, None)
-        self._first_token.pop(rid, None)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fsched.core.daemon.engine import Engine, EngineRequest, StepFailed, StepReport
+from fsched.core.daemon.engine import Engine, StepFailed, StepReport
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.daemon.leases import LeaseKeeper
 from fsched.core.daemon.link import LinkServer
@@ -36,6 +36,7 @@ from fsched.core.daemon.writer import Writer
 from fsched.core.faults import crash_point
 from fsched.core.ports.queue import QueueStore
 from fsched.core.ports.records import ClaimedRequest, DaemonStats, DaemonSummary, StorageError
+from fsched.core.sched.request import Request
 from fsched.core.sched.shares import served_shares
 from fsched.core.sched.usage import TenantUsage
 from fsched.core.types import SamplingParams
@@ -326,21 +327,12 @@ class Daemon:
             # renewal noticed): restart it from the flushed tokens.
             self.leases.drop([claimed.id])
         try:
-            request = EngineRequest(
-                id=claimed.id,
-                prompt=self.encode(claimed),
-                params=SamplingParams.from_json(claimed.params),
-                tenant=claimed.tenant,
-                request_class=claimed.request_class,
-                priority=claimed.priority,
-                generated=list(claimed.output_tokens),
-                logprobs=list(claimed.output_logprobs),
-            )
+            request = live_record(claimed, self.encode(claimed))
         except Exception as exc:  # a request that cannot even be encoded fails alone
             self.writer.failed(claimed.id, f"cannot prepare the request: {exc}", list(claimed.output_tokens),
                                claimed.lease_epoch)
             return
-        self.held.add(claimed)
+        self.held.add(request)
         failed = self.engine.add(request)
         if failed is not None:
             self.held.pop(claimed.id)
@@ -399,3 +391,13 @@ class Daemon:
             requests=tuple(engine.requests),
             link=self.link.address if self.link is not None else None,
         )
+
+
+def live_record(claimed: ClaimedRequest, prompt: list[int]) -> Request:
+    """The one live record of a claimed request (its row as the claim read it, its prompt encoded):
+    what the daemon holds, the engine runs and the writer writes back from."""
+    return Request.to_run(
+        claimed.id, prompt, SamplingParams.from_json(claimed.params), claimed.tenant, claimed.request_class,
+        claimed.priority, claimed.output_tokens, claimed.output_logprobs,
+        job_id=claimed.job_id, enqueued_at=claimed.enqueued_at, lease_epoch=claimed.lease_epoch,
+    )

@@ -2,7 +2,7 @@
 and their ends once written to the table, as the link's messages (`core/ports/link.py`).
 
 A request is linked while a connected server watches its job: its tokens
-then reach the table with the batch writes (the writer reads `Held.linked`),
+then reach the table with the batch writes (the writer reads the record's `linked`),
 since the server has them already. When the link goes, the next step
 unlinks it and the writer flushes it every step again.
 """
@@ -44,7 +44,7 @@ class Publisher:
             held = self.holdings.get(request_id)
             if held is None:
                 continue
-            conn = self.link.watcher(held.claimed.job_id)
+            conn = self.link.watcher(held.job_id)
             held.linked = conn is not None
             if conn is None:
                 continue
@@ -54,7 +54,7 @@ class Publisher:
             tokens, text = self.output(request_id)
             start = self._settled.get(request_id, 0)
             self._settled[request_id] = len(text.rstrip(UNSETTLED))
-            job, enqueued_at = held.claimed.job_id, held.claimed.enqueued_at
+            job, enqueued_at = held.job_id, held.enqueued_at
             lines.setdefault(conn, []).append(StepText(job, str(request_id), start, text[start:], len(tokens),
                                                    held.first_token_at, enqueued_at))
         self.link.send(lines)
@@ -70,11 +70,11 @@ class Publisher:
     def _end(self, held, result: EngineResult) -> End:
         self._settled.pop(result.id, None)
         done = result.status.succeeded
-        return End(held.claimed.job_id, str(result.id), result.status,
+        return End(held.job_id, str(result.id), result.status,
                    text=result.text if done else "", tokens=len(result.tokens),
                    prompt_tokens=result.prompt_tokens,
                    error=None if done else result.error, model=self.model,
-                   first_token_at=held.first_token_at, enqueued_at=held.claimed.enqueued_at)
+                   first_token_at=held.first_token_at, enqueued_at=held.enqueued_at)
 
     def forget(self, request_id: RequestId) -> None:
         self._settled.pop(request_id, None)

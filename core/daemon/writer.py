@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fsched.core.daemon.engine import EngineResult
-from fsched.core.daemon.holdings import Held, Holdings
+from fsched.core.daemon.holdings import Holdings
 from fsched.core.faults import crash_point
 from fsched.core.ports.queue import QueueStore
 from fsched.core.ports.records import Completion, TokenUpdate
+from fsched.core.sched.request import Request
 from fsched.core.types import RequestId, RequestStatus, TokenLogprobs
 
 Output = Callable[[RequestId], tuple[list[int], str]]  # a live request's tokens and text so far
@@ -73,7 +74,7 @@ class Writer:
         # A refused completion: the request already ended, or this daemon lost its lease.
         self.fenced += outcome.count(False)
 
-    def cancelled(self, request_id: RequestId, held: Held, tokens: list[int], text: str,
+    def cancelled(self, request_id: RequestId, held: Request, tokens: list[int], text: str,
                   logprobs: list[TokenLogprobs] | None = None) -> None:
         """End a request whose job was cancelled, keeping its output so far."""
         self._one(Completion(request_id, RequestStatus.FINISHED_CANCELLED, tuple(tokens), text,
@@ -92,12 +93,12 @@ class Writer:
         (written,) = self.store.finish_requests([completion], self.owner)
         self.fenced += not written
 
-    def _update(self, request_id: RequestId, held: Held) -> TokenUpdate:
+    def _update(self, request_id: RequestId, held: Request) -> TokenUpdate:
         tokens, text = self.output(request_id)
         return TokenUpdate(request_id, tuple(tokens), text, held.first_token_at, held.lease_epoch,
                            tuple(self.logprobs(request_id)))
 
-    def _completion(self, result: EngineResult, held: Held) -> Completion:
+    def _completion(self, result: EngineResult, held: Request) -> Completion:
         if not result.status.succeeded:
             return Completion(result.id, result.status, tuple(result.tokens),
                               error=result.error or "failed", model=self.model, lease_epoch=held.lease_epoch)

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from fsched.core.sched.plan import Outcome, Plan
-from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.request import Request
 from fsched.core.sched.usage import TenantCharge
 from fsched.core.types import RequestClass
 
@@ -29,7 +29,7 @@ class TenantStep:
     precedence: TenantCharge = field(default_factory=TenantCharge)  # its realtime and streaming part
 
 
-def expected_decode(r: SchedRequest) -> int:
+def expected_decode(r: Request) -> int:
     """Decode tokens an admitted request is reserved for: what max_tokens leaves.
 
     The most it may run: a tenant's score then counts the whole of the work
@@ -40,7 +40,7 @@ def expected_decode(r: SchedRequest) -> int:
     return r.remaining_tokens
 
 
-def apply_step(running: Iterable[SchedRequest], plan: Plan, outcome: Outcome) -> dict[str, TenantStep]:
+def apply_step(running: Iterable[Request], plan: Plan, outcome: Outcome) -> dict[str, TenantStep]:
     """Advance every running request by what the step did; per-tenant totals.
 
     Updates `computed`, `generated`, the step counters and the unused
@@ -83,7 +83,7 @@ def apply_step(running: Iterable[SchedRequest], plan: Plan, outcome: Outcome) ->
     return totals
 
 
-def _advance(r: SchedRequest, decoding: bool, chunk, outcome: Outcome, half: float,
+def _advance(r: Request, decoding: bool, chunk, outcome: Outcome, half: float,
              charge: TenantCharge) -> tuple[int, float]:
     """Apply one request's part of the step: (tokens processed, KV held on average)."""
     if decoding:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.policy import Standing
 from fsched.core.sched.preemption import Room
-from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.request import Request
 
 # Waiting requests looked at behind a blocked head each step: backfill
 # matters for the best-ranked few, and the scan stays cheap in long queues.
@@ -48,7 +48,7 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def final_context(r: SchedRequest) -> int:
+def final_context(r: Request) -> int:
     """The KV a request holds when it reaches max_tokens: the most it ever holds."""
     return r.prompt_tokens + r.max_tokens
 
@@ -74,7 +74,7 @@ class Reservation:
     prefills: int  # ... by how many requests
     leaving_prefill: int | None  # most output tokens of a prefilling request counted as gone by then
 
-    def admits(self, cand: SchedRequest, config: SchedulerConfig) -> bool:
+    def admits(self, cand: Request, config: SchedulerConfig) -> bool:
         """Whether `cand` (which fits now) may start without moving the reservation;
         if so, what it uses comes out of the spare room or the prefill queue."""
         pending = cand.pending_prefill
@@ -94,7 +94,7 @@ class Reservation:
         return True
 
 
-def reserve_for(head: SchedRequest, running: Iterable[SchedRequest], config: SchedulerConfig,
+def reserve_for(head: Request, running: Iterable[Request], config: SchedulerConfig,
                 slots: int) -> Reservation | None:
     """The head's reservation among `running` within `slots` batch slots (None
     when it never fits beside them: they hold too much even at their end)."""
@@ -103,7 +103,7 @@ def reserve_for(head: SchedRequest, running: Iterable[SchedRequest], config: Sch
     tokens = sum(r.pending_prefill for r in held)
     prefills = sum(1 for r in held if r.pending_prefill)
 
-    def leaves(r: SchedRequest) -> int:
+    def leaves(r: Request) -> int:
         if r.pending_prefill:
             return _leaves_within(r.remaining_tokens, tokens, prefills, config)
         return r.remaining_tokens  # every step decodes every decoding request
@@ -127,15 +127,15 @@ def reserve_for(head: SchedRequest, running: Iterable[SchedRequest], config: Sch
             i += 1
 
 
-def behind_in_share(cand: SchedRequest, head: SchedRequest, stand: Mapping[str, Standing]) -> bool:
+def behind_in_share(cand: Request, head: Request, stand: Mapping[str, Standing]) -> bool:
     """Whether `cand` may take room the head leaves: it is the head's tenant's,
     or its tenant is no further over its share than the head's."""
     return cand.tenant == head.tenant or stand[cand.tenant].score <= stand[head.tenant].score
 
 
-def backfills(head: SchedRequest, ranked: Iterable[SchedRequest], reservation: Reservation,
+def backfills(head: Request, ranked: Iterable[Request], reservation: Reservation,
               stand: Mapping[str, Standing], config: SchedulerConfig, room: Callable[[], Room]
-              ) -> Iterator[SchedRequest]:
+              ) -> Iterator[Request]:
     """The requests of `ranked` (in rank order) that may start now behind `head`;
     `room()` is the batch's free room, read again as each one starts."""
     for cand in ranked:

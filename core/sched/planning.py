@@ -6,18 +6,18 @@ from collections.abc import Callable, Collection, Iterable
 
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Plan, Preemption, PrefillChunk
-from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.request import Request
 from fsched.core.types import RequestId
 
 
-def split_rows(running: Iterable[SchedRequest], rank: Callable[[SchedRequest], tuple], budget: int,
+def split_rows(running: Iterable[Request], rank: Callable[[Request], tuple], budget: int,
                min_quantum: int) -> tuple[list[RequestId], list[PrefillChunk]]:
     """Decode rows for every decoding request, then prefill chunks within the
     token budget left, by rank, except that a prefill starved of budget for a
     whole minimum quantum goes first: nothing admitted stalls forever behind
     a stream of better-ranked prefills."""
     decode: list[RequestId] = []
-    prefilling: list[tuple[tuple, SchedRequest]] = []
+    prefilling: list[tuple[tuple, Request]] = []
     for r in running:
         if r.pending_prefill == 0:
             decode.append(r.id)
@@ -43,7 +43,7 @@ def split_rows(running: Iterable[SchedRequest], rank: Callable[[SchedRequest], t
     return decode, chunks
 
 
-def stable_steps(running: Iterable[SchedRequest], config: SchedulerConfig, kv_committed: int,
+def stable_steps(running: Iterable[Request], config: SchedulerConfig, kv_committed: int,
                  n_decode: int, quantum_ends: bool) -> int:
     """Steps a decode-only plan can repeat before a decision is due: a request
     reaching max_tokens, KV pressure, and (when work waits and the policy
@@ -59,7 +59,7 @@ def stable_steps(running: Iterable[SchedRequest], config: SchedulerConfig, kv_co
     return max(1, steps)
 
 
-def compose_plan(step: int, running: Collection[SchedRequest], rank: Callable[[SchedRequest], tuple],
+def compose_plan(step: int, running: Collection[Request], rank: Callable[[Request], tuple],
                  config: SchedulerConfig, changes: tuple[list[Preemption], list[RequestId], list[RequestId]],
                  kv_committed: int, swap_tokens: int, quantum_ends: bool) -> Plan:
     """The plan of one step (repeatable when only decodes run and nothing changed);

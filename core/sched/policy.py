@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fsched.core.sched.config import SchedulerConfig
-from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.request import Request
 from fsched.core.sched.usage import DrfMeter, NullMeter, TenantMeter, VtcMeter
 from fsched.core.types import RequestClass
 
@@ -84,14 +84,14 @@ class Policy(Protocol):
     preemptive: bool
     meter: TenantMeter
 
-    def group(self, r: SchedRequest) -> Hashable: ...
-    def partition(self, r: SchedRequest) -> str: ...
-    def static_rank(self, r: SchedRequest, now: float) -> tuple: ...
+    def group(self, r: Request) -> Hashable: ...
+    def partition(self, r: Request) -> str: ...
+    def static_rank(self, r: Request, now: float) -> tuple: ...
     def compose(self, static: tuple, standing: Standing) -> tuple: ...
-    def rank(self, r: SchedRequest, now: float, stand: Mapping[str, Standing]) -> tuple: ...
-    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple: ...
-    def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool: ...
-    def victim_order(self, waiter: SchedRequest, victim: SchedRequest,
+    def rank(self, r: Request, now: float, stand: Mapping[str, Standing]) -> tuple: ...
+    def running_rank(self, r: Request, stand: Mapping[str, Standing]) -> tuple: ...
+    def may_preempt(self, waiter: Request, now: float, stand: Mapping[str, Standing]) -> bool: ...
+    def victim_order(self, waiter: Request, victim: Request,
                      stand: Mapping[str, Standing]) -> tuple | None: ...
 
 
@@ -107,30 +107,30 @@ class Fcfs:
         self.meter: TenantMeter = NullMeter(weights, config.default_weight)
         self.config = config
 
-    def group(self, r: SchedRequest) -> Hashable:
+    def group(self, r: Request) -> Hashable:
         return ()
 
-    def partition(self, r: SchedRequest) -> str:
+    def partition(self, r: Request) -> str:
         return ""  # no tenants: one partition
 
-    def static_rank(self, r: SchedRequest, now: float) -> tuple:
+    def static_rank(self, r: Request, now: float) -> tuple:
         return (r.arrival, r.seq)
 
     def compose(self, static: tuple, standing: Standing) -> tuple:
         return static
 
-    def rank(self, r: SchedRequest, now: float, stand: Mapping[str, Standing]) -> tuple:
+    def rank(self, r: Request, now: float, stand: Mapping[str, Standing]) -> tuple:
         """The total order of waiting requests (smaller first)."""
         return self.compose(self.static_rank(r, now), stand.get(self.partition(r), Standing()))
 
-    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple:
+    def running_rank(self, r: Request, stand: Mapping[str, Standing]) -> tuple:
         return (r.arrival, r.seq)
 
-    def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool:
+    def may_preempt(self, waiter: Request, now: float, stand: Mapping[str, Standing]) -> bool:
         """Whether `waiter` may displace running work at all."""
         return False
 
-    def victim_order(self, waiter: SchedRequest, victim: SchedRequest,
+    def victim_order(self, waiter: Request, victim: Request,
                      stand: Mapping[str, Standing]) -> tuple | None:
         """None when `waiter` may not displace `victim`; else a key, largest preempted first."""
         return None
@@ -143,19 +143,19 @@ class StrictPriority(Fcfs):
     name = "priority"
     preemptive = True
 
-    def group(self, r: SchedRequest) -> Hashable:
+    def group(self, r: Request) -> Hashable:
         return (r.request_class.band, r.priority)
 
-    def static_rank(self, r: SchedRequest, now: float) -> tuple:
+    def static_rank(self, r: Request, now: float) -> tuple:
         return (r.request_class.band, r.priority, r.arrival, r.seq)
 
-    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple:
+    def running_rank(self, r: Request, stand: Mapping[str, Standing]) -> tuple:
         return (r.request_class.band, r.priority, r.arrival, r.seq)
 
-    def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool:
+    def may_preempt(self, waiter: Request, now: float, stand: Mapping[str, Standing]) -> bool:
         return True
 
-    def victim_order(self, waiter: SchedRequest, victim: SchedRequest,
+    def victim_order(self, waiter: Request, victim: Request,
                      stand: Mapping[str, Standing]) -> tuple | None:
         if (waiter.request_class.band, waiter.priority) >= (victim.request_class.band, victim.priority):
             return None
@@ -172,16 +172,16 @@ class Vtc(Fcfs):
         super().__init__(config, weights)
         self.meter = VtcMeter(weights, default_weight=config.default_weight, lift=config.lift_idle_tenants)
 
-    def group(self, r: SchedRequest) -> Hashable:
+    def group(self, r: Request) -> Hashable:
         return r.tenant
 
-    def partition(self, r: SchedRequest) -> str:
+    def partition(self, r: Request) -> str:
         return r.tenant
 
     def compose(self, static: tuple, standing: Standing) -> tuple:
         return (standing.score, *static)
 
-    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple:
+    def running_rank(self, r: Request, stand: Mapping[str, Standing]) -> tuple:
         return (stand[r.tenant].score, r.arrival, r.seq)
 
 
@@ -203,13 +203,13 @@ class FschedPolicy(Fcfs):
             lift=config.lift_idle_tenants,
         )
 
-    def group(self, r: SchedRequest) -> Hashable:
+    def group(self, r: Request) -> Hashable:
         return (r.tenant, r.request_class.band, r.priority)
 
-    def partition(self, r: SchedRequest) -> str:
+    def partition(self, r: Request) -> str:
         return r.tenant
 
-    def static_rank(self, r: SchedRequest, now: float) -> tuple:
+    def static_rank(self, r: Request, now: float) -> tuple:
         return (r.request_class.band, r.tenant, r.priority, r.arrival, r.seq)
 
     def compose(self, static: tuple, standing: Standing) -> tuple:
@@ -220,18 +220,18 @@ class FschedPolicy(Fcfs):
             return (0, band, standing.score, tenant, *own)
         return (1, standing.score, tenant, band, *own)  # share tier: DRF across tenants
 
-    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple:
+    def running_rank(self, r: Request, stand: Mapping[str, Standing]) -> tuple:
         standing = stand[r.tenant]
         if r.request_class.band < BATCH_BAND and standing.precedence:
             return (0, r.request_class.band, standing.score, r.tenant, r.priority, r.arrival, r.seq)
         return (1, standing.score, r.tenant, r.request_class.band, r.priority, r.arrival, r.seq)
 
-    def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool:
+    def may_preempt(self, waiter: Request, now: float, stand: Mapping[str, Standing]) -> bool:
         # Only realtime and streaming work with precedence displaces others:
         # batch has no latency to protect, so it takes the next free slot.
         return waiter.request_class.band < BATCH_BAND and stand[waiter.tenant].precedence
 
-    def victim_order(self, waiter: SchedRequest, victim: SchedRequest,
+    def victim_order(self, waiter: Request, victim: Request,
                      stand: Mapping[str, Standing]) -> tuple | None:
         # Victims: work outside the precedence tier (batch, and any work of a
         # tenant beyond its share). The tenant furthest over its share first,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.policy import Policy, Standing
-from fsched.core.sched.request import Checkpoint, SchedRequest
+from fsched.core.sched.request import Checkpoint, Request
 
 
 @dataclass(slots=True, frozen=True)
@@ -34,7 +34,7 @@ class Room:
     host_tokens: int  # free host pool for parked KV
 
 
-def checkpoint_for(victim: SchedRequest, host_free: int, config: SchedulerConfig) -> Checkpoint | None:
+def checkpoint_for(victim: Request, host_free: int, config: SchedulerConfig) -> Checkpoint | None:
     """Park when the host pool has room, recompute a short context, else None (not a victim)."""
     kv = victim.computed
     if kv == 0 or kv <= host_free:
@@ -42,7 +42,7 @@ def checkpoint_for(victim: SchedRequest, host_free: int, config: SchedulerConfig
     return Checkpoint.RECOMPUTE if kv <= config.max_recompute_tokens else None
 
 
-def slot_frees_soon(running: Iterable[SchedRequest], steps: int, need_kv: int, free_kv: int) -> bool:
+def slot_frees_soon(running: Iterable[Request], steps: int, need_kv: int, free_kv: int) -> bool:
     """Whether a decoding request reaches max_tokens within `steps` steps and,
     with what finishing frees, `need_kv` more KV slots fit."""
     if steps <= 0:
@@ -51,7 +51,7 @@ def slot_frees_soon(running: Iterable[SchedRequest], steps: int, need_kv: int, f
     return bool(leaving) and free_kv + sum(r.context for r in leaving) >= need_kv
 
 
-def preemptible(r: SchedRequest, config: SchedulerConfig) -> bool:
+def preemptible(r: Request, config: SchedulerConfig) -> bool:
     """Under the preemption bound, and, when it was preempted before, past its
     minimum quantum since it came back (a first preemption costs only the
     checkpoint; a second one right after re-admission would thrash)."""
@@ -61,14 +61,14 @@ def preemptible(r: SchedRequest, config: SchedulerConfig) -> bool:
 
 
 def choose_victims(
-    waiter: SchedRequest,
-    running: Iterable[SchedRequest],
+    waiter: Request,
+    running: Iterable[Request],
     room: Room,
     need_kv: int,
     policy: Policy,
     stand: Mapping[str, Standing],
     config: SchedulerConfig,
-) -> list[tuple[SchedRequest, Checkpoint]] | None:
+) -> list[tuple[Request, Checkpoint]] | None:
     """Victims that make room for `waiter` (one slot and `need_kv` KV slots), in
     the policy's order, or None when no such set exists.
 
@@ -84,7 +84,7 @@ def choose_victims(
             ordered.append((key, r))
     ordered.sort(key=lambda item: item[0], reverse=True)
     slots, kv, host = room.slots, room.kv_tokens, room.host_tokens
-    chosen: list[SchedRequest] = []
+    chosen: list[Request] = []
     for _, r in ordered:
         if slots >= 1 and kv >= need_kv:
             break
@@ -106,8 +106,8 @@ def choose_victims(
     return _checkpoints(chosen, room.host_tokens, config)
 
 
-def _checkpoints(victims: list[SchedRequest], host: int, config: SchedulerConfig
-                 ) -> list[tuple[SchedRequest, Checkpoint]]:
+def _checkpoints(victims: list[Request], host: int, config: SchedulerConfig
+                 ) -> list[tuple[Request, Checkpoint]]:
     """Each victim's checkpoint, the host pool filled in victim order (sparing
     victims only leaves more room, so each still has one)."""
     out = []
@@ -119,8 +119,8 @@ def _checkpoints(victims: list[SchedRequest], host: int, config: SchedulerConfig
     return out
 
 
-def memory_victim(running: Iterable[SchedRequest], policy: Policy, stand: Mapping[str, Standing],
-                  min_quantum: int) -> SchedRequest | None:
+def memory_victim(running: Iterable[Request], policy: Policy, stand: Mapping[str, Standing],
+                  min_quantum: int) -> Request | None:
     """The last-ranked running request past its minimum quantum (any, when none is):
     whom decode growth past the KV budget evicts."""
     worst = worst_any = None

@@ -1,4 +1,12 @@
-"""The scheduler's view of one request: lengths, progress, timers.
+"""One live request, from claim to completion: the record the scheduler, the engine and the daemon
+(its holdings, writer and publisher) all read and update. Runners keep only device state, by id.
+
+It holds what the request is (identity, tenant and class, prompt token ids,
+sampling parameters, tokens from before a restart), where it is (one ordered
+status), the scheduler's lengths, progress and timers, and the daemon's
+bookkeeping (the claim's job and lease, the first token's time, whether
+output is waiting to be written). A simulated request is the same record
+with lengths only (no token ids, no parameters).
 
 Token bookkeeping: `context` is prompt plus generated tokens; `computed` is
 how many of them have KV on the device. A decoding request has
@@ -11,9 +19,10 @@ output is the same as an uninterrupted run.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fsched.core.types import RequestClass, RequestId, RequestStatus
+from fsched.core.types import RequestClass, RequestId, RequestStatus, SamplingParams, TokenLogprobs
 
 
 class Checkpoint(enum.StrEnum):
@@ -24,7 +33,7 @@ class Checkpoint(enum.StrEnum):
 
 
 @dataclass(slots=True, eq=False)
-class SchedRequest:
+class Request:
     id: RequestId
     tenant: str
     request_class: RequestClass
@@ -45,6 +54,22 @@ class SchedRequest:
     res_kv: float = 0.0  # GPU seconds and KV token-seconds
     seq: int = 0  # admission-order tie-breaker, unique per scheduler
 
+    # What runs: the prompt's token ids, how to sample, the tokens (and their logprobs) it produced
+    # before a restart. Empty for a simulated request.
+    prompt: Sequence[int] = ()
+    params: SamplingParams | None = None
+    resumed: Sequence[int] = ()
+    resumed_logprobs: Sequence[TokenLogprobs] = ()
+
+    # The daemon's bookkeeping (core/daemon): the claim's job, submission time and lease epoch; the
+    # first token's time on the daemon's clock; output not yet written back; a server hears it live.
+    job_id: int = 0
+    enqueued_at: float = 0.0
+    lease_epoch: int = 0
+    first_token_at: float | None = None
+    dirty: bool = False
+    linked: bool = False
+
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1:
             raise ValueError("prompt_tokens must be >= 1")
@@ -52,6 +77,28 @@ class SchedRequest:
             raise ValueError("max_tokens must be >= 1")
         if not 0 <= self.priority <= 9:
             raise ValueError("priority must be within 0..9")
+
+    @classmethod
+    def to_run(cls, id: RequestId, prompt: Sequence[int], params: SamplingParams, tenant: str = "default",
+               request_class: RequestClass = RequestClass.BATCH, priority: int = 5,
+               resumed: Sequence[int] = (), resumed_logprobs: Sequence[TokenLogprobs] = (),
+               **daemon) -> Request:
+        """A request to run on an engine: its lengths from its token ids (the engine fits `max_tokens`
+        to the model's context and stamps `arrival` when it takes it)."""
+        return cls(id, tenant, request_class, len(prompt), params.max_tokens, 0.0, priority,
+                   prompt=list(prompt), params=params, resumed=list(resumed),
+                   resumed_logprobs=list(resumed_logprobs), generated=len(resumed), **daemon)
+
+    def resume_from(self, tokens: Sequence[int], logprobs: Sequence[TokenLogprobs] = ()) -> None:
+        """Continue after `tokens` it produced before (a restart): the engine feeds them back."""
+        self.resumed, self.resumed_logprobs = list(tokens), list(logprobs)
+        self.generated = len(self.resumed)
+
+    @property
+    def latency_sensitive(self) -> bool:
+        """Realtime and streaming output is written back every step; batch output, and output a server
+        hears over the link already, less often."""
+        return self.request_class is not RequestClass.BATCH and not self.linked
 
     @property
     def parked(self) -> bool:

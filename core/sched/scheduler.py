@@ -37,7 +37,7 @@ from fsched.core.sched.plan import Outcome, Plan, Preemption
 from fsched.core.sched.planning import compose_plan
 from fsched.core.sched.policy import Policy, Standing, make_policy, standings
 from fsched.core.sched.preemption import Room, checkpoint_for, choose_victims, memory_victim, slot_frees_soon
-from fsched.core.sched.request import Checkpoint, SchedRequest
+from fsched.core.sched.request import Checkpoint, Request
 from fsched.core.sched.shares import entitled_shares
 from fsched.core.sched.usage import PrecedenceUsage, TenantCharge
 from fsched.core.sched.waitqueue import WaitQueue
@@ -75,8 +75,8 @@ class Scheduler:
         self._precedence = PrecedenceUsage(kv_capacity=self.config.kv_tokens,
                                            half_life_s=self.config.usage_half_life_s)
         self._waiting = WaitQueue(policy)
-        self._running: dict[RequestId, SchedRequest] = {}
-        self._live: dict[RequestId, SchedRequest] = {}
+        self._running: dict[RequestId, Request] = {}
+        self._live: dict[RequestId, Request] = {}
         self._tenant_live: Counter[str] = Counter()
         self._tenant_waiting: Counter[str] = Counter()
         self._kv_committed = 0  # sum of running contexts
@@ -95,14 +95,14 @@ class Scheduler:
         return self._step
 
     @property
-    def running(self) -> Mapping[RequestId, SchedRequest]:
+    def running(self) -> Mapping[RequestId, Request]:
         return self._running
 
     @property
     def waiting_count(self) -> int:
         return len(self._waiting)
 
-    def waiting(self) -> Iterable[SchedRequest]:
+    def waiting(self) -> Iterable[Request]:
         return iter(self._waiting)
 
     @property
@@ -113,7 +113,7 @@ class Scheduler:
     def host_used(self) -> int:
         return self._host_used
 
-    def get(self, request_id: RequestId) -> SchedRequest | None:
+    def get(self, request_id: RequestId) -> Request | None:
         return self._live.get(request_id)
 
     def backlogged_tenants(self) -> list[str]:
@@ -130,7 +130,7 @@ class Scheduler:
         return standings(scores, self.backlogged_tenants(), self.config.share_slack, use, entitled)
 
     # ---------------------------------------------------------------- changes
-    def add(self, r: SchedRequest) -> None:
+    def add(self, r: Request) -> None:
         """Queue a new request; `r.arrival` is the time it arrived."""
         cfg = self.config
         if r.id in self._live:
@@ -145,7 +145,7 @@ class Scheduler:
         self._now = max(self._now, r.arrival)
         self._enqueue(r, r.arrival)
 
-    def _enqueue(self, r: SchedRequest, now: float) -> None:
+    def _enqueue(self, r: Request, now: float) -> None:
         # A tenant whose queue was empty is lifted to the lowest score among
         # the backlogged tenants (VTC's rule): time spent without waiting
         # work, served or idle, banks no credit for a later burst.
@@ -223,14 +223,14 @@ class Scheduler:
             stand = self._charge_admission(cand, scores, now)
         return stand
 
-    def _charge_admission(self, r: SchedRequest, scores: dict[str, float], now: float) -> dict[str, Standing]:
+    def _charge_admission(self, r: Request, scores: dict[str, float], now: float) -> dict[str, Standing]:
         """Reserve an admitted request's work in its tenant's score; the standings after it."""
         prefill = r.pending_prefill
         r.res_gpu, r.res_kv = self.meter.reserve(r.tenant, r.context, prefill, expected_decode(r))
         scores[r.tenant] = self.meter.provisional(scores[r.tenant], r.tenant, prefill, now)
         return self.standings(now, scores)
 
-    def _backfill(self, head: SchedRequest, scores: dict[str, float], stand: dict[str, Standing],
+    def _backfill(self, head: Request, scores: dict[str, float], stand: dict[str, Standing],
                   b: _StepBuilder, now: float) -> dict[str, Standing]:
         """Admit requests behind a blocked `head` that leave its reservation where it was."""
         room = self._room()
@@ -256,11 +256,11 @@ class Scheduler:
     def _host_free(self) -> int:
         return self.config.host_kv_tokens - self._host_used
 
-    def _fits(self, cand: SchedRequest) -> bool:
+    def _fits(self, cand: Request) -> bool:
         room = self._room()
         return room.slots >= 1 and room.kv_tokens >= cand.context
 
-    def _make_room(self, cand: SchedRequest, stand: Mapping[str, Standing], b: _StepBuilder,
+    def _make_room(self, cand: Request, stand: Mapping[str, Standing], b: _StepBuilder,
                    now: float) -> bool:
         """Preempt for `cand` when the policy lets it and it pays; whether it now fits."""
         policy = self.policy
@@ -277,7 +277,7 @@ class Scheduler:
             self._preempt(victim, checkpoint, b, now)
         return self._fits(cand)
 
-    def _start(self, r: SchedRequest, b: _StepBuilder) -> None:
+    def _start(self, r: Request, b: _StepBuilder) -> None:
         self._waiting.take(r, self._now)
         self._tenant_waiting[r.tenant] -= 1
         if r.parked:
@@ -291,14 +291,14 @@ class Scheduler:
         b.admitted.append(r.id)
         b.touched.add(r.id)
 
-    def _leave_running(self, r: SchedRequest) -> None:
+    def _leave_running(self, r: Request) -> None:
         if r.res_gpu or r.res_kv:
             self.meter.release(r.tenant, r.res_gpu, r.res_kv)
         r.res_gpu = r.res_kv = 0.0
         del self._running[r.id]
         self._kv_committed -= r.context
 
-    def _preempt(self, r: SchedRequest, checkpoint: Checkpoint, b: _StepBuilder, now: float) -> None:
+    def _preempt(self, r: Request, checkpoint: Checkpoint, b: _StepBuilder, now: float) -> None:
         self._leave_running(r)
         kv = r.computed
         if checkpoint is Checkpoint.PARK and kv > 0:
@@ -347,7 +347,7 @@ class Scheduler:
         self._precedence.charge({t: s.precedence for t, s in totals.items()}, outcome.elapsed_s, now)
         return PostprocessResult(charges, tuple(finished))
 
-    def _finish(self, r: SchedRequest) -> None:
+    def _finish(self, r: Request) -> None:
         self._leave_running(r)
         if not r.status.is_finished:  # the engine sets why a request it stopped stopped
             r.status = RequestStatus.FINISHED_LENGTH if r.generated >= r.max_tokens \

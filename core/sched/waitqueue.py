@@ -22,9 +22,9 @@ import heapq
 from collections.abc import Hashable, Iterator, Mapping
 
 from fsched.core.sched.policy import Policy, Standing
-from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.request import Request
 
-_Entry = tuple[tuple, SchedRequest]
+_Entry = tuple[tuple, Request]
 _NEUTRAL = Standing()
 
 
@@ -46,20 +46,20 @@ class WaitQueue:
         self._groups: dict[Hashable, _Group] = {}
         # (tenant, band) -> heap of (static rank, version, tick, group, head);
         # the tick is unique, so entries never compare further
-        self._parts: dict[tuple[str, int], list[tuple[tuple, int, int, _Group, SchedRequest]]] = {}
+        self._parts: dict[tuple[str, int], list[tuple[tuple, int, int, _Group, Request]]] = {}
         self._len = 0
         self._tick = 0
 
     def __len__(self) -> int:
         return self._len
 
-    def __iter__(self) -> Iterator[SchedRequest]:
+    def __iter__(self) -> Iterator[Request]:
         for g in self._groups.values():
             for _, r in g.heap:
                 yield r
 
     # ----------------------------------------------------------- mutation
-    def push(self, r: SchedRequest, now: float) -> None:
+    def push(self, r: Request, now: float) -> None:
         key = self._policy.group(r)
         g = self._groups.get(key)
         if g is None:
@@ -69,7 +69,7 @@ class WaitQueue:
         if g.heap[0][1] is r:
             self._refresh(g, now)
 
-    def pop_head(self, r: SchedRequest, now: float) -> None:
+    def pop_head(self, r: Request, now: float) -> None:
         """Remove `r`, which must be the head of its group (as `best` returns)."""
         g = self._groups[self._policy.group(r)]
         if g.heap[0][1] is not r:
@@ -78,7 +78,7 @@ class WaitQueue:
         self._len -= 1
         self._refresh(g, now)
 
-    def take(self, r: SchedRequest, now: float) -> None:
+    def take(self, r: Request, now: float) -> None:
         """Remove `r`, wherever it is in its group (the head: O(log n))."""
         g = self._groups[self._policy.group(r)]
         if g.heap[0][1] is r:
@@ -86,7 +86,7 @@ class WaitQueue:
         elif not self.remove(r, now):
             raise ValueError(f"{r.id} is not waiting")
 
-    def remove(self, r: SchedRequest, now: float) -> bool:
+    def remove(self, r: Request, now: float) -> bool:
         """Remove `r` from anywhere in its group (cancellation): O(group size)."""
         g = self._groups.get(self._policy.group(r))
         if g is None:
@@ -117,10 +117,10 @@ class WaitQueue:
         return version == g.version and self._groups.get(g.key) is g
 
     # ------------------------------------------------------------- queries
-    def best(self, now: float, stand: Mapping[str, Standing]) -> tuple[tuple, SchedRequest] | None:
+    def best(self, now: float, stand: Mapping[str, Standing]) -> tuple[tuple, Request] | None:
         """The best waiting request and its rank, or None when there is none."""
         compose = self._policy.compose
-        best: tuple[tuple, SchedRequest] | None = None
+        best: tuple[tuple, Request] | None = None
         for part_key, part in list(self._parts.items()):
             while part and not self._current(part[0][1], part[0][3]):
                 heapq.heappop(part)
@@ -133,14 +133,14 @@ class WaitQueue:
                 best = (rank, head)
         return best
 
-    def ranked(self, now: float, stand: Mapping[str, Standing], limit: int) -> list[SchedRequest]:
+    def ranked(self, now: float, stand: Mapping[str, Standing], limit: int) -> list[Request]:
         """The first `limit` waiting requests in rank order: the `limit` oldest of
         each group, ranked with their tenant's standing."""
         oldest = [r for g in self._groups.values() for r in _oldest(g.heap, limit)]
         return heapq.nsmallest(limit, oldest, key=lambda r: self._policy.rank(r, now, stand))
 
 
-def _oldest(heap: list[_Entry], k: int) -> Iterator[SchedRequest]:
+def _oldest(heap: list[_Entry], k: int) -> Iterator[Request]:
     """The k smallest entries of a heap, smallest first, in O(k log k): a
     best-first walk down the heap's tree, whose children never precede
     their parent."""

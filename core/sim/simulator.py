@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Outcome, Plan
-from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.request import Request
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sim.costmodel import CostModel
 from fsched.core.sim.report import PolicyReport, Track, UsageWindow, build_report
@@ -60,7 +60,7 @@ class _Run:
             req, rid = self.trace[self.next_i], str(self.next_i)
             self.next_i += 1
             try:
-                self.sched.add(SchedRequest(rid, req.tenant, req.request_class, req.prompt_tokens,
+                self.sched.add(Request(rid, req.tenant, req.request_class, req.prompt_tokens,
                                             req.output_tokens, req.arrival_s, priority=req.priority))
             except ValueError:
                 self.rejected += 1  # longer than the KV budget: refused alone

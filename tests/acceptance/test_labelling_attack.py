@@ -109,7 +109,7 @@ def test_a_base_priority_never_puts_a_tenant_ahead_of_another_in_the_precedence_
     within b, the label still orders b's own work."""
     from fsched.core.sched.config import SchedulerConfig
     from fsched.core.sched.policy import Standing, make_policy
-    from fsched.core.sched.request import SchedRequest
+    from fsched.core.sched.request import Request
     from fsched.core.sched.waitqueue import WaitQueue
     from fsched.core.types import RequestClass
 
@@ -118,7 +118,7 @@ def test_a_base_priority_never_puts_a_tenant_ahead_of_another_in_the_precedence_
     stand = {"a": Standing(1.0, True, True), "b": Standing(2.0, True, True)}
     made = [("b-urgent", "b", 0, 0.0), ("a-lax", "a", 9, 1.0), ("b-lax", "b", 9, 0.5)]
     for seq, (rid, tenant, priority, arrival) in enumerate(made):
-        r = SchedRequest(rid, tenant, RequestClass.REALTIME, 10, 10, arrival, priority=priority)
+        r = Request(rid, tenant, RequestClass.REALTIME, 10, 10, arrival, priority=priority)
         r.seq = seq
         queue.push(r, 2.0)
     order = []
@@ -127,7 +127,7 @@ def test_a_base_priority_never_puts_a_tenant_ahead_of_another_in_the_precedence_
         queue.pop_head(best[1], 2.0)
     assert order == ["a-lax", "b-urgent", "b-lax"]
     same = {"a": Standing(1.0, True, True), "b": Standing(1.0, True, True)}
-    ranks = {rid: policy.rank(SchedRequest(rid, t, RequestClass.REALTIME, 10, 10, at, priority=p), 2.0, same)
+    ranks = {rid: policy.rank(Request(rid, t, RequestClass.REALTIME, 10, 10, at, priority=p), 2.0, same)
              for rid, t, p, at in made}
     # at equal standing the label still buys nothing across tenants: b's urgent is not ahead of a's
     # for being urgent (the tenants' order is the same whatever b's labels)

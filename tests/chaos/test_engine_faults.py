@@ -176,11 +176,11 @@ def test_out_of_memory_with_one_request_alone_fails_that_request(tmp_path, clean
 def test_the_batch_limit_can_be_lowered_while_requests_run():
     """Scheduler.limit_batch: a validated config change; runners beyond it are not evicted,
     and no request is admitted until the batch is under the new limit."""
-    from fsched.core.sched.request import SchedRequest
+    from fsched.core.sched.request import Request
 
     scheduler = Scheduler(SchedulerConfig(max_batch=8, kv_tokens=32_768, step_tokens=512), "fcfs")
     for i in range(12):
-        scheduler.add(SchedRequest(id=f"r{i}", tenant="t", request_class=RequestClass.BATCH, prompt_tokens=4,
+        scheduler.add(Request(id=f"r{i}", tenant="t", request_class=RequestClass.BATCH, prompt_tokens=4,
                                    max_tokens=50, arrival=0.0))
     scheduler.schedule(0.0)
     assert len(scheduler.running) == 8

@@ -21,10 +21,11 @@ import time
 from collections import Counter
 from functools import partial
 
-from fsched.core.daemon.engine import Engine, EngineRequest
+from fsched.core.daemon.engine import Engine
 from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.runners.standin import StandInRunner, standin_encode
 from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.request import Request
 from fsched.core.sched.scheduler import Scheduler
 
 from .harness import (
@@ -52,7 +53,7 @@ def reference(files: list[JobFile]) -> dict[tuple[str, str], list[int]]:
         engine = Engine(runner, Scheduler(SchedulerConfig(max_batch=64, kv_tokens=65_536, step_tokens=4096)),
                         runner.context_length)
         requests = [
-            EngineRequest(spec.custom_id, standin_encode(spec.prompt, [
+            Request.to_run(spec.custom_id, standin_encode(spec.prompt, [
                 {"role": m.role, "content": m.content} for m in spec.messages] if spec.messages else None),
                 spec.params)
             for spec in parsed

@@ -8,10 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fsched.core.daemon.engine import Engine, EngineRequest  # noqa: E402
+from fsched.core.daemon.engine import Engine  # noqa: E402
 from fsched.core.runners.hf.model import load_model  # noqa: E402
 from fsched.core.runners.hf.runner import ModelRunner  # noqa: E402
 from fsched.core.sched.config import SchedulerConfig  # noqa: E402
+from fsched.core.sched.request import Request  # noqa: E402
 from fsched.core.sched.scheduler import Scheduler  # noqa: E402
 from fsched.core.types import RequestClass, RequestStatus, SamplingParams  # noqa: E402
 
@@ -49,7 +50,7 @@ def workload(tiny, seed=0, temperature=0.0, n=N_REQUESTS, max_out=48, mixed=Fals
             **(mixed_sampling(rng, vocab) if mixed else {}),
         )
         prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(16, 128))]
-        requests.append(EngineRequest(id=f"r{i}", prompt=prompt, params=params))
+        requests.append(Request.to_run(id=f"r{i}", prompt=prompt, params=params))
     return requests
 
 
@@ -223,7 +224,7 @@ def test_kv_budget_is_never_exceeded(tiny):
 
 def test_prompt_longer_than_the_context_fails_alone(tiny, reference):
     requests = workload(tiny, n=4)
-    too_long = EngineRequest(
+    too_long = Request.to_run(
         id="long", prompt=[5] * (tiny.context_length + 10), params=SamplingParams(max_tokens=4, temperature=0)
     )
     _, results = run(tiny, [too_long, *requests])
@@ -240,7 +241,7 @@ def test_resume_from_generated_tokens_continues_the_same_output(tiny, reference)
     """A restarted daemon hands the engine the tokens flushed so far."""
     requests = workload(tiny, n=8)
     for r in requests:
-        r.generated = reference[r.id][: len(reference[r.id]) // 2]
+        r.resume_from(reference[r.id][: len(reference[r.id]) // 2])
     _, results = run(tiny, requests)
     for r in requests:
         assert results[r.id].tokens == reference[r.id]
@@ -254,7 +255,7 @@ def test_resume_with_every_field_continues_the_same_output_and_logprobs(tiny, te
     resumed = workload(tiny, seed=8, temperature=temperature, n=16, mixed=True)
     for r in resumed:
         k = len(whole[r.id].tokens) // 2
-        r.generated, r.logprobs = whole[r.id].tokens[:k], whole[r.id].logprobs[:k]
+        r.resume_from(whole[r.id].tokens[:k], whole[r.id].logprobs[:k])
     _, results = run(tiny, resumed)
     assert tokens(results) == tokens(whole) and same_logprobs(logprobs(results), logprobs(whole))
     assert any(r.params.response_format for r in resumed) and any(r.params.penalized for r in resumed)
@@ -263,12 +264,12 @@ def test_resume_with_every_field_continues_the_same_output_and_logprobs(tiny, te
 def test_stop_strings_and_eos(tiny):
 
     prompt = tiny.tokenizer("The train left the coast at dawn")["input_ids"]
-    free = EngineRequest("free", prompt, SamplingParams(max_tokens=40, temperature=0))
+    free = Request.to_run("free", prompt, SamplingParams(max_tokens=40, temperature=0))
     _, results = run(tiny, [free])
     text = results["free"].text
     assert results["free"].status is RequestStatus.FINISHED_LENGTH and len(text) > 10
     stop = text[5:8]
-    stopped = EngineRequest("stopped", prompt, SamplingParams(max_tokens=40, temperature=0, stop=(stop,)))
+    stopped = Request.to_run("stopped", prompt, SamplingParams(max_tokens=40, temperature=0, stop=(stop,)))
     _, results = run(tiny, [stopped])
     assert results["stopped"].status is RequestStatus.FINISHED_STOPPED
     assert results["stopped"].text == text[: text.index(stop)]

@@ -14,7 +14,7 @@ from fsched.core.sched.backfill import Reservation, behind_in_share, reserve_for
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Outcome
 from fsched.core.sched.policy import Standing
-from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.request import Request
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.types import RequestClass
 
@@ -23,8 +23,8 @@ CFG = SchedulerConfig(max_batch=8, kv_tokens=2_000, step_tokens=256, min_quantum
                       host_kv_tokens=0)
 
 
-def req(rid: str, prompt: int, out: int, tenant: str = "a", arrival: float = 0.0) -> SchedRequest:
-    return SchedRequest(rid, tenant, BA, prompt, out, arrival)
+def req(rid: str, prompt: int, out: int, tenant: str = "a", arrival: float = 0.0) -> Request:
+    return Request(rid, tenant, BA, prompt, out, arrival)
 
 
 def run(sched: Scheduler, steps: int) -> dict[str, int]:
@@ -38,7 +38,7 @@ def run(sched: Scheduler, steps: int) -> dict[str, int]:
     return admitted
 
 
-def blocked_head_workload() -> list[SchedRequest]:
+def blocked_head_workload() -> list[Request]:
     # A long request holds most of the KV for ~40 steps; the head (next in
     # line) needs more than is left; short work queues behind the head.
     shorts = [req(f"short{i}", 60, 4, arrival=2.0 + i) for i in range(4)]
@@ -75,7 +75,7 @@ def _fields(cfg: SchedulerConfig) -> dict:
     return {name: getattr(cfg, name) for name in cfg.__dataclass_fields__}
 
 
-def decoding(r: SchedRequest, generated: int = 1) -> SchedRequest:
+def decoding(r: Request, generated: int = 1) -> Request:
     r.generated = generated
     r.computed = r.context - 1
     return r
@@ -175,8 +175,8 @@ def test_no_backfill_behind_a_head_that_may_preempt():
     would only be more to displace, so nothing starts behind it."""
     rt = RequestClass.REALTIME
     sched = Scheduler(CFG, "fsched", {"a": 1})
-    hold = SchedRequest("hold", "a", rt, 1_200, 40, 0.0)  # its own class: not a victim
-    head = SchedRequest("head", "a", rt, 900, 5, 1.0)
+    hold = Request("hold", "a", rt, 1_200, 40, 0.0)  # its own class: not a victim
+    head = Request("head", "a", rt, 900, 5, 1.0)
     for r in (hold, head, req("short", 60, 4, arrival=2.0)):
         sched.add(r)
     admitted = run(sched, 60)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from fsched.core.daemon.engine import ContextOverflow, Engine, EngineRequest, fit_to_context
+from fsched.core.daemon.engine import ContextOverflow, Engine, fit_to_context
 from fsched.core.runners.standin import StandInRunner
 from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.request import Request
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.types import RequestStatus, SamplingParams
 
@@ -37,11 +38,11 @@ def test_engine_fails_an_over_long_request_alone_and_caps_a_default():
         StandInRunner(context_length=context), Scheduler(SchedulerConfig(max_batch=8), "fcfs"), context
     )
     requests = [
-        EngineRequest("asked", [7] * 40, SamplingParams(max_tokens=30, temperature=0)),
-        EngineRequest(
+        Request.to_run("asked", [7] * 40, SamplingParams(max_tokens=30, temperature=0)),
+        Request.to_run(
             "default", [7] * 40, SamplingParams(max_tokens=256, temperature=0, max_tokens_is_default=True)
         ),
-        EngineRequest("fits", [7] * 40, SamplingParams(max_tokens=24, temperature=0)),
+        Request.to_run("fits", [7] * 40, SamplingParams(max_tokens=24, temperature=0)),
     ]
     results = engine.run_all(requests)
     assert results["asked"].status is RequestStatus.FINISHED_FAILED

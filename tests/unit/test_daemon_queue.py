@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from fsched.core.daemon.engine import Engine, EngineRequest, StepFailed
+from fsched.core.daemon.engine import Engine, StepFailed
 from fsched.core.daemon.loop import Daemon, DaemonConfig
 from fsched.core.daemon.stepfaults import StepFaults
 from fsched.core.openai.batchfile import parse_job_file
@@ -23,6 +23,7 @@ from fsched.core.ports.records import JobSubmission
 from fsched.core.runners.standin import STANDIN_NAME, StandInRunner, standin_encode
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Plan
+from fsched.core.sched.request import Request
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.types import RequestClass, RequestStatus, SamplingParams
 
@@ -92,7 +93,7 @@ def reference(store: MemoryQueueStore) -> dict[str, list[int]]:
     runner = StandInRunner()
     config = SchedulerConfig(max_batch=64, kv_tokens=32_768, step_tokens=512)
     engine = Engine(runner, Scheduler(config, "fcfs"), runner.context_length)
-    requests = [EngineRequest(r.id, standin_encode(r.prompt, r.messages), SamplingParams.from_json(r.params))
+    requests = [Request.to_run(r.id, standin_encode(r.prompt, r.messages), SamplingParams.from_json(r.params))
                 for r in store.requests()]
     return {rid: result.tokens for rid, result in engine.run_all(requests).items()}
 

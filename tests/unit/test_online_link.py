@@ -18,8 +18,9 @@ from fsched.core.daemon.holdings import Holdings
 from fsched.core.daemon.link import LinkServer
 from fsched.core.daemon.publish import Publisher
 from fsched.core.ports.link import VERSION, Claim, End, Hello, StepText, Wake, encode
-from fsched.core.ports.records import ClaimedRequest, RequestProgress
-from fsched.core.types import RequestClass, RequestStatus
+from fsched.core.ports.records import RequestProgress
+from fsched.core.sched.request import Request
+from fsched.core.types import RequestClass, RequestStatus, SamplingParams
 
 
 def progress(text: str, state: RequestStatus = RequestStatus.RUNNING) -> RequestProgress:
@@ -27,10 +28,9 @@ def progress(text: str, state: RequestStatus = RequestStatus.RUNNING) -> Request
                            enqueued_at=0.0, first_token_at=None, finished_at=None, error=None)
 
 
-def claimed(job_id: int = 1, request_id: str = "r1") -> ClaimedRequest:
-    return ClaimedRequest(id=request_id, job_id=job_id, tenant="t", request_class=RequestClass.STREAMING,
-                          priority=5, custom_id="c", endpoint="/v1/chat/completions", prompt="p",
-                          messages=None, params={}, output_tokens=[], enqueued_at=1.0)
+def claimed(job_id: int = 1, request_id: str = "r1") -> Request:
+    return Request.to_run(request_id, [1], SamplingParams(max_tokens=8), "t", RequestClass.STREAMING,
+                          job_id=job_id, enqueued_at=1.0)
 
 
 async def _updates(hub: ProgressHub, job_id: int, n: int, until: str | None = None) -> list:

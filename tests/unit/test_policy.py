@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.policy import POLICIES, Standing, make_policy, standings
-from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.request import Request
 from fsched.core.sched.waitqueue import WaitQueue
 from fsched.core.types import RequestClass
 
@@ -19,7 +19,7 @@ IN = Standing(1.0, True, True)
 
 
 def r(rid, request_class=BA, tenant="t", prompt=100, arrival=0.0, prio=5, seq=0):
-    x = SchedRequest(rid, tenant, request_class, prompt, 10, arrival, priority=prio)
+    x = Request(rid, tenant, request_class, prompt, 10, arrival, priority=prio)
     x.seq = seq
     x.wait_since = arrival
     return x
@@ -160,7 +160,7 @@ def test_waitqueue_best_is_the_minimum_rank_over_all_waiting(ops, policy_name):
     q = WaitQueue(policy)
     now, seq = 0.0, 0
     stand = {"x": IN, "y": IN, "z": IN}
-    live: list[SchedRequest] = []
+    live: list[Request] = []
     for op in ops:
         if op[0] == "add":
             _, request_class, tenant, prompt, prio = op

@@ -13,12 +13,13 @@ import time
 
 import pytest
 
-from fsched.core.daemon.engine import Engine, EngineRequest
+from fsched.core.daemon.engine import Engine
 from fsched.core.runners.openai_http import EngineClient
 from fsched.core.runners.remote import Codec, RemoteRunner, completion_body, resume_seed
 from fsched.core.runners.standin import STANDIN_EOS, StandInRunner, standin_text
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Plan, PrefillChunk
+from fsched.core.sched.request import Request
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.types import RequestClass, RequestStatus, SamplingParams
 from tests.support.fake_engine import FakeEngine, expected_tokens
@@ -45,7 +46,7 @@ def config(**kw) -> SchedulerConfig:
 
 
 def requests(n=24, temperature=0.0, seed0=0):
-    return [EngineRequest(str(i), list(range(1, 4 + i % 7)), SamplingParams(
+    return [Request.to_run(str(i), list(range(1, 4 + i % 7)), SamplingParams(
         max_tokens=10 + (i * 7) % 40, temperature=temperature, seed=seed0 + i)) for i in range(n)]
 
 
@@ -203,8 +204,8 @@ def test_a_refused_request_fails_alone_with_the_engine_message(fake):
 
 def test_context_too_long_is_refused_by_the_engine_with_its_message(fake):
     fake.context = 64
-    reqs = [EngineRequest("long", list(range(1, 40)), SamplingParams(max_tokens=50, temperature=0, seed=1)),
-            EngineRequest("ok", [1, 2, 3], SamplingParams(max_tokens=20, temperature=0, seed=1))]
+    reqs = [Request.to_run("long", list(range(1, 40)), SamplingParams(max_tokens=50, temperature=0, seed=1)),
+            Request.to_run("ok", [1, 2, 3], SamplingParams(max_tokens=20, temperature=0, seed=1))]
     results = run(remote_runner(fake), reqs)
     assert results["ok"].status.succeeded
     assert results["long"].status is RequestStatus.FINISHED_FAILED

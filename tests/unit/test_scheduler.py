@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Outcome
-from fsched.core.sched.request import Checkpoint, SchedRequest
+from fsched.core.sched.request import Checkpoint, Request
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sched.usage import TenantCharge
 from fsched.core.types import RequestClass, RequestStatus
@@ -86,7 +86,7 @@ class FakeEngine:
 
 
 def req(rid, tenant="t", request_class=RequestClass.BATCH, prompt=100, output=10, arrival=0.0, prio=5):
-    return SchedRequest(rid, tenant, request_class, prompt, output, arrival, priority=prio)
+    return Request(rid, tenant, request_class, prompt, output, arrival, priority=prio)
 
 
 request_specs = st.lists(

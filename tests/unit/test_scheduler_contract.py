@@ -16,7 +16,7 @@ import pytest
 
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Outcome
-from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.request import Request
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sched.shares import served_shares
 from fsched.core.types import RequestClass
@@ -34,11 +34,11 @@ class Driver:
         self.now = 0.0
         self.outputs: dict[str, int] = {}
         self.first_token: dict[str, float] = {}
-        self.admitted: list[tuple[float, SchedRequest]] = []
+        self.admitted: list[tuple[float, Request]] = []
         self.batch: list[int] = []  # running requests in each plan
         self.log: list[dict[str, tuple[float, float]]] = []
 
-    def add(self, r: SchedRequest) -> None:
+    def add(self, r: Request) -> None:
         self.outputs[r.id] = r.max_tokens
         self.sched.add(r)
 
@@ -71,7 +71,7 @@ class Driver:
 def mixed(tenant: str, n: int, mix: dict[RequestClass, float], seed: int, start: float = 0.0):
     rng = random.Random(seed)
     classes, probs = list(mix), list(mix.values())
-    return [SchedRequest(f"{tenant}{i}", tenant, rng.choices(classes, probs)[0], rng.randint(20, 400),
+    return [Request(f"{tenant}{i}", tenant, rng.choices(classes, probs)[0], rng.randint(20, 400),
                          rng.randint(5, 60), start + i * 1e-3) for i in range(n)]
 
 
@@ -109,15 +109,15 @@ def test_in_share_realtime_goes_first_and_beyond_its_share_waits():
         d.add(r)
     for _ in range(10):
         d.step()
-    d.add(SchedRequest("b-rt", "b", RT, 50, 5, d.now))
+    d.add(Request("b-rt", "b", RT, 50, 5, d.now))
     d.step()
     assert d.admitted[-1][1].id == "b-rt"  # step 1: precedence, though a's batch waited longer
     for i in range(200):  # step 2: b floods realtime for a while
-        d.add(SchedRequest(f"b-flood{i}", "b", RT, 50, 40, d.now))
+        d.add(Request(f"b-flood{i}", "b", RT, 50, 40, d.now))
         d.step()
     stand = sched.standings(d.now)
     assert not stand["b"].precedence and stand["a"].precedence
-    d.add(SchedRequest("b-late", "b", RT, 50, 5, d.now))
+    d.add(Request("b-late", "b", RT, 50, 5, d.now))
     d.step()
     plan_ids = [r.id for t, r in d.admitted if t == d.now - 1]
     assert "b-late" not in plan_ids
@@ -133,7 +133,7 @@ def test_realtime_first_token_within_prefill_plus_two_steps_with_the_batch_full(
     for _ in range(12):
         d.step()
     assert len(sched.running) == cfg.max_batch
-    d.add(SchedRequest("rt", "a", RT, 900, 5, d.now))
+    d.add(Request("rt", "a", RT, 900, 5, d.now))
     arrived = d.now
     for _ in range(10):
         d.step()
@@ -150,17 +150,17 @@ def test_realtime_displaces_streaming_when_nothing_outside_precedence_can_make_r
     cfg = SchedulerConfig(max_batch=4, kv_tokens=200_000, step_tokens=512, min_quantum_steps=4)
     sched = Scheduler(cfg, "fsched", {"a": 3, "b": 1})
     d = Driver(sched)
-    spent = SchedRequest("ba", "a", BA, 400, 500, 0.0)
+    spent = Request("ba", "a", BA, 400, 500, 0.0)
     d.add(spent)
     for i in range(3):
-        d.add(SchedRequest(f"st{i}", "a", ST, 20_000, 5, 0.001 * (i + 1)))
+        d.add(Request(f"st{i}", "a", ST, 20_000, 5, 0.001 * (i + 1)))
     d.step()
     spent.preemptions = cfg.max_preemptions  # under its bound no more
     assert set(sched.running) == {"ba", "st0", "st1", "st2"}
-    d.add(SchedRequest("st-late", "a", ST, 100, 5, d.now))
+    d.add(Request("st-late", "a", ST, 100, 5, d.now))
     d.step()
     assert "st-late" not in sched.running  # streaming waits for streaming
-    d.add(SchedRequest("rt", "a", RT, 100, 5, d.now))
+    d.add(Request("rt", "a", RT, 100, 5, d.now))
     d.step()
     assert "rt" in sched.running and sched.get("st2").preemptions == 1  # the last in line made room
     assert {"ba", "st0", "st1"} <= set(sched.running)
@@ -178,11 +178,11 @@ def test_a_tenant_beyond_its_share_does_not_get_ahead_by_waiting():
         sched = Scheduler(cfg, "fsched", {"a": 1, "b": 1})
         d = Driver(sched)
         for i in range(300):
-            d.add(SchedRequest(f"b{i}", "b", BA, 50, 3, i * 1e-3))
+            d.add(Request(f"b{i}", "b", BA, 50, 3, i * 1e-3))
         for _ in range(100):
             d.step()
         for i in range(300):
-            d.add(SchedRequest(f"a{i}", "a", BA, 50, 3, d.now + i * 1e-3))
+            d.add(Request(f"a{i}", "a", BA, 50, 3, d.now + i * 1e-3))
         for _ in range(15):
             d.step()
         late = [r.tenant for t, r in d.admitted if t >= 100]

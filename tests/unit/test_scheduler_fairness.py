@@ -13,7 +13,7 @@ import pytest
 
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Outcome
-from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.request import Request
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sched.shares import served_shares
 from fsched.core.sim.bounds import first_token_bound_s
@@ -26,7 +26,7 @@ UNIT = CostModel(base_s=1.0, token_s=0.0, kv_token_s=0.0, swap_token_s=0.0)
 BATCH = RequestClass.BATCH
 
 
-def run_steps(sched: Scheduler, arrivals: list[SchedRequest], steps: int):
+def run_steps(sched: Scheduler, arrivals: list[Request], steps: int):
     """Drive `sched` one 1-second step at a time; per step, what each tenant
     consumed and which tenants had work waiting."""
     arrivals = sorted(arrivals, key=lambda r: r.arrival)
@@ -66,7 +66,7 @@ def backlog(tenant: str, n: int, prompt, output, start: float = 0.0, seed: int =
     for i in range(n):
         p = prompt if isinstance(prompt, int) else rng.randint(*prompt)
         o = output if isinstance(output, int) else rng.randint(*output)
-        out.append(SchedRequest(f"{tenant}{i}", tenant, BATCH, p, o, start + i * 1e-3))
+        out.append(Request(f"{tenant}{i}", tenant, BATCH, p, o, start + i * 1e-3))
     return out
 
 
@@ -168,7 +168,7 @@ def test_returning_idle_tenant_gets_no_burst_beyond_the_lift(lift, bound):
     sched = Scheduler(cfg, "fsched", {"a": 1, "b": 1})
     a = backlog("a", 3_000, 200, 50)
     b_before = backlog("b", 60, 200, 50)  # b keeps up for a while, then goes idle
-    b_after = [SchedRequest(f"b-late{i}", "b", BATCH, 200, 50, 1_500.0 + i * 1e-3) for i in range(400)]
+    b_after = [Request(f"b-late{i}", "b", BATCH, 200, 50, 1_500.0 + i * 1e-3) for i in range(400)]
     log = run_steps(sched, a + b_before + b_after, 1_800)
     assert "b" not in log[1_400][1]  # b was idle before returning
     share_b = window_shares(log, 1_500, 1_600, cfg.kv_tokens)["b"]
@@ -227,7 +227,7 @@ def test_weights_hold_when_work_arrives_over_time_and_waits_long():
                 rid = f"{tenant}{counter[tenant]}"
                 outputs[rid] = rng.randint(6, 10)
                 sched.add(
-                    SchedRequest(
+                    Request(
                         rid,
                         tenant,
                         BATCH,

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from fsched.core.daemon.engine import Engine, EngineRequest
+from fsched.core.daemon.engine import Engine
 from fsched.core.runners.standin import (
     STANDIN_CONTEXT,
     STANDIN_EOS,
@@ -18,7 +18,7 @@ from fsched.core.runners.standin import (
     standin_token,
 )
 from fsched.core.sched.config import SchedulerConfig
-from fsched.core.sched.request import Checkpoint
+from fsched.core.sched.request import Checkpoint, Request
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.types import RequestClass, SamplingParams
 
@@ -27,7 +27,7 @@ def requests(seed: int = 0, n: int = 48, max_out: int = 48, request_class=Reques
              prefix: str = "r"):
     rng = random.Random(seed)
     return [
-        EngineRequest(
+        Request.to_run(
             id=f"{prefix}{i}",
             prompt=standin_encode(" ".join(f"w{rng.randrange(500)}" for _ in range(rng.randint(4, 120)))),
             params=SamplingParams(max_tokens=rng.randint(4, max_out), temperature=0.8, seed=1000 + i),
@@ -74,7 +74,7 @@ def test_a_restarted_request_continues_its_output():
     full = run_all(requests(n=8))
     resumed = requests(n=8)
     for r in resumed:
-        r.generated = full[r.id][: len(full[r.id]) // 2]
+        r.resume_from(full[r.id][: len(full[r.id]) // 2])
     assert run_all(resumed) == full
 
 
@@ -119,11 +119,11 @@ def test_context_limit_and_injected_faults():
     engine = Engine(runner, Scheduler(SchedulerConfig(max_batch=4, kv_tokens=1_024, step_tokens=64)),
                     runner.context_length)
     prompt = standin_encode("a b c d e f g h i j")
-    (result,) = engine.run_all([EngineRequest("x", prompt, SamplingParams(max_tokens=100, seed=1))]).values()
+    (result,) = engine.run_all([Request.to_run("x", prompt, SamplingParams(max_tokens=100, seed=1))]).values()
     assert len(prompt) + len(result.tokens) <= 16  # stopped by the context, not max_tokens
     boom = StandInRunner(fail_when=lambda plan: RuntimeError("injected") if plan.step == 2 else None)
     engine = Engine(boom, Scheduler(SchedulerConfig(max_batch=4, kv_tokens=1_024, step_tokens=64)), 100)
-    engine.add(EngineRequest("y", prompt, SamplingParams(max_tokens=10, seed=1)))
+    engine.add(Request.to_run("y", prompt, SamplingParams(max_tokens=10, seed=1)))
     engine.step()
     engine.step()
     with pytest.raises(Exception, match="injected"):
