@@ -14,7 +14,7 @@ nginx's `client_header_timeout` and `client_body_timeout` (60 s there):
   and the connection closed (`BodyDeadline`, ASGI middleware).
 
 The protocol also offers each request the `fsched.abort` extension: a stream
-whose client stopped reading drops the connection with it.
+whose client stopped reading closes the connection with it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from fsched.api.errors import BodyRefused, run_refusing
 
-ABORT = "fsched.abort"  # a scope extension: drop this request's connection at once
+ABORT = "fsched.abort"  # a scope extension: close this request's connection, the response unfinished
 
 
 @dataclass(slots=True, frozen=True)
@@ -89,10 +89,10 @@ class HeaderDeadline(H11Protocol):
         super().connection_lost(exc)
 
     def _abort(self, cycle) -> None:
-        """Drop the connection now, its unsent bytes with it: the app is done with a client that took
-        none (uvicorn then sees a client gone, not a response left unfinished)."""
+        """Close the connection: the app is done with a client that took no bytes (uvicorn then sees a
+        client gone, not a response left unfinished to log as an error)."""
         cycle.disconnected = True
-        self.transport.abort()
+        self.transport.close()
 
     def _arm(self) -> None:
         if self._deadline is not None:

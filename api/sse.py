@@ -47,7 +47,7 @@ class BoundedStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         except ClientStalled:
             abort = scope.get("extensions", {}).get(ABORT)
-            if abort is not None:  # its buffers are full: nothing more can be sent, not even the end
+            if abort is not None:  # its buffers are full: not even the end can be sent
                 abort()
             _gone(scope, f"took no bytes for {self.stall_s:g} s")
         except (ClientDisconnect, OSError):
