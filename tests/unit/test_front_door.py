@@ -255,3 +255,26 @@ async def test_two_spellings_of_one_token_id_in_logit_bias_are_400(rig, bias):
         assert batch["status"] == "failed", batch
         (error,) = batch["errors"]["data"]
         assert (error["param"], error["line"]) == ("body.logit_bias", 1), error
+
+
+async def test_a_tenant_creating_too_many_batches_at_once_gets_429(rig):
+    """Each creation reads and parses a whole file: a tenant has MAX_CREATIONS_PER_TENANT at once, and
+    the next is a 429 saying so (another tenant's are not held up)."""
+    from fsched.api.batch import MAX_CREATIONS_PER_TENANT
+
+    busy = rig.server.state.batch_creations
+    async with http(rig, "creator") as c, http(rig, "other") as other:
+        body = {"input_file_id": await upload(c, batch_lines(2)), "endpoint": "/v1/completions",
+                "completion_window": "24h"}
+        busy["creator"] = MAX_CREATIONS_PER_TENANT  # as while that many are being created
+        before = rig.snapshot()
+        r = await c.post("/v1/batches", json=body)
+        error = openai_error(r, 429)
+        assert error["code"] == "too_many_batch_creations" and r.headers["retry-after"] == "5"
+        assert rig.snapshot() == before
+        theirs = await other.post("/v1/batches", json={**body, "input_file_id": await upload(other,
+                                                                                             batch_lines(2))})
+        assert theirs.status_code == 200, theirs.text
+        busy["creator"] = MAX_CREATIONS_PER_TENANT - 1
+        assert (await c.post("/v1/batches", json=body)).status_code == 200
+        assert busy == {"creator": MAX_CREATIONS_PER_TENANT - 1}  # its own place given back
