@@ -41,7 +41,7 @@ def main() -> None:
         i = 0
         while out.tell() < args.mb * 1_000_000:
             out.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
-                                  "body": {"model": "m", "prompt": f"line {i} " + "word " * 100,
+                                  "body": {"model": "m", "prompt": f"line {i} " + "word " * 400,
                                            "max_tokens": 4}}) + "\n")
             i += 1
     key = make_key(args.fsched, env)
