@@ -184,6 +184,11 @@ def _logprobs_in_pieces(conn: Connection) -> None:
             conn.execute(request_logprobs.insert().values(request_id=key, start=0, records=records))
             conn.execute(text("UPDATE requests SET num_logprobs = :n WHERE id = :id"),
                          {"n": len(records), "id": key})
+    if conn.dialect.name == "sqlite" and sqlite3.sqlite_version_info < (3, 35, 0):
+        # No DROP COLUMN: copying the table would take the pieces' rows with it (their foreign key
+        # follows the renamed table), so the column stays, emptied (nullable: inserts never name it).
+        conn.execute(text("UPDATE requests SET output_logprobs = NULL"))
+        return
     drop_column(conn, "requests", "output_logprobs")
 
 
