@@ -61,23 +61,22 @@ def parse_lines(pieces: Iterable[bytes], source: str, limits: InputLimits, parse
 def _lines(pieces: Iterable[bytes], source: str, limits: InputLimits) -> Iterator[bytes]:
     """The file's lines (a UTF-8 byte order mark skipped, as editors on Windows write), its size and a
     line's checked as they come."""
-    held, size, line_no = b"", 0, 1
+    held, size, line_no, head = b"", 0, 1, b""
     for piece in pieces:
         size += len(piece)
         if size > limits.max_bytes:
             raise JobFileError(source, f"file is over the limit of {limits.max_bytes:,} bytes")
+        if head is not None:  # the file's first bytes, until it is known whether they are a BOM
+            head, piece = head + piece, b""
+            if len(head) < 3:
+                continue
+            piece, head = head.removeprefix(b"\xef\xbb\xbf"), None
         *whole, held = (held + piece).split(b"\n")
-        if whole:
-            yield _without_bom(whole[0]) if line_no == 1 else whole[0]
-            yield from whole[1:]
-            line_no += len(whole)
+        yield from whole
+        line_no += len(whole)
         if len(held) > limits.max_line_bytes:  # the line's end has not come: it is over already
             _decoded_line(held, source, line_no, limits)
-    yield _without_bom(held) if line_no == 1 else held
-
-
-def _without_bom(line: bytes) -> bytes:
-    return line[3:] if line.startswith(b"\xef\xbb\xbf") else line
+    yield held + (head or b"").removeprefix(b"\xef\xbb\xbf")
 
 
 def _decoded_line(raw: bytes, source: str, line_no: int, limits: InputLimits) -> str:
