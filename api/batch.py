@@ -9,6 +9,7 @@ error files are rendered from the job's results when read.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 
 from fastapi import APIRouter, Request
@@ -21,8 +22,9 @@ from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.batches import BATCH_PURPOSE, BatchRecord, new_batch_id, window_seconds
 from fsched.core.jobs.jobfile import JobFileError, load_json_object
 from fsched.core.jobs.jsontext import dumps as json_text
+from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.batch import batch_object, file_object, list_page, validate_metadata
-from fsched.core.openai.batchfile import parse_job_file
+from fsched.core.openai.batchfile import parse_job_pieces
 from fsched.core.openai.results import lines_of, output_line
 from fsched.core.ports.records import FileQuotaExceeded, JobSubmission, QueueFull
 from fsched.core.types import Endpoint, JobOrigin, RequestClass
@@ -33,6 +35,9 @@ BATCH_EXPIRED = {"code": "batch_expired",
                  "message": "this request could not be executed before the completion window expired"}
 MAX_LIST = 100
 MAX_FILES_LIST = 10_000  # OpenAI's limit (and default) for a page of files
+# Batch creations a tenant may have in progress at once: each reads and parses a whole input file (up to
+# 200 MiB); two keep one tenant's creations going while bounding what they hold.
+MAX_CREATIONS_PER_TENANT = 2
 
 
 # -- files ------------------------------------------------------------------------------------
@@ -142,13 +147,38 @@ async def create_batch(request: Request) -> dict:
         raise not_found("file", body["input_file_id"], "input_file_id")
     if f.purpose != BATCH_PURPOSE or f.job_id is not None:
         raise ApiError(400, f"file {f.id!r} was not uploaded with purpose 'batch'", "input_file_id")
-    content = await state.call(state.backend.files.file_content, key.tenant, f.id)
     record = BatchRecord(id=new_batch_id(), tenant=key.tenant, job_id=None, endpoint=endpoint.value,
                          input_file_id=f.id, completion_window=body["completion_window"], metadata=metadata,
                          created_at=time.time())
     limits = await state.limits()
+    with _creation_slot(state, key.tenant):
+        return await _create(state, key, record, f.filename, endpoint, limits)
+
+
+@contextmanager
+def _creation_slot(state: ServerState, tenant: str):
+    """One of the tenant's MAX_CREATIONS_PER_TENANT places to create a batch (each reads and parses a
+    whole file), or 429: a tenant cannot fill the server's memory and threads with creations."""
+    busy = state.batch_creations
+    if busy.get(tenant, 0) >= MAX_CREATIONS_PER_TENANT:
+        raise ApiError(429, f"{MAX_CREATIONS_PER_TENANT} batch creations of yours are in progress, the most "
+                       "at once; retry when one is done", code="too_many_batch_creations",
+                       headers={"Retry-After": "5"})
+    busy[tenant] = busy.get(tenant, 0) + 1
     try:
-        requests = await state.call(parse_job_file, content or b"", f.filename, limits, endpoint=endpoint)
+        yield
+    finally:
+        busy[tenant] -= 1
+        if not busy[tenant]:
+            del busy[tenant]
+
+
+async def _create(state: ServerState, key: ApiKey, record: BatchRecord, filename: str, endpoint: Endpoint,
+                  limits: InputLimits) -> dict:
+    """Parse the input file (read from the table a piece at a time) and submit its job."""
+    pieces = await state.call(state.backend.files.iter_content, key.tenant, record.input_file_id)
+    try:
+        requests = await state.call(parse_job_pieces, pieces or (), filename, limits, endpoint=endpoint)
     except JobFileError as exc:
         failed = _refused(record, exc)
         await state.call(state.backend.files.add_batch, failed)

@@ -4,7 +4,8 @@ The limits on a key are read from the table and kept for LIMITS_TTL_S (an
 admin's change applies within it); the counting is the table's
 (`KeyStore.take_rate`), shared by every replica of `fsched serve`. A key with
 no limit costs no write. What a request costs: one request, and the tokens
-it may generate (max_tokens for each choice).
+it may generate (max_tokens for each choice, its logprobs counted as the
+table-wide `logprobs_per_charged_token` says).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from fsched.api.errors import ApiError
 from fsched.api.state import LIMITS_TTL_S, ServerState
 from fsched.core.jobs.apikeys import ApiKey
-from fsched.core.jobs.ratelimit import never_fits
+from fsched.core.jobs.ratelimit import charged_tokens, never_fits
 from fsched.core.openai.online import OnlineRequest
 
 # key id -> (its rate limits, when read). Key ids are random and never reused, so one cache serves
@@ -24,8 +25,9 @@ _LIMITS: dict[str, tuple[dict[str, int], float]] = {}
 _KEPT = 10_000
 
 
-def costs_of(online: OnlineRequest) -> dict[str, int]:
-    return {"requests": 1, "tokens": sum(spec.params.max_tokens for spec in online.specs)}
+def costs_of(online: OnlineRequest, logprobs_per_token: int) -> dict[str, int]:
+    return {"requests": 1, "tokens": sum(charged_tokens(spec.params.max_tokens, spec.params.logprobs,
+                                                        logprobs_per_token) for spec in online.specs)}
 
 
 async def admit(state: ServerState, key: ApiKey, online: OnlineRequest) -> None:
@@ -33,12 +35,12 @@ async def admit(state: ServerState, key: ApiKey, online: OnlineRequest) -> None:
     limits = await _limits(state, key.id)
     if not limits:
         return
-    costs = costs_of(online)
+    costs = costs_of(online, (await state.limits()).logprobs_per_charged_token)
     too_big = never_fits(limits, costs)
     if too_big is not None:
-        raise ApiError(400, f"this request may generate {costs['tokens']:,} tokens, more than key {key.id}'s "
-                            f"limit of {limits[too_big]:,} a minute ({too_big}); ask for fewer max_tokens",
-                       "max_tokens", "rate_limit_exceeded")
+        raise ApiError(400, f"this request may generate {costs['tokens']:,} tokens (logprobs counted), more "
+                            f"than key {key.id}'s limit of {limits[too_big]:,} a minute ({too_big}); ask for "
+                            "fewer max_tokens", "max_tokens", "rate_limit_exceeded")
     decision = await state.call(state.backend.keys.take_rate, key.id, limits, costs)
     if not decision.allowed:
         wait = max(1, math.ceil(decision.retry_after_s))

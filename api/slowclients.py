@@ -12,6 +12,9 @@ nginx's `client_header_timeout` and `client_body_timeout` (60 s there):
 * **Body**: once the headers are in, the whole body must be within
   `body_timeout_s`, or the request is answered 408 in OpenAI's error shape
   and the connection closed (`BodyDeadline`, ASGI middleware).
+
+The protocol also offers each request the `fsched.abort` extension: a stream
+whose client stopped reading closes the connection with it.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from fsched.api.errors import BodyRefused, run_refusing
+
+ABORT = "fsched.abort"  # a scope extension: close this request's connection, the response unfinished
 
 
 @dataclass(slots=True, frozen=True)
@@ -66,6 +72,9 @@ class HeaderDeadline(H11Protocol):
 
     def handle_events(self) -> None:
         super().handle_events()
+        cycle = self.cycle
+        if cycle is not None and ABORT not in cycle.scope.setdefault("extensions", {}):
+            cycle.scope["extensions"][ABORT] = partial(self._abort, cycle)
         if self.cycle is not None and self.cycle is not self._waiting_for and self._deadline is not None:
             self._deadline.cancel()  # this request's headers are in
             self._deadline = None
@@ -78,6 +87,12 @@ class HeaderDeadline(H11Protocol):
         if self._deadline is not None:
             self._deadline.cancel()
         super().connection_lost(exc)
+
+    def _abort(self, cycle) -> None:
+        """Close the connection: the app is done with a client that took no bytes (uvicorn then sees a
+        client gone, not a response left unfinished to log as an error)."""
+        cycle.disconnected = True
+        self.transport.close()
 
     def _arm(self) -> None:
         if self._deadline is not None:

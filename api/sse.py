@@ -5,6 +5,9 @@ buffers are full, the write waits (backpressure: nothing piles up in the
 server beyond the transport's buffer). A write that waits longer than
 `stall_s` ends the response: the connection is closed, and the stream's own
 `finally` cancels its request.
+
+A client that goes away (it hangs up, or stalls past the bound) is one INFO
+line in serve's log, never a traceback: any tenant can do it at will.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import asyncio
 import logging
 
 from fastapi.responses import StreamingResponse
-from starlette.types import Send
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
 
+from fsched.api.slowclients import ABORT
 from fsched.core.jobs.jsontext import dumps as json_text
 
 log = logging.getLogger("fsched.serve")
@@ -35,6 +40,21 @@ class BoundedStream(StreamingResponse):
         super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
                          **kwargs)
         self.stall_s = stall_s
+        self.ended = False  # the last byte of the stream was sent
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except ClientStalled:
+            abort = scope.get("extensions", {}).get(ABORT)
+            if abort is not None:  # its buffers are full: not even the end can be sent
+                abort()
+            _gone(scope, f"took no bytes for {self.stall_s:g} s")
+        except (ClientDisconnect, OSError):
+            _gone(scope, "disconnected")
+        else:
+            if not self.ended:  # the disconnect listener ended the stream early
+                _gone(scope, "disconnected")
 
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -45,9 +65,16 @@ class BoundedStream(StreamingResponse):
                 with watchdog:
                     await send({"type": "http.response.body", "body": body, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+            self.ended = True
         finally:
             watchdog.stop()
             await self.body_iterator.aclose()  # its `finally` cancels an unfinished request
+
+
+def _gone(scope: Scope, why: str) -> None:
+    host, port = scope.get("client") or ("?", 0)
+    log.info("client %s:%s left its stream (%s %s) before the end: it %s; its request is cancelled",
+             host, port, scope.get("method", "?"), scope.get("path", "?"), why)
 
 
 class _Watchdog:
@@ -73,7 +100,6 @@ class _Watchdog:
         self._since = None
         if self._stalled and kind is asyncio.CancelledError:
             self._task.uncancel()
-            log.warning("a client took no bytes for %g s: its stream is closed", self.stall_s)
             raise ClientStalled from None
 
     def _check(self) -> None:

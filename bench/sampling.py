@@ -10,6 +10,7 @@ The workload of bench/engine.py (64 requests, prompts 16-128 tokens, outputs
   penalties  sampled, plus presence 0.5, frequency 0.5, repetition 1.1
   bias+minp  sampled, plus 8 logit_bias entries, min_p 0.05, min_tokens 4
   logprobs   sampled, plus logprobs with 5 top alternatives
+  stop       sampled, plus two stop strings that never match (every output runs to its length)
   json       sampled, under a JSON schema (structured output)
 Prints tok/s per mode and the ratio to greedy; for json also the grammar's
 share: mask computation per token (llguidance) and the mask applied.
@@ -45,6 +46,8 @@ def mode_fields(mode: str, vocab: int, rng: random.Random) -> dict:
         return {**sampled, "min_p": 0.05, "min_tokens": 4, "logit_bias": SamplingParams.logit_bias_of(bias)}
     if mode == "logprobs":
         return {**sampled, "logprobs": 5}
+    if mode == "stop":
+        return {**sampled, "stop": ("\x1fnever\x1f", "@@@@ stop @@@@")}
     return {**sampled, "response_format": ResponseFormat.json_schema(SCHEMA)}
 
 
@@ -103,7 +106,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--modes", default="greedy,sampled,penalties,bias+minp,logprobs,json")
+    parser.add_argument("--modes", default="greedy,sampled,penalties,bias+minp,logprobs,stop,json")
     parser.add_argument("--seeds", default="0")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

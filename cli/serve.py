@@ -139,5 +139,23 @@ def _run(uvicorn, app, host: str, port: int, metrics_port: int | None, access_lo
     if send_buffer_kb is not None:  # connections inherit it: the most a stalled client makes us hold
         sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_kb * 1024)
     if metrics_port is not None:
-        sockets.append(uvicorn.Config(app, host="127.0.0.1", port=metrics_port).bind_socket())
+        # log_config=None: a second logging setup would undo --no-access-log
+        metrics = uvicorn.Config(app, host="127.0.0.1", port=metrics_port, log_config=None)
+        sockets.append(metrics.bind_socket())
+    _log_fsched_lines()
     Server(config).run(sockets=sockets)
+
+
+def _log_fsched_lines() -> None:
+    """fsched's own log lines (a client gone, a link lost) on stderr at INFO, in uvicorn's form."""
+    import logging
+    import sys
+
+    from uvicorn.logging import DefaultFormatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s", use_colors=False))
+    logger = logging.getLogger("fsched")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False

@@ -20,6 +20,7 @@ from fsched.core.ports.records import ClaimedRequest
 from fsched.core.types import RequestClass
 from fsched.storage.counters import lock_job, store_counts
 from fsched.storage.db import Database
+from fsched.storage.logprobs import read as read_logprobs
 from fsched.storage.rows import (
     FINISHED_JOB_STATES,
     WAITING,
@@ -67,7 +68,8 @@ def claim_requests(
             rows = _claim_from_job(db, conn, job.id, want, owner, lease_s, now)
             room[group] -= len(rows)
             claimed.extend(rows)
-    return [claimed_request(row) for row in claimed]
+        stored = read_logprobs(conn, [row.id for row in claimed if row.num_logprobs])  # resumes
+    return [claimed_request(row, stored.get(row.id, ())) for row in claimed]
 
 
 def _claim_from_job(

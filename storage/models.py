@@ -104,9 +104,8 @@ class RequestRow(Base):
     # the text is what results print.
     output_tokens: Mapped[list] = mapped_column(JSON, default=list)
     output_text: Mapped[str] = mapped_column(SafeText, default="")
-    # One compact array per output token (TokenLogprobs.to_json) when the
-    # request asked for logprobs, written with the tokens; NULL otherwise.
-    output_logprobs: Mapped[list | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    # Logprobs of the output tokens stored so far (their records are in request_logprobs).
+    num_logprobs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     num_output_tokens: Mapped[int] = mapped_column(Integer, default=0)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
@@ -213,6 +212,18 @@ class FileChunk(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
     __table_args__ = (Index("ix_file_chunks_created_at", "created_at"),)
+
+
+class RequestLogprobs(Base):
+    """Logprobs of a request's output tokens, appended a piece at each write of its tokens: the
+    records (TokenLogprobs.to_json, one compact array a token) of tokens `start`, `start` + 1, ...
+    A write stores only what is new and a reader reads only the pieces it lacks, so a request's
+    logprobs cost their size once, not once a flush or a poll."""
+
+    __tablename__ = "request_logprobs"
+    request_id: Mapped[int] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"), primary_key=True)
+    start: Mapped[int] = mapped_column(Integer, primary_key=True)
+    records: Mapped[list] = mapped_column(JSON)
 
 
 class KeyLimit(Base):

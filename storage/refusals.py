@@ -13,7 +13,7 @@ savepoints are taken only after a refusal.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import DataError, StatementError
@@ -35,13 +35,17 @@ def refusal_message(exc: BaseException) -> str:
     return f"{REFUSED_PREFIX} ({reason}); it was failed so that the other requests go on"
 
 
-def write_each(conn: Connection, statement, writes: Sequence[dict]) -> dict[int, str]:
-    """Run `statement` for each write under its own savepoint; the refused ones' ids (`b_id`), with why."""
+def write_each(conn: Connection, statement, writes: Sequence[dict],
+               also: Callable[[Connection, dict], None] | None = None) -> dict[int, str]:
+    """Run `statement` for each write under its own savepoint (and `also(conn, write)`, the rest of
+    that request's write); the refused ones' ids (`b_id`), with why."""
     refused: dict[int, str] = {}
     for write in writes:
         try:
             with conn.begin_nested():
                 conn.execute(statement, [write])
+                if also is not None:
+                    also(conn, write)
         except Exception as exc:  # noqa: BLE001 - only refusals are kept; anything else propagates
             if not is_refusal(exc):
                 raise

@@ -122,24 +122,25 @@ def job_summary(row) -> JobSummary:
 PROGRESS_COLUMNS = (
     requests.c.id, requests.c.job_id, requests.c.state, requests.c.output_text, requests.c.num_output_tokens,
     requests.c.prompt_tokens, requests.c.finish_reason, requests.c.error, requests.c.model,
-    requests.c.enqueued_at, requests.c.first_token_at, requests.c.finished_at, requests.c.output_logprobs,
+    requests.c.enqueued_at, requests.c.first_token_at, requests.c.finished_at, requests.c.num_logprobs,
     requests.c.choice, requests.c.output_tokens,
 )
 
 
-def request_progress(row) -> RequestProgress:
-    """A row of `PROGRESS_COLUMNS` as its readers see it (the HTTP answers, `fsched generate`)."""
+def request_progress(row, logprobs: tuple[TokenLogprobs, ...] = ()) -> RequestProgress:
+    """A row of `PROGRESS_COLUMNS` and its logprobs as their readers see them (the HTTP answers,
+    `fsched generate`)."""
     return RequestProgress(
         id=core_id(row.id), job_id=row.job_id, status=status_of_row(row.state, row.finish_reason),
         output_text=row.output_text,
         num_output_tokens=row.num_output_tokens, enqueued_at=row.enqueued_at,
         first_token_at=row.first_token_at, finished_at=row.finished_at,
         error=row.error, prompt_tokens=row.prompt_tokens, model=row.model,
-        logprobs=logprobs_of(row.output_logprobs), choice=row.choice, tokens=tuple(row.output_tokens or ()),
+        logprobs=logprobs, choice=row.choice, tokens=tuple(row.output_tokens or ()),
     )
 
 
-def request_result(row) -> RequestResult:
+def request_result(row, logprobs: tuple[TokenLogprobs, ...] = ()) -> RequestResult:
     return RequestResult(
         id=core_id(row.id),
         idx=row.idx,
@@ -152,7 +153,7 @@ def request_result(row) -> RequestResult:
         prompt_tokens=row.prompt_tokens,
         error=row.error,
         finished_at=row.finished_at,
-        logprobs=logprobs_of(row.output_logprobs),
+        logprobs=logprobs,
         choice=row.choice,
         answer=AnswerOptions.from_json(row.answer),
         prompt=row.prompt,
@@ -160,8 +161,9 @@ def request_result(row) -> RequestResult:
     )
 
 
-def claimed_request(row) -> ClaimedRequest:
-    """A request row as its claim returns it: the lease epoch and attempts after the claim."""
+def claimed_request(row, logprobs: tuple[TokenLogprobs, ...] = ()) -> ClaimedRequest:
+    """A request row (and its logprobs) as its claim returns it: the lease epoch and attempts after
+    the claim."""
     return ClaimedRequest(
         id=core_id(row.id),
         job_id=row.job_id,
@@ -177,15 +179,5 @@ def claimed_request(row) -> ClaimedRequest:
         enqueued_at=row.enqueued_at,
         attempts=row.attempts + 1,
         lease_epoch=row.lease_epoch + 1,
-        output_logprobs=logprobs_of(row.output_logprobs),
+        output_logprobs=logprobs,
     )
-
-
-def logprobs_of(stored: list | None) -> tuple[TokenLogprobs, ...]:
-    """A logprobs column's records (none when the request asked for none)."""
-    return tuple(TokenLogprobs.from_json(t) for t in stored) if stored else ()
-
-
-def logprobs_json(logprobs: tuple[TokenLogprobs, ...]) -> list | None:
-    """What the logprobs column stores: NULL for a request that asked for none."""
-    return [t.to_json() for t in logprobs] if logprobs else None

@@ -15,16 +15,17 @@ dependency, no migration folder to package, and is tested like any code.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable
 
-from sqlalchemy import Connection, inspect, select, text
+from sqlalchemy import JSON, Connection, inspect, select, text
 
 from fsched.core.ports.records import SchemaMismatch
 from fsched.storage.db import Database
 from fsched.storage.models import Base, Meta
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 VERSION_KEY = "schema_version"
 CHUNKED_FILES_VERSION = 8  # from it on, SQLite files vacuum incrementally (storage.db.reclaim_space)
 
@@ -109,8 +110,7 @@ def _add_output_logprobs(conn: Connection) -> None:
     """Logprobs of the output tokens, written with them (NULL for the requests that asked none)."""
     if "output_logprobs" in {c["name"] for c in inspect(conn).get_columns("requests")}:
         return  # an older database made by create_all of these models (as tests make them)
-    column = Base.metadata.tables["requests"].c.output_logprobs
-    kind = column.type.compile(dialect=conn.dialect)
+    kind = JSON().compile(dialect=conn.dialect)  # the column as it was (a later version moves it)
     conn.execute(text(f"ALTER TABLE requests ADD COLUMN output_logprobs {kind}"))
 
 
@@ -136,6 +136,8 @@ def _add_choices(conn: Connection) -> None:
     for index in inspect(conn).get_indexes("requests_before"):
         conn.execute(text(f'DROP INDEX "{index["name"]}"'))
     Base.metadata.tables["requests"].create(conn)
+    if "output_logprobs" in columns.split(", "):  # kept as it was: a later version moves it
+        _add_column(conn, "requests", "output_logprobs", "JSON")
     conn.execute(text(f"INSERT INTO requests ({columns}) SELECT {columns} FROM requests_before"))
     conn.execute(text("DROP TABLE requests_before"))
 
@@ -166,10 +168,35 @@ def _add_batch_expiry(conn: Connection) -> None:
     _add_column(conn, "batches", "expired_at", "FLOAT")
 
 
+def _logprobs_in_pieces(conn: Connection) -> None:
+    """Output logprobs appended in pieces (request_logprobs) instead of one value a request that every
+    write rewrote: each request's value becomes its first piece, and the column goes."""
+    Base.metadata.tables["request_logprobs"].create(conn, checkfirst=True)
+    _add_column(conn, "requests", "num_logprobs", "INTEGER NOT NULL DEFAULT 0")
+    if "output_logprobs" not in {c["name"] for c in inspect(conn).get_columns("requests")}:
+        return
+    from fsched.storage.logprobs import request_logprobs
+
+    stored = conn.execute(text("SELECT id, output_logprobs FROM requests WHERE output_logprobs IS NOT NULL"))
+    for key, value in stored.all():
+        records = json.loads(value) if isinstance(value, str) else value
+        if records:
+            conn.execute(request_logprobs.insert().values(request_id=key, start=0, records=records))
+            conn.execute(text("UPDATE requests SET num_logprobs = :n WHERE id = :id"),
+                         {"n": len(records), "id": key})
+    if conn.dialect.name == "sqlite" and sqlite3.sqlite_version_info < (3, 35, 0):
+        # No DROP COLUMN: copying the table would take the pieces' rows with it (their foreign key
+        # follows the renamed table), so the column stays, emptied (nullable: inserts never name it).
+        conn.execute(text("UPDATE requests SET output_logprobs = NULL"))
+        return
+    drop_column(conn, "requests", "output_logprobs")
+
+
 # MIGRATIONS[v] upgrades a database from version v to v + 1.
 MIGRATIONS: dict[int, Migration] = {
     1: _v1_to_v2, 2: _v2_to_v3, 3: _drop_mlfq_level, 4: _job_origins_and_chargeback,
     5: _add_output_logprobs, 6: _add_choices, 7: _chunked_files_and_rates, 8: _add_batch_expiry,
+    9: _logprobs_in_pieces,
 }
 
 

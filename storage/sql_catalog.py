@@ -36,6 +36,7 @@ from fsched.core.types import JobOrigin, JobState, RequestClass
 from fsched.storage.activity import ONLINE_WINDOW_S, online_groups
 from fsched.storage.base import SqlStoreBase
 from fsched.storage.counters import lock_job, store_counts
+from fsched.storage.logprobs import read as read_logprobs
 from fsched.storage.rows import (
     FINISHED_JOB_STATES,
     PROGRESS_COLUMNS,
@@ -224,10 +225,11 @@ class SqlCatalogStore(SqlStoreBase):
                     .order_by(requests.c.idx)
                     .limit(RESULTS_BATCH)
                 ).all()
+                stored = read_logprobs(conn, [row.id for row in page if row.num_logprobs])
             if not page:
                 return
             for row in page:
-                yield request_result(row)
+                yield request_result(row, stored.get(row.id, ()))
             last_idx = page[-1].idx
 
     def request_progress(self, job_id: int) -> list[RequestProgress]:
@@ -237,7 +239,8 @@ class SqlCatalogStore(SqlStoreBase):
             rows = conn.execute(
                 select(*PROGRESS_COLUMNS).where(requests.c.job_id == job_id).order_by(requests.c.idx)
             ).all()
-        return [request_progress(row) for row in rows]
+            stored = read_logprobs(conn, [row.id for row in rows if row.num_logprobs])
+        return [request_progress(row, stored.get(row.id, ())) for row in rows]
 
     def request_timings(self, job_ids: Sequence[int]) -> list[RequestTiming]:
         """The given jobs' requests (by id) with tenant, class and timestamps: one read."""

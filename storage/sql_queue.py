@@ -25,6 +25,8 @@ from fsched.core.types import RequestClass, RequestId
 from fsched.storage.base import SqlStoreBase
 from fsched.storage.claim import claim_requests
 from fsched.storage.counters import CountDelta, apply_delta, requeue
+from fsched.storage.logprobs import append as append_logprobs
+from fsched.storage.logprobs import new_piece
 from fsched.storage.refusals import is_refusal, write_each
 from fsched.storage.rows import (
     RowState,
@@ -32,7 +34,6 @@ from fsched.storage.rows import (
     daemon_usage,
     daemons,
     jobs,
-    logprobs_json,
     requests,
     row_id,
     row_state,
@@ -49,7 +50,7 @@ FLUSH_TOKENS = (
     .values(
         output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type),
         output_text=bindparam("b_text"),
-        output_logprobs=bindparam("b_logprobs", type_=requests.c.output_logprobs.type),
+        num_logprobs=bindparam("b_logprobs"),
         num_output_tokens=bindparam("b_num"),
         first_token_at=func.coalesce(requests.c.first_token_at, bindparam("b_first", type_=Float)),
     )
@@ -61,7 +62,7 @@ FINISH_REQUEST = (
         state=bindparam("b_state"),
         output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type),
         output_text=bindparam("b_text"),
-        output_logprobs=bindparam("b_logprobs", type_=requests.c.output_logprobs.type),
+        num_logprobs=bindparam("b_logprobs"),
         num_output_tokens=bindparam("b_num"),
         finish_reason=bindparam("b_reason"),
         prompt_tokens=bindparam("b_prompt"),
@@ -117,24 +118,26 @@ class SqlQueueStore(SqlStoreBase):
                 row.id: row
                 for row in conn.execute(
                     select(requests.c.id, requests.c.job_id, requests.c.num_output_tokens,
-                           requests.c.lease_epoch).where(
+                           requests.c.lease_epoch, requests.c.num_logprobs).where(
                         requests.c.id.in_([row_id(u.request_id) for u in updates]),
                         requests.c.lease_owner == owner,
                         requests.c.state == RowState.RUNNING.value,
                     )
                 )
             }
-            writes = []
+            writes, pieces = [], {}
             for u in updates:
                 row = rows.get(row_id(u.request_id))
                 if row is None or (u.lease_epoch is not None and row.lease_epoch != u.lease_epoch):
                     continue  # fenced: the lease was lost (reclaimed, cancelled, requeued)
+                pieces[row.id] = new_piece(row.id, row.num_logprobs, u.logprobs)
                 writes.append({"b_id": row.id, "b_tokens": list(u.tokens), "b_text": u.text,
-                               "b_logprobs": logprobs_json(u.logprobs), "b_num": len(u.tokens),
+                               "b_logprobs": max(row.num_logprobs, len(u.logprobs)), "b_num": len(u.tokens),
                                "b_first": u.first_token_at})
-            refused = write_each(conn, FLUSH_TOKENS, writes) if careful else {}
+            refused = write_each(conn, FLUSH_TOKENS, writes, _piece_of(pieces)) if careful else {}
             if writes and not careful:
                 conn.execute(FLUSH_TOKENS, writes)  # one executemany, not a statement per row
+                append_logprobs(conn, pieces.values())
             per_job: dict[int, int] = {}
             for w in writes:
                 if w["b_id"] not in refused:
@@ -182,15 +185,17 @@ class SqlQueueStore(SqlStoreBase):
     def _finish(self, completions: Sequence[Completion], owner: str | None, careful: bool) -> list[bool]:
         now = self.clock()
         with self.db.write() as conn:
-            outcome, writes, ends = self._completion_writes(conn, completions, owner, now)
+            outcome, writes, ends, pieces = self._completion_writes(conn, completions, owner, now)
             if careful:
-                refused = write_each(conn, FINISH_REQUEST, writes)
-                writes = [_failed_write(w, refused[w["b_id"]]) if w["b_id"] in refused else w for w in writes]
+                refused = write_each(conn, FINISH_REQUEST, writes, _piece_of(pieces))
+                writes = [_failed_write(w, refused[w["b_id"]], pieces.get(w["b_id"])) if w["b_id"] in refused
+                          else w for w in writes]
                 failures = [w for w in writes if w["b_id"] in refused]
                 if failures:
                     conn.execute(FINISH_REQUEST, failures)
             elif writes:
                 conn.execute(FINISH_REQUEST, writes)  # one executemany, not a statement per row
+                append_logprobs(conn, pieces.values())
             per_job: dict[int, CountDelta] = {}
             for w, (job_id, previous, tokens_before) in zip(writes, ends, strict=True):
                 per_job.setdefault(job_id, CountDelta()).ended(
@@ -203,19 +208,19 @@ class SqlQueueStore(SqlStoreBase):
 
     def _completion_writes(
         self, conn: Connection, completions: Sequence[Completion], owner: str | None, now: float
-    ) -> tuple[list[bool], list[dict], list[tuple[int, RowState, int]]]:
-        """Which completions may be written (fencing), their rows, and for each row its job, state
-        and tokens before."""
+    ) -> tuple[list[bool], list[dict], list[tuple[int, RowState, int]], dict[int, dict | None]]:
+        """Which completions may be written (fencing), their rows, for each row its job, state
+        and tokens before, and the logprobs each appends."""
         keys = [row_id(c.request_id) for c in completions]
         rows = {
             row.id: row
             for row in conn.execute(
                 select(requests.c.id, requests.c.job_id, requests.c.state, requests.c.num_output_tokens,
-                       requests.c.lease_owner, requests.c.lease_epoch)
+                       requests.c.lease_owner, requests.c.lease_epoch, requests.c.num_logprobs)
                 .where(requests.c.id.in_(keys))
             )
         }
-        outcome, writes, ends = [], [], []
+        outcome, writes, ends, pieces = [], [], [], {}
         for key, c in zip(keys, completions, strict=True):
             row = rows.get(key)
             if row is None:
@@ -227,15 +232,16 @@ class SqlQueueStore(SqlStoreBase):
             outcome.append(not (previous.finished or fenced))
             if not outcome[-1]:
                 continue
+            pieces[key] = new_piece(key, row.num_logprobs, c.logprobs)
             writes.append({
                 "b_id": key, "b_state": row_state(c.status).value, "b_tokens": list(c.output_tokens),
-                "b_text": c.output_text, "b_logprobs": logprobs_json(c.logprobs),
+                "b_text": c.output_text, "b_logprobs": max(row.num_logprobs, len(c.logprobs)),
                 "b_num": len(c.output_tokens), "b_reason": c.status.finish_reason,
                 "b_prompt": c.prompt_tokens, "b_model": c.model, "b_error": c.error, "b_now": now,
                 "b_first": c.first_token_at,
             })
             ends.append((row.job_id, previous, row.num_output_tokens))
-        return outcome, writes, ends
+        return outcome, writes, ends, pieces
 
     def release(self, owner: str | None = None, request_ids: Sequence[RequestId] | None = None) -> int:
         """Hand running requests back to the queue, keeping their flushed tokens.
@@ -368,7 +374,14 @@ class SqlQueueStore(SqlStoreBase):
                 conn.execute(daemons.insert().values(id=daemon.id, **values))
 
 
-def _failed_write(write: dict, why: str) -> dict:
-    """A completion the table refused, written failed instead: its tokens (integers) and why."""
-    return {**write, "b_state": RowState.FAILED.value, "b_text": "", "b_logprobs": None,
+def _failed_write(write: dict, why: str, piece: dict | None) -> dict:
+    """A completion the table refused, written failed instead: its tokens (integers) and why (the
+    logprobs it would have appended are not)."""
+    stored = write["b_logprobs"] if piece is None else piece["start"]
+    return {**write, "b_state": RowState.FAILED.value, "b_text": "", "b_logprobs": stored,
             "b_reason": None, "b_error": why}
+
+
+def _piece_of(pieces: Mapping[int, dict | None]):
+    """What a write of one request appends besides its row: its new logprobs."""
+    return lambda conn, write: append_logprobs(conn, [pieces.get(write["b_id"])])

@@ -1,25 +1,45 @@
 """Reads the HTTP server makes of the job table: its online requests' progress, and metric totals.
 
 One query answers every request a server process is waiting on, so a poll
-costs one short read whatever the number of open streams.
+costs one short read whatever the number of open streams; a request's
+logprobs are read a piece at a time, each piece once (the store keeps what
+it read of the requests it is polled for).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from sqlalchemy import func, select
 
 from fsched.core.ports.records import FirstTokens, RequestProgress, TenantTotals
-from fsched.core.types import RequestClass
+from fsched.core.types import RequestClass, TokenLogprobs
 from fsched.storage.activity import first_tokens
 from fsched.storage.db import Database
-from fsched.storage.rows import PROGRESS_COLUMNS, jobs, request_progress, requests
+from fsched.storage.logprobs import read as read_logprobs
+from fsched.storage.rows import PROGRESS_COLUMNS, RowState, jobs, request_progress, requests
+
+FORGET_S = 60.0  # what the poll read of a request nobody polls for this long is dropped
+
+
+@dataclass(slots=True)
+class _Read:
+    at: float  # when last polled
+    records: tuple[TokenLogprobs, ...] = ()
 
 
 class SqlServingStore:
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, clock: Callable[[], float] = time.monotonic):
         self.db = db
+        self.clock = clock
+        # Logprobs read so far of the requests being polled: each poll reads only the pieces
+        # appended since (the server polls its open requests every few ms).
+        self._logprobs: dict[int, _Read] = {}
+        self._swept_at = clock()
+        self._lock = threading.Lock()  # polls may come from more than one thread
 
     def progress(self, job_ids: Sequence[int]) -> dict[int, tuple[RequestProgress, ...]]:
         """Each given job's requests (an online request is a job of one row a choice), by job id,
@@ -31,10 +51,38 @@ class SqlServingStore:
                 select(*PROGRESS_COLUMNS).where(requests.c.job_id.in_(list(job_ids)))
                 .order_by(requests.c.job_id, requests.c.choice)
             ).all()
+            with self._lock:
+                logprobs = self._read_logprobs(conn, rows)
         out: dict[int, list[RequestProgress]] = {}
         for row in rows:
-            out.setdefault(row.job_id, []).append(request_progress(row))
+            out.setdefault(row.job_id, []).append(request_progress(row, logprobs.get(row.id, ())))
         return {job_id: tuple(choices) for job_id, choices in out.items()}
+
+    def _read_logprobs(self, conn, rows) -> dict[int, tuple[TokenLogprobs, ...]]:
+        """The rows' logprobs: what earlier polls read, and the pieces appended since."""
+        now = self.clock()
+        behind = [row.id for row in rows
+                  if row.num_logprobs > len(self._logprobs.setdefault(row.id, _Read(now)).records)]
+        since = {key: n for key in behind if (n := len(self._logprobs[key].records))}
+        for key, new in (read_logprobs(conn, behind, since) if behind else {}).items():
+            self._logprobs[key].records += new
+        out = {}
+        for row in rows:
+            read = self._logprobs[row.id]
+            read.at = now
+            out[row.id] = read.records
+            if RowState(row.state).finished:
+                del self._logprobs[row.id]  # read for the last time
+        self._sweep(now)
+        return out
+
+    def _sweep(self, now: float) -> None:
+        """Forget what requests nobody polled for a while (their readers went away)."""
+        if now - self._swept_at < FORGET_S:
+            return
+        self._swept_at = now
+        for key in [k for k, read in self._logprobs.items() if now - read.at > FORGET_S]:
+            del self._logprobs[key]
 
     def tenant_totals(self) -> list[TenantTotals]:
         """What each tenant used, by class, over every job the table holds (chargeback): from the

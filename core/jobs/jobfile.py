@@ -1,4 +1,4 @@
-"""A submitted JSONL file, whole, by the rules every file follows before anything is stored.
+"""A submitted JSONL file, read a piece at a time, by the rules every file follows before anything is stored.
 
 The file's own rules: its size, its encoding (UTF-8, a byte order mark
 skipped), each line's size, blank lines skipped, the number of requests, one
@@ -11,7 +11,7 @@ Every problem raises JobFileError naming the file, the line and the field.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 from fsched.core.jobs.inputs import InputError, JobFileError, printable, shown
 from fsched.core.jobs.jsontext import loads_object
@@ -25,17 +25,14 @@ __all__ = ["JobFileError", "LineParser", "load_json_object", "parse_lines", "pri
 LineParser = Callable[[dict, int, int], tuple[RequestSpec, ...]]
 
 
-def parse_lines(data: bytes, source: str, limits: InputLimits, parse_line: LineParser
+def parse_lines(pieces: Iterable[bytes], source: str, limits: InputLimits, parse_line: LineParser
                 ) -> tuple[RequestSpec, ...]:
-    """Every request of `data` (a whole JSONL file), each line read by `parse_line`, or JobFileError."""
-    if len(data) > limits.max_bytes:
-        raise JobFileError(source, f"file is {len(data):,} bytes, over the limit of {limits.max_bytes:,}")
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]  # a UTF-8 byte order mark, as editors on Windows write
+    """Every request of a JSONL file given in pieces (read as they come: never more than a line and a
+    piece held), each line read by `parse_line`, or JobFileError."""
     requests: list[RequestSpec] = []
     seen_ids: dict[str, int] = {}
     lines = 0
-    for line_no, raw in enumerate(data.split(b"\n"), start=1):
+    for line_no, raw in enumerate(_lines(pieces, source, limits), start=1):
         text = _decoded_line(raw, source, line_no, limits)
         if not text.strip():
             continue
@@ -59,6 +56,27 @@ def parse_lines(data: bytes, source: str, limits: InputLimits, parse_line: LineP
     if not requests:
         raise JobFileError(source, "file has no requests (it is empty or blank)")
     return tuple(requests)
+
+
+def _lines(pieces: Iterable[bytes], source: str, limits: InputLimits) -> Iterator[bytes]:
+    """The file's lines (a UTF-8 byte order mark skipped, as editors on Windows write), its size and a
+    line's checked as they come."""
+    held, size, line_no, head = b"", 0, 1, b""
+    for piece in pieces:
+        size += len(piece)
+        if size > limits.max_bytes:
+            raise JobFileError(source, f"file is over the limit of {limits.max_bytes:,} bytes")
+        if head is not None:  # the file's first bytes, until it is known whether they are a BOM
+            head, piece = head + piece, b""
+            if len(head) < 3:
+                continue
+            piece, head = head.removeprefix(b"\xef\xbb\xbf"), None
+        *whole, held = (held + piece).split(b"\n")
+        yield from whole
+        line_no += len(whole)
+        if len(held) > limits.max_line_bytes:  # the line's end has not come: it is over already
+            _decoded_line(held, source, line_no, limits)
+    yield held + (head or b"").removeprefix(b"\xef\xbb\xbf")
 
 
 def _decoded_line(raw: bytes, source: str, line_no: int, limits: InputLimits) -> str:

@@ -40,6 +40,10 @@ class InputLimits:
     # Bytes of uploaded files one tenant may keep stored (output files are rendered from results,
     # not stored, and do not count). OpenAI's default for an organisation's files is 100 GB.
     max_file_bytes_per_tenant: int = 100 * GB
+    # What the tokens-a-minute rate limits charge for logprobs: one token more for every this many
+    # logprob records a request may make (each output token's, and each of its alternatives'). 20:
+    # top_logprobs 20 about doubles a request's charge, as it about doubles what it costs to serve.
+    logprobs_per_charged_token: int = 20
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -9,9 +9,11 @@ request changes nothing and is told how long to wait (Retry-After). Unlike a
 fixed window, it never lets twice the limit through across a window's edge.
 
 Tokens are what a request may generate: max_tokens for each of its choices,
-counted when it is admitted (the prompt's length is not known before the
-daemon tokenizes it). A request asking more tokens than the limit allows in
-a minute can never pass: it is refused apart (`never_fits`), not told to retry.
+and for logprobs one token more for every `logprobs_per_charged_token`
+records (a table-wide limit) they may make, counted when it is admitted (the
+prompt's length is not known before the daemon tokenizes it). A request
+asking more tokens than the limit allows in a minute can never pass: it is
+refused apart (`never_fits`), not told to retry.
 """
 
 from __future__ import annotations
@@ -61,6 +63,15 @@ def decide(tats: Mapping[str, float | None], now: float, limits: Mapping[str, in
     if refused_by is not None:
         return RateDecision(False, worst, {}, refused_by)
     return RateDecision(True, 0.0, after)
+
+
+def charged_tokens(max_tokens: int, logprobs: int | None, logprobs_per_token: int) -> int:
+    """What one choice costs the tokens-a-minute limits: its max_tokens, and for a choice asking
+    logprobs (`logprobs` alternatives a token) one token more for every `logprobs_per_token` records
+    it may make (its tokens' own and their alternatives')."""
+    if logprobs is None:
+        return max_tokens
+    return max_tokens + -(-max_tokens * (logprobs + 1) // logprobs_per_token)
 
 
 def never_fits(limits: Mapping[str, int], costs: Mapping[str, int]) -> str | None:

@@ -13,6 +13,7 @@ the line and the field.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,11 +36,24 @@ def parse_job_file(
     """Validate `data` (a whole JSONL file) into its requests (what a `JobSubmission` stores), or
     raise JobFileError. `endpoint`: a batch's, which every line must ask for (OpenAI's rule; checked
     once every line has parsed)."""
+    if len(data) > limits.max_bytes:
+        raise JobFileError(source, f"file is {len(data):,} bytes, over the limit of {limits.max_bytes:,}")
+    return parse_job_pieces((data,), source, limits, default_max_tokens, endpoint)
+
+
+def parse_job_pieces(
+    pieces: Iterable[bytes],
+    source: str,
+    limits: InputLimits = InputLimits(),
+    default_max_tokens: int | None = None,
+    endpoint: Endpoint | None = None,
+) -> tuple[RequestSpec, ...]:
+    """As `parse_job_file`, of a file read a piece at a time (a stored upload): never held whole."""
     default_max_tokens = default_max_tokens or limits.default_max_tokens
     if not 1 <= default_max_tokens <= limits.max_tokens:
         raise JobFileError(source, f"--max-tokens must be within 1..{limits.max_tokens:,}")
     forms = _LineForms(limits, default_max_tokens, endpoint)
-    requests = parse_lines(data, source, limits, forms.parse)
+    requests = parse_lines(pieces, source, limits, forms.parse)
     if forms.off_endpoint is not None:
         line_no, asked = forms.off_endpoint
         raise JobFileError(source, f"asks for {asked.value}; this batch's endpoint is {endpoint.value}",

@@ -136,15 +136,18 @@ class LogitBias:
             raise InputError(f"must be an object of token id -> bias, got {json_type(value)}")
         if len(value) > self.max_items:
             raise InputError(f"at most {self.max_items:,} token ids")
-        out = []
+        out: dict[int, float] = {}
         for key, bias in value.items():
             if not key.isdigit() or not key.isascii() or len(key) > 19:
                 raise InputError(f"keys must be token ids (non-negative integers), got {shown(key)}")
+            token = int(key)
+            if token in out:  # "5" and "05": one token, two biases
+                raise InputError(f"names token {token} more than once ({shown(key)}); give each token once")
             try:
-                out.append((int(key), _BIAS.check(bias, limits)))
+                out[token] = _BIAS.check(bias, limits)
             except InputError as exc:
                 raise exc.within(f".{key}") from None
-        return tuple(sorted(out))
+        return tuple(sorted(out.items()))
 
 
 _BIAS = Number(-100.0, 100.0)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from fsched.core.runners.openai_http import EngineClient, Fault
 from fsched.core.runners.protocol import Runner, RunResult
-from fsched.core.runners.stopping import StopCheck, StopRules, check_stop, stop_rules
+from fsched.core.runners.stopping import StopCheck, StopRules, StopText, check_stop, stop_rules
 from fsched.core.runners.streams import Stream
 from fsched.core.sched.plan import Outcome, Plan
 from fsched.core.types import (
@@ -212,6 +212,7 @@ class _Request:
     pending_logprobs: list[TokenLogprobs] = field(default_factory=list)  # of `pending`, when asked for
     replay: list[int] = field(default_factory=list)  # tokens the open stream must regenerate first
     stops: frozenset[int] = frozenset()  # the tokens that end it (past min_tokens)
+    text: StopText | None = None  # the output text read so far, when stop strings may end it
 
     @property
     def generated(self) -> list[int]:
@@ -251,8 +252,9 @@ class RemoteRunner(Runner):
             raise ValueError(f"request {request_id!r} has an empty prompt")
         rules = stop_rules(params)
         stops = rules.stop_token_ids if rules.ignore_eos else rules.stop_token_ids | self.codec.eos_token_ids
+        text = StopText(params.stop, self.codec.decode, len(prompt)) if params.stop else None
         self._requests[request_id] = _Request(request_id, [*prompt, *generated], len(prompt), params,
-                                              logprobs=list(logprobs), rules=rules, stops=stops)
+                                              logprobs=list(logprobs), rules=rules, stops=stops, text=text)
 
     def release(self, request_id: RequestId) -> None:
         r = self._requests.pop(request_id, None)
@@ -480,9 +482,10 @@ class RemoteRunner(Runner):
 
     def _check(self, r: _Request, token: int) -> StopCheck:
         generated = len(r.tokens) - r.prompt_len
-        text = self.codec.decode(r.generated) if r.params.stop else None
+        if r.text is not None:
+            r.text.extend(r.tokens)
         return check_stop(token, generated, r.params.max_tokens, len(r.tokens), self.context_length,
-                          self.codec.eos_token_ids, text, rules=r.rules)
+                          self.codec.eos_token_ids, r.text, rules=r.rules)
 
     # -- the engine going away and coming back ----------------------------------------------
     def _engine_lost(self, error: str) -> None:

@@ -81,11 +81,14 @@ class Server:
         self.procs.append(proc)
         return proc
 
-    def start_server(self, *args: str) -> None:
+    def start_server(self, *args: str, log: Path | None = None) -> None:
+        """`fsched serve` with `args`; its stderr (its log) to `log` if given, else kept to read on a
+        failed start."""
         self.port, self.metrics_port = free_port(), free_port()
+        stderr = subprocess.PIPE if log is None else log.open("wb")
         proc = subprocess.Popen([FSCHED, "serve", "--port", str(self.port), "--metrics-port",
                                  str(self.metrics_port), "--no-access-log", *args],
-                                env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                env=self.env, stdout=subprocess.DEVNULL, stderr=stderr)
         self.procs.append(proc)
 
     def wait_ready(self, daemons: int = 1, timeout: float = 120) -> None:
@@ -98,7 +101,7 @@ class Server:
             except httpx.HTTPError:
                 pass
             for proc in self.procs:
-                assert proc.poll() is None, proc.stderr.read().decode()
+                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "see its log"
             time.sleep(0.1)
         raise TimeoutError("the server or daemon did not come up")
 

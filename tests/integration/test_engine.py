@@ -273,6 +273,15 @@ def test_stop_strings_and_eos(tiny):
     _, results = run(tiny, [stopped])
     assert results["stopped"].status is RequestStatus.FINISHED_STOPPED
     assert results["stopped"].text == text[: text.index(stop)]
+    # Stop strings of every length, anywhere (most span tokens), in one batch: each found where the
+    # whole text has it first, as when the whole output was decoded at every token.
+    stops = {f"s{i}": (text[i : i + n],) for i, n in ((0, 1), (3, 7), (9, 2), (12, 12), (20, 5), (30, 9))
+             if text[i : i + n].strip()}
+    _, results = run(tiny, [Request.to_run(rid, prompt, SamplingParams(max_tokens=40, temperature=0, stop=s))
+                            for rid, s in stops.items()])
+    for rid, (s,) in stops.items():
+        assert results[rid].text == text[: text.index(s)], (s, results[rid].text)
+        assert results[rid].status is RequestStatus.FINISHED_STOPPED
 
 
 def test_cancel_mid_run_frees_the_request_and_changes_no_other_output(tiny, reference):

@@ -230,3 +230,51 @@ async def test_a_batch_past_its_completion_window_expires_with_its_partial_outpu
     assert sorted(x["custom_id"] for x in unfinished) == ["long-0", "long-1"]
     assert {x["error"]["code"] for x in unfinished} == {"batch_expired"}
     await c.aclose()
+
+
+@pytest.mark.parametrize("bias", [{"5": 1, "05": -1}, {"7": 2, "007": 2}, {"0": 1, "00": 1}])
+async def test_two_spellings_of_one_token_id_in_logit_bias_are_400(rig, bias):
+    """"5" and "05" name one token: refused with the field named, online and in a batch line (the
+    batch fails with the line named), and nothing is stored for either."""
+    async with http(rig, "bias-alias") as c:
+        before = rig.snapshot()
+        for path, body in (("/v1/completions", {"model": "m", "prompt": "p", "max_tokens": 2}),
+                           ("/v1/chat/completions", {"model": "m", "max_tokens": 2,
+                                                     "messages": [{"role": "user", "content": "hi"}]})):
+            error = openai_error(await c.post(path, json={**body, "logit_bias": bias}), 400)
+            assert error["param"] == "logit_bias", error
+            assert "token" in error["message"] and "once" in error["message"], error
+        assert rig.snapshot() == before
+        line = {"custom_id": "c0", "method": "POST", "url": "/v1/completions",
+                "body": {"model": "m", "prompt": "p", "max_tokens": 2, "logit_bias": bias}}
+        file_id = await upload(c, (json.dumps(line) + "\n").encode())
+        r = await c.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions",
+                                              "completion_window": "24h"})
+        assert r.status_code == 200, r.text
+        batch = r.json()
+        assert batch["status"] == "failed", batch
+        (error,) = batch["errors"]["data"]
+        assert (error["param"], error["line"]) == ("body.logit_bias", 1), error
+
+
+async def test_a_tenant_creating_too_many_batches_at_once_gets_429(rig):
+    """Each creation reads and parses a whole file: a tenant has MAX_CREATIONS_PER_TENANT at once, and
+    the next is a 429 saying so (another tenant's are not held up)."""
+    from fsched.api.batch import MAX_CREATIONS_PER_TENANT
+
+    busy = rig.server.state.batch_creations
+    async with http(rig, "creator") as c, http(rig, "other") as other:
+        body = {"input_file_id": await upload(c, batch_lines(2)), "endpoint": "/v1/completions",
+                "completion_window": "24h"}
+        busy["creator"] = MAX_CREATIONS_PER_TENANT  # as while that many are being created
+        before = rig.snapshot()
+        r = await c.post("/v1/batches", json=body)
+        error = openai_error(r, 429)
+        assert error["code"] == "too_many_batch_creations" and r.headers["retry-after"] == "5"
+        assert rig.snapshot() == before
+        theirs = await other.post("/v1/batches", json={**body, "input_file_id": await upload(other,
+                                                                                             batch_lines(2))})
+        assert theirs.status_code == 200, theirs.text
+        busy["creator"] = MAX_CREATIONS_PER_TENANT - 1
+        assert (await c.post("/v1/batches", json=body)).status_code == 200
+        assert busy == {"creator": MAX_CREATIONS_PER_TENANT - 1}  # its own place given back

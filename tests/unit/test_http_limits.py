@@ -77,6 +77,25 @@ async def test_tokens_past_the_table_wide_limit_are_refused_and_a_request_that_n
         refused(two_choices, 400, "rate_limit_exceeded")  # 12 tokens: every choice counts
 
 
+async def test_logprobs_are_charged_as_the_table_wide_setting_says(rig):
+    """n=2 x 10 tokens with top_logprobs 19 may make 2 x 10 x 20 logprob records: at the default of 20
+    records a token, 20 tokens more than without; an admin's setting changes the rate."""
+    rig.table.keys.set_limit("tokens_per_minute", 30)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "n": 2}
+    asked = {**chat, "logprobs": True, "top_logprobs": 19}
+    _, alice = new_key(rig, "alice")
+    _, bob = new_key(rig, "bob")
+    async with rig.server.http() as client:
+        never = await client.post("/v1/chat/completions", json=asked, headers=alice)  # 40 > 30
+        assert "logprobs counted" in refused(never, 400, "rate_limit_exceeded")["message"]
+        assert (await client.post("/v1/chat/completions", json=chat, headers=alice)).status_code == 200
+        rig.table.keys.set_limit("logprobs_per_charged_token", 200)  # 2 tokens more: 22
+        rig.server.state._limits.at = -1e18  # read again now, not within the cache's TTL
+        assert (await client.post("/v1/chat/completions", json=asked, headers=bob)).status_code == 200
+        past = await client.post("/v1/chat/completions", json=chat, headers=bob)  # 22 + 20 > 30
+        refused(past, 429, "rate_limit_exceeded")
+
+
 async def upload(client, auth: dict, content: bytes):
     return await client.post("/v1/files", headers=auth, data={"purpose": "batch"},
                              files={"file": ("in.jsonl", content)})

@@ -335,3 +335,38 @@ def test_arbitrary_objects_are_accepted_or_rejected_cleanly(obj):
         assert error.line in (1, None)
     else:  # one request a line, or several: a completions prompt may be a list of prompts
         assert parsed and all(spec.params.max_tokens >= 1 for spec in parsed)
+
+
+def pieces_of(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def test_a_file_read_in_pieces_parses_as_the_whole_file():
+    from fsched.core.openai.batchfile import parse_job_pieces
+
+    data = b"\xef\xbb\xbf" + lines({"prompt": "a\u00e9b", "custom_id": "x"}, {"prompt": "c" * 50},
+                                   {"messages": [{"role": "user", "content": "hi"}]}) + b"\n\n"
+    whole = parse_job_file(data, "jobs.jsonl")
+    for size in (1, 2, 3, 7, 64, len(data)):  # lines and characters split over pieces
+        assert parse_job_pieces(pieces_of(data, size), "jobs.jsonl") == whole
+
+
+def test_a_file_in_pieces_is_refused_as_soon_as_it_is_over_a_limit():
+    from fsched.core.openai.batchfile import parse_job_pieces
+
+    small = InputLimits(max_lines=2, max_bytes=1000, max_line_bytes=100)
+    read = []
+
+    def pieces(data: bytes):
+        for piece in pieces_of(data, 10):
+            read.append(piece)
+            yield piece
+
+    with pytest.raises(JobFileError) as error:  # a line with no end, over the limit: stops there
+        parse_job_pieces(pieces(lines({"prompt": "a"}) + b'{"prompt": "' + b"a" * 5000), "f", small)
+    assert "over the limit of 100" in str(error.value) and error.value.line == 2
+    assert sum(map(len, read)) < 200
+    read.clear()
+    with pytest.raises(JobFileError) as error:
+        parse_job_pieces(pieces(b" \n" * 3000), "f", small)
+    assert "over the limit of 1,000 bytes" in str(error.value) and sum(map(len, read)) <= 1010

@@ -70,3 +70,12 @@ def test_only_rate_limits_go_on_a_key_and_show_says_where_each_comes_from():
     keyed = {r["name"]: r for r in limit_rows({"tokens_per_minute": 7}, {"requests_per_minute": 3})}
     assert set(keyed) == {"requests_per_minute", "tokens_per_minute"}
     assert keyed["requests_per_minute"]["from"] == "key" and keyed["tokens_per_minute"]["from"] == "table"
+
+
+def test_logprobs_are_charged_a_token_for_every_so_many_records():
+    from fsched.core.jobs.ratelimit import charged_tokens
+
+    assert charged_tokens(150, None, 20) == 150
+    assert charged_tokens(150, 0, 20) == 150 + 8  # 150 records: 7.5, rounded up
+    assert charged_tokens(150, 19, 20) == 300 and charged_tokens(150, 20, 20) == 150 + 158
+    assert charged_tokens(150, 20, 1_000_000) == 151  # an admin who does not charge them

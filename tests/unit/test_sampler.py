@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fsched.core.runners.hf.sampling import Row, choose_tokens  # noqa: E402
-from fsched.core.runners.stopping import StopRules, check_stop  # noqa: E402
+from fsched.core.runners.stopping import StopRules, StopText, check_stop  # noqa: E402
 from fsched.core.types import LOGPROB_FLOOR, RequestStatus, SamplingParams  # noqa: E402
 
 VOCAB = 64
@@ -115,7 +115,11 @@ def test_stop_rules():
     eos = frozenset({2})
 
     def check(token, generated, text=None, **rules):
-        return check_stop(token, generated, 10, 20, 100, eos, text, rules=StopRules(**rules))
+        read = None
+        if text is not None and rules.get("stop"):
+            read = StopText(rules["stop"], lambda tokens: "".join(map(chr, tokens)))
+            read.extend([ord(c) for c in text])
+        return check_stop(token, generated, 10, 20, 100, eos, read, rules=StopRules(**rules))
 
     assert check(2, 1, ignore_eos=True).finished is None
     assert check(2, 1, min_tokens=3).finished is None and check(2, 3, min_tokens=3).on_token

@@ -2,16 +2,67 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from fsched.core.runners.stopping import check_stop
+from fsched.core.runners.stopping import StopRules, StopText, check_stop, first_stop
 from fsched.core.types import RequestStatus
 
 EOS = frozenset({2})
 
 
+def chars(tokens) -> str:
+    """A decoder whose tokens are characters (token = code point)."""
+    return "".join(map(chr, tokens))
+
+
 def stop(token=7, generated=1, max_tokens=10, context=20, limit=100, text=None, stops=()):
-    return check_stop(token, generated, max_tokens, context, limit, EOS, text, stops)
+    read = None
+    if text is not None:
+        read = StopText(stops, chars)
+        read.extend([ord(c) for c in text])
+    return check_stop(token, generated, max_tokens, context, limit, EOS, read, StopRules(stop=stops))
+
+
+class Bytes:
+    """A byte-level decoder (as GPT-2's): each token a few bytes, a character split over tokens decodes
+    to U+FFFD until its last byte comes. Counts the tokens it decodes."""
+
+    def __init__(self, pieces: list[bytes]):
+        self.pieces = pieces
+        self.decoded = 0
+
+    def __call__(self, tokens) -> str:
+        self.decoded += len(tokens)
+        return b"".join(self.pieces[t] for t in tokens).decode("utf-8", errors="replace")
+
+
+PIECES = [b"a", b"b", b" ", b"EN", b"D", b"\xc3", b"\xa9", b"\xe2\x82", b"\xac", b"x\n", b"\n"]
+
+
+def run(tokens: list[int], stops: tuple[str, ...], decode, include: bool = False, min_tokens: int = 0,
+        prompt: int = 0):
+    """Feed a request's tokens one at a time (after `prompt` tokens of prompt); where it stops, cut."""
+    text = StopText(stops, decode, prompt)
+    rules = StopRules(stop=stops, include_stop=include, min_tokens=min_tokens)
+    context = [0] * prompt
+    for n, token in enumerate(tokens, 1):
+        context.append(token)
+        text.extend(context)
+        check = check_stop(token, n, 10**6, len(context), 10**7, frozenset(), text, rules)
+        if check.finished is not None:
+            return n, check.text_end
+    return None, None
+
+
+def whole(tokens: list[int], stops, decode, include: bool = False, min_tokens: int = 0):
+    """The same, decoding the whole output at every token (what the stop check did before)."""
+    for n in range(max(1, min_tokens), len(tokens) + 1):
+        cut = first_stop(decode(tokens[:n]), stops, include)
+        if cut is not None:
+            return n, cut
+    return None, None
 
 
 def test_eos_max_tokens_and_context():
@@ -25,6 +76,42 @@ def test_stop_string_cuts_the_text_at_the_earliest_match():
     check = stop(text="hello world. bye", stops=("bye", "."))
     assert check.finished is RequestStatus.FINISHED_STOPPED and check.text_end == len("hello world")
     assert stop(text="hello", stops=("xyz",)).finished is None
+
+
+def test_a_stop_string_split_over_tokens_and_characters_is_found_on_its_last_token():
+    decode = Bytes(PIECES)
+    # "ab E" "N" ... : "END" arrives as "EN" then "D"; "é" as two tokens, "€" as two
+    tokens = [0, 1, 5, 6, 2, 7, 8, 3, 4, 0]
+    assert run(tokens, ("END",), decode) == (9, len("abé €"))
+    assert run(tokens, ("END",), decode, include=True) == (9, len("abé €END"))
+    assert run(tokens, ("é €",), decode) == (7, 2)  # found once the euro sign is whole
+    assert run(tokens, ("\ufffd",), decode) == (None, None)  # half a character is never text
+    assert run(tokens, ("END",), Bytes(PIECES), prompt=3) == (9, len("abé €"))
+
+
+def test_stop_strings_found_before_min_tokens_end_it_at_min_tokens():
+    tokens = [0, 3, 4, 1, 1, 1, 1]
+    assert run(tokens, ("END",), Bytes(PIECES), min_tokens=5) == (5, 1)
+    assert run(tokens, ("END",), Bytes(PIECES), min_tokens=2) == (3, 1)
+
+
+def test_the_window_finds_what_decoding_the_whole_output_finds():
+    rng = random.Random(7)
+    for _ in range(300):
+        tokens = [rng.randrange(len(PIECES)) for _ in range(rng.randrange(1, 40))]
+        stops = tuple(rng.choice(["END", "b b", "\n\n", "é", "€a", "x", "ab ENDa"])
+                      for _ in range(rng.randrange(1, 3)))
+        include, min_tokens = rng.random() < 0.5, rng.randrange(0, 6)
+        assert run(tokens, stops, Bytes(PIECES), include, min_tokens) == whole(
+            tokens, stops, Bytes(PIECES), include, min_tokens), (tokens, stops, include, min_tokens)
+
+
+def test_each_token_is_decoded_a_bounded_number_of_times():
+    """The cost of a token is its own text and its neighbour's, never the output so far."""
+    decode = Bytes(PIECES)
+    tokens = [0, 1, 2] * 2000
+    assert run(tokens, ("END", "\n\n"), decode) == (None, None)
+    assert decode.decoded <= 4 * len(tokens)
 
 
 def test_position_seed_mixes_seed_and_position():

@@ -23,7 +23,7 @@ from fsched.core.runners.hf.kvbatch import BatchKV, ParkedKV, RowGroup, cache_fr
 from fsched.core.runners.hf.model import LoadedModel, encode_prompt
 from fsched.core.runners.hf.sampling import Row, choose_tokens
 from fsched.core.runners.protocol import RequestRefused, Runner, RunResult
-from fsched.core.runners.stopping import StopCheck, StopRules, check_stop, stop_rules
+from fsched.core.runners.stopping import StopCheck, StopRules, StopText, check_stop, stop_rules
 from fsched.core.sched.plan import Outcome, Plan, PrefillChunk
 from fsched.core.sched.request import Checkpoint
 from fsched.core.types import Logprob, RequestId, RequestStatus, SamplingParams, TokenLogprobs
@@ -43,6 +43,7 @@ class _ModelRequest:
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per generated token, when asked for
     rules: StopRules = field(default_factory=StopRules)
     grammar: LLMatcher | None = None  # structured output: the grammar's state after `generated`
+    text: StopText | None = None  # the output text read so far, when stop strings may end it
     prompt_ids: torch.Tensor | None = None  # distinct prompt ids, for the repetition penalty
 
     @property
@@ -116,9 +117,10 @@ class ModelRunner(Runner):
                 grammar = self.grammars.matcher(params.response_format, generated)
             except GrammarError as exc:
                 raise RequestRefused(str(exc)) from None
+        text = StopText(params.stop, self._plain_text, len(prompt)) if params.stop else None
         self._requests[request_id] = _ModelRequest(request_id, [*prompt, *generated], len(prompt), params,
                                                    logprobs=list(logprobs), rules=stop_rules(params),
-                                                   grammar=grammar)
+                                                   grammar=grammar, text=text)
 
     @torch.inference_mode()
     def release(self, request_id: RequestId) -> None:
@@ -341,9 +343,13 @@ class ModelRunner(Runner):
             r.grammar.consume_token(token)
             if r.grammar.is_stopped():  # before min_tokens too: nothing else may follow
                 return StopCheck(RequestStatus.FINISHED_STOPPED, on_token=token in self.loaded.eos_token_ids)
-        text = self.loaded.tokenizer.decode(r.generated, skip_special_tokens=True) if r.params.stop else None
-        return check_stop(token, len(r.generated), r.params.max_tokens, len(r.tokens),
-                          self.loaded.context_length, self.loaded.eos_token_ids, text, rules=r.rules)
+        if r.text is not None:
+            r.text.extend(r.tokens)
+        return check_stop(token, len(r.tokens) - r.prompt_len, r.params.max_tokens, len(r.tokens),
+                          self.loaded.context_length, self.loaded.eos_token_ids, r.text, rules=r.rules)
+
+    def _plain_text(self, tokens) -> str:
+        return self.loaded.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def _record(self, token: int, logprob: float, top_ids: list[int], top_logprobs: list[float]
                 ) -> TokenLogprobs:
