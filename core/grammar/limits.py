@@ -44,7 +44,7 @@ class GrammarLimits:
         """GrammarError naming the first limit `source` is over."""
         size = len(source.text.encode())
         if size > self.max_bytes:
-            raise GrammarError(f"the {source.kind} is {size} bytes; at most {self.max_bytes} are taken")
+            raise GrammarError(f"the {source.kind.label} is {size} bytes; at most {self.max_bytes} are taken")
         if source.kind is SourceKind.JSON_SCHEMA:
             self._check_schema(json.loads(source.text))
 

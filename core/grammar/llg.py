@@ -28,7 +28,7 @@ def grammar_text(source: GrammarSource) -> str:
             return LLMatcher.grammar_from_lark(source.text)
         return LLMatcher.grammar_from_json_schema(json.loads(source.text), overrides=JSON_OPTIONS)
     except (ValueError, TypeError) as exc:
-        raise GrammarError(f"the {source.kind} cannot be used: {exc}") from None
+        raise GrammarError(f"the {source.kind.label} cannot be used: {exc}") from None
 
 
 def compiled_text(source: GrammarSource) -> str:
@@ -38,5 +38,5 @@ def compiled_text(source: GrammarSource) -> str:
     grammar = grammar_text(source)
     error = LLMatcher.validate_grammar(grammar)
     if error:
-        raise GrammarError(f"the {source.kind} cannot be used: {error}")
+        raise GrammarError(f"the {source.kind.label} cannot be used: {error}")
     return grammar

@@ -113,13 +113,13 @@ class WorkerPool:
     def _why(self, worker: _Worker, source: GrammarSource) -> str:
         code = worker.proc.poll()
         if code is None:
-            return f"compiling the {source.kind} took longer than {self.budget.wall_s:g} s"
+            return f"compiling the {source.kind.label} took longer than {self.budget.wall_s:g} s"
         if code == -signal.SIGXCPU:
-            return f"compiling the {source.kind} took more than {self.budget.cpu_s:g} s of CPU time"
+            return f"compiling the {source.kind.label} took more than {self.budget.cpu_s:g} s of CPU time"
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
         b = self.budget
         budget = f"{b.memory_bytes >> 20} MiB of memory, {b.stack_bytes >> 20} MiB of stack"
-        return f"the grammar library crashed on the {source.kind} ({how}; its budget: {budget})"
+        return f"the grammar library crashed on the {source.kind.label} ({how}; its budget: {budget})"
 
     def close(self) -> None:
         while not self._idle.empty():

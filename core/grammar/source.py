@@ -19,6 +19,11 @@ class SourceKind(enum.StrEnum):
     JSON_SCHEMA = "json_schema"  # canonical JSON text of a JSON schema
     LARK = "lark"  # llguidance's Lark dialect (tool-call syntax wrapping a schema, say)
 
+    @property
+    def label(self) -> str:
+        """The kind in a refusal's words."""
+        return "JSON schema" if self is SourceKind.JSON_SCHEMA else "grammar"
+
 
 @dataclass(slots=True, frozen=True)
 class GrammarSource:

@@ -110,7 +110,7 @@ class Grammars:
         self.limits.check(source)
         template = llguidance.LLMatcher(tokenizer, grammar_text(source), log_level=0)
         if template.is_error():
-            raise GrammarError(f"the {source.kind} cannot be used: {template.get_error()}")
+            raise GrammarError(f"the {source.kind.label} cannot be used: {template.get_error()}")
         self._templates.put(source.key, template)
         return template
 
