@@ -26,7 +26,6 @@ import torch
 from fsched.core.grammar import GrammarError, GrammarLimits, GrammarSource
 from fsched.core.grammar.cache import VerdictCache
 from fsched.core.grammar.llg import grammar_text
-from fsched.core.types import ResponseFormat
 
 _SHIFTS = torch.arange(32, dtype=torch.int32)
 COMPILE_STACK_BYTES = 64 << 20  # eight times the isolated worker's stack
@@ -81,10 +80,9 @@ class Grammars:
                                                              eos_token=self._eos)
         return self._lltokenizer
 
-    def prepare(self, response_format: ResponseFormat) -> Future | None:
-        """None when the format's grammar is compiled; else the future of its compile, on the compile
-        thread (one compile per distinct grammar, however many requests wait on it)."""
-        source = GrammarSource.of(response_format)
+    def prepare(self, source: GrammarSource) -> Future | None:
+        """None when the grammar is compiled; else the future of its compile, on the compile thread (one
+        compile per distinct grammar, however many requests wait on it)."""
         key = source.key
         if self._templates.get(key) is not None:
             return None
@@ -97,9 +95,8 @@ class Grammars:
             running.add_done_callback(lambda _: self._compiling.pop(key, None))
         return running
 
-    def matcher(self, response_format: ResponseFormat, generated: Sequence[int]) -> llguidance.LLMatcher:
+    def matcher(self, source: GrammarSource, generated: Sequence[int]) -> llguidance.LLMatcher:
         """A matcher in the state after `generated`; GrammarError when the tokens break the grammar."""
-        source = GrammarSource.of(response_format)
         template = self._templates.get(source.key) or self._compile(source, self.lltokenizer)
         m = template.deep_copy()
         if generated and not m.consume_tokens(list(generated)):

@@ -18,7 +18,7 @@ import torch
 from llguidance import LLMatcher
 from transformers import DynamicCache
 
-from fsched.core.grammar import GrammarError
+from fsched.core.grammar import GrammarError, GrammarSource
 from fsched.core.runners.hf.grammar import Grammars
 from fsched.core.runners.hf.kvbatch import BatchKV, ParkedKV, RowGroup, cache_from_layers, layers_of
 from fsched.core.runners.hf.model import LoadedModel, encode_prompt
@@ -109,7 +109,7 @@ class ModelRunner(Runner):
         when there is none to wait for (no grammar, or compiled already)."""
         if params.response_format is None:
             return None
-        return self.grammars.prepare(params.response_format)
+        return self.grammars.prepare(GrammarSource.of(params.response_format))
 
     def add(
         self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = (),
@@ -127,7 +127,7 @@ class ModelRunner(Runner):
         grammar = None
         if params.response_format is not None:
             try:
-                grammar = self.grammars.matcher(params.response_format, generated)
+                grammar = self.grammars.matcher(GrammarSource.of(params.response_format), generated)
             except GrammarError as exc:
                 raise RequestRefused(str(exc)) from None
         self._requests[request_id] = _ModelRequest(request_id, [*prompt, *generated], len(prompt), params,
