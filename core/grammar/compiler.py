@@ -44,7 +44,7 @@ class GrammarCompiler:
             verdict = self._verdict(source, key)
             self.cache.put(key, verdict)
         if isinstance(verdict, _Refused):
-            raise GrammarError(f"{source.subject}: {verdict.reason}")
+            raise GrammarError(verdict.reason, source.subject)
         return verdict
 
     def _verdict(self, source: GrammarSource, key: str) -> CompiledGrammar | _Refused:

@@ -12,7 +12,12 @@ ANY_OBJECT = '{"type":"object"}'  # json_object: any JSON object
 
 
 class GrammarError(ValueError):
-    """A grammar that cannot be used; the message says why (a request's 400)."""
+    """A grammar that cannot be used; the message names what the client sent it as (`subject`) and
+    says why (`reason`): a request's 400."""
+
+    def __init__(self, reason: str, subject: str | None = None):
+        super().__init__(f"{subject}: {reason}" if subject else reason)
+        self.reason = reason
 
 
 class SourceKind(enum.StrEnum):

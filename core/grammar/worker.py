@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import sys
 from multiprocessing.connection import Connection
@@ -18,6 +19,7 @@ from fsched.core.grammar.llg import compiled_text
 from fsched.core.grammar.source import GrammarError, GrammarSource, SourceKind
 
 READY = b"ready"
+NICENESS = 10  # below the server's: on a busy CPU a compile waits, the event loop does not
 
 
 def limit_memory(memory_bytes: int, stack_bytes: int) -> None:
@@ -54,6 +56,7 @@ def serve(jobs: Connection, answers: Connection, cpu_s: float) -> None:
 
 def main(argv: list[str]) -> None:
     in_fd, out_fd, cpu_s, memory, stack = argv
+    os.nice(NICENESS)
     limit_memory(int(memory), int(stack))
     serve(Connection(int(in_fd), writable=False), Connection(int(out_fd), readable=False), float(cpu_s))
 

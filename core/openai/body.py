@@ -166,7 +166,9 @@ def _response_format(value: dict | None) -> ResponseFormat | None:
     try:
         chosen = ResponseFormat.json_schema(spec["schema"], spec["name"], spec["strict"])
         compile_grammar(GrammarSource.of(chosen))
-    except (GrammarError, ValueError) as exc:
+    except GrammarError as exc:  # the field names the subject: the reason alone
+        raise InputError(exc.reason, "response_format.json_schema.schema") from None
+    except ValueError as exc:
         raise InputError(str(exc), "response_format.json_schema.schema") from None
     return chosen
 

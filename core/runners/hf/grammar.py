@@ -14,6 +14,7 @@ cannot overflow here.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -30,6 +31,7 @@ from fsched.core.grammar.llg import grammar_text
 _SHIFTS = torch.arange(32, dtype=torch.int32)
 COMPILE_STACK_BYTES = 64 << 20  # eight times the isolated worker's stack
 TEMPLATES = 64  # compiled grammars kept, the least recently used dropped first
+COMPILE_NICENESS = 10  # below the step loop: on a busy CPU a compile waits, the other tenants' steps do not
 
 
 class CompileThread:
@@ -49,6 +51,10 @@ class CompileThread:
         return done
 
     def _serve(self) -> None:
+        try:  # on Linux a thread has a priority of its own: the step loop comes first
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICENESS)
+        except OSError:
+            pass
         while True:
             fn, done = self._jobs.get()
             try:
