@@ -51,6 +51,10 @@ RETRY_AFTER_S = 1
 # refuses a prompt over its context when it first sees it, within a step of the claim; a request
 # queued for longer starts streaming meanwhile (its refusal, if any, then comes as an SSE error).
 STREAM_OPEN_WAIT_S = 5.0
+# Parses waiting on the grammar worker at once (threads of their own, apart from the store's): more
+# wait their turn without holding a thread.
+GRAMMAR_PARSES = 16
+_grammar_parses: anyio.CapacityLimiter | None = None
 
 
 @router.get("/v1/models")
@@ -152,7 +156,27 @@ async def _then(first: asyncio.Future, rest: AsyncIterator[Update]) -> AsyncIter
 
 
 async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: ServerState) -> OnlineRequest:
-    return parsed(await body_text(request), endpoint, key, await state.limits())
+    return await parsed_off_loop(await body_text(request), endpoint, key, await state.limits())
+
+
+def may_name_a_grammar(text: str) -> bool:
+    """Whether a body may carry a grammar: it says `response_format`, or escapes a character (a key
+    can be spelled with escapes)."""
+    return "response_format" in text or "\\u" in text
+
+
+async def parsed_off_loop(text: str, endpoint: Endpoint, key: ApiKey, limits: InputLimits,
+                          field_name: Callable[[str | None], str | None] = lambda field: field,
+                          ) -> OnlineRequest:
+    """`parsed`, in a thread when the body may carry a grammar: checking one waits on the isolated
+    grammar worker (seconds for a large schema), which the event loop never does."""
+    if not may_name_a_grammar(text):
+        return parsed(text, endpoint, key, limits, field_name)
+    global _grammar_parses
+    if _grammar_parses is None:
+        _grammar_parses = anyio.CapacityLimiter(GRAMMAR_PARSES)
+    return await anyio.to_thread.run_sync(parsed, text, endpoint, key, limits, field_name,
+                                          limiter=_grammar_parses)
 
 
 def parsed(text: str, endpoint: Endpoint, key: ApiKey, limits: InputLimits,

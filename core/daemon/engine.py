@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
-from fsched.core.runners.protocol import RequestRefused, Runner, Wakeable
+from fsched.core.runners.protocol import Preparing, RequestRefused, Runner, Wakeable
 from fsched.core.sched.explain import RequestStanding, explain
 from fsched.core.sched.request import Request
 from fsched.core.sched.scheduler import Scheduler
@@ -55,6 +56,20 @@ class EngineSnapshot:
     kv_budget: int  # KV cache budget in tokens
     preemptions: int  # since the engine started
     requests: list[RequestStanding]  # running ones first, then waiting in admission order
+
+
+# An engine whose only requests wait on their grammar's compile waits this long for one, then steps
+# again (its loop's heartbeat goes on meanwhile).
+PREPARE_WAIT_S = 0.02
+
+
+@dataclass(slots=True, frozen=True)
+class _Preparing:
+    """A request waiting on the runner's preparation (its grammar's compile) before it is added."""
+
+    request: Request
+    future: Future
+    arrival: float
 
 
 class StepFailed(Exception):
@@ -107,11 +122,12 @@ class Engine:
         self.context_length = context_length
         self.clock = clock
         self._requests: dict[RequestId, Request] = {}  # the live records it runs (the scheduler's too)
+        self._preparing: dict[RequestId, _Preparing] = {}
         self.steps = 0
 
     @property
     def has_work(self) -> bool:
-        return bool(self.scheduler.running) or self.scheduler.waiting_count > 0
+        return bool(self.scheduler.running) or self.scheduler.waiting_count > 0 or bool(self._preparing)
 
     def wake_on(self, fd: int) -> None:
         """Where the runner's step may wait on its engine, a readable `fd` ends the wait."""
@@ -120,8 +136,18 @@ class Engine:
 
     def add(self, request: Request) -> EngineResult | None:
         """Queue a request (its record, from now on the scheduler's and this engine's to update); a
-        request that can never run fails alone, at once."""
+        request that can never run fails alone, at once. One whose grammar is still compiling waits
+        apart (off the step loop) and joins the queue once it is compiled."""
         now = self.clock()
+        future = self.runner.prepare(request.params) if isinstance(self.runner, Preparing) else None
+        if future is not None and not future.done():
+            self._preparing[request.id] = _Preparing(request, future, now)
+            return None
+        return self._admit(request, future, now)
+
+    def _admit(self, request: Request, prepared: Future | None, now: float) -> EngineResult | None:
+        if prepared is not None and prepared.exception() is not None:
+            return self._failed(request, f"response_format: {prepared.exception()}")
         request.arrival = now
         try:
             request.max_tokens = fit_to_context(
@@ -143,6 +169,8 @@ class Engine:
         return None
 
     def cancel(self, request_id: RequestId) -> bool:
+        if self._preparing.pop(request_id, None) is not None:
+            return True
         if request_id not in self._requests:
             return False
         self.scheduler.cancel(request_id)
@@ -152,9 +180,12 @@ class Engine:
 
     def step(self) -> StepReport | None:
         """One engine step; None when there was nothing to run."""
+        refused = self._admit_prepared()
         plan = self.scheduler.schedule(self.clock())
         if plan.empty:
-            return None
+            if not refused and self._preparing:
+                wait([p.future for p in self._preparing.values()], PREPARE_WAIT_S, FIRST_COMPLETED)
+            return StepReport({}, refused, 0.0, 0, self.runner.kv_tokens) if refused else None
         try:
             result = self.runner.run(plan)
         except Exception as exc:
@@ -171,7 +202,8 @@ class Engine:
         post = self.scheduler.postprocess(plan, result.outcome, now)
         self.steps += 1
         kv = self.runner.kv_tokens
-        finished = [self._finish(rid, check.finished) for rid, check in result.finished.items()]
+        finished = refused
+        finished += [self._finish(rid, check.finished) for rid, check in result.finished.items()]
         # A remote engine can refuse one request (its own error answer): it fails alone.
         for rid, error in result.failed.items():
             if rid in self._requests:
@@ -189,9 +221,19 @@ class Engine:
             produced=sum(result.outcome.tokens_of(rid) for rid in result.tokens),
         )
 
+    def _admit_prepared(self) -> list[EngineResult]:
+        """Queue the requests whose preparation ended; those it refused, failed."""
+        refused = []
+        for rid in [rid for rid, p in self._preparing.items() if p.future.done()]:
+            p = self._preparing.pop(rid)
+            failed = self._admit(p.request, p.future, p.arrival)
+            if failed is not None:
+                refused.append(failed)
+        return refused
+
     @property
     def request_ids(self) -> list[RequestId]:
-        return list(self._requests)
+        return [*self._requests, *self._preparing]
 
     # -- what the daemon steers and reads, without reaching into the scheduler -----------
 

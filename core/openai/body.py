@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fsched.core.jobs.grammar import GrammarError, check_response_format
+from fsched.core.grammar import GrammarError, GrammarSource, compile_grammar
 from fsched.core.jobs.inputs import InputError
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.fields import BodyField, Support, field_for, names_for, other_endpoint
@@ -156,8 +156,8 @@ def _logprobs(endpoint: Endpoint, values: dict) -> int | None:
 
 
 def _response_format(value: dict | None) -> ResponseFormat | None:
-    """The format, its grammar compiled once here so that a schema the engine cannot use is refused
-    before anything is stored."""
+    """The format, its grammar compiled here (in the isolated worker, once per distinct schema) so that a
+    schema the engine cannot use is refused before anything is stored."""
     if value is None or value["type"] == "text":
         return None
     if value["type"] == "json_object":
@@ -165,8 +165,10 @@ def _response_format(value: dict | None) -> ResponseFormat | None:
     spec = value["json_schema"]
     try:
         chosen = ResponseFormat.json_schema(spec["schema"], spec["name"], spec["strict"])
-        check_response_format(chosen)
-    except (GrammarError, ValueError) as exc:
+        compile_grammar(GrammarSource.of(chosen))
+    except GrammarError as exc:  # the field names the subject: the reason alone
+        raise InputError(exc.reason, "response_format.json_schema.schema") from None
+    except ValueError as exc:
         raise InputError(str(exc), "response_format.json_schema.schema") from None
     return chosen
 

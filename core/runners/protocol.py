@@ -27,6 +27,7 @@ What every runner must hold (the tests of each runner check it):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -122,4 +123,13 @@ class Wakeable(Protocol):
     def wake_on(self, fd: int) -> None: ...
 
 
-__all__ = ["RequestRefused", "RunResult", "Runner", "Wakeable"]
+@runtime_checkable
+class Preparing(Protocol):
+    """A runner whose `add` may need long work first (compiling a request's grammar): `prepare`
+    starts it off the caller's thread and returns its future (None when nothing is to wait for); the
+    engine adds the request once the future is done, and fails it alone with the future's error."""
+
+    def prepare(self, params: SamplingParams) -> Future | None: ...
+
+
+__all__ = ["Preparing", "RequestRefused", "RunResult", "Runner", "Wakeable"]

@@ -210,7 +210,8 @@ class _Grammar:
         import llguidance.hf
         from transformers import AutoTokenizer
 
-        from fsched.core.jobs.grammar import grammar_of
+        from fsched.core.grammar import GrammarSource
+        from fsched.core.grammar.llg import grammar_text
         from fsched.core.types import ResponseFormat, ResponseFormatType
 
         hf = AutoTokenizer.from_pretrained(tokenizer)
@@ -219,7 +220,7 @@ class _Grammar:
         fmt = (ResponseFormat.json_schema(response_format["json_schema"]["schema"])
                if kind is ResponseFormatType.JSON_SCHEMA else ResponseFormat(kind))
         lltok = llguidance.hf.from_tokenizer(hf, n_vocab=self.vocab)
-        self.matcher = llguidance.LLMatcher(lltok, grammar_of(fmt), log_level=0)
+        self.matcher = llguidance.LLMatcher(lltok, grammar_text(GrammarSource.of(fmt)), log_level=0)
 
     @property
     def done(self) -> bool:

@@ -29,14 +29,16 @@ CORE_LAYERS = {
     # fsched's own rules: they know nothing of the OpenAI protocol that reads and writes them.
     "jobs": ("fsched.core.types",),
     # The protocol in OpenAI's words over the domain: its records (progress, results) and rules.
-    "openai": ("fsched.core.types", "fsched.core.jobs", "fsched.core.ports.records"),
+    "openai": ("fsched.core.types", "fsched.core.jobs", "fsched.core.ports.records", "fsched.core.grammar"),
     # The heartbeat carries the scheduler's explanation of each request (its standing), nothing more;
     # the in-memory serving reads give latency percentiles by the one definition of a percentile.
     "ports": ("fsched.core.types", "fsched.core.jobs", "fsched.core.sched.explain",
               "fsched.core.sim.metrics"),
+    # Grammars: a source, its limits and its isolated compile, over the domain's types only.
+    "grammar": ("fsched.core.types",),
     # Structured output: the grammar a request's response_format compiles to is checked at submit
-    # (core.jobs) and enforced by the runners, one definition for both.
-    "runners": ("fsched.core.types", "fsched.core.sched", "fsched.core.jobs.grammar"),
+    # (core.openai, through core.grammar) and enforced by the runners, one definition for both.
+    "runners": ("fsched.core.types", "fsched.core.sched", "fsched.core.grammar"),
     "daemon": ("fsched.core.types", "fsched.core.faults", "fsched.core.sched", "fsched.core.ports",
                "fsched.core.runners"),
     # The replayer reads traces and reports as the simulator does, and names classes as the online API

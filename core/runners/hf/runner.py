@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 from llguidance import LLMatcher
 from transformers import DynamicCache
 
-from fsched.core.jobs.grammar import GrammarError
+from fsched.core.grammar import GrammarError, GrammarSource
 from fsched.core.runners.hf.grammar import Grammars
 from fsched.core.runners.hf.kvbatch import BatchKV, ParkedKV, RowGroup, cache_from_layers, layers_of
 from fsched.core.runners.hf.model import LoadedModel, encode_prompt
@@ -27,6 +28,12 @@ from fsched.core.runners.stopping import StopCheck, StopRules, StopText, check_s
 from fsched.core.sched.plan import Outcome, Plan, PrefillChunk
 from fsched.core.sched.request import Checkpoint
 from fsched.core.types import Logprob, RequestId, RequestStatus, SamplingParams, TokenLogprobs
+
+
+def grammar_failure(matcher: LLMatcher) -> str:
+    """Why a request's grammar failed mid-answer (the grammar library's own limits): the request fails
+    with this, never ends as if its output were complete."""
+    return f"response_format: the grammar failed mid-answer: {matcher.get_error().splitlines()[0]}"
 
 
 class RunnerError(Exception):
@@ -98,6 +105,13 @@ class ModelRunner(Runner):
     def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
         return encode_prompt(self.loaded, prompt, messages)
 
+    def prepare(self, params: SamplingParams) -> Future | None:
+        """The compile `add` needs for this request's grammar, started off the caller's thread; None
+        when there is none to wait for (no grammar, or compiled already)."""
+        if params.response_format is None:
+            return None
+        return self.grammars.prepare(GrammarSource.of(params.response_format))
+
     def add(
         self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = (),
         logprobs: Sequence[TokenLogprobs] = (),
@@ -114,7 +128,7 @@ class ModelRunner(Runner):
         grammar = None
         if params.response_format is not None:
             try:
-                grammar = self.grammars.matcher(params.response_format, generated)
+                grammar = self.grammars.matcher(GrammarSource.of(params.response_format), generated)
             except GrammarError as exc:
                 raise RequestRefused(str(exc)) from None
         text = StopText(params.stop, self._plain_text, len(prompt)) if params.stop else None
@@ -168,9 +182,9 @@ class ModelRunner(Runner):
             self._decode(plan.decode, result)
         if plan.prefill:
             self.batch.add(self._prefill(plan.prefill, result))
-        if result.finished:
-            # Finished rows leave at once; their requests stay until released.
-            self.batch.remove(set(result.finished))
+        if result.finished or result.failed:
+            # Finished and failed rows leave at once; their requests stay until released.
+            self.batch.remove(set(result.finished) | set(result.failed))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         result.outcome = Outcome(elapsed_s=time.perf_counter() - start, finished=frozenset(result.finished))
@@ -328,19 +342,25 @@ class ModelRunner(Runner):
                 allowed = torch.nn.functional.pad(allowed, (0, logits.shape[-1] - allowed.shape[-1]))
         choice = choose_tokens(logits, samples, allowed)
         for r, token, logprobs in zip(rows, choice.tokens, choice.logprobs, strict=True):
+            if r.grammar is not None and r.grammar.is_error():  # its mask could not be computed
+                result.failed[r.id] = grammar_failure(r.grammar)
+                continue
             r.tokens.append(token)
             result.tokens[r.id] = token
             if logprobs is not None:
                 r.logprobs.append(self._record(token, *logprobs))
+            if r.grammar is not None and not r.grammar.consume_token(token):
+                result.failed[r.id] = grammar_failure(r.grammar)
+                continue
             check = self._stop(r, token)
             if check.finished is not None:
                 r.finish = check
                 result.finished[r.id] = check
 
     def _stop(self, r: _ModelRequest, token: int) -> StopCheck:
-        """Whether `r` is done after `token`; a grammar that is complete ends it as EOS does."""
+        """Whether `r` is done after `token` (which its grammar took); a grammar that is complete ends it
+        as EOS does."""
         if r.grammar is not None:
-            r.grammar.consume_token(token)
             if r.grammar.is_stopped():  # before min_tokens too: nothing else may follow
                 return StopCheck(RequestStatus.FINISHED_STOPPED, on_token=token in self.loaded.eos_token_ids)
         if r.text is not None:
