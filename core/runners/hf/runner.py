@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from llguidance import LLMatcher
@@ -131,7 +132,7 @@ class ModelRunner(Runner):
                 grammar = self.grammars.matcher(GrammarSource.of(params.response_format), generated)
             except GrammarError as exc:
                 raise RequestRefused(str(exc)) from None
-        text = StopText(params.stop, self._plain_text, len(prompt)) if params.stop else None
+        text = StopText(params.stop, partial(self.loaded.tokenizer.decode, skip_special_tokens=True), len(prompt)) if params.stop else None
         self._requests[request_id] = _ModelRequest(request_id, [*prompt, *generated], len(prompt), params,
                                                    logprobs=list(logprobs), rules=stop_rules(params),
                                                    grammar=grammar, text=text)
@@ -360,16 +361,12 @@ class ModelRunner(Runner):
     def _stop(self, r: _ModelRequest, token: int) -> StopCheck:
         """Whether `r` is done after `token` (which its grammar took); a grammar that is complete ends it
         as EOS does."""
-        if r.grammar is not None:
-            if r.grammar.is_stopped():  # before min_tokens too: nothing else may follow
-                return StopCheck(RequestStatus.FINISHED_STOPPED, on_token=token in self.loaded.eos_token_ids)
+        if r.grammar is not None and r.grammar.is_stopped():  # before min_tokens too: nothing may follow
+            return StopCheck(RequestStatus.FINISHED_STOPPED, on_token=token in self.loaded.eos_token_ids)
         if r.text is not None:
             r.text.extend(r.tokens)
         return check_stop(token, len(r.tokens) - r.prompt_len, r.params.max_tokens, len(r.tokens),
                           self.loaded.context_length, self.loaded.eos_token_ids, r.text, rules=r.rules)
-
-    def _plain_text(self, tokens) -> str:
-        return self.loaded.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def _record(self, token: int, logprob: float, top_ids: list[int], top_logprobs: list[float]
                 ) -> TokenLogprobs:
