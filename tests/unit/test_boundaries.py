@@ -1,4 +1,5 @@
-"""The architecture's import rules, checked on the source and on a live import.
+"""The architecture's import rules, checked on the source (a live import is checked in
+tests/integration/test_light_imports.py).
 
 The layers, from the bottom: `core.types` and `core.faults`; the scheduling core
 (`core.sched`) and the job rules (`core.jobs`); the simulator (`core.sim`), the
@@ -12,8 +13,6 @@ imports one that imports it back.
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -216,14 +215,3 @@ def test_no_module_imports_its_package_by_folder_name():
         for path in sources(folder):
             bad = {n for n in imports_of(path) if n.split(".")[0] in PACKAGES}
             assert not bad, f"{path.relative_to(ROOT)} imports {bad}; use fsched.{folder}"
-
-
-def test_cli_scheduler_and_engine_loop_start_without_torch():
-    code = (
-        "import sys, fsched.cli.main, fsched.core.daemon.loop, fsched.core.sim.simulator\n"
-        "import fsched.core.runners.standin\n"
-        "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
-        "print(','.join(heavy))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
