@@ -16,6 +16,8 @@ import ast
 from collections.abc import Mapping
 from pathlib import Path
 
+from tests.support.source import parsed
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"api": "fsched.api", "cli": "fsched.cli", "core": "fsched.core", "storage": "fsched.storage"}
 # The Hugging Face runner (loading, KV batch, sampling, runner) is the only
@@ -52,7 +54,7 @@ DAEMON_MODULES = ("loop", "holdings", "leases", "stepfaults", "writer")
 
 def imports_of(path: Path) -> set[str]:
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -119,7 +121,7 @@ def test_commands_and_handlers_use_the_store_protocols_never_the_sql_underneath(
     class by name, no `.db` (the Database) or `.dialect` of one."""
     for folder in ("cli", "api"):
         for path in sources(folder):
-            tree = ast.parse(path.read_text(), filename=str(path))
+            tree = parsed(path)
             bad = {node.attr for node in ast.walk(tree)
                    if isinstance(node, ast.Attribute) and node.attr in ("db", "dialect")}
             bad |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
