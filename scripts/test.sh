@@ -2,8 +2,9 @@
 # The test command: set up the environment, make sure PostgreSQL answers, run pytest.
 # Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x). With pytest-xdist installed and
 # no -n/-p/--dist among them, the tests run on two workers, one test file per worker at a time
-# (--dist loadfile: a file's module and session fixtures are built once); FSCHED_TEST_WORKERS=0 runs
-# them in one process.
+# (--dist loadfile: a file's module and session fixtures are built once), the slowest files first
+# (tests/conftest.py's SLOW_FILES; --no-loadscope-reorder keeps that order); FSCHED_TEST_WORKERS=0
+# runs them in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -19,7 +20,7 @@ fi
 
 workers=()
 if [ "${FSCHED_TEST_WORKERS:-2}" != 0 ] && "$venv/bin/python" -c "import xdist" 2>/dev/null; then
-  workers=(-n "${FSCHED_TEST_WORKERS:-2}" --dist loadfile)
+  workers=(-n "${FSCHED_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
   for arg in "$@"; do
     case "$arg" in
       -n|-n*|--numprocesses*|-p|-p*|--dist*) workers=() ;;

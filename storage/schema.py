@@ -28,6 +28,11 @@ from fsched.storage.models import Base, Meta
 SCHEMA_VERSION = 10
 VERSION_KEY = "schema_version"
 CHUNKED_FILES_VERSION = 8  # from it on, SQLite files vacuum incrementally (storage.db.reclaim_space)
+# Creating or migrating the schema is one transaction of many statements with the client's work between
+# them (SQLAlchemy inspects before each CREATE): on a loaded machine a pause between two can pass the
+# short idle limit every connection has (storage.db.PG_IDLE_IN_TRANSACTION_MS), and the server would end
+# the session mid-way. This transaction alone gets a generous limit; it holds no job rows.
+PG_SCHEMA_IDLE_IN_TRANSACTION_MS = 300_000
 
 Migration = Callable[[Connection], None]
 
@@ -211,6 +216,8 @@ def ensure_schema(
         return version  # the common case: no write lock taken
     with db.write() as conn:
         if db.dialect == "postgresql":
+            limit = int(PG_SCHEMA_IDLE_IN_TRANSACTION_MS)
+            conn.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {limit}"))
             # Several daemons may start at once; one migrates, the others wait.
             conn.execute(text("SELECT pg_advisory_xact_lock(727001)"))
         found = _version_in(conn)

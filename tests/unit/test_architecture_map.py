@@ -4,7 +4,7 @@ gone, and every path the page names exists (test_docs checks that it names every
 from __future__ import annotations
 
 import re
-import subprocess
+from fnmatch import fnmatch
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,12 +33,11 @@ def folder_map(page: str) -> dict[str, str]:
 
 
 def tracked_folders(root: Path) -> set[str]:
-    """The repository's top-level folders (what git tracks; every visible folder outside a checkout)."""
-    try:
-        out = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout
-        return {f"{p.split('/')[0]}/" for p in out.splitlines() if "/" in p and not p.startswith(".")}
-    except (OSError, subprocess.CalledProcessError):
-        return {f"{p.name}/" for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    """The repository's top-level folders: the visible ones that .gitignore does not exclude."""
+    ignored = [line.strip().strip("/") for line in (root / ".gitignore").read_text().splitlines()
+               if line.strip().endswith("/") and "/" not in line.strip().strip("/")]
+    return {f"{p.name}/" for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+            and not any(fnmatch(p.name, pattern) for pattern in ignored)}
 
 
 def children(folder: Path) -> set[str]:

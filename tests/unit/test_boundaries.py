@@ -1,4 +1,5 @@
-"""The architecture's import rules, checked on the source and on a live import.
+"""The architecture's import rules, checked on the source (a live import is checked in
+tests/integration/test_light_imports.py).
 
 The layers, from the bottom: `core.types` and `core.faults`; the scheduling core
 (`core.sched`) and the job rules (`core.jobs`); the simulator (`core.sim`), the
@@ -12,10 +13,10 @@ imports one that imports it back.
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
+
+from tests.support.source import parsed
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"api": "fsched.api", "cli": "fsched.cli", "core": "fsched.core", "storage": "fsched.storage"}
@@ -55,7 +56,7 @@ DAEMON_MODULES = ("loop", "holdings", "leases", "stepfaults", "writer")
 
 def imports_of(path: Path) -> set[str]:
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -123,7 +124,7 @@ def test_commands_and_handlers_use_the_store_protocols_never_the_sql_underneath(
     class by name, no `.db` (the Database) or `.dialect` of one."""
     for folder in ("cli", "api"):
         for path in sources(folder):
-            tree = ast.parse(path.read_text(), filename=str(path))
+            tree = parsed(path)
             bad = {node.attr for node in ast.walk(tree)
                    if isinstance(node, ast.Attribute) and node.attr in ("db", "dialect")}
             bad |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
@@ -219,14 +220,3 @@ def test_no_module_imports_its_package_by_folder_name():
         for path in sources(folder):
             bad = {n for n in imports_of(path) if n.split(".")[0] in PACKAGES}
             assert not bad, f"{path.relative_to(ROOT)} imports {bad}; use fsched.{folder}"
-
-
-def test_cli_scheduler_and_engine_loop_start_without_torch():
-    code = (
-        "import sys, fsched.cli.main, fsched.core.daemon.loop, fsched.core.sim.simulator\n"
-        "import fsched.core.runners.standin\n"
-        "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
-        "print(','.join(heavy))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""

@@ -72,8 +72,8 @@ def test_the_first_kind_that_claims_the_settings_serves():
 
 
 def test_build_daemon_wires_settings_runner_scheduler_and_store():
-    daemon = build_daemon(DaemonSettings(model="standin", policy="vtc", lease_s=6.0, until_idle=True),
-                          Weights(), exclusive=True)
+    settings = DaemonSettings(model="standin", policy="vtc", lease_s=6.0, until_idle=True, link="off")
+    daemon = build_daemon(settings, Weights(), exclusive=True)
     config = daemon.config
     assert (config.model, config.device, config.policy) == (STANDIN_NAME, "standin", "vtc")
     assert config.lease_s == 6.0

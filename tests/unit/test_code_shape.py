@@ -12,6 +12,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+from tests.support.source import parsed
+
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("api", "cli", "core", "storage")
 MAX_FUNCTION_LINES = 60
@@ -24,7 +26,7 @@ def definitions(root: Path = ROOT) -> list[tuple[str, ast.AST]]:
     found = []
     for folder in FOLDERS:
         for path in sorted((root / folder).rglob("*.py")):
-            tree = ast.parse(path.read_text(), filename=str(path))
+            tree = parsed(path)
             for node in ast.walk(tree):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                     found.append((f"{path.relative_to(root)}:{node.lineno} {node.name}", node))
