@@ -128,6 +128,7 @@ def claimed_request(row) -> ClaimedRequest:
         endpoint=row.endpoint,
         prompt=row.prompt,
         messages=row.messages,
+        render=row.render,
         params=row.params,
         output_tokens=list(row.output_tokens or []),
         enqueued_at=row.enqueued_at,

@@ -33,7 +33,6 @@ TIER_OF_CLASS = {
     RequestClass.REALTIME: "priority", RequestClass.STREAMING: "default", RequestClass.BATCH: "flex"
 }
 DEFAULT_PRIORITY = 5
-DEFAULT_MAX_TOKENS = 256
 JOB_NAME = "http"  # an online request's job, in listings
 CONTEXT_WORDS = "model's context"  # the engine's words for a request that cannot fit
 
@@ -92,7 +91,7 @@ def parse_online(text: str, endpoint: Endpoint, key: ApiKey, limits: InputLimits
     choice), or BodyError / ClassRefused."""
     try:
         body = loads_object(text, limits.max_depth)
-        parsed = parse_body(endpoint, body, limits, DEFAULT_MAX_TOKENS, online=True)
+        parsed = parse_body(endpoint, body, limits, limits.default_max_tokens, online=True)
     except InputError as exc:
         raise BodyError(exc.named(), exc.field) from None
     own = parsed.online

@@ -94,8 +94,9 @@ class ModelRunner(Runner):
     def context_length(self) -> int:
         return self.loaded.context_length
 
-    def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
-        return encode_prompt(self.loaded, prompt, messages)
+    def encode(self, prompt: str | None = None, messages: list[dict] | None = None,
+               render: dict | None = None) -> list[int]:
+        return encode_prompt(self.loaded, prompt, messages, render)
 
     def add(
         self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = (),
