@@ -57,7 +57,7 @@ async def responses(request: Request):
         if opened is None:
             return JSONResponse(error_body(499, "client closed the request"), 499)
         events = _ResponsesEvents(ResponsesRelay(response_id, time.time(), model, asked.echo, logprobs,
-                                                 chat.stream_options.obfuscation))
+                                                 chat.stream_options.obfuscation, chat.spec.answer))
         return BoundedStream(online.relayed(request, state, job_id, chat, opened, events),
                              state.guard.rules.stall_s)
     final = await online.final_or_disconnect(request, state, job_id)
@@ -71,7 +71,7 @@ async def responses(request: Request):
         raise ApiError(status, message, code="request_failed")
     (done,) = final
     body = response_object(response_id, done.finished_at or time.time(), model, asked.echo, choice_of(done),
-                           logprobs=logprobs)
+                           logprobs=logprobs, answer=chat.spec.answer)
     return Response(json_text(body), media_type="application/json")
 
 

@@ -150,3 +150,32 @@ async def test_pydantic_ai_output_type_through_a_required_call(rig):
     assert result.output == City(name="Paris", country="Paris")
     (script,) = RUNNERS[-1].scripts.values()
     assert script.startswith("[")  # pydantic-ai asked for a required call: the grammar's form
+
+
+RESPONSES_WEATHER = {"type": "function", **WEATHER["function"]}
+
+
+async def test_responses_function_call_items_whole_and_streamed_and_the_loop_closed(rig):
+    client = rig.server.openai(rig.key("resp"))
+    first = await client.responses.create(model="m", input="weather in Paris?", tools=[RESPONSES_WEATHER])
+    kinds = [item.type for item in first.output]
+    assert kinds == ["reasoning", "message", "function_call"]
+    call = first.output[2]
+    assert (call.name, json.loads(call.arguments)) == ("weather", {"city": "Paris"})
+    assert first.output[1].content[0].text == "Let me check."
+
+    events = [e async for e in await client.responses.create(model="m", input="weather in Paris?",
+                                                             tools=[RESPONSES_WEATHER], stream=True)]
+    assert events[-1].type == "response.completed"
+    streamed = events[-1].response.output
+    assert [i.type for i in streamed] == kinds and streamed[2].arguments == call.arguments
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert deltas == call.arguments
+
+    history = [{"role": "user", "content": "weather in Paris?"}, *[i.model_dump(exclude_none=True)
+                                                                  for i in first.output],
+               {"type": "function_call_output", "call_id": call.call_id, "output": "21 C, sunny"}]
+    final = await client.responses.create(model="m", input=history, tools=[RESPONSES_WEATHER])
+    assert final.output_text == ANSWER
+    rendered, _ = RUNNERS[-1].rendered[-1]
+    assert [m["role"] for m in rendered] == ["user", "assistant", "tool"]
