@@ -152,15 +152,17 @@ async def _then(first: asyncio.Future, rest: AsyncIterator[Update]) -> AsyncIter
 
 
 async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: ServerState) -> OnlineRequest:
-    return parsed(await body_text(request), endpoint, key, await state.limits())
+    limits = await state.limits()
+    return parsed(await body_text(request), endpoint, key, limits, tool_parser=state.tool_parser)
 
 
 def parsed(text: str, endpoint: Endpoint, key: ApiKey, limits: InputLimits,
-           field_name: Callable[[str | None], str | None] = lambda field: field) -> OnlineRequest:
+           field_name: Callable[[str | None], str | None] = lambda field: field, tool_parser: str = "auto"
+           ) -> OnlineRequest:
     """The body as `parse_online` reads it, or the ApiError its refusal answers: 403 for a class above
     the key's, else 400 (`field_name`: the field's name as the client's body says it)."""
     try:
-        return parse_online(text, endpoint, key, limits)
+        return parse_online(text, endpoint, key, limits, tool_parser)
     except ClassRefused as exc:
         raise ApiError(403, exc.message, field_name(exc.field), "class_not_allowed") from None
     except BodyError as exc:

@@ -84,7 +84,8 @@ async def _parse(request: Request, state: ServerState, key: ApiKey) -> tuple[Res
         asked = to_chat_body(loads_object(text, limits.max_depth), limits)
     except InputError as exc:  # the body's JSON, or a field of the Responses body itself
         raise ApiError(400, exc.message, exc.field, "invalid_value") from None
-    return asked, online.parsed(json.dumps(asked.chat_body), Endpoint.CHAT, key, limits, _responses_name)
+    return asked, online.parsed(json.dumps(asked.chat_body), Endpoint.CHAT, key, limits, _responses_name,
+                                state.tool_parser)
 
 
 def _responses_name(param: str | None) -> str | None:

@@ -21,6 +21,7 @@ from fsched.core.jobs.grammar import GrammarError, check_response_format
 from fsched.core.jobs.inputs import InputError
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.fields import BodyField, Support, field_for, names_for, other_endpoint
+from fsched.core.openai.toolcalls.families import AUTO
 from fsched.core.openai.toolcalls.forced import forced_format
 from fsched.core.openai.values import INT64
 from fsched.core.types import (
@@ -45,15 +46,15 @@ class ParsedBody:
 
 def parse_body(
     endpoint: Endpoint, body: dict, limits: InputLimits, default_max_tokens: int,
-    custom_id: str = "request", online: bool = False,
+    custom_id: str = "request", online: bool = False, tool_parser: str = AUTO,
 ) -> ParsedBody:
     """The body's requests, or InputError naming the field (a path inside the body:
     "messages[0].role"). `online`: an HTTP request (it may stream, choose its class and priority);
-    otherwise a batch or simple line."""
+    otherwise a batch or simple line. `tool_parser`: the family calls are read in (the operator's)."""
     values = checked_values(endpoint, body, limits, online)
     params = _sampling(endpoint, values, limits, default_max_tokens)
     answer = _answer(endpoint, values)
-    params, answer, render = _tools(values, params, answer)
+    params, answer, render = _tools(values, params, replace(answer, tool_parser=tool_parser))
     specs = _choices(endpoint, values, params, answer, custom_id, render)
     return ParsedBody(specs, {f: values[f] for f in ONLINE_FIELDS if f in values})
 
@@ -198,7 +199,7 @@ def _tools(values: dict, params: SamplingParams, answer: AnswerOptions
         kwargs["reasoning_effort"] = values["reasoning_effort"]
     render = ChatRender(tuple(tools), tuple(sorted(kwargs.items())))
     if choice == "none" or (choice == "auto" and not tools):
-        return params, answer, render
+        return params, replace(answer, tool_parser=AUTO), render
     if not tools:
         raise InputError("needs tools (there is no function to call)", "tool_choice")
     named = choice["function"]["name"] if isinstance(choice, dict) else None

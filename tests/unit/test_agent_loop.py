@@ -179,3 +179,13 @@ async def test_responses_function_call_items_whole_and_streamed_and_the_loop_clo
     assert final.output_text == ANSWER
     rendered, _ = RUNNERS[-1].rendered[-1]
     assert [m["role"] for m in rendered] == ["user", "assistant", "tool"]
+
+
+async def test_an_operator_named_family_reads_its_syntax_only():
+    async with served(runner=ScriptedRunner(reply), tool_parser="mistral") as rig:
+        client = rig.server.openai(rig.key("ops"))
+        answer = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "?"}],
+                                                      tools=[WEATHER])
+    message = answer.choices[0].message
+    assert message.tool_calls is None and "<tool_call>" in message.content
+    assert answer.choices[0].finish_reason == "stop"
