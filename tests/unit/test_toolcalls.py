@@ -121,3 +121,17 @@ def test_the_whole_message_has_tool_calls_and_null_content():
 def test_an_unfinished_call_cut_by_length_is_not_a_call():
     reading = read('<tool_call>{"name": "f", "arguments": {"a": ', True, TOOLS)
     assert reading.finished_calls() == ()
+
+
+def test_tokenize_renders_with_the_tools_and_template_options_a_chat_request_would():
+    from fsched.core.jobs.inputs import InputError
+    from fsched.core.openai.tokenize import parse_tokenize
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    asked = parse_tokenize({"messages": [{"role": "user", "content": "hi"}], "tools": tools,
+                            "chat_template_kwargs": {"enable_thinking": False}})
+    assert asked.render.to_json() == {"tools": tools, "kwargs": {"enable_thinking": False}}
+    with pytest.raises(InputError) as refused:
+        parse_tokenize({"messages": [{"role": "user", "content": "hi"}],
+                        "chat_template_kwargs": {"add_generation_prompt": False}})
+    assert refused.value.field.startswith("chat_template_kwargs")
