@@ -450,6 +450,7 @@ class AnswerOptions:
     # tool_choice required or named: the grammar made the whole text a JSON array of calls.
     forced_tools: bool = False
     tool_parser: str = "auto"  # the family whose syntax calls are read in ("auto": any known one)
+    one_call: bool = False  # parallel_tool_calls false: the first call alone is the answer's
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.prompts < 1:

@@ -205,7 +205,8 @@ def _tools(values: dict, params: SamplingParams, answer: AnswerOptions
     named = choice["function"]["name"] if isinstance(choice, dict) else None
     if named is not None and named not in {t["function"]["name"] for t in tools}:
         raise InputError(f"names no tool of this request: {named!r}", "tool_choice.function.name")
-    answer = replace(answer, tools=tuple(t["function"]["name"] for t in tools))
+    answer = replace(answer, tools=tuple(t["function"]["name"] for t in tools),
+                     one_call=not values.get("parallel_tool_calls", True))
     if choice == "auto":
         return params, answer, render
     if params.response_format is not None:

@@ -182,8 +182,8 @@ OPENAI_FIELDS = (
        "a grammar holds the answer to one call (or more, with parallel_tool_calls) whose arguments "
        "validate against the function's parameters", kind=Custom(shapes.tool_choice, "string or object"),
        neutral=("none", "auto"), example="required"),
-    _f("parallel_tool_calls", H, S, "false: a required call is held to one call (auto answers are read "
-       "as the model wrote them)", kind=Boolean(), neutral=(True,), example=False),
+    _f("parallel_tool_calls", H, S, "false: at most one call (a required call is held to one; with auto "
+       "the first call the model wrote is the answer's)", kind=Boolean(), neutral=(True,), example=False),
     _f("functions", H, N, _OLD_FUNCTIONS, neutral=([],), example=[{"name": "f"}]),
     _f("function_call", H, N, _OLD_FUNCTIONS, neutral=("none", "auto"), example={"name": "f"}),
 )

@@ -135,3 +135,12 @@ def test_tokenize_renders_with_the_tools_and_template_options_a_chat_request_wou
         parse_tokenize({"messages": [{"role": "user", "content": "hi"}],
                         "chat_template_kwargs": {"add_generation_prompt": False}})
     assert refused.value.field.startswith("chat_template_kwargs")
+
+
+def test_without_parallel_calls_the_first_call_alone_is_read():
+    text, _, _ = CASES["hermes"]
+    reading = read(text, True, ReadOptions(tools=True, one_call=True))
+    assert calls_of(reading) == [("weather", ARGS)]
+    stream = ReadingStream("x", 0, ReadOptions(tools=True, one_call=True))
+    deltas = [d for i in range(len(text) + 1) for d in stream.step(text[:i], i == len(text))[2]]
+    assert _joined(deltas) == [("weather", ARGS)]

@@ -24,6 +24,7 @@ class ReadOptions:
     tools: bool = False  # read tool calls (tools given, tool_choice not "none")
     forced: bool = False  # the grammar made the whole text a JSON array of calls
     parser: str = AUTO  # a family's name, or AUTO: any known family's syntax
+    one_call: bool = False  # parallel_tool_calls false: calls after the first are not read
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,9 +42,13 @@ def read(text: str, final: bool, options: ReadOptions = ReadOptions()) -> Readin
     if not options.tools:
         return Reading(reasoning, rest)
     if options.forced:
-        return Reading(reasoning, "", tuple(FORCED.calls(rest, 0)))
-    families = list(FAMILIES.values()) if options.parser == AUTO else [FAMILIES[options.parser]]
-    return _calls_and_content(rest, final, families, reasoning)
+        reading = Reading(reasoning, "", tuple(FORCED.calls(rest, 0)))
+    else:
+        families = list(FAMILIES.values()) if options.parser == AUTO else [FAMILIES[options.parser]]
+        reading = _calls_and_content(rest, final, families, reasoning)
+    if options.one_call and len(reading.calls) > 1:
+        return Reading(reading.reasoning, reading.content, reading.calls[:1])
+    return reading
 
 
 def _reasoning(text: str, final: bool) -> tuple[str | None, str]:
