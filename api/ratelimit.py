@@ -5,7 +5,8 @@ admin's change applies within it); the counting is the table's
 (`KeyStore.take_rate`), shared by every replica of `fsched serve`. A key with
 no limit costs no write. What a request costs: one request, and the tokens
 it may generate (max_tokens for each choice, its logprobs counted as the
-table-wide `logprobs_per_charged_token` says).
+table-wide `logprobs_per_charged_token` says; a choice that names no max_tokens,
+whose bound is the room its model's context leaves, counts UNSIZED_COST tokens).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fsched.api.state import LIMITS_TTL_S, ServerState
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.ratelimit import charged_tokens, never_fits
 from fsched.core.openai.online import OnlineRequest
+from fsched.core.types import SamplingParams
 
 # key id -> (its rate limits, when read). Key ids are random and never reused, so one cache serves
 # every app of a process.
@@ -25,9 +27,16 @@ _LIMITS: dict[str, tuple[dict[str, int], float]] = {}
 _KEPT = 10_000
 
 
+UNSIZED_COST = 1024  # the tokens counted for a choice without max_tokens (the server knows no context)
+
+
 def costs_of(online: OnlineRequest, logprobs_per_token: int) -> dict[str, int]:
-    return {"requests": 1, "tokens": sum(charged_tokens(spec.params.max_tokens, spec.params.logprobs,
+    return {"requests": 1, "tokens": sum(charged_tokens(_sized(spec.params), spec.params.logprobs,
                                                         logprobs_per_token) for spec in online.specs)}
+
+
+def _sized(params: SamplingParams) -> int:
+    return min(params.max_tokens, UNSIZED_COST) if params.max_tokens_is_default else params.max_tokens
 
 
 async def admit(state: ServerState, key: ApiKey, online: OnlineRequest) -> None:

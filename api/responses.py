@@ -57,7 +57,7 @@ async def responses(request: Request):
         if opened is None:
             return JSONResponse(error_body(499, "client closed the request"), 499)
         events = _ResponsesEvents(ResponsesRelay(response_id, time.time(), model, asked.echo, logprobs,
-                                                 chat.stream_options.obfuscation))
+                                                 chat.stream_options.obfuscation, chat.spec.answer))
         return BoundedStream(online.relayed(request, state, job_id, chat, opened, events),
                              state.guard.rules.stall_s)
     final = await online.final_or_disconnect(request, state, job_id)
@@ -71,7 +71,7 @@ async def responses(request: Request):
         raise ApiError(status, message, code="request_failed")
     (done,) = final
     body = response_object(response_id, done.finished_at or time.time(), model, asked.echo, choice_of(done),
-                           logprobs=logprobs)
+                           logprobs=logprobs, answer=chat.spec.answer)
     return Response(json_text(body), media_type="application/json")
 
 
@@ -85,7 +85,7 @@ async def _parse(request: Request, state: ServerState, key: ApiKey) -> tuple[Res
     except InputError as exc:  # the body's JSON, or a field of the Responses body itself
         raise ApiError(400, exc.message, exc.field, "invalid_value") from None
     return asked, await online.parsed_off_loop(json.dumps(asked.chat_body), Endpoint.CHAT, key, limits,
-                                               _responses_name)
+                                               _responses_name, state.tool_parser)
 
 
 def _responses_name(param: str | None) -> str | None:

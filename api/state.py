@@ -69,6 +69,7 @@ class ServerState:
     guard: Guard = field(default_factory=Guard)  # what open streams check while they wait
     link: LinkClient | None = None  # the daemons' links: pushed wake-ups and tokens
     batch_creations: dict[str, int] = field(default_factory=dict)  # in progress, by tenant
+    tool_parser: str = "auto"  # the model family whose syntax tool calls are read in (`--tool-call-parser`)
     _submitter: Submitter | None = None
     _daemons: _Cached[list[DaemonSummary]] = field(default_factory=_Cached)
     _limits: _Cached[InputLimits] = field(default_factory=_Cached)

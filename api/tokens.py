@@ -29,7 +29,8 @@ class TextCodec(Protocol):
 
     context_length: int
 
-    def encode(self, prompt: str | None, messages: list[dict] | None) -> list[int]: ...
+    def encode(self, prompt: str | None, messages: list[dict] | None, render: dict | None = None
+               ) -> list[int]: ...
 
     def decode(self, tokens: list[int]) -> str: ...
 
@@ -95,7 +96,7 @@ async def tokenize(request: Request) -> dict:
         raise ApiError(400, exc.message, exc.field, "invalid_value") from None
     _, codec = await state.tokenizers.codec(state)
     messages = [m.to_json() for m in asked.messages] or None
-    tokens = await state.call(codec.encode, asked.prompt, messages)
+    tokens = await state.call(codec.encode, asked.prompt, messages, asked.render.to_json())
     out = {"count": len(tokens), "max_model_len": codec.context_length, "tokens": tokens}
     out["token_strs"] = [codec.decode([t]) for t in tokens] if asked.token_strs else None
     return out

@@ -51,6 +51,10 @@ def serve(
                                  "ids in answers (default: known from the daemons' model when it is the "
                                  "tiny model or the stand-in).")
     ] = None,
+    tool_call_parser: Annotated[
+        str, typer.Option("--tool-call-parser", help="The model family whose syntax tool calls are read in: "
+                          "auto (any known one), hermes, llama3_json or mistral (docs/models.md).")
+    ] = "auto",
     metrics_port: Annotated[
         int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port of 127.0.0.1 "
                                  "(and nowhere else; default: no metrics).")
@@ -91,9 +95,18 @@ def serve(
         raise UserError(str(exc)) from None
     app = create_app(build_backend(db), poll_s=poll_ms / 1000,
                      tokenizers=Tokenizers(tokenizer, load=codec_for_served), metrics_port=metrics_port,
-                     body_timeout_s=deadlines.body_timeout_s, rules=_rules(no_daemon_s, stall_s), link=link)
+                     body_timeout_s=deadlines.body_timeout_s, rules=_rules(no_daemon_s, stall_s), link=link,
+                     tool_parser=_tool_parser(tool_call_parser))
     protocol = header_deadline_protocol(deadlines.header_timeout_s)
     _run(uvicorn, app, host, port, metrics_port, access_log, protocol, send_buffer_kb)
+
+
+def _tool_parser(name: str) -> str:
+    from fsched.core.openai.toolcalls.families import PARSER_NAMES
+
+    if name not in PARSER_NAMES:
+        raise UserError(f"--tool-call-parser: one of {', '.join(PARSER_NAMES)}, not {name!r}")
+    return name
 
 
 def _check(poll_ms: float, port: int, metrics_port: int | None, send_buffer_kb: int | None) -> None:

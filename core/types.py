@@ -430,12 +430,42 @@ class ChatMessage:
     role: str
     content: str
     name: str | None = None  # a participant's name, handed to the chat template
+    # An assistant's calls, as OpenAI shapes them: {id, type: "function", function: {name, arguments}}
+    # with `arguments` a JSON text.
+    tool_calls: tuple[dict, ...] = ()
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def to_json(self) -> dict:
-        out = {"role": self.role, "content": self.content}
+        out: dict = {"role": self.role, "content": self.content}
         if self.name is not None:
             out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = list(self.tool_calls)
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
         return out
+
+
+@dataclass(slots=True, frozen=True)
+class ChatRender:
+    """What the model's chat template is given besides the messages: the tools (OpenAI's
+    `{"type": "function", "function": {name, description, parameters}}`) and the caller's
+    `chat_template_kwargs` (with `reasoning_effort` among them when asked)."""
+
+    tools: tuple[dict, ...] = ()
+    kwargs: tuple[tuple[str, object], ...] = ()  # sorted by name
+
+    def to_json(self) -> dict | None:
+        """None when the template is given nothing more (most requests)."""
+        if not self.tools and not self.kwargs:
+            return None
+        return {"tools": list(self.tools), "kwargs": dict(self.kwargs)}
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> ChatRender:
+        if not data:
+            return cls()
+        return cls(tuple(data.get("tools") or ()), tuple(sorted((data.get("kwargs") or {}).items())))
 
 
 @dataclass(slots=True, frozen=True)
@@ -453,6 +483,12 @@ class AnswerOptions:
     logprobs: bool = False  # show the engine's log probabilities (chat's logprobs, completions' logprobs)
     token_ids: bool = False  # vLLM's return_token_ids: the prompt's and the output's token ids
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprob tokens as "token_id:N"
+    # Tool calls are read out of the text (tools given, tool_choice not "none"): their names.
+    tools: tuple[str, ...] = ()
+    # tool_choice required or named: the grammar made the whole text a JSON array of calls.
+    forced_tools: bool = False
+    tool_parser: str = "auto"  # the family whose syntax calls are read in ("auto": any known one)
+    one_call: bool = False  # parallel_tool_calls false: the first call alone is the answer's
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.prompts < 1:
@@ -468,7 +504,10 @@ class AnswerOptions:
     def from_json(cls, data: dict | None) -> AnswerOptions:
         if not data:
             return _DEFAULT_ANSWER
-        return cls(**{name: data[name] for name in cls.__slots__ if name in data})
+        values = {name: data[name] for name in cls.__slots__ if name in data}
+        if "tools" in values:
+            values["tools"] = tuple(values["tools"])
+        return cls(**values)
 
 
 _DEFAULT_ANSWER = AnswerOptions()
@@ -486,6 +525,7 @@ class RequestSpec:
     model: str | None = None  # the name the submitter asked for; echoed in results
     choice: int = 0  # the choice's index within its line (0 for a line of one choice)
     answer: AnswerOptions = _DEFAULT_ANSWER
+    render: ChatRender = ChatRender()  # chat: the tools and template options the template is given
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (not self.messages):

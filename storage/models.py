@@ -96,6 +96,8 @@ class RequestRow(Base):
     endpoint: Mapped[str] = mapped_column(String(32))
     prompt: Mapped[str | None] = mapped_column(SafeText, nullable=True)
     messages: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    # What a chat template is given besides the messages (ChatRender.to_json): NULL for most.
+    render: Mapped[dict | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     params: Mapped[dict] = mapped_column(JSON)  # SamplingParams.to_json(), seed always set
     max_tokens: Mapped[int] = mapped_column(Integer)
     model: Mapped[str | None] = mapped_column(String(256), nullable=True)

@@ -174,6 +174,7 @@ def claimed_request(row, logprobs: tuple[TokenLogprobs, ...] = ()) -> ClaimedReq
         endpoint=row.endpoint,
         prompt=row.prompt,
         messages=row.messages,
+        render=row.render,
         params=row.params,
         output_tokens=list(row.output_tokens or []),
         enqueued_at=row.enqueued_at,

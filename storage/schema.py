@@ -25,7 +25,7 @@ from fsched.core.ports.records import SchemaMismatch
 from fsched.storage.db import Database
 from fsched.storage.models import Base, Meta
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 VERSION_KEY = "schema_version"
 CHUNKED_FILES_VERSION = 8  # from it on, SQLite files vacuum incrementally (storage.db.reclaim_space)
 # Creating or migrating the schema is one transaction of many statements with the client's work between
@@ -197,11 +197,18 @@ def _logprobs_in_pieces(conn: Connection) -> None:
     drop_column(conn, "requests", "output_logprobs")
 
 
+def _add_render(conn: Connection) -> None:
+    """A chat request's tools and template options (NULL: none)."""
+    column = Base.metadata.tables["requests"].c.render
+    _add_column(conn, "requests", "render", column.type.compile(dialect=conn.dialect))
+
+
 # MIGRATIONS[v] upgrades a database from version v to v + 1.
 MIGRATIONS: dict[int, Migration] = {
     1: _v1_to_v2, 2: _v2_to_v3, 3: _drop_mlfq_level, 4: _job_origins_and_chargeback,
     5: _add_output_logprobs, 6: _add_choices, 7: _chunked_files_and_rates, 8: _add_batch_expiry,
     9: _logprobs_in_pieces,
+    10: _add_render,
 }
 
 

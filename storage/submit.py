@@ -105,6 +105,7 @@ def _request_row(job_id: int, idx: int, spec, now: float) -> dict:
         "endpoint": spec.endpoint.value,
         "prompt": spec.prompt,
         "messages": [m.to_json() for m in spec.messages] if spec.messages else None,
+        "render": spec.render.to_json(),
         "params": _with_seed(spec.params).to_json(),
         "max_tokens": spec.params.max_tokens,
         "model": spec.model,

@@ -262,8 +262,11 @@ def build_daemon(settings: DaemonSettings, store: QueueStore, exclusive: bool) -
         owner, chosen.description, settings.policy, limits.max_batch, limits.kv_tokens, limits.step_tokens,
     )
     runner = chosen.runner
-    return Daemon(store, engine, lambda claimed: runner.encode(claimed.prompt, claimed.messages), config,
-                  link=_link(settings.link, config.host))
+
+    def encode(claimed):
+        return runner.encode(claimed.prompt, claimed.messages, claimed.render)
+
+    return Daemon(store, engine, encode, config, link=_link(settings.link, config.host))
 
 
 def _link(address: str, hostname: str):

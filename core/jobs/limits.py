@@ -30,7 +30,10 @@ class InputLimits:
     # Far above any context window in use; the real check against the
     # model's context happens when the daemon admits the request.
     max_tokens: int = 1_000_000
-    default_max_tokens: int = 256
+    # A request that names no max_tokens may generate up to the room its model's context
+    # leaves (as OpenAI and vLLM answer; the daemon caps a default at that room). An operator
+    # may set a lower default; frameworks that treat a cut answer as an error then see cuts.
+    default_max_tokens: int = 1_000_000
     max_custom_id_chars: int = 512
     max_stop_sequences: int = 4
     # Unfinished (queued, preempted or running) requests one tenant may

@@ -13,6 +13,7 @@ import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fsched.core.openai.toolcalls.message import finish_reason, message_of
 from fsched.core.types import AnswerOptions, Endpoint, TokenLogprobs
 
 _PAD = string.ascii_letters + string.digits
@@ -59,20 +60,22 @@ def response_body(endpoint: Endpoint, answer_id: str, created: int, model: str,
     """A whole answer: one entry a choice, by index, and the usage summed over them."""
     body = {"id": answer_id, "object": "chat.completion" if endpoint is Endpoint.CHAT else "text_completion",
             "created": created, "model": model,
-            "choices": [_whole_choice(endpoint, c, answer) for c in sorted(choices, key=lambda c: c.index)],
+            "choices": [_whole_choice(endpoint, c, answer, answer_id)
+                        for c in sorted(choices, key=lambda c: c.index)],
             "usage": usage(choices, answer)}
     if answer.token_ids:
         body["prompt_token_ids"] = _prompt_ids(prompt_token_ids, answer)
     return body
 
 
-def _whole_choice(endpoint: Endpoint, c: AnswerChoice, answer: AnswerOptions) -> dict:
+def _whole_choice(endpoint: Endpoint, c: AnswerChoice, answer: AnswerOptions, answer_id: str) -> dict:
     reason = c.finish_reason or "stop"
     echoed = c.prompt if answer.echo and c.prompt else ""
     if endpoint is Endpoint.CHAT:
-        out = {"index": c.index, "message": {"role": "assistant", "content": c.text},
+        message, calls = message_of(c.text, answer, answer_id, c.index)
+        out = {"index": c.index, "message": message,
                "logprobs": chat_logprobs(c.logprobs, answer) if answer.logprobs else None,
-               "finish_reason": reason}
+               "finish_reason": finish_reason(reason, calls)}
     else:
         lp = completion_logprobs(c.logprobs, answer, len(echoed)) if answer.logprobs else None
         out = {"index": c.index, "text": echoed + c.text, "logprobs": lp, "finish_reason": reason}
@@ -133,6 +136,8 @@ class Delta:
     first: bool = False  # chat: the chunk that opens the assistant's turn (role)
     finish_reason: str | None = None
     text_offset: int = 0  # completions: where `text` starts in the whole text
+    reasoning: str = ""  # chat: new reasoning text (reasoning_content)
+    tool_calls: tuple[dict, ...] = ()  # chat: call fragments, by index
 
 
 def chunk(endpoint: Endpoint, answer_id: str, created: int, model: str, delta: Delta,
@@ -169,9 +174,14 @@ def chunk(endpoint: Endpoint, answer_id: str, created: int, model: str, delta: D
 def _chat_delta(delta: Delta) -> dict:
     if delta.first:
         return {"role": "assistant", "content": delta.text}
-    if delta.finish_reason is not None and not delta.text:
-        return {}
-    return {"content": delta.text}
+    out: dict = {}
+    if delta.reasoning:
+        out["reasoning_content"] = delta.reasoning
+    if delta.text or not (delta.reasoning or delta.tool_calls or delta.finish_reason is not None):
+        out["content"] = delta.text
+    if delta.tool_calls:
+        out["tool_calls"] = list(delta.tool_calls)
+    return out
 
 
 def usage_chunk(endpoint: Endpoint, answer_id: str, created: int, model: str, usage_figures: dict) -> dict:

@@ -21,10 +21,13 @@ from fsched.core.grammar import GrammarError, GrammarSource, compile_grammar
 from fsched.core.jobs.inputs import InputError
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.fields import BodyField, Support, field_for, names_for, other_endpoint
+from fsched.core.openai.toolcalls.families import AUTO
+from fsched.core.openai.toolcalls.forced import forced_format
 from fsched.core.openai.values import INT64
 from fsched.core.types import (
     AnswerOptions,
     ChatMessage,
+    ChatRender,
     Endpoint,
     RequestSpec,
     ResponseFormat,
@@ -43,15 +46,16 @@ class ParsedBody:
 
 def parse_body(
     endpoint: Endpoint, body: dict, limits: InputLimits, default_max_tokens: int,
-    custom_id: str = "request", online: bool = False,
+    custom_id: str = "request", online: bool = False, tool_parser: str = AUTO,
 ) -> ParsedBody:
     """The body's requests, or InputError naming the field (a path inside the body:
     "messages[0].role"). `online`: an HTTP request (it may stream, choose its class and priority);
-    otherwise a batch or simple line."""
+    otherwise a batch or simple line. `tool_parser`: the family calls are read in (the operator's)."""
     values = checked_values(endpoint, body, limits, online)
     params = _sampling(endpoint, values, limits, default_max_tokens)
     answer = _answer(endpoint, values)
-    specs = _choices(endpoint, values, params, answer, custom_id)
+    params, answer, render = _tools(values, params, replace(answer, tool_parser=tool_parser))
+    specs = _choices(endpoint, values, params, answer, custom_id, render)
     return ParsedBody(specs, {f: values[f] for f in ONLINE_FIELDS if f in values})
 
 
@@ -186,8 +190,42 @@ def _answer(endpoint: Endpoint, values: dict) -> AnswerOptions:
     )
 
 
+def _tools(values: dict, params: SamplingParams, answer: AnswerOptions
+           ) -> tuple[SamplingParams, AnswerOptions, ChatRender]:
+    """What the template is given (tools, template options), whether calls are read out of the
+    answer, and, for a required or named call, the grammar that holds the answer to it."""
+    tools = list(values.get("tools", ()))
+    choice = values.get("tool_choice", "auto" if tools else "none")
+    kwargs = dict(values.get("chat_template_kwargs", {}))
+    if values.get("reasoning_effort", "medium") != "medium":
+        kwargs["reasoning_effort"] = values["reasoning_effort"]
+    render = ChatRender(tuple(tools), tuple(sorted(kwargs.items())))
+    if choice == "none" or (choice == "auto" and not tools):
+        return params, replace(answer, tool_parser=AUTO), render
+    if not tools:
+        raise InputError("needs tools (there is no function to call)", "tool_choice")
+    named = choice["function"]["name"] if isinstance(choice, dict) else None
+    if named is not None and named not in {t["function"]["name"] for t in tools}:
+        raise InputError(f"names no tool of this request: {named!r}", "tool_choice.function.name")
+    answer = replace(answer, tools=tuple(t["function"]["name"] for t in tools),
+                     one_call=not values.get("parallel_tool_calls", True))
+    if choice == "auto":
+        return params, answer, render
+    if params.response_format is not None:
+        raise InputError("a required or named tool call is held to its own grammar: not with "
+                         "response_format", "response_format")
+    try:
+        fmt = forced_format(tools, named, values.get("parallel_tool_calls", True))
+        compile_grammar(GrammarSource.of(fmt))  # isolated and budgeted, as any tenant's schema
+    except GrammarError as exc:
+        raise InputError(f"a tool's parameters cannot be used as a grammar: {exc.reason}", "tools") from None
+    except ValueError as exc:
+        raise InputError(f"a tool's parameters cannot be used as a grammar: {exc}", "tools") from None
+    return replace(params, response_format=fmt), replace(answer, forced_tools=True), render
+
+
 def _choices(endpoint: Endpoint, values: dict, params: SamplingParams, answer: AnswerOptions,
-             custom_id: str) -> tuple[RequestSpec, ...]:
+             custom_id: str, render: ChatRender) -> tuple[RequestSpec, ...]:
     wanted = "prompt" if endpoint is Endpoint.COMPLETIONS else "messages"
     if wanted not in values:
         raise InputError(f"missing ({endpoint.value} takes '{wanted}')", wanted)
@@ -204,5 +242,5 @@ def _choices(endpoint: Endpoint, values: dict, params: SamplingParams, answer: A
             prompt, messages = (given, ()) if endpoint is Endpoint.COMPLETIONS else (None, given)
             specs.append(RequestSpec(custom_id=custom_id, endpoint=endpoint, params=chosen, prompt=prompt,
                                      messages=messages, model=values.get("model"),
-                                     choice=p * answer.n + j, answer=answer))
+                                     choice=p * answer.n + j, answer=answer, render=render))
     return tuple(specs)

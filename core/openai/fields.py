@@ -91,7 +91,7 @@ _PENALTY = Number(-2.0, 2.0)
 _CACHE_HINT = ("routes requests to OpenAI's prompt cache; fsched has no such router (a remote engine "
                "caches prefixes by itself)")
 _TEXT_ONLY = "fsched serves text generation only"
-_NO_TOOLS = "fsched does not take tools (see docs/http.md)"
+_OLD_FUNCTIONS = "the deprecated functions are not taken: send tools (and tool_choice)"
 # The sampler draws safely at any accepted value (core/runners/hf/sampling.py): say how.
 TEMPERATURE_TEXT = "sampling temperature; 0 is greedy; above 0 and below 0.01, sampled at 0.01 (vLLM's floor)"
 TOP_P_TEXT = "nucleus sampling; however small, the likeliest token is kept"
@@ -105,8 +105,9 @@ OPENAI_FIELDS = (
     _f("messages", H, S, "the conversation, rendered through the model's chat template; text content "
        "(a string or text parts) and a message's name", kind=Custom(messages.messages, "array of messages"),
        example=[{"role": "user", "content": "hello"}]),
-    _f("max_tokens", BOTH, S, "the most tokens to generate (default 256, capped to the room the model's "
-       "context leaves; asked for and not fitting: a 400)", kind=Integer(1), example=7),
+    _f("max_tokens", BOTH, S, "the most tokens to generate (default: the room the model's context leaves, "
+       "or the operator's default_max_tokens if lower; asked for and not fitting: a 400)",
+       kind=Integer(1), example=7),
     _f("max_completion_tokens", BOTH, S, "the newer name of max_tokens (both at once must agree; fsched "
        "takes it on completions too)", kind=Integer(1), example=7),
     _f("temperature", BOTH, S, TEMPERATURE_TEXT, kind=Number(0.0, 2.0), neutral=(1,), example=0.5),
@@ -166,19 +167,25 @@ OPENAI_FIELDS = (
     _f("audio", H, R, _TEXT_ONLY, example={"voice": "alloy", "format": "wav"}),
     _f("verbosity", H, N, "the models fsched serves have no verbosity setting", neutral=("medium",),
        example="low"),
-    _f("reasoning_effort", H, N, "the models fsched serves have no reasoning budget to set",
-       neutral=("medium", "none"), example="high"),
+    _f("reasoning_effort", H, S, "given to the model's chat template as reasoning_effort (templates "
+       "that take it use it; others ignore it, as with vLLM); medium, the default, is not passed",
+       kind=Text(16, ("none", "minimal", "low", "medium", "high", "xhigh")), neutral=("medium",),
+       example="high"),
     _f("prediction", H, R, "predicted outputs (speculative decoding against a known text) are not done",
        example={"type": "content", "content": "x"}),
     _f("web_search_options", H, R, "fsched has no web search", example={}),
     _f("moderation", H, R, "fsched runs no moderation model", example={"model": "omni-moderation"}),
-    _f("tools", H, N, _NO_TOOLS, neutral=([],),
-       example=[{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-    _f("tool_choice", H, N, _NO_TOOLS, neutral=("none", "auto"), example="required"),
-    _f("parallel_tool_calls", H, N, _NO_TOOLS + "; without tools either value changes nothing",
-       neutral=(True, False), example="yes"),
-    _f("functions", H, N, _NO_TOOLS, neutral=([],), example=[{"name": "f"}]),
-    _f("function_call", H, N, _NO_TOOLS, neutral=("none", "auto"), example={"name": "f"}),
+    _f("tools", H, S, "function tools, given to the model's chat template; calls are read out of the "
+       "answer by the model family's syntax (docs/models.md)", kind=Custom(shapes.tools, "array of tools"),
+       neutral=([],), example=[{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+    _f("tool_choice", H, S, "none: no call is read; auto: the model decides; required or a named function: "
+       "a grammar holds the answer to one call (or more, with parallel_tool_calls) whose arguments "
+       "validate against the function's parameters", kind=Custom(shapes.tool_choice, "string or object"),
+       neutral=("none", "auto"), example="required"),
+    _f("parallel_tool_calls", H, S, "false: at most one call (a required call is held to one; with auto "
+       "the first call the model wrote is the answer's)", kind=Boolean(), neutral=(True,), example=False),
+    _f("functions", H, N, _OLD_FUNCTIONS, neutral=([],), example=[{"name": "f"}]),
+    _f("function_call", H, N, _OLD_FUNCTIONS, neutral=("none", "auto"), example={"name": "f"}),
 )
 
 _NO_BEAM = "beam search is not implemented"
@@ -258,16 +265,18 @@ VLLM_FIELDS = (
        neutral=(1,), origin=V, example=8),
     _f("echo", H, N, "echoing the last message is not implemented", neutral=(False,), origin=V,
        example=True),
-    _f("include_reasoning", H, N, "fsched has no reasoning parser: any reasoning stays in the content",
-       neutral=(True,), origin=V, example=False),
+    _f("include_reasoning", H, N, "reasoning written as <think>...</think> is always returned apart, as "
+       "reasoning_content", neutral=(True,), origin=V, example=False),
     _f("add_generation_prompt", H, N, "the chat template always opens the assistant's turn",
        neutral=(True,), origin=V, example=False),
     _f("continue_final_message", H, N, "the answer is always a new assistant turn", neutral=(False,),
        origin=V, example=True),
     _f("documents", H, R, "the chat template is given messages only", origin=V, example=[{"text": "d"}]),
     _f("chat_template", H, R, "the model's own chat template is used", origin=V, example="{{ x }}"),
-    _f("chat_template_kwargs", H, N, "the model's own chat template is used as it is", neutral=({},),
-       origin=V, example={"enable_thinking": False}),
+    _f("chat_template_kwargs", H, S, "given to the model's chat template (enable_thinking and the like); "
+       "the names fsched sets itself (messages, tools, add_generation_prompt, ...) are refused",
+       kind=Custom(shapes.template_kwargs, "object"), neutral=({},), origin=V,
+       example={"enable_thinking": False}),
     _f("media_io_kwargs", H, N, _TEXT_ONLY, neutral=({},), origin=V, example={"video": {}}),
     _f("mm_processor_kwargs", H, N, _TEXT_ONLY, neutral=({},), origin=V, example={"a": 1}),
     _f("return_prompt_text", H, N, "the prompt's text after the chat template is not returned",

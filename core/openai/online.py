@@ -19,6 +19,7 @@ from fsched.core.jobs.jsontext import loads_object
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.answers import AnswerChoice
 from fsched.core.openai.body import parse_body
+from fsched.core.openai.toolcalls.families import AUTO
 from fsched.core.ports.records import JobSubmission, RequestProgress
 from fsched.core.types import Endpoint, JobOrigin, RequestClass, RequestSpec
 
@@ -33,7 +34,6 @@ TIER_OF_CLASS = {
     RequestClass.REALTIME: "priority", RequestClass.STREAMING: "default", RequestClass.BATCH: "flex"
 }
 DEFAULT_PRIORITY = 5
-DEFAULT_MAX_TOKENS = 256
 JOB_NAME = "http"  # an online request's job, in listings
 CONTEXT_WORDS = "model's context"  # the engine's words for a request that cannot fit
 
@@ -86,13 +86,14 @@ def choice_of(progress: RequestProgress, prompt: str | None = None) -> AnswerCho
                         logprobs=progress.logprobs, prompt=prompt)
 
 
-def parse_online(text: str, endpoint: Endpoint, key: ApiKey, limits: InputLimits = InputLimits()
-                 ) -> OnlineRequest:
+def parse_online(text: str, endpoint: Endpoint, key: ApiKey, limits: InputLimits = InputLimits(),
+                 tool_parser: str = AUTO) -> OnlineRequest:
     """A completions or chat completions body, sent with `key`, as the job to store (one request a
     choice), or BodyError / ClassRefused."""
     try:
         body = loads_object(text, limits.max_depth)
-        parsed = parse_body(endpoint, body, limits, DEFAULT_MAX_TOKENS, online=True)
+        parsed = parse_body(endpoint, body, limits, limits.default_max_tokens, online=True,
+                            tool_parser=tool_parser)
     except InputError as exc:
         raise BodyError(exc.named(), exc.field) from None
     own = parsed.online

@@ -19,8 +19,11 @@ from fsched.core.jobs.inputs import InputError, json_type
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.answers import AnswerChoice, padding
 from fsched.core.openai.fields import TEMPERATURE_TEXT, TOP_P_TEXT, BodyField, Support
+from fsched.core.openai.toolcalls.message import call_id, read_options
+from fsched.core.openai.toolcalls.reading import read
 from fsched.core.openai.values import Boolean, Custom, Integer, Number, Text
 from fsched.core.ports.records import RequestProgress
+from fsched.core.types import AnswerOptions
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 INPUT_ROLES = ("user", "assistant", "system", "developer")
@@ -28,12 +31,48 @@ TEXT_PARTS = ("input_text", "output_text", "text")
 
 
 def _input(value: Any, limits: InputLimits) -> list[dict]:
-    """`input`: a string (one user message) or a list of messages with text content."""
+    """`input`: a string (one user message) or items: messages with text content, the model's
+    function calls (consecutive ones make one assistant message) and their outputs, and earlier
+    reasoning items (not given to the template: chat templates drop an earlier turn's reasoning)."""
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise InputError(f"must be a string or a non-empty array of messages, got {json_type(value)}")
-    return [_input_message(item, f"[{i}]") for i, item in enumerate(value)]
+    out: list[dict] = []
+    for i, item in enumerate(value):
+        kind = item.get("type", "message") if isinstance(item, dict) else "message"
+        if kind == "function_call":
+            _add_call(out, item, f"[{i}]")
+        elif kind == "function_call_output":
+            out.append(_call_output(item, f"[{i}]"))
+        elif kind != "reasoning":
+            out.append(_input_message(item, f"[{i}]"))
+    if not out:
+        raise InputError("no message in the input")
+    return out
+
+
+def _add_call(out: list[dict], item: dict, where: str) -> None:
+    name, arguments, call_id = item.get("name"), item.get("arguments", "{}"), item.get("call_id")
+    for field, value in (("name", name), ("arguments", arguments), ("call_id", call_id)):
+        if not isinstance(value, str):
+            raise InputError("must be a string", f"{where}.{field}")
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
+        out[-1]["tool_calls"].append(call)
+    elif out and out[-1]["role"] == "assistant" and "tool_calls" not in out[-1]:
+        out[-1]["tool_calls"] = [call]
+    else:
+        out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+
+
+def _call_output(item: dict, where: str) -> dict:
+    output = item.get("output")
+    if isinstance(output, list):
+        output = "".join(p.get("text", "") for p in output if isinstance(p, dict))
+    if not isinstance(output, str) or not isinstance(item.get("call_id"), str):
+        raise InputError("must be {call_id, output} with text output", where)
+    return {"role": "tool", "tool_call_id": item["call_id"], "content": output}
 
 
 def _input_message(item: Any, where: str) -> dict:
@@ -41,8 +80,8 @@ def _input_message(item: Any, where: str) -> dict:
         raise InputError(f"must be an object, got {json_type(item)}", where)
     kind = item.get("type", "message")
     if kind != "message":
-        raise InputError(f"only message items are taken (fsched serves text, without tools), not {kind!r}",
-                       f"{where}.type")
+        raise InputError(f"not an input item fsched takes (message, function_call, function_call_output, "
+                         f"reasoning): {kind!r}", f"{where}.type")
     unknown = set(item) - {"type", "role", "content", "id", "status"}
     if unknown:
         raise InputError("unknown field of a message item", f"{where}.{sorted(unknown)[0]}")
@@ -87,12 +126,40 @@ def _include(value: Any, limits: InputLimits) -> bool:
     return bool(value)
 
 
+def _tools(value: Any, limits: InputLimits) -> list[dict]:
+    """Responses' function tools ({type: "function", name, description, parameters, strict}) in chat's
+    shape, which the chat parser then checks."""
+    if not isinstance(value, list):
+        raise InputError(f"must be an array of tools, got {json_type(value)}")
+    out = []
+    for i, tool in enumerate(value):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise InputError('only function tools ({"type": "function", "name", ...}): fsched runs no '
+                             "hosted tools", f"[{i}]")
+        out.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
+    return out
+
+
+def _tool_choice(value: Any, limits: InputLimits) -> str | dict:
+    if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
+        return {"type": "function", "function": {"name": value["name"]}}
+    if value in ("none", "auto", "required"):
+        return value
+    raise InputError('must be "none", "auto", "required" or {"type": "function", "name"}')
+
+
+def _reasoning(value: Any, limits: InputLimits) -> str | None:
+    """`reasoning`: {effort, summary}; the effort goes to the chat template as reasoning_effort."""
+    if not isinstance(value, dict) or set(value) - {"effort", "summary", "generate_summary"}:
+        raise InputError("must be an object {effort, summary}")
+    return value.get("effort")
+
+
 def _f(name: str, support: Support, note: str, **kw: Any) -> BodyField:
     return BodyField(name, frozenset(), support, note, **kw)
 
 
 S, HINT, N, R = Support.SUPPORTED, Support.HINT, Support.NEUTRAL, Support.REFUSED
-_NO_TOOLS = "fsched does not take tools (see docs/http.md)"
 _CACHE_HINT = "routes requests to OpenAI's prompt cache; fsched has no such router"
 RESPONSES_FIELDS = (
     _f("model", S, "names the model in the answer", kind=Text(256), example="m"),
@@ -127,12 +194,17 @@ RESPONSES_FIELDS = (
     _f("truncation", N, "a prompt too long for the context is refused, never cut", neutral=("disabled",),
        example="auto"),
     _f("metadata", N, "labels a stored response; fsched stores none", neutral=({},), example={"a": "b"}),
-    _f("reasoning", N, "the models fsched serves have no reasoning settings", neutral=({},),
-       example={"effort": "high"}),
-    _f("tools", N, _NO_TOOLS, neutral=([],), example=[{"type": "function", "name": "f"}]),
-    _f("tool_choice", N, _NO_TOOLS, neutral=("none", "auto"), example="required"),
-    _f("parallel_tool_calls", N, _NO_TOOLS, neutral=(True, False), example="yes"),
-    _f("max_tool_calls", N, _NO_TOOLS, example=3),
+    _f("reasoning", S, "effort: given to the chat template as reasoning_effort (as chat's field); the "
+       "model's reasoning comes back as a reasoning output item", kind=Custom(_reasoning, "object"),
+       neutral=({},), example={"effort": "high"}),
+    _f("tools", S, "function tools, as chat's tools; calls come back as function_call output items",
+       kind=Custom(_tools, "array"), neutral=([],),
+       example=[{"type": "function", "name": "f", "parameters": {"type": "object"}}]),
+    _f("tool_choice", S, "as chat's tool_choice (a named function: {type: function, name})",
+       kind=Custom(_tool_choice, "string or object"), neutral=("none", "auto"), example="required"),
+    _f("parallel_tool_calls", S, "as chat's parallel_tool_calls", kind=Boolean(), neutral=(True,),
+       example=False),
+    _f("max_tool_calls", N, "fsched does not run tools itself (the client runs them)", example=3),
     _f("previous_response_id", R, "fsched keeps no responses to continue from", example="resp_1"),
     _f("conversation", R, "fsched keeps no conversations", example="conv_1"),
     _f("prompt", R, "prompt templates are not kept by fsched", example={"id": "pmpt_1"}),
@@ -183,9 +255,12 @@ def _chat_of(values: dict) -> dict:
     chat: dict = {"messages": messages}
     renamed = {"max_output_tokens": "max_tokens", "text": "response_format"}
     for key in ("model", "temperature", "top_p", "stream", "service_tier", "user", "safety_identifier",
-                "prompt_cache_key", "prompt_cache_retention", "max_output_tokens", "text"):
+                "prompt_cache_key", "prompt_cache_retention", "max_output_tokens", "text", "tools",
+                "tool_choice", "parallel_tool_calls"):
         if key in values:
             chat[renamed.get(key, key)] = values[key]
+    if values.get("reasoning"):
+        chat["reasoning_effort"] = values["reasoning"]
     if values.get("include") or "top_logprobs" in values:
         chat["logprobs"] = True
         chat["top_logprobs"] = values.get("top_logprobs", 0)
@@ -206,18 +281,24 @@ def _echo_of(values: dict) -> dict:
             "temperature": values.get("temperature", 1.0), "top_p": values.get("top_p", 1.0),
             "top_logprobs": values.get("top_logprobs"), "text": {"format": fmt, "verbosity": "medium"},
             "service_tier": values.get("service_tier", "auto"), "user": values.get("user"),
-            "metadata": {}, "tools": [], "tool_choice": "auto", "parallel_tool_calls": True,
+            "metadata": {}, "tools": [{"type": "function", **t["function"]} for t in values.get("tools", [])],
+            "tool_choice": _echo_choice(values.get("tool_choice", "auto")),
+            "parallel_tool_calls": values.get("parallel_tool_calls", True),
             "truncation": "disabled", "store": False, "background": False}
+
+
+def _echo_choice(choice: str | dict) -> str | dict:
+    return choice if isinstance(choice, str) else {"type": "function", "name": choice["function"]["name"]}
 
 
 # -- the answer ---------------------------------------------------------------------------------
 
 
 def response_object(response_id: str, created: float, model: str, echo: dict, choice: AnswerChoice | None,
-                    status: str = "completed", logprobs: bool = False) -> dict:
-    """A `response`: its status, one assistant message (none while in progress), usage when done."""
-    output = [] if choice is None else [message_item(response_id, choice.text, "completed",
-                                                     _logprobs(choice.logprobs) if logprobs else [])]
+                    status: str = "completed", logprobs: bool = False,
+                    answer: AnswerOptions = AnswerOptions()) -> dict:
+    """A `response`: its status, its output items (none while in progress), usage when done."""
+    output = [] if choice is None else output_items(response_id, choice, answer, logprobs)
     incomplete = choice is not None and choice.finish_reason == "length"
     out = {"id": response_id, "object": "response", "created_at": created, "model": model,
            "status": "incomplete" if incomplete and status == "completed" else status,
@@ -226,6 +307,28 @@ def response_object(response_id: str, created: float, model: str, echo: dict, ch
     if status == "completed":
         out["completed_at"] = created
     return out
+
+
+def output_items(response_id: str, choice: AnswerChoice, answer: AnswerOptions, logprobs: bool) -> list[dict]:
+    """The answer's items: with tools, its reasoning, its message (when it has text) and one
+    function_call a call, as the text reads (the chat answer's reading); without, one message."""
+    lps = _logprobs(choice.logprobs) if logprobs else []
+    if not answer.tools:
+        return [message_item(response_id, choice.text, "completed", lps)]
+    reading = read(choice.text, True, read_options(answer))
+    suffix = response_id.removeprefix("resp_")
+    items = []
+    if reading.reasoning is not None:
+        items.append({"type": "reasoning", "id": f"rs_{suffix}", "summary": [], "status": "completed",
+                      "content": [{"type": "reasoning_text", "text": reading.reasoning}]})
+    calls = reading.finished_calls()
+    if reading.content or not calls:
+        items.append(message_item(response_id, reading.content, "completed", lps))
+    for i, call in enumerate(calls):
+        items.append({"type": "function_call", "id": f"fc_{suffix}_{i}",
+                      "call_id": call_id(response_id, 0, i), "name": call.name, "arguments": call.arguments,
+                      "status": "completed"})
+    return items
 
 
 def message_item(response_id: str, text: str | None, status: str, logprobs: list) -> dict:
@@ -256,8 +359,9 @@ class ResponsesRelay:
     part opened, a delta per batch of new text, their done events, completed."""
 
     def __init__(self, response_id: str, created: float, model: str, echo: dict, logprobs: bool,
-                 obfuscation: bool = False):
+                 obfuscation: bool = False, answer: AnswerOptions = AnswerOptions()):
         self.response_id, self.created, self.model, self.echo = response_id, created, model, echo
+        self.answer = answer
         self.logprobs = logprobs
         self.obfuscation = obfuscation
         self.seq = 0
@@ -274,12 +378,16 @@ class ResponsesRelay:
         pending = response_object(self.response_id, self.created, self.model, self.echo, None, "in_progress")
         yield self._event("response.created", response=pending)
         yield self._event("response.in_progress", response=pending)
+        if self.answer.tools:
+            return
         yield self._event("response.output_item.added", output_index=0,
                           item=message_item(self.response_id, None, "in_progress", []))
         yield self._event("response.content_part.added", item_id=self.item_id, output_index=0,
                           content_index=0, part=_text_part("", []))
 
     def update(self, choices: Sequence[RequestProgress]) -> Iterator[dict]:
+        if self.answer.tools:
+            return  # the items are known once the answer is: they come at its end
         (p,) = choices
         text = p.visible_text
         if len(text) <= self.chars:
@@ -292,6 +400,9 @@ class ResponsesRelay:
         self.chars, self.tokens = len(text), count
 
     def closing(self, final: Sequence[RequestProgress], choice: AnswerChoice) -> Iterator[dict]:
+        if self.answer.tools:
+            yield from self._items_at_end(choice)
+            return
         yield from self.update(final)
         logprobs = _logprobs(choice.logprobs) if self.logprobs else []
         part = _text_part(choice.text, logprobs)
@@ -304,3 +415,39 @@ class ResponsesRelay:
         yield self._event("response.output_item.done", output_index=0, item=done["output"][0])
         kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
         yield self._event(kind, response=done)
+
+    def _items_at_end(self, choice: AnswerChoice) -> Iterator[dict]:
+        """With tools: each output item's events, in order, then the response's end."""
+        done = response_object(self.response_id, self.created, self.model, self.echo, choice,
+                               logprobs=self.logprobs, answer=self.answer)
+        for index, item in enumerate(done["output"]):
+            opened = {**item, "status": "in_progress"}
+            if item["type"] == "message":
+                opened["content"] = []
+            elif item["type"] == "function_call":
+                opened["arguments"] = ""
+            yield self._event("response.output_item.added", output_index=index, item=opened)
+            yield from self._item_body(index, item)
+            yield self._event("response.output_item.done", output_index=index, item=item)
+        kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
+        yield self._event(kind, response=done)
+
+    def _item_body(self, index: int, item: dict) -> Iterator[dict]:
+        where = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "function_call":
+            yield self._event("response.function_call_arguments.delta", **where, delta=item["arguments"])
+            yield self._event("response.function_call_arguments.done", **where, name=item["name"],
+                              arguments=item["arguments"])
+        elif item["type"] == "reasoning":
+            text = item["content"][0]["text"]
+            yield self._event("response.reasoning_text.delta", **where, content_index=0, delta=text)
+            yield self._event("response.reasoning_text.done", **where, content_index=0, text=text)
+        else:
+            part = item["content"][0]
+            opened = _text_part("", [])
+            yield self._event("response.content_part.added", **where, content_index=0, part=opened)
+            yield self._event("response.output_text.delta", **where, content_index=0, delta=part["text"],
+                              logprobs=part["logprobs"])
+            yield self._event("response.output_text.done", **where, content_index=0, text=part["text"],
+                              logprobs=part["logprobs"])
+            yield self._event("response.content_part.done", **where, content_index=0, part=part)

@@ -84,3 +84,82 @@ def response_format(value: Any, limits: InputLimits) -> dict:
         raise InputError(f"must be a JSON schema object, got {json_type(schema)}", ".json_schema.schema")
     return {"type": kind, "json_schema": {"name": name, "schema": schema,
                                           "strict": bool(spec.get("strict"))}}
+
+
+MAX_TOOLS = 128  # functions in one request (OpenAI's bound)
+TOOL_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+
+def tools(value: Any, limits: InputLimits) -> tuple[dict, ...]:
+    """Function tools: [{"type": "function", "function": {name, description, parameters, strict}}]."""
+    if not isinstance(value, list):
+        raise InputError(f"must be an array of tools, got {json_type(value)}")
+    if len(value) > MAX_TOOLS:
+        raise InputError(f"at most {MAX_TOOLS} tools")
+    out, names = [], set()
+    for i, tool in enumerate(value):
+        where = f"[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise InputError('only function tools ({"type": "function", "function": {...}})', where)
+        if set(tool) - {"type", "function"}:
+            extra = sorted(set(tool) - {"type", "function"})[0]
+            raise InputError("unknown field of a tool", f"{where}.{extra}")
+        function = _function(tool.get("function"), f"{where}.function")
+        if function["name"] in names:
+            raise InputError("two tools of one name", f"{where}.function.name")
+        names.add(function["name"])
+        out.append({"type": "function", "function": function})
+    return tuple(out)
+
+
+def _function(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise InputError("must be an object {name, description, parameters, strict}", where)
+    unknown = set(value) - {"name", "description", "parameters", "strict"}
+    if unknown:
+        raise InputError("unknown field of a function", f"{where}.{sorted(unknown)[0]}")
+    name = value.get("name")
+    if not isinstance(name, str) or not 0 < len(name) <= 64 or not set(name) <= TOOL_NAME_CHARS:
+        raise InputError("must be 1 to 64 letters, digits, '_', '-' or '.'", f"{where}.name")
+    out: dict = {"name": name}
+    if value.get("description") is not None:
+        if not isinstance(value["description"], str):
+            raise InputError("must be a string", f"{where}.description")
+        out["description"] = storable(value["description"], f"{where}.description")
+    parameters = value.get("parameters")
+    if parameters is not None:
+        if not isinstance(parameters, dict):
+            raise InputError(f"must be a JSON schema object, got {json_type(parameters)}",
+                             f"{where}.parameters")
+        out["parameters"] = parameters
+    if value.get("strict") is not None:
+        if not isinstance(value["strict"], bool):
+            raise InputError("must be a boolean", f"{where}.strict")
+        out["strict"] = value["strict"]
+    return out
+
+
+def tool_choice(value: Any, limits: InputLimits) -> str | dict:
+    """"none", "auto", "required", or {"type": "function", "function": {"name": ...}}."""
+    if value in ("none", "auto", "required"):
+        return value
+    function = value.get("function") if isinstance(value, dict) else None
+    if not isinstance(function, dict) or value.get("type") != "function" or not isinstance(
+            function.get("name"), str):
+        raise InputError('must be "none", "auto", "required" or {"type": "function", "function": {"name"}}')
+    return {"type": "function", "function": {"name": function["name"]}}
+
+
+def template_kwargs(value: Any, limits: InputLimits) -> dict:
+    """chat_template_kwargs: any JSON object (the parser already bounds its size and depth)."""
+    if not isinstance(value, dict):
+        raise InputError(f"must be an object, got {json_type(value)}")
+    for key in value:
+        if key in RESERVED_TEMPLATE_NAMES:
+            raise InputError("set by fsched itself (the request's own fields give it)", f".{key}")
+    return value
+
+
+# What fsched hands the template itself: a request may not replace them through chat_template_kwargs.
+RESERVED_TEMPLATE_NAMES = frozenset({"messages", "tools", "documents", "add_generation_prompt",
+                                     "continue_final_message", "tokenize", "chat_template", "return_dict"})

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from fsched.core.openai.answers import Delta, chunk, usage, usage_chunk
 from fsched.core.openai.online import OnlineRequest, choice_of
+from fsched.core.openai.toolcalls.message import ReadingStream, finish_reason, read_options
 from fsched.core.ports.records import RequestProgress
 from fsched.core.types import Endpoint
 
@@ -38,6 +39,8 @@ class StreamRelay:
         self.online = online
         self.answer = online.spec.answer
         self.sent = [_Sent() for _ in online.specs]
+        options = read_options(self.answer)
+        self.readings = [ReadingStream(answer_id, i, options) for i in range(len(online.specs))]
         self.latest: Sequence[RequestProgress] = ()
         self.prompt_ids = prompt_ids  # vLLM's prompt_token_ids: sent with the first chunk
 
@@ -60,7 +63,8 @@ class StreamRelay:
                 yield self._chunk(delta)
             if p.status.is_finished:
                 sent.ended = True
-                yield self._chunk(Delta(p.choice, finish_reason=p.finish_reason or "stop"))
+                called = self.readings[p.choice].called
+                yield self._chunk(Delta(p.choice, finish_reason=finish_reason(p.finish_reason, called)))
 
     def closing(self, final: Sequence[RequestProgress]) -> Iterator[dict]:
         """After every choice ended: the usage chunk, when asked for."""
@@ -70,10 +74,12 @@ class StreamRelay:
 
     def _delta(self, p: RequestProgress, sent: _Sent) -> Delta | None:
         text = p.visible_text
-        new_text = text[sent.chars:]
+        new_text, reasoning, calls = text[sent.chars:], "", []
+        if self.endpoint is Endpoint.CHAT:
+            reasoning, new_text, calls = self.readings[p.choice].step(text, p.status.is_finished)
         shows_tokens = self.answer.logprobs or self.answer.token_ids
         count = len(p.tokens) if p.status.is_finished or len(text) > sent.chars else sent.tokens
-        if not new_text and not (shows_tokens and count > sent.tokens):
+        if not (new_text or reasoning or calls) and not (shows_tokens and count > sent.tokens):
             return None
         prefix = ""
         if not sent.started:
@@ -82,7 +88,8 @@ class StreamRelay:
             prefix = prompt if self.answer.echo and prompt else ""
             sent.offset = len(prefix)
         delta = Delta(p.choice, text=prefix + new_text, logprobs=tuple(p.logprobs[sent.tokens:count]),
-                      tokens=tuple(p.tokens[sent.tokens:count]), text_offset=sent.offset)
+                      tokens=tuple(p.tokens[sent.tokens:count]), text_offset=sent.offset,
+                      reasoning=reasoning, tool_calls=tuple(calls))
         sent.offset += sum(len(t.chosen.text) for t in delta.logprobs)
         sent.chars, sent.tokens = len(text), count
         return delta

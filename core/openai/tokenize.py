@@ -1,7 +1,8 @@
 """vLLM's /tokenize and /detokenize bodies in fsched's terms: pure checks, no tokenizer.
 
 A prompt is encoded as a completions request's is, messages through the
-model's chat template as a chat request's are, so /tokenize counts exactly
+model's chat template as a chat request's are (with its tools and
+chat_template_kwargs), so /tokenize counts exactly
 the tokens a request would bring (the prompt_tokens of its usage).
 """
 
@@ -13,17 +14,16 @@ from typing import Any
 
 from fsched.core.jobs.inputs import InputError, json_type, storable
 from fsched.core.jobs.limits import InputLimits
+from fsched.core.openai import shapes
 from fsched.core.openai.messages import messages as checked_messages
 from fsched.core.openai.values import INT64, Boolean, Text, integer, same_value
-from fsched.core.types import ChatMessage
+from fsched.core.types import ChatMessage, ChatRender
 
 # Fields vLLM defines that change what is encoded: fsched takes their neutral values only.
 _NEUTRAL = {
     "add_generation_prompt": (True,),
     "continue_final_message": (False,),
     "chat_template": (),
-    "chat_template_kwargs": ({},),
-    "tools": ([],),
     "media_io_kwargs": ({},),
     "mm_processor_kwargs": ({},),
 }
@@ -35,19 +35,26 @@ class TokenizeRequest:
     prompt: str | None
     messages: tuple[ChatMessage, ...]
     token_strs: bool
+    render: ChatRender = ChatRender()  # the tools and template options, as a chat request's
 
 
 def parse_tokenize(body: dict, limits: InputLimits = InputLimits()) -> TokenizeRequest:
     """{model?, prompt} or {model?, messages, ...}; every field checked, none ignored."""
     if ("prompt" in body) == ("messages" in body):
         raise InputError("give either 'prompt' (text) or 'messages' (chat), not both", "prompt")
-    prompt, messages, token_strs = None, (), False
+    prompt, messages, token_strs, tools, kwargs = None, (), False, (), {}
     for key, value in body.items():
         try:
             if key == "prompt":
                 prompt = storable(_text(value))
             elif key == "messages":
                 messages = checked_messages(value, limits)
+            elif key == "tools" and value is not None:
+                tools = shapes.tools(value, limits)
+            elif key == "chat_template_kwargs" and value is not None:
+                kwargs = shapes.template_kwargs(value, limits)
+            elif key in ("tools", "chat_template_kwargs"):
+                pass
             elif key == "return_token_strs":
                 token_strs = value is not None and Boolean().check(value, limits)
             elif key == "model" and value is not None:
@@ -68,7 +75,7 @@ def parse_tokenize(body: dict, limits: InputLimits = InputLimits()) -> TokenizeR
                 raise InputError("unknown field")
         except InputError as exc:
             raise exc.within(key) from None
-    return TokenizeRequest(prompt, messages, token_strs)
+    return TokenizeRequest(prompt, messages, token_strs, ChatRender(tools, tuple(sorted(kwargs.items()))))
 
 
 def _text(value: Any) -> str:

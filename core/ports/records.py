@@ -240,6 +240,7 @@ class ClaimedRequest:
     params: dict
     output_tokens: list[int]
     enqueued_at: float
+    render: dict | None = None  # ChatRender.to_json(): what the chat template is given besides messages
     attempts: int = 1  # claims so far, this one included
     # The fencing token: every write-back names it, and is refused once
     # another claim (after this lease expired) has raised it.

@@ -77,8 +77,10 @@ class Runner(Protocol):
         """KV tokens held on the device now (what the scheduler's KV budget counts)."""
         ...
 
-    def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
-        """Token ids of a completion prompt, or of chat messages (at least one id)."""
+    def encode(self, prompt: str | None = None, messages: list[dict] | None = None,
+               render: dict | None = None) -> list[int]:
+        """Token ids of a completion prompt, or of chat messages (at least one id) through the chat
+        template, given `render` (ChatRender.to_json(): tools, template options) too."""
         ...
 
     def add(

@@ -69,7 +69,7 @@ class Codec:
     decode: Callable[[list[int]], str]
     eos_token_ids: frozenset[int]
     context_length: int
-    encode: Callable[[str | None, list[dict] | None], list[int]] | None = None
+    encode: Callable[..., list[int]] | None = None  # (prompt, messages, render=None)
     decode_special: Callable[[list[int]], str] | None = None  # keeping special tokens (else `decode`)
 
 
@@ -291,10 +291,11 @@ class RemoteRunner(Runner):
     def context_length(self) -> int:
         return self.codec.context_length
 
-    def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
+    def encode(self, prompt: str | None = None, messages: list[dict] | None = None,
+               render: dict | None = None) -> list[int]:
         if self.codec.encode is None:
             raise ValueError("this runner was given no tokenizer to encode prompts with")
-        return self.codec.encode(prompt, messages)
+        return self.codec.encode(prompt, messages, render)
 
     def run(self, plan: Plan) -> RunResult:
         start = time.perf_counter()

@@ -55,8 +55,10 @@ def parse_standin(spec: str | None) -> float | None:
     return ms / 1000
 
 
-def standin_encode(prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
-    """Token ids for a prompt: one per whitespace-separated word (at least one)."""
+def standin_encode(prompt: str | None = None, messages: list[dict] | None = None,
+                   render: dict | None = None) -> list[int]:
+    """Token ids for a prompt: one per whitespace-separated word (at least one); the stand-in has no
+    chat template, so `render` changes nothing."""
     if messages is not None:
         prompt = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
     words = (prompt or "").split() or [""]
@@ -124,7 +126,8 @@ class StandInRunner(Runner):
     def context_length(self) -> int:
         return self._context_length
 
-    def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
+    def encode(self, prompt: str | None = None, messages: list[dict] | None = None,
+               render: dict | None = None) -> list[int]:
         return standin_encode(prompt, messages)
 
     def add(

@@ -7,6 +7,8 @@ the SQL one the daemons use.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from fsched.core.ports.queue import QueueStore
@@ -168,3 +170,21 @@ def test_a_finish_names_a_final_state_and_a_known_request(table):
         finish(table.queue, request_id, RequestStatus.RUNNING)
     with pytest.raises(StoreError, match="no request"):
         finish(table.queue, "999", RequestStatus.FINISHED_STOPPED)
+
+
+def test_a_claim_carries_the_chat_templates_tools_and_options(table):
+    from fsched.core.openai.batchfile import parse_job_file
+    from fsched.core.ports.records import JobSubmission
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    line = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
+            "tools": tools, "chat_template_kwargs": {"enable_thinking": False}, "max_tokens": 4}
+    data = json.dumps(line) + "\n" + json.dumps({"prompt": "p", "max_tokens": 4}) + "\n"
+    specs = parse_job_file(data.encode(), "f.jsonl")
+    table.catalog.submit([JobSubmission(specs, "alice", RequestClass.BATCH, 5, "tools")])
+    with_tools, plain = sorted(table.queue.claim("d", per_group=5), key=lambda c: c.prompt is not None)
+    assert with_tools.render == {"tools": tools, "kwargs": {"enable_thinking": False}}
+    assert with_tools.messages[1]["tool_calls"][0]["function"]["name"] == "f"
+    assert with_tools.messages[2]["tool_call_id"] == "c1" and plain.render is None

@@ -51,15 +51,16 @@ MAX_STEPS = 200_000  # a daemon still busy after this many steps is stuck: the t
 class SteppedDaemon:
     """One daemon over the table's queue, stepped by whoever calls `step` (one at a time)."""
 
-    def __init__(self, table: MemoryTable, clock: FakeClock, max_batch: int = 32):
-        runner = StandInRunner()
+    def __init__(self, table: MemoryTable, clock: FakeClock, max_batch: int = 32,
+                 runner: StandInRunner | None = None):
+        runner = runner or StandInRunner()
         config = SchedulerConfig(max_batch=max_batch, kv_tokens=32_768, step_tokens=512)
         engine = Engine(runner, Scheduler(config, "fsched", table.queue.tenant_weights()),
                         runner.context_length, clock=clock)
         # A long lease: the fake clock moves with every read of it, and a test may read the table
         # many times between two steps; the daemon must not look dead meanwhile.
         self.daemon = Daemon(
-            table.queue, engine, lambda c: runner.encode(c.prompt, c.messages),
+            table.queue, engine, lambda c: runner.encode(c.prompt, c.messages, c.render),
             DaemonConfig(owner="stepped", host="test", pid=0, device="standin", model=STANDIN_NAME,
                          policy="fsched", until_idle=True, lease_s=3600.0),
             clock=clock, sleep=clock.advance,
@@ -215,11 +216,12 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def served(**options) -> AsyncIterator[Served]:
-    """A server (options: `create_app`'s) with a stepped daemon over a new in-memory table; the clock
-    starts at the wall clock's time, so times a client sees read as today's."""
+async def served(runner: StandInRunner | None = None, **options) -> AsyncIterator[Served]:
+    """A server (options: `create_app`'s) with a stepped daemon (over `runner`, the stand-in's by
+    default) over a new in-memory table; the clock starts at the wall clock's time, so times a client
+    sees read as today's."""
     clock = FakeClock(time.time(), tick=TICK_S)
     table = MemoryTable(clock)
-    daemon = SteppedDaemon(table, clock)
+    daemon = SteppedDaemon(table, clock, runner=runner)
     async with InProcessServer(table, daemon, **options) as server:
         yield Served(table, daemon, server, clock)

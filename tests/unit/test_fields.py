@@ -84,7 +84,10 @@ NOT_NEUTRAL = {
 }
 BASE = {CHAT: {"messages": [{"role": "user", "content": "hi"}]}, COMPLETIONS: {"prompt": "hi"}}
 # What a field's example needs beside it to be valid.
-COMPANIONS = {"stream_options": {"stream": True}, "top_logprobs": {"logprobs": True}}
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+COMPANIONS = {"stream_options": {"stream": True}, "top_logprobs": {"logprobs": True},
+              "tool_choice": {"tools": TOOLS},
+              "parallel_tool_calls": {"tools": TOOLS, "tool_choice": "required"}}
 
 
 def sdk_fields(module) -> set[str]:

@@ -252,7 +252,7 @@ def test_error_messages_are_one_printable_line_whatever_the_input():
 def test_only_an_omitted_max_tokens_is_a_default():
     simple = parse_job_file(lines({"prompt": "a"}, {"prompt": "b", "max_tokens": 9}), "f")
     assert [(r.params.max_tokens, r.params.max_tokens_is_default) for r in simple] == [
-        (256, True),
+        (InputLimits().default_max_tokens, True),
         (9, False),
     ]
     body = {"prompt": "c", "max_completion_tokens": 7}

@@ -62,7 +62,7 @@ def test_service_tier_asks_for_a_class_never_above_the_keys():
     (body(n=0), "n"),
     (body(temperature=3), "temperature"),
     (body(logit_bias={"x": 1}), "logit_bias"),
-    (body(tools=[{"type": "function"}]), "tools"),
+    (body(tools=[{"type": "function"}]), "tools[0].function"),
     (body(temprature=1), "temprature"),
     (json.dumps({"model": "m", "prompt": "p"}), "prompt"),
     (json.dumps({"model": "m"}), "messages"),

@@ -102,7 +102,7 @@ class MemoryCatalogStore:
                 endpoint=spec.endpoint.value, prompt=spec.prompt,
                 messages=[m.to_json() for m in spec.messages] if spec.messages else None,
                 params=params.to_json(), enqueued_at=now, choice=spec.choice,
-                answer=spec.answer.to_json() or None, model=spec.model,
+                answer=spec.answer.to_json() or None, model=spec.model, render=spec.render.to_json(),
             )
             self.rows.requests[request.id] = request
             ids.append(request.id)

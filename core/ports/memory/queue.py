@@ -213,6 +213,7 @@ class MemoryQueueStore:
             id=request.id, job_id=job.id, tenant=job.tenant, request_class=job.request_class,
             priority=job.priority, custom_id=request.custom_id, endpoint=request.endpoint,
             prompt=request.prompt, messages=request.messages, params=dict(request.params),
+            render=request.render,
             output_tokens=list(request.output_tokens), enqueued_at=request.enqueued_at,
             attempts=request.attempts, lease_epoch=request.lease_epoch,
             output_logprobs=request.output_logprobs,

@@ -50,6 +50,7 @@ class MemoryRequest:
     params: dict
     enqueued_at: float
     choice: int = 0
+    render: dict | None = None  # ChatRender.to_json()
     answer: dict | None = None  # the answer options that differ from the defaults (None: none do)
     model: str | None = None  # asked for at submit; the engine's, once finished
     status: RequestStatus = RequestStatus.WAITING

@@ -219,15 +219,40 @@ def build_tiny_model(folder: Path) -> None:
 
 
 def encode_prompt(
-    loaded: LoadedModel, prompt: str | None = None, messages: list[dict] | None = None
+    loaded: LoadedModel, prompt: str | None = None, messages: list[dict] | None = None,
+    render: dict | None = None,
 ) -> list[int]:
-    """Token ids of a completion prompt, or of chat messages through the chat template."""
+    """Token ids of a completion prompt, or of chat messages through the chat template, given the
+    tools and template options of `render` (ChatRender.to_json()) too."""
     tokenizer = loaded.tokenizer
     if messages is not None:
         if getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            tools = (render or {}).get("tools") or None
+            kwargs = (render or {}).get("kwargs") or {}
+            ids = tokenizer.apply_chat_template(template_messages(messages), tools=tools,
+                                                add_generation_prompt=True, tokenize=True, **kwargs)
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # a BatchEncoding
                 ids = ids["input_ids"]
             return list(ids)
         prompt = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
     return list(tokenizer(prompt or "")["input_ids"])
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """Stored messages as chat templates read them: a call's arguments as an object (templates write
+    them with `tojson`), where the stored JSON text parses to one (as vLLM hands them over)."""
+    return [_for_template(m) if m.get("tool_calls") else m for m in messages]
+
+
+def _for_template(message: dict) -> dict:
+    calls = []
+    for call in message["tool_calls"]:
+        function = dict(call["function"])
+        try:
+            arguments = json.loads(function["arguments"])
+        except ValueError:
+            arguments = None
+        if isinstance(arguments, dict):
+            function["arguments"] = arguments
+        calls.append({**call, "function": function})
+    return {**message, "tool_calls": calls}

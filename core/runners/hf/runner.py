@@ -103,8 +103,9 @@ class ModelRunner(Runner):
     def context_length(self) -> int:
         return self.loaded.context_length
 
-    def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
-        return encode_prompt(self.loaded, prompt, messages)
+    def encode(self, prompt: str | None = None, messages: list[dict] | None = None,
+               render: dict | None = None) -> list[int]:
+        return encode_prompt(self.loaded, prompt, messages, render)
 
     def prepare(self, params: SamplingParams) -> Future | None:
         """The compile `add` needs for this request's grammar, started off the caller's thread; None
@@ -132,7 +133,8 @@ class ModelRunner(Runner):
                 grammar = self.grammars.matcher(GrammarSource.of(params.response_format), generated)
             except GrammarError as exc:
                 raise RequestRefused(str(exc)) from None
-        text = StopText(params.stop, partial(self.loaded.tokenizer.decode, skip_special_tokens=True), len(prompt)) if params.stop else None
+        decode = partial(self.loaded.tokenizer.decode, skip_special_tokens=True)
+        text = StopText(params.stop, decode, len(prompt)) if params.stop else None
         self._requests[request_id] = _ModelRequest(request_id, [*prompt, *generated], len(prompt), params,
                                                    logprobs=list(logprobs), rules=stop_rules(params),
                                                    grammar=grammar, text=text)
