@@ -73,11 +73,8 @@ def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None
     app = FastAPI(title="fsched", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.fsched = state
     errors.install(app)
-    app.include_router(online.router)
-    app.include_router(responses.router)
-    app.include_router(tokens.router)
-    app.include_router(batch.router)
-    app.include_router(dashboard.router)
+    for module in (online, responses, tokens, batch, dashboard):
+        app.include_router(module.router)
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:

@@ -35,6 +35,12 @@ LinkOption = Annotated[bool, typer.Option(
     "read from the table only.")]
 
 
+ToolParserOption = Annotated[
+    str, typer.Option("--tool-call-parser", help="The model family whose syntax tool calls are read in: "
+                      "auto (any known one), hermes, llama3_json or mistral (docs/models.md).")
+]
+
+
 @handle_errors
 def serve(
     host: Annotated[str, typer.Option("--host", help="Address to bind (put TLS in front; see docs/http.md).")]
@@ -51,10 +57,7 @@ def serve(
                                  "ids in answers (default: known from the daemons' model when it is the "
                                  "tiny model or the stand-in).")
     ] = None,
-    tool_call_parser: Annotated[
-        str, typer.Option("--tool-call-parser", help="The model family whose syntax tool calls are read in: "
-                          "auto (any known one), hermes, llama3_json or mistral (docs/models.md).")
-    ] = "auto",
+    tool_call_parser: ToolParserOption = "auto",
     metrics_port: Annotated[
         int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port of 127.0.0.1 "
                                  "(and nowhere else; default: no metrics).")
