@@ -29,6 +29,25 @@ class TenantStep:
     precedence: TenantCharge = field(default_factory=TenantCharge)  # its realtime and streaming part
 
 
+@dataclass(slots=True)
+class WorkTally:
+    """Tokens the engine processed, and what preemption cost of them.
+
+    `recomputed`: KV tokens dropped by a preemption (prefilled again on
+    resume); `parked`: KV tokens copied to the host pool by one (copied back
+    on resume). Preemption's cost is both over the tokens computed.
+    """
+
+    computed: int = 0
+    recomputed: int = 0
+    parked: int = 0
+
+    @property
+    def preemption_cost(self) -> float:
+        """Tokens recomputed or parked as a share of tokens computed (0 before any)."""
+        return (self.recomputed + self.parked) / self.computed if self.computed else 0.0
+
+
 def expected_decode(r: SchedRequest) -> int:
     """Decode tokens an admitted request is reserved for: what max_tokens leaves.
 

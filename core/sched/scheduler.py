@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from fsched.core.sched.accounting import apply_step, expected_decode
+from fsched.core.sched.accounting import WorkTally, apply_step, expected_decode
 from fsched.core.sched.backfill import BACKFILL_SCAN, backfills, reserve_for
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Outcome, Plan, Preemption
@@ -85,6 +85,7 @@ class Scheduler:
         self._now = 0.0  # latest time seen (cancel() takes none)
         self._seq = itertools.count()
         self.preemptions = 0
+        self.work = WorkTally()  # tokens computed, and recomputed or parked by preemptions
         self.backfilled = 0  # admitted behind a head that did not fit
         self._batch_cap = self.config.max_batch  # a temporary limit below max_batch (cap_batch)
         self._batch_cap_until = 0  # ... in force while self._step is below this
@@ -307,9 +308,11 @@ class Scheduler:
             self._host_used += kv
             r.parked = True
             b.swap_tokens += kv
+            self.work.parked += kv
         else:
             checkpoint = Checkpoint.RECOMPUTE
             r.computed = 0
+            self.work.recomputed += kv
         b.preempted.append(Preemption(r.id, checkpoint, kv))
         b.touched.add(r.id)
         r.state = RequestState.PREEMPTED
@@ -337,6 +340,7 @@ class Scheduler:
         charges: dict[str, TenantCharge] = {}
         for tenant, t in totals.items():
             charges[tenant] = t.charge
+            self.work.computed += t.charge.prefill_tokens + t.charge.decode_tokens
             self._kv_committed += t.generated
             if t.reserved_gpu_s or t.reserved_kv_token_s:
                 self.meter.release(tenant, t.reserved_gpu_s, t.reserved_kv_token_s)
