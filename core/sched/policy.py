@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.lines import ArrivalLine, DeadlineLine, Line, arrival_key, deadline_key
 from fsched.core.sched.request import SchedRequest
 from fsched.core.sched.usage import DrfMeter, NullMeter, TenantMeter, VtcMeter
 from fsched.core.types import RequestClass
@@ -85,11 +86,12 @@ class Policy(Protocol):
     meter: TenantMeter
 
     def group(self, r: SchedRequest) -> Hashable: ...
+    def line(self, r: SchedRequest) -> Line: ...
     def partition(self, r: SchedRequest) -> str: ...
     def static_rank(self, r: SchedRequest, now: float) -> tuple: ...
     def compose(self, static: tuple, standing: Standing) -> tuple: ...
     def rank(self, r: SchedRequest, now: float, stand: Mapping[str, Standing]) -> tuple: ...
-    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple: ...
+    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing], now: float) -> tuple: ...
     def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool: ...
     def victim_order(self, waiter: SchedRequest, victim: SchedRequest,
                      stand: Mapping[str, Standing]) -> tuple | None: ...
@@ -110,6 +112,10 @@ class Fcfs:
     def group(self, r: SchedRequest) -> Hashable:
         return ()
 
+    def line(self, r: SchedRequest) -> Line:
+        """The order inside `r`'s group (lines.py): by arrival."""
+        return ArrivalLine()
+
     def partition(self, r: SchedRequest) -> str:
         return ""  # no tenants: one partition
 
@@ -123,7 +129,7 @@ class Fcfs:
         """The total order of waiting requests (smaller first)."""
         return self.compose(self.static_rank(r, now), stand.get(self.partition(r), Standing()))
 
-    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple:
+    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing], now: float) -> tuple:
         return (r.arrival, r.seq)
 
     def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool:
@@ -149,7 +155,7 @@ class StrictPriority(Fcfs):
     def static_rank(self, r: SchedRequest, now: float) -> tuple:
         return (r.request_class.band, r.priority, r.arrival, r.seq)
 
-    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple:
+    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing], now: float) -> tuple:
         return (r.request_class.band, r.priority, r.arrival, r.seq)
 
     def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool:
@@ -159,7 +165,7 @@ class StrictPriority(Fcfs):
                      stand: Mapping[str, Standing]) -> tuple | None:
         if (waiter.request_class.band, waiter.priority) >= (victim.request_class.band, victim.priority):
             return None
-        return self.running_rank(victim, stand)
+        return (victim.request_class.band, victim.priority, victim.arrival, victim.seq)
 
 
 class Vtc(Fcfs):
@@ -181,7 +187,7 @@ class Vtc(Fcfs):
     def compose(self, static: tuple, standing: Standing) -> tuple:
         return (standing.score, *static)
 
-    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple:
+    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing], now: float) -> tuple:
         return (stand[r.tenant].score, r.arrival, r.seq)
 
 
@@ -206,11 +212,22 @@ class FschedPolicy(Fcfs):
     def group(self, r: SchedRequest) -> Hashable:
         return (r.tenant, r.request_class.band, r.priority)
 
+    def line(self, r: SchedRequest) -> Line:
+        """Realtime and streaming by deadline (lines.py: the shortest prefill that can still make
+        its target first, late work behind, aging bounding every wait); batch by arrival."""
+        return DeadlineLine(self.config) if r.request_class.band < BATCH_BAND else ArrivalLine()
+
     def partition(self, r: SchedRequest) -> str:
         return r.tenant
 
+    def _inner(self, r: SchedRequest, now: float) -> tuple:
+        """The order inside the group (always the rank's last part: it moves with time)."""
+        if r.request_class.band < BATCH_BAND:
+            return deadline_key(r, now, self.config)
+        return arrival_key(r)
+
     def static_rank(self, r: SchedRequest, now: float) -> tuple:
-        return (r.request_class.band, r.tenant, r.priority, r.arrival, r.seq)
+        return (r.request_class.band, r.tenant, r.priority, *self._inner(r, now))
 
     def compose(self, static: tuple, standing: Standing) -> tuple:
         band, tenant, *own = static
@@ -220,11 +237,9 @@ class FschedPolicy(Fcfs):
             return (0, band, standing.score, tenant, *own)
         return (1, standing.score, tenant, band, *own)  # share tier: DRF across tenants
 
-    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing]) -> tuple:
-        standing = stand[r.tenant]
-        if r.request_class.band < BATCH_BAND and standing.precedence:
-            return (0, r.request_class.band, standing.score, r.tenant, r.priority, r.arrival, r.seq)
-        return (1, standing.score, r.tenant, r.request_class.band, r.priority, r.arrival, r.seq)
+    def running_rank(self, r: SchedRequest, stand: Mapping[str, Standing], now: float) -> tuple:
+        # as `rank`: a running request's prefill chunks go in this order (planning.py)
+        return self.compose(self.static_rank(r, now), stand[r.tenant])
 
     def may_preempt(self, waiter: SchedRequest, now: float, stand: Mapping[str, Standing]) -> bool:
         # Only realtime and streaming work with precedence displaces others:

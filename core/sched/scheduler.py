@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from fsched.core.sched.accounting import WorkTally, apply_step, expected_decode
 from fsched.core.sched.backfill import BACKFILL_SCAN, backfills, reserve_for
 from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.lines import stamp
 from fsched.core.sched.plan import Outcome, Plan, Preemption
 from fsched.core.sched.planning import compose_plan
 from fsched.core.sched.policy import Policy, Standing, make_policy, standings
@@ -42,6 +43,11 @@ from fsched.core.sched.shares import entitled_shares
 from fsched.core.sched.usage import PrecedenceUsage, TenantCharge
 from fsched.core.sched.waitqueue import WaitQueue
 from fsched.core.types import RequestId, RequestState
+
+# Steps with prefill the measured step time follows (lines.py: when a request's target goes out of
+# reach): enough that one odd step moves it little, few enough that it follows a change of load
+# within a second or two of engine time.
+PREFILL_STEPS_MEAN = 16
 
 
 @dataclass(slots=True, frozen=True)
@@ -86,6 +92,7 @@ class Scheduler:
         self._seq = itertools.count()
         self.preemptions = 0
         self.work = WorkTally()  # tokens computed, and recomputed or parked by preemptions
+        self.prefill_step_s = 0.0  # measured seconds of a step with prefill (moving mean; 0: none yet)
         self.backfilled = 0  # admitted behind a head that did not fit
         self._batch_cap = self.config.max_batch  # a temporary limit below max_batch (cap_batch)
         self._batch_cap_until = 0  # ... in force while self._step is below this
@@ -154,6 +161,7 @@ class Scheduler:
             self.meter.activate(r.tenant, self.backlogged_tenants(), now)
         self._tenant_waiting[r.tenant] += 1
         r.wait_since = now
+        stamp(r, self.config, self.prefill_step_s)
         self._waiting.push(r, now)
 
     def cancel(self, request_id: RequestId) -> bool:
@@ -203,11 +211,12 @@ class Scheduler:
         scores = self.meter.scores([t for t, n in self._tenant_live.items() if n > 0], now)
         stand = self.standings(now, scores)
         while self._kv_committed > self.config.kv_tokens and self._running:
-            victim = memory_victim(self._running.values(), self.policy, stand, self.config.min_quantum_steps)
+            victim = memory_victim(self._running.values(), self.policy, stand, self.config.min_quantum_steps,
+                                   now)
             self._preempt(victim, checkpoint_for(victim, self._host_free(), self.config)
                           or Checkpoint.RECOMPUTE, b, now)
         stand = self._admit(scores, stand, b, now)
-        return self._compose(stand, b)
+        return self._compose(stand, b, now)
 
     def _admit(self, scores: dict[str, float], stand: dict[str, Standing], b: _StepBuilder,
                now: float) -> dict[str, Standing]:
@@ -320,9 +329,9 @@ class Scheduler:
         self.preemptions += 1
         self._enqueue(r, now)
 
-    def _compose(self, stand: Mapping[str, Standing], b: _StepBuilder) -> Plan:
+    def _compose(self, stand: Mapping[str, Standing], b: _StepBuilder, now: float) -> Plan:
         rank = self.policy.running_rank
-        return compose_plan(self._step, self._running.values(), lambda r: rank(r, stand), self.config,
+        return compose_plan(self._step, self._running.values(), lambda r: rank(r, stand, now), self.config,
                             (b.preempted, b.resumed, b.admitted), self._kv_committed, b.swap_tokens,
                             quantum_ends=len(self._waiting) > 0 and self.policy.preemptive)
 
@@ -350,9 +359,19 @@ class Scheduler:
         for rid in finished:
             self._finish(self._running[rid])
         self._step += outcome.steps
+        if plan.prefill:
+            self._time_prefill_step(outcome.elapsed_s)
         self.meter.charge(charges, outcome.elapsed_s, now, outcome.steps)
         self._precedence.charge({t: s.precedence for t, s in totals.items()}, outcome.elapsed_s, now)
         return PostprocessResult(charges, tuple(finished))
+
+    def _time_prefill_step(self, elapsed_s: float) -> None:
+        """Fold a step with prefill into the measured step time: a moving mean over about the last
+        `PREFILL_STEPS_MEAN` such steps (the first one alone at first)."""
+        if self.prefill_step_s == 0.0:
+            self.prefill_step_s = elapsed_s
+        else:
+            self.prefill_step_s += (elapsed_s - self.prefill_step_s) / PREFILL_STEPS_MEAN
 
     def _finish(self, r: SchedRequest) -> None:
         self._leave_running(r)
