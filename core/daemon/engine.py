@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fsched.core.runners.protocol import RequestRefused, Runner, Wakeable
 from fsched.core.runners.stopping import FinishReason
+from fsched.core.sched.accounting import WorkTally
+from fsched.core.sched.attainment import FirstTokenTally
 from fsched.core.sched.explain import RequestStanding, explain
 from fsched.core.sched.request import SchedRequest
 from fsched.core.sched.scheduler import Scheduler
@@ -35,6 +37,7 @@ class EngineRequest:
     priority: int = 5
     generated: list[int] = field(default_factory=list)  # tokens from before a restart
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # theirs, when the request asks for them
+    enqueued_at: float | None = None  # when it entered the table, on the engine's clock (None: on adding)
 
 
 @dataclass(slots=True)
@@ -69,6 +72,8 @@ class EngineSnapshot:
     kv_budget: int  # KV cache budget in tokens
     preemptions: int  # since the engine started
     requests: list[RequestStanding]  # running ones first, then waiting in admission order
+    first_tokens: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # FirstTokenTally.to_json
+    work: WorkTally = field(default_factory=WorkTally)  # tokens computed, recomputed or parked
 
 
 class StepFailed(Exception):
@@ -123,6 +128,8 @@ class Engine:
         self._requests: dict[RequestId, EngineRequest] = {}
         self._arrival: dict[RequestId, float] = {}
         self._first_token: dict[RequestId, float] = {}
+        self._waiting_since: dict[RequestId, float] = {}  # requests whose first token is still to come
+        self.first_tokens = FirstTokenTally()
         self.steps = 0
 
     @property
@@ -164,6 +171,8 @@ class Engine:
             return self._failed(request, now, str(exc))
         self._requests[request.id] = request
         self._arrival[request.id] = now
+        if not request.generated:
+            self._waiting_since[request.id] = now if request.enqueued_at is None else request.enqueued_at
         return None
 
     def cancel(self, request_id: RequestId) -> bool:
@@ -193,7 +202,9 @@ class Engine:
         self.steps += 1
         kv = self.runner.kv_tokens
         for rid in result.tokens:
-            self._first_token.setdefault(rid, now)
+            if rid not in self._first_token:
+                self._first_token[rid] = now
+                self._count_first_token(rid, now)
         finished = [self._finish(rid, check.finished, now) for rid, check in result.finished.items()]
         # A remote engine can refuse one request (its own error answer): it fails alone.
         for rid, error in result.failed.items():
@@ -258,6 +269,8 @@ class Engine:
             kv_budget=self.scheduler.config.kv_tokens,
             preemptions=self.scheduler.preemptions,
             requests=explain(self.scheduler, self.clock()),
+            first_tokens=self.first_tokens.to_json(),
+            work=replace(self.scheduler.work),
         )
 
     def output(self, request_id: RequestId) -> tuple[list[int], str]:
@@ -326,7 +339,15 @@ class Engine:
             finished_at=now,
         )
 
+    def _count_first_token(self, rid: RequestId, now: float) -> None:
+        since = self._waiting_since.pop(rid, None)
+        request = self._requests.get(rid)
+        if since is not None and request is not None:
+            target = self.scheduler.config.target_s(request.request_class)
+            self.first_tokens.record(request.tenant, request.request_class, now - since, target)
+
     def _forget(self, rid: RequestId) -> None:
+        self._waiting_since.pop(rid, None)
         self._requests.pop(rid, None)
         self._arrival.pop(rid, None)
         self._first_token.pop(rid, None)

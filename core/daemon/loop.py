@@ -335,6 +335,8 @@ class Daemon:
                 priority=claimed.priority,
                 generated=list(claimed.output_tokens),
                 logprobs=list(claimed.output_logprobs),
+                # its time in the table, moved onto the engine's clock (which need not be the wall's)
+                enqueued_at=self.engine.clock() - max(0.0, self.clock() - claimed.enqueued_at),
             )
         except Exception as exc:  # a request that cannot even be encoded fails alone
             self.writer.failed(claimed.id, f"cannot prepare the request: {exc}", list(claimed.output_tokens),
@@ -396,6 +398,10 @@ class Daemon:
             fenced_writes=self.fenced_writes,
             lost_leases=self.lost_leases,
             preemptions=engine.preemptions,
+            first_tokens=engine.first_tokens,
+            tokens_computed=engine.work.computed,
+            tokens_recomputed=engine.work.recomputed,
+            tokens_parked=engine.work.parked,
             requests=tuple(engine.requests),
             link=self.link.address if self.link is not None else None,
         )

@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from fsched.core.sched.accounting import WorkTally, apply_step, expected_decode
+from fsched.core.sched.accounting import PrefillStepTimer, WorkTally, apply_step, expected_decode
 from fsched.core.sched.backfill import BACKFILL_SCAN, backfills, reserve_for
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.lines import stamp
@@ -43,11 +43,6 @@ from fsched.core.sched.shares import entitled_shares
 from fsched.core.sched.usage import PrecedenceUsage, TenantCharge
 from fsched.core.sched.waitqueue import WaitQueue
 from fsched.core.types import RequestId, RequestState
-
-# Steps with prefill the measured step time follows (lines.py: when a request's target goes out of
-# reach): enough that one odd step moves it little, few enough that it follows a change of load
-# within a second or two of engine time.
-PREFILL_STEPS_MEAN = 16
 
 
 @dataclass(slots=True, frozen=True)
@@ -92,7 +87,7 @@ class Scheduler:
         self._seq = itertools.count()
         self.preemptions = 0
         self.work = WorkTally()  # tokens computed, and recomputed or parked by preemptions
-        self.prefill_step_s = 0.0  # measured seconds of a step with prefill (moving mean; 0: none yet)
+        self.prefill_step = PrefillStepTimer()  # when a request's target goes out of reach (lines.py)
         self.backfilled = 0  # admitted behind a head that did not fit
         self._batch_cap = self.config.max_batch  # a temporary limit below max_batch (cap_batch)
         self._batch_cap_until = 0  # ... in force while self._step is below this
@@ -161,7 +156,7 @@ class Scheduler:
             self.meter.activate(r.tenant, self.backlogged_tenants(), now)
         self._tenant_waiting[r.tenant] += 1
         r.wait_since = now
-        stamp(r, self.config, self.prefill_step_s)
+        stamp(r, self.config, self.prefill_step.seconds)
         self._waiting.push(r, now)
 
     def cancel(self, request_id: RequestId) -> bool:
@@ -186,12 +181,9 @@ class Scheduler:
         self.meter.set_weight(tenant, weight)
 
     def limit_batch(self, max_batch: int) -> None:
-        """Change `max_batch` from the next `schedule()` on (validated like any config).
-
-        Requests running beyond a lowered limit are not evicted; none is
-        admitted until the batch is under it. The daemon halves the batch
-        this way when a step runs out of device memory.
-        """
+        """Change `max_batch` from the next `schedule()` on (validated like any config). Requests
+        running beyond a lowered limit are not evicted; none is admitted until the batch is under
+        it. The daemon halves the batch this way when a step runs out of device memory."""
         self.config = replace(self.config, max_batch=max_batch)
 
     def cap_batch(self, rows: int, steps: int) -> None:
@@ -210,11 +202,11 @@ class Scheduler:
         b = _StepBuilder()
         scores = self.meter.scores([t for t, n in self._tenant_live.items() if n > 0], now)
         stand = self.standings(now, scores)
-        while self._kv_committed > self.config.kv_tokens and self._running:
-            victim = memory_victim(self._running.values(), self.policy, stand, self.config.min_quantum_steps,
-                                   now)
-            self._preempt(victim, checkpoint_for(victim, self._host_free(), self.config)
-                          or Checkpoint.RECOMPUTE, b, now)
+        cfg = self.config
+        while self._kv_committed > cfg.kv_tokens and self._running:
+            victim = memory_victim(self._running.values(), self.policy, stand, cfg.min_quantum_steps, now)
+            how = checkpoint_for(victim, self._host_free(), cfg) or Checkpoint.RECOMPUTE
+            self._preempt(victim, how, b, now)
         stand = self._admit(scores, stand, b, now)
         return self._compose(stand, b, now)
 
@@ -359,19 +351,10 @@ class Scheduler:
         for rid in finished:
             self._finish(self._running[rid])
         self._step += outcome.steps
-        if plan.prefill:
-            self._time_prefill_step(outcome.elapsed_s)
+        self.prefill_step.observe(plan, outcome)
         self.meter.charge(charges, outcome.elapsed_s, now, outcome.steps)
         self._precedence.charge({t: s.precedence for t, s in totals.items()}, outcome.elapsed_s, now)
         return PostprocessResult(charges, tuple(finished))
-
-    def _time_prefill_step(self, elapsed_s: float) -> None:
-        """Fold a step with prefill into the measured step time: a moving mean over about the last
-        `PREFILL_STEPS_MEAN` such steps (the first one alone at first)."""
-        if self.prefill_step_s == 0.0:
-            self.prefill_step_s = elapsed_s
-        else:
-            self.prefill_step_s += (elapsed_s - self.prefill_step_s) / PREFILL_STEPS_MEAN
 
     def _finish(self, r: SchedRequest) -> None:
         self._leave_running(r)
