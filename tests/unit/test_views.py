@@ -244,8 +244,9 @@ def test_status_shows_each_tenants_first_tokens_on_target_the_fairness_figure_an
     assert tenants["alice"]["slo"] == {"realtime": {"first_tokens": 20, "on_target": 19, "attainment": 0.95}}
     assert tenants["bob"]["slo"]["batch"]["attainment"] == 0.5 and tenants["carol"]["slo"] == {}
     ratios = [0.7412 / 0.75, 0.2588 / 0.25]
-    assert doc["fairness_jain"] == pytest.approx(sum(ratios) ** 2 / (2 * sum(x * x for x in ratios)), abs=1e-4)
+    jain = sum(ratios) ** 2 / (2 * sum(x * x for x in ratios))
+    assert doc["fairness_jain"] == pytest.approx(jain, abs=1e-4)
     text = render(status_view(snapshot))
     assert "realtime 95% of 20" in text and "batch 50% of 4" in text
-    assert "Jain's index of served over entitled:" in text and f"{doc['fairness_jain']:.3f}" in text
+    assert "Jain's index of served over entitled:" in text and f"{jain:.3f}" in text
     assert "preemption cost 2.00% of tokens computed" in render(daemon_panel(one, NOW))
