@@ -3,16 +3,18 @@ heaps that keep it.
 
 Two orders, each a total order key (smaller first) that a policy puts at the end of its rank:
 
-* **By arrival** (`arrival_key`, `ArrivalLine`): the oldest first. The baselines' order, and batch's.
-* **By deadline** (`deadline_key`, `DeadlineLine`): for realtime and streaming work, where a
-  request counts only if its first token comes within its class's target. Three bands:
+* **By arrival** (`arrival_key`, `ArrivalLine`): the oldest first. The baselines' order.
+* **By deadline** (`deadline_key`, `DeadlineLine`): where a request counts only if its first
+  token comes within its class's target. Three bands:
 
   0. **first**: a request that already has its first token (preempted, waiting to resume), or one
      that has waited its class's aging limit (`SchedulerConfig.aging_factor` x its target); by
      arrival. This band bounds every wait: see `docs/scheduling.md` (the order inside a class).
-  1. **on time**: it can still make its target: the fewest prefill steps first (shortest remaining
-     prefill, SRTF, counted in steps of `step_tokens`, the unit the engine spends), then the
-     nearest deadline (EDF).
+  1. **on time**: it can still make its target. Realtime and streaming: the fewest prefill steps
+     first (shortest remaining prefill, SRTF, counted in steps of `step_tokens`, the unit the
+     engine spends), then the nearest deadline (EDF). Batch (`shortest_first` off): by deadline
+     alone, which inside a class is arrival order: a batch target of a minute is many steps, so
+     the prompt's length decides little, and reordering by it would only stretch the tail.
   2. **late**: its target is out of reach (`late_at`, set when it starts waiting: its deadline less
      the time its prefill takes at the measured step time); by arrival, behind every on-time one,
      until it ages into band 0.
@@ -65,12 +67,17 @@ def band(r: SchedRequest, now: float) -> int:
     return ON_TIME if now < r.late_at else LATE
 
 
-def deadline_key(r: SchedRequest, now: float, config: SchedulerConfig) -> tuple:
+def deadline_key(r: SchedRequest, now: float, config: SchedulerConfig,
+                 shortest_first: bool = True) -> tuple:
     """The order by deadline (smaller first), as of `now`."""
     b = band(r, now)
     if b == ON_TIME:
-        return (ON_TIME, prefill_steps(r, config), r.deadline, r.seq)
+        return _on_time_key(r, config, shortest_first)
     return (b, r.arrival, r.seq)
+
+
+def _on_time_key(r: SchedRequest, config: SchedulerConfig, shortest_first: bool) -> tuple:
+    return (ON_TIME, prefill_steps(r, config) if shortest_first else 0, r.deadline, r.seq)
 
 
 class Line(Protocol):
@@ -157,12 +164,13 @@ class ArrivalLine:
 
 
 class DeadlineLine:
-    """Realtime and streaming: `deadline_key`'s order (see the module's docstring)."""
+    """`deadline_key`'s order (see the module's docstring)."""
 
-    __slots__ = ("_config", "_live", "_first", "_on_time", "_late", "_watch")
+    __slots__ = ("_config", "_shortest_first", "_live", "_first", "_on_time", "_late", "_watch")
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, shortest_first: bool = True) -> None:
         self._config = config
+        self._shortest_first = shortest_first
         self._live: dict[str, int] = {}
         ticks = itertools.count()
         self._first = _Heap(self._live, ticks)  # started: by arrival
@@ -181,7 +189,7 @@ class DeadlineLine:
         if r.generated > 0:
             self._first.push(arrival_key(r), r)
         elif now < r.late_at and now < r.aged_at:
-            self._on_time.push((ON_TIME, prefill_steps(r, self._config), r.deadline, r.seq), r)
+            self._on_time.push(_on_time_key(r, self._config, self._shortest_first), r)
             heapq.heappush(self._watch, (r.late_at, r.seq, self._live[r.id], r))
         else:
             self._late.push(arrival_key(r), r)
@@ -204,4 +212,5 @@ class DeadlineLine:
     def first(self, k: int, now: float) -> list[SchedRequest]:
         self._move_late(now)
         heads = [r for h in (self._first, self._on_time, self._late) for r in h.smallest(k)]
-        return heapq.nsmallest(k, heads, key=lambda r: deadline_key(r, now, self._config))
+        config, shortest = self._config, self._shortest_first
+        return heapq.nsmallest(k, heads, key=lambda r: deadline_key(r, now, config, shortest))

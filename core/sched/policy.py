@@ -4,9 +4,10 @@ A policy says how requests are ordered and which running request a waiter
 may displace; never what the batch holds (the mechanism in `scheduler.py`
 is the same for all four).
 
-* Waiting requests sit in per-group heaps (`group`), each in arrival
-  order: everything in a group shares the parts of the rank that do not
-  depend on arrival, so the oldest member is the group's best.
+* Waiting requests sit in per-group lines (`group`, `line`: lines.py):
+  everything in a group shares every part of the rank but the last, the
+  order inside the group (arrival for the baselines; by deadline for
+  fsched), so the line's head is the group's best.
 * `rank` is the total order (smaller first). It is `compose(static_rank,
   standing)`: the part that depends only on the request, and the standing
   of its tenant (`Standing`: score, within its share, precedence). Within
@@ -18,15 +19,16 @@ fsched's order has two tiers:
 1. **Precedence**: realtime and streaming work of tenants whose recent
    realtime and streaming use is within their share; by class, then the
    tenant's score (the one further below its share first), then within the
-   tenant by base priority and arrival: a base priority orders its own
-   tenant's work only, so a label never puts one tenant ahead of another.
+   tenant by base priority and the order inside its class (lines.py:
+   what can still make its target first, aging bounding every wait): a
+   base priority orders its own tenant's work only, so a label never puts one tenant ahead of another.
    Only precedence work may preempt: work outside precedence, then
    precedence work of a worse class of its own tenant, or of a tenant whose
    score is above its tenant's.
 2. **Share**: everything else, by tenant score (weighted dominant use,
    lowest first, as DRF), then within the tenant by class, priority and
-   arrival: a request waits only behind its own tenant's older work of its
-   class, so the longest waiter of a class is next in its tenant's line.
+   the order inside the class: a request waits only behind its own
+   tenant's work of its class.
 
 A tenant beyond its share competes in the second tier with all its work,
 however it labels it: labels order a tenant's work, the weights order the
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fsched.core.sched.config import SchedulerConfig
-from fsched.core.sched.lines import ArrivalLine, DeadlineLine, Line, arrival_key, deadline_key
+from fsched.core.sched.lines import ArrivalLine, DeadlineLine, Line, deadline_key
 from fsched.core.sched.request import SchedRequest
 from fsched.core.sched.usage import DrfMeter, NullMeter, TenantMeter, VtcMeter
 from fsched.core.types import RequestClass
@@ -213,18 +215,17 @@ class FschedPolicy(Fcfs):
         return (r.tenant, r.request_class.band, r.priority)
 
     def line(self, r: SchedRequest) -> Line:
-        """Realtime and streaming by deadline (lines.py: the shortest prefill that can still make
-        its target first, late work behind, aging bounding every wait); batch by arrival."""
-        return DeadlineLine(self.config) if r.request_class.band < BATCH_BAND else ArrivalLine()
+        """By deadline (lines.py): work that can still make its target first, late work behind,
+        aging bounding every wait; inside the on-time work, realtime and streaming by the shortest
+        prefill, batch by arrival."""
+        return DeadlineLine(self.config, shortest_first=r.request_class.band < BATCH_BAND)
 
     def partition(self, r: SchedRequest) -> str:
         return r.tenant
 
     def _inner(self, r: SchedRequest, now: float) -> tuple:
         """The order inside the group (always the rank's last part: it moves with time)."""
-        if r.request_class.band < BATCH_BAND:
-            return deadline_key(r, now, self.config)
-        return arrival_key(r)
+        return deadline_key(r, now, self.config, shortest_first=r.request_class.band < BATCH_BAND)
 
     def static_rank(self, r: SchedRequest, now: float) -> tuple:
         return (r.request_class.band, r.tenant, r.priority, *self._inner(r, now))

@@ -101,16 +101,17 @@ def test_arrival_line_is_oldest_first_and_removal_is_lazy_and_exact():
 
 
 ops = st.lists(st.one_of(
-    st.tuples(st.just("add"), st.integers(1, 12_000), st.sampled_from([RT, ST]), st.booleans()),
+    st.tuples(st.just("add"), st.integers(1, 12_000), st.sampled_from([RT, ST, BA]), st.booleans()),
     st.tuples(st.just("pop"), st.integers(0, 50)),
     st.tuples(st.just("wait"), st.floats(0.0, 3.0)),
+    st.tuples(st.just("wait"), st.floats(0.0, 90.0)),
 ), max_size=80)
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=ops)
-def test_the_line_is_a_brute_force_sort_by_deadline_key_at_every_moment(ops):
-    line, live, now, seq = DeadlineLine(CFG), [], 0.0, 0
+@given(ops=ops, shortest_first=st.booleans())
+def test_the_line_is_a_brute_force_sort_by_deadline_key_at_every_moment(ops, shortest_first):
+    line, live, now, seq = DeadlineLine(CFG, shortest_first), [], 0.0, 0
     for op in ops:
         if op[0] == "add":
             r = req(f"r{seq}", op[1], now, seq, op[2])
@@ -123,7 +124,7 @@ def test_the_line_is_a_brute_force_sort_by_deadline_key_at_every_moment(ops):
             assert line.pop(victim)
         elif op[0] == "wait":
             now += op[1]
-        expected = sorted(live, key=lambda r: deadline_key(r, now, CFG))
+        expected = sorted(live, key=lambda r: deadline_key(r, now, CFG, shortest_first))
         assert line.first(4, now) == expected[:4]
         assert len(line) == len(live) and set(line) == set(live)
 
@@ -142,3 +143,17 @@ def test_the_class_order_stays_inside_each_tenants_share():
     stand = {"a": Standing(0.5, True, True), "b": Standing(1.0, True, True)}
     assert queue.best(0.0, stand)[1] is long_a
     assert band(long_a, 0.0) == ON_TIME
+
+
+def test_batch_that_can_still_make_its_target_goes_first_by_arrival_and_late_batch_behind():
+    """Batch: on-time work by arrival, whatever its length; work past its minute behind it, until it
+    ages (4 minutes)."""
+    line = DeadlineLine(CFG, shortest_first=False)
+    for r in (req("old-late", 100, 0.0, 0, BA), req("long", 12_000, 10.0, 1, BA),
+              req("short", 10, 20.0, 2, BA)):
+        line.push(r, 65.0)
+    assert drain(line, 65.0) == ["long", "short", "old-late"]
+    aged = DeadlineLine(CFG, shortest_first=False)
+    for r in (req("older", 100, 0.0, 0, BA), req("fresh", 10, 239.0, 1, BA)):
+        aged.push(r, 240.0)
+    assert drain(aged, 240.0) == ["older", "fresh"]
