@@ -12,9 +12,9 @@ Two orders, each a total order key (smaller first) that a policy puts at the end
      arrival. This band bounds every wait: see `docs/scheduling.md` (the order inside a class).
   1. **on time**: it can still make its target. Realtime and streaming: the fewest prefill steps
      first (shortest remaining prefill, SRTF, counted in steps of `step_tokens`, the unit the
-     engine spends), then the nearest deadline (EDF). Batch (`shortest_first` off): by deadline
-     alone, which inside a class is arrival order: a batch target of a minute is many steps, so
-     the prompt's length decides little, and reordering by it would only stretch the tail.
+     engine spends), then the nearest deadline (EDF). With `shortest_first` off: by deadline
+     alone, which inside a class is arrival order (measured for batch, not used by a policy:
+     docs/scheduling.md).
   2. **late**: its target is out of reach (`late_at`, set when it starts waiting: its deadline less
      the time its prefill takes at the measured step time); by arrival, behind every on-time one,
      until it ages into band 0.

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fsched.core.sched.config import SchedulerConfig
-from fsched.core.sched.lines import ArrivalLine, DeadlineLine, Line, deadline_key
+from fsched.core.sched.lines import ArrivalLine, DeadlineLine, Line, arrival_key, deadline_key
 from fsched.core.sched.request import SchedRequest
 from fsched.core.sched.usage import DrfMeter, NullMeter, TenantMeter, VtcMeter
 from fsched.core.types import RequestClass
@@ -215,17 +215,18 @@ class FschedPolicy(Fcfs):
         return (r.tenant, r.request_class.band, r.priority)
 
     def line(self, r: SchedRequest) -> Line:
-        """By deadline (lines.py): work that can still make its target first, late work behind,
-        aging bounding every wait; inside the on-time work, realtime and streaming by the shortest
-        prefill, batch by arrival."""
-        return DeadlineLine(self.config, shortest_first=r.request_class.band < BATCH_BAND)
+        """Realtime and streaming by deadline (lines.py: the shortest prefill that can still make
+        its target first, late work behind, aging bounding every wait); batch by arrival."""
+        return DeadlineLine(self.config) if r.request_class.band < BATCH_BAND else ArrivalLine()
 
     def partition(self, r: SchedRequest) -> str:
         return r.tenant
 
     def _inner(self, r: SchedRequest, now: float) -> tuple:
         """The order inside the group (always the rank's last part: it moves with time)."""
-        return deadline_key(r, now, self.config, shortest_first=r.request_class.band < BATCH_BAND)
+        if r.request_class.band < BATCH_BAND:
+            return deadline_key(r, now, self.config)
+        return arrival_key(r)
 
     def static_rank(self, r: SchedRequest, now: float) -> tuple:
         return (r.request_class.band, r.tenant, r.priority, *self._inner(r, now))

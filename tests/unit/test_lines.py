@@ -145,9 +145,9 @@ def test_the_class_order_stays_inside_each_tenants_share():
     assert band(long_a, 0.0) == ON_TIME
 
 
-def test_batch_that_can_still_make_its_target_goes_first_by_arrival_and_late_batch_behind():
-    """Batch: on-time work by arrival, whatever its length; work past its minute behind it, until it
-    ages (4 minutes)."""
+def test_without_shortest_first_on_time_work_goes_by_arrival_and_late_work_behind():
+    """The order measured for batch: on-time work by arrival, whatever its length; work past its
+    minute behind it, until it ages (4 minutes)."""
     line = DeadlineLine(CFG, shortest_first=False)
     for r in (req("old-late", 100, 0.0, 0, BA), req("long", 12_000, 10.0, 1, BA),
               req("short", 10, 20.0, 2, BA)):
