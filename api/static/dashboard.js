@@ -195,7 +195,9 @@
     $("tile-kv").textContent = kv.length ? pct(Math.max(...kv)) : "–";
     $("tile-preempt").textContent = num(s.engine.preemptions) + (s.engine.preemption_cost == null ? "" :
       " (" + (100 * s.engine.preemption_cost).toFixed(2) + "% of tokens)");
-    $("tile-jain").textContent = s.fairness_jain == null ? "–" : s.fairness_jain.toFixed(3);
+    const jain = $("tile-jain");
+    jain.textContent = s.fairness_jain == null ? "–" : s.fairness_jain.toFixed(3);
+    jain.dataset.value = s.fairness_jain == null ? "" : String(s.fairness_jain);
     const parts = CLASSES.filter((c) => s.ttft[c]).map((c) => c + " " + secs(s.ttft[c].p50) + " / " +
       secs(s.ttft[c].p99) + " (" + s.ttft[c].count + ")");
     $("tile-ttft").textContent = parts.length ? parts.join("   ") : "no first token in the last minute";
