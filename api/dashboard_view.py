@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.jobstate import JobSummary
 from fsched.core.ports.records import DaemonSummary, FirstTokens, OnlineGroup, TenantSummary, TenantTotals
-from fsched.core.sched.shares import entitled_shares
+from fsched.core.sched.attainment import merged
+from fsched.core.sched.shares import entitled_shares, fairness
 from fsched.core.types import RequestClass
 
 CLASSES = [c.value for c in RequestClass]
@@ -78,6 +79,13 @@ def daemon_row(d: DaemonSummary, now: float) -> dict:
     }
 
 
+def preemption_cost(live: Sequence[DaemonSummary]) -> float | None:
+    """KV tokens the live daemons' preemptions recomputed or parked over the tokens they computed."""
+    computed = sum(d.stats.tokens_computed for d in live)
+    spent = sum(d.stats.tokens_recomputed + d.stats.tokens_parked for d in live)
+    return spent / computed if computed else None
+
+
 def tenant_rows(facts: Facts) -> list[dict]:
     shares = entitled(facts.tenants)
     used: dict[str, Counter] = {}
@@ -85,6 +93,7 @@ def tenant_rows(facts: Facts) -> list[dict]:
         c = used.setdefault(t.tenant, Counter())
         c.update(generated=t.generated_tokens, prompt=t.prompt_tokens, done=t.done, failed=t.failed,
                  cancelled=t.cancelled)
+    slo = merged(d.stats.first_tokens for d in facts.live)
     rows = []
     for t in facts.tenants:
         active = bool(t.queued or t.running)
@@ -95,8 +104,17 @@ def tenant_rows(facts: Facts) -> list[dict]:
             "queued": t.queued, "running": t.running, "active_jobs": t.active_jobs,
             "generated_tokens": c["generated"], "prompt_tokens": c["prompt"],
             "requests": {"done": c["done"], "failed": c["failed"], "cancelled": c["cancelled"]},
+            # first tokens and those on target per class, over the live daemons (as /metrics counts them)
+            "slo": {cls: {"first_tokens": n, "on_target": on}
+                    for cls, (n, on) in slo.get(t.name, {}).items()},
         })
     return rows
+
+
+def fairness_figure(facts: Facts) -> float | None:
+    """Jain's index over the tenants with work of recently served over entitled share."""
+    active = [t.name for t in facts.tenants if t.queued or t.running]
+    return fairness(facts.served, {t.name: t.weight for t in facts.tenants}, active)
 
 
 def job_row(job: JobSummary, now: float) -> dict:
@@ -169,7 +187,9 @@ def state_json(facts: Facts, viewer: ApiKey, history: Sequence[dict], since: flo
         "daemons": daemons,
         "daemons_alive": len(alive),
         "engine": {"tok_s": sum(d["tok_s"] or 0 for d in alive),
-                   "preemptions": sum(d["preemptions"] or 0 for d in alive)},
+                   "preemptions": sum(d["preemptions"] or 0 for d in alive),
+                   "preemption_cost": preemption_cost(facts.live)},
+        "fairness_jain": fairness_figure(facts),
         "ttft": ttft(facts.first_tokens),
         "jobs": [job_row(j, facts.now) for j in facts.listed],
         "online": [online_row(g) for g in facts.online],

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from fsched.core.ports.records import DaemonSummary, RequestProgress, newest_live_daemon
-from fsched.core.sched.shares import entitled_shares
+from fsched.core.sched.shares import entitled_shares, fairness
 from fsched.core.types import RequestClass
 
 if TYPE_CHECKING:
@@ -92,7 +92,8 @@ class _TableCollector:
     def _shares(self, newest: DaemonSummary | None):
         tenants = self.backend.jobs.list_tenants()
         weights = {t.name: t.weight for t in tenants}
-        entitled = entitled_shares(weights, {t.name for t in tenants if t.queued or t.running})
+        active = {t.name for t in tenants if t.queued or t.running}
+        entitled = entitled_shares(weights, active)
         family = GaugeMetricFamily(f"{PREFIX}tenant_entitled_share",
                                    "A tenant's weight over the weights of tenants with work",
                                    labels=["tenant"])
@@ -105,11 +106,21 @@ class _TableCollector:
         for name, share in (newest.stats.served_share if newest else {}).items():
             served.add_metric([name], float(share))
         yield served
+        family = GaugeMetricFamily(
+            f"{PREFIX}tenant_fairness_jain",
+            "Jain's index over the tenants with work of served over entitled share (newest live daemon's "
+            "recent use): 1 when every tenant gets its weight's share", labels=[])
+        index = fairness(newest.stats.served_share if newest else {}, weights, active)
+        if index is not None:
+            family.add_metric([], index)
+        yield family
 
     def _daemons(self, live: list[DaemonSummary]):
         alive = GaugeMetricFamily(f"{PREFIX}daemons_alive", "Daemons with a fresh heartbeat")
         alive.add_metric([], len(live))
         yield alive
+        yield from _attainment(live)
+        yield from _preemption_cost(live)
         kv = GaugeMetricFamily(f"{PREFIX}kv_cache_usage_perc", "KV cache in use over its budget, per daemon",
                                labels=["daemon"])
         preempted = CounterMetricFamily(f"{PREFIX}num_preemptions", "Preemptions since the daemon started",
@@ -120,6 +131,42 @@ class _TableCollector:
             preempted.add_metric([d.id], s.preemptions)
         yield kv
         yield preempted
+
+
+def _attainment(live: list[DaemonSummary]):
+    """First tokens and those on target, per daemon, tenant and class: divide the rates for a
+    tenant's SLO attainment over any window."""
+    labels = ["daemon", "tenant", "class"]
+    first = CounterMetricFamily(f"{PREFIX}first_tokens", "First tokens produced since the daemon started",
+                                labels=labels)
+    on_target = CounterMetricFamily(
+        f"{PREFIX}first_tokens_on_target",
+        "First tokens within their class's target, counted from when the request entered the table",
+        labels=labels)
+    for d in live:
+        for tenant, classes in sorted(d.stats.first_tokens.items()):
+            for request_class, (n, on) in sorted(classes.items()):
+                first.add_metric([d.id, tenant, request_class], n)
+                on_target.add_metric([d.id, tenant, request_class], on)
+    yield first
+    yield on_target
+
+
+def _preemption_cost(live: list[DaemonSummary]):
+    """Tokens computed and what preemptions recomputed or parked, per daemon: their rates' ratio is
+    preemption's cost."""
+    computed = CounterMetricFamily(f"{PREFIX}tokens_computed", "Prefill and decode tokens computed",
+                                   labels=["daemon"])
+    preempted = CounterMetricFamily(f"{PREFIX}tokens_preempted",
+                                    "KV tokens preemptions dropped (recompute) or copied to the host (park)",
+                                    labels=["daemon", "checkpoint"])
+    for d in live:
+        s = d.stats
+        computed.add_metric([d.id], s.tokens_computed)
+        preempted.add_metric([d.id, "recompute"], s.tokens_recomputed)
+        preempted.add_metric([d.id, "park"], s.tokens_parked)
+    yield computed
+    yield preempted
 
 
 def _gauge(name: str, doc: str, values: Counter) -> GaugeMetricFamily:

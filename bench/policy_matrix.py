@@ -13,6 +13,15 @@ checked against the goals fsched is held to:
 * Jain's index (served over entitled share, while both tenants wait)
   >= vtc's - 0.005, judged where both waited together at least a minute
   (`MIN_BOTH_WAITING_S`; the verdict reads NOT JUDGED otherwise);
+* attainment (the fraction of a class whose first token came within its
+  target) against the best baseline's (fcfs, priority, vtc) for that class:
+  realtime >= 1.05x, streaming >= 1.0x, batch >= 0.95x. No policy can
+  put on target a request whose prompt alone, on an idle engine, takes
+  longer than the target to prefill (`attainable`: the Mooncake trace's
+  long prompts put about half its realtime requests there). Where the
+  ratio asks for more than that ceiling (1.05x of 0.97 is above 1), the
+  verdict reads CEILING when fsched's attainment is at least the best
+  baseline's (FAIL otherwise), and the row shows the ceiling;
 * at the near-capacity load, batch first-token p99 <= 1.25x vtc's;
 * the labelling attack (tenant b, weight 1, labels everything realtime;
   tenant a, weight 3, sends 5/15/80): a's served share >= 0.72 under
@@ -84,16 +93,23 @@ class Scenario:
     batch_only: bool = False  # every request labelled batch
 
 
+ATTAINMENT_GOALS = (("realtime", 1.05), ("streaming", 1.0), ("batch", 0.95))
+BASELINES = ("fcfs", "priority", "vtc")
+
+
 @dataclass(slots=True)
 class Check:
     goal: str
     value: float
     limit: float
     ok: bool | None  # None: not judged (too little common backlog for Jain's index)
+    ceiling: bool = False  # the limit is out of reach (it asks for more than every request on target)
 
     @property
     def verdict(self) -> str:
-        return "NOT JUDGED" if self.ok is None else "PASS" if self.ok else "FAIL"
+        if self.ok is None:
+            return "NOT JUDGED"
+        return "CEILING" if self.ceiling else "PASS" if self.ok else "FAIL"
 
 
 def offered_work_s(trace: list[TraceRequest], config: SchedulerConfig, cost: CostModel) -> float:
@@ -128,7 +144,7 @@ def requests_of(s: Scenario, limit: int | None, scale: float) -> list[TraceReque
     return trace
 
 
-def checks(s: Scenario, by: dict[str, PolicyReport]) -> list[Check]:
+def checks(s: Scenario, by: dict[str, PolicyReport], ceilings: dict[str, float]) -> list[Check]:
     f = by["fsched"]
     if s.attack:
         return [Check("a's share (attack)", f.tenants["a"].share, 0.72, f.tenants["a"].share >= 0.72)]
@@ -141,12 +157,45 @@ def checks(s: Scenario, by: dict[str, PolicyReport]) -> list[Check]:
         if request_class in f.classes:
             out.append(_ratio(f"{request_class} p99 / priority", p99("fsched", request_class),
                               p99("priority", request_class), limit))
+    out += [attainment_check(by, c, limit, ceilings[c]) for c, limit in ATTAINMENT_GOALS if c in f.classes]
     judged = min(by["fsched"].backlogged_s, by["vtc"].backlogged_s) >= MIN_BOTH_WAITING_S
     out.append(Check("Jain - vtc", f.jain_index - by["vtc"].jain_index, -0.005,
                      f.jain_index >= by["vtc"].jain_index - 0.005 if judged else None))
     if s.batch_check:
         out.append(_ratio("batch p99 / vtc", p99("fsched", "batch"), p99("vtc", "batch"), 1.25))
     return out
+
+
+def best_baseline(by: dict[str, PolicyReport], request_class: str) -> tuple[str, float]:
+    """The baseline with the highest attainment for a class, and that attainment."""
+    return max(((p, by[p].classes[request_class].on_target) for p in BASELINES), key=lambda pv: pv[1])
+
+
+def attainable(trace: list[TraceRequest], request_class: RequestClass, config: SchedulerConfig,
+               cost: CostModel) -> float:
+    """The fraction of a class's requests whose first token, alone on an idle engine (the prompt
+    in chunks of `step_tokens`, nothing else in the steps), comes within the class's target: the
+    most any order can put on target."""
+    target = config.target_s(request_class)
+    mine = [r for r in trace if r.request_class is request_class]
+
+    def alone_s(prompt: int) -> float:
+        chunks = range(0, prompt, config.step_tokens)
+        return sum(cost.step_s(min(config.step_tokens, prompt - done), done) for done in chunks)
+
+    return sum(alone_s(r.prompt_tokens) <= target for r in mine) / len(mine) if mine else 1.0
+
+
+def attainment_check(by: dict[str, PolicyReport], request_class: str, limit: float,
+                     ceiling: float) -> Check:
+    """fsched's attainment of a class over the best baseline's; a ceiling when `limit` x the best
+    is above `ceiling` (what is attainable at all) and fsched is at least as good as the best."""
+    name, best = best_baseline(by, request_class)
+    mine = by["fsched"].classes[request_class].on_target
+    check = _ratio(f"{request_class} attainment / {name}", mine, best, limit, at_least=True)
+    if not check.ok and best * limit > ceiling and mine >= best:
+        check.ok, check.ceiling = True, True
+    return check
 
 
 def _ratio(goal: str, value: float, base: float, limit: float, at_least: bool = False) -> Check:
@@ -170,12 +219,14 @@ def scenarios(quick: bool, names: list[str] | None = None, batch_only: bool = Fa
                     yield dataclasses.replace(cell, batch_only=batch_only)
 
 
-def run(s: Scenario, limit: int | None, scale: float) -> dict[str, PolicyReport]:
-    trace = requests_of(s, limit, scale)
-    return {p: simulate(trace, p, weights=WEIGHTS, cost=COST) for p in POLICIES}
+def run(s: Scenario, limit: int | None, scale: float) -> tuple[dict[str, PolicyReport], dict[str, float]]:
+    """The four policies' reports, and what is attainable at all of each class."""
+    trace, config = requests_of(s, limit, scale), SchedulerConfig()
+    ceilings = {c.value: attainable(trace, c, config, COST) for c in RequestClass}
+    return {p: simulate(trace, p, weights=WEIGHTS, cost=COST) for p in POLICIES}, ceilings
 
 
-def row(s: Scenario, by: dict[str, PolicyReport], cs: list[Check]) -> str:
+def row(s: Scenario, by: dict[str, PolicyReport], cs: list[Check], ceilings: dict[str, float]) -> str:
     f, p = by["fsched"], by["priority"]
     figures = f"thr {f.throughput_tok_s:,.0f} (fcfs {by['fcfs'].throughput_tok_s:,.0f}) | "
     if "realtime" in f.classes:
@@ -192,9 +243,21 @@ def row(s: Scenario, by: dict[str, PolicyReport], cs: list[Check]) -> str:
     if "batch" in f.classes:
         figures += (f" | batch p99 {f.classes['batch'].ttft_p99_s:.1f} s "
                     f"(vtc {by['vtc'].classes['batch'].ttft_p99_s:.1f})")
+    figures += "".join(f" | {attainment(by, c)}, attainable {ceilings[c]:.3f}"
+                       for c, _ in ATTAINMENT_GOALS if c in f.classes)
+    figures += f" | preemption cost {100 * f.work.preemption_cost:.2f}%"
     verdicts = "; ".join(f"{c.goal} {c.value:.3f} {c.verdict}" for c in cs)
     return (f"| {s.name} | {s.trace} | {s.load:g}x | {s.seed} | {verdicts} | {figures} | "
             f"{f.preemptions:,} (prio {p.preemptions:,}) | {f.rejected} |")
+
+
+def attainment(by: dict[str, PolicyReport], request_class: str) -> str:
+    """A class's attainment and goodput under fsched, and the best baseline's."""
+    f = by["fsched"].classes[request_class]
+    name, best = best_baseline(by, request_class)
+    other = by[name].classes[request_class]
+    return (f"{request_class} on target {f.on_target:.3f} ({name} {best:.3f}), "
+            f"goodput {f.goodput_per_s:.3g}/s ({name} {other.goodput_per_s:.3g})")
 
 
 def plot_cell(folder: Path, fmt: str, s: Scenario, by: dict[str, PolicyReport],
@@ -243,20 +306,23 @@ def main(argv: list[str] | None = None) -> int:
     config = SchedulerConfig()
     scales: dict[tuple[str, float], float] = {}
     lines, passed, total, unjudged, t0 = [HEADER], 0, 0, 0, time.perf_counter()
+    at_ceiling = 0
     for s in scenarios(args.quick, args.scenario, args.batch_only, args.seeds):
         key = (s.trace, s.load)
         if key not in scales:
             scales[key] = rate_scale(s.trace, s.load, limit, config)
-        by = run(s, limit, scales[key])
-        cs = checks(s, by)
+        by, ceilings = run(s, limit, scales[key])
+        cs = checks(s, by, ceilings)
         passed += sum(c.ok is True for c in cs)
         total += sum(c.ok is not None for c in cs)
         unjudged += sum(c.ok is None for c in cs)
-        lines.append(row(s, by, cs))
+        at_ceiling += sum(c.ceiling for c in cs)
+        lines.append(row(s, by, cs, ceilings))
         print(lines[-1], flush=True)
         if args.plot is not None:
             plot_cell(args.plot, args.plot_format, s, by, config)
-    summary = (f"{passed}/{total} goal checks pass ({unjudged} Jain checks not judged: both tenants waited "
+    summary = (f"{passed}/{total} goal checks pass ({at_ceiling} of them at a ceiling: the best baseline too "
+               f"close to 1 for the ratio; {unjudged} Jain checks not judged: both tenants waited "
                f"together under {MIN_BOTH_WAITING_S:.0f} s); limit {limit or 'all'} requests a trace; "
                f"rate scales {', '.join(f'{t} {ld:g}x={v:.3f}' for (t, ld), v in scales.items())}; "
                f"{time.perf_counter() - t0:.0f} s")

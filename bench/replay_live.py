@@ -254,9 +254,7 @@ def _fraction(v) -> str:
 
 def _goodput(doc: dict, c: str) -> str:
     stats = doc["classes"].get(c)
-    if not stats or not doc["makespan_s"]:
-        return "-"
-    return f"{stats['on_target'] * stats['count'] / doc['makespan_s']:.3g}"
+    return f"{stats['goodput_per_s']:.3g}" if stats else "-"
 
 
 # -- the run -------------------------------------------------------------------------------------------

@@ -171,14 +171,7 @@ class _progress:
 
 def replay_table(trace: str, run: LiveRun):
     """The simulator's table for the live run, then what only a live run has (pure)."""
-    from fsched.core.replay.report import goodput
-
-    report = run.report
-    table = comparison_table(trace, run.sent, [report], kind=f"live, {run.model}")
-    for request_class, stats in report.classes.items():
-        table.add_row(f"{request_class} on target", f"{stats.on_target:.3f}")
-    for request_class, value in goodput(report).items():
-        table.add_row(f"{request_class} goodput (on target/s)", f"{value:.3g}")
+    table = comparison_table(trace, run.sent, [run.report], kind=f"live, {run.model}")
     table.add_row("completed / sent", f"{run.completed:,} / {run.sent:,}")
     table.add_row("refused (HTTP 400) / failed", f"{run.refused:,} / {run.failed:,}")
     for message, count in run.errors.items():

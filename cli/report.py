@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 from fsched.cli.common import iso_time
 from fsched.core.jobs.jobstate import JobSummary
-from fsched.core.ports.records import DaemonSummary, OnlineGroup, TenantSummary
-from fsched.core.sched.shares import entitled_shares
+from fsched.core.ports.records import DaemonSummary, OnlineGroup, TenantSummary, newest_live_daemon
+from fsched.core.sched.attainment import merged
+from fsched.core.sched.shares import entitled_shares, fairness
 
 
 @dataclass(slots=True, frozen=True)
@@ -66,6 +67,28 @@ def tenant_json(tenant: TenantSummary, entitled: float | None) -> dict:
     }
 
 
+def slo_json(first_tokens: dict[str, list[int]]) -> dict:
+    """A tenant's first tokens, those on target and their ratio, per class."""
+    return {c: {"first_tokens": n, "on_target": on, "attainment": round(on / n, 4) if n else None}
+            for c, (n, on) in first_tokens.items()}
+
+
+def live_first_tokens(snapshot: StatusSnapshot) -> dict[str, dict[str, list[int]]]:
+    """First tokens and those on target, per tenant and class, summed over the live daemons (each
+    since it started)."""
+    return merged(d.stats.first_tokens for d in snapshot.daemons if d.alive(snapshot.now))
+
+
+def live_fairness(snapshot: StatusSnapshot) -> float | None:
+    """Jain's index over the tenants with work of recently served over entitled share (the newest
+    live daemon's decayed use); None without a live daemon or a tenant with work."""
+    newest = newest_live_daemon(snapshot.daemons, snapshot.now)
+    if newest is None:
+        return None
+    active = [t.name for t in snapshot.tenants if t.queued or t.running]
+    return fairness(newest.stats.served_share, {t.name: t.weight for t in snapshot.tenants}, active)
+
+
 def daemon_json(daemon: DaemonSummary, now: float) -> dict:
     return {
         "id": daemon.id,
@@ -83,9 +106,13 @@ def daemon_json(daemon: DaemonSummary, now: float) -> dict:
 
 def status_json(snapshot: StatusSnapshot) -> dict:
     entitled = tenant_entitlements(snapshot.tenants)
+    slo = live_first_tokens(snapshot)
+    jain = live_fairness(snapshot)
     return {
         "jobs": [job_json(j) for j in snapshot.jobs],
-        "tenants": [tenant_json(t, entitled[t.name]) for t in snapshot.tenants],
+        "tenants": [{**tenant_json(t, entitled[t.name]), "slo": slo_json(slo.get(t.name, {}))}
+                    for t in snapshot.tenants],
+        "fairness_jain": None if jain is None else round(jain, 4),
         "daemons": [daemon_json(d, snapshot.now) for d in snapshot.daemons],
         "online": [online_json(g) for g in snapshot.online],
     }

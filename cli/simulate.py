@@ -181,6 +181,11 @@ def comparison_table(trace: str, n: int, reports: list[PolicyReport], kind: str 
             cells = [_fmt(getattr(r.classes[request_class], key)) if request_class in r.classes else "-"
                      for r in reports]
             table.add_row(f"{request_class} {label}", *cells)
+        for key, label, fmt in (("on_target", "on target", "{:.3f}"),
+                                ("goodput_per_s", "goodput (on target/s)", "{:.3g}")):
+            cells = [fmt.format(getattr(r.classes[request_class], key)) if request_class in r.classes else "-"
+                     for r in reports]
+            table.add_row(f"{request_class} {label}", *cells)
     tenants = sorted({t for r in reports for t in r.tenants})
     for t in tenants:
         cells = []
@@ -193,6 +198,8 @@ def comparison_table(trace: str, n: int, reports: list[PolicyReport], kind: str 
     table.add_row("max wait", *[_fmt(r.max_wait_s) for r in reports])
     if kind == "simulated":
         table.add_row("preemptions", *[f"{r.preemptions:,}" for r in reports])
+        table.add_row("preemption cost (recomputed + parked / computed)",
+                      *[f"{100 * r.work.preemption_cost:.2f}%" for r in reports])
         table.add_row("backfilled", *[f"{r.backfilled:,}" for r in reports])
         table.add_row("refused (beyond the KV budget)", *[f"{r.rejected:,}" for r in reports])
     table.add_row("makespan", *[_fmt(r.makespan_s) for r in reports])

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.text import Text
 
 from fsched.cli.fit import Col, fitted_table, with_legend
-from fsched.cli.report import StatusSnapshot, tenant_entitlements
+from fsched.cli.report import StatusSnapshot, live_fairness, live_first_tokens, tenant_entitlements
 from fsched.core.jobs.jobstate import JobSummary
 from fsched.core.ports.records import DaemonSummary, OnlineGroup, TenantSummary, newest_live_daemon
 from fsched.core.sched.explain import RequestStanding
-from fsched.core.types import JobState, RequestStatus
+from fsched.core.types import JobState, RequestClass, RequestStatus
 
 STATE_STYLES = {
     JobState.QUEUED: "yellow",
@@ -85,13 +87,18 @@ def seconds(value: float | None) -> str:
 
 
 def tenants_table(tenants: list[TenantSummary], served: dict[str, float] | None = None, width: int = WIDE,
-                  wide: bool = False) -> Group:
+                  wide: bool = False, slo: Mapping[str, Mapping[str, list[int]]] | None = None,
+                  jain: float | None = None) -> Group:
     """Tenants with their entitled share; with `served` (a live daemon's served_share), the
-    dominant share each was recently served beside it, and a line saying which share is which."""
+    dominant share each was recently served beside it, and a line saying which share is which;
+    with `slo` (live_first_tokens), each tenant's first tokens on target per class; `jain`: the
+    fairness figure (live_fairness) under the table."""
     entitled = tenant_entitlements(tenants)
     cols = [Col("tenant"), Col("weight", justify="right"), Col("entitled", justify="right")]
     if served is not None:
         cols.append(Col("served recently", "served", justify="right"))
+    if slo is not None:
+        cols.append(Col("first token on target", "on target", drop=1))
     cols += [Col("active jobs", "jobs", drop=2, justify="right"), Col("queued", justify="right"),
              Col("running", justify="right")]
     rows = []
@@ -101,12 +108,26 @@ def tenants_table(tenants: list[TenantSummary], served: dict[str, float] | None 
         cells = [tenant.name, f"{tenant.weight:g}", Text(percent(share), style="" if active else "dim")]
         if served is not None:
             cells.append(served_cell(served.get(tenant.name, 0.0), share, bool(active)))
+        if slo is not None:
+            cells.append(attainment_cell(slo.get(tenant.name, {})))
         cells += [str(tenant.active_jobs), f"{tenant.queued:,}", f"{tenant.running:,}"]
         rows.append(cells)
     legend = SHARES_LEGEND if wide or width >= len(SHARES_LEGEND) + 2 else SHARES_LEGEND_SHORT
     if served is None:
         legend = legend.split(";")[0]
+    if jain is not None:
+        legend += f"; Jain's index of served over entitled: {jain:.3f}"
     return with_legend(fitted_table("Tenants", cols, rows, width, wide), Text("  " + legend, style="dim"))
+
+
+def attainment_cell(classes: Mapping[str, list[int]]) -> str:
+    """A tenant's first tokens on target per class: `realtime 98% of 1,204` ..., a dash for none."""
+    parts = []
+    for c in RequestClass:
+        n, on = classes.get(c.value, (0, 0))
+        if n:
+            parts.append(f"{c.value} {on / n:.0%} of {n:,}")
+    return "  ".join(parts) or NO_SHARE
 
 
 def percent(share: float | None) -> str:
@@ -131,9 +152,17 @@ def daemon_panel(daemon: DaemonSummary, now: float, width: int = WIDE) -> Panel:
          f"[bold]held[/] {s.held}", f"[bold]KV[/] {s.kv_tokens:,}/{s.kv_budget:,} tokens{kv_pct}"],
         [f"[bold]tok/s[/] {s.tok_s:,.1f}", f"[bold]step[/] {s.step_ms:.1f} ms", f"[bold]steps[/] {s.steps:,}",
          f"[bold]tokens[/] {s.tokens:,}", f"[bold]heartbeat[/] {daemon.heartbeat_age(now):.1f}s ago"],
+        [f"[bold]preemptions[/] {s.preemptions:,}", f"[bold]preemption cost[/] {preemption_cost(s)}"],
     ]
     lines = [line for items in groups for line in packed(items, width - 4)]
     return Panel("\n".join(lines), title="Daemon", title_align="left", expand=False)
+
+
+def preemption_cost(s) -> str:
+    """KV tokens recomputed or parked by preemptions over tokens computed, since the daemon started."""
+    if not s.tokens_computed:
+        return NO_SHARE
+    return f"{(s.tokens_recomputed + s.tokens_parked) / s.tokens_computed:.2%} of tokens computed"
 
 
 def packed(items: list[str], width: int, gap: str = "   ") -> list[str]:
@@ -206,9 +235,10 @@ def within_height(parts: list, console: Console, height: int) -> Group:
 def status_parts(snapshot: StatusSnapshot, width: int = WIDE, wide: bool = False) -> list:
     live = newest_live_daemon(snapshot.daemons, snapshot.now)
     served = dict(live.stats.served_share) if live is not None else None
+    slo = live_first_tokens(snapshot) if live is not None else None
     # The files and batches first, then the shares; a live view short of lines keeps these.
     parts = [jobs_table(snapshot.jobs, snapshot.now, width, wide),
-             tenants_table(snapshot.tenants, served, width, wide)]
+             tenants_table(snapshot.tenants, served, width, wide, slo, live_fairness(snapshot))]
     if snapshot.online:
         parts.append(online_table(snapshot.online, width, wide))
     if live is not None:

@@ -78,6 +78,7 @@
             cls: t.active ? "" : "dim" }),
         cell(pct(t.served_share), { metric: "fsched:tenant_served_share", value: t.served_share,
           labels: { tenant: t.name }, cls: off ? "off" : "" }),
+        cell(onTarget(t.slo)),
         cell(num(t.queued)), cell(num(t.running)),
         cell(num(t.generated_tokens), { metric: "fsched:generation_tokens_total", value: t.generated_tokens,
           labels: { tenant: t.name } }),
@@ -86,8 +87,16 @@
         cell(num(t.requests.done) + " / " + num(t.requests.failed) + " / " + num(t.requests.cancelled)),
       ], { tenant: t.name });
     });
-    table("tenants", [["tenant", true], "weight", "entitled", "served recently", "queued", "running",
+    table("tenants", [["tenant", true], "weight", "entitled", "served recently", "first token on target",
+      "queued", "running",
       "generated tokens", "prompt tokens", "done / failed / cancelled"], rows, "no tenants yet");
+  }
+
+  // A tenant's first tokens on target per class, over the live daemons since they started.
+  function onTarget(slo) {
+    const parts = CLASSES.filter((c) => slo[c] && slo[c].first_tokens).map((c) =>
+      c + " " + pct(slo[c].on_target / slo[c].first_tokens) + " of " + num(slo[c].first_tokens));
+    return parts.length ? parts.join("  ") : "–";
   }
 
   function weightEditor(t) {
@@ -184,7 +193,11 @@
     $("tile-toks").textContent = s.engine.tok_s.toFixed(0);
     const kv = s.daemons.filter((x) => x.state === "alive" && x.kv_use != null).map((x) => x.kv_use);
     $("tile-kv").textContent = kv.length ? pct(Math.max(...kv)) : "–";
-    $("tile-preempt").textContent = num(s.engine.preemptions);
+    $("tile-preempt").textContent = num(s.engine.preemptions) + (s.engine.preemption_cost == null ? "" :
+      " (" + (100 * s.engine.preemption_cost).toFixed(2) + "% of tokens)");
+    const jain = $("tile-jain");
+    jain.textContent = s.fairness_jain == null ? "–" : s.fairness_jain.toFixed(3);
+    jain.dataset.value = s.fairness_jain == null ? "" : String(s.fairness_jain);
     const parts = CLASSES.filter((c) => s.ttft[c]).map((c) => c + " " + secs(s.ttft[c].p50) + " / " +
       secs(s.ttft[c].p99) + " (" + s.ttft[c].count + ")");
     $("tile-ttft").textContent = parts.length ? parts.join("   ") : "no first token in the last minute";

@@ -15,9 +15,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fsched.core.runners.protocol import Preparing, RequestRefused, Runner, Wakeable
+from fsched.core.sched.accounting import WorkTally
+from fsched.core.sched.attainment import FirstTokenTally
 from fsched.core.sched.explain import RequestStanding, explain
 from fsched.core.sched.request import Request
 from fsched.core.sched.scheduler import Scheduler
@@ -56,6 +58,8 @@ class EngineSnapshot:
     kv_budget: int  # KV cache budget in tokens
     preemptions: int  # since the engine started
     requests: list[RequestStanding]  # running ones first, then waiting in admission order
+    first_tokens: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # FirstTokenTally.to_json
+    work: WorkTally = field(default_factory=WorkTally)  # tokens computed, recomputed or parked
 
 
 # An engine whose only requests wait on their grammar's compile waits this long for one, then steps
@@ -70,6 +74,7 @@ class _Preparing:
     request: Request
     future: Future
     arrival: float
+    waiting_since: float  # since when its first token is awaited (its time in the table included)
 
 
 class StepFailed(Exception):
@@ -123,6 +128,8 @@ class Engine:
         self.clock = clock
         self._requests: dict[RequestId, Request] = {}  # the live records it runs (the scheduler's too)
         self._preparing: dict[RequestId, _Preparing] = {}
+        self._waiting_since: dict[RequestId, float] = {}  # requests whose first token is still to come
+        self.first_tokens = FirstTokenTally()
         self.steps = 0
 
     @property
@@ -134,18 +141,21 @@ class Engine:
         if isinstance(self.runner, Wakeable):
             self.runner.wake_on(fd)
 
-    def add(self, request: Request) -> EngineResult | None:
+    def add(self, request: Request, queued_s: float = 0.0) -> EngineResult | None:
         """Queue a request (its record, from now on the scheduler's and this engine's to update); a
         request that can never run fails alone, at once. One whose grammar is still compiling waits
-        apart (off the step loop) and joins the queue once it is compiled."""
+        apart (off the step loop) and joins the queue once it is compiled. `queued_s`: how long it
+        waited in the table before, counted in its first token's wait."""
         now = self.clock()
+        since = now - max(0.0, queued_s)
         future = self.runner.prepare(request.params) if isinstance(self.runner, Preparing) else None
         if future is not None and not future.done():
-            self._preparing[request.id] = _Preparing(request, future, now)
+            self._preparing[request.id] = _Preparing(request, future, now, since)
             return None
-        return self._admit(request, future, now)
+        return self._admit(request, future, now, since)
 
-    def _admit(self, request: Request, prepared: Future | None, now: float) -> EngineResult | None:
+    def _admit(self, request: Request, prepared: Future | None, now: float, since: float
+               ) -> EngineResult | None:
         if prepared is not None and prepared.exception() is not None:
             return self._failed(request, f"response_format: {prepared.exception()}")
         request.arrival = now
@@ -166,6 +176,8 @@ class Engine:
             self.scheduler.cancel(request.id)
             return self._failed(request, str(exc))
         self._requests[request.id] = request
+        if not request.resumed:
+            self._waiting_since[request.id] = since
         return None
 
     def cancel(self, request_id: RequestId) -> bool:
@@ -176,6 +188,7 @@ class Engine:
         self.scheduler.cancel(request_id)
         self.runner.release(request_id)
         self._requests.pop(request_id, None)
+        self._waiting_since.pop(request_id, None)
         return True
 
     def step(self) -> StepReport | None:
@@ -202,6 +215,8 @@ class Engine:
         post = self.scheduler.postprocess(plan, result.outcome, now)
         self.steps += 1
         kv = self.runner.kv_tokens
+        for rid in result.tokens:
+            self._count_first_token(rid, now)
         finished = refused
         finished += [self._finish(rid, check.finished) for rid, check in result.finished.items()]
         # A remote engine can refuse one request (its own error answer): it fails alone.
@@ -226,7 +241,7 @@ class Engine:
         refused = []
         for rid in [rid for rid, p in self._preparing.items() if p.future.done()]:
             p = self._preparing.pop(rid)
-            failed = self._admit(p.request, p.future, p.arrival)
+            failed = self._admit(p.request, p.future, p.arrival, p.waiting_since)
             if failed is not None:
                 refused.append(failed)
         return refused
@@ -277,6 +292,8 @@ class Engine:
             kv_budget=self.scheduler.config.kv_tokens,
             preemptions=self.scheduler.preemptions,
             requests=explain(self.scheduler, self.clock()),
+            first_tokens=self.first_tokens.to_json(),
+            work=replace(self.scheduler.work),
         )
 
     def output(self, request_id: RequestId) -> tuple[list[int], str]:
@@ -319,6 +336,7 @@ class Engine:
         )
         self.runner.release(rid)
         self._requests.pop(rid, None)
+        self._waiting_since.pop(rid, None)
         return result
 
     def _refused(self, rid: RequestId, error: str) -> EngineResult:
@@ -326,6 +344,7 @@ class Engine:
         tokens = self.runner.generated(rid)
         self.scheduler.cancel(rid)  # while its status still says where the scheduler holds it
         self.runner.release(rid)
+        self._waiting_since.pop(rid, None)
         result = self._failed(self._requests.pop(rid), error)
         result.tokens = tokens
         return result
@@ -340,3 +359,10 @@ class Engine:
             prompt_tokens=len(request.prompt),
             error=error,
         )
+
+    def _count_first_token(self, rid: RequestId, now: float) -> None:
+        since = self._waiting_since.pop(rid, None)
+        request = self._requests.get(rid)
+        if since is not None and request is not None:
+            target = self.scheduler.config.target_s(request.request_class)
+            self.first_tokens.record(request.tenant, request.request_class, now - since, target)

@@ -333,7 +333,8 @@ class Daemon:
                                claimed.lease_epoch)
             return
         self.held.add(request)
-        failed = self.engine.add(request)
+        # its time in the table so far counts toward its first token's wait
+        failed = self.engine.add(request, queued_s=self.clock() - claimed.enqueued_at)
         if failed is not None:
             self.held.pop(claimed.id)
             self.writer.failed(claimed.id, failed.error or "rejected", failed.tokens, claimed.lease_epoch)
@@ -388,6 +389,10 @@ class Daemon:
             fenced_writes=self.fenced_writes,
             lost_leases=self.lost_leases,
             preemptions=engine.preemptions,
+            first_tokens=engine.first_tokens,
+            tokens_computed=engine.work.computed,
+            tokens_recomputed=engine.work.recomputed,
+            tokens_parked=engine.work.parked,
             requests=tuple(engine.requests),
             link=self.link.address if self.link is not None else None,
         )

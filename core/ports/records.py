@@ -153,6 +153,11 @@ class DaemonStats:
     fenced_writes: int = 0  # writes the table refused: leases it had lost
     lost_leases: int = 0  # held requests dropped because another claim took them
     preemptions: int = 0  # since the daemon started
+    # {tenant: {class: [first tokens, of them within the class's target]}} since the daemon started
+    first_tokens: Mapping[str, Mapping[str, list[int]]] = field(default_factory=dict)
+    tokens_computed: int = 0  # since the daemon started: every prefill and decode token
+    tokens_recomputed: int = 0  # KV dropped by preemptions (prefilled again)
+    tokens_parked: int = 0  # KV copied to the host by preemptions
     requests: tuple[RequestStanding, ...] = ()  # running ones first, then waiting in admission order
     link: str | None = None  # host:port where HTTP servers reach it for pushed wake-ups and tokens
 
@@ -164,7 +169,10 @@ class DaemonStats:
             "served_share": dict(self.served_share), "weights": dict(self.weights),
             "weights_applied_at": self.weights_applied_at, "lease_s": self.lease_s,
             "fenced_writes": self.fenced_writes, "lost_leases": self.lost_leases,
-            "preemptions": self.preemptions, "requests": [r.to_json() for r in self.requests],
+            "preemptions": self.preemptions,
+            "first_tokens": {t: dict(c) for t, c in self.first_tokens.items()},
+            "tokens_computed": self.tokens_computed, "tokens_recomputed": self.tokens_recomputed,
+            "tokens_parked": self.tokens_parked, "requests": [r.to_json() for r in self.requests],
             "link": self.link,
         }
 

@@ -113,13 +113,6 @@ def _tokens_within(r: Served, window: Window) -> float:
     return first + rest * inside / (r.finish_s - r.first_token_s)
 
 
-def goodput(report: PolicyReport) -> dict[str, float]:
-    """Requests on target per second of the run, per class."""
-    if report.makespan_s <= 0:
-        return {c: 0.0 for c in report.classes}
-    return {c: s.on_target * s.count / report.makespan_s for c, s in report.classes.items()}
-
-
 @dataclass(slots=True)
 class LiveRun:
     """A replay's report and what only a live run has: what failed, how prompts were sized."""
@@ -141,7 +134,7 @@ class LiveRun:
 
     def to_json(self) -> dict:
         own = {k: getattr(self, k) for k in self.__slots__ if k != "report"}
-        return {**own, "goodput_per_s": goodput(self.report), "report": self.report.to_json()}
+        return {**own, "report": self.report.to_json()}
 
 
 def live_report(label: str, observed: Sequence[Observed], weights: Mapping[str, float], *, url: str,

@@ -29,6 +29,47 @@ class TenantStep:
     precedence: TenantCharge = field(default_factory=TenantCharge)  # its realtime and streaming part
 
 
+@dataclass(slots=True)
+class WorkTally:
+    """Tokens the engine processed, and what preemption cost of them.
+
+    `recomputed`: KV tokens dropped by a preemption (prefilled again on
+    resume); `parked`: KV tokens copied to the host pool by one (copied back
+    on resume). Preemption's cost is both over the tokens computed.
+    """
+
+    computed: int = 0
+    recomputed: int = 0
+    parked: int = 0
+
+    @property
+    def preemption_cost(self) -> float:
+        """Tokens recomputed or parked as a share of tokens computed (0 before any)."""
+        return (self.recomputed + self.parked) / self.computed if self.computed else 0.0
+
+
+class PrefillStepTimer:
+    """The measured seconds of an engine step with prefill: a moving mean over about the last
+    `STEPS` such steps (the first one alone at first; 0 before any)."""
+
+    # Enough that one odd step moves it little, few enough that it follows a change of load within
+    # a second or two of engine time.
+    STEPS = 16
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def observe(self, plan: Plan, outcome: Outcome) -> None:
+        """Fold in a step that ran (a plan without prefill leaves it as it was)."""
+        if not plan.prefill:
+            return
+        if self.seconds == 0.0:
+            self.seconds = outcome.elapsed_s
+        else:
+            self.seconds += (outcome.elapsed_s - self.seconds) / self.STEPS
+
+
 def expected_decode(r: Request) -> int:
     """Decode tokens an admitted request is reserved for: what max_tokens leaves.
 

@@ -59,6 +59,14 @@ class SchedulerConfig:
     # scores (one request's reservation against minutes of decayed usage)
     # does not flip a tenant in and out of its share.
     share_slack: float = 0.05
+    # Inside a tenant's realtime or streaming line the shortest prefill that
+    # can still make its target goes first (lines.py); a request that has
+    # waited this many times its class's target goes ahead of those, oldest
+    # first, so no wait grows without bound behind shorter work. 4: realtime
+    # ages at 2 s, streaming at 8 s, well after either target is lost (a
+    # request aging earlier would displace ones still on time), and short
+    # against what an interactive caller tolerates before giving up.
+    aging_factor: float = 4.0
     # A (re)admitted request runs at least this many engine steps before it
     # can be preempted again: no thrashing, and preempted work progresses.
     # 16 steps ~ 0.3-0.5 s of decoding: below the realtime target.
@@ -105,6 +113,8 @@ class SchedulerConfig:
         _positive_finite("default_weight", self.default_weight)
         for name in ("realtime_target_s", "streaming_target_s", "batch_target_s"):
             _positive_finite(name, getattr(self, name))
+        if not (math.isfinite(self.aging_factor) and self.aging_factor >= 1):
+            raise ValueError("aging_factor must be a finite number >= 1 (a request ages after its target)")
         if not (math.isfinite(self.share_slack) and self.share_slack >= 0):
             raise ValueError("share_slack must be a finite number >= 0")
         _positive_int("min_quantum_steps", self.min_quantum_steps)

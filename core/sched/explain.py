@@ -89,6 +89,6 @@ def explain(scheduler: Scheduler, now: float, running_limit: int = 8,
             late=waiting and r.generated == 0 and now - r.arrival > config.target_s(r.request_class),
         )
 
-    running = sorted(scheduler.running.values(), key=lambda r: policy.running_rank(r, stand))
+    running = sorted(scheduler.running.values(), key=lambda r: policy.running_rank(r, stand, now))
     waiting = sorted(scheduler.waiting(), key=lambda r: policy.rank(r, now, stand))
     return [row(r) for r in [*running[:running_limit], *waiting[:waiting_limit]]]

@@ -4,9 +4,10 @@ A policy says how requests are ordered and which running request a waiter
 may displace; never what the batch holds (the mechanism in `scheduler.py`
 is the same for all four).
 
-* Waiting requests sit in per-group heaps (`group`), each in arrival
-  order: everything in a group shares the parts of the rank that do not
-  depend on arrival, so the oldest member is the group's best.
+* Waiting requests sit in per-group lines (`group`, `line`: lines.py):
+  everything in a group shares every part of the rank but the last, the
+  order inside the group (arrival for the baselines; by deadline for
+  fsched), so the line's head is the group's best.
 * `rank` is the total order (smaller first). It is `compose(static_rank,
   standing)`: the part that depends only on the request, and the standing
   of its tenant (`Standing`: score, within its share, precedence). Within
@@ -18,15 +19,16 @@ fsched's order has two tiers:
 1. **Precedence**: realtime and streaming work of tenants whose recent
    realtime and streaming use is within their share; by class, then the
    tenant's score (the one further below its share first), then within the
-   tenant by base priority and arrival: a base priority orders its own
-   tenant's work only, so a label never puts one tenant ahead of another.
+   tenant by base priority and the order inside its class (lines.py:
+   what can still make its target first, aging bounding every wait): a
+   base priority orders its own tenant's work only, so a label never puts one tenant ahead of another.
    Only precedence work may preempt: work outside precedence, then
    precedence work of a worse class of its own tenant, or of a tenant whose
    score is above its tenant's.
 2. **Share**: everything else, by tenant score (weighted dominant use,
    lowest first, as DRF), then within the tenant by class, priority and
-   arrival: a request waits only behind its own tenant's older work of its
-   class, so the longest waiter of a class is next in its tenant's line.
+   the order inside the class: a request waits only behind its own
+   tenant's work of its class.
 
 A tenant beyond its share competes in the second tier with all its work,
 however it labels it: labels order a tenant's work, the weights order the
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.lines import ArrivalLine, DeadlineLine, Line, arrival_key, deadline_key
 from fsched.core.sched.request import Request
 from fsched.core.sched.usage import DrfMeter, NullMeter, TenantMeter, VtcMeter
 from fsched.core.types import RequestClass
@@ -85,11 +88,12 @@ class Policy(Protocol):
     meter: TenantMeter
 
     def group(self, r: Request) -> Hashable: ...
+    def line(self, r: Request) -> Line: ...
     def partition(self, r: Request) -> str: ...
     def static_rank(self, r: Request, now: float) -> tuple: ...
     def compose(self, static: tuple, standing: Standing) -> tuple: ...
     def rank(self, r: Request, now: float, stand: Mapping[str, Standing]) -> tuple: ...
-    def running_rank(self, r: Request, stand: Mapping[str, Standing]) -> tuple: ...
+    def running_rank(self, r: Request, stand: Mapping[str, Standing], now: float) -> tuple: ...
     def may_preempt(self, waiter: Request, now: float, stand: Mapping[str, Standing]) -> bool: ...
     def victim_order(self, waiter: Request, victim: Request,
                      stand: Mapping[str, Standing]) -> tuple | None: ...
@@ -110,6 +114,10 @@ class Fcfs:
     def group(self, r: Request) -> Hashable:
         return ()
 
+    def line(self, r: Request) -> Line:
+        """The order inside `r`'s group (lines.py): by arrival."""
+        return ArrivalLine()
+
     def partition(self, r: Request) -> str:
         return ""  # no tenants: one partition
 
@@ -123,7 +131,7 @@ class Fcfs:
         """The total order of waiting requests (smaller first)."""
         return self.compose(self.static_rank(r, now), stand.get(self.partition(r), Standing()))
 
-    def running_rank(self, r: Request, stand: Mapping[str, Standing]) -> tuple:
+    def running_rank(self, r: Request, stand: Mapping[str, Standing], now: float) -> tuple:
         return (r.arrival, r.seq)
 
     def may_preempt(self, waiter: Request, now: float, stand: Mapping[str, Standing]) -> bool:
@@ -149,7 +157,7 @@ class StrictPriority(Fcfs):
     def static_rank(self, r: Request, now: float) -> tuple:
         return (r.request_class.band, r.priority, r.arrival, r.seq)
 
-    def running_rank(self, r: Request, stand: Mapping[str, Standing]) -> tuple:
+    def running_rank(self, r: Request, stand: Mapping[str, Standing], now: float) -> tuple:
         return (r.request_class.band, r.priority, r.arrival, r.seq)
 
     def may_preempt(self, waiter: Request, now: float, stand: Mapping[str, Standing]) -> bool:
@@ -159,7 +167,7 @@ class StrictPriority(Fcfs):
                      stand: Mapping[str, Standing]) -> tuple | None:
         if (waiter.request_class.band, waiter.priority) >= (victim.request_class.band, victim.priority):
             return None
-        return self.running_rank(victim, stand)
+        return (victim.request_class.band, victim.priority, victim.arrival, victim.seq)
 
 
 class Vtc(Fcfs):
@@ -181,7 +189,7 @@ class Vtc(Fcfs):
     def compose(self, static: tuple, standing: Standing) -> tuple:
         return (standing.score, *static)
 
-    def running_rank(self, r: Request, stand: Mapping[str, Standing]) -> tuple:
+    def running_rank(self, r: Request, stand: Mapping[str, Standing], now: float) -> tuple:
         return (stand[r.tenant].score, r.arrival, r.seq)
 
 
@@ -206,11 +214,22 @@ class FschedPolicy(Fcfs):
     def group(self, r: Request) -> Hashable:
         return (r.tenant, r.request_class.band, r.priority)
 
+    def line(self, r: Request) -> Line:
+        """Realtime and streaming by deadline (lines.py: the shortest prefill that can still make
+        its target first, late work behind, aging bounding every wait); batch by arrival."""
+        return DeadlineLine(self.config) if r.request_class.band < BATCH_BAND else ArrivalLine()
+
     def partition(self, r: Request) -> str:
         return r.tenant
 
+    def _inner(self, r: Request, now: float) -> tuple:
+        """The order inside the group (always the rank's last part: it moves with time)."""
+        if r.request_class.band < BATCH_BAND:
+            return deadline_key(r, now, self.config)
+        return arrival_key(r)
+
     def static_rank(self, r: Request, now: float) -> tuple:
-        return (r.request_class.band, r.tenant, r.priority, r.arrival, r.seq)
+        return (r.request_class.band, r.tenant, r.priority, *self._inner(r, now))
 
     def compose(self, static: tuple, standing: Standing) -> tuple:
         band, tenant, *own = static
@@ -220,11 +239,9 @@ class FschedPolicy(Fcfs):
             return (0, band, standing.score, tenant, *own)
         return (1, standing.score, tenant, band, *own)  # share tier: DRF across tenants
 
-    def running_rank(self, r: Request, stand: Mapping[str, Standing]) -> tuple:
-        standing = stand[r.tenant]
-        if r.request_class.band < BATCH_BAND and standing.precedence:
-            return (0, r.request_class.band, standing.score, r.tenant, r.priority, r.arrival, r.seq)
-        return (1, standing.score, r.tenant, r.request_class.band, r.priority, r.arrival, r.seq)
+    def running_rank(self, r: Request, stand: Mapping[str, Standing], now: float) -> tuple:
+        # as `rank`: a running request's prefill chunks go in this order (planning.py)
+        return self.compose(self.static_rank(r, now), stand[r.tenant])
 
     def may_preempt(self, waiter: Request, now: float, stand: Mapping[str, Standing]) -> bool:
         # Only realtime and streaming work with precedence displaces others:

@@ -120,12 +120,12 @@ def _checkpoints(victims: list[Request], host: int, config: SchedulerConfig
 
 
 def memory_victim(running: Iterable[Request], policy: Policy, stand: Mapping[str, Standing],
-                  min_quantum: int) -> Request | None:
+                  min_quantum: int, now: float) -> Request | None:
     """The last-ranked running request past its minimum quantum (any, when none is):
     whom decode growth past the KV budget evicts."""
     worst = worst_any = None
     for r in running:
-        rank = policy.running_rank(r, stand)
+        rank = policy.running_rank(r, stand, now)
         if worst_any is None or rank > worst_any[0]:
             worst_any = (rank, r)
         if r.run_steps >= min_quantum and (worst is None or rank > worst[0]):

@@ -53,6 +53,11 @@ class Request:
     res_gpu: float = 0.0  # usage granted by the tenant meter and not yet used:
     res_kv: float = 0.0  # GPU seconds and KV token-seconds
     seq: int = 0  # admission-order tie-breaker, unique per scheduler
+    # First-token timing, set when it starts waiting (lines.stamp): its class's target after its
+    # arrival, when that target goes out of reach, when it has waited its aging limit.
+    deadline: float = float("inf")
+    late_at: float = float("inf")
+    aged_at: float = float("inf")
 
     # What runs: the prompt's token ids, how to sample, the tokens (and their logprobs) it produced
     # before a restart. Empty for a simulated request.

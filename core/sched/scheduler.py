@@ -30,9 +30,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from fsched.core.sched.accounting import apply_step, expected_decode
+from fsched.core.sched.accounting import PrefillStepTimer, WorkTally, apply_step, expected_decode
 from fsched.core.sched.backfill import BACKFILL_SCAN, backfills, reserve_for
 from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.lines import stamp
 from fsched.core.sched.plan import Outcome, Plan, Preemption
 from fsched.core.sched.planning import compose_plan
 from fsched.core.sched.policy import Policy, Standing, make_policy, standings
@@ -85,6 +86,8 @@ class Scheduler:
         self._now = 0.0  # latest time seen (cancel() takes none)
         self._seq = itertools.count()
         self.preemptions = 0
+        self.work = WorkTally()  # tokens computed, and recomputed or parked by preemptions
+        self.prefill_step = PrefillStepTimer()  # when a request's target goes out of reach (lines.py)
         self.backfilled = 0  # admitted behind a head that did not fit
         self._batch_cap = self.config.max_batch  # a temporary limit below max_batch (cap_batch)
         self._batch_cap_until = 0  # ... in force while self._step is below this
@@ -153,6 +156,7 @@ class Scheduler:
             self.meter.activate(r.tenant, self.backlogged_tenants(), now)
         self._tenant_waiting[r.tenant] += 1
         r.wait_since = now
+        stamp(r, self.config, self.prefill_step.seconds)
         self._waiting.push(r, now)
 
     def cancel(self, request_id: RequestId) -> bool:
@@ -176,12 +180,9 @@ class Scheduler:
         self.meter.set_weight(tenant, weight)
 
     def limit_batch(self, max_batch: int) -> None:
-        """Change `max_batch` from the next `schedule()` on (validated like any config).
-
-        Requests running beyond a lowered limit are not evicted; none is
-        admitted until the batch is under it. The daemon halves the batch
-        this way when a step runs out of device memory.
-        """
+        """Change `max_batch` from the next `schedule()` on (validated like any config). Requests
+        running beyond a lowered limit are not evicted; none is admitted until the batch is under
+        it. The daemon halves the batch this way when a step runs out of device memory."""
         self.config = replace(self.config, max_batch=max_batch)
 
     def cap_batch(self, rows: int, steps: int) -> None:
@@ -200,12 +201,13 @@ class Scheduler:
         b = _StepBuilder()
         scores = self.meter.scores([t for t, n in self._tenant_live.items() if n > 0], now)
         stand = self.standings(now, scores)
-        while self._kv_committed > self.config.kv_tokens and self._running:
-            victim = memory_victim(self._running.values(), self.policy, stand, self.config.min_quantum_steps)
-            self._preempt(victim, checkpoint_for(victim, self._host_free(), self.config)
-                          or Checkpoint.RECOMPUTE, b, now)
+        cfg = self.config
+        while self._kv_committed > cfg.kv_tokens and self._running:
+            victim = memory_victim(self._running.values(), self.policy, stand, cfg.min_quantum_steps, now)
+            how = checkpoint_for(victim, self._host_free(), cfg) or Checkpoint.RECOMPUTE
+            self._preempt(victim, how, b, now)
         stand = self._admit(scores, stand, b, now)
-        return self._compose(stand, b)
+        return self._compose(stand, b, now)
 
     def _admit(self, scores: dict[str, float], stand: dict[str, Standing], b: _StepBuilder,
                now: float) -> dict[str, Standing]:
@@ -304,9 +306,11 @@ class Scheduler:
         if checkpoint is Checkpoint.PARK and kv > 0:
             self._host_used += kv  # parked: preempted with its KV computed (see `parked`)
             b.swap_tokens += kv
+            self.work.parked += kv
         else:
             checkpoint = Checkpoint.RECOMPUTE
             r.computed = 0
+            self.work.recomputed += kv
         b.preempted.append(Preemption(r.id, checkpoint, kv))
         b.touched.add(r.id)
         r.status = RequestStatus.PREEMPTED
@@ -314,9 +318,9 @@ class Scheduler:
         self.preemptions += 1
         self._enqueue(r, now)
 
-    def _compose(self, stand: Mapping[str, Standing], b: _StepBuilder) -> Plan:
+    def _compose(self, stand: Mapping[str, Standing], b: _StepBuilder, now: float) -> Plan:
         rank = self.policy.running_rank
-        return compose_plan(self._step, self._running.values(), lambda r: rank(r, stand), self.config,
+        return compose_plan(self._step, self._running.values(), lambda r: rank(r, stand, now), self.config,
                             (b.preempted, b.resumed, b.admitted), self._kv_committed, b.swap_tokens,
                             quantum_ends=len(self._waiting) > 0 and self.policy.preemptive)
 
@@ -334,6 +338,7 @@ class Scheduler:
         charges: dict[str, TenantCharge] = {}
         for tenant, t in totals.items():
             charges[tenant] = t.charge
+            self.work.computed += t.charge.prefill_tokens + t.charge.decode_tokens
             self._kv_committed += t.generated
             if t.reserved_gpu_s or t.reserved_kv_token_s:
                 self.meter.release(tenant, t.reserved_gpu_s, t.reserved_kv_token_s)
@@ -343,6 +348,7 @@ class Scheduler:
         for rid in finished:
             self._finish(self._running[rid])
         self._step += outcome.steps
+        self.prefill_step.observe(plan, outcome)
         self.meter.charge(charges, outcome.elapsed_s, now, outcome.steps)
         self._precedence.charge({t: s.precedence for t, s in totals.items()}, outcome.elapsed_s, now)
         return PostprocessResult(charges, tuple(finished))

@@ -23,7 +23,7 @@ daemon's status figure:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 
 def dominant_use(gpu_s: float, kv_token_s: float, kv_capacity: float, window_s: float = 1.0) -> float:
@@ -62,3 +62,23 @@ def entitled_shares(weights: Mapping[str, float], active: Iterable[str]) -> dict
         total = active_total if name in active else active_total + weight
         shares[name] = weight / total if total > 0 else 0.0
     return shares
+
+
+def jain_index(xs: Sequence[float]) -> float:
+    """Jain's fairness index: 1 when all equal, 1/n when one takes all."""
+    if not xs:
+        return 1.0
+    sq = sum(x * x for x in xs)
+    return 1.0 if sq == 0 else sum(xs) ** 2 / (len(xs) * sq)
+
+
+def fairness(served: Mapping[str, float], weights: Mapping[str, float],
+             active: Iterable[str]) -> float | None:
+    """Jain's index over the `active` tenants of served over entitled share (1 when each gets its
+    weight's share); None with no active tenant or no served share to judge."""
+    active = [t for t in active if t in weights]
+    if not active or not served:
+        return None
+    entitled = entitled_shares(weights, active)
+    return jain_index([served.get(t, 0.0) / entitled[t] for t in active])
+

@@ -3,9 +3,12 @@
 Two layers:
 
 * **Groups** (`policy.group`): requests that share every part of the rank
-  except their arrival. Each group is a heap in arrival order, so its head
+  but its last, the order inside the group (`policy.line`, lines.py: by
+  arrival, or by deadline for realtime and streaming work). A line's head
   is its best member at any time (a preempted request keeps its arrival and
-  so its place in line).
+  so its place in line). A line's order may move with time (a request
+  going late), so the part of the rank it gives must come after every part
+  that tells two groups of one partition apart.
 * **Partitions** (`policy.partition` (the tenant), class band): a heap of
   group heads keyed by the score-free `static_rank`. Within a partition
   every request has the same tenant standing, so this order is the rank
@@ -21,20 +24,21 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Iterator, Mapping
 
+from fsched.core.sched.lines import Line
 from fsched.core.sched.policy import Policy, Standing
 from fsched.core.sched.request import Request
 
-_Entry = tuple[tuple, Request]
 _NEUTRAL = Standing()
 
 
 class _Group:
-    __slots__ = ("key", "band", "heap", "version")
+    __slots__ = ("key", "band", "line", "head", "version")
 
-    def __init__(self, key: Hashable, band: int) -> None:
+    def __init__(self, key: Hashable, band: int, line: Line) -> None:
         self.key = key
         self.band = band  # class band shared by the members
-        self.heap: list[_Entry] = []
+        self.line = line
+        self.head: Request | None = None  # the best member when last filed
         self.version = 0
 
 
@@ -55,60 +59,50 @@ class WaitQueue:
 
     def __iter__(self) -> Iterator[Request]:
         for g in self._groups.values():
-            for _, r in g.heap:
-                yield r
+            yield from g.line
 
     # ----------------------------------------------------------- mutation
     def push(self, r: Request, now: float) -> None:
         key = self._policy.group(r)
         g = self._groups.get(key)
         if g is None:
-            g = self._groups[key] = _Group(key, r.request_class.band)
-        heapq.heappush(g.heap, ((r.arrival, r.seq), r))
+            g = self._groups[key] = _Group(key, r.request_class.band, self._policy.line(r))
+        g.line.push(r, now)
         self._len += 1
-        if g.heap[0][1] is r:
-            self._refresh(g, now)
+        self._refile(g, now)
 
     def pop_head(self, r: Request, now: float) -> None:
         """Remove `r`, which must be the head of its group (as `best` returns)."""
         g = self._groups[self._policy.group(r)]
-        if g.heap[0][1] is not r:
+        if g.line.head(now) is not r:
             raise ValueError(f"{r.id} is not at the head of its group")
-        heapq.heappop(g.heap)
-        self._len -= 1
-        self._refresh(g, now)
+        self.remove(r, now)
 
     def take(self, r: Request, now: float) -> None:
-        """Remove `r`, wherever it is in its group (the head: O(log n))."""
-        g = self._groups[self._policy.group(r)]
-        if g.heap[0][1] is r:
-            self.pop_head(r, now)
-        elif not self.remove(r, now):
+        """Remove `r`, wherever it is in its group."""
+        if not self.remove(r, now):
             raise ValueError(f"{r.id} is not waiting")
 
     def remove(self, r: Request, now: float) -> bool:
-        """Remove `r` from anywhere in its group (cancellation): O(group size)."""
+        """Remove `r` from anywhere in its group (cancellation, admission)."""
         g = self._groups.get(self._policy.group(r))
-        if g is None:
+        if g is None or not g.line.pop(r):
             return False
-        for i, (_, other) in enumerate(g.heap):
-            if other is r:
-                g.heap[i] = g.heap[-1]
-                g.heap.pop()
-                heapq.heapify(g.heap)
-                self._len -= 1
-                self._refresh(g, now)
-                return True
-        return False
+        self._len -= 1
+        self._refile(g, now)
+        return True
 
-    def _refresh(self, g: _Group, now: float) -> None:
+    def _refile(self, g: _Group, now: float) -> None:
         """Re-file a group whose head may have changed."""
+        head = g.line.head(now)
+        if head is g.head and head is not None:
+            return
         g.version += 1
-        if not g.heap:
+        g.head = head
+        if head is None:
             del self._groups[g.key]
             return
         policy = self._policy
-        head = g.heap[0][1]
         part = self._parts.setdefault((policy.partition(head), g.band), [])
         self._tick += 1
         heapq.heappush(part, (policy.static_rank(head, now), g.version, self._tick, g, head))
@@ -119,39 +113,33 @@ class WaitQueue:
     # ------------------------------------------------------------- queries
     def best(self, now: float, stand: Mapping[str, Standing]) -> tuple[tuple, Request] | None:
         """The best waiting request and its rank, or None when there is none."""
-        compose = self._policy.compose
+        compose, static_rank = self._policy.compose, self._policy.static_rank
         best: tuple[tuple, Request] | None = None
         for part_key, part in list(self._parts.items()):
-            while part and not self._current(part[0][1], part[0][3]):
-                heapq.heappop(part)
-            if not part:
+            head = self._top(part, now)
+            if head is None:
                 del self._parts[part_key]
                 continue
-            static, _, _, _, head = part[0]
-            rank = compose(static, stand.get(part_key[0], _NEUTRAL))
+            rank = compose(static_rank(head, now), stand.get(part_key[0], _NEUTRAL))
             if best is None or rank < best[0]:
                 best = (rank, head)
         return best
 
+    def _top(self, part: list, now: float) -> Request | None:
+        """The best head of a partition's heap at `now`: stale entries dropped, a group whose
+        best member changed with time (lines.py: a request late, or aged) re-filed."""
+        while part:
+            _, version, _, g, head = part[0]
+            if not self._current(version, g):
+                heapq.heappop(part)
+            elif g.line.head(now) is not head:
+                self._refile(g, now)
+            else:
+                return head
+        return None
+
     def ranked(self, now: float, stand: Mapping[str, Standing], limit: int) -> list[Request]:
-        """The first `limit` waiting requests in rank order: the `limit` oldest of
+        """The first `limit` waiting requests in rank order: the `limit` best of
         each group, ranked with their tenant's standing."""
-        oldest = [r for g in self._groups.values() for r in _oldest(g.heap, limit)]
-        return heapq.nsmallest(limit, oldest, key=lambda r: self._policy.rank(r, now, stand))
-
-
-def _oldest(heap: list[_Entry], k: int) -> Iterator[Request]:
-    """The k smallest entries of a heap, smallest first, in O(k log k): a
-    best-first walk down the heap's tree, whose children never precede
-    their parent."""
-    if not heap:
-        return
-    frontier = [(heap[0][0], 0)]
-    for _ in range(k):
-        if not frontier:
-            return
-        _, i = heapq.heappop(frontier)
-        yield heap[i][1]
-        for child in (2 * i + 1, 2 * i + 2):
-            if child < len(heap):
-                heapq.heappush(frontier, (heap[child][0], child))
+        best = [r for g in self._groups.values() for r in g.line.first(limit, now)]
+        return heapq.nsmallest(limit, best, key=lambda r: self._policy.rank(r, now, stand))

@@ -6,6 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from fsched.core.sched.accounting import WorkTally
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.shares import entitled_shares, served_shares
 from fsched.core.sched.usage import TenantCharge
@@ -63,7 +64,8 @@ class ClassStats:
     jct_p50_s: float | None
     jct_p99_s: float | None
     max_wait_s: float = 0.0
-    on_target: float = 1.0  # fraction whose first token came within the class's target
+    on_target: float = 1.0  # fraction whose first token came within the class's target (attainment)
+    goodput_per_s: float = 0.0  # requests on target per second of the run
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -100,6 +102,7 @@ class PolicyReport:
     makespan_s: float
     tenant_classes: dict[str, dict[str, ClassStats]] = field(default_factory=dict)
     preemptions: int = 0
+    work: WorkTally = field(default_factory=WorkTally)  # tokens computed, and recomputed or parked
     backfilled: int = 0  # requests admitted behind a head that did not fit
     rejected: int = 0  # requests longer than the KV budget, refused on arrival
     # Diagnostics outside the JSON.
@@ -122,16 +125,21 @@ class PolicyReport:
             "jain_index": self.jain_index,
             "max_wait_s": self.max_wait_s,
             "preemptions": self.preemptions,
+            "preemption_cost": self.work.preemption_cost,
+            "tokens_computed": self.work.computed,
+            "tokens_recomputed": self.work.recomputed,
+            "tokens_parked": self.work.parked,
             "backfilled": self.backfilled,
             "rejected": self.rejected,
             "makespan_s": self.makespan_s,
         }
 
 
-def class_stats(tracks: Iterable[Track], target_s: float) -> ClassStats:
-    """Latency figures of one set of finished requests."""
+def class_stats(tracks: Iterable[Track], target_s: float, makespan_s: float = 0.0) -> ClassStats:
+    """Latency figures of one set of finished requests; goodput over `makespan_s` (0: none)."""
     trs = list(tracks)
     ttft = [tr.ttft_s for tr in trs]
+    on_target = sum(t <= target_s for t in ttft)
     jct = [tr.jct_s for tr in trs]
     tpot = [(tr.finish_s - tr.first_token_s) / (tr.req.output_tokens - 1) for tr in trs
             if tr.req.output_tokens > 1]
@@ -144,15 +152,17 @@ def class_stats(tracks: Iterable[Track], target_s: float) -> ClassStats:
         jct_p50_s=percentile(jct, 50),
         jct_p99_s=percentile(jct, 99),
         max_wait_s=max((tr.max_wait_s for tr in trs), default=0.0),
-        on_target=sum(t <= target_s for t in ttft) / len(ttft) if ttft else 1.0,
+        on_target=on_target / len(ttft) if ttft else 1.0,
+        goodput_per_s=on_target / makespan_s if makespan_s > 0 else 0.0,
     )
 
 
-def _by_class(tracks: Iterable[Track], config: SchedulerConfig) -> dict[str, ClassStats]:
+def _by_class(tracks: Iterable[Track], config: SchedulerConfig, makespan_s: float) -> dict[str, ClassStats]:
     groups: dict[RequestClass, list[Track]] = defaultdict(list)
     for tr in tracks:
         groups[tr.req.request_class].append(tr)
-    return {c.value: class_stats(groups[c], config.target_s(c)) for c in RequestClass if groups[c]}
+    return {c.value: class_stats(groups[c], config.target_s(c), makespan_s)
+            for c in RequestClass if groups[c]}
 
 
 def build_report(policy: str, tracks: Mapping[str, Track], tenants: list[str], weights: Mapping[str, float],
@@ -170,13 +180,13 @@ def build_report(policy: str, tracks: Mapping[str, Track], tenants: list[str], w
     out_tokens = sum(tr.req.output_tokens for tr in tracks.values())
     return PolicyReport(
         policy=policy,
-        classes=_by_class(tracks.values(), config),
+        classes=_by_class(tracks.values(), config, makespan),
         throughput_tok_s=out_tokens / makespan if makespan > 0 else 0.0,
         tenants=tenant_stats,
         jain_index=jain_index([tenant_stats[t].share / tenant_stats[t].entitled for t in tenants]),
         max_wait_s=max((tr.max_wait_s for tr in tracks.values()), default=0.0),
         makespan_s=makespan,
-        tenant_classes={t: _by_class(trs, config) for t, trs in per_tenant.items()},
+        tenant_classes={t: _by_class(trs, config, makespan) for t, trs in per_tenant.items()},
         records=[
             RequestRecord(tr.req.tenant, tr.req.request_class, tr.req.arrival_s, tr.first_token_s,
                           tr.finish_s, tr.req.output_tokens, tr.max_wait_s)

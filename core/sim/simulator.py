@@ -152,6 +152,7 @@ def simulate(
     usage = run.backlog if run.backlog.seconds > 0 else run.whole
     report = build_report(policy, run.tracks, tenants, weights, usage, config, run.now)
     report.preemptions = run.sched.preemptions
+    report.work = run.sched.work
     report.backfilled = run.sched.backfilled
     report.rejected = run.rejected
     report.decisions = run.decisions

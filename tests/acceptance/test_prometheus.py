@@ -143,7 +143,7 @@ def test_the_dashboard_covers_what_operators_asked_for():
     for metric in ("tenant_served_share", "tenant_entitled_share", "time_to_first_token_seconds_bucket",
                    "num_requests_waiting", "num_requests_running", "generation_tokens_total",
                    "prompt_tokens_total", "requests_total", "num_preemptions_total", "daemons_alive",
-                   "kv_cache_usage_perc"):
+                   "kv_cache_usage_perc", "first_tokens_on_target_total", "first_tokens_total"):
         assert f"fsched:{metric}" in exprs, metric
     assert [v["name"] for v in dashboard["templating"]["list"]] == ["datasource", "tenant"]
     for panel in dashboard["panels"]:  # every panel names the data source variable: importable anywhere

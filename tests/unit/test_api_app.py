@@ -128,7 +128,9 @@ def test_metrics_read_the_table_and_the_daemons_figures():
             return [TenantSummary("a", 3.0, 1, 2, 2), TenantSummary("b", 1.0, 0, 0, 0)]
 
         def list_daemons(self):
-            stats = DaemonStats(kv_tokens=50, kv_budget=200, preemptions=4, served_share={"a": 1.0})
+            stats = DaemonStats(kv_tokens=50, kv_budget=200, preemptions=4, served_share={"a": 1.0},
+                                first_tokens={"a": {"realtime": [10, 9]}, "b": {"batch": [4, 4]}},
+                                tokens_computed=1000, tokens_recomputed=30, tokens_parked=20)
             return [DaemonSummary("d1", "h", 1, "cpu", "m", 0.0, 0.0, None, stats, 0.1)]
 
         def tenant_totals(self):
@@ -152,5 +154,14 @@ def test_metrics_read_the_table_and_the_daemons_figures():
                  'fsched:tenant_served_share{tenant="a"} 1.0', 'fsched:kv_cache_usage_perc{daemon="d1"} 0.25',
                  'fsched:num_preemptions_total{daemon="d1"} 4.0', "fsched:daemons_alive 1.0",
                  'fsched:time_to_first_token_seconds_bucket{class="realtime",le="0.25"} 1.0',
-                 'fsched:e2e_request_latency_seconds_count{class="realtime"} 1.0'):
+                 'fsched:e2e_request_latency_seconds_count{class="realtime"} 1.0',
+                 # live attainment per tenant and class: divide the two counters' rates
+                 'fsched:first_tokens_total{class="realtime",daemon="d1",tenant="a"} 10.0',
+                 'fsched:first_tokens_on_target_total{class="realtime",daemon="d1",tenant="a"} 9.0',
+                 'fsched:first_tokens_on_target_total{class="batch",daemon="d1",tenant="b"} 4.0',
+                 'fsched:tokens_computed_total{daemon="d1"} 1000.0',
+                 'fsched:tokens_preempted_total{checkpoint="recompute",daemon="d1"} 30.0',
+                 'fsched:tokens_preempted_total{checkpoint="park",daemon="d1"} 20.0',
+                 # only a has work, and it was served all of it: fair
+                 "fsched:tenant_fairness_jain 1.0"):
         assert line in text, line

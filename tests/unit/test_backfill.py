@@ -175,7 +175,9 @@ def test_no_backfill_behind_a_head_that_may_preempt():
     would only be more to displace, so nothing starts behind it."""
     rt = RequestClass.REALTIME
     sched = Scheduler(CFG, "fsched", {"a": 1})
-    hold = Request("hold", "a", rt, 1_200, 40, 0.0)  # its own class: not a victim
+    # its own class: not a victim; its tenant's more urgent base priority starts it first (inside a
+    # class, the shorter prefill would go first)
+    hold = Request("hold", "a", rt, 1_200, 40, 0.0, priority=4)
     head = Request("head", "a", rt, 900, 5, 1.0)
     for r in (hold, head, req("short", 60, 4, arrival=2.0)):
         sched.add(r)

@@ -60,3 +60,26 @@ def test_stored_params_keep_the_flag_and_old_rows_stay_capped():
     assert SamplingParams.from_json(ASKED.to_json()) == ASKED
     old_row = {"max_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": 1, "stop": []}
     assert SamplingParams.from_json(old_row).max_tokens_is_default  # stored before the check existed
+
+
+def test_engine_counts_first_tokens_on_target_per_tenant_and_class_from_their_enqueueing():
+    """A first token counts on target when it comes within the class's target of the request's
+    enqueueing (its time in the table counts); a resumed request, its first token already out, is
+    not counted again."""
+    from fsched.core.types import RequestClass
+
+    clock = [100.0]
+    config = SchedulerConfig(max_batch=8)
+    engine = Engine(StandInRunner(context_length=256), Scheduler(config, "fcfs"), 256, clock=lambda: clock[0])
+    params = SamplingParams(max_tokens=3, temperature=0)
+    rt, ba = RequestClass.REALTIME, RequestClass.BATCH
+    engine.add(Request.to_run("quick", [7] * 8, params, "a", rt), queued_s=0.1)
+    engine.add(Request.to_run("queued-long", [7] * 8, params, "a", rt), queued_s=10.0)
+    engine.add(Request.to_run("batch", [7] * 8, params, "b", ba), queued_s=5.0)
+    engine.add(Request.to_run("resumed", [7] * 8, params, "b", ba, resumed=[7]))
+    clock[0] = 100.2
+    while engine.has_work:
+        engine.step()
+    assert engine.first_tokens.to_json() == {"a": {"realtime": [2, 1]}, "b": {"batch": [1, 1]}}
+    assert engine.snapshot().first_tokens == engine.first_tokens.to_json()
+    assert engine.snapshot().work.computed > 0

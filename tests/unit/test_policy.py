@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fsched.core.sched.config import SchedulerConfig
+from fsched.core.sched.lines import stamp
 from fsched.core.sched.policy import POLICIES, Standing, make_policy, standings
 from fsched.core.sched.request import Request
 from fsched.core.sched.waitqueue import WaitQueue
@@ -165,6 +166,7 @@ def test_waitqueue_best_is_the_minimum_rank_over_all_waiting(ops, policy_name):
         if op[0] == "add":
             _, request_class, tenant, prompt, prio = op
             x = r(f"r{seq}", request_class, tenant, prompt, arrival=now, prio=prio, seq=seq)
+            stamp(x, CFG, 0.1)  # late and aged as time passes (lines.py): the pick must follow
             seq += 1
             q.push(x, now)
             live.append(x)

@@ -83,12 +83,45 @@ def test_report_is_consistent_with_its_records():
     assert all(r.first_token_s >= r.arrival_s and r.finish_s >= r.first_token_s for r in rep.records)
     assert rep.tenants["a"].entitled == 0.75
     assert sum(t.share for t in rep.tenants.values()) == pytest.approx(1.0)
+    for c, stats in rep.classes.items():
+        target = CFG.target_s(RequestClass(c))
+        on = sum(r.first_token_s - r.arrival_s <= target for r in rep.records if r.request_class.value == c)
+        assert stats.on_target == pytest.approx(on / stats.count)
+        assert stats.goodput_per_s == pytest.approx(on / rep.makespan_s)
+
+
+def test_preemption_cost_counts_the_kv_each_preemption_parks_or_drops():
+    """Batch fills the machine, then realtime arrives: the realtime work preempts batch. Every token
+    computed is counted once (prefills, recomputed prefills, decodes), and the cost is the KV the
+    preemptions parked or dropped over it."""
+    cfg = SchedulerConfig(max_batch=4, kv_tokens=8_000, step_tokens=600, min_quantum_steps=2,
+                          host_kv_tokens=1_000, max_recompute_tokens=10_000)
+    trace = [TraceRequest(0.0, "a", RequestClass.BATCH, 1_500, 300) for _ in range(4)]
+    trace += [TraceRequest(1.0 + i * 0.01, "a", RequestClass.REALTIME, 400, 5) for i in range(4)]
+    seen: dict[str, int] = {"parked": 0, "recomputed": 0}
+
+    def observe(now, plan, sched):
+        for p in plan.preempted:
+            seen["parked" if p.checkpoint == "park" else "recomputed"] += p.kv_tokens
+
+    rep = simulate(trace, "fsched", config=cfg, cost=CostModel(), observer=observe)
+    work = rep.work
+    assert rep.preemptions > 0 and work.parked + work.recomputed > 0
+    assert (work.parked, work.recomputed) == (seen["parked"], seen["recomputed"])
+    decoded = sum(r.output_tokens for r in trace)
+    prefilled = sum(r.prompt_tokens for r in trace)
+    # every prompt once, every output token once, and each dropped context again
+    assert work.computed >= prefilled + decoded - len(trace)
+    assert work.computed <= prefilled + decoded + work.recomputed
+    assert work.preemption_cost == pytest.approx((work.parked + work.recomputed) / work.computed)
+    assert rep.to_json()["preemption_cost"] == work.preemption_cost
 
 
 SCHEMA_CLASS = {"count", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "jct_p50_s",
-                "jct_p99_s", "max_wait_s", "on_target"}
+                "jct_p99_s", "max_wait_s", "on_target", "goodput_per_s"}
 SCHEMA_POLICY = {"classes", "throughput_tok_s", "tenants", "jain_index", "max_wait_s",
-                 "preemptions", "backfilled", "rejected", "makespan_s"}
+                 "preemptions", "preemption_cost", "tokens_computed", "tokens_recomputed", "tokens_parked",
+                 "backfilled", "rejected", "makespan_s"}
 
 
 @pytest.fixture

@@ -229,3 +229,24 @@ def test_a_live_view_keeps_whole_parts_within_the_terminal_height():
     text = console.export_text()
     assert len(text.splitlines()) <= 24
     assert "more part(s) below" in text and "Jobs" in text
+
+
+def test_status_shows_each_tenants_first_tokens_on_target_the_fairness_figure_and_preemption_cost():
+    """Summed over the live daemons (a stopped one's counts are not live figures); Jain's index of
+    the newest daemon's served over entitled shares (alice 0.7412 of 0.75, bob 0.2588 of 0.25)."""
+    one = daemon(first_tokens={"alice": {"realtime": [10, 9]}, "bob": {"batch": [4, 2]}},
+                 tokens_computed=10_000, tokens_recomputed=150, tokens_parked=50)
+    two = daemon(id="vm:2:def", heartbeat_age=0.7, first_tokens={"alice": {"realtime": [10, 10]}})
+    gone = daemon(id="vm:3:old", stopped=True, first_tokens={"alice": {"realtime": [50, 0]}})
+    snapshot = StatusSnapshot(jobs=JOBS, tenants=TENANTS, daemons=[one, two, gone], now=NOW)
+    doc = status_json(snapshot)
+    tenants = {t["name"]: t for t in doc["tenants"]}
+    assert tenants["alice"]["slo"] == {"realtime": {"first_tokens": 20, "on_target": 19, "attainment": 0.95}}
+    assert tenants["bob"]["slo"]["batch"]["attainment"] == 0.5 and tenants["carol"]["slo"] == {}
+    ratios = [0.7412 / 0.75, 0.2588 / 0.25]
+    jain = sum(ratios) ** 2 / (2 * sum(x * x for x in ratios))
+    assert doc["fairness_jain"] == pytest.approx(jain, abs=1e-4)
+    text = render(status_view(snapshot))
+    assert "realtime 95% of 20" in text and "batch 50% of 4" in text
+    assert "Jain's index of served over entitled:" in text and f"{jain:.3f}" in text
+    assert "preemption cost 2.00% of tokens computed" in render(daemon_panel(one, NOW))
