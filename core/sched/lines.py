@@ -36,12 +36,12 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from fsched.core.sched.config import SchedulerConfig
-from fsched.core.sched.request import SchedRequest
+from fsched.core.sched.request import Request
 
 FIRST, ON_TIME, LATE = 0, 1, 2
 
 
-def stamp(r: SchedRequest, config: SchedulerConfig, step_s: float) -> None:
+def stamp(r: Request, config: SchedulerConfig, step_s: float) -> None:
     """Set `r`'s deadline, the time its target goes out of reach and the time it ages, for a
     wait that starts now; `step_s` is the measured time of an engine step with prefill (0 when
     none has run yet: a request is then late only past its deadline)."""
@@ -51,23 +51,23 @@ def stamp(r: SchedRequest, config: SchedulerConfig, step_s: float) -> None:
     r.aged_at = r.arrival + config.aging_factor * target
 
 
-def prefill_steps(r: SchedRequest, config: SchedulerConfig) -> int:
+def prefill_steps(r: Request, config: SchedulerConfig) -> int:
     """Engine steps `r`'s prefill takes at the most one step holds."""
     return math.ceil(r.pending_prefill / config.step_tokens)
 
 
-def arrival_key(r: SchedRequest) -> tuple:
+def arrival_key(r: Request) -> tuple:
     return (r.arrival, r.seq)
 
 
-def band(r: SchedRequest, now: float) -> int:
+def band(r: Request, now: float) -> int:
     """FIRST, ON_TIME or LATE, as of `now`."""
     if r.generated > 0 or now >= r.aged_at:
         return FIRST
     return ON_TIME if now < r.late_at else LATE
 
 
-def deadline_key(r: SchedRequest, now: float, config: SchedulerConfig,
+def deadline_key(r: Request, now: float, config: SchedulerConfig,
                  shortest_first: bool = True) -> tuple:
     """The order by deadline (smaller first), as of `now`."""
     b = band(r, now)
@@ -76,7 +76,7 @@ def deadline_key(r: SchedRequest, now: float, config: SchedulerConfig,
     return (b, r.arrival, r.seq)
 
 
-def _on_time_key(r: SchedRequest, config: SchedulerConfig, shortest_first: bool) -> tuple:
+def _on_time_key(r: Request, config: SchedulerConfig, shortest_first: bool) -> tuple:
     return (ON_TIME, prefill_steps(r, config) if shortest_first else 0, r.deadline, r.seq)
 
 
@@ -87,11 +87,11 @@ class Line(Protocol):
     first; `pop(r)` removes `r` from anywhere (O(log n) amortised)."""
 
     def __len__(self) -> int: ...
-    def __iter__(self) -> Iterator[SchedRequest]: ...
-    def push(self, r: SchedRequest, now: float) -> None: ...
-    def pop(self, r: SchedRequest) -> bool: ...
-    def head(self, now: float) -> SchedRequest | None: ...
-    def first(self, k: int, now: float) -> list[SchedRequest]: ...
+    def __iter__(self) -> Iterator[Request]: ...
+    def push(self, r: Request, now: float) -> None: ...
+    def pop(self, r: Request) -> bool: ...
+    def head(self, now: float) -> Request | None: ...
+    def first(self, k: int, now: float) -> list[Request]: ...
 
 
 class _Heap:
@@ -102,25 +102,25 @@ class _Heap:
     __slots__ = ("items", "live", "ticks")
 
     def __init__(self, live: dict[str, int], ticks: itertools.count) -> None:
-        self.items: list[tuple[tuple, int, SchedRequest]] = []
+        self.items: list[tuple[tuple, int, Request]] = []
         self.live = live
         self.ticks = ticks
 
-    def push(self, key: tuple, r: SchedRequest) -> None:
+    def push(self, key: tuple, r: Request) -> None:
         tick = next(self.ticks)
         heapq.heappush(self.items, (key, tick, r))
         self.live[r.id] = tick
 
-    def members(self) -> Iterator[SchedRequest]:
+    def members(self) -> Iterator[Request]:
         return (r for _, tick, r in self.items if self.live.get(r.id) == tick)
 
-    def top(self) -> SchedRequest | None:
+    def top(self) -> Request | None:
         items = self.items
         while items and self.live.get(items[0][2].id) != items[0][1]:
             heapq.heappop(items)
         return items[0][2] if items else None
 
-    def smallest(self, k: int) -> Iterator[SchedRequest]:
+    def smallest(self, k: int) -> Iterator[Request]:
         """Its k best live members, best first: a best-first walk down the heap's tree."""
         items = self.items
         frontier = [(items[0][:2], 0)] if items else []
@@ -147,19 +147,19 @@ class ArrivalLine:
     def __len__(self) -> int:
         return len(self._live)
 
-    def __iter__(self) -> Iterator[SchedRequest]:
+    def __iter__(self) -> Iterator[Request]:
         return self._heap.members()
 
-    def push(self, r: SchedRequest, now: float) -> None:
+    def push(self, r: Request, now: float) -> None:
         self._heap.push(arrival_key(r), r)
 
-    def pop(self, r: SchedRequest) -> bool:
+    def pop(self, r: Request) -> bool:
         return self._live.pop(r.id, None) is not None
 
-    def head(self, now: float) -> SchedRequest | None:
+    def head(self, now: float) -> Request | None:
         return self._heap.top()
 
-    def first(self, k: int, now: float) -> list[SchedRequest]:
+    def first(self, k: int, now: float) -> list[Request]:
         return list(self._heap.smallest(k))
 
 
@@ -176,16 +176,16 @@ class DeadlineLine:
         self._first = _Heap(self._live, ticks)  # started: by arrival
         self._on_time = _Heap(self._live, ticks)  # by (prefill steps, deadline)
         self._late = _Heap(self._live, ticks)  # late or aged: by arrival (the aged ones are its oldest)
-        self._watch: list[tuple[float, int, int, SchedRequest]] = []  # on-time members by late_at
+        self._watch: list[tuple[float, int, int, Request]] = []  # on-time members by late_at
 
     def __len__(self) -> int:
         return len(self._live)
 
-    def __iter__(self) -> Iterator[SchedRequest]:
+    def __iter__(self) -> Iterator[Request]:
         for h in (self._first, self._on_time, self._late):
             yield from h.members()
 
-    def push(self, r: SchedRequest, now: float) -> None:
+    def push(self, r: Request, now: float) -> None:
         if r.generated > 0:
             self._first.push(arrival_key(r), r)
         elif now < r.late_at and now < r.aged_at:
@@ -194,7 +194,7 @@ class DeadlineLine:
         else:
             self._late.push(arrival_key(r), r)
 
-    def pop(self, r: SchedRequest) -> bool:
+    def pop(self, r: Request) -> bool:
         return self._live.pop(r.id, None) is not None
 
     def _move_late(self, now: float) -> None:
@@ -205,11 +205,11 @@ class DeadlineLine:
             if self._live.get(r.id) == tick:  # still waiting, on time until now
                 self._late.push(arrival_key(r), r)
 
-    def head(self, now: float) -> SchedRequest | None:
+    def head(self, now: float) -> Request | None:
         found = self.first(1, now)
         return found[0] if found else None
 
-    def first(self, k: int, now: float) -> list[SchedRequest]:
+    def first(self, k: int, now: float) -> list[Request]:
         self._move_late(now)
         heads = [r for h in (self._first, self._on_time, self._late) for r in h.smallest(k)]
         config, shortest = self._config, self._shortest_first
