@@ -25,6 +25,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "vllm: needs a real vLLM server (run with --vllm)")
+    config.addinivalue_line("markers", "long: a slow case another test covers in short; runs with --long")
 
 
 # The slowest files, slowest first (summed test times of a full run on 2 workers). Run first, so that
@@ -57,6 +58,11 @@ SLOW_FILES = (
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {path: i for i, path in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(SLOW_FILES)))
+    if not config.getoption("--long"):
+        slow = pytest.mark.skip(reason="runs with --long")
+        for item in items:
+            if "long" in item.keywords:
+                item.add_marker(slow)
     if config.getoption("--vllm"):
         return
     skip = pytest.mark.skip(reason="needs --vllm (a real vLLM server; scripts/test_vllm.sh)")

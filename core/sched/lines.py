@@ -121,7 +121,9 @@ class _Heap:
         return items[0][2] if items else None
 
     def smallest(self, k: int) -> Iterator[Request]:
-        """Its k best live members, best first: a best-first walk down the heap's tree."""
+        """Its k best live members, best first: a best-first walk down the heap's tree, after dropping
+        the removed entries at its root (else every walk would step over them again)."""
+        self.top()
         items = self.items
         frontier = [(items[0][:2], 0)] if items else []
         while frontier and k > 0:

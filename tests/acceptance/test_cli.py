@@ -30,7 +30,7 @@ def test_submit_sample_jobs_and_status(fsched):
     }
     fsched.ok("submit", str(SAMPLE_JOBS / "openai_batch.jsonl"), "-t", "alice", "--name", "oa")
     status = json.loads(fsched.ok("status", "--json"))
-    assert set(status) == {"jobs", "tenants", "daemons", "online"}
+    assert set(status) == {"jobs", "tenants", "daemons", "online", "fairness_jain"}
     job = status["jobs"][0]
     for key in (
         "id",

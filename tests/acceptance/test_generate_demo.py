@@ -111,6 +111,7 @@ def test_generate_without_a_daemon_warns_then_times_out_and_cancels(fs):
     assert job(fs)["state"] == "cancelled"
 
 
+@pytest.mark.long  # the demo's parts (submit, daemon, generate, status) each have their own tests
 @pytest.mark.timeout(300)
 def test_demo_json_serves_both_tenants_and_the_realtime_chats(fs):
     # A tenth of the demo's work: ~10 s on an idle 2-core CPU, minutes when the CPU is shared.

@@ -47,11 +47,17 @@ def test_a_crash_in_the_grammar_library_is_a_verdict_and_the_worker_is_replaced(
     assert compiler.compile(source({"type": "object"})).grammar  # the next job: a fresh worker
 
 
-def test_a_compile_past_the_wall_clock_bound_is_a_verdict(pool):
-    compiler = GrammarCompiler(pool.compile, NO_LIMITS)
-    with pytest.raises(GrammarError, match="took longer than 3 s|of CPU time"):
-        compiler.compile(source(optional(10_000)))  # ~8 s on a loaded 2-core machine
-    assert compiler.compile(source({"type": "string"})).grammar
+def test_a_compile_past_the_wall_clock_bound_is_a_verdict():
+    # A bound far below this compile's time on any machine (about a second quiet, 8 s loaded), so the
+    # verdict does not depend on the machine's speed.
+    short = WorkerPool(WorkerBudget(wall_s=0.2, workers=1))
+    try:
+        compiler = GrammarCompiler(short.compile, NO_LIMITS)
+        with pytest.raises(GrammarError, match="took longer than 0.2 s|of CPU time"):
+            compiler.compile(source(optional(10_000)))
+        assert compiler.compile(source({"type": "string"})).grammar
+    finally:
+        short.close()
 
 
 def test_the_limits_refuse_the_crash_before_any_worker_sees_it(pool):

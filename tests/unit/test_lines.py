@@ -101,21 +101,22 @@ def test_arrival_line_is_oldest_first_and_removal_is_lazy_and_exact():
 
 
 ops = st.lists(st.one_of(
-    st.tuples(st.just("add"), st.integers(1, 12_000), st.sampled_from([RT, ST, BA]), st.booleans()),
+    st.tuples(st.just("add"), st.integers(1, 12_000), st.booleans()),
     st.tuples(st.just("pop"), st.integers(0, 50)),
     st.tuples(st.just("wait"), st.floats(0.0, 3.0)),
     st.tuples(st.just("wait"), st.floats(0.0, 90.0)),
 ), max_size=80)
 
 
-@settings(max_examples=150, deadline=None)
-@given(ops=ops, shortest_first=st.booleans())
-def test_the_line_is_a_brute_force_sort_by_deadline_key_at_every_moment(ops, shortest_first):
+# A line holds one group: one tenant's requests of one class (the policy's `group`), so one class a line.
+@settings(max_examples=100, deadline=None)
+@given(ops=ops, shortest_first=st.booleans(), request_class=st.sampled_from([RT, ST, BA]))
+def test_the_line_is_a_brute_force_sort_by_deadline_key_at_every_moment(ops, shortest_first, request_class):
     line, live, now, seq = DeadlineLine(CFG, shortest_first), [], 0.0, 0
     for op in ops:
         if op[0] == "add":
-            r = req(f"r{seq}", op[1], now, seq, op[2])
-            r.generated = int(op[3] and seq % 3 == 0)
+            r = req(f"r{seq}", op[1], now, seq, request_class)
+            r.generated = int(op[2] and seq % 3 == 0)
             seq += 1
             line.push(r, now)
             live.append(r)
