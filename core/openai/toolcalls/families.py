@@ -78,28 +78,19 @@ def llama_may_start(text: str) -> bool:
 
 
 def _llama_calls(text: str, i: int) -> list[Call]:
-    out: list[Call] = []
-    i = _past_tag(text, i)
-    while True:
-        call = read_call(text, skip_ws(text, i))
-        if call is None:
-            return out
-        out.append(call)
-        if not call.done:
-            return out
-        i = skip_ws(text, call.end)
-        if not text.startswith(";", i):
-            return out
-        i += 1
+    return _separated_calls(text, _past_tag(text, i), ";")
 
 
 def array_calls(text: str, i: int) -> list[Call]:
     """A JSON array of call objects: Mistral's after [TOOL_CALLS], and a forced call's whole text."""
     i = skip_ws(text, i)
-    if not text.startswith("[", i):
-        return []
+    return _separated_calls(text, i + 1, ",") if text.startswith("[", i) else []
+
+
+def _separated_calls(text: str, i: int, separator: str) -> list[Call]:
+    """Call objects from `i` on, one after another with `separator` between them, up to the first
+    that is unfinished or not followed by the separator."""
     out: list[Call] = []
-    i += 1
     while True:
         call = read_call(text, skip_ws(text, i))
         if call is None:
@@ -108,9 +99,9 @@ def array_calls(text: str, i: int) -> list[Call]:
         if not call.done:
             return out
         i = skip_ws(text, call.end)
-        if not text.startswith(",", i):
+        if not text.startswith(separator, i):
             return out
-        i += 1
+        i += len(separator)
 
 
 def _mistral_start(text: str) -> int | None:
