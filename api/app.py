@@ -62,7 +62,8 @@ def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(hub.run()), asyncio.create_task(dashboard.sample_forever(state)),
-                 asyncio.create_task(expiry.expire_forever(state))]
+                 asyncio.create_task(expiry.expire_forever(state)),
+                 asyncio.create_task(expiry.reclaim_forever(state))]
         tasks += _link_tasks(state)
         try:
             yield

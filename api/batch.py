@@ -19,7 +19,7 @@ from fsched.api.errors import ApiError, not_found
 from fsched.api.limits import BodyTooLarge, body_text
 from fsched.api.state import ServerState, state_of
 from fsched.core.jobs.apikeys import ApiKey
-from fsched.core.jobs.batches import BATCH_PURPOSE, BatchRecord, new_batch_id, window_seconds
+from fsched.core.jobs.batches import BATCH_PURPOSE, BatchRecord, new_batch_id, stored_bytes_of, window_seconds
 from fsched.core.jobs.jobfile import JobFileError, load_json_object
 from fsched.core.jobs.jsontext import dumps as json_text
 from fsched.core.jobs.limits import InputLimits
@@ -107,7 +107,13 @@ async def file_content(request: Request, file_id: str):
     if f.job_id is None:
         pieces = await state.call(state.backend.files.iter_content, key.tenant, file_id)
         return StreamingResponse(pieces or iter([b""]), media_type="application/octet-stream")
-    expired = await state.call(_expired, state, key.tenant, f.job_id)
+    record = await state.call(state.backend.files.batch_of_job, key.tenant, f.job_id)
+    if record is not None and record.reclaimed_at is not None:
+        raise ApiError(410, f"file {file_id!r} held the results of batch {record.id!r}, which were "
+                       f"deleted at {int(record.reclaimed_at)} (Unix time) with the batch's other rows, "
+                       "batch_retention_s after it ended; the batch object still answers", "file_id",
+                       "file_reclaimed")
+    expired = record is not None and record.expired_at is not None
     return StreamingResponse(_results(state, f.job_id, f.errors, expired), media_type="application/jsonl")
 
 
@@ -119,11 +125,6 @@ def _results(state: ServerState, job_id: int, errors: bool, expired: bool = Fals
         if expired and out["error"] is not None and out["error"]["code"] == "cancelled":
             out["error"] = BATCH_EXPIRED
         yield (json_text(out) + "\n").encode()
-
-
-def _expired(state: ServerState, tenant: str, job_id: int) -> bool:
-    record = state.backend.files.batch_of_job(tenant, job_id)
-    return record is not None and record.expired_at is not None
 
 
 async def _file(state: ServerState, key: ApiKey, file_id: str):
@@ -186,6 +187,11 @@ async def _create(state: ServerState, key: ApiKey, record: BatchRecord, filename
     if len(requests) > limits.max_queued_per_tenant:  # could never fit: not a retry later
         raise ApiError(400, f"the batch holds {len(requests):,} requests, larger than your queue "
                        f"limit of {limits.max_queued_per_tenant}", "input_file_id", "batch_too_large")
+    quota = limits.max_file_bytes_per_tenant
+    record = replace(record, stored_bytes=await state.call(stored_bytes_of, requests))
+    used = await state.call(state.backend.files.stored_bytes, key.tenant)
+    if used + record.stored_bytes > quota:  # refused before a row is written
+        raise _over_quota(FileQuotaExceeded(key.tenant, used, record.stored_bytes, quota, "batch"))
     submission = JobSubmission(requests, tenant=key.tenant, request_class=RequestClass.BATCH,
                                priority=BATCH_PRIORITY, name=record.id, origin=JobOrigin.BATCH, key_id=key.id)
     try:
@@ -194,8 +200,17 @@ async def _create(state: ServerState, key: ApiKey, record: BatchRecord, filename
     except QueueFull as exc:
         raise ApiError(429, str(exc), code="queue_full", headers={"Retry-After": "60"}) from None
     record = replace(record, job_id=job.job_id)
-    await state.call(state.backend.files.add_batch, record)
+    try:  # checked again with the batch made visible, one check at a time per tenant
+        await state.call(state.backend.files.add_batch, record, quota=quota)
+    except FileQuotaExceeded as exc:  # another creation or upload took the room meanwhile
+        await state.call(state.backend.jobs.cancel_job, job.job_id)
+        await state.call(state.backend.files.discard_job_rows, job.job_id)
+        raise _over_quota(exc) from None
     return await _batch_json(state, record)
+
+
+def _over_quota(exc: FileQuotaExceeded) -> ApiError:
+    return ApiError(400, str(exc), "input_file_id", "file_quota_exceeded")
 
 
 @router.get("/v1/batches/{batch_id}")
@@ -237,7 +252,7 @@ async def _batch_json(state: ServerState, record: BatchRecord) -> dict:
     job = None
     if record.job_id is not None:
         (job,) = await state.call(state.backend.jobs.list_jobs, job_id=record.job_id)
-        if job.state.finished and record.output_file_id is None:
+        if job.state.finished and record.output_file_id is None and record.reclaimed_at is None:
             sizes = await state.call(_output_sizes, state, record)
             record = await state.call(state.backend.files.attach_outputs, record, sizes)
     return batch_object(record, job)

@@ -148,7 +148,7 @@ def _paths() -> dict:
             "getFileContent", "A file's bytes (an output file: its JSONL lines)",
             {"content": {"application/octet-stream": {"schema": {"type": "string"}},
                          "application/jsonl": {"schema": {"type": "string"}}}},
-            params=[_path_id("file_id")])},
+            params=[_path_id("file_id")], statuses=(*_ERROR_STATUSES, "410"))},
         "/v1/batches": {
             "post": _op("createBatch", "Create a batch", _OBJECT, body=body["BatchRequest"],
                         links=_links("batch_id", "getBatch", "cancelBatch")),

@@ -1,10 +1,11 @@
-"""`fsched cancel` and `fsched results`: act on submitted jobs."""
+"""`fsched cancel`, `fsched results` and `fsched purge`: act on submitted jobs."""
 
 from __future__ import annotations
 
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +20,7 @@ from fsched.cli.common import (
     handle_errors,
     note,
     open_catalog,
+    open_table_as_admin,
     print_json,
 )
 
@@ -113,6 +115,41 @@ def results(
             f"note: job {job_id} is {job.state.value}; {unfinished} of "
             f"{job.counts.num_requests} request(s) have not finished yet"
         )
+
+
+@handle_errors
+def purge(
+    older_than: Annotated[
+        int | None,
+        typer.Option("--older-than", min=0, help="Seconds since a batch ended (default: the table's "
+                     "batch_retention_s limit; 0: every ended batch)."),
+    ] = None,
+    as_json: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """Reclaim the rows of ended batches (an fsched admin only): their requests, outputs and logprobs.
+
+    What `fsched serve` does once a minute for batches past the retention; a
+    reclaimed batch keeps its status and counts, its output files' content is
+    gone, and it no longer counts toward its tenant's file quota.
+    """
+    from fsched.core.jobs.limits import limits_in_force
+
+    table = open_table_as_admin(db, "reclaiming batches' rows")
+    if older_than is None:
+        older_than = limits_in_force(table.keys.stored_limits()).batch_retention_s
+    before = time.time() - older_than
+    reclaimed = []
+    while done := table.files.reclaim_batches(before, 100):
+        reclaimed += done
+    freed = sum(b.stored_bytes for b in reclaimed)
+    if as_json:
+        print_json({"older_than_s": older_than, "reclaimed": len(reclaimed), "stored_bytes": freed,
+                    "batches": [{"id": b.id, "tenant": b.tenant, "job_id": b.job_id,
+                                 "stored_bytes": b.stored_bytes} for b in reclaimed]})
+        return
+    print(f"reclaimed the rows of {len(reclaimed)} batch(es) that ended over {older_than:,} s ago "
+          f"({freed:,} bytes no longer counted toward their tenants' quotas)")
 
 
 def _write_atomically(path: Path, lines) -> int:

@@ -8,7 +8,7 @@ from fsched.cli import keys, limits, tenants
 from fsched.cli.daemon import daemon
 from fsched.cli.demo import demo
 from fsched.cli.generate import generate
-from fsched.cli.jobs import cancel, results
+from fsched.cli.jobs import cancel, purge, results
 from fsched.cli.replay import replay
 from fsched.cli.serve import serve
 from fsched.cli.simulate import simulate
@@ -27,6 +27,7 @@ app.command("submit")(submit)
 app.command("status")(status)
 app.command("cancel")(cancel)
 app.command("results")(results)
+app.command("purge")(purge)
 app.add_typer(tenants.app, name="tenants")
 app.add_typer(keys.app, name="keys")
 app.add_typer(limits.app, name="limits")

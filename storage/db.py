@@ -29,6 +29,9 @@ DEFAULT_BUSY_TIMEOUT_MS = 30_000
 # client's locks are gone before its leases expire.
 PG_IDLE_IN_TRANSACTION_MS = 2_000
 WAL_KEPT_BYTES = 64 * 1024 * 1024
+# Free pages one incremental vacuum gives back in one transaction (16 MiB of 4 KiB pages): a large
+# delete's space goes back in short write locks, not one long one.
+VACUUM_PAGES = 4096
 MEMORY_SCHEME = "memory:"
 
 
@@ -264,17 +267,30 @@ class Database:
             self._watcher.close()
             self._watcher = None
 
-    def reclaim_space(self) -> None:
-        """After a large delete: on SQLite, give the free pages back to the file system and cut the WAL
-        back (a checkpoint that readers hold up does what it can; the next one does the rest). On
-        PostgreSQL deleted rows' space is reused by the table's next writes (autovacuum): nothing to do."""
+    def reclaim_space(self, vacuum_tables: tuple[str, ...] = ()) -> None:
+        """After a large delete: on SQLite, give the free pages back to the file system, VACUUM_PAGES a
+        transaction (each a short write lock), and cut the WAL back (a checkpoint that readers hold up
+        does what it can; the next one does the rest). On PostgreSQL deleted rows' space is reused by
+        the table's next writes once vacuumed: autovacuum's business, or a VACUUM of `vacuum_tables`
+        now (it takes no lock that stops reads or writes)."""
+        if self.dialect == "postgresql" and vacuum_tables:
+            with self._translate_errors(), self.engine.connect() as conn:
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                for table in vacuum_tables:
+                    conn.exec_driver_sql(f"VACUUM (SKIP_LOCKED) {table}")  # another in progress: its work
+            return
         if self.dialect != "sqlite":
             return
         with self._translate_errors(), self.engine.connect() as conn:
             raw = conn.connection.driver_connection  # outside any transaction: these pragmas need it
             if raw.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
                 _switch_to_incremental_vacuum(raw)  # the upgrade could not (the file was busy)
-            raw.executescript("PRAGMA incremental_vacuum;")  # run to the end (execute steps it once)
+            while raw.execute("PRAGMA freelist_count").fetchone()[0] > 0:
+                before = raw.execute("PRAGMA freelist_count").fetchone()[0]
+                # run to its end (execute would step it once), a bounded number of pages a transaction
+                raw.executescript(f"PRAGMA incremental_vacuum({VACUUM_PAGES});")
+                if raw.execute("PRAGMA freelist_count").fetchone()[0] >= before:
+                    break  # nothing moved (another connection holds the file): the next call goes on
             raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     def make_space_reclaimable(self) -> None:

@@ -267,6 +267,9 @@ class BatchRow(Base):
     error_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     # When its completion window ran out with work unfinished (that work was cancelled).
     expired_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # What its rows hold as its tenant's quota counts them (BatchRecord.stored_bytes), until reclaimed.
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    reclaimed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     __table_args__ = (
         Index("ix_batches_tenant_seq", "tenant", "seq"),

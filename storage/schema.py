@@ -25,7 +25,7 @@ from fsched.core.ports.records import SchemaMismatch
 from fsched.storage.db import Database
 from fsched.storage.models import Base, Meta
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 VERSION_KEY = "schema_version"
 CHUNKED_FILES_VERSION = 8  # from it on, SQLite files vacuum incrementally (storage.db.reclaim_space)
 # Creating or migrating the schema is one transaction of many statements with the client's work between
@@ -203,12 +203,22 @@ def _add_render(conn: Connection) -> None:
     _add_column(conn, "requests", "render", column.type.compile(dialect=conn.dialect))
 
 
+def _add_batch_storage(conn: Connection) -> None:
+    """What each batch's rows hold (its tenant's quota counts it) and when they were reclaimed. A batch
+    made before is charged nothing for its requests: the bytes of the output files it has are its
+    stored bytes (what was measured of it)."""
+    if _add_column(conn, "batches", "stored_bytes", "BIGINT NOT NULL DEFAULT 0"):
+        conn.execute(text("UPDATE batches SET stored_bytes = COALESCE((SELECT SUM(files.bytes) FROM files "
+                          "WHERE files.job_id = batches.job_id), 0) WHERE job_id IS NOT NULL"))
+    _add_column(conn, "batches", "reclaimed_at", "FLOAT")
+
+
 # MIGRATIONS[v] upgrades a database from version v to v + 1.
 MIGRATIONS: dict[int, Migration] = {
     1: _v1_to_v2, 2: _v2_to_v3, 3: _drop_mlfq_level, 4: _job_origins_and_chargeback,
     5: _add_output_logprobs, 6: _add_choices, 7: _chunked_files_and_rates, 8: _add_batch_expiry,
     9: _logprobs_in_pieces,
-    10: _add_render,
+    10: _add_render, 11: _add_batch_storage,
 }
 
 

@@ -18,14 +18,21 @@ from fsched.core.ports.records import FileQuotaExceeded
 from fsched.core.types import JobState
 from fsched.storage.chunks import chunk_at, file_chunks
 from fsched.storage.db import Database
-from fsched.storage.models import BatchRow, FileRow, Job
+from fsched.storage.logprobs import request_logprobs
+from fsched.storage.models import BatchRow, FileRow, Job, RequestRow
 from fsched.storage.schema import ensure_schema
 
 files = FileRow.__table__
 STOPPED_UPLOAD_S = 3600.0
 batches = BatchRow.__table__
 jobs = Job.__table__
+requests = RequestRow.__table__
 RUNNING_JOB_STATES = [JobState.QUEUED.value, JobState.IN_PROGRESS.value]  # not ended, nor cancelling
+ENDED_JOB_STATES = [state.value for state in JobState if state.finished]
+# Request rows a reclaim deletes in one transaction (with their logprobs pieces): a few milliseconds of
+# write lock for rows of a few KB; a line is at most 1 MiB (max_line_bytes), so never more than that
+# many MiB.
+RECLAIM_PIECE_ROWS = 500
 FILE_COLUMNS = (files.c.id, files.c.tenant, files.c.purpose, files.c.filename, files.c.bytes,
                 files.c.created_at, files.c.job_id, files.c.errors)
 
@@ -80,15 +87,19 @@ class SqlFileStore:
         return f
 
     def stored_bytes(self, tenant: str) -> int:
-        """What the tenant's live uploads hold, in bytes (what its quota counts)."""
+        """What the tenant's live uploads and its batches not yet reclaimed hold, in bytes (what its
+        quota counts)."""
         with self.db.read() as conn:
             return self._stored_bytes(conn, tenant, lock=False)
 
     def _stored_bytes(self, conn, tenant: str, lock: bool) -> int:
         if lock and self.db.dialect == "postgresql":  # one quota check at a time per tenant
             conn.execute(select(func.pg_advisory_xact_lock(727002, func.hashtext(tenant))))
-        return int(conn.execute(select(func.coalesce(func.sum(files.c.bytes), 0)).where(
-            files.c.tenant == tenant, files.c.deleted_at.is_(None), files.c.job_id.is_(None))).scalar_one())
+        uploads = conn.execute(select(func.coalesce(func.sum(files.c.bytes), 0)).where(
+            files.c.tenant == tenant, files.c.deleted_at.is_(None), files.c.job_id.is_(None))).scalar_one()
+        held = conn.execute(select(func.coalesce(func.sum(batches.c.stored_bytes), 0)).where(
+            batches.c.tenant == tenant, batches.c.reclaimed_at.is_(None))).scalar_one()
+        return int(uploads) + int(held)
 
     def _sweep_stopped_uploads(self, now: float) -> None:
         """Delete the pieces of uploads stopped midway (a server killed) an hour ago or more."""
@@ -166,14 +177,18 @@ class SqlFileStore:
 
     # -- batches ------------------------------------------------------------------------------
 
-    def add_batch(self, record: BatchRecord) -> None:
+    def add_batch(self, record: BatchRecord, quota: int | None = None) -> None:
         with self.db.write() as conn:
+            if quota is not None:
+                used = self._stored_bytes(conn, record.tenant, lock=True)
+                if used + record.stored_bytes > quota:
+                    raise FileQuotaExceeded(record.tenant, used, record.stored_bytes, quota, "batch")
             seq = conn.execute(select(func.coalesce(func.max(batches.c.seq), 0))).scalar_one() + 1
             conn.execute(batches.insert().values(
                 id=record.id, seq=seq, tenant=record.tenant, job_id=record.job_id, endpoint=record.endpoint,
                 input_file_id=record.input_file_id, completion_window=record.completion_window,
                 metadata=record.metadata, created_at=record.created_at, errors=record.errors,
-                failed_at=record.failed_at,
+                failed_at=record.failed_at, stored_bytes=record.stored_bytes,
             ))
 
     def get_batch(self, tenant: str, batch_id: str) -> BatchRecord | None:
@@ -229,9 +244,63 @@ class SqlFileStore:
             if current is None:
                 conn.execute(files.insert(), [_file_row(f) for f in (out, err)])
                 conn.execute(update(batches).where(batches.c.id == record.id)
-                             .values(output_file_id=out.id, error_file_id=err.id))
+                             .values(output_file_id=out.id, error_file_id=err.id,
+                                     stored_bytes=batches.c.stored_bytes + sizes[0] + sizes[1]))
             row = conn.execute(select(batches).where(batches.c.id == record.id)).first()
         return _batch(row)
+
+    # -- reclaiming ended batches' rows -------------------------------------------------------
+
+    def reclaim_batches(self, ended_before: float, limit: int = 100) -> list[BatchRecord]:
+        """Mark up to `limit` batches ended before `ended_before` reclaimed (one short transaction),
+        then delete their jobs' request rows a piece a transaction: no write lock is held longer than
+        one piece takes. Batches marked by a call that stopped midway are finished first."""
+        left = (select(requests.c.id).where(requests.c.job_id == batches.c.job_id).limit(1)).exists()
+        with self.db.read() as conn:
+            unfinished = [row.id for row in conn.execute(
+                select(batches.c.id).where(batches.c.reclaimed_at.is_not(None), left)
+                .order_by(batches.c.seq).limit(limit)).all()]
+            due = [row.id for row in conn.execute(
+                select(batches.c.id).join(jobs, jobs.c.id == batches.c.job_id)
+                .where(batches.c.reclaimed_at.is_(None), jobs.c.state.in_(ENDED_JOB_STATES),
+                       jobs.c.finished_at < ended_before)
+                .order_by(jobs.c.finished_at, batches.c.seq).limit(max(0, limit - len(unfinished)))).all()]
+        if due:
+            with self.db.write() as conn:
+                conn.execute(update(batches).where(batches.c.id.in_(due), batches.c.reclaimed_at.is_(None))
+                             .values(reclaimed_at=self.clock()))
+        ids = unfinished + due
+        if not ids:
+            return []
+        with self.db.read() as conn:
+            rows = conn.execute(select(batches).where(batches.c.id.in_(ids)).order_by(batches.c.seq)).all()
+        deleted = sum(self._delete_rows(row.job_id) for row in rows)
+        if deleted:
+            self.db.reclaim_space(vacuum_tables=("requests", "request_logprobs"))
+        return [_batch(row) for row in rows]
+
+    def discard_job_rows(self, job_id: int) -> int:
+        with self.db.read() as conn:
+            state = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar()
+        if state not in ENDED_JOB_STATES:
+            return 0
+        deleted = self._delete_rows(job_id)
+        if deleted:
+            self.db.reclaim_space(vacuum_tables=("requests", "request_logprobs"))
+        return deleted
+
+    def _delete_rows(self, job_id: int) -> int:
+        """Delete the job's request rows and their logprobs pieces, RECLAIM_PIECE_ROWS a transaction."""
+        deleted = 0
+        while True:
+            with self.db.write() as conn:
+                ids = list(conn.execute(select(requests.c.id).where(requests.c.job_id == job_id)
+                                        .limit(RECLAIM_PIECE_ROWS)).scalars())
+                if not ids:
+                    return deleted
+                conn.execute(delete(request_logprobs).where(request_logprobs.c.request_id.in_(ids)))
+                conn.execute(delete(requests).where(requests.c.id.in_(ids)))
+            deleted += len(ids)
 
 
 def _live_file(tenant: str, file_id: str) -> Iterable:
@@ -254,5 +323,5 @@ def _batch(row) -> BatchRecord:
         input_file_id=row.input_file_id, completion_window=row.completion_window,
         metadata=row._mapping["metadata"], created_at=row.created_at, errors=row.errors,
         failed_at=row.failed_at, output_file_id=row.output_file_id, error_file_id=row.error_file_id,
-        expired_at=row.expired_at,
+        expired_at=row.expired_at, stored_bytes=row.stored_bytes, reclaimed_at=row.reclaimed_at,
     )

@@ -6,9 +6,13 @@ records read as in OpenAI's JSON is `core/openai/batch.py`'s. Pure: no I/O.
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from fsched.core.types import RequestSpec
 
 COMPLETION_WINDOW = "24h"
 COMPLETION_WINDOW_S = 24 * 3600.0
@@ -45,10 +49,53 @@ class BatchRecord:
     output_file_id: str | None = None
     error_file_id: str | None = None
     expired_at: float | None = None  # its window ran out with work unfinished (that was cancelled)
+    # What its rows hold, as its tenant's file quota counts it: its requests' rows (charged when it is
+    # created), then its output and error files' bytes too (once it ended and they were made).
+    stored_bytes: int = 0
+    reclaimed_at: float | None = None  # its rows (requests, outputs, logprobs) were deleted then
 
     @property
     def expires_at(self) -> float:
         return self.created_at + window_seconds(self.completion_window)
+
+
+# What a request row holds besides its request's own text: the sampling parameters' JSON, the other
+# columns and the row's index entries. Measured: a 40-byte prompt's row grew an SQLite file by about
+# 380 bytes and PostgreSQL's requests table by about 600.
+ROW_OVERHEAD_BYTES = 600
+
+
+def stored_bytes_of(requests: Sequence[RequestSpec]) -> int:
+    """What a batch's request rows hold, as its tenant's quota charges them: each row's text as stored
+    (its prompt or messages, tools and answer options as JSON, its custom_id, in UTF-8) and
+    ROW_OVERHEAD_BYTES. A line of n choices is n rows and is charged n times, as it is stored n times;
+    the JSON of a value the choices share is made once."""
+    sizes: dict[int, int] = {}
+
+    def size_of(value, make) -> int:
+        key = id(value)
+        if key not in sizes:
+            sizes[key] = _utf8_len(make(value))
+        return sizes[key]
+
+    total = 0
+    for spec in requests:
+        total += ROW_OVERHEAD_BYTES + _utf8_len(spec.custom_id)
+        if spec.prompt is not None:
+            total += size_of(spec.prompt, str)
+        if spec.messages:
+            total += size_of(spec.messages, lambda ms: _json([m.to_json() for m in ms]))
+        total += size_of(spec.render, lambda r: "" if r.to_json() is None else _json(r.to_json()))
+        total += size_of(spec.answer, lambda a: _json(a.to_json()) if a.to_json() else "")
+    return total
+
+
+def _json(value) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def window_seconds(window: str) -> float:

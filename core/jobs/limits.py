@@ -10,6 +10,7 @@ from fsched.core.jobs.ratelimit import RATE_NAMES
 
 MIB = 1024 * 1024
 GB = 1000 * 1000 * 1000
+DAY_S = 24 * 3600
 DEFAULT_MAX_QUEUED_PER_TENANT = 1_000_000
 
 
@@ -40,9 +41,14 @@ class InputLimits:
     # have: a submit that would go over it is refused whole. Generous: it
     # guards the job table against a runaway script, not a fair share.
     max_queued_per_tenant: int = DEFAULT_MAX_QUEUED_PER_TENANT
-    # Bytes of uploaded files one tenant may keep stored (output files are rendered from results,
-    # not stored, and do not count). OpenAI's default for an organisation's files is 100 GB.
+    # Bytes one tenant may keep stored: its uploaded files, and what its batches hold until reclaimed
+    # (their request rows, then their output files once they end: core.jobs.batches.stored_bytes_of).
+    # OpenAI's default for an organisation's files is 100 GB.
     max_file_bytes_per_tenant: int = 100 * GB
+    # Seconds an ended batch (completed, failed, expired or cancelled) keeps its rows: then `fsched
+    # serve`'s sweep deletes its requests, outputs and logprobs (the batch still answers with its status
+    # and counts; its output files' content is gone). 30 days, as OpenAI keeps batch outputs.
+    batch_retention_s: int = 30 * DAY_S
     # What the tokens-a-minute rate limits charge for logprobs: one token more for every this many
     # logprob records a request may make (each output token's, and each of its alternatives'). 20:
     # top_logprobs 20 about doubles a request's charge, as it about doubles what it costs to serve.

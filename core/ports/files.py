@@ -9,14 +9,21 @@ What every implementation must hold:
    content is stored exactly (in pieces, written and read a piece at a time);
    an output file has none (it is rendered from its job's results), and a
    deleted file's content is gone at once, its space given back.
-3. **A quota holds.** An upload that would take a tenant's live uploads over
-   the quota it is given stores nothing.
+3. **A quota holds.** What a tenant stores is its live uploads and what its
+   batches not yet reclaimed hold (`BatchRecord.stored_bytes`: their request
+   rows from creation, their output files once attached). An upload, or a
+   batch added with a quota, that would take it over the quota it is given
+   stores nothing.
 4. **Outputs are attached once.** The first `attach_outputs` of a batch
    gives it its output and error files; a later caller reads the first's.
 5. **Newest first, by creation order.** Listings of files and batches go
    newest first (files may go oldest first); `after` pages them by an id.
 6. **Short transactions.** Each call is one transaction (an upload: one a piece, and one
-   that makes the file visible).
+   that makes the file visible; a reclaim: one a bounded piece of rows).
+7. **Reclaimed batches keep their record.** Reclaiming an ended batch deletes
+   its job's request rows (their outputs and logprobs with them) and marks
+   it reclaimed: it still reads as before (its job keeps its counts), it no
+   longer counts toward the quota, and its output files have no content.
 """
 
 from __future__ import annotations
@@ -52,7 +59,8 @@ class FileStore(Protocol):
         ...
 
     def stored_bytes(self, tenant: str) -> int:
-        """The bytes the tenant's live uploads hold (what its quota counts)."""
+        """The bytes the tenant's live uploads and its batches not yet reclaimed hold (what its quota
+        counts)."""
         ...
 
     def get_file(self, tenant: str, file_id: str) -> StoredFile | None:
@@ -77,8 +85,10 @@ class FileStore(Protocol):
         """Forget a file and its content; False when the tenant has no such file."""
         ...
 
-    def add_batch(self, record: BatchRecord) -> None:
-        """Store a new batch."""
+    def add_batch(self, record: BatchRecord, quota: int | None = None) -> None:
+        """Store a new batch. With a `quota`: FileQuotaExceeded (what="batch"), nothing stored, when
+        the tenant's stored bytes and the batch's `stored_bytes` would pass it (checked as uploads are,
+        one check at a time per tenant)."""
         ...
 
     def get_batch(self, tenant: str, batch_id: str) -> BatchRecord | None:
@@ -103,5 +113,18 @@ class FileStore(Protocol):
         ...
 
     def attach_outputs(self, record: BatchRecord, sizes: tuple[int, int]) -> BatchRecord:
-        """Give a finished batch its output and error files (of these sizes), once; the batch after."""
+        """Give a finished batch its output and error files (of these sizes, which its stored bytes
+        then count too), once; the batch after."""
+        ...
+
+    def reclaim_batches(self, ended_before: float, limit: int = 100) -> list[BatchRecord]:
+        """Reclaim up to `limit` batches whose jobs ended (completed, failed or cancelled: an expired
+        batch's is cancelled) before `ended_before`, oldest first: each marked reclaimed, then its
+        job's request rows deleted a bounded piece a transaction. A batch marked before whose rows a
+        stopped call left is finished too. The batches reclaimed, as they read now."""
+        ...
+
+    def discard_job_rows(self, job_id: int) -> int:
+        """Delete an ended job's request rows a bounded piece a transaction (a batch refused after its
+        job was stored); the rows deleted (0 while the job has not ended)."""
         ...

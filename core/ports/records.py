@@ -63,14 +63,25 @@ class TenantBusy(StoreError):
 
 
 class FileQuotaExceeded(StoreError):
-    """An upload would take a tenant's stored file bytes over its quota; nothing was stored."""
+    """An upload, or a batch's rows, would take a tenant's stored bytes over its quota; nothing was
+    stored."""
 
-    def __init__(self, tenant: str, used: int, adding: int, quota: int):
-        super().__init__(
-            f"tenant {tenant!r} stores {used:,} bytes of files; this upload of {adding:,} bytes or more "
-            f"would pass its quota of {quota:,} bytes (max_file_bytes_per_tenant); delete files to make room"
-        )
-        self.tenant, self.used, self.adding, self.quota = tenant, used, adding, quota
+    def __init__(self, tenant: str, used: int, adding: int, quota: int, what: str = "upload"):
+        if what == "batch":
+            super().__init__(
+                f"tenant {tenant!r} stores {used:,} bytes (uploads and batches not yet reclaimed); this "
+                f"batch's requests would store {adding:,} bytes more, {used + adding - quota:,} past its "
+                f"quota of {quota:,} bytes (max_file_bytes_per_tenant); delete files, or wait until ended "
+                "batches are reclaimed (batch_retention_s after they end)"
+            )
+        else:
+            super().__init__(
+                f"tenant {tenant!r} stores {used:,} bytes (uploads and batches not yet reclaimed); this "
+                f"upload of {adding:,} bytes or more "
+                f"would pass its quota of {quota:,} bytes (max_file_bytes_per_tenant); delete files to "
+                "make room"
+            )
+        self.tenant, self.used, self.adding, self.quota, self.what = tenant, used, adding, quota, what
 
 
 class QueueFull(StoreError):

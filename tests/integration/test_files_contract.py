@@ -137,3 +137,54 @@ def test_the_expiry_sweep_reads_unfinished_batches_and_marks_them_once(table):
     table.files.mark_expired(records[0].id, 15.0)
     table.files.mark_expired(records[0].id, 16.0)  # a later call changes nothing
     assert table.files.get_batch("alice", records[0].id).expired_at == 15.0
+
+
+def batch_of(table, job_id: int | None, stored: int = 0, tenant: str = "alice") -> BatchRecord:
+    return BatchRecord(new_batch_id(), tenant, job_id, "/v1/completions", "file-x", "24h", None, 1.0,
+                       stored_bytes=stored)
+
+
+def test_what_batches_store_counts_toward_the_quota_until_they_are_reclaimed(table):
+    files = table.files
+    files.add_file("alice", "batch", "in.jsonl", blob(1000), quota=5000)
+    (job,) = table.catalog.submit([submission(3)])
+    first = batch_of(table, job.job_id, 3000)
+    files.add_batch(first, quota=5000)
+    assert files.stored_bytes("alice") == 4000  # the upload and what the batch's rows hold
+    with pytest.raises(FileQuotaExceeded, match="1 past its quota of 5,000 bytes") as refused:
+        files.add_batch(batch_of(table, None, 1001), quota=5000)
+    assert refused.value.what == "batch" and "max_file_bytes_per_tenant" in str(refused.value)
+    assert [b.id for b in files.list_batches("alice", None, 10)] == [first.id]  # nothing stored
+    with pytest.raises(FileQuotaExceeded):  # nor an upload past it
+        files.add_file("alice", "batch", "more.jsonl", blob(1001), quota=5000)
+    files.add_batch(batch_of(table, None, 1000, tenant="bob"), quota=1000)  # bob's are his own
+    table.catalog.cancel_job(job.job_id)
+    attached = files.attach_outputs(files.get_batch("alice", first.id), (200, 300))
+    assert attached.stored_bytes == 3500 and files.stored_bytes("alice") == 4500  # outputs count too
+    assert [b.id for b in files.reclaim_batches(ended_before=table.now() + 60)] == [first.id]
+    assert files.stored_bytes("alice") == 1000  # reclaimed: no longer counted
+    files.add_batch(batch_of(table, None, 4000), quota=5000)  # the room is back
+
+
+def test_reclaiming_deletes_ended_batches_rows_in_pieces_and_keeps_their_records(table):
+    catalog, files = table.catalog, table.files
+    ended, running, recent = catalog.submit([submission(1203), submission(2), submission(2)])
+    for job in (ended, recent):
+        catalog.cancel_job(job.job_id)
+    records = [batch_of(table, job.job_id) for job in (ended, running)] + [batch_of(table, None)]
+    for record in records:
+        files.add_batch(record)
+    assert files.reclaim_batches(ended_before=0.0) == []  # none ended that long ago
+    assert files.discard_job_rows(running.job_id) == 0  # a job not ended keeps its rows
+    done = files.reclaim_batches(ended_before=table.now() + 60)
+    assert [b.id for b in done] == [records[0].id] and done[0].reclaimed_at is not None
+    assert catalog.request_progress(ended.job_id) == []
+    assert list(catalog.iter_results(ended.job_id, errors=True)) == []
+    (job,) = catalog.list_jobs(job_id=ended.job_id)
+    assert job.state.value == "cancelled" and job.counts.num_requests == 1203  # counts kept
+    assert job.counts.num_cancelled == 1203
+    assert len(catalog.request_progress(running.job_id)) == 2  # not ended: kept
+    assert len(catalog.request_progress(recent.job_id)) == 2  # no batch: not the batches' reclaim
+    assert files.get_batch("alice", records[0].id).reclaimed_at == done[0].reclaimed_at
+    assert files.reclaim_batches(ended_before=table.now() + 60) == []  # once
+    assert files.discard_job_rows(recent.job_id) == 2 and catalog.request_progress(recent.job_id) == []

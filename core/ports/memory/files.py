@@ -18,6 +18,7 @@ from fsched.core.ports.records import FileQuotaExceeded
 from fsched.core.types import JobState
 
 RUNNING_JOB_STATES = (JobState.QUEUED, JobState.IN_PROGRESS)  # not ended, nor cancelling
+RECLAIM_PIECE_ROWS = 500  # request rows a reclaim deletes in one call holding the lock
 
 
 class MemoryFileStore:
@@ -55,7 +56,9 @@ class MemoryFileStore:
         return self._stored_bytes(tenant)
 
     def _stored_bytes(self, tenant: str) -> int:
-        return sum(f.record.bytes for f in self._live(tenant) if f.record.job_id is None)
+        uploads = sum(f.record.bytes for f in self._live(tenant) if f.record.job_id is None)
+        return uploads + sum(b.record.stored_bytes for b in self.rows.batches.values()
+                             if b.record.tenant == tenant and b.record.reclaimed_at is None)
 
     def _live(self, tenant: str) -> list[MemoryFile]:
         return [f for f in self.rows.files.values() if f.record.tenant == tenant and f.deleted_at is None]
@@ -108,7 +111,11 @@ class MemoryFileStore:
     # -- batches ----------------------------------------------------------------------------------
 
     @atomic
-    def add_batch(self, record: BatchRecord) -> None:
+    def add_batch(self, record: BatchRecord, quota: int | None = None) -> None:
+        if quota is not None:
+            used = self._stored_bytes(record.tenant)
+            if used + record.stored_bytes > quota:
+                raise FileQuotaExceeded(record.tenant, used, record.stored_bytes, quota, "batch")
         self.rows.batches[record.id] = MemoryBatch(record, self.rows.next_batch_seq())
 
     @atomic
@@ -154,8 +161,55 @@ class MemoryFileStore:
                                    size, now, record.job_id, errors)
                         for kind, size, errors in (("output", sizes[0], False), ("error", sizes[1], True)))
             self.rows.files[out.id], self.rows.files[err.id] = MemoryFile(out), MemoryFile(err)
-            b.record = replace(b.record, output_file_id=out.id, error_file_id=err.id)
+            b.record = replace(b.record, output_file_id=out.id, error_file_id=err.id,
+                               stored_bytes=b.record.stored_bytes + sizes[0] + sizes[1])
         return b.record
+
+    # -- reclaiming ended batches' rows -----------------------------------------------------------
+
+    def reclaim_batches(self, ended_before: float, limit: int = 100) -> list[BatchRecord]:
+        marked = self._mark_reclaimed(ended_before, limit)
+        for b in marked:
+            self._delete_rows(b.job_id)
+        return [self.rows.batches[b.id].record for b in marked]
+
+    @atomic
+    def _mark_reclaimed(self, ended_before: float, limit: int) -> list[BatchRecord]:
+        jobs = self.rows.jobs
+        unfinished = [b for b in self.rows.batches.values()
+                      if b.record.reclaimed_at is not None and b.record.job_id in jobs
+                      and jobs[b.record.job_id].request_ids]
+        due = [b for b in self.rows.batches.values()
+               if b.record.reclaimed_at is None and b.record.job_id in jobs
+               and jobs[b.record.job_id].state.finished and jobs[b.record.job_id].finished_at < ended_before]
+        due.sort(key=lambda b: (jobs[b.record.job_id].finished_at, b.seq))
+        chosen = sorted(unfinished, key=lambda b: b.seq)[:limit]
+        now = self.rows.clock()
+        for b in due[:max(0, limit - len(chosen))]:
+            b.record = replace(b.record, reclaimed_at=now)
+            chosen.append(b)
+        return [b.record for b in sorted(chosen, key=lambda b: b.seq)]
+
+    def discard_job_rows(self, job_id: int) -> int:
+        with self.rows.lock:
+            job = self.rows.jobs.get(job_id)
+            if job is None or not job.state.finished:
+                return 0
+        return self._delete_rows(job_id)
+
+    def _delete_rows(self, job_id: int) -> int:
+        deleted = 0
+        while True:
+            with self.rows.lock:  # a piece a hold of the lock, as the SQL store's a transaction
+                job = self.rows.jobs[job_id]
+                piece = job.request_ids[:RECLAIM_PIECE_ROWS]
+                job.request_ids = job.request_ids[RECLAIM_PIECE_ROWS:]
+                if not piece:
+                    return deleted
+                for key in piece:
+                    del self.rows.requests[key]
+                job.num_reclaimed += len(piece)
+            deleted += len(piece)
 
 
 def _newest_first(f: StoredFile) -> tuple[float, str]:

@@ -90,6 +90,12 @@ class MemoryJob:
     started_at: float | None = None
     finished_at: float | None = None
     cancel_requested_at: float | None = None
+    # Request rows deleted by a reclaim (the job keeps counting them, as the SQL job row does).
+    num_reclaimed: int = 0
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.request_ids) + self.num_reclaimed
 
     @property
     def cancelled(self) -> bool:
@@ -98,13 +104,13 @@ class MemoryJob:
 
     @property
     def counts(self) -> JobCounts:
-        return JobCounts(len(self.request_ids), self.num_done, self.num_failed, self.num_cancelled,
+        return JobCounts(self.num_requests, self.num_done, self.num_failed, self.num_cancelled,
                          self.num_running)
 
     @property
     def unfinished(self) -> int:
         """Requests not ended yet (waiting or running), from the counters."""
-        return len(self.request_ids) - self.counts.num_finished
+        return self.num_requests - self.counts.num_finished
 
     def ended(self, previous: RequestStatus, status: RequestStatus) -> None:
         """Count one request that ended in `status`, having been `previous`."""
