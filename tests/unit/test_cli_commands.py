@@ -337,3 +337,28 @@ def test_rate_limits_are_set_table_wide_and_on_one_key(fsched):
 
 def key_limits(fsched, key_id: str) -> dict:
     return {row["name"]: row for row in json.loads(fsched.ok("limits", "show", "--key", key_id, "--json"))}
+
+
+def test_purge_reclaims_ended_batches_past_the_retention_and_only_an_admin_may(fsched, monkeypatch):
+    from fsched.core.jobs.batches import BatchRecord, new_batch_id
+    from tests.support.cli import act_as
+    from tests.support.tables import submission
+
+    table = fsched.table
+    ended, running = table.catalog.submit([submission(3), submission(2)])
+    table.catalog.cancel_job(ended.job_id)
+    for job in (ended, running):
+        table.files.add_batch(BatchRecord(new_batch_id(), "alice", job.job_id, "/v1/completions", "file-x",
+                                          "24h", None, 1.0, stored_bytes=1234))
+    kept = json.loads(fsched.ok("purge", "--json"))  # the default: ended over 30 days ago
+    assert kept["older_than_s"] == 30 * 24 * 3600 and kept["reclaimed"] == 0
+    act_as(monkeypatch, "mallory")
+    refused = fsched.run("purge", "--older-than", "0")
+    assert refused.returncode == 1 and b"admin" in refused.stderr
+    monkeypatch.undo()
+    done = json.loads(fsched.ok("purge", "--older-than", "0", "--json"))
+    assert done["reclaimed"] == 1 and done["stored_bytes"] == 1234
+    assert done["batches"][0]["job_id"] == ended.job_id
+    assert table.catalog.request_progress(ended.job_id) == []
+    assert len(table.catalog.request_progress(running.job_id)) == 2  # not ended: kept
+    assert "reclaimed the rows of 0 batch(es)" in fsched.ok("purge", "--older-than", "0")

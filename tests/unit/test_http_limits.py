@@ -119,3 +119,60 @@ async def test_uploads_past_the_tenants_file_quota_get_a_4xx_naming_it_and_store
         assert again.status_code == 200
         content = await client.get(f"/v1/files/{again.json()['id']}/content", headers=alice)
         assert content.content == b"w" * 600
+
+
+def batch_file(n: int) -> bytes:
+    import json
+
+    return "".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+                               "body": {"model": "m", "prompt": "p" * 50, "max_tokens": 2}}) + "\n"
+                   for i in range(n)).encode()
+
+
+async def test_a_batch_past_the_quota_is_a_400_naming_it_and_by_how_much(rig):
+    from fsched.core.jobs.batches import ROW_OVERHEAD_BYTES
+
+    content = batch_file(10)
+    rig.table.keys.set_limit("max_file_bytes_per_tenant", len(content) + 10 * ROW_OVERHEAD_BYTES)
+    _, alice = new_key(rig, "alice")
+    async with rig.server.http() as client:
+        file_id = (await upload(client, alice, content)).json()["id"]
+        body = {"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"}
+        past = await client.post("/v1/batches", json=body, headers=alice)
+        error = refused(past, 400, "file_quota_exceeded")
+        assert error["param"] == "input_file_id" and "max_file_bytes_per_tenant" in error["message"]
+        charge = 10 * (ROW_OVERHEAD_BYTES + len("r0") + 50)
+        assert f"would store {charge:,} bytes more" in error["message"]
+        assert f"{charge - 10 * ROW_OVERHEAD_BYTES:,} past its quota" in error["message"]
+    assert rig.table.rows.jobs == {} and rig.table.rows.batches == {}  # nothing stored
+
+
+async def test_a_reclaimed_batch_answers_with_its_counts_and_its_output_file_is_gone(rig):
+    from fsched.api.expiry import reclaim_ended
+
+    _, alice = new_key(rig, "alice")
+    async with rig.server.http() as client:
+        file_id = (await upload(client, alice, batch_file(3))).json()["id"]
+        body = {"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"}
+        seen, unseen = [(await client.post("/v1/batches", json=body, headers=alice)).json()["id"]
+                        for _ in range(2)]
+        rig.daemon.run_until_idle()
+        batch = (await client.get(f"/v1/batches/{seen}", headers=alice)).json()  # its output files made
+        output = batch["output_file_id"]
+        assert (await client.get(f"/v1/files/{output}/content", headers=alice)).status_code == 200
+        retention = (await rig.server.state.limits()).batch_retention_s
+        assert retention == 30 * 24 * 3600
+        now = rig.clock()
+        assert reclaim_ended(rig.server.state, now + retention - 60, retention) == []  # not yet
+        reclaimed = reclaim_ended(rig.server.state, now + retention + 1, retention)
+        assert sorted(reclaimed) == sorted([seen, unseen])
+        assert rig.table.rows.requests == {}
+        for batch_id in (seen, unseen):
+            after = (await client.get(f"/v1/batches/{batch_id}", headers=alice)).json()
+            assert after["status"] == "completed"
+            assert after["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+        assert after["output_file_id"] is None  # reclaimed before its output files were made: none
+        gone = await client.get(f"/v1/files/{output}/content", headers=alice)
+        error = refused(gone, 410, "file_reclaimed")
+        assert seen in error["message"] and "batch_retention_s" in error["message"]
+        assert (await client.get(f"/v1/files/{output}", headers=alice)).status_code == 200  # its record
