@@ -1,9 +1,10 @@
 """What concurrent batch creations from one large upload cost `fsched serve`'s memory.
 
-    .venv/bin/python bench/batch_create.py [--mb 55] [--creations 4] [--fsched PATH]
+    .venv/bin/python bench/batch_create.py [--mb 55] [--words 400] [--creations 4] [--fsched PATH]
 
 Starts `fsched serve` on a new SQLite file (no daemon: the batches only need
-storing), uploads one JSONL file of about `mb` MB of short completions lines,
+storing), uploads one JSONL file of about `mb` MB of completions lines (a prompt of `words` words
+each: at 1,000 words a 200 MiB file stays under the 50,000-line limit),
 then asks for `creations` batches from it at once, one tenant. Prints serve's
 peak RSS (VmHWM) before and after, and each creation's status.
 --fsched runs another build's `fsched` (to compare).
@@ -30,6 +31,7 @@ from uploads import free_port, make_key, peak_rss_mb, upload_all  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, default=55)
+    parser.add_argument("--words", type=int, default=400)
     parser.add_argument("--creations", type=int, default=4)
     parser.add_argument("--fsched", default=str(Path(sys.executable).parent / "fsched"))
     args = parser.parse_args()
@@ -41,7 +43,7 @@ def main() -> None:
         i = 0
         while out.tell() < args.mb * 1_000_000:
             out.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
-                                  "body": {"model": "m", "prompt": f"line {i} " + "word " * 400,
+                                  "body": {"model": "m", "prompt": f"line {i} " + "word " * args.words,
                                            "max_tokens": 4}}) + "\n")
             i += 1
     key = make_key(args.fsched, env)
