@@ -80,3 +80,24 @@ def test_databases_before_origins_gain_prompt_tokens_origins_admin_keys_and_inde
     (job,) = store.list_jobs()
     assert job.counts.num_requests == 1 and job.origin is JobOrigin.ONLINE  # the data came through
     store.db.dispose()
+
+
+def test_databases_before_batch_storage_charge_their_batches_what_their_output_files_hold(db_url):
+    from fsched.core.jobs.batches import BatchRecord, new_batch_id
+    from fsched.storage.sql_files import SqlFileStore
+
+    store = SqlJobStore(db_url)
+    files = SqlFileStore(store.db)
+    job = _one_job(store, "alice", 2)
+    record = BatchRecord(new_batch_id(), "alice", job.job_id, "/v1/completions", "file-x", "24h", None, 1.0)
+    files.add_batch(record)
+    files.attach_outputs(record, (300, 45))
+    before = next(v for v, step in schema.MIGRATIONS.items() if step is schema._add_batch_storage)
+    with store.db.write() as conn:  # back to a database of that version
+        for column in ("stored_bytes", "reclaimed_at"):
+            schema.drop_column(conn, "batches", column)
+        conn.execute(text(f"UPDATE fsched_meta SET value = '{before}' WHERE key = 'schema_version'"))
+    assert schema.ensure_schema(store.db) == before
+    assert files.get_batch("alice", record.id).stored_bytes == 345 and files.stored_bytes("alice") == 345
+    assert files.get_batch("alice", record.id).reclaimed_at is None
+    store.db.dispose()

@@ -143,3 +143,30 @@ async def test_reclaimed_rows_give_their_space_back_or_to_the_next_batch(request
             assert table_bytes(table) - one_batch < (one_batch - empty) / 4
     finally:
         table.dispose()
+
+
+def test_a_reclaim_stopped_midway_is_finished_by_the_next(db_url):
+    from fsched.core.jobs.batches import BatchRecord, new_batch_id
+    from fsched.storage.rows import jobs, requests
+    from fsched.storage.sql_files import batches
+    from fsched.storage.stores import JobTable
+    from tests.support.tables import submission
+
+    table = JobTable(db_url)
+    try:
+        (job,) = table.catalog.submit([submission(5)])
+        table.catalog.cancel_job(job.job_id)
+        record = BatchRecord(new_batch_id(), "alice", job.job_id, "/v1/completions", "file-x", "24h",
+                             None, 1.0)
+        table.files.add_batch(record)
+        with table._db.write() as conn:  # marked, then stopped before its rows went
+            conn.execute(batches.update().values(reclaimed_at=5.0))
+        assert table.files.stored_bytes("alice") == 0
+        assert [b.id for b in table.files.reclaim_batches(ended_before=0.0)] == [record.id]
+        with table._db.read() as conn:
+            assert conn.execute(select(func.count()).select_from(requests)).scalar_one() == 0
+            assert conn.execute(select(jobs.c.num_requests)).scalar_one() == 5
+        assert table.files.get_batch("alice", record.id).reclaimed_at == 5.0
+        assert table.files.reclaim_batches(ended_before=time.time() + 60) == []
+    finally:
+        table.dispose()
