@@ -47,7 +47,7 @@ class InputLimits:
     max_file_bytes_per_tenant: int = 100 * GB
     # Seconds an ended batch (completed, failed, expired or cancelled) keeps its rows: then `fsched
     # serve`'s sweep deletes its requests, outputs and logprobs (the batch still answers with its status
-    # and counts; its output files' content is gone). 30 days, as OpenAI keeps batch outputs.
+    # and counts; its output files' content is gone). 30 days: a month to fetch a batch's results.
     batch_retention_s: int = 30 * DAY_S
     # What the tokens-a-minute rate limits charge for logprobs: one token more for every this many
     # logprob records a request may make (each output token's, and each of its alternatives'). 20:
