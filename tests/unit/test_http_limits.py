@@ -176,3 +176,24 @@ async def test_a_reclaimed_batch_answers_with_its_counts_and_its_output_file_is_
         error = refused(gone, 410, "file_reclaimed")
         assert seen in error["message"] and "batch_retention_s" in error["message"]
         assert (await client.get(f"/v1/files/{output}", headers=alice)).status_code == 200  # its record
+
+
+async def test_a_batch_that_loses_the_room_to_another_meanwhile_is_refused_and_its_rows_discarded(
+        rig, monkeypatch):
+    """The first check passed (as if another creation had not yet stored its batch); the check with the
+    batch made visible refuses it: its job is cancelled and its rows deleted, and no batch is listed."""
+    from fsched.core.jobs.batches import ROW_OVERHEAD_BYTES
+
+    content = batch_file(10)
+    charge = 10 * (ROW_OVERHEAD_BYTES + len("r0") + 50)
+    rig.table.keys.set_limit("max_file_bytes_per_tenant", charge + 100)  # the batch fits, not with the upload
+    _, alice = new_key(rig, "alice")
+    async with rig.server.http() as client:
+        file_id = (await upload(client, alice, content)).json()["id"]
+        monkeypatch.setattr(type(rig.table.files), "stored_bytes", lambda self, tenant: 0)
+        body = {"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"}
+        late = await client.post("/v1/batches", json=body, headers=alice)
+        assert "past its quota" in refused(late, 400, "file_quota_exceeded")["message"]
+        assert (await client.get("/v1/batches", headers=alice)).json()["data"] == []
+    (job,) = rig.table.rows.jobs.values()
+    assert job.state.value == "cancelled" and rig.table.rows.requests == {}
