@@ -177,7 +177,7 @@ def test_openai_sdk_tool_loop_whole_and_streamed(server, key):
     assert content == "Let me check." and reasons[-1] == "tool_calls"
     assert [(c["name"], c["arguments"]) for c in calls.values()] == [("weather", call.function.arguments)]
 
-    messages += [choice.message.model_dump(exclude_none=True, exclude={"reasoning_content"}),
+    messages += [choice.message.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": call.id, "content": "21 C, sunny"}]
     final = client.chat.completions.create(model="m", messages=messages, tools=[WEATHER])
     assert final.choices[0].message.content == ANSWER and final.choices[0].finish_reason == "stop"
@@ -201,3 +201,45 @@ def test_openai_agents_function_tool_loop(server, key, api):
     model = OpenAIChatCompletionsModel("m", client) if api == "chat" else OpenAIResponsesModel("m", client)
     result = Runner.run_sync(Agent(name="w", tools=[weather], model=model), "weather in Paris?")
     assert asked == ["Paris"] and result.final_output == ANSWER
+
+
+@REMOTE
+def test_langchain_bind_tools_auto_and_langgraph_react_agent(server, key):
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.prebuilt import create_react_agent
+
+    model = ChatOpenAI(model="m", api_key=key, base_url=f"{server.url}/v1", max_retries=0)
+    message = model.bind_tools([WEATHER], tool_choice="auto").invoke("weather in Paris?")
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [("weather", {"city": "Paris"})]
+
+    asked = []
+
+    @tool
+    def weather(city: str) -> str:
+        """The forecast for a city."""
+        asked.append(city)
+        return "21 C, sunny"
+
+    state = create_react_agent(model, [weather]).invoke({"messages": [("user", "weather in Paris?")]})
+    assert asked == ["Paris"] and state["messages"][-1].content == ANSWER
+
+
+@REMOTE
+def test_pydantic_ai_tool_loop(server, key):
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    provider = OpenAIProvider(base_url=f"{server.url}/v1", api_key=key)
+    agent = Agent(OpenAIChatModel("m", provider=provider))
+    asked = []
+
+    @agent.tool_plain
+    def weather(city: str) -> str:
+        """The forecast for a city."""
+        asked.append(city)
+        return "21 C, sunny"
+
+    result = agent.run_sync("weather in Paris?")
+    assert asked == ["Paris"] and result.output == ANSWER

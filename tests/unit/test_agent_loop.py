@@ -81,7 +81,7 @@ async def test_a_call_whole_and_streamed_and_the_loop_closed(rig):
     assert [(c["name"], c["arguments"]) for c in calls.values()] == [("weather", call.function.arguments)]
     assert calls[0]["id"].startswith("call_") and reasons[-1] == "tool_calls"
 
-    messages += [choice.message.model_dump(exclude_none=True, exclude={"reasoning_content"}),
+    messages += [choice.message.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": call.id, "content": "21 C, sunny"}]
     final = await client.chat.completions.create(model="m", messages=messages, tools=[WEATHER])
     assert final.choices[0].message.content == ANSWER and final.choices[0].finish_reason == "stop"
@@ -89,6 +89,7 @@ async def test_a_call_whole_and_streamed_and_the_loop_closed(rig):
     assert render["tools"] == [WEATHER] and [m["role"] for m in history] == ["user", "assistant", "tool"]
     assert history[1]["tool_calls"][0]["function"]["arguments"] == call.function.arguments
     assert history[2]["tool_call_id"] == call.id
+    assert history[1]["reasoning_content"] == "I should look it up."  # given back, as frameworks do
 
 
 async def test_required_is_read_as_the_grammars_array_and_none_reads_nothing(rig):
