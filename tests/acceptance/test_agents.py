@@ -204,6 +204,7 @@ def test_openai_agents_function_tool_loop(server, key, api):
 
 
 @REMOTE
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # langgraph 1.x: create_react_agent moves
 def test_langchain_bind_tools_auto_and_langgraph_react_agent(server, key):
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
