@@ -48,13 +48,21 @@ class ItemsStream:
             yield from self._grow(self._call_item(i, call.name), call.arguments)
 
     def close(self, text: str, items: list[dict]) -> Iterator[dict]:
-        """At the end: the rest of each item's text, each item's done events (`items`: the answer's
-        final items, of which the opened ones are the first), then the items not yet opened, whole."""
+        """At the end: the rest of each item's text, then each item's done events (`items`: the
+        answer's final items), the items not yet opened whole. A call opened but cut before its end
+        (by max_output_tokens) is not one of the answer's items: it ends `incomplete`, as it was sent."""
         yield from self.update(text, final=True)
-        for index, item in enumerate(items):
-            if index >= len(self.opened):
+        final = {item["id"] for item in items}
+        for index, opened in enumerate(self.opened):
+            if opened["id"] not in final:
+                yield self.event("response.output_item.done", output_index=index,
+                                 item={**opened, "status": "incomplete"})
+        for item in items:
+            ids = [o["id"] for o in self.opened]
+            if item["id"] not in ids:
                 yield from self._open(item)
-            yield from self._done(index, item)
+                ids.append(item["id"])
+            yield from self._done(ids.index(item["id"]), item)
 
     def _grow(self, item: dict, text: str) -> Iterator[dict]:
         ids = [o["id"] for o in self.opened]
@@ -66,6 +74,8 @@ class ItemsStream:
         if not fragment:
             return
         self.sent[index] = len(text)
+        if item["type"] == "function_call":
+            self.opened[index]["arguments"] = text  # what was sent, should the call be cut
         where = {"item_id": item["id"], "output_index": index}
         if item["type"] == "function_call":
             yield self.event("response.function_call_arguments.delta", **where, delta=fragment)
@@ -86,7 +96,7 @@ class ItemsStream:
             opened["content"] = []
         self.opened.append(opened)
         self.sent.append(0)
-        yield self.event("response.output_item.added", output_index=index, item=opened)
+        yield self.event("response.output_item.added", output_index=index, item=dict(opened))
         if item["type"] == "message":
             yield self.event("response.content_part.added", item_id=item["id"], output_index=index,
                              content_index=0, part=_part("", []))
