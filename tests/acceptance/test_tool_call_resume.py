@@ -23,7 +23,7 @@ from .http_server import Server, make_server
 
 pytestmark = pytest.mark.timeout(120)
 
-NOTE = " ".join(f"day {i} sunny and warm" for i in range(1, 25))
+NOTE = " ".join(f"day {i} sunny and warm" for i in range(1, 25))  # the call: 276 tokens, 5.5 s
 ARGUMENTS = json.dumps({"city": "Paris", "note": NOTE})
 CALL_TEXT = f'Let me check.\n<tool_call>\n{{"name": "weather", "arguments": {ARGUMENTS}}}\n</tool_call>'
 WEATHER = {"name": "weather", "description": "the forecast for a city",
