@@ -37,7 +37,8 @@ LinkOption = Annotated[bool, typer.Option(
 
 ToolParserOption = Annotated[
     str, typer.Option("--tool-call-parser", help="The model family whose syntax tool calls are read in: "
-                      "auto (any known one), hermes, llama3_json or mistral (docs/models.md).")
+                      "auto (the family the --tokenizer folder's chat template shows, else any known "
+                      "one), hermes, llama3_json or mistral (docs/models.md).")
 ]
 
 
@@ -99,17 +100,26 @@ def serve(
     app = create_app(build_backend(db), poll_s=poll_ms / 1000,
                      tokenizers=Tokenizers(tokenizer, load=codec_for_served), metrics_port=metrics_port,
                      body_timeout_s=deadlines.body_timeout_s, rules=_rules(no_daemon_s, stall_s), link=link,
-                     tool_parser=_tool_parser(tool_call_parser))
+                     tool_parser=_tool_parser(tool_call_parser, tokenizer))
     protocol = header_deadline_protocol(deadlines.header_timeout_s)
     _run(uvicorn, app, host, port, metrics_port, access_log, protocol, send_buffer_kb)
 
 
-def _tool_parser(name: str) -> str:
-    from fsched.core.openai.toolcalls.families import PARSER_NAMES
+def _tool_parser(name: str, tokenizer: str | None = None) -> str:
+    """The family named, or under `auto` the one the --tokenizer folder's chat template shows (else any)."""
+    from fsched.core.openai.toolcalls.families import AUTO, PARSER_NAMES, family_of_template
+    from fsched.core.runners.templates import folder_chat_templates
 
     if name not in PARSER_NAMES:
         raise UserError(f"--tool-call-parser: one of {', '.join(PARSER_NAMES)}, not {name!r}")
-    return name
+    if name != AUTO or tokenizer is None:
+        return name
+    family = family_of_template(folder_chat_templates(tokenizer))
+    if family is None:
+        return AUTO
+    typer.echo(f"fsched serve: tool calls are read as {family}'s (the chat template of {tokenizer})",
+               err=True)
+    return family
 
 
 def _check(poll_ms: float, port: int, metrics_port: int | None, send_buffer_kb: int | None) -> None:

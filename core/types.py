@@ -434,6 +434,7 @@ class ChatMessage:
     # with `arguments` a JSON text.
     tool_calls: tuple[dict, ...] = ()
     tool_call_id: str | None = None  # a tool message: the call it answers
+    reasoning_content: str | None = None  # an assistant's reasoning, as its answer gave it
 
     def to_json(self) -> dict:
         out: dict = {"role": self.role, "content": self.content}
@@ -443,6 +444,8 @@ class ChatMessage:
             out["tool_calls"] = list(self.tool_calls)
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
         return out
 
 

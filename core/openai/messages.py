@@ -1,4 +1,5 @@
-"""Chat messages as a body gives them: roles, text content, a participant's name, tool calls.
+"""Chat messages as a body gives them: roles, text content, a participant's name, tool calls, an
+assistant's reasoning.
 
 `messages` is the field table's check of chat's `messages` (and of
 /tokenize's): it returns the conversation as fsched keeps it (`ChatMessage`,
@@ -16,7 +17,8 @@ from fsched.core.jobs.limits import InputLimits
 from fsched.core.types import ChatMessage
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "refusal"})
+MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "refusal",
+                          "reasoning_content"})
 MAX_TOOL_CALLS = 128  # calls in one assistant message
 
 
@@ -42,10 +44,12 @@ def messages(value: Any, limits: InputLimits) -> tuple[ChatMessage, ...]:
                              f"{where}.refusal")
         calls = _tool_calls(message.get("tool_calls"), role, f"{where}.tool_calls")
         call_id = _tool_call_id(message.get("tool_call_id"), role, f"{where}.tool_call_id")
+        reasoning = _reasoning(message.get("reasoning_content"), role, f"{where}.reasoning_content")
         content = message.get("content")
         text = "" if content is None and (calls or role == "assistant") else _content(content, where)
         name = storable(name, f"{where}.name") if name else None
-        out.append(ChatMessage(role=role, content=text, name=name, tool_calls=calls, tool_call_id=call_id))
+        out.append(ChatMessage(role=role, content=text, name=name, tool_calls=calls, tool_call_id=call_id,
+                               reasoning_content=reasoning))
     return tuple(out)
 
 
@@ -82,6 +86,18 @@ def _tool_call_id(value: Any, role: str, where: str) -> str | None:
         return None
     if role != "tool":
         raise InputError("only a tool message answers a call", where)
+    if not isinstance(value, str):
+        raise InputError(f"must be a string, got {json_type(value)}", where)
+    return storable(value, where)
+
+
+def _reasoning(value: Any, role: str, where: str) -> str | None:
+    """An assistant's earlier reasoning, as an answer gave it back (`reasoning_content`): handed to the
+    template, which keeps or drops it (Qwen 3's keeps the turns after the last question's)."""
+    if value is None:
+        return None
+    if role != "assistant":
+        raise InputError("only an assistant message carries reasoning", where)
     if not isinstance(value, str):
         raise InputError(f"must be a string, got {json_type(value)}", where)
     return storable(value, where)

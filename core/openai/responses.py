@@ -19,6 +19,7 @@ from fsched.core.jobs.inputs import InputError, json_type
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.answers import AnswerChoice, padding
 from fsched.core.openai.fields import TEMPERATURE_TEXT, TOP_P_TEXT, BodyField, Support
+from fsched.core.openai.responses_items import ItemsStream
 from fsched.core.openai.toolcalls.message import call_id, read_options
 from fsched.core.openai.toolcalls.reading import read
 from fsched.core.openai.values import Boolean, Custom, Integer, Number, Text
@@ -356,7 +357,8 @@ def _logprobs(records: Sequence) -> list[dict]:
 
 class ResponsesRelay:
     """The Responses event stream of one request: created, in_progress, the message item and its text
-    part opened, a delta per batch of new text, their done events, completed."""
+    part opened, a delta per batch of new text, their done events, completed. With tools, the items
+    the answer's reading shows, as they are written (responses_items.py)."""
 
     def __init__(self, response_id: str, created: float, model: str, echo: dict, logprobs: bool,
                  obfuscation: bool = False, answer: AnswerOptions = AnswerOptions()):
@@ -368,6 +370,7 @@ class ResponsesRelay:
         self.chars = 0
         self.tokens = 0
         self.item_id = message_item(response_id, None, "in_progress", [])["id"]
+        self.items = ItemsStream(response_id, read_options(answer), self._event) if answer.tools else None
 
     def _event(self, kind: str, **fields: Any) -> dict:
         out = {"type": kind, "sequence_number": self.seq, **fields}
@@ -386,9 +389,10 @@ class ResponsesRelay:
                           content_index=0, part=_text_part("", []))
 
     def update(self, choices: Sequence[RequestProgress]) -> Iterator[dict]:
-        if self.answer.tools:
-            return  # the items are known once the answer is: they come at its end
         (p,) = choices
+        if self.items is not None:
+            yield from self.items.update(p.visible_text)
+            return
         text = p.visible_text
         if len(text) <= self.chars:
             return
@@ -400,54 +404,18 @@ class ResponsesRelay:
         self.chars, self.tokens = len(text), count
 
     def closing(self, final: Sequence[RequestProgress], choice: AnswerChoice) -> Iterator[dict]:
-        if self.answer.tools:
-            yield from self._items_at_end(choice)
-            return
-        yield from self.update(final)
-        logprobs = _logprobs(choice.logprobs) if self.logprobs else []
-        part = _text_part(choice.text, logprobs)
-        yield self._event("response.output_text.done", item_id=self.item_id, output_index=0,
-                          content_index=0, text=choice.text, logprobs=logprobs)
-        yield self._event("response.content_part.done", item_id=self.item_id, output_index=0,
-                          content_index=0, part=part)
-        done = response_object(self.response_id, self.created, self.model, self.echo, choice,
-                               logprobs=self.logprobs)
-        yield self._event("response.output_item.done", output_index=0, item=done["output"][0])
-        kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
-        yield self._event(kind, response=done)
-
-    def _items_at_end(self, choice: AnswerChoice) -> Iterator[dict]:
-        """With tools: each output item's events, in order, then the response's end."""
         done = response_object(self.response_id, self.created, self.model, self.echo, choice,
                                logprobs=self.logprobs, answer=self.answer)
-        for index, item in enumerate(done["output"]):
-            opened = {**item, "status": "in_progress"}
-            if item["type"] == "message":
-                opened["content"] = []
-            elif item["type"] == "function_call":
-                opened["arguments"] = ""
-            yield self._event("response.output_item.added", output_index=index, item=opened)
-            yield from self._item_body(index, item)
-            yield self._event("response.output_item.done", output_index=index, item=item)
+        if self.items is not None:
+            yield from self.items.close(choice.text, done["output"])
+        else:
+            yield from self.update(final)
+            logprobs = _logprobs(choice.logprobs) if self.logprobs else []
+            part = _text_part(choice.text, logprobs)
+            yield self._event("response.output_text.done", item_id=self.item_id, output_index=0,
+                              content_index=0, text=choice.text, logprobs=logprobs)
+            yield self._event("response.content_part.done", item_id=self.item_id, output_index=0,
+                              content_index=0, part=part)
+            yield self._event("response.output_item.done", output_index=0, item=done["output"][0])
         kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
         yield self._event(kind, response=done)
-
-    def _item_body(self, index: int, item: dict) -> Iterator[dict]:
-        where = {"item_id": item["id"], "output_index": index}
-        if item["type"] == "function_call":
-            yield self._event("response.function_call_arguments.delta", **where, delta=item["arguments"])
-            yield self._event("response.function_call_arguments.done", **where, name=item["name"],
-                              arguments=item["arguments"])
-        elif item["type"] == "reasoning":
-            text = item["content"][0]["text"]
-            yield self._event("response.reasoning_text.delta", **where, content_index=0, delta=text)
-            yield self._event("response.reasoning_text.done", **where, content_index=0, text=text)
-        else:
-            part = item["content"][0]
-            opened = _text_part("", [])
-            yield self._event("response.content_part.added", **where, content_index=0, part=opened)
-            yield self._event("response.output_text.delta", **where, content_index=0, delta=part["text"],
-                              logprobs=part["logprobs"])
-            yield self._event("response.output_text.done", **where, content_index=0, text=part["text"],
-                              logprobs=part["logprobs"])
-            yield self._event("response.content_part.done", **where, content_index=0, part=part)

@@ -18,7 +18,10 @@ carries vLLM's completions `logprobs` object, tokens written `token_id:N` (what
 context. Given a `tokenizer` (a model folder), it honours `response_format`
 as vLLM does, with llguidance: its token is the hashed one when the grammar
 allows it, else one of the allowed ones chosen by the same hash, and the
-stream ends when the grammar is complete. Faults: `restart(down_s)` drops every
+stream ends when the grammar is complete. Given a `script` (prompt ids -> the answer's ids, or None),
+a request without response_format writes that answer, then EOS: a scripted model that decides to call
+a tool. A prompt that is an earlier scripted prompt plus the start of its answer (a resume) goes on
+with that answer where it stopped. Faults: `restart(down_s)` drops every
 connection and stops listening for a while; `refuse` makes chosen requests
 fail with HTTP 400; a prompt plus max_tokens over `context` is refused with
 vLLM's kind of message.
@@ -69,9 +72,11 @@ class FakeEngine:
     def __init__(self, port: int = 0, model: str = "fake-engine", context: int = 8192,
                  vocab: int | None = None,
                  eos: int = STANDIN_EOS, step_s: float = 0.0, kv_tokens: int | None = None,
-                 refuse: Callable[[dict], str | None] | None = None, tokenizer: str | None = None):
+                 refuse: Callable[[dict], str | None] | None = None, tokenizer: str | None = None,
+                 script: Callable[[list[int]], list[int] | None] | None = None):
         self.model, self.context, self.vocab, self.eos = model, context, vocab, eos
-        self.tokenizer = tokenizer
+        self.tokenizer, self.script = tokenizer, script
+        self.scripted: dict[tuple[int, ...], list[int]] = {}  # each scripted prompt's answer
         self.step_s, self.kv_tokens, self.refuse = step_s, kv_tokens, refuse
         self.port = port
         self.bodies: list[dict] = []  # every completion request received
@@ -150,12 +155,16 @@ class FakeEngine:
         seed, temperature = body.get("seed"), float(body.get("temperature", 1.0))
         context, n, finish = list(prompt), 0, "length"
         grammar = self._grammar(body.get("response_format"))
+        answer = self._answer(prompt) if grammar is None and self.script is not None else None
         stops = set(body.get("stop_token_ids") or ()) | ({self.eos} if not body.get("ignore_eos") else set())
         while n < max_tokens:
             if self.step_s and select.select([handler.connection], [], [], self.step_s)[0]:
                 raise ConnectionAbortedError("the client went away")  # EOF while it waited: abort
             s = seed if temperature == 0 else draw_seed(seed, n)
             token = fake_token(s, context, self.vocab, self.eos)
+            if answer is not None:
+                start, tokens = answer
+                token = tokens[len(context) - start] if len(context) - start < len(tokens) else self.eos
             if n < int(body.get("min_tokens") or 0) and token in stops:
                 token = (token + 1) % (self.vocab or 50_000) or 1
             if grammar is not None:
@@ -177,6 +186,20 @@ class FakeEngine:
                 break
         handler.wfile.write(b"data: [DONE]\n\n")
         handler.wfile.flush()
+
+    def _answer(self, prompt: list[int]) -> tuple[int, list[int]] | None:
+        """(where the answer starts in `prompt`'s context, its ids) for a scripted prompt or its resume."""
+        with self._lock:
+            for first, tokens in self.scripted.items():
+                k = len(first)
+                if tuple(prompt[:k]) == first and prompt[k:] == tokens[:len(prompt) - k]:
+                    return k, tokens
+        tokens = self.script(prompt)
+        if tokens is None:
+            return None
+        with self._lock:
+            self.scripted[tuple(prompt)] = tokens
+        return len(prompt), tokens
 
     def _grammar(self, response_format: dict | None):
         if response_format is None:

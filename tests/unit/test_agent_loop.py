@@ -1,5 +1,6 @@
 """Tool calls end to end through the HTTP app: a scripted model that decides to call a tool, the
-openai SDK and LangChain unchanged, non-streamed and streamed, over a two-turn agent loop.
+openai SDK, openai-agents, LangChain, LangGraph and pydantic-ai unchanged, non-streamed and
+streamed, over a two-turn agent loop.
 
 In process (tests/support/inprocess.py): the real app and daemon loop over an in-memory table, the
 scripted runner (tests/support/scripted.py) writing what each turn calls for.
@@ -80,7 +81,7 @@ async def test_a_call_whole_and_streamed_and_the_loop_closed(rig):
     assert [(c["name"], c["arguments"]) for c in calls.values()] == [("weather", call.function.arguments)]
     assert calls[0]["id"].startswith("call_") and reasons[-1] == "tool_calls"
 
-    messages += [choice.message.model_dump(exclude_none=True, exclude={"reasoning_content"}),
+    messages += [choice.message.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": call.id, "content": "21 C, sunny"}]
     final = await client.chat.completions.create(model="m", messages=messages, tools=[WEATHER])
     assert final.choices[0].message.content == ANSWER and final.choices[0].finish_reason == "stop"
@@ -88,6 +89,7 @@ async def test_a_call_whole_and_streamed_and_the_loop_closed(rig):
     assert render["tools"] == [WEATHER] and [m["role"] for m in history] == ["user", "assistant", "tool"]
     assert history[1]["tool_calls"][0]["function"]["arguments"] == call.function.arguments
     assert history[2]["tool_call_id"] == call.id
+    assert history[1]["reasoning_content"] == "I should look it up."  # given back, as frameworks do
 
 
 async def test_required_is_read_as_the_grammars_array_and_none_reads_nothing(rig):
@@ -189,3 +191,40 @@ async def test_an_operator_named_family_reads_its_syntax_only():
     message = answer.choices[0].message
     assert message.tool_calls is None and "<tool_call>" in message.content
     assert answer.choices[0].finish_reason == "stop"
+
+
+def _agents_weather(asked: list[str]):
+    from agents import function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)  # no trace export: the SDK would post traces to OpenAI
+
+    @function_tool
+    def weather(city: str) -> str:
+        """The forecast for a city."""
+        asked.append(city)
+        return "21 C, sunny"
+
+    return weather
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_openai_agents_function_tool_loop(rig, api, streamed):
+    from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner
+
+    client = rig.server.openai(rig.key("oa"))
+    model = OpenAIChatCompletionsModel("m", client) if api == "chat" else OpenAIResponsesModel("m", client)
+    asked: list[str] = []
+    agent = Agent(name="w", instructions="Answer.", tools=[_agents_weather(asked)], model=model)
+    if streamed:
+        result = Runner.run_streamed(agent, "weather in Paris?")
+        async for _ in result.stream_events():
+            pass
+    else:
+        result = await Runner.run(agent, "weather in Paris?")
+    assert asked == ["Paris"] and result.final_output == ANSWER
+    history, render = RUNNERS[-1].rendered[-1]  # the second turn: the call and its output fed back
+    assert [m["role"] for m in history] == ["system", "user", "assistant", "tool"]
+    assert history[2]["tool_calls"][0]["function"]["name"] == "weather"
+    assert history[3]["content"] == "21 C, sunny"
+    assert render["tools"][0]["function"]["strict"] is True  # the SDK's strict schema reached the template

@@ -4,7 +4,8 @@ A family finds where its calls start in a text (`start`), and reads the calls
 from there (`calls`), as far as the text goes. Adding a family is adding one
 `Family` to `FAMILIES`: its name (what `fsched serve --tool-call-parser`
 takes), the markers a streamed text must not show before they are complete,
-and these two functions.
+these two functions, and what in a chat template shows a model of the family
+(`family_of_template`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Family:
     start: Callable[[str], int | None]  # where the calls start (None: no call, or not yet known)
     calls: Callable[[str, int], list[Call]]  # the calls from there, the last possibly open
     note: str  # the format, for the docs
+    template_marks: tuple[str, ...] = ()  # any of these in a chat template: a model of this family
 
 
 def _hermes_start(text: str) -> int | None:
@@ -139,16 +141,23 @@ def _forced_start(text: str) -> int | None:
 
 HERMES = Family("hermes", (HERMES_OPEN,), _hermes_start, _hermes_calls,
                 "`<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>`, one block a call "
-                "(Hermes, Qwen 2.5 and 3)")
+                "(Hermes, Qwen 2.5 and 3)", (HERMES_OPEN,))
 LLAMA3_JSON = Family("llama3_json", (PYTHON_TAG,), _llama_start, _llama_calls,
                      "the answer is `{\"name\": ..., \"parameters\": {...}}`, several separated by `;` "
-                     "(Llama 3.1 to 3.3)")
+                     "(Llama 3.1 to 3.3)", (PYTHON_TAG, "<|start_header_id|>ipython"))
 MISTRAL = Family("mistral", (MISTRAL_MARK,), _mistral_start, _mistral_calls,
                  "`[TOOL_CALLS]` then a JSON array of `{\"name\", \"arguments\"}`, or "
-                 "`[TOOL_CALLS]name[ARGS]{...}` a call (Mistral)")
+                 "`[TOOL_CALLS]name[ARGS]{...}` a call (Mistral)", (MISTRAL_MARK,))
 FORCED = Family("forced", (), _forced_start, array_calls,
                 "a JSON array of `{\"name\", \"arguments\"}`: what a required or named call is held to")
 
 FAMILIES = {f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL)}
 AUTO = "auto"
 PARSER_NAMES = (AUTO, *FAMILIES)
+
+
+def family_of_template(templates: list[str]) -> str | None:
+    """The family whose marks a model's chat templates carry, when exactly one family's do; else None
+    (no tools in the template, or marks of several: left to `auto`)."""
+    found = {f.name for f in FAMILIES.values() for t in templates if any(m in t for m in f.template_marks)}
+    return found.pop() if len(found) == 1 else None

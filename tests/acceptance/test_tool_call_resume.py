@@ -1,0 +1,177 @@
+"""A streamed tool call whose daemon is killed (`kill -9`) or whose request is preempted mid-call,
+then resumed: the client's stream carries the call's id and name once and its arguments whole, no
+fragment repeated or lost. A real `fsched serve` and `fsched daemon --engine URL` in subprocesses,
+in front of the stand-in engine (tests/support/fake_engine.py) scripted to call a tool with long
+arguments, one token every 20 ms, so the break lands inside them. The engine continues a resumed
+prompt (prompt + what was generated) where its script stopped, as a model continues its own text.
+
+A chat stream and a Responses stream are open at once: one kill, or one preemption each, serves both.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .http_server import Server, make_server
+
+pytestmark = pytest.mark.timeout(120)
+
+NOTE = " ".join(f"day {i} sunny and warm" for i in range(1, 25))  # the call: 276 tokens, 5.5 s
+ARGUMENTS = json.dumps({"city": "Paris", "note": NOTE})
+CALL_TEXT = f'Let me check.\n<tool_call>\n{{"name": "weather", "arguments": {ARGUMENTS}}}\n</tool_call>'
+WEATHER = {"name": "weather", "description": "the forecast for a city",
+           "parameters": {"type": "object", "required": ["city"],
+                          "properties": {"city": {"type": "string"}, "note": {"type": "string"}}}}
+QUESTION = [{"role": "user", "content": "weather in Paris?"}]
+CHAT_URL, RESPONSES_URL = "/v1/chat/completions", "/v1/responses"
+
+
+def script(tokenizer: str):
+    """A weather question gets the call, anything else a short answer."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+
+    def answer(prompt: list[int]) -> list[int]:
+        text = CALL_TEXT if "weather" in tok.decode(prompt) else "Hi."
+        return tok.encode(text, add_special_tokens=False)
+
+    return answer
+
+
+DAEMON = ("--lease-ttl", "3", "--max-batch", "2")  # two calls fill the batch: realtime work preempts
+
+
+@pytest.fixture(scope="module")
+def engine(model_cache):
+    from fsched.core.runners.hf.model import ensure_tiny_model
+    from tests.support.fake_engine import FakeEngine
+
+    tokenizer = str(ensure_tiny_model(Path(model_cache) / "fsched"))
+    fake = FakeEngine(step_s=0.02, vocab=2000, eos=2, tokenizer=tokenizer, context=2048,
+                      script=script(tokenizer))
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_cache, engine) -> Server:
+    """One server for the module, and a daemon; a test that kills it leaves its successor running."""
+    s = make_server(tmp_path_factory.mktemp("resume"), model_cache)
+    s.cli("limits", "show")  # creates the table, owned by this user: an admin of it
+    s.start_daemon("--engine", engine.url, *DAEMON)
+    s.start_server("--no-daemon-s", "30")
+    s.wait_ready()
+    yield s
+    s.stop()
+
+
+class Reader:
+    """A streamed call read chunk by chunk (chat) or event by event (Responses): the content, each
+    call's id and name as often as they came, its arguments as the fragments joined."""
+
+    def __init__(self, response: httpx.Response):
+        self.lines = response.iter_lines()
+        self.content, self.ids, self.names, self.arguments, self.end = "", [], [], "", None
+
+    def until(self, stop) -> None:
+        for line in self.lines:
+            if line.startswith("data: ") and line != "data: [DONE]":
+                self.read(json.loads(line[6:]))
+            if stop(self):
+                return
+
+    def read(self, event: dict) -> None:
+        assert "error" not in event, event
+        kind = event.get("type")
+        if kind is None:  # a chat chunk
+            for choice in event["choices"]:
+                self.content += choice["delta"].get("content") or ""
+                for call in choice["delta"].get("tool_calls") or ():
+                    assert call["index"] == 0
+                    self.ids += [call["id"]] if call.get("id") else []
+                    self.names += [call["function"]["name"]] if call["function"].get("name") else []
+                    self.arguments += call["function"].get("arguments") or ""
+                self.end = choice["finish_reason"] or self.end
+        elif kind == "response.output_text.delta":
+            self.content += event["delta"]
+        elif kind == "response.output_item.added" and event["item"]["type"] == "function_call":
+            self.ids.append(event["item"]["call_id"])
+            self.names.append(event["item"]["name"])
+        elif kind == "response.function_call_arguments.delta":
+            self.arguments += event["delta"]
+        elif kind == "response.completed":
+            self.end = "completed"
+
+    def whole(self) -> tuple:
+        return self.content, len(self.ids), self.names, self.arguments, self.end
+
+
+def open_calls(server: Server, stack: ExitStack) -> list[Reader]:
+    key = server.key("agent", "streaming")
+    bodies = {CHAT_URL: {"model": "m", "messages": QUESTION, "stream": True,
+                         "tools": [{"type": "function", "function": WEATHER}]},
+              RESPONSES_URL: {"model": "m", "input": QUESTION, "stream": True,
+                              "tools": [{"type": "function", **WEATHER}]}}
+    return [Reader(stack.enter_context(httpx.stream("POST", f"{server.url}{url}", json=body, timeout=30,
+                                                    headers={"Authorization": f"Bearer {key}"})))
+            for url, body in bodies.items()]
+
+
+EXPECTED = [("Let me check.", 1, ["weather"], ARGUMENTS, "tool_calls"),
+            ("Let me check.", 1, ["weather"], ARGUMENTS, "completed")]
+
+
+def in_arguments(reader: Reader) -> bool:
+    return len(reader.arguments) > 20
+
+
+def resumed(engine, before: int, prompts: int) -> int:
+    """Engine requests since the `before`th that continued a scripted answer (`prompts` of them began one
+    each)."""
+    return len(engine.bodies) - before - prompts
+
+
+def test_a_killed_daemon_and_its_successor_stream_each_fragment_once(server, engine):
+    before = len(engine.bodies)
+    with ExitStack() as stack:
+        readers = open_calls(server, stack)
+        for reader in readers:
+            reader.until(in_arguments)
+        (daemon,) = [p for p in server.procs if "daemon" in p.args and p.poll() is None]
+        daemon.send_signal(signal.SIGKILL)
+        daemon.wait(timeout=10)
+        assert all(len(r.arguments) < len(ARGUMENTS) for r in readers)  # killed inside the arguments
+        server.start_daemon("--engine", engine.url, *DAEMON)
+        for reader in readers:
+            reader.until(lambda r: r.end is not None)
+    assert [r.whole() for r in readers] == EXPECTED
+    assert resumed(engine, before, 2) >= 2
+
+
+def test_a_preempted_call_streams_each_fragment_once(server, engine):
+    before = len(engine.bodies)
+    with ExitStack() as stack:
+        readers = open_calls(server, stack)
+        for reader in readers:
+            reader.until(in_arguments)
+        assert all(len(r.arguments) < len(ARGUMENTS) for r in readers)
+        # Realtime work arriving with the batch full preempts the two calls (both of a lower class).
+        key = server.key("urgent", "realtime")
+        hello = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda _: httpx.post(f"{server.url}{CHAT_URL}", json=hello, timeout=30,
+                                                         headers={"Authorization": f"Bearer {key}"}).json(),
+                                    range(2)))
+        assert [a["choices"][0]["message"]["content"] for a in answers] == ["Hi.", "Hi."]
+        for reader in readers:
+            reader.until(lambda r: r.end is not None)
+    assert [r.whole() for r in readers] == EXPECTED
+    assert resumed(engine, before, 4) >= 2  # preempted mid-call, continued from prompt + generated
