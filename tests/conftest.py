@@ -15,8 +15,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--long", type=float, default=0.0, metavar="SECONDS",
         help="run the long chaos loop (tests/chaos/test_long.py) for this many seconds, and the long "
-             "variants of slow tests (10 kills in the crash-resume acceptance test, the real-model "
-             "PostgreSQL cluster test)",
+             "variants of slow tests (10 kills of 100 requests in the crash-resume acceptance test, 10 "
+             "kills a crash point in tests/chaos/test_kill_points.py, the real-model PostgreSQL cluster "
+             "test)",
     )
     group.addoption("--chaos-seed", type=int, default=None, help="seed of the long loop (default: random)")
     parser.addoption("--vllm", action="store_true", default=False,
