@@ -15,8 +15,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--long", type=float, default=0.0, metavar="SECONDS",
         help="run the long chaos loop (tests/chaos/test_long.py) for this many seconds, and the long "
-             "variants of slow tests (10 kills in the crash-resume acceptance test, the real-model "
-             "PostgreSQL cluster test)",
+             "variants of slow tests (10 kills of 100 requests in the crash-resume acceptance test, 10 "
+             "kills a crash point in tests/chaos/test_kill_points.py, the real-model PostgreSQL cluster "
+             "test)",
     )
     group.addoption("--chaos-seed", type=int, default=None, help="seed of the long loop (default: random)")
     parser.addoption("--vllm", action="store_true", default=False,
@@ -28,25 +29,26 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "long: a slow case another test covers in short; runs with --long")
 
 
-# The slowest files, slowest first (summed test times of a full run on 2 workers). Run first, so that
+# The slowest files, slowest first (each file timed alone, test times plus the processes it waits
+# for; the files named last were not re-timed and keep their earlier order). Run first, so that
 # under `--dist loadfile --no-loadscope-reorder` (scripts/test.sh) the two workers end together instead
 # of one starting a long file when the other is nearly done. Files not named keep their order after.
 SLOW_FILES = (
-    "tests/integration/test_engine.py",
     "tests/acceptance/test_daemon.py",
-    "tests/acceptance/test_generate_demo.py",
     "tests/chaos/test_kill_points.py",
     "tests/acceptance/test_cluster.py",
-    "tests/acceptance/test_remote_engine.py",
-    "tests/integration/test_structured_output.py",
-    "tests/chaos/test_fuzz.py",
-    "tests/chaos/test_storage_faults.py",
+    "tests/integration/test_engine.py",
     "tests/acceptance/test_online_path.py",
-    "tests/acceptance/test_clients.py",
+    "tests/acceptance/test_generate_demo.py",
+    "tests/chaos/test_storage_faults.py",
     "tests/acceptance/test_concurrency.py",
+    "tests/acceptance/test_clients.py",
+    "tests/chaos/test_load.py",
+    "tests/acceptance/test_remote_engine.py",
+    "tests/chaos/test_fuzz.py",
     "tests/acceptance/test_http_hostile.py",
     "tests/acceptance/test_poison_pill.py",
-    "tests/chaos/test_load.py",
+    "tests/integration/test_structured_output.py",
     "tests/acceptance/test_cli.py",
     "tests/acceptance/test_http.py",
     "tests/acceptance/test_replay.py",

@@ -51,12 +51,17 @@ class Fsched:
             conn.close()
 
 
-@pytest.fixture
-def fsched(tmp_path) -> Fsched:
-    db_path = tmp_path / "state" / "fsched.db"
+def fsched_at(folder: Path) -> Fsched:
+    """`fsched` on a new SQLite job table in `folder`, with none of the caller's FSCHED_ settings."""
+    db_path = folder / "state" / "fsched.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FSCHED_")}
     env.update(FSCHED_DB=f"sqlite:///{db_path}", USER="tester", LOGNAME="tester", COLUMNS="160")
     return Fsched(db_path=db_path, env=env)
+
+
+@pytest.fixture
+def fsched(tmp_path) -> Fsched:
+    return fsched_at(tmp_path)
 
 
 @pytest.fixture(scope="session")

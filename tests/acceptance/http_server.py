@@ -76,7 +76,9 @@ class Server:
             store.db.dispose()
 
     def start_daemon(self, *args: str) -> subprocess.Popen:
-        proc = subprocess.Popen([FSCHED, "daemon", "--threads", "2", "--quiet", *args], env=self.env,
+        # One torch thread: the suite runs two workers on two cores, and a daemon on two threads beside
+        # the server, the clients and the other worker waits on descheduled threads at every step.
+        proc = subprocess.Popen([FSCHED, "daemon", "--threads", "1", "--quiet", *args], env=self.env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.procs.append(proc)
         return proc

@@ -14,15 +14,19 @@ import pytest
 
 from fsched.cli.demo import BATCH_REQUESTS
 
-from .conftest import FSCHED, Fsched
+from .conftest import FSCHED, Fsched, fsched_at
 
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture
-def daemon(fs: Fsched):
-    """A running daemon, serving (its heartbeat seen), stopped with SIGTERM afterwards."""
-    proc = subprocess.Popen([FSCHED, "daemon", "--threads", "2", "--quiet"], env=fs.env,
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, model_cache) -> Fsched:
+    """`fsched` on a table of this module's own with a daemon serving it (alive in `fsched status`),
+    stopped with SIGTERM at the end; each test reads its own job ids. One torch thread: the suite
+    runs two workers on two cores."""
+    fs = fsched_at(tmp_path_factory.mktemp("served"))
+    fs.env["XDG_CACHE_HOME"] = model_cache
+    proc = subprocess.Popen([FSCHED, "daemon", "--threads", "1", "--quiet"], env=fs.env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -30,10 +34,10 @@ def daemon(fs: Fsched):
         daemons = json.loads(fs.ok("status", "--json"))["daemons"]
         if any(d["alive"] for d in daemons):
             break
-        time.sleep(0.3)
+        time.sleep(0.1)
     else:
         pytest.fail("the daemon did not start")
-    yield proc
+    yield fs
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
 
@@ -62,7 +66,8 @@ def job(fs: Fsched, job_id: int = 1) -> dict:
     return json.loads(fs.ok("status", str(job_id), "--json"))["jobs"][0]
 
 
-def test_generate_stream_prints_text_as_it_comes_then_latency(fs, daemon):
+def test_generate_stream_prints_text_as_it_comes_then_latency(served):
+    fs = served
     proc = generate(fs, "The scheduler admits the next request when", "--stream", "--max-tokens", "96",
                     "--temperature", "0", "--tenant", "bob")
     chunks = read_chunks(proc, time.time() + 60)
@@ -73,32 +78,38 @@ def test_generate_stream_prints_text_as_it_comes_then_latency(fs, daemon):
     pieces = [data for _, data in chunks if data.strip()]
     assert len(pieces) >= 2, chunks
     assert chunks[-1][0] - chunks[0][0] > 0.05
-    stats = re.search(r"first token ([\d,]+) ms, ([\d.,]+) tok/s, 96 tokens \(length\), job 1", err.decode())
+    stats = re.search(r"first token ([\d,]+) ms, ([\d.,]+) tok/s, 96 tokens \(length\), job (\d+)\n",
+                      err.decode())
     assert stats, err.decode()
     assert 0 < int(stats.group(1).replace(",", "")) < 30_000
-    assert job(fs)["state"] == "completed" and job(fs)["class"] == "realtime"
-    (line,) = fs.ok("results", "1").splitlines()
+    job_id = int(stats.group(3))
+    assert job(fs, job_id)["state"] == "completed" and job(fs, job_id)["class"] == "realtime"
+    (line,) = fs.ok("results", str(job_id)).splitlines()
     assert text == json.loads(line)["response"]["body"]["choices"][0]["text"] + "\n"
 
     # --json: one object with the same figures, for scripts.
     out = json.loads(fs.ok("generate", "Hello", "--json", "--max-tokens", "5", "--temperature", "0"))
-    assert (out["job_id"], out["tokens"], out["finish_reason"], out["state"]) == (2, 5, "length", "done")
+    assert (out["job_id"], out["tokens"], out["finish_reason"], out["state"]) == (
+        job_id + 1, 5, "length", "done")
     assert out["ttft_ms"] > 0 and out["text"] and out["class"] == "realtime"
 
 
-def test_generate_ctrl_c_cancels_the_request(fs, daemon):
+def test_generate_ctrl_c_cancels_the_request(served):
+    fs = served
     proc = generate(fs, "Tell a long story about queues", "--stream", "--max-tokens", "1500")
     first = read_chunks(proc, time.time() + 60, most=1)  # wait until it is being generated
     assert first, "no text arrived"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=10)
     assert proc.returncode == 130, err.decode()
-    assert "job 1 cancelled" in err.decode()
+    cancelled = re.search(r"job (\d+) cancelled", err.decode())
+    assert cancelled, err.decode()
+    job_id = int(cancelled.group(1))
     deadline = time.time() + 5
-    while job(fs)["state"] != "cancelled" and time.time() < deadline:
+    while job(fs, job_id)["state"] != "cancelled" and time.time() < deadline:
         time.sleep(0.2)
-    assert job(fs)["state"] == "cancelled"
-    assert job(fs)["num_output_tokens"] < 1500
+    assert job(fs, job_id)["state"] == "cancelled"
+    assert job(fs, job_id)["num_output_tokens"] < 1500
 
 
 def test_generate_without_a_daemon_warns_then_times_out_and_cancels(fs):

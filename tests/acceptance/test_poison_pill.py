@@ -45,7 +45,7 @@ def test_a_model_writing_nul_neither_stops_the_daemon_nor_loses_a_byte(fs, table
     job.write_text("".join(json.dumps({"custom_id": cid, "prompt": "the fair queue", **body}) + "\n"
                            for cid, body in bodies))
     fs.ok("submit", str(job), env=env)
-    fs.ok("daemon", "--until-idle", "--quiet", "--threads", "2", env=env, timeout=240)
+    fs.ok("daemon", "--until-idle", "--quiet", "--threads", "1", env=env, timeout=240)
     lines = {line["custom_id"]: line for line in
              map(json.loads, fs.ok("results", "1", env=env).split("\n")[:-1])}
     texts = {cid: line["response"]["body"]["choices"][0]["text"] for cid, line in lines.items()}

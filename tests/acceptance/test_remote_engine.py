@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from fsched.storage.jobstore import SqlJobStore
 from tests.support.fake_engine import FakeEngine
 
 from .conftest import FSCHED, Fsched
@@ -176,6 +177,9 @@ def test_fairness_3_to_1_both_backlogged(fs, tmp_path, fake):
     fs.ok("submit", greedy_jobs(tmp_path / "b.jsonl", n=300, seed=3, max_tokens=64), "-t", "light")
     fake.step_s = 0.004
     d = daemon(fs, fake, "--max-batch", "8")
+    # The daemon's heartbeat read from the table (what `fsched status` shows), not by a command a
+    # second: a command's start-up (~1 s of CPU) would take the cores from the daemon measured.
+    store = SqlJobStore(fs.env["FSCHED_DB"])
     try:
         shares, window = [], []
         deadline = time.time() + 60
@@ -184,12 +188,13 @@ def test_fairness_3_to_1_both_backlogged(fs, tmp_path, fake):
             (heavy_left, heavy_tokens), (light_left, light_tokens) = backlog(fs)
             if heavy_left <= 8 or light_left <= 8:
                 break  # one side no longer backlogged
-            beats = json.loads(fs.ok("status", "--json"))["daemons"]
-            share = beats[0]["stats"].get("served_share", {}) if beats else {}
+            beats = store.list_daemons()
+            share = beats[0].stats.served_share if beats else {}
             if heavy_tokens + light_tokens > 1500 and "heavy" in share:  # past the warm-up
                 shares.append(share["heavy"])
                 window.append((heavy_tokens, light_tokens))
     finally:
+        store.db.dispose()
         d.send_signal(signal.SIGTERM)
         d.communicate(timeout=30)
     print(f"heavy's served share {shares}; stored tokens over the window {window[0]} -> {window[-1]}")

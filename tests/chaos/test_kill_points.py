@@ -1,8 +1,9 @@
 """Kill -9 at the moments hardest to survive (core/faults.py), then check the job table.
 
-For each named crash point, ten real `fsched` processes die by SIGKILL there,
-each at a different depth (the n-th time the point is reached, and each one
-starting from what the previous one left). After every kill the SQLite file
+For each named crash point, ten real `fsched` processes die by SIGKILL there
+(five at the two deep points in the quick suite, ten with --long), each at a
+different depth (the n-th time the point is reached, and each one starting
+from what the previous one left). After every kill the SQLite file
 must hold: integrity_check ok, every job whole, counters equal to the rows
 they count, stored tokens a prefix of the reference output, nothing that had
 ended changed, `results` listing each finished request once. Then a daemon
@@ -40,13 +41,20 @@ from .harness import (
     write_workload,
 )
 
-ROUNDS = 10
-RETRIES = 4  # unarmed submits in the killed-submit test
+# Kills per test: ten, or five at the deep points in the quick suite. after_claim keeps ten: a round
+# dies at its 1st-4th claim, and five such rounds may leave no more done than the first one did.
+# The submit test: five rounds still insert the big job's first chunk and retry three times.
+QUICK_ROUNDS = {"after_claim": 10, "after_flush": 5, "before_done_commit": 5, "mid_submit": 5}
+LONG_ROUNDS = 10
 DAEMON = ("daemon", "--model", "standin:2ms", "--until-idle", "--quiet")
 # The n-th time a point is reached, drawn per round. A full run of the workload
 # reaches after_claim ~17 times, after_flush ~180, before_done_commit ~260: ten
 # chained rounds end well before the work does, each deeper than the last.
 DEPTHS = {"after_claim": (1, 4), "after_flush": (1, 30), "before_done_commit": (1, 30)}
+
+
+def rounds(request, point: str) -> int:
+    return LONG_ROUNDS if request.config.getoption("--long", default=0.0) else QUICK_ROUNDS[point]
 
 
 @pytest.fixture(scope="module")
@@ -68,13 +76,13 @@ def workload(tmp_path_factory):
 
 
 @pytest.mark.parametrize("point", list(DEPTHS))
-def test_daemon_killed_at_a_crash_point_loses_and_repeats_nothing(point, workload, tmp_path):
+def test_daemon_killed_at_a_crash_point_loses_and_repeats_nothing(point, workload, tmp_path, request):
     pristine, expected, _ = workload
     table = pristine.copy(tmp_path / "fsched.db")
     rng = random.Random(point)
     snap = check_table(table.path, expected)
     depths = []
-    for _ in range(ROUNDS):
+    for _ in range(rounds(request, point)):
         n = rng.randint(*DEPTHS[point])
         proc = table.run(*DAEMON, crash_at=f"{point}:{n}", timeout=120)
         assert proc.returncode == SIGKILLED, (
@@ -93,10 +101,10 @@ def test_daemon_killed_at_a_crash_point_loses_and_repeats_nothing(point, workloa
         key: [tokens] for key, tokens in expected.items()}
 
 
-def test_submit_killed_mid_transaction_leaves_no_partial_job(workload, tmp_path):
+def test_submit_killed_mid_transaction_leaves_no_partial_job(workload, tmp_path, request):
     """A submit killed inside its transaction, after 1..3 jobs' rows (or half of a
     5,001-line job's) were inserted: none of it is visible, nothing was acknowledged,
-    and the same command run again (after rounds 1, 4, 7 and 10) stores every job whole."""
+    and the same command run again (after rounds 1, 4, 7, ... and the last) stores every job whole."""
     _, expected, small = workload
     table = Table.at(tmp_path / "fsched.db")
     table.ok("submit", *(str(f.path) for f in small), "--tenant", "carol")
@@ -104,7 +112,9 @@ def test_submit_killed_mid_transaction_leaves_no_partial_job(workload, tmp_path)
     rng = random.Random(4)
     snap = check_table(table.path, expected)
     acknowledged = 0
-    for round_ in range(ROUNDS):
+    n_rounds = rounds(request, "mid_submit")
+    retried = [r for r in range(n_rounds) if r % 3 == 0 or r == n_rounds - 1]  # unarmed submits after these
+    for round_ in range(n_rounds):
         files = [str(f.path) for f in small]
         if round_ % 3 == 2:
             # The big job's first chunk (n=2: a job half inserted) or all of it (n=3).
@@ -118,7 +128,7 @@ def test_submit_killed_mid_transaction_leaves_no_partial_job(workload, tmp_path)
         after = check_table(table.path, expected, previous=snap)
         assert (after.jobs, after.requests) == (snap.jobs, snap.requests), "a killed submit left rows"
         snap = after
-        if round_ % 3 == 0 or round_ == ROUNDS - 1:  # the same command again, unarmed
+        if round_ in retried:  # the same command again, unarmed
             out = table.ok("submit", *(str(f.path) for f in small), "--tenant", "carol", "--json")
             acknowledged += len(out.splitlines())
             snap = check_table(table.path, expected, previous=after)
@@ -130,8 +140,8 @@ def test_submit_killed_mid_transaction_leaves_no_partial_job(workload, tmp_path)
     for f in small:
         for i in range(f.lines):
             key = (f.name, f"{f.path.stem}-{i}")
-            assert [tokens for _, tokens, _ in found[key]] == [expected[key]] * (1 + RETRIES)
-    assert final.jobs == len(small) * (1 + RETRIES) and acknowledged == RETRIES * len(small)
+            assert [tokens for _, tokens, _ in found[key]] == [expected[key]] * (1 + len(retried))
+    assert final.jobs == len(small) * (1 + len(retried)) and acknowledged == len(retried) * len(small)
 
 
 @pytest.mark.timeout(300)
@@ -146,7 +156,7 @@ def test_real_tiny_model_killed_before_a_completion_commits(tmp_path, tiny_model
     # differ from step-by-step decoding in the last bits (docs/reliability.md); a
     # sampled draw near a CDF boundary could then flip, a greedy near-tie hardly ever.
     path = write_job_file(tmp_path / "tiny.jsonl", 24, seed=3, max_tokens=(4, 24), temperatures=(0,))
-    daemon = ("daemon", "--threads", "2", "--until-idle", "--quiet")
+    daemon = ("daemon", "--threads", "1", "--until-idle", "--quiet")
     env = {"XDG_CACHE_HOME": tiny_model_cache}
     reference = Table.at(tmp_path / "ref" / "fsched.db")
     reference.ok("submit", str(path))

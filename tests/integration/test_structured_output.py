@@ -72,7 +72,7 @@ def serve(tmp_path, specs: list[RequestSpec], max_batch: int = 32, engine: str =
     try:
         (job,) = store.submit([JobSubmission(tuple(specs), "alice",
                                              RequestClass.BATCH, 5, "extract")])
-        settings = DaemonSettings(model=None, device="cpu", until_idle=True, threads=2, max_batch=max_batch,
+        settings = DaemonSettings(model=None, device="cpu", until_idle=True, threads=1, max_batch=max_batch,
                                   engine=engine)
         build_daemon(settings, store, exclusive=True).run()
         return [output_line(r) for r in store.iter_results(job.job_id)]
