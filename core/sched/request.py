@@ -65,18 +65,27 @@ class Request:
     params: SamplingParams | None = None
     resumed: Sequence[int] = ()
     resumed_logprobs: Sequence[TokenLogprobs] = ()
+    # The prompt as the job table keeps it, until the runner's tokenizer encodes it into `prompt`
+    # (`encoded`): a completions prompt's text, or a chat's messages and what its template is given
+    # besides them (ChatRender.to_json()).
+    prompt_text: str | None = None
+    messages: list | None = None
+    render: dict | None = None
 
-    # The daemon's bookkeeping (core/daemon): the claim's job, submission time and lease epoch; the
-    # first token's time on the daemon's clock; output not yet written back; a server hears it live.
+    # The daemon's bookkeeping (core/daemon): the claim's job, line, submission time (the table's wall
+    # clock), lease epoch and claims so far (this one included); the first token's time on the daemon's
+    # clock; output not yet written back; a server hears it live.
     job_id: int = 0
+    custom_id: str = ""
     enqueued_at: float = 0.0
     lease_epoch: int = 0
+    attempts: int = 1
     first_token_at: float | None = None
     dirty: bool = False
     linked: bool = False
 
     def __post_init__(self) -> None:
-        if self.prompt_tokens < 1:
+        if self.prompt_tokens < 1 and not self.to_encode:
             raise ValueError("prompt_tokens must be >= 1")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
@@ -93,6 +102,17 @@ class Request:
         return cls(id, tenant, request_class, len(prompt), params.max_tokens, 0.0, priority,
                    prompt=list(prompt), params=params, resumed=list(resumed),
                    resumed_logprobs=list(resumed_logprobs), generated=len(resumed), **daemon)
+
+    @property
+    def to_encode(self) -> bool:
+        """Claimed with its prompt as stored, not yet encoded into token ids."""
+        return not self.prompt and (self.prompt_text is not None or self.messages is not None)
+
+    def encoded(self, prompt: Sequence[int]) -> None:
+        """Its prompt's token ids, as the runner's tokenizer encoded the stored prompt."""
+        if len(prompt) < 1:
+            raise ValueError("prompt_tokens must be >= 1")
+        self.prompt, self.prompt_tokens = list(prompt), len(prompt)
 
     def resume_from(self, tokens: Sequence[int], logprobs: Sequence[TokenLogprobs] = ()) -> None:
         """Continue after `tokens` it produced before (a restart): the engine feeds them back."""

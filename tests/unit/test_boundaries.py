@@ -31,10 +31,11 @@ CORE_LAYERS = {
     "jobs": ("fsched.core.types",),
     # The protocol in OpenAI's words over the domain: its records (progress, results) and rules.
     "openai": ("fsched.core.types", "fsched.core.jobs", "fsched.core.ports.records", "fsched.core.grammar"),
-    # The heartbeat carries the scheduler's explanation of each request (its standing), nothing more;
-    # the in-memory serving reads give latency percentiles by the one definition of a percentile.
-    "ports": ("fsched.core.types", "fsched.core.jobs", "fsched.core.sched.explain",
-              "fsched.core.sim.metrics"),
+    # A claim returns each request's one live record (core/sched/request.py); the heartbeat carries
+    # the scheduler's explanation of each request (its standing), nothing more of the scheduler; the
+    # in-memory serving reads give latency percentiles by the one definition of a percentile.
+    "ports": ("fsched.core.types", "fsched.core.jobs", "fsched.core.sched.request",
+              "fsched.core.sched.explain", "fsched.core.sim.metrics"),
     # Grammars: a source, its limits and its isolated compile, over the domain's types only.
     "grammar": ("fsched.core.types",),
     # Structured output: the grammar a request's response_format compiles to is checked at submit
