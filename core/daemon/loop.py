@@ -123,7 +123,7 @@ class Daemon:
         self.engine = engine
         self.encode = encode
         self.config = config
-        self.clock = clock  # the daemon's one clock: intervals, first-token times, heartbeats
+        self.clock = clock  # the daemon's one clock: intervals, heartbeats, wall times it writes
         self.sleep = sleep
         self.held = Holdings()
         self.writer = Writer(store, config.owner, config.model, self.held, engine.output,
@@ -247,8 +247,9 @@ class Daemon:
         now = self.clock()
         if report is not None:
             self.figures.record(report, now - start, now)
+            self.held.stepped(now, report.at)
             for request_id in report.tokens:
-                self.held.produced(request_id, now)
+                self.held.produced(request_id)
             if self.publisher is not None:
                 self.publisher.step(report.tokens, report.finished)
             self.writer.finished(report.finished)

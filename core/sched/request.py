@@ -4,8 +4,8 @@
 It holds what the request is (identity, tenant and class, prompt token ids,
 sampling parameters, tokens from before a restart), where it is (one ordered
 status), the scheduler's lengths, progress and timers, and the daemon's
-bookkeeping (the claim's job and lease, the first token's time, whether
-output is waiting to be written). A simulated request is the same record
+bookkeeping (the claim's job and lease, whether output is waiting to be
+written). A simulated request is the same record
 with lengths only (no token ids, no parameters).
 
 Token bookkeeping: `context` is prompt plus generated tokens; `computed` is
@@ -72,15 +72,20 @@ class Request:
     messages: list | None = None
     render: dict | None = None
 
+    # Its first token, on the engine's (monotonic) clock: when its wait began (its time in the table
+    # included) and when the token came, stamped once by the engine. The daemon turns the time into
+    # wall-clock time only where it writes or sends it (core/daemon/holdings.py).
+    queued_from: float = 0.0
+    first_token_at: float | None = None
+
     # The daemon's bookkeeping (core/daemon): the claim's job, line, submission time (the table's wall
-    # clock), lease epoch and claims so far (this one included); the first token's time on the daemon's
-    # clock; output not yet written back; a server hears it live.
+    # clock), lease epoch and claims so far (this one included); output not yet written back; a server
+    # hears it live.
     job_id: int = 0
     custom_id: str = ""
     enqueued_at: float = 0.0
     lease_epoch: int = 0
     attempts: int = 1
-    first_token_at: float | None = None
     dirty: bool = False
     linked: bool = False
 
