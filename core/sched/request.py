@@ -1,12 +1,14 @@
-"""One live request, from claim to completion: the record the scheduler, the engine and the daemon
-(its holdings, writer and publisher) all read and update. Runners keep only device state, by id.
+"""One live request, from claim to completion: the record the claim returns and the scheduler, the
+engine and the daemon (its holdings, writer and publisher) all read and update. Runners keep, by id,
+what they feed the model with and their device state (core/runners/registered.py).
 
-It holds what the request is (identity, tenant and class, prompt token ids,
-sampling parameters, tokens from before a restart), where it is (one ordered
-status), the scheduler's lengths, progress and timers, and the daemon's
-bookkeeping (the claim's job and lease, whether output is waiting to be
-written). A simulated request is the same record
-with lengths only (no token ids, no parameters).
+It holds what the request is (identity, tenant and class, its prompt as
+stored and then its token ids, sampling parameters, tokens from before a
+restart), where it is (one ordered status), the scheduler's lengths,
+progress and timers, its first token's time (on the engine's clock), and
+the daemon's bookkeeping (the claim's job and lease, whether output is
+waiting to be written). A simulated request is the same record with lengths
+only (no token ids, no parameters).
 
 Token bookkeeping: `context` is prompt plus generated tokens; `computed` is
 how many of them have KV on the device. A decoding request has
