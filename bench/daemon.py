@@ -48,7 +48,7 @@ def compose(loaded, url: str, policy: str, max_batch: int = 32, until_idle: bool
     config = SchedulerConfig(max_batch=max_batch, kv_tokens=32_768, step_tokens=512)
     engine = Engine(ModelRunner(loaded), Scheduler(config, policy, store.tenant_weights()),
                     loaded.context_length)
-    daemon = Daemon(store, engine, lambda c: encode_prompt(loaded, c.prompt, c.messages),
+    daemon = Daemon(store, engine, lambda c: encode_prompt(loaded, c.prompt_text, c.messages),
                     DaemonConfig(owner="bench", host="bench", pid=0, device=str(loaded.device),
                                  model=loaded.name, policy=policy,
                                  until_idle=until_idle))

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from sqlalchemy import Connection, select, update
 
-from fsched.core.ports.records import ClaimedRequest
+from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass
 from fsched.storage.counters import lock_job, store_counts
 from fsched.storage.db import Database
@@ -48,7 +48,7 @@ def claim_requests(
     held: Mapping[Group, int],
     limit: int | None,
     lease_s: float,
-) -> list[ClaimedRequest]:
+) -> list[Request]:
     """Claim for `owner`; see the module's docstring."""
     # A read first: most calls find nothing to take, and take no write lock.
     with db.read() as conn:

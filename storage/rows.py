@@ -8,7 +8,8 @@ from __future__ import annotations
 import enum
 
 from fsched.core.jobs.jobstate import JobCounts, JobSummary
-from fsched.core.ports.records import ClaimedRequest, RequestProgress, RequestResult, StoreError
+from fsched.core.ports.records import RequestProgress, RequestResult, StoreError
+from fsched.core.sched.request import Request
 from fsched.core.types import (
     AnswerOptions,
     JobOrigin,
@@ -16,6 +17,7 @@ from fsched.core.types import (
     RequestClass,
     RequestId,
     RequestStatus,
+    SamplingParams,
     TokenLogprobs,
 )
 from fsched.storage.models import DaemonHeartbeat, DaemonUsage, Job, RequestRow, Tenant
@@ -161,24 +163,13 @@ def request_result(row, logprobs: tuple[TokenLogprobs, ...] = ()) -> RequestResu
     )
 
 
-def claimed_request(row, logprobs: tuple[TokenLogprobs, ...] = ()) -> ClaimedRequest:
-    """A request row (and its logprobs) as its claim returns it: the lease epoch and attempts after
-    the claim."""
-    return ClaimedRequest(
-        id=core_id(row.id),
-        job_id=row.job_id,
-        tenant=row.tenant,
-        request_class=RequestClass(row.request_class),
-        priority=row.priority,
-        custom_id=row.custom_id,
-        endpoint=row.endpoint,
-        prompt=row.prompt,
-        messages=row.messages,
-        render=row.render,
-        params=row.params,
-        output_tokens=list(row.output_tokens or []),
-        enqueued_at=row.enqueued_at,
+def claimed_request(row, logprobs: tuple[TokenLogprobs, ...] = ()) -> Request:
+    """A request row (and its logprobs) as its claim returns it: its live record, with the lease epoch
+    and attempts after the claim and its prompt as stored (the daemon encodes it)."""
+    return Request.to_run(
+        core_id(row.id), (), SamplingParams.from_json(row.params), row.tenant,
+        RequestClass(row.request_class), row.priority, list(row.output_tokens or ()), logprobs,
+        prompt_text=row.prompt, messages=row.messages, render=row.render, job_id=row.job_id,
+        custom_id=row.custom_id, enqueued_at=row.enqueued_at, lease_epoch=row.lease_epoch + 1,
         attempts=row.attempts + 1,
-        lease_epoch=row.lease_epoch + 1,
-        output_logprobs=logprobs,
     )

@@ -14,13 +14,13 @@ from sqlalchemy import Connection, Float, bindparam, delete, func, select, updat
 
 from fsched.core.faults import crash_point
 from fsched.core.ports.records import (
-    ClaimedRequest,
     Completion,
     DaemonSummary,
     PeerUsage,
     StoreError,
     TokenUpdate,
 )
+from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass, RequestId
 from fsched.storage.base import SqlStoreBase
 from fsched.storage.claim import claim_requests
@@ -86,7 +86,7 @@ class SqlQueueStore(SqlStoreBase):
         held: Mapping[tuple[str, RequestClass], int] | None = None,
         limit: int | None = None,
         lease_s: float = 30.0,
-    ) -> list[ClaimedRequest]:
+    ) -> list[Request]:
         """Atomically move queued requests to `running`, leased to `owner` for `lease_s`.
 
         Fair by construction: up to `per_group` for each (tenant, class)

@@ -263,8 +263,8 @@ def build_daemon(settings: DaemonSettings, store: QueueStore, exclusive: bool) -
     )
     runner = chosen.runner
 
-    def encode(claimed):
-        return runner.encode(claimed.prompt, claimed.messages, claimed.render)
+    def encode(request):
+        return runner.encode(request.prompt_text, request.messages, request.render)
 
     return Daemon(store, engine, encode, config, link=_link(settings.link, config.host))
 

@@ -49,6 +49,7 @@ class StepReport:
     kv_tokens: int
     charges: Mapping[str, TenantCharge] = field(default_factory=dict)  # what each tenant consumed
     produced: int = 0  # tokens produced: one per entry of `tokens`, more where a remote engine ran ahead
+    at: float | None = None  # the step's end on the engine's clock: its first tokens' time
 
 
 @dataclass(slots=True, frozen=True)
@@ -128,7 +129,6 @@ class Engine:
         self.clock = clock
         self._requests: dict[RequestId, Request] = {}  # the live records it runs (the scheduler's too)
         self._preparing: dict[RequestId, _Preparing] = {}
-        self._waiting_since: dict[RequestId, float] = {}  # requests whose first token is still to come
         self.first_tokens = FirstTokenTally()
         self.steps = 0
 
@@ -176,8 +176,7 @@ class Engine:
             self.scheduler.cancel(request.id)
             return self._failed(request, str(exc))
         self._requests[request.id] = request
-        if not request.resumed:
-            self._waiting_since[request.id] = since
+        request.queued_from = since
         return None
 
     def cancel(self, request_id: RequestId) -> bool:
@@ -188,7 +187,6 @@ class Engine:
         self.scheduler.cancel(request_id)
         self.runner.release(request_id)
         self._requests.pop(request_id, None)
-        self._waiting_since.pop(request_id, None)
         return True
 
     def step(self) -> StepReport | None:
@@ -234,6 +232,7 @@ class Engine:
             kv_tokens=kv,
             charges=post.charges,
             produced=sum(result.outcome.tokens_of(rid) for rid in result.tokens),
+            at=now,
         )
 
     def _admit_prepared(self) -> list[EngineResult]:
@@ -336,7 +335,6 @@ class Engine:
         )
         self.runner.release(rid)
         self._requests.pop(rid, None)
-        self._waiting_since.pop(rid, None)
         return result
 
     def _refused(self, rid: RequestId, error: str) -> EngineResult:
@@ -344,7 +342,6 @@ class Engine:
         tokens = self.runner.generated(rid)
         self.scheduler.cancel(rid)  # while its status still says where the scheduler holds it
         self.runner.release(rid)
-        self._waiting_since.pop(rid, None)
         result = self._failed(self._requests.pop(rid), error)
         result.tokens = tokens
         return result
@@ -361,8 +358,12 @@ class Engine:
         )
 
     def _count_first_token(self, rid: RequestId, now: float) -> None:
-        since = self._waiting_since.pop(rid, None)
+        """Stamp a request's first token, once; count its wait, unless it came before a restart."""
         request = self._requests.get(rid)
-        if since is not None and request is not None:
+        if request is None or request.first_token_at is not None:
+            return
+        request.first_token_at = now
+        if not request.resumed:
             target = self.scheduler.config.target_s(request.request_class)
-            self.first_tokens.record(request.tenant, request.request_class, now - since, target)
+            self.first_tokens.record(request.tenant, request.request_class, now - request.queued_from,
+                                     target)

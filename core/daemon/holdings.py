@@ -2,7 +2,9 @@
 
 A record is the one the engine and its scheduler run: the daemon's lease on
 it, its first token's time and whether its output waits to be written are
-fields of the same record, not a second copy.
+fields of the same record, not a second copy. The engine stamps the first
+token on its own (monotonic) clock; what the daemon writes and sends is that
+time on its wall clock, by the two clocks' offset as the last step read them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class Holdings:
 
     def __init__(self) -> None:
         self._held: dict[RequestId, Request] = {}
+        self.wall_offset = 0.0  # the daemon's wall clock minus the engine's, at the last step's end
 
     def __len__(self) -> int:
         return len(self._held)
@@ -37,13 +40,21 @@ class Holdings:
     def pop(self, request_id: RequestId) -> Request | None:
         return self._held.pop(request_id, None)
 
-    def produced(self, request_id: RequestId, now: float) -> None:
-        """A step produced a token for the request (if still held); `now` on the daemon's clock."""
+    def stepped(self, wall_now: float, engine_now: float | None) -> None:
+        """A step ended at `engine_now` on the engine's clock, `wall_now` on the daemon's."""
+        if engine_now is not None:
+            self.wall_offset = wall_now - engine_now
+
+    def produced(self, request_id: RequestId) -> None:
+        """A step produced a token for the request (if still held): its output waits to be written."""
         request = self._held.get(request_id)
         if request is not None:
             request.dirty = True
-            if request.first_token_at is None:
-                request.first_token_at = now
+
+    def first_token_at(self, request: Request) -> float | None:
+        """The request's first token's time on the daemon's wall clock (None before it came)."""
+        at = request.first_token_at
+        return None if at is None else at + self.wall_offset
 
     def per_group(self) -> dict[tuple[str, RequestClass], int]:
         """How many this daemon holds of each (tenant, class) group: a claim tops each up."""

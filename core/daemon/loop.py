@@ -1,7 +1,7 @@
 """The daemon loop: the job table feeds the engine, the engine's tokens go back to it.
 
 No SQL and no torch here: the store is any QueueStore, the engine is passed
-in, and `encode` turns a claimed request into token ids. The daemon talks to
+in, and `encode` turns a claimed request's stored prompt into token ids. The daemon talks to
 the engine only through the engine's own methods, reads one clock (its own,
 injected) and keys requests by the core's one id type. The loop never holds
 a database transaction across a model step: every store call is its own
@@ -35,11 +35,10 @@ from fsched.core.daemon.stepfaults import StepFaults
 from fsched.core.daemon.writer import Writer
 from fsched.core.faults import crash_point
 from fsched.core.ports.queue import QueueStore
-from fsched.core.ports.records import ClaimedRequest, DaemonStats, DaemonSummary, StorageError
+from fsched.core.ports.records import DaemonStats, DaemonSummary, StorageError
 from fsched.core.sched.request import Request
 from fsched.core.sched.shares import served_shares
 from fsched.core.sched.usage import TenantUsage
-from fsched.core.types import SamplingParams
 
 log = logging.getLogger("fsched.daemon")
 
@@ -114,7 +113,7 @@ class Daemon:
         self,
         store: QueueStore,
         engine: Engine,
-        encode: Callable[[ClaimedRequest], list[int]],
+        encode: Callable[[Request], list[int]],
         config: DaemonConfig,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
@@ -124,7 +123,7 @@ class Daemon:
         self.engine = engine
         self.encode = encode
         self.config = config
-        self.clock = clock  # the daemon's one clock: intervals, first-token times, heartbeats
+        self.clock = clock  # the daemon's one clock: intervals, heartbeats, wall times it writes
         self.sleep = sleep
         self.held = Holdings()
         self.writer = Writer(store, config.owner, config.model, self.held, engine.output,
@@ -248,8 +247,9 @@ class Daemon:
         now = self.clock()
         if report is not None:
             self.figures.record(report, now - start, now)
+            self.held.stepped(now, report.at)
             for request_id in report.tokens:
-                self.held.produced(request_id, now)
+                self.held.produced(request_id)
             if self.publisher is not None:
                 self.publisher.step(report.tokens, report.finished)
             self.writer.finished(report.finished)
@@ -281,8 +281,8 @@ class Daemon:
                                        lease_s=self.config.lease_s)
         if claimed_now:
             crash_point("after_claim")
-        for claimed in claimed_now:
-            self._admit(claimed)
+        for request in claimed_now:
+            self._admit(request)
 
     def _apply_weights(self, weights: dict[str, float]) -> None:
         changed = [tenant for tenant, weight in weights.items() if self._weights.get(tenant) != weight]
@@ -320,24 +320,24 @@ class Daemon:
                 self.link.close()
 
     # -- helpers -------------------------------------------------------------------------
-    def _admit(self, claimed: ClaimedRequest) -> None:
-        if claimed.id in self.held:
+    def _admit(self, request: Request) -> None:
+        if request.id in self.held:
             # Claimed again after this daemon lost its lease (it stalled, the
             # lease was reclaimed, and it took the request back before its
             # renewal noticed): restart it from the flushed tokens.
-            self.leases.drop([claimed.id])
+            self.leases.drop([request.id])
         try:
-            request = live_record(claimed, self.encode(claimed))
+            request.encoded(self.encode(request))
         except Exception as exc:  # a request that cannot even be encoded fails alone
-            self.writer.failed(claimed.id, f"cannot prepare the request: {exc}", list(claimed.output_tokens),
-                               claimed.lease_epoch)
+            self.writer.failed(request.id, f"cannot prepare the request: {exc}", list(request.resumed),
+                               request.lease_epoch)
             return
         self.held.add(request)
         # its time in the table so far counts toward its first token's wait
-        failed = self.engine.add(request, queued_s=self.clock() - claimed.enqueued_at)
+        failed = self.engine.add(request, queued_s=self.clock() - request.enqueued_at)
         if failed is not None:
-            self.held.pop(claimed.id)
-            self.writer.failed(claimed.id, failed.error or "rejected", failed.tokens, claimed.lease_epoch)
+            self.held.pop(request.id)
+            self.writer.failed(request.id, failed.error or "rejected", failed.tokens, request.lease_epoch)
 
     def _step_failed(self, failure: StepFailed) -> None:
         """The engine dropped every request: requeue them, failing those that keep crashing it
@@ -397,12 +397,3 @@ class Daemon:
             link=self.link.address if self.link is not None else None,
         )
 
-
-def live_record(claimed: ClaimedRequest, prompt: list[int]) -> Request:
-    """The one live record of a claimed request (its row as the claim read it, its prompt encoded):
-    what the daemon holds, the engine runs and the writer writes back from."""
-    return Request.to_run(
-        claimed.id, prompt, SamplingParams.from_json(claimed.params), claimed.tenant, claimed.request_class,
-        claimed.priority, claimed.output_tokens, claimed.output_logprobs,
-        job_id=claimed.job_id, enqueued_at=claimed.enqueued_at, lease_epoch=claimed.lease_epoch,
-    )

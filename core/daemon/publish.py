@@ -56,7 +56,7 @@ class Publisher:
             self._settled[request_id] = len(text.rstrip(UNSETTLED))
             job, enqueued_at = held.job_id, held.enqueued_at
             lines.setdefault(conn, []).append(StepText(job, str(request_id), start, text[start:], len(tokens),
-                                                   held.first_token_at, enqueued_at))
+                                                   self.holdings.first_token_at(held), enqueued_at))
         self.link.send(lines)
 
     def written(self, now: float) -> None:
@@ -74,7 +74,7 @@ class Publisher:
                    text=result.text if done else "", tokens=len(result.tokens),
                    prompt_tokens=result.prompt_tokens,
                    error=None if done else result.error, model=self.model,
-                   first_token_at=held.first_token_at, enqueued_at=held.enqueued_at)
+                   first_token_at=self.holdings.first_token_at(held), enqueued_at=held.enqueued_at)
 
     def forget(self, request_id: RequestId) -> None:
         self._settled.pop(request_id, None)

@@ -78,7 +78,7 @@ class Writer:
                   logprobs: list[TokenLogprobs] | None = None) -> None:
         """End a request whose job was cancelled, keeping its output so far."""
         self._one(Completion(request_id, RequestStatus.FINISHED_CANCELLED, tuple(tokens), text,
-                             first_token_at=held.first_token_at, lease_epoch=held.lease_epoch,
+                             first_token_at=self.holdings.first_token_at(held), lease_epoch=held.lease_epoch,
                              logprobs=tuple(logprobs or ())))
 
     def failed(self, request_id: RequestId, error: str, tokens: list[int], lease_epoch: int) -> None:
@@ -95,8 +95,8 @@ class Writer:
 
     def _update(self, request_id: RequestId, held: Request) -> TokenUpdate:
         tokens, text = self.output(request_id)
-        return TokenUpdate(request_id, tuple(tokens), text, held.first_token_at, held.lease_epoch,
-                           tuple(self.logprobs(request_id)))
+        return TokenUpdate(request_id, tuple(tokens), text, self.holdings.first_token_at(held),
+                           held.lease_epoch, tuple(self.logprobs(request_id)))
 
     def _completion(self, result: EngineResult, held: Request) -> Completion:
         if not result.status.succeeded:
@@ -104,6 +104,6 @@ class Writer:
                               error=result.error or "failed", model=self.model, lease_epoch=held.lease_epoch)
         return Completion(
             result.id, result.status, tuple(result.tokens), result.text, prompt_tokens=result.prompt_tokens,
-            model=self.model, first_token_at=held.first_token_at, lease_epoch=held.lease_epoch,
+            model=self.model, first_token_at=self.holdings.first_token_at(held), lease_epoch=held.lease_epoch,
             logprobs=tuple(result.logprobs),
         )

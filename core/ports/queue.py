@@ -32,12 +32,12 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from fsched.core.ports.records import (
-    ClaimedRequest,
     Completion,
     DaemonSummary,
     PeerUsage,
     TokenUpdate,
 )
+from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass, RequestId
 
 
@@ -50,8 +50,9 @@ class QueueStore(Protocol):
         held: Mapping[tuple[str, RequestClass], int] | None = None,
         limit: int | None = None,
         lease_s: float = 30.0,
-    ) -> list[ClaimedRequest]:
-        """Lease queued requests to `owner`, fairly, and return them with their tokens so far.
+    ) -> list[Request]:
+        """Lease queued requests to `owner`, fairly, and return their live records (core/sched/request.py):
+        each with its prompt as stored (not yet encoded) and its tokens so far.
 
         Up to `per_group` for each (tenant, class) group, less what `held`
         says the owner already holds of it, and at most `limit` in all. A

@@ -246,29 +246,6 @@ class CancelOutcome:
 
 
 @dataclass(slots=True, frozen=True)
-class ClaimedRequest:
-    id: RequestId
-    job_id: int
-    tenant: str
-    request_class: RequestClass
-    priority: int
-    custom_id: str
-    endpoint: str
-    prompt: str | None
-    messages: list | None
-    params: dict
-    output_tokens: list[int]
-    enqueued_at: float
-    render: dict | None = None  # ChatRender.to_json(): what the chat template is given besides messages
-    attempts: int = 1  # claims so far, this one included
-    # The fencing token: every write-back names it, and is refused once
-    # another claim (after this lease expired) has raised it.
-    lease_epoch: int = 0
-    # The logprobs of `output_tokens` (when the request asks for them): a resume keeps them.
-    output_logprobs: tuple[TokenLogprobs, ...] = ()
-
-
-@dataclass(slots=True, frozen=True)
 class RequestProgress:
     """One request as a reader of its output sees it, while it runs and once it ended: what the HTTP
     answers and streams, `fsched generate` and the daemon's link (pushed text) all read."""

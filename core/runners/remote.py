@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 
 from fsched.core.runners.openai_http import EngineClient, Fault
 from fsched.core.runners.protocol import Runner, RunResult
-from fsched.core.runners.stopping import StopCheck, StopRules, StopText, check_stop, stop_rules
+from fsched.core.runners.registered import Registered, register
+from fsched.core.runners.stopping import StopCheck, check_stop
 from fsched.core.runners.streams import Stream
 from fsched.core.sched.plan import Outcome, Plan
 from fsched.core.types import (
@@ -197,26 +198,16 @@ def _floor(logprob: float | None) -> float:
 
 
 @dataclass(slots=True, eq=False)
-class _Request:
-    id: RequestId
-    tokens: list[int]  # prompt, then every generated token reported to the scheduler
-    prompt_len: int
-    params: SamplingParams
+class _Request(Registered):
+    """`tokens` and `logprobs`: those reported to the scheduler."""
+
     stream: Stream | None = None  # the open stream; what an older one sends is never read
     pending: list[int] = field(default_factory=list)  # arrived, not yet reported
     ended: str | None = None  # the engine's finish reason: no more tokens will come
-    finish: StopCheck | None = None
     error: str | None = None  # the engine refused it
-    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per reported token, when asked for
-    rules: StopRules = field(default_factory=StopRules)
     pending_logprobs: list[TokenLogprobs] = field(default_factory=list)  # of `pending`, when asked for
     replay: list[int] = field(default_factory=list)  # tokens the open stream must regenerate first
     stops: frozenset[int] = frozenset()  # the tokens that end it (past min_tokens)
-    text: StopText | None = None  # the output text read so far, when stop strings may end it
-
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[self.prompt_len :]
 
 
 class RemoteRunner(Runner):
@@ -246,15 +237,9 @@ class RemoteRunner(Runner):
         self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = (),
         logprobs: Sequence[TokenLogprobs] = (),
     ) -> None:
-        if request_id in self._requests:
-            raise ValueError(f"request {request_id!r} is already in the runner")
-        if not prompt:
-            raise ValueError(f"request {request_id!r} has an empty prompt")
-        rules = stop_rules(params)
-        stops = rules.stop_token_ids if rules.ignore_eos else rules.stop_token_ids | self.codec.eos_token_ids
-        text = StopText(params.stop, self.codec.decode, len(prompt)) if params.stop else None
-        self._requests[request_id] = _Request(request_id, [*prompt, *generated], len(prompt), params,
-                                              logprobs=list(logprobs), rules=rules, stops=stops, text=text)
+        r = register(self._requests, _Request, request_id, prompt, params, generated, logprobs,
+                     self.codec.decode)
+        r.stops = r.rules.stop_token_ids | (frozenset() if r.rules.ignore_eos else self.codec.eos_token_ids)
 
     def release(self, request_id: RequestId) -> None:
         r = self._requests.pop(request_id, None)
@@ -270,16 +255,9 @@ class RemoteRunner(Runner):
     def text(self, request_id: RequestId) -> str:
         """The output text, without a final EOS and cut before a stop string that ended it."""
         r = self._requests[request_id]
-        tokens, finish = r.generated, r.finish
-        if finish is not None and finish.on_token and not r.params.include_stop_str_in_output:
-            tokens = tokens[:-1]
-        elif tokens and tokens[-1] in self.codec.eos_token_ids and not r.params.ignore_eos:
-            tokens = tokens[:-1]
         special = not r.params.skip_special_tokens and self.codec.decode_special is not None
-        text = self.codec.decode_special(tokens) if special else self.codec.decode(tokens)
-        if finish is not None and finish.text_end is not None:
-            text = text[: finish.text_end]
-        return text
+        return r.output_text(self.codec.eos_token_ids,
+                             self.codec.decode_special if special else self.codec.decode)
 
     @property
     def kv_tokens(self) -> int:

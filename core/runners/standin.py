@@ -18,9 +18,10 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fsched.core.runners.protocol import Runner, RunResult
+from fsched.core.runners.registered import Registered, register
 from fsched.core.runners.stopping import check_stop
 from fsched.core.sched.plan import Outcome, Plan
 from fsched.core.sched.request import Checkpoint
@@ -92,18 +93,10 @@ def _hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
-@dataclass(slots=True)
-class _StandInRequest:
-    tokens: list[int]
-    prompt_len: int
-    params: SamplingParams
+@dataclass(slots=True, eq=False)
+class _StandInRequest(Registered):
     computed: int = 0  # context positions whose KV exists (on the device or parked)
     parked: bool = False
-    logprobs: list[TokenLogprobs] = field(default_factory=list)
-
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[self.prompt_len :]
 
 
 class StandInRunner(Runner):
@@ -134,10 +127,7 @@ class StandInRunner(Runner):
         self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = (),
         logprobs: Sequence[TokenLogprobs] = (),
     ) -> None:
-        if request_id in self._requests:
-            raise ValueError(f"request {request_id!r} is already in the runner")
-        self._requests[request_id] = _StandInRequest([*prompt, *generated], len(prompt), params,
-                                                     logprobs=list(logprobs))
+        register(self._requests, _StandInRequest, request_id, prompt, params, generated, logprobs)
 
     def release(self, request_id: RequestId) -> None:
         self._requests.pop(request_id, None)

@@ -1,12 +1,14 @@
-"""One live request, from claim to completion: the record the scheduler, the engine and the daemon
-(its holdings, writer and publisher) all read and update. Runners keep only device state, by id.
+"""One live request, from claim to completion: the record the claim returns and the scheduler, the
+engine and the daemon (its holdings, writer and publisher) all read and update. Runners keep, by id,
+what they feed the model with and their device state (core/runners/registered.py).
 
-It holds what the request is (identity, tenant and class, prompt token ids,
-sampling parameters, tokens from before a restart), where it is (one ordered
-status), the scheduler's lengths, progress and timers, and the daemon's
-bookkeeping (the claim's job and lease, the first token's time, whether
-output is waiting to be written). A simulated request is the same record
-with lengths only (no token ids, no parameters).
+It holds what the request is (identity, tenant and class, its prompt as
+stored and then its token ids, sampling parameters, tokens from before a
+restart), where it is (one ordered status), the scheduler's lengths,
+progress and timers, its first token's time (on the engine's clock), and
+the daemon's bookkeeping (the claim's job and lease, whether output is
+waiting to be written). A simulated request is the same record with lengths
+only (no token ids, no parameters).
 
 Token bookkeeping: `context` is prompt plus generated tokens; `computed` is
 how many of them have KV on the device. A decoding request has
@@ -65,18 +67,32 @@ class Request:
     params: SamplingParams | None = None
     resumed: Sequence[int] = ()
     resumed_logprobs: Sequence[TokenLogprobs] = ()
+    # The prompt as the job table keeps it, until the runner's tokenizer encodes it into `prompt`
+    # (`encoded`): a completions prompt's text, or a chat's messages and what its template is given
+    # besides them (ChatRender.to_json()).
+    prompt_text: str | None = None
+    messages: list | None = None
+    render: dict | None = None
 
-    # The daemon's bookkeeping (core/daemon): the claim's job, submission time and lease epoch; the
-    # first token's time on the daemon's clock; output not yet written back; a server hears it live.
+    # Its first token, on the engine's (monotonic) clock: when its wait began (its time in the table
+    # included) and when the token came, stamped once by the engine. The daemon turns the time into
+    # wall-clock time only where it writes or sends it (core/daemon/holdings.py).
+    queued_from: float = 0.0
+    first_token_at: float | None = None
+
+    # The daemon's bookkeeping (core/daemon): the claim's job, line, submission time (the table's wall
+    # clock), lease epoch and claims so far (this one included); output not yet written back; a server
+    # hears it live.
     job_id: int = 0
+    custom_id: str = ""
     enqueued_at: float = 0.0
     lease_epoch: int = 0
-    first_token_at: float | None = None
+    attempts: int = 1
     dirty: bool = False
     linked: bool = False
 
     def __post_init__(self) -> None:
-        if self.prompt_tokens < 1:
+        if self.prompt_tokens < 1 and not self.to_encode:
             raise ValueError("prompt_tokens must be >= 1")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
@@ -93,6 +109,17 @@ class Request:
         return cls(id, tenant, request_class, len(prompt), params.max_tokens, 0.0, priority,
                    prompt=list(prompt), params=params, resumed=list(resumed),
                    resumed_logprobs=list(resumed_logprobs), generated=len(resumed), **daemon)
+
+    @property
+    def to_encode(self) -> bool:
+        """Claimed with its prompt as stored, not yet encoded into token ids."""
+        return not self.prompt and (self.prompt_text is not None or self.messages is not None)
+
+    def encoded(self, prompt: Sequence[int]) -> None:
+        """Its prompt's token ids, as the runner's tokenizer encoded the stored prompt."""
+        if len(prompt) < 1:
+            raise ValueError("prompt_tokens must be >= 1")
+        self.prompt, self.prompt_tokens = list(prompt), len(prompt)
 
     def resume_from(self, tokens: Sequence[int], logprobs: Sequence[TokenLogprobs] = ()) -> None:
         """Continue after `tokens` it produced before (a restart): the engine feeds them back."""

@@ -46,7 +46,7 @@ def _compose(url: str, policy: str, weights: dict[str, float] | None = None):
     runner = StandInRunner(step_s=0.004)
     config = SchedulerConfig(max_batch=16, kv_tokens=32_768, step_tokens=512)
     engine = Engine(runner, Scheduler(config, policy, store.tenant_weights()), runner.context_length)
-    daemon = Daemon(store, engine, lambda c: standin_encode(c.prompt, c.messages),
+    daemon = Daemon(store, engine, lambda c: standin_encode(c.prompt_text, c.messages),
                     DaemonConfig(owner="test", host="test", pid=0, device="standin", model="standin",
                                  policy=policy))
     return store, engine, daemon

@@ -65,7 +65,7 @@ class Served:
         self.scheduler = Scheduler(config, "fsched", self.store.tenant_weights())
         engine = Engine(self.runner, self.scheduler, self.runner.context_length)
         self.daemon = Daemon(
-            self.store, engine, lambda c: standin_encode(c.prompt, c.messages),
+            self.store, engine, lambda c: standin_encode(c.prompt_text, c.messages),
             DaemonConfig(owner="test", host="test", pid=0, device="standin", model=STANDIN_NAME,
                          policy="fsched", max_attempts=max_attempts,
                          until_idle=True, sync_interval_s=0.01, idle_sleep_s=0.001),

@@ -81,7 +81,7 @@ def test_submit_stores_job_requests_and_new_tenant(table):
 def test_every_stored_request_has_a_seed(table):
     table.catalog.submit([submission(5)])
     claimed = table.queue.claim("d", per_group=10)
-    seeds = [c.params["seed"] for c in claimed]
+    seeds = [c.params.seed for c in claimed]
     assert all(isinstance(s, int) for s in seeds) and len(set(seeds)) == 5
 
 
@@ -255,7 +255,7 @@ def test_flush_release_and_fencing_keep_the_counters(table):
     assert not finish(queue, a.id, RequestStatus.FINISHED_STOPPED, [5, 6, 9], "xyw", owner="intruder")
     assert queue.release("d1", [b.id]) == 1  # back to the queue, tokens kept
     (again,) = queue.claim("d2", per_group=10)
-    assert again.id == b.id and again.output_tokens == [7]
+    assert again.id == b.id and again.resumed == [7]
     assert queue.release() == 3  # all running, whoever held them: a dead daemon's leftovers
     summary = store.list_jobs(job_id=job.job_id)[0]
     assert summary.counts.num_running == 0 and summary.counts.num_waiting == 3
@@ -420,7 +420,7 @@ def test_a_line_of_n_choices_is_n_rows_and_one_output_line(table):
     (job,) = store.submit([batch({"prompt": "p", "n": 3, "seed": 5}, {"prompt": "q"})])
     assert job.num_requests == 4
     claimed = queue.claim("d", per_group=10)
-    seeds = sorted(c.params["seed"] for c in claimed if c.custom_id == "l0")
+    seeds = sorted(c.params.seed for c in claimed if c.custom_id == "l0")
     assert seeds == [5, 6, 7]  # choice i draws with seed + i
     finish_choices(queue, claimed)
     lines = list(lines_of(store.iter_results(job.job_id)))

@@ -48,7 +48,7 @@ def test_a_schema_4_table_gains_the_columns_and_keeps_its_rows(store):
     assert {"choice", "answer"} <= columns and "uq_requests_job_custom_id_choice" in uniques
     assert "ix_requests_job_state_idx" in indexes
     claimed = sorted(store.claim("d", per_group=10), key=lambda c: c.custom_id)
-    assert [c.custom_id for c in claimed] == ["l0", "l1"] and claimed[1].params["max_tokens"] == 3
+    assert [c.custom_id for c in claimed] == ["l0", "l1"] and claimed[1].params.max_tokens == 3
     finish(store, claimed)
     assert [r.choice for r in store.iter_results(job.job_id)] == [0, 0]
     (more,) = store.submit([batch({"prompt": "p", "n": 2})])

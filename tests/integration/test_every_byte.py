@@ -61,7 +61,7 @@ def run_all(table: JobTable, text: str = EVERY_BYTE) -> None:
 def test_every_byte_and_lone_surrogates_round_trip_through_the_stores(table):
     job_id = submit(table)
     (claimed,) = table.queue.claim("d1", per_group=10)
-    assert claimed.prompt == "hello"
+    assert claimed.prompt_text == "hello"
     assert table.queue.flush_tokens("d1", [TokenUpdate(claimed.id, (1,), EVERY_BYTE, 1.0,
                                                         claimed.lease_epoch)]) == 1
     (progress,) = table.serving.progress([job_id])[job_id]

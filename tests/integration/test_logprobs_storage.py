@@ -48,7 +48,7 @@ def store(db_url):
 def flush_then_resume(store, logprobs_of_update):
     (job,) = store.submit([submission(2)])
     a, b = store.claim("d1", per_group=5)
-    assert a.output_logprobs == () and a.params["logprobs"] == 2
+    assert tuple(a.resumed_logprobs) == () and a.params.logprobs == 2
     assert store.flush_tokens("d1", [TokenUpdate(a.id, (4, 5), "w4 w5", 1.0, a.lease_epoch,
                                                  logprobs_of_update((4, 5)))]) == 1
     store.release("d1")  # a daemon stops: the next claim resumes from the table
@@ -115,7 +115,8 @@ def test_a_schema_9_table_moves_its_logprobs_into_pieces(store):
         assert "output_logprobs" not in {c["name"] for c in inspect(conn).get_columns("requests")}
     store.release("d2")
     resumed = {c.id: c for c in store.claim("d3", per_group=5)}
-    assert resumed[a.id].output_logprobs == records([4, 5]) and resumed[b.id].output_logprobs == ()
+    assert tuple(resumed[a.id].resumed_logprobs) == records([4, 5])
+    assert tuple(resumed[b.id].resumed_logprobs) == ()
     assert store.flush_tokens("d3", [TokenUpdate(a.id, (4, 5, 7), "", 1.0, resumed[a.id].lease_epoch,
                                                  records([4, 5, 7]))]) == 1
     assert [(at, len(r)) for _, at, r in pieces(store)] == [(0, 2), (2, 1)]
@@ -127,11 +128,12 @@ def test_a_schema_3_table_gains_the_pieces_and_keeps_its_rows(store):
     assert schema.ensure_schema(store.db) == 3
     store.release("d2")
     resumed = {c.id: c for c in store.claim("d3", per_group=5)}
-    assert resumed[a.id].output_tokens == [4, 5] and resumed[a.id].output_logprobs == ()
+    assert resumed[a.id].resumed == [4, 5] and tuple(resumed[a.id].resumed_logprobs) == ()
     assert store.flush_tokens("d3", [TokenUpdate(a.id, (4, 5, 7), "", 1.0, resumed[a.id].lease_epoch,
                                                  records([4, 5, 7]))]) == 1
     store.release("d3")
-    assert {c.id: c for c in store.claim("d4", per_group=5)}[a.id].output_logprobs == records([4, 5, 7])
+    again = {c.id: c for c in store.claim("d4", per_group=5)}
+    assert tuple(again[a.id].resumed_logprobs) == records([4, 5, 7])
     assert schema.ensure_schema(store.db) == schema.SCHEMA_VERSION
 
 

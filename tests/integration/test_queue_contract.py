@@ -98,10 +98,10 @@ def test_released_requests_resume_with_their_tokens(table):
     assert q.flush_tokens("d1", updates) == 2
     assert q.release("d1", [b.id]) == 1
     (again,) = q.claim("d2", per_group=10)
-    assert (again.id, again.output_tokens) == (b.id, [7])
+    assert (again.id, again.resumed) == (b.id, [7])
     assert q.release() == 3  # everything running, whoever holds it
     assert q.has_queued() and not q.cancelled_held("d1")
-    resumed = {x.id: x.output_tokens for x in q.claim("d3", per_group=10)}
+    resumed = {x.id: x.resumed for x in q.claim("d3", per_group=10)}
     assert resumed == {a.id: [5, 6], b.id: [7], c.id: []}
 
 
@@ -116,7 +116,7 @@ def test_expired_leases_are_reclaimed_and_the_old_holder_is_fenced(table):
     assert q.reclaim_expired() == 2  # only the expired ones
     taken = {c.id: c for c in q.claim("live", per_group=5, lease_s=60)}
     assert set(taken) == {c.id for c in stale}
-    assert (taken[stale[0].id].output_tokens, taken[stale[0].id].lease_epoch) == ([7], 2)
+    assert (taken[stale[0].id].resumed, taken[stale[0].id].lease_epoch) == ([7], 2)
     assert q.renew_leases("paused", {c.id: 1 for c in stale}, lease_s=60) == set()
     assert q.flush_tokens("paused", [TokenUpdate(c.id, (9, 9), "late", lease_epoch=1) for c in stale]) == 0
     late = [Completion(c.id, RequestStatus.FINISHED_STOPPED, (9,), "late", lease_epoch=1) for c in stale]
@@ -184,7 +184,7 @@ def test_a_claim_carries_the_chat_templates_tools_and_options(table):
     data = json.dumps(line) + "\n" + json.dumps({"prompt": "p", "max_tokens": 4}) + "\n"
     specs = parse_job_file(data.encode(), "f.jsonl")
     table.catalog.submit([JobSubmission(specs, "alice", RequestClass.BATCH, 5, "tools")])
-    with_tools, plain = sorted(table.queue.claim("d", per_group=5), key=lambda c: c.prompt is not None)
+    with_tools, plain = sorted(table.queue.claim("d", per_group=5), key=lambda c: c.prompt_text is not None)
     assert with_tools.render == {"tools": tools, "kwargs": {"enable_thinking": False}}
     assert with_tools.messages[1]["tool_calls"][0]["function"]["name"] == "f"
     assert with_tools.messages[2]["tool_call_id"] == "c1" and plain.render is None

@@ -101,13 +101,13 @@ def test_flushed_logprobs_come_back_with_the_tokens_on_a_resume_and_in_every_rea
     store, queue = table.catalog, table.queue
     (job,) = store.submit([with_logprobs(2)])
     a, b = queue.claim("d1", per_group=5)
-    assert a.output_logprobs == () and a.params["logprobs"] == 2
+    assert tuple(a.resumed_logprobs) == () and a.params.logprobs == 2
     assert queue.flush_tokens("d1", [TokenUpdate(a.id, (4, 5), "w4 w5", 1.0, a.lease_epoch,
                                                  records([4, 5]))]) == 1
     queue.release("d1")  # a daemon stops: the next claim resumes from the table
     again = {c.id: c for c in queue.claim("d2", per_group=5)}
-    assert again[a.id].output_tokens == [4, 5] and again[a.id].output_logprobs == records([4, 5])
-    assert again[b.id].output_logprobs == ()
+    assert again[a.id].resumed == [4, 5] and tuple(again[a.id].resumed_logprobs) == records([4, 5])
+    assert tuple(again[b.id].resumed_logprobs) == ()
     final = Completion(a.id, RequestStatus.FINISHED_STOPPED, (4, 5, 6), "w4 w5 w6", 1, "m",
                        lease_epoch=again[a.id].lease_epoch, logprobs=records([4, 5, 6]))
     assert queue.finish_requests([final], "d2") == [True]

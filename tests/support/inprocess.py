@@ -60,7 +60,7 @@ class SteppedDaemon:
         # A long lease: the fake clock moves with every read of it, and a test may read the table
         # many times between two steps; the daemon must not look dead meanwhile.
         self.daemon = Daemon(
-            table.queue, engine, lambda c: runner.encode(c.prompt, c.messages, c.render),
+            table.queue, engine, lambda c: runner.encode(c.prompt_text, c.messages, c.render),
             DaemonConfig(owner="stepped", host="test", pid=0, device="standin", model=STANDIN_NAME,
                          policy="fsched", until_idle=True, lease_s=3600.0),
             clock=clock, sleep=clock.advance,

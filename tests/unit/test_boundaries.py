@@ -31,10 +31,11 @@ CORE_LAYERS = {
     "jobs": ("fsched.core.types",),
     # The protocol in OpenAI's words over the domain: its records (progress, results) and rules.
     "openai": ("fsched.core.types", "fsched.core.jobs", "fsched.core.ports.records", "fsched.core.grammar"),
-    # The heartbeat carries the scheduler's explanation of each request (its standing), nothing more;
-    # the in-memory serving reads give latency percentiles by the one definition of a percentile.
-    "ports": ("fsched.core.types", "fsched.core.jobs", "fsched.core.sched.explain",
-              "fsched.core.sim.metrics"),
+    # A claim returns each request's one live record (core/sched/request.py); the heartbeat carries
+    # the scheduler's explanation of each request (its standing), nothing more of the scheduler; the
+    # in-memory serving reads give latency percentiles by the one definition of a percentile.
+    "ports": ("fsched.core.types", "fsched.core.jobs", "fsched.core.sched.request",
+              "fsched.core.sched.explain", "fsched.core.sim.metrics"),
     # Grammars: a source, its limits and its isolated compile, over the domain's types only.
     "grammar": ("fsched.core.types",),
     # Structured output: the grammar a request's response_format compiles to is checked at submit
@@ -46,6 +47,10 @@ CORE_LAYERS = {
     # maps them (service tiers): one definition of each.
     "replay": ("fsched.core.types", "fsched.core.sched", "fsched.core.sim", "fsched.core.openai.online"),
 }
+# The job table implements the store protocols with the domain's records: a claim returns each request's
+# live record; nothing of the scheduler's state, a daemon, a runner or the OpenAI protocol.
+STORAGE_MAY_IMPORT = ("fsched.storage", "fsched.core.types", "fsched.core.faults", "fsched.core.jobs",
+                      "fsched.core.ports", "fsched.core.sched.request", "fsched.core.sim.metrics")
 # The HTTP server speaks the core's records and rules; it neither runs a daemon nor a model.
 API_MAY_IMPORT = ("fsched.api", "fsched.core.types", "fsched.core.jobs", "fsched.core.openai",
                   "fsched.core.ports", "fsched.core.sched")
@@ -110,6 +115,22 @@ def test_the_daemon_reaches_the_scheduler_only_through_the_engine():
             and n not in ("fsched.core.sched.shares", "fsched.core.sched.usage", "fsched.core.sched.request")
         }
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_storage_returns_domain_records_only():
+    for path in sources("storage"):
+        bad = {n for n in imports_of(path) if n.startswith("fsched") and not n.startswith(STORAGE_MAY_IMPORT)}
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_the_claim_returns_the_live_record_itself():
+    """One record from claim to completion: the queue protocol's claim, the SQL claim and the in-memory
+    one all return `Request` (core/sched/request.py), no shape of their own."""
+    for path in ("core/ports/queue.py", "core/ports/memory/queue.py", "storage/sql_queue.py",
+                 "storage/claim.py"):
+        returns = {ast.unparse(node.returns) for node in ast.walk(parsed(ROOT / path))
+                   if isinstance(node, ast.FunctionDef) and node.name in ("claim", "claim_requests")}
+        assert returns == {"list[Request]"}, f"{path}: claim returns {returns}"
 
 
 def test_http_handlers_reach_the_table_only_through_the_stores_they_are_given():

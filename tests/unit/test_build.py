@@ -80,7 +80,7 @@ def test_build_daemon_wires_settings_runner_scheduler_and_store():
     assert config.until_idle and config.exclusive
     assert daemon.engine.max_batch == CPU_LIMITS.max_batch
     assert config.owner.split(":")[1] == "standin"
-    claimed = SimpleNamespace(prompt="hello there", messages=None, render=None)
+    claimed = SimpleNamespace(prompt_text="hello there", messages=None, render=None)
     assert daemon.encode(claimed) == standin_encode("hello there")
 
 

@@ -75,7 +75,7 @@ class Rig:
         self.engine = Engine(runner, Scheduler(config, "fsched", store.tenant_weights()),
                              runner.context_length, clock=clock)
         self.daemon = Daemon(
-            store, self.engine, lambda c: standin_encode(c.prompt, c.messages),
+            store, self.engine, lambda c: standin_encode(c.prompt_text, c.messages),
             DaemonConfig(owner=owner, host="test", pid=0, device="standin", model=STANDIN_NAME,
                          policy="fsched", until_idle=True,
                          exclusive=exclusive, lease_s=lease_s, heartbeat_s=heartbeat_s,

@@ -22,7 +22,6 @@ from fsched.core.ports.memory.catalog import MemoryCatalogStore
 from fsched.core.ports.memory.rows import MemoryJob, MemoryRequest, MemoryRows, atomic
 from fsched.core.ports.records import (
     CancelOutcome,
-    ClaimedRequest,
     Completion,
     DaemonSummary,
     JobSubmission,
@@ -31,7 +30,8 @@ from fsched.core.ports.records import (
     SubmittedJob,
     TokenUpdate,
 )
-from fsched.core.types import RequestClass, RequestId, RequestStatus
+from fsched.core.sched.request import Request
+from fsched.core.types import RequestClass, RequestId, RequestStatus, SamplingParams
 
 USAGE_KEPT_S = 86_400.0
 
@@ -79,9 +79,9 @@ class MemoryQueueStore:
         held: Mapping[tuple[str, RequestClass], int] | None = None,
         limit: int | None = None,
         lease_s: float = 30.0,
-    ) -> list[ClaimedRequest]:
+    ) -> list[Request]:
         held = held or {}
-        claimed: list[ClaimedRequest] = []
+        claimed: list[Request] = []
         room: dict[tuple[str, RequestClass], int] = {}
         now = self.clock()
         for job in sorted(self.rows.jobs.values(), key=lambda j: (j.priority, j.id)):
@@ -203,20 +203,17 @@ class MemoryQueueStore:
     # -- helpers -----------------------------------------------------------------------------
 
     @staticmethod
-    def _lease(request: MemoryRequest, job: MemoryJob, owner: str, expires_at: float) -> ClaimedRequest:
+    def _lease(request: MemoryRequest, job: MemoryJob, owner: str, expires_at: float) -> Request:
         request.status = RequestStatus.RUNNING
         request.lease_owner = owner
         request.lease_epoch += 1
         request.lease_expires_at = expires_at
         request.attempts += 1
-        return ClaimedRequest(
-            id=request.id, job_id=job.id, tenant=job.tenant, request_class=job.request_class,
-            priority=job.priority, custom_id=request.custom_id, endpoint=request.endpoint,
-            prompt=request.prompt, messages=request.messages, params=dict(request.params),
-            render=request.render,
-            output_tokens=list(request.output_tokens), enqueued_at=request.enqueued_at,
-            attempts=request.attempts, lease_epoch=request.lease_epoch,
-            output_logprobs=request.output_logprobs,
+        return Request.to_run(
+            request.id, (), SamplingParams.from_json(request.params), job.tenant, job.request_class,
+            job.priority, list(request.output_tokens), request.output_logprobs, prompt_text=request.prompt,
+            messages=request.messages, render=request.render, job_id=job.id, custom_id=request.custom_id,
+            enqueued_at=request.enqueued_at, lease_epoch=request.lease_epoch, attempts=request.attempts,
         )
 
     @staticmethod

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -25,7 +25,8 @@ from fsched.core.runners.hf.kvbatch import BatchKV, ParkedKV, RowGroup, cache_fr
 from fsched.core.runners.hf.model import LoadedModel, encode_prompt
 from fsched.core.runners.hf.sampling import Row, choose_tokens
 from fsched.core.runners.protocol import RequestRefused, Runner, RunResult
-from fsched.core.runners.stopping import StopCheck, StopRules, StopText, check_stop, stop_rules
+from fsched.core.runners.registered import Registered, register
+from fsched.core.runners.stopping import StopCheck, check_stop
 from fsched.core.sched.plan import Outcome, Plan, PrefillChunk
 from fsched.core.sched.request import Checkpoint
 from fsched.core.types import Logprob, RequestId, RequestStatus, SamplingParams, TokenLogprobs
@@ -42,21 +43,9 @@ class RunnerError(Exception):
 
 
 @dataclass(slots=True, eq=False)
-class _ModelRequest:
-    id: RequestId
-    tokens: list[int]  # prompt, then every generated token
-    prompt_len: int
-    params: SamplingParams
-    finish: StopCheck | None = None
-    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per generated token, when asked for
-    rules: StopRules = field(default_factory=StopRules)
+class _ModelRequest(Registered):
     grammar: LLMatcher | None = None  # structured output: the grammar's state after `generated`
-    text: StopText | None = None  # the output text read so far, when stop strings may end it
     prompt_ids: torch.Tensor | None = None  # distinct prompt ids, for the repetition penalty
-
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[self.prompt_len :]
 
     def row(self, device: torch.device, end_ids: tuple[int, ...]) -> Row:
         """What the sampler needs of this request for its next token."""
@@ -134,10 +123,8 @@ class ModelRunner(Runner):
             except GrammarError as exc:
                 raise RequestRefused(str(exc)) from None
         decode = partial(self.loaded.tokenizer.decode, skip_special_tokens=True)
-        text = StopText(params.stop, decode, len(prompt)) if params.stop else None
-        self._requests[request_id] = _ModelRequest(request_id, [*prompt, *generated], len(prompt), params,
-                                                   logprobs=list(logprobs), rules=stop_rules(params),
-                                                   grammar=grammar, text=text)
+        register(self._requests, _ModelRequest, request_id, prompt, params, generated, logprobs, decode,
+                 RunnerError, grammar=grammar)
 
     @torch.inference_mode()
     def release(self, request_id: RequestId) -> None:
@@ -156,18 +143,8 @@ class ModelRunner(Runner):
     def text(self, request_id: RequestId) -> str:
         """The output text, cut before a stop string that ended it."""
         r = self._requests[request_id]
-        return self._text(r, r.generated)
-
-    def _text(self, r: _ModelRequest, tokens: list[int]) -> str:
-        finish = r.finish
-        if finish is not None and finish.on_token and not r.params.include_stop_str_in_output:
-            tokens = tokens[:-1]
-        elif tokens and tokens[-1] in self.loaded.eos_token_ids and not r.params.ignore_eos:
-            tokens = tokens[:-1]
-        text = self.loaded.tokenizer.decode(tokens, skip_special_tokens=r.params.skip_special_tokens)
-        if finish is not None and finish.text_end is not None:
-            text = text[: finish.text_end]
-        return text
+        decode = partial(self.loaded.tokenizer.decode, skip_special_tokens=r.params.skip_special_tokens)
+        return r.output_text(self.loaded.eos_token_ids, decode)
 
     @property
     def kv_tokens(self) -> int:
