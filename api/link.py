@@ -115,17 +115,20 @@ class LinkClient:
             self._drop(peer)
 
     def _pushed(self, peer: _Peer, message: wire.Message) -> None:
-        if isinstance(message, wire.StepText):
-            progress = message.progress(self._text.get(message.job, ""))
+        if isinstance(message, wire.Steps):
+            for text in message.texts:
+                self._progress(peer, text.job, text.progress(self._text.get(text.job, "")))
         elif isinstance(message, wire.End):
-            progress = message.progress()
+            self._progress(peer, message.job, message.progress())
         else:
             raise wire.LinkRefused(f"the daemon at {peer.address} sent a {message.TAG} message, which a "
                                    "daemon never sends after its hello")
-        self._text[message.job] = progress.output_text
-        peer.jobs.add(message.job)
-        if not self.hub.push(message.job, (progress,)):
-            self.closed(message.job)
+
+    def _progress(self, peer: _Peer, job_id: int, progress) -> None:
+        self._text[job_id] = progress.output_text
+        peer.jobs.add(job_id)
+        if not self.hub.push(job_id, (progress,)):
+            self.closed(job_id)
 
     def _drop(self, peer: _Peer) -> None:
         if self._peers.get(peer.address) is peer:

@@ -17,7 +17,7 @@ from fsched.core.daemon.engine import EngineResult
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.daemon.link import LinkServer
 from fsched.core.daemon.publish import Publisher
-from fsched.core.ports.link import VERSION, Claim, End, Hello, StepText, Wake, encode
+from fsched.core.ports.link import VERSION, Claim, End, Hello, Steps, StepText, Wake, encode
 from fsched.core.ports.records import RequestProgress
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass, RequestStatus, SamplingParams
@@ -80,7 +80,8 @@ class _Link:
         return "conn" if job_id in self.watched else None
 
     def send(self, lines):
-        self.sent += lines.get("conn", [])
+        for message in lines.get("conn", []):  # a step's texts come in one message
+            self.sent += message.texts if isinstance(message, Steps) else [message]
 
 
 def test_the_publisher_pushes_each_steps_text_from_what_was_settled_and_the_end_once_written():
@@ -143,8 +144,8 @@ def test_the_link_carries_watches_wakeups_and_pushes_over_a_socket():
             wants = server.take_wake()  # a new request: the daemon claims now, and only claims
             assert wants.claim and not wants.sync and not server.take_wake()
             conn = server.watcher(7)
-            server.send({conn: [StepText(7, "r", 0, "he", 1, 1.0, 0.5)]})
-            server.send({conn: [StepText(7, "r", 2, "llo\x00\udc80", 2, 1.0, 0.5)]})
+            server.send({conn: [Steps([StepText(7, "r", 0, "he", 1, 1.0, 0.5)])]})
+            server.send({conn: [Steps([StepText(7, "r", 2, "llo\x00\udc80", 2, 1.0, 0.5)])]})
             seen = await asyncio.wait_for(watcher, 5)
             runner.cancel()
             return seen
