@@ -322,7 +322,7 @@ class _ChatEvents:
         return map(sse, self.relay.opening())
 
     def update(self, choices: Choices) -> Iterable[str]:
-        return map(sse, self.relay.update(choices))
+        return [f"data: {text}\n\n" for text in self.relay.update_json(choices)]
 
     def closing(self, final: Choices) -> Iterable[str]:
         return map(sse, self.relay.closing(final))
