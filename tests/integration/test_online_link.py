@@ -156,6 +156,34 @@ def test_the_link_carries_watches_wakeups_and_pushes_over_a_socket():
         server.close()
 
 
+def test_a_steps_line_for_a_thousand_requests_crosses_whole():
+    """One line carries a step's texts for every request a server watches: past asyncio's 64 KiB line."""
+    server = LinkServer("127.0.0.1", 0)
+    jobs = range(1, 1025)
+    try:
+        async def run():
+            hub = ProgressHub(lambda ids: {}, interval_s=0.01)
+            client = LinkClient(hub, refresh_s=0.05)
+            runner = asyncio.create_task(client.run(lambda: _addresses(server.address)))
+            watchers = [asyncio.create_task(_updates(hub, j, 1)) for j in jobs]
+            for j in jobs:
+                client.announce(j, linkable=True)
+            deadline = time.monotonic() + 5
+            while server.watcher(1024) is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            texts = [StepText(j, f"r{j}", 0, f"{j:04d}" + "x" * 96, 1, 1.0, 0.5) for j in jobs]
+            assert len(encode([Steps(texts)])) > 100_000
+            server.send({server.watcher(1): [Steps(texts)]})
+            seen = await asyncio.wait_for(asyncio.gather(*watchers), 5)
+            runner.cancel()
+            return seen
+
+        seen = asyncio.run(run())
+        assert [s[0][:4] for s in seen] == [f"{j:04d}" for j in jobs]
+    finally:
+        server.close()
+
+
 async def _addresses(address: str) -> set[str]:
     return {address}
 
