@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 import anyio.to_thread
 
 from fsched.core.ports.records import RequestProgress
+from fsched.core.types import RequestStatus
 
 # A job's requests, one a choice, in choice order.
 Choices = tuple[RequestProgress, ...]
 Reader = Callable[[Sequence[int]], dict[int, Choices]]
 
 LINKED_POLL_S = 0.25  # a linked job's table check: cancels, failures and the record
+_FINISHED = RequestStatus.FINISHED_STOPPED  # this and above: finished
 
 
 @dataclass(slots=True)
@@ -39,12 +41,20 @@ class _Watch:
 
 
 def _ahead(new: Choices, old: Choices) -> bool:
-    """Whether `new` shows at least what `old` did (or ends the request)."""
-    if not old or any(p.status.is_finished for p in new):
+    """Whether `new` shows at least what `old` did (or ends the request). Called at every push: plain
+    loops, no generator a call."""
+    if not old:
         return True
-    if any(p.status.is_finished for p in old):
-        return False
-    return sum(len(p.output_text) for p in new) >= sum(len(p.output_text) for p in old)
+    shown = 0
+    for p in new:
+        if p.status >= _FINISHED:
+            return True
+        shown += len(p.output_text)
+    for p in old:
+        if p.status >= _FINISHED:
+            return False
+        shown -= len(p.output_text)
+    return shown >= 0
 
 
 class ProgressHub:

@@ -30,6 +30,10 @@ log = logging.getLogger("fsched.serve")
 REFRESH_S = 0.5
 CONNECT_TIMEOUT_S = 1.0
 REFUSED_RETRY_S = 30.0  # a daemon of another link version: asked again this long after (a restart)
+# The longest line read: a step's texts for every request a server watches (1,024 streams' pieces are
+# tens of KB, asyncio's default limit is 64 KiB), or an end's whole text. The daemon drops a server
+# that lets 8 MiB wait unread, so this bounds nothing a daemon would send.
+LINE_LIMIT = 64 * 1024 * 1024
 
 
 @dataclass(slots=True, eq=False)
@@ -87,8 +91,8 @@ class LinkClient:
     async def _connect(self, address: str) -> None:
         host, _, port = address.rpartition(":")
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)),
-                                                    CONNECT_TIMEOUT_S)
+            connecting = asyncio.open_connection(host, int(port), limit=LINE_LIMIT)
+            reader, writer = await asyncio.wait_for(connecting, CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError, ValueError) as exc:
             log.debug("cannot link to the daemon at %s: %s", address, exc)
             return
@@ -115,17 +119,20 @@ class LinkClient:
             self._drop(peer)
 
     def _pushed(self, peer: _Peer, message: wire.Message) -> None:
-        if isinstance(message, wire.StepText):
-            progress = message.progress(self._text.get(message.job, ""))
+        if isinstance(message, wire.Steps):
+            for text in message.texts:
+                self._progress(peer, text.job, text.progress(self._text.get(text.job, "")))
         elif isinstance(message, wire.End):
-            progress = message.progress()
+            self._progress(peer, message.job, message.progress())
         else:
             raise wire.LinkRefused(f"the daemon at {peer.address} sent a {message.TAG} message, which a "
                                    "daemon never sends after its hello")
-        self._text[message.job] = progress.output_text
-        peer.jobs.add(message.job)
-        if not self.hub.push(message.job, (progress,)):
-            self.closed(message.job)
+
+    def _progress(self, peer: _Peer, job_id: int, progress) -> None:
+        self._text[job_id] = progress.output_text
+        peer.jobs.add(job_id)
+        if not self.hub.push(job_id, (progress,)):
+            self.closed(job_id)
 
     def _drop(self, peer: _Peer) -> None:
         if self._peers.get(peer.address) is peer:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import aclosing
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -104,7 +103,7 @@ async def _serve(request: Request, endpoint: Endpoint):
         opened = await first_news(request, state, job_id, online, key)
         if opened is None:
             return JSONResponse(error_body(499, "client closed the request"), 499)
-        return BoundedStream(_stream(request, state, endpoint, job_id, online, opened),
+        return BoundedStream(await _stream(request, state, endpoint, job_id, online, opened),
                              state.guard.rules.stall_s)
     return await _answer(request, state, endpoint, job_id, online)
 
@@ -290,13 +289,18 @@ async def gone_first(request: Request, work: asyncio.Future, timeout: float | No
 async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
                   online: OnlineRequest, progress: AsyncIterator[Update]) -> AsyncIterator[str]:
     """Chat's and completions' server-sent events: chunks as tokens come (the choices interleaved, each
-    by its index), the usage chunk if asked, `[DONE]`; under the rules of `relayed`."""
-    prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
+    by its index), the usage chunk if asked, `[DONE]`; under the rules of `relayed` (its generator
+    itself: no layer of its own to pass each token through)."""
+    try:
+        prompt_ids = await _prompt_ids(state, online) if online.spec.answer.token_ids else None
+    except BaseException:
+        await progress.aclose()
+        with anyio.CancelScope(shield=True):
+            await cancel(state, job_id)
+        raise
     relay = StreamRelay(endpoint, opaque_response_id(endpoint), int(time.time()),
                         online.spec.model or DEFAULT_MODEL_NAME, online, prompt_ids)
-    async with aclosing(relayed(request, state, job_id, online, progress, _ChatEvents(relay))) as events:
-        async for event in events:
-            yield event
+    return relayed(request, state, job_id, online, progress, _ChatEvents(relay))
 
 
 class StreamEvents(Protocol):
@@ -322,7 +326,7 @@ class _ChatEvents:
         return map(sse, self.relay.opening())
 
     def update(self, choices: Choices) -> Iterable[str]:
-        return map(sse, self.relay.update(choices))
+        return [f"data: {text}\n\n" for text in self.relay.update_json(choices)]
 
     def closing(self, final: Choices) -> Iterable[str]:
         return map(sse, self.relay.closing(final))

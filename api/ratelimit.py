@@ -12,18 +12,17 @@ whose bound is the room its model's context leaves, counts UNSIZED_COST tokens).
 from __future__ import annotations
 
 import math
-import time
 
 from fsched.api.errors import ApiError
-from fsched.api.state import LIMITS_TTL_S, ServerState
+from fsched.api.state import LIMITS_TTL_S, Cached, ServerState, refreshed
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.ratelimit import charged_tokens, never_fits
 from fsched.core.openai.online import OnlineRequest
 from fsched.core.types import SamplingParams
 
-# key id -> (its rate limits, when read). Key ids are random and never reused, so one cache serves
+# key id -> its rate limits, as read when. Key ids are random and never reused, so one cache serves
 # every app of a process.
-_LIMITS: dict[str, tuple[dict[str, int], float]] = {}
+_LIMITS: dict[str, Cached[dict[str, int]]] = {}
 _KEPT = 10_000
 
 
@@ -60,11 +59,9 @@ async def admit(state: ServerState, key: ApiKey, online: OnlineRequest) -> None:
 
 
 async def _limits(state: ServerState, key_id: str) -> dict[str, int]:
-    now = time.monotonic()
     found = _LIMITS.get(key_id)
-    if found is None or now - found[1] > LIMITS_TTL_S:
+    if found is None:
         if len(_LIMITS) > _KEPT:
             _LIMITS.clear()
-        found = (await state.call(state.backend.keys.rate_limits, key_id), now)
-        _LIMITS[key_id] = found
-    return found[0]
+        found = _LIMITS[key_id] = Cached()
+    return await refreshed(found, LIMITS_TTL_S, lambda: state.call(state.backend.keys.rate_limits, key_id))

@@ -13,8 +13,11 @@ nginx's `client_header_timeout` and `client_body_timeout` (60 s there):
   `body_timeout_s`, or the request is answered 408 in OpenAI's error shape
   and the connection closed (`BodyDeadline`, ASGI middleware).
 
-The protocol also offers each request the `fsched.abort` extension: a stream
-whose client stopped reading closes the connection with it.
+The protocol also offers each request two extensions: `fsched.abort`, with
+which a stream whose client stopped reading closes the connection, and
+`fsched.body`, with which a stream writes its body's pieces to the
+transport itself (each in its HTTP chunk), not through every middleware's
+`send` and h11's state machine, at each token.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from dataclasses import dataclass
 from functools import partial
 
 import h11
+from h11._writers import ChunkedWriter
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from fsched.api.errors import BodyRefused, run_refusing
 
 ABORT = "fsched.abort"  # a scope extension: close this request's connection, the response unfinished
+BODY = "fsched.body"  # a scope extension: write a piece of the started response's body (more to come)
 
 
 @dataclass(slots=True, frozen=True)
@@ -75,6 +80,7 @@ class HeaderDeadline(H11Protocol):
         cycle = self.cycle
         if cycle is not None and ABORT not in cycle.scope.setdefault("extensions", {}):
             cycle.scope["extensions"][ABORT] = partial(self._abort, cycle)
+            cycle.scope["extensions"][BODY] = partial(self._body, cycle)
         if self.cycle is not None and self.cycle is not self._waiting_for and self._deadline is not None:
             self._deadline.cancel()  # this request's headers are in
             self._deadline = None
@@ -93,6 +99,20 @@ class HeaderDeadline(H11Protocol):
         client gone, not a response left unfinished to log as an error)."""
         cycle.disconnected = True
         self.transport.close()
+
+    async def _body(self, cycle, data: bytes) -> None:
+        """A piece of a started response's body, more to come: what uvicorn's `send` does with it,
+        its chunk framed here when the response is chunked (h11's own writer, else)."""
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+        if cycle.disconnected or not data or cycle.scope["method"] == "HEAD":
+            return
+        if not cycle.response_started or cycle.response_complete:
+            raise RuntimeError("a body piece outside a started response")
+        if type(getattr(self.conn, "_writer", None)) is ChunkedWriter:
+            self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        else:
+            self.transport.write(self.conn.send(h11.Data(data=data)) or b"")
 
     def _arm(self) -> None:
         if self._deadline is not None:

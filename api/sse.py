@@ -19,7 +19,7 @@ from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from fsched.api.slowclients import ABORT
+from fsched.api.slowclients import ABORT, BODY
 from fsched.core.jobs.jsontext import dumps as json_text
 
 log = logging.getLogger("fsched.serve")
@@ -41,8 +41,10 @@ class BoundedStream(StreamingResponse):
                          **kwargs)
         self.stall_s = stall_s
         self.ended = False  # the last byte of the stream was sent
+        self._write_body = None  # the server's `fsched.body` extension, when it offers it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._write_body = scope.get("extensions", {}).get(BODY)
         try:
             await super().__call__(scope, receive, send)
         except ClientStalled:
@@ -59,11 +61,15 @@ class BoundedStream(StreamingResponse):
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         watchdog = _Watchdog(self.stall_s)
+        write = self._write_body
         try:
             async for chunk in self.body_iterator:
                 body = chunk.encode(self.charset) if isinstance(chunk, str) else chunk
                 with watchdog:
-                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                    if write is not None:  # straight to the transport: no middleware sees a body piece
+                        await write(body)
+                    else:
+                        await send({"type": "http.response.body", "body": body, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             self.ended = True
         finally:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -54,9 +56,30 @@ T = TypeVar("T")
 
 
 @dataclass(slots=True)
-class _Cached(Generic[T]):
+class Cached(Generic[T]):
     value: T | None = None
     at: float = -1e18
+    reading: asyncio.Future | None = None  # the read under way: requests meanwhile wait for it
+
+
+async def refreshed(cached: Cached[T], ttl_s: float, read: Callable[[], Awaitable[T]]) -> T:
+    """The cached value, read again once older than `ttl_s`: one read at a time, whatever the
+    requests arriving while it runs (each would otherwise read too, all of them at every expiry)."""
+    now = time.monotonic()
+    if now - cached.at <= ttl_s:
+        return cached.value
+    if cached.reading is None:
+        cached.reading = asyncio.ensure_future(_fill(cached, read))
+    return await asyncio.shield(cached.reading)
+
+
+async def _fill(cached: Cached[T], read: Callable[[], Awaitable[T]]) -> T:
+    try:
+        value = await read()
+        cached.value, cached.at = value, time.monotonic()
+        return value
+    finally:
+        cached.reading = None
 
 
 @dataclass(slots=True)
@@ -71,8 +94,8 @@ class ServerState:
     batch_creations: dict[str, int] = field(default_factory=dict)  # in progress, by tenant
     tool_parser: str = "auto"  # the model family whose syntax tool calls are read in (`--tool-call-parser`)
     _submitter: Submitter | None = None
-    _daemons: _Cached[list[DaemonSummary]] = field(default_factory=_Cached)
-    _limits: _Cached[InputLimits] = field(default_factory=_Cached)
+    _daemons: Cached[list[DaemonSummary]] = field(default_factory=Cached)
+    _limits: Cached[InputLimits] = field(default_factory=Cached)
 
     async def call(self, fn, *args, **kwargs):
         """A store call in a worker thread: the event loop never waits on the database."""
@@ -86,12 +109,12 @@ class ServerState:
         return await self._submitter.submit(submission, max_queued_per_tenant)
 
     async def live_daemons(self) -> list[DaemonSummary]:
-        now = time.monotonic()
-        if now - self._daemons.at > DAEMONS_TTL_S:
+        async def read() -> list[DaemonSummary]:
             daemons = await self.call(self.backend.jobs.list_daemons)
             wall = time.time()
-            self._daemons = _Cached([d for d in daemons if d.alive(wall)], now)
-        return self._daemons.value
+            return [d for d in daemons if d.alive(wall)]
+
+        return await refreshed(self._daemons, DAEMONS_TTL_S, read)
 
     async def require_daemon(self) -> None:
         if not await self.live_daemons():
@@ -99,11 +122,10 @@ class ServerState:
                            code="no_daemon")
 
     async def limits(self) -> InputLimits:
-        now = time.monotonic()
-        if now - self._limits.at > LIMITS_TTL_S:
-            stored = await self.call(self.backend.keys.stored_limits)
-            self._limits = _Cached(limits_in_force(stored), now)
-        return self._limits.value
+        async def read() -> InputLimits:
+            return limits_in_force(await self.call(self.backend.keys.stored_limits))
+
+        return await refreshed(self._limits, LIMITS_TTL_S, read)
 
     async def authenticate(self, request: Request) -> ApiKey:
         """The key of `Authorization: Bearer <key>`; 401 for none, a malformed, unknown or revoked one."""

@@ -199,10 +199,11 @@ class Fsched:
 
 
 def profile(pids: dict[str, int], seconds: float, out: Path) -> subprocess.Popen:
-    """py-spy records each process for `seconds`, raw (collapsed stacks)."""
+    """py-spy records each process for `seconds`, raw (collapsed stacks), only samples holding the GIL
+    (what the process computes, not what its threads wait on)."""
     out.mkdir(parents=True, exist_ok=True)
     spy = str(Path(sys.executable).parent / "py-spy")
-    return [subprocess.Popen([spy, "record", "-r", "100", "-d", str(int(seconds)), "-f", "raw", "-o",
+    return [subprocess.Popen([spy, "record", "--gil", "-r", "200", "-d", str(int(seconds)), "-f", "raw", "-o",
                               str(out / f"{name}.txt"), "-p", str(pid)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL) for name, pid in pids.items()]
 

@@ -9,7 +9,7 @@ of another link version is refused, loudly, and disconnected), then asks
 for a sync (`Wake`: a cancel, or a server just linked), a claim (`Claim`:
 new online work; weights and cancels wait for the next sync), or pushes of
 a job's progress (`Watch` / `Forget`; a watch is new work and claims too).
-The daemon pushes each step's text of a watched request (`StepText`) and its end
+The daemon pushes each step's texts of watched requests (`Steps`) and their ends
 once the completion is in the table (`End`), from `core/daemon/publish.py`.
 A linked request's tokens go to the table in batches (the writer's batch
 interval), not every step.
@@ -213,7 +213,7 @@ class LinkServer:
                 if self._watchers.get(message.job) is conn:
                     del self._watchers[message.job]
                 return
-            elif isinstance(message, wire.StepText | wire.End | wire.Hello):
+            elif isinstance(message, wire.Steps | wire.End | wire.Hello):
                 raise wire.LinkRefused(f"{conn.peer} sent a {message.TAG} message, which a server never "
                                        "sends after its hello")
             first = not self._wants  # one byte a wake-up: the descriptor is readable until taken

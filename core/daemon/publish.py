@@ -1,5 +1,6 @@
-"""What the daemon loop pushes over its link (core/daemon/link.py): each step's text of linked requests,
-and their ends once written to the table, as the link's messages (`core/ports/link.py`).
+"""What the daemon loop pushes over its link (core/daemon/link.py): each step's text of linked requests
+(one `Steps` a server a step), and their ends once written to the table, as the link's messages
+(`core/ports/link.py`).
 
 A request is linked while a connected server watches its job: its tokens
 then reach the table with the batch writes (the writer reads the record's `linked`),
@@ -15,7 +16,7 @@ from typing import Protocol
 
 from fsched.core.daemon.engine import EngineResult
 from fsched.core.daemon.holdings import Holdings
-from fsched.core.ports.link import End, Message, StepText
+from fsched.core.ports.link import End, Message, Steps, StepText
 from fsched.core.types import RequestId
 
 Output = Callable[[RequestId], tuple[list[int], str]]
@@ -38,7 +39,7 @@ class Publisher:
 
     def step(self, produced: dict[RequestId, int], finished: list[EngineResult]) -> None:
         """Push the step's text of linked requests; note the ends to push once they are written."""
-        lines: dict[object, list[Message]] = {}
+        texts: dict[object, list[StepText]] = {}
         done = {r.id: r for r in finished}
         for request_id in produced:
             held = self.holdings.get(request_id)
@@ -55,9 +56,9 @@ class Publisher:
             start = self._settled.get(request_id, 0)
             self._settled[request_id] = len(text.rstrip(UNSETTLED))
             job, enqueued_at = held.job_id, held.enqueued_at
-            lines.setdefault(conn, []).append(StepText(job, str(request_id), start, text[start:], len(tokens),
+            texts.setdefault(conn, []).append(StepText(job, str(request_id), start, text[start:], len(tokens),
                                                    self.holdings.first_token_at(held), enqueued_at))
-        self.link.send(lines)
+        self.link.send({conn: [Steps(found)] for conn, found in texts.items()})
 
     def written(self, now: float) -> None:
         """The step's completions are in the table: push the linked ones' ends."""

@@ -4,6 +4,9 @@ The handler feeds each new read of the choices (`update`) and gets the chunks
 to send: per choice, the text that became visible since the last chunk with
 its tokens' logprobs and ids, and its finish chunk once it ends. Choices
 interleave as their tokens come; each chunk names its choice by index.
+`update_json` gives the same chunks as their JSON text: a chunk of new text
+alone (most of a stream) from a template made once, its text the one value
+escaped, with no dict made and no whole chunk encoded.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from fsched.core.jobs.jsontext import dumps as json_text
 from fsched.core.openai.answers import Delta, chunk, usage, usage_chunk
 from fsched.core.openai.online import OnlineRequest, choice_of
 from fsched.core.openai.toolcalls.message import ReadingStream, finish_reason, read_options
@@ -43,6 +47,21 @@ class StreamRelay:
         self.readings = [ReadingStream(answer_id, i, options) for i in range(len(online.specs))]
         self.latest: Sequence[RequestProgress] = ()
         self.prompt_ids = prompt_ids  # vLLM's prompt_token_ids: sent with the first chunk
+        self._template = self._text_template()
+
+    def _text_template(self) -> tuple[str, str, str] | None:
+        """A text chunk's JSON as (before the index, between the index and the text, after the text),
+        when such a chunk carries nothing but its text (no logprobs, ids, usage so far or padding)."""
+        options = self.online.stream_options
+        if self.answer.logprobs or self.answer.token_ids or options.continuous_usage or options.obfuscation:
+            return None
+        kind, text_key = (("chat.completion.chunk", '"delta":{"content":') if self.endpoint is Endpoint.CHAT
+                          else ("text_completion", '"text":'))
+        head = (f'{{"id":{json_text(self.answer_id)},"object":"{kind}","created":{int(self.created)},'
+                f'"model":{json_text(self.model)},"choices":[{{"index":')
+        close = "}" if self.endpoint is Endpoint.CHAT else ""
+        usage_null = ',"usage":null' if options.include_usage else ""
+        return head, "," + text_key, f'{close},"logprobs":null,"finish_reason":null}}]{usage_null}}}'
 
     def opening(self) -> Iterator[dict]:
         """Chat: each choice's first chunk, with the assistant's role (as OpenAI sends it at once)."""
@@ -53,6 +72,19 @@ class StreamRelay:
 
     def update(self, choices: Sequence[RequestProgress]) -> Iterator[dict]:
         """The chunks a new read of the choices calls for (none when nothing visible changed)."""
+        return map(self._chunk, self._deltas(choices))
+
+    def update_json(self, choices: Sequence[RequestProgress]) -> Iterator[str]:
+        """`update`'s chunks as JSON text (compact, as `jsontext.dumps` writes it)."""
+        for delta in self._deltas(choices):
+            if (self._template is not None and self.prompt_ids is None and not delta.first
+                    and delta.finish_reason is None and not delta.reasoning and not delta.tool_calls):
+                head, middle, tail = self._template
+                yield f"{head}{delta.index}{middle}{json_text(delta.text)}{tail}"
+            else:
+                yield json_text(self._chunk(delta), separators=(",", ":"))
+
+    def _deltas(self, choices: Sequence[RequestProgress]) -> Iterator[Delta]:
         self.latest = choices
         for p in choices:
             sent = self.sent[p.choice]
@@ -60,11 +92,11 @@ class StreamRelay:
                 continue
             delta = self._delta(p, sent)
             if delta is not None:
-                yield self._chunk(delta)
+                yield delta
             if p.status.is_finished:
                 sent.ended = True
                 called = self.readings[p.choice].called
-                yield self._chunk(Delta(p.choice, finish_reason=finish_reason(p.finish_reason, called)))
+                yield Delta(p.choice, finish_reason=finish_reason(p.finish_reason, called))
 
     def closing(self, final: Sequence[RequestProgress]) -> Iterator[dict]:
         """After every choice ended: the usage chunk, when asked for."""

@@ -21,9 +21,11 @@ of a message's fields or of the encoding.
 Server to daemon: `Wake` (sync with the table now: a cancel, a new link),
 `Claim` (new online work: claim now), `Watch(job)` / `Forget(job)` (push, or
 stop pushing, the progress of that job's requests; a watch is new work and
-claims too). Daemon to server: `StepText` after each step that gave a watched
-request tokens (its text from character `start` on: a tail the tokenizer
-has not settled is sent again), `End` once its completion is in the table.
+claims too). Daemon to server: `Steps` after each step that gave watched
+requests tokens (one message, one line, for all of that server's: each
+request's `StepText`, its text from character `start` on, a tail the
+tokenizer has not settled being sent again), `End` once a completion is in
+the table.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import ClassVar
 from fsched.core.ports.records import RequestProgress
 from fsched.core.types import RequestId, RequestStatus
 
-VERSION = 2
+VERSION = 3
 
 
 class LinkRefused(ValueError):
@@ -85,7 +87,8 @@ def _check_job(job: object) -> None:
 
 @dataclass(slots=True)
 class StepText:
-    """A step's text of one request: the whole text is what the server had up to `start`, then `text`."""
+    """A step's text of one request: the whole text is what the server had up to `start`, then `text`.
+    Not a message of its own: it travels in a `Steps`."""
 
     job: int
     request: RequestId
@@ -101,6 +104,15 @@ class StepText:
         text = before[: self.start] + self.text
         return RequestProgress(self.request, self.job, RequestStatus.RUNNING, text, self.tokens,
                                self.enqueued_at, self.first_token_at, finished_at=None, error=None)
+
+
+@dataclass(slots=True)
+class Steps:
+    """A step's texts of the requests one server watches, in one line (one read, one parse, however
+    many requests)."""
+
+    texts: list[StepText]
+    TAG: ClassVar[str] = "steps"
 
 
 @dataclass(slots=True)
@@ -126,8 +138,8 @@ class End:
                                prompt_tokens=self.prompt_tokens, model=self.model)
 
 
-Message = Hello | Wake | Claim | Watch | Forget | StepText | End
-_TYPES: dict[str, type] = {t.TAG: t for t in (Hello, Wake, Claim, Watch, Forget, StepText, End)}
+Message = Hello | Wake | Claim | Watch | Forget | Steps | End
+_TYPES: dict[str, type] = {t.TAG: t for t in (Hello, Wake, Claim, Watch, Forget, Steps, End)}
 _dumps = json.JSONEncoder(separators=(",", ":")).encode  # ASCII: every character escaped as JSON says
 
 
@@ -153,6 +165,8 @@ def _end_fields(end: End) -> tuple:
 
 _END_FIELDS = _FIELDS[End]
 _FIELDS[End] = _end_fields
+_TEXT_FIELDS = _fields_of(StepText)
+_FIELDS[Steps] = lambda steps: (list(map(_TEXT_FIELDS, steps.texts)),)
 
 
 def encode(messages: Iterable[Message]) -> bytes:
@@ -165,11 +179,21 @@ def decode(line: bytes | str) -> Message:
     try:
         tag, *fields = json.loads(line)
         kind = _TYPES[tag]
+        if kind is Steps:
+            (texts,) = fields
+            return Steps([_text(*f) for f in texts])
         if kind is End:
             fields[2] = RequestStatus.of_word(fields[2])  # the status, by its word
         return kind(*fields)
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         raise LinkRefused(f"not a message of link version {VERSION}: {line[:80]!r}") from exc
+
+
+def _text(job: int, request: str, start: int, text: str, tokens: int, first_token_at: float | None,
+          enqueued_at: float) -> StepText:
+    if not (type(job) is int and type(request) is str and type(start) is int and type(text) is str):
+        raise TypeError("a step's text is a job, a request id, a start and text")
+    return StepText(job, request, start, text, tokens, first_token_at, enqueued_at)
 
 
 def greeting(line: bytes | str, peer: str) -> Hello:

@@ -17,7 +17,7 @@ from fsched.core.daemon.engine import EngineResult
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.daemon.link import LinkServer
 from fsched.core.daemon.publish import Publisher
-from fsched.core.ports.link import VERSION, Claim, End, Hello, StepText, Wake, encode
+from fsched.core.ports.link import VERSION, Claim, End, Hello, Steps, StepText, Wake, encode
 from fsched.core.ports.records import RequestProgress
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass, RequestStatus, SamplingParams
@@ -80,7 +80,8 @@ class _Link:
         return "conn" if job_id in self.watched else None
 
     def send(self, lines):
-        self.sent += lines.get("conn", [])
+        for message in lines.get("conn", []):  # a step's texts come in one message
+            self.sent += message.texts if isinstance(message, Steps) else [message]
 
 
 def test_the_publisher_pushes_each_steps_text_from_what_was_settled_and_the_end_once_written():
@@ -143,14 +144,42 @@ def test_the_link_carries_watches_wakeups_and_pushes_over_a_socket():
             wants = server.take_wake()  # a new request: the daemon claims now, and only claims
             assert wants.claim and not wants.sync and not server.take_wake()
             conn = server.watcher(7)
-            server.send({conn: [StepText(7, "r", 0, "he", 1, 1.0, 0.5)]})
-            server.send({conn: [StepText(7, "r", 2, "llo\x00\udc80", 2, 1.0, 0.5)]})
+            server.send({conn: [Steps([StepText(7, "r", 0, "he", 1, 1.0, 0.5)])]})
+            server.send({conn: [Steps([StepText(7, "r", 2, "llo\x00\udc80", 2, 1.0, 0.5)])]})
             seen = await asyncio.wait_for(watcher, 5)
             runner.cancel()
             return seen
 
         # Pieces joined at their offsets (updates may coalesce); any text crosses, NUL, lone surrogates.
         assert asyncio.run(run())[-1] == "hello\x00\udc80"
+    finally:
+        server.close()
+
+
+def test_a_steps_line_for_a_thousand_requests_crosses_whole():
+    """One line carries a step's texts for every request a server watches: past asyncio's 64 KiB line."""
+    server = LinkServer("127.0.0.1", 0)
+    jobs = range(1, 1025)
+    try:
+        async def run():
+            hub = ProgressHub(lambda ids: {}, interval_s=0.01)
+            client = LinkClient(hub, refresh_s=0.05)
+            runner = asyncio.create_task(client.run(lambda: _addresses(server.address)))
+            watchers = [asyncio.create_task(_updates(hub, j, 1)) for j in jobs]
+            for j in jobs:
+                client.announce(j, linkable=True)
+            deadline = time.monotonic() + 5
+            while server.watcher(1024) is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            texts = [StepText(j, f"r{j}", 0, f"{j:04d}" + "x" * 96, 1, 1.0, 0.5) for j in jobs]
+            assert len(encode([Steps(texts)])) > 100_000
+            server.send({server.watcher(1): [Steps(texts)]})
+            seen = await asyncio.wait_for(asyncio.gather(*watchers), 5)
+            runner.cancel()
+            return seen
+
+        seen = asyncio.run(run())
+        assert [s[0][:4] for s in seen] == [f"{j:04d}" for j in jobs]
     finally:
         server.close()
 

@@ -12,6 +12,7 @@ from fsched.core.ports.link import (
     Forget,
     Hello,
     LinkRefused,
+    Steps,
     StepText,
     Wake,
     Watch,
@@ -23,7 +24,8 @@ from fsched.core.types import RequestStatus
 
 EVERY_MESSAGE = [
     Hello(VERSION), Wake(), Claim(), Watch(7), Forget(7),
-    StepText(7, "41", 3, "any text: NUL \x00, a lone surrogate \udc80, é", 5, 1.5, 1.25),
+    Steps([StepText(7, "41", 3, "any text: NUL \x00, a lone surrogate \udc80, é", 5, 1.5, 1.25),
+           StepText(8, "43", 0, "", 1, None, 1.0)]),
     End(7, "41", RequestStatus.FINISHED_STOPPED, "the whole text", 9, 12, None, "m", 1.5, 1.25, 2.0),
     End(7, "42", RequestStatus.FINISHED_FAILED, "", 0, None, "the prompt is too long", "m", None, 1.0),
 ]
@@ -32,9 +34,10 @@ EVERY_MESSAGE = [
 # The wire of this link version, byte for byte. A change of a message's fields or of the encoding fails
 # here: bump VERSION with it (then write these lines anew), so that ends of two versions refuse each
 # other instead of misreading.
-WIRE = {2: [
-    b'["hello",2]', b'["wake"]', b'["claim"]', b'["watch",7]', b'["forget",7]',
-    b'["text",7,"41",3,"any text: NUL \\u0000, a lone surrogate \\udc80, \\u00e9",5,1.5,1.25]',
+WIRE = {3: [
+    b'["hello",3]', b'["wake"]', b'["claim"]', b'["watch",7]', b'["forget",7]',
+    b'["steps",[[7,"41",3,"any text: NUL \\u0000, a lone surrogate \\udc80, \\u00e9",5,1.5,1.25],'
+    b'[8,"43",0,"",1,null,1.0]]]',
     b'["end",7,"41","finished_stopped","the whole text",9,12,null,"m",1.5,1.25,2.0]',
     b'["end",7,"42","finished_failed","",0,null,"the prompt is too long","m",null,1.0,null]',
 ]}
@@ -65,6 +68,8 @@ def test_text_and_end_are_a_requests_progress():
 @pytest.mark.parametrize("line", [
     b'{"op": "watch", "job": 7}',  # a line of the link before it had versions
     b'["watch", "seven"]', b'["watch"]', b'["watch", 7, 8]', b'["shout", 1]', b"[]", b"not json",
+    b'["text",7,"41",3,"a step of link version 2",5,1.5,1.25]', b'["steps",[[7,"41",3,"short"]]]',
+    b'["steps",[["7","41",3,"job by name",5,1.5,1.25]]]', b'["steps",7]',
     b'["end", 7, "41", "exploded", "", 0, null, null, null, null, null, 1.0]',
 ])
 def test_a_line_this_version_cannot_read_is_refused(line):
