@@ -27,7 +27,8 @@ fsched's order has two tiers:
    score is above its tenant's.
 2. **Share**: everything else, by tenant score (weighted dominant use,
    lowest first, as DRF), then within the tenant by class, priority and
-   the order inside the class: a request waits only behind its own
+   the order inside the class (batch too by deadline: on-time before late,
+   aging bounding every wait): a request waits only behind its own
    tenant's work of its class.
 
 A tenant beyond its share competes in the second tier with all its work,
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fsched.core.sched.config import SchedulerConfig
-from fsched.core.sched.lines import ArrivalLine, DeadlineLine, Line, arrival_key, deadline_key
+from fsched.core.sched.lines import ArrivalLine, DeadlineLine, Line, deadline_key
 from fsched.core.sched.request import Request
 from fsched.core.sched.usage import DrfMeter, NullMeter, TenantMeter, VtcMeter
 from fsched.core.types import RequestClass
@@ -215,18 +216,17 @@ class FschedPolicy(Fcfs):
         return (r.tenant, r.request_class.band, r.priority)
 
     def line(self, r: Request) -> Line:
-        """Realtime and streaming by deadline (lines.py: the shortest prefill that can still make
-        its target first, late work behind, aging bounding every wait); batch by arrival."""
-        return DeadlineLine(self.config) if r.request_class.band < BATCH_BAND else ArrivalLine()
+        """Every class by deadline (lines.py: what can still make its target first, late work
+        behind, aging bounding every wait). Realtime and streaming: the shortest prefill first
+        among the on-time; batch, whose minute a prefill hardly dents: on-time by arrival."""
+        return DeadlineLine(self.config, shortest_first=r.request_class.band < BATCH_BAND)
 
     def partition(self, r: Request) -> str:
         return r.tenant
 
     def _inner(self, r: Request, now: float) -> tuple:
         """The order inside the group (always the rank's last part: it moves with time)."""
-        if r.request_class.band < BATCH_BAND:
-            return deadline_key(r, now, self.config)
-        return arrival_key(r)
+        return deadline_key(r, now, self.config, shortest_first=r.request_class.band < BATCH_BAND)
 
     def static_rank(self, r: Request, now: float) -> tuple:
         return (r.request_class.band, r.tenant, r.priority, *self._inner(r, now))
