@@ -78,8 +78,9 @@ class SchedulerConfig:
     # twice over the host link and puts it back in the queue.
     max_preemptions: int = 2
     # A precedence request that does not fit waits instead of preempting
-    # when a running request reaches its max_tokens within this many steps:
-    # its first token then still comes within its prefill + 2 decode steps.
+    # when a running request reaches its max_tokens within this many steps,
+    # unless it can still make its target (policy.grace): the wait then
+    # spares a checkpoint where it costs nothing the class is measured by.
     preempt_grace_steps: int = 2
     # With no host room to park, a victim is dropped and recomputed only if
     # it holds at most this many KV tokens (one prefill chunk's worth by

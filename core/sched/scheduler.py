@@ -269,7 +269,7 @@ class Scheduler:
         if not (policy.preemptive and policy.may_preempt(cand, now, stand)):
             return False
         room = self._room()
-        if slot_frees_soon(self._running.values(), policy.grace_steps, cand.context, room.kv_tokens):
+        if slot_frees_soon(self._running.values(), policy.grace(cand, now), cand.context, room.kv_tokens):
             return False  # a running request leaves within the grace: wait for its slot
         victims = choose_victims(cand, self._running.values(), room, cand.context, policy, stand,
                                  self.config)
