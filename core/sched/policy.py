@@ -143,6 +143,11 @@ class Fcfs:
         """Steps `waiter` waits for a running request to leave before it preempts one."""
         return self.grace_steps
 
+    def due(self, r: Request, now: float) -> bool:
+        """Whether the step starting at `now` that completes `r`'s prefill carries no more prefill
+        after it (planning.py)."""
+        return False
+
     def victim_order(self, waiter: Request, victim: Request,
                      stand: Mapping[str, Standing]) -> tuple | None:
         """None when `waiter` may not displace `victim`; else a key, largest preempted first."""
@@ -258,6 +263,14 @@ class FschedPolicy(Fcfs):
         # on paper often does not). The grace spares a checkpoint where waiting costs nothing the
         # class is measured by: the target is already out of reach, or the first token is out.
         return 0 if band(waiter, now) == ON_TIME else self.grace_steps
+
+    def due(self, r: Request, now: float) -> bool:
+        # The step that yields a realtime first token still on target carries no further prefill:
+        # a step's time grows with its tokens, so the token comes as early as its own work allows;
+        # the prefill left out goes in the next step. Realtime only: its target is a few full steps
+        # (0.5 s against ~0.13 s), so the length of that one step decides it; streaming's 2 s spans
+        # a dozen, and holding those steps short too delayed batch prefill for little.
+        return r.request_class is RequestClass.REALTIME and r.generated == 0 and now < r.deadline
 
     def victim_order(self, waiter: Request, victim: Request,
                      stand: Mapping[str, Standing]) -> tuple | None:

@@ -322,7 +322,8 @@ class Scheduler:
         rank = self.policy.running_rank
         return compose_plan(self._step, self._running.values(), lambda r: rank(r, stand, now), self.config,
                             (b.preempted, b.resumed, b.admitted), self._kv_committed, b.swap_tokens,
-                            quantum_ends=len(self._waiting) > 0 and self.policy.preemptive)
+                            quantum_ends=len(self._waiting) > 0 and self.policy.preemptive,
+                            due=lambda r: self.policy.due(r, now))
 
     # ------------------------------------------------------------ postprocess
     def postprocess(self, plan: Plan, outcome: Outcome, now: float) -> PostprocessResult:
