@@ -24,7 +24,9 @@ fsched's order has two tiers:
    base priority orders its own tenant's work only, so a label never puts one tenant ahead of another.
    Only precedence work may preempt: work outside precedence, then
    precedence work of a worse class of its own tenant, or of a tenant whose
-   score is above its tenant's.
+   score is above its tenant's. A waiter that can still make its target
+   preempts at once (`grace`); the step that yields a realtime first token
+   still on target carries no prefill after it (`due`).
 2. **Share**: everything else, by tenant score (weighted dominant use,
    lowest first, as DRF), then within the tenant by class, priority and
    the order inside the class (batch too by deadline: on-time before late,
@@ -96,6 +98,8 @@ class Policy(Protocol):
     def rank(self, r: Request, now: float, stand: Mapping[str, Standing]) -> tuple: ...
     def running_rank(self, r: Request, stand: Mapping[str, Standing], now: float) -> tuple: ...
     def may_preempt(self, waiter: Request, now: float, stand: Mapping[str, Standing]) -> bool: ...
+    def grace(self, waiter: Request, now: float) -> int: ...
+    def due(self, r: Request, now: float) -> bool: ...
     def victim_order(self, waiter: Request, victim: Request,
                      stand: Mapping[str, Standing]) -> tuple | None: ...
 
