@@ -59,13 +59,15 @@ class SchedulerConfig:
     # scores (one request's reservation against minutes of decayed usage)
     # does not flip a tenant in and out of its share.
     share_slack: float = 0.05
-    # Inside a tenant's realtime or streaming line the shortest prefill that
-    # can still make its target goes first (lines.py); a request that has
-    # waited this many times its class's target goes ahead of those, oldest
-    # first, so no wait grows without bound behind shorter work. 4: realtime
-    # ages at 2 s, streaming at 8 s, well after either target is lost (a
-    # request aging earlier would displace ones still on time), and short
-    # against what an interactive caller tolerates before giving up.
+    # Inside a tenant's line of a class the work that can still make its
+    # target goes first (lines.py; realtime and streaming the shortest
+    # prefill first); a request that has waited this many times its class's
+    # target goes ahead of those, oldest first, so no wait grows without
+    # bound behind newer or shorter work. 4: realtime ages at 2 s, streaming
+    # at 8 s, batch at 4 minutes, well after each target is lost (a request
+    # aging earlier would displace ones still on time), and short against
+    # what an interactive caller tolerates before giving up, or against
+    # batch's completion window of hours.
     aging_factor: float = 4.0
     # A (re)admitted request runs at least this many engine steps before it
     # can be preempted again: no thrashing, and preempted work progresses.
@@ -76,8 +78,9 @@ class SchedulerConfig:
     # twice over the host link and puts it back in the queue.
     max_preemptions: int = 2
     # A precedence request that does not fit waits instead of preempting
-    # when a running request reaches its max_tokens within this many steps:
-    # its first token then still comes within its prefill + 2 decode steps.
+    # when a running request reaches its max_tokens within this many steps,
+    # unless it can still make its target (policy.grace): the wait then
+    # spares a checkpoint where it costs nothing the class is measured by.
     preempt_grace_steps: int = 2
     # With no host room to park, a victim is dropped and recomputed only if
     # it holds at most this many KV tokens (one prefill chunk's worth by

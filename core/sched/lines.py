@@ -4,17 +4,16 @@ heaps that keep it.
 Two orders, each a total order key (smaller first) that a policy puts at the end of its rank:
 
 * **By arrival** (`arrival_key`, `ArrivalLine`): the oldest first. The baselines' order.
-* **By deadline** (`deadline_key`, `DeadlineLine`): where a request counts only if its first
-  token comes within its class's target. Three bands:
+* **By deadline** (`deadline_key`, `DeadlineLine`): fsched's, for every class, since a request
+  counts only if its first token comes within its class's target. Three bands:
 
   0. **first**: a request that already has its first token (preempted, waiting to resume), or one
      that has waited its class's aging limit (`SchedulerConfig.aging_factor` x its target); by
      arrival. This band bounds every wait: see `docs/scheduling.md` (the order inside a class).
   1. **on time**: it can still make its target. Realtime and streaming: the fewest prefill steps
      first (shortest remaining prefill, SRTF, counted in steps of `step_tokens`, the unit the
-     engine spends), then the nearest deadline (EDF). With `shortest_first` off: by deadline
-     alone, which inside a class is arrival order (measured for batch, not used by a policy:
-     docs/scheduling.md).
+     engine spends), then the nearest deadline (EDF). With `shortest_first` off (batch, whose
+     minute a prefill hardly dents): by deadline alone, which inside a class is arrival order.
   2. **late**: its target is out of reach (`late_at`, set when it starts waiting: its deadline less
      the time its prefill takes at the measured step time); by arrival, behind every on-time one,
      until it ages into band 0.

@@ -11,11 +11,14 @@ from fsched.core.types import RequestId
 
 
 def split_rows(running: Iterable[Request], rank: Callable[[Request], tuple], budget: int,
-               min_quantum: int) -> tuple[list[RequestId], list[PrefillChunk]]:
+               min_quantum: int, due: Callable[[Request], bool] | None = None
+               ) -> tuple[list[RequestId], list[PrefillChunk]]:
     """Decode rows for every decoding request, then prefill chunks within the
     token budget left, by rank, except that a prefill starved of budget for a
     whole minimum quantum goes first: nothing admitted stalls forever behind
-    a stream of better-ranked prefills."""
+    a stream of better-ranked prefills. A chunk that completes the prefill of a
+    request `due` says is due within this step ends the step's prefill: the
+    chunks after it would lengthen the step and push its first token back."""
     decode: list[RequestId] = []
     prefilling: list[tuple[tuple, Request]] = []
     for r in running:
@@ -40,6 +43,8 @@ def split_rows(running: Iterable[Request], rank: Callable[[Request], tuple], bud
                 continue
         chunks.append(PrefillChunk(r.id, r.computed, n, n == pending))
         budget -= n
+        if n == pending and due is not None and due(r):
+            break
     return decode, chunks
 
 
@@ -61,11 +66,13 @@ def stable_steps(running: Iterable[Request], config: SchedulerConfig, kv_committ
 
 def compose_plan(step: int, running: Collection[Request], rank: Callable[[Request], tuple],
                  config: SchedulerConfig, changes: tuple[list[Preemption], list[RequestId], list[RequestId]],
-                 kv_committed: int, swap_tokens: int, quantum_ends: bool) -> Plan:
+                 kv_committed: int, swap_tokens: int, quantum_ends: bool,
+                 due: Callable[[Request], bool] | None = None) -> Plan:
     """The plan of one step (repeatable when only decodes run and nothing changed);
-    `changes` are this step's preemptions, resumed and admitted request ids."""
+    `changes` are this step's preemptions, resumed and admitted request ids; `due` as in
+    `split_rows`."""
     preempted, resumed, admitted = changes
-    decode, chunks = split_rows(running, rank, config.step_tokens, config.min_quantum_steps)
+    decode, chunks = split_rows(running, rank, config.step_tokens, config.min_quantum_steps, due)
     steps = 1
     if decode and not (chunks or preempted or admitted):
         steps = stable_steps(running, config, kv_committed, len(decode), quantum_ends)

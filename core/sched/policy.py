@@ -24,10 +24,13 @@ fsched's order has two tiers:
    base priority orders its own tenant's work only, so a label never puts one tenant ahead of another.
    Only precedence work may preempt: work outside precedence, then
    precedence work of a worse class of its own tenant, or of a tenant whose
-   score is above its tenant's.
+   score is above its tenant's. A waiter that can still make its target
+   preempts at once (`grace`); the step that yields a realtime first token
+   still on target carries no prefill after it (`due`).
 2. **Share**: everything else, by tenant score (weighted dominant use,
    lowest first, as DRF), then within the tenant by class, priority and
-   the order inside the class: a request waits only behind its own
+   the order inside the class (batch too by deadline: on-time before late,
+   aging bounding every wait): a request waits only behind its own
    tenant's work of its class.
 
 A tenant beyond its share competes in the second tier with all its work,
@@ -42,7 +45,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fsched.core.sched.config import SchedulerConfig
-from fsched.core.sched.lines import ArrivalLine, DeadlineLine, Line, arrival_key, deadline_key
+from fsched.core.sched.lines import ON_TIME, ArrivalLine, DeadlineLine, Line, band, deadline_key
 from fsched.core.sched.request import Request
 from fsched.core.sched.usage import DrfMeter, NullMeter, TenantMeter, VtcMeter
 from fsched.core.types import RequestClass
@@ -95,6 +98,8 @@ class Policy(Protocol):
     def rank(self, r: Request, now: float, stand: Mapping[str, Standing]) -> tuple: ...
     def running_rank(self, r: Request, stand: Mapping[str, Standing], now: float) -> tuple: ...
     def may_preempt(self, waiter: Request, now: float, stand: Mapping[str, Standing]) -> bool: ...
+    def grace(self, waiter: Request, now: float) -> int: ...
+    def due(self, r: Request, now: float) -> bool: ...
     def victim_order(self, waiter: Request, victim: Request,
                      stand: Mapping[str, Standing]) -> tuple | None: ...
 
@@ -136,6 +141,15 @@ class Fcfs:
 
     def may_preempt(self, waiter: Request, now: float, stand: Mapping[str, Standing]) -> bool:
         """Whether `waiter` may displace running work at all."""
+        return False
+
+    def grace(self, waiter: Request, now: float) -> int:
+        """Steps `waiter` waits for a running request to leave before it preempts one."""
+        return self.grace_steps
+
+    def due(self, r: Request, now: float) -> bool:
+        """Whether the step starting at `now` that completes `r`'s prefill carries no more prefill
+        after it (planning.py)."""
         return False
 
     def victim_order(self, waiter: Request, victim: Request,
@@ -215,18 +229,17 @@ class FschedPolicy(Fcfs):
         return (r.tenant, r.request_class.band, r.priority)
 
     def line(self, r: Request) -> Line:
-        """Realtime and streaming by deadline (lines.py: the shortest prefill that can still make
-        its target first, late work behind, aging bounding every wait); batch by arrival."""
-        return DeadlineLine(self.config) if r.request_class.band < BATCH_BAND else ArrivalLine()
+        """Every class by deadline (lines.py: what can still make its target first, late work
+        behind, aging bounding every wait). Realtime and streaming: the shortest prefill first
+        among the on-time; batch, whose minute a prefill hardly dents: on-time by arrival."""
+        return DeadlineLine(self.config, shortest_first=r.request_class.band < BATCH_BAND)
 
     def partition(self, r: Request) -> str:
         return r.tenant
 
     def _inner(self, r: Request, now: float) -> tuple:
         """The order inside the group (always the rank's last part: it moves with time)."""
-        if r.request_class.band < BATCH_BAND:
-            return deadline_key(r, now, self.config)
-        return arrival_key(r)
+        return deadline_key(r, now, self.config, shortest_first=r.request_class.band < BATCH_BAND)
 
     def static_rank(self, r: Request, now: float) -> tuple:
         return (r.request_class.band, r.tenant, r.priority, *self._inner(r, now))
@@ -247,6 +260,21 @@ class FschedPolicy(Fcfs):
         # Only realtime and streaming work with precedence displaces others:
         # batch has no latency to protect, so it takes the next free slot.
         return waiter.request_class.band < BATCH_BAND and stand[waiter.tenant].precedence
+
+    def grace(self, waiter: Request, now: float) -> int:
+        # A waiter that can still make its target takes its room now: waiting for a slot would
+        # spend the target's slack (late_at is a mean step's estimate, so a wait that fits the slack
+        # on paper often does not). The grace spares a checkpoint where waiting costs nothing the
+        # class is measured by: the target is already out of reach, or the first token is out.
+        return 0 if band(waiter, now) == ON_TIME else self.grace_steps
+
+    def due(self, r: Request, now: float) -> bool:
+        # The step that yields a realtime first token still on target carries no further prefill:
+        # a step's time grows with its tokens, so the token comes as early as its own work allows;
+        # the prefill left out goes in the next step. Realtime only: its target is a few full steps
+        # (0.5 s against ~0.13 s), so the length of that one step decides it; streaming's 2 s spans
+        # a dozen, and holding those steps short too delayed batch prefill for little.
+        return r.request_class is RequestClass.REALTIME and r.generated == 0 and now < r.deadline
 
     def victim_order(self, waiter: Request, victim: Request,
                      stand: Mapping[str, Standing]) -> tuple | None:

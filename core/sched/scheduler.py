@@ -269,7 +269,7 @@ class Scheduler:
         if not (policy.preemptive and policy.may_preempt(cand, now, stand)):
             return False
         room = self._room()
-        if slot_frees_soon(self._running.values(), policy.grace_steps, cand.context, room.kv_tokens):
+        if slot_frees_soon(self._running.values(), policy.grace(cand, now), cand.context, room.kv_tokens):
             return False  # a running request leaves within the grace: wait for its slot
         victims = choose_victims(cand, self._running.values(), room, cand.context, policy, stand,
                                  self.config)
@@ -322,7 +322,8 @@ class Scheduler:
         rank = self.policy.running_rank
         return compose_plan(self._step, self._running.values(), lambda r: rank(r, stand, now), self.config,
                             (b.preempted, b.resumed, b.admitted), self._kv_committed, b.swap_tokens,
-                            quantum_ends=len(self._waiting) > 0 and self.policy.preemptive)
+                            quantum_ends=len(self._waiting) > 0 and self.policy.preemptive,
+                            due=lambda r: self.policy.due(r, now))
 
     # ------------------------------------------------------------ postprocess
     def postprocess(self, plan: Plan, outcome: Outcome, now: float) -> PostprocessResult:

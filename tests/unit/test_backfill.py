@@ -148,7 +148,12 @@ def test_a_blocked_head_starts_by_its_reservation_whatever_is_backfilled(seed):
     deadline: dict[str, int] = {}
     admitted: dict[str, int] = {}
     for step in range(3_000):
-        waiting = sorted(sched.waiting(), key=lambda r: (r.arrival, r.seq))
+        # the head in the policy's order (batch by deadline: a request that went late goes behind,
+        # and is then no longer the head its reservation was promised to)
+        stand = sched.standings(float(step))
+        waiting = sorted(sched.waiting(), key=lambda r: sched.policy.rank(r, float(step), stand))
+        deadline = {rid: d for rid, d in deadline.items()
+                    if rid in admitted or (waiting and rid == waiting[0].id)}
         if waiting:
             head = waiting[0]
             free = CFG.kv_tokens - sched.kv_committed - (len(sched.running) + 1) * CFG.min_quantum_steps

@@ -158,3 +158,38 @@ def test_without_shortest_first_on_time_work_goes_by_arrival_and_late_work_behin
     for r in (req("older", 100, 0.0, 0, BA), req("fresh", 10, 239.0, 1, BA)):
         aged.push(r, 240.0)
     assert drain(aged, 240.0) == ["older", "fresh"]
+
+
+def _queue(*requests: Request, now: float) -> WaitQueue:
+    queue = WaitQueue(make_policy("fsched", CFG, {"a": 3, "b": 1}))
+    for seq, r in enumerate(requests):
+        r.seq = seq
+        stamp(r, CFG, STEP_S)
+        queue.push(r, now)
+    return queue
+
+
+def test_fsched_serves_a_tenants_on_time_batch_before_its_batch_past_its_minute():
+    """Batch by deadline inside a tenant: a request that can still make its minute goes before an
+    older one that cannot (it goes by arrival when none is late), and a request that has waited
+    four minutes goes before both (the bound)."""
+    stand = {"a": Standing(1.0, True, True)}
+    old = Request("old", "a", BA, 100, 10, 0.0)
+    fresh = Request("fresh", "a", BA, 100, 10, 30.0)
+    assert _queue(old, fresh, now=50.0).best(50.0, stand)[1] is old  # both on time: by arrival
+    old, fresh = Request("old", "a", BA, 100, 10, 0.0), Request("fresh", "a", BA, 100, 10, 30.0)
+    queue = _queue(old, fresh, now=70.0)
+    assert band(old, 70.0) == LATE and queue.best(70.0, stand)[1] is fresh
+    aged = Request("aged", "a", BA, 100, 10, 0.0)
+    queue = _queue(aged, Request("new", "a", BA, 100, 10, 239.0), now=240.0)
+    assert band(aged, 240.0) == FIRST and queue.best(240.0, stand)[1] is aged
+
+
+def test_the_batch_order_stays_inside_each_tenants_share():
+    """Tenant b's on-time batch never passes tenant a's late batch while a is further below its
+    share: late work goes behind its own tenant's on-time work only."""
+    late_a = Request("late-a", "a", BA, 100, 10, 0.0)
+    fresh_b = Request("fresh-b", "b", BA, 100, 10, 60.0)
+    queue = _queue(late_a, fresh_b, now=70.0)
+    stand = {"a": Standing(0.5, True, True), "b": Standing(1.0, True, True)}
+    assert band(late_a, 70.0) == LATE and queue.best(70.0, stand)[1] is late_a

@@ -199,10 +199,9 @@ def test_a_readmitted_request_runs_its_minimum_quantum_before_it_is_preempted_ag
     assert admitted_at == (cfg.min_quantum_steps - 1 if preempted_before else 0)
 
 
-def test_no_preemption_when_a_slot_frees_within_the_grace_steps():
-    """A running request reaching max_tokens within 2 steps frees its slot in
-    time: waiting for it costs the realtime request nothing against its bound."""
-    cfg = SchedulerConfig(max_batch=2, kv_tokens=100_000, step_tokens=512, min_quantum_steps=1)
+def _realtime_beside_a_request_about_to_leave(cfg):
+    """Two batch requests fill both slots, one of them 2 steps from its max_tokens; then a
+    realtime request arrives. The next 4 plans."""
     sched = Scheduler(cfg, "fsched")
     outputs = {"long": 100, "short": 4, "rt": 3}
     eng = FakeEngine(sched, outputs)
@@ -211,9 +210,26 @@ def test_no_preemption_when_a_slot_frees_within_the_grace_steps():
     eng.step()  # both prefilled; short has 3 tokens left
     eng.step()  # 2 left
     sched.add(req("rt", request_class=RequestClass.REALTIME, prompt=10, output=3, arrival=eng.now))
-    plans = [eng.step() for _ in range(4)]
+    return [eng.step() for _ in range(4)]
+
+
+def test_no_preemption_when_a_slot_frees_within_the_grace_steps():
+    """A running request reaching max_tokens within 2 steps frees its slot in
+    time: a realtime request whose target is out of reach anyway (0.5 s at a
+    second a step) waits for it instead of costing a victim its checkpoint."""
+    plans = _realtime_beside_a_request_about_to_leave(
+        SchedulerConfig(max_batch=2, kv_tokens=100_000, step_tokens=512, min_quantum_steps=1))
     assert not any(p.preempted for p in plans)
     assert "rt" in plans[2].admitted  # short finished after 2 steps
+
+
+def test_a_request_that_can_still_make_its_target_does_not_spend_it_waiting_for_a_slot():
+    """The same, with a target the realtime request can still make (10 s): waiting 2 steps
+    would spend its slack, so it preempts at once."""
+    plans = _realtime_beside_a_request_about_to_leave(
+        SchedulerConfig(max_batch=2, kv_tokens=100_000, step_tokens=512, min_quantum_steps=1,
+                        realtime_target_s=10.0))
+    assert "rt" in plans[0].admitted and plans[0].preempted
 
 
 def realtime_after_two_running(cfg, first, second, rt_prompt, output):
@@ -413,3 +429,34 @@ def test_a_resumed_prefill_never_stops_one_token_short():
     assert seen[0] == (((0, 13, False),), ())
     assert seen[1] == (((13, 2, True),), ())
     assert seen[2] == ((), ("r",))
+
+
+def test_an_aged_batch_request_is_never_passed_by_newer_work_of_its_line():
+    """Batch by deadline under overload (one request a step, about half served): work that can
+    still make its target passes work that cannot, but once a request has waited `aging_factor` x
+    its target it goes first, oldest first: no request is passed by newer work past its aging
+    limit (the starvation bound)."""
+    cfg = SchedulerConfig(max_batch=2, kv_tokens=100_000, step_tokens=512, batch_target_s=10.0)
+    sched = Scheduler(cfg, "fsched")
+    outputs: dict[str, int] = {}
+    eng = FakeEngine(sched, outputs)
+    admitted: dict[str, tuple[float, float]] = {}  # id -> (arrival, admitted at)
+    passed_late = 0
+    for i in range(200):
+        rid = f"r{i}"
+        outputs[rid] = 3
+        if i < 120:
+            sched.add(req(rid, prompt=20, output=3, arrival=eng.now))
+        waiting = list(sched.waiting())
+        now = eng.now
+        plan = eng.step()
+        for a in plan.admitted:
+            r = next(w for w in waiting if w.id == a)
+            admitted[a] = (r.arrival, now)
+            older = [w for w in waiting if w.arrival < r.arrival and w.id not in plan.admitted]
+            assert not [w for w in older if w.aged_at <= now], (a, now)  # no aged request passed
+            passed_late += bool(older)
+    assert len(admitted) == 120
+    assert passed_late > 10  # the order did pass late work (else the check above says nothing)
+    waits = [at - arrival for arrival, at in admitted.values()]
+    assert max(waits) > cfg.aging_factor * cfg.batch_target_s  # overloaded past the aging limit
