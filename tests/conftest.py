@@ -35,6 +35,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # of one starting a long file when the other is nearly done. Files not named keep their order after.
 SLOW_FILES = (
     "tests/acceptance/test_daemon.py",
+    "tests/acceptance/test_agents.py",
+    "tests/acceptance/test_tool_call_resume.py",
     "tests/chaos/test_kill_points.py",
     "tests/acceptance/test_cluster.py",
     "tests/integration/test_engine.py",
