@@ -82,22 +82,21 @@ def _tool_calls(value: Any, role: str, where: str) -> tuple[dict, ...]:
 
 
 def _tool_call_id(value: Any, role: str, where: str) -> str | None:
-    if value is None:
-        return None
-    if role != "tool":
-        raise InputError("only a tool message answers a call", where)
-    if not isinstance(value, str):
-        raise InputError(f"must be a string, got {json_type(value)}", where)
-    return storable(value, where)
+    return _text_of_role(value, role, "tool", "only a tool message answers a call", where)
 
 
 def _reasoning(value: Any, role: str, where: str) -> str | None:
     """An assistant's earlier reasoning, as an answer gave it back (`reasoning_content`): handed to the
     template, which keeps or drops it (Qwen 3's keeps the turns after the last question's)."""
+    return _text_of_role(value, role, "assistant", "only an assistant message carries reasoning", where)
+
+
+def _text_of_role(value: Any, role: str, owner: str, refusal: str, where: str) -> str | None:
+    """A string field only `owner`'s messages may carry (None when absent)."""
     if value is None:
         return None
-    if role != "assistant":
-        raise InputError("only an assistant message carries reasoning", where)
+    if role != owner:
+        raise InputError(refusal, where)
     if not isinstance(value, str):
         raise InputError(f"must be a string, got {json_type(value)}", where)
     return storable(value, where)
