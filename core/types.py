@@ -127,6 +127,17 @@ class RequestStatus(enum.IntEnum):
 _FINISH_REASONS = {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length"}
 
 
+@dataclass(slots=True, frozen=True)
+class StopCheck:
+    """Whether a request's output has ended after its last token, and how its text ends: what a
+    runner's stop check says of each token, and what a request's live record keeps of the one that
+    ended it."""
+
+    finished: RequestStatus | None  # FINISHED_STOPPED or FINISHED_LENGTH; None: going on
+    text_end: int | None = None  # cut the text here (before, or just after, a stop string)
+    on_token: bool = False  # ended by its last token (EOS or a stop token), which the text leaves out
+
+
 class Endpoint(enum.StrEnum):
     """Which OpenAI response shape a request's result takes."""
 

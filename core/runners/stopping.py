@@ -5,14 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from fsched.core.types import RequestStatus
-
-
-@dataclass(slots=True, frozen=True)
-class StopCheck:
-    finished: RequestStatus | None  # FINISHED_STOPPED or FINISHED_LENGTH; None: going on
-    text_end: int | None = None  # cut the text here (before, or just after, a stop string)
-    on_token: bool = False  # ended by its last token (EOS or a stop token), which the text leaves out
+from fsched.core.types import RequestStatus, StopCheck
 
 
 @dataclass(slots=True, frozen=True)
