@@ -130,16 +130,16 @@ def preemption_cost(loaded, contexts: int, batch: int, repeat: int = 5):
     beside the mean decode step of a batch of `batch` such requests."""
     from fsched.core.runners.hf.runner import ModelRunner
     from fsched.core.sched.plan import Plan, Preemption, PrefillChunk
-    from fsched.core.sched.request import Checkpoint
+    from fsched.core.sched.request import Checkpoint, Request
     from fsched.core.types import SamplingParams
 
     runner = ModelRunner(loaded)
     rng = random.Random(7)
     ids = [f"p{i}" for i in range(batch)]
-    for rid in ids:
-        runner.add(
-            rid, [rng.randrange(3, 1000) for _ in range(contexts)], SamplingParams(10_000, temperature=0)
-        )
+    records = {rid: Request.to_run(rid, [rng.randrange(3, 1000) for _ in range(contexts)],
+                                   SamplingParams(10_000, temperature=0)) for rid in ids}
+    for record in records.values():
+        runner.add(record)
     runner.run(Plan(step=0, prefill=tuple(PrefillChunk(r, 0, contexts, True) for r in ids)))
     decode = tuple(ids)
     steps = [runner.run(Plan(step=1, decode=decode)).outcome.elapsed_s for _ in range(repeat)]
@@ -153,7 +153,7 @@ def preemption_cost(loaded, contexts: int, batch: int, repeat: int = 5):
         park.append(out.outcome.elapsed_s + back.outcome.elapsed_s)
         runner.run(Plan(step=4, decode=decode))
         drop = runner.run(Plan(step=5, preempted=(Preemption(victim, Checkpoint.RECOMPUTE, 0),)))
-        context = len(runner._requests[victim].tokens)
+        context = len(records[victim].prompt) + len(records[victim].output)
         redo = runner.run(Plan(step=6, prefill=(PrefillChunk(victim, 0, context, True),)))
         recompute.append(drop.outcome.elapsed_s + redo.outcome.elapsed_s)
         runner.run(Plan(step=7, decode=decode))

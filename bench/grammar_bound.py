@@ -19,6 +19,7 @@ from fsched.core.grammar.pool import WorkerPool
 from fsched.core.runners.hf.model import load_model
 from fsched.core.runners.hf.runner import ModelRunner
 from fsched.core.sched.plan import Plan, PrefillChunk
+from fsched.core.sched.request import Request
 from fsched.core.types import ResponseFormat, SamplingParams
 
 
@@ -40,9 +41,9 @@ def main(properties: int = 5_000, n: int = 16) -> None:
     adds = []
     for i in range(n):
         t = time.perf_counter()
-        runner.add(f"r{i}", prompt, params)
+        runner.add(Request.to_run(f"r{i}", prompt, params))
         adds.append(time.perf_counter() - t)
-    runner.add("free", prompt, SamplingParams(max_tokens=32, seed=2, ignore_eos=True))
+    runner.add(Request.to_run("free", prompt, SamplingParams(max_tokens=32, seed=2, ignore_eos=True)))
     print(f"add, per choice: median {statistics.median(adds) * 1e6:.0f} us, max {max(adds) * 1e6:.0f} us")
     ids = [*(f"r{i}" for i in range(n)), "free"]
     chunks = tuple(PrefillChunk(rid, 0, len(prompt), True) for rid in ids)

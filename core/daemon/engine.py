@@ -29,7 +29,7 @@ from fsched.core.types import RequestId, RequestStatus, SamplingParams, TokenLog
 
 @dataclass(slots=True)
 class EngineResult:
-    """A request's output as it ended, read from the runner before it lets the request go."""
+    """A request's output as it ended, read from its record (its text through the runner)."""
 
     id: RequestId
     tokens: list[int]
@@ -161,7 +161,7 @@ class Engine:
         request.arrival = now
         try:
             request.max_tokens = fit_to_context(
-                len(request.prompt), len(request.resumed), request.params, self.context_length
+                len(request.prompt), len(request.output), request.params, self.context_length
             )
         except ContextOverflow as exc:
             return self._failed(request, str(exc))
@@ -170,8 +170,7 @@ class Engine:
         except ValueError as exc:
             return self._failed(request, str(exc))
         try:
-            self.runner.add(request.id, list(request.prompt), request.params, request.resumed,
-                            request.resumed_logprobs)
+            self.runner.add(request)
         except RequestRefused as exc:
             self.scheduler.cancel(request.id)
             return self._failed(request, str(exc))
@@ -295,13 +294,9 @@ class Engine:
             work=replace(self.scheduler.work),
         )
 
-    def output(self, request_id: RequestId) -> tuple[list[int], str]:
-        """A live request's tokens and text so far."""
-        return self.runner.generated(request_id), self.runner.text(request_id)
-
-    def logprobs(self, request_id: RequestId) -> list[TokenLogprobs]:
-        """A live request's logprobs so far (empty when it asks for none)."""
-        return self.runner.logprobs(request_id)
+    def text(self, request: Request) -> str:
+        """A request's output text so far (its tokens and logprobs are on the record)."""
+        return self.runner.text(request)
 
     def run_all(
         self, requests: Iterable[Request], on_step: Callable[[StepReport], None] | None = None
@@ -327,11 +322,11 @@ class Engine:
         request.status = status
         result = EngineResult(
             id=rid,
-            tokens=self.runner.generated(rid),
-            text=self.runner.text(rid),
+            tokens=list(request.output),
+            text=self.runner.text(request),
             status=status,
             prompt_tokens=len(request.prompt),
-            logprobs=self.runner.logprobs(rid),
+            logprobs=list(request.output_logprobs),
         )
         self.runner.release(rid)
         self._requests.pop(rid, None)
@@ -339,18 +334,15 @@ class Engine:
 
     def _refused(self, rid: RequestId, error: str) -> EngineResult:
         """A request the runner reports failed: out of the scheduler, out of the runner, failed."""
-        tokens = self.runner.generated(rid)
         self.scheduler.cancel(rid)  # while its status still says where the scheduler holds it
         self.runner.release(rid)
-        result = self._failed(self._requests.pop(rid), error)
-        result.tokens = tokens
-        return result
+        return self._failed(self._requests.pop(rid), error)
 
     def _failed(self, request: Request, error: str) -> EngineResult:
         request.status = RequestStatus.FINISHED_FAILED
         return EngineResult(
             id=request.id,
-            tokens=list(request.resumed),
+            tokens=list(request.output),
             text="",
             status=RequestStatus.FINISHED_FAILED,
             prompt_tokens=len(request.prompt),
@@ -363,7 +355,7 @@ class Engine:
         if request is None or request.first_token_at is not None:
             return
         request.first_token_at = now
-        if not request.resumed:
+        if not request.resumed_tokens:
             target = self.scheduler.config.target_s(request.request_class)
             self.first_tokens.record(request.tenant, request.request_class, now - request.queued_from,
                                      target)

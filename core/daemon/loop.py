@@ -126,14 +126,13 @@ class Daemon:
         self.clock = clock  # the daemon's one clock: intervals, heartbeats, wall times it writes
         self.sleep = sleep
         self.held = Holdings()
-        self.writer = Writer(store, config.owner, config.model, self.held, engine.output,
-                             config.batch_flush_s, engine.logprobs)
+        self.writer = Writer(store, config.owner, config.model, self.held, engine.text, config.batch_flush_s)
         self.leases = LeaseKeeper(store, engine, config.owner, config.lease_s, self.held,
                                   self.writer.pending_leases)
         self.faults = StepFaults(engine, config.max_attempts)
         self.figures = StepFigures(config.share_half_life_s)
         self.link = link  # servers hear wake-ups and tokens here (None: the table only)
-        self.publisher = Publisher(link, self.held, engine.output, config.model) if link else None
+        self.publisher = Publisher(link, self.held, engine.text, config.model) if link else None
         if link is not None:
             engine.wake_on(link.wake_fd)  # a step waiting for a remote engine's tokens ends for new work
         self.started_at = clock()
@@ -266,10 +265,9 @@ class Daemon:
             held = self.held.pop(request_id)
             if held is None:
                 continue
-            tokens, text = self.engine.output(request_id)
-            logprobs = self.engine.logprobs(request_id)
+            text = self.engine.text(held)
             self.engine.cancel(request_id)
-            self.writer.cancelled(request_id, held, tokens, text, logprobs)
+            self.writer.cancelled(held, text)
         self.claim()
 
     def claim(self) -> None:
@@ -329,7 +327,7 @@ class Daemon:
         try:
             request.encoded(self.encode(request))
         except Exception as exc:  # a request that cannot even be encoded fails alone
-            self.writer.failed(request.id, f"cannot prepare the request: {exc}", list(request.resumed),
+            self.writer.failed(request.id, f"cannot prepare the request: {exc}", list(request.output),
                                request.lease_epoch)
             return
         self.held.add(request)

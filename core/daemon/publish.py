@@ -17,9 +17,10 @@ from typing import Protocol
 from fsched.core.daemon.engine import EngineResult
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.ports.link import End, Message, Steps, StepText
+from fsched.core.sched.request import Request
 from fsched.core.types import RequestId
 
-Output = Callable[[RequestId], tuple[list[int], str]]
+Text = Callable[[Request], str]  # a live request's output text so far
 UNSETTLED = "\ufffd"  # what a tokenizer shows for bytes of a character not complete yet
 
 
@@ -29,10 +30,10 @@ class Link(Protocol):
 
 
 class Publisher:
-    def __init__(self, link: Link, holdings: Holdings, output: Output, model: str):
+    def __init__(self, link: Link, holdings: Holdings, text: Text, model: str):
         self.link = link
         self.holdings = holdings
-        self.output = output
+        self.text = text
         self.model = model
         self._settled: dict[RequestId, int] = {}  # characters pushed that will not change
         self._ending: list[tuple[object, End]] = []
@@ -52,12 +53,13 @@ class Publisher:
             if (result := done.get(request_id)) is not None:
                 self._ending.append((conn, self._end(held, result)))
                 continue
-            tokens, text = self.output(request_id)
+            text = self.text(held)
             start = self._settled.get(request_id, 0)
             self._settled[request_id] = len(text.rstrip(UNSETTLED))
             job, enqueued_at = held.job_id, held.enqueued_at
-            texts.setdefault(conn, []).append(StepText(job, str(request_id), start, text[start:], len(tokens),
-                                                   self.holdings.first_token_at(held), enqueued_at))
+            texts.setdefault(conn, []).append(StepText(job, str(request_id), start, text[start:],
+                                                       len(held.output), self.holdings.first_token_at(held),
+                                                       enqueued_at))
         self.link.send({conn: [Steps(found)] for conn, found in texts.items()})
 
     def written(self, now: float) -> None:

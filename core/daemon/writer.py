@@ -16,21 +16,19 @@ from fsched.core.faults import crash_point
 from fsched.core.ports.queue import QueueStore
 from fsched.core.ports.records import Completion, TokenUpdate
 from fsched.core.sched.request import Request
-from fsched.core.types import RequestId, RequestStatus, TokenLogprobs
+from fsched.core.types import RequestId, RequestStatus
 
-Output = Callable[[RequestId], tuple[list[int], str]]  # a live request's tokens and text so far
-Logprobs = Callable[[RequestId], list[TokenLogprobs]]  # a live request's logprobs so far (or none)
+Text = Callable[[Request], str]  # a live request's output text so far (its tokens are on the record)
 
 
 class Writer:
-    def __init__(self, store: QueueStore, owner: str, model: str, holdings: Holdings, output: Output,
-                 batch_flush_s: float, logprobs: Logprobs = lambda request_id: []):
+    def __init__(self, store: QueueStore, owner: str, model: str, holdings: Holdings, text: Text,
+                 batch_flush_s: float):
         self.store = store
         self.owner = owner
         self.model = model
         self.holdings = holdings
-        self.output = output
-        self.logprobs = logprobs
+        self.text = text
         self.batch_flush_s = batch_flush_s
         self.unwritten: list[Completion] = []  # finished in the engine, not yet in the table
         self.fenced = 0  # writes the queue refused: leases this daemon had lost
@@ -43,8 +41,8 @@ class Writer:
     def flush(self, everything: bool, now: float) -> None:
         """Persist dirty tokens: latency-sensitive requests' always, batch ones when `everything`."""
         updates = [
-            self._update(rid, held)
-            for rid, held in self.holdings
+            self._update(held)
+            for _, held in self.holdings
             if held.dirty and (everything or held.latency_sensitive)
         ]
         if everything:
@@ -74,12 +72,11 @@ class Writer:
         # A refused completion: the request already ended, or this daemon lost its lease.
         self.fenced += outcome.count(False)
 
-    def cancelled(self, request_id: RequestId, held: Request, tokens: list[int], text: str,
-                  logprobs: list[TokenLogprobs] | None = None) -> None:
-        """End a request whose job was cancelled, keeping its output so far."""
-        self._one(Completion(request_id, RequestStatus.FINISHED_CANCELLED, tuple(tokens), text,
+    def cancelled(self, held: Request, text: str) -> None:
+        """End a request whose job was cancelled, keeping its output so far (`text` its text)."""
+        self._one(Completion(held.id, RequestStatus.FINISHED_CANCELLED, tuple(held.output), text,
                              first_token_at=self.holdings.first_token_at(held), lease_epoch=held.lease_epoch,
-                             logprobs=tuple(logprobs or ())))
+                             logprobs=tuple(held.output_logprobs)))
 
     def failed(self, request_id: RequestId, error: str, tokens: list[int], lease_epoch: int) -> None:
         self._one(Completion(request_id, RequestStatus.FINISHED_FAILED, tuple(tokens), "", error=error,
@@ -93,10 +90,9 @@ class Writer:
         (written,) = self.store.finish_requests([completion], self.owner)
         self.fenced += not written
 
-    def _update(self, request_id: RequestId, held: Request) -> TokenUpdate:
-        tokens, text = self.output(request_id)
-        return TokenUpdate(request_id, tuple(tokens), text, self.holdings.first_token_at(held),
-                           held.lease_epoch, tuple(self.logprobs(request_id)))
+    def _update(self, held: Request) -> TokenUpdate:
+        return TokenUpdate(held.id, tuple(held.output), self.text(held), self.holdings.first_token_at(held),
+                           held.lease_epoch, tuple(held.output_logprobs))
 
     def _completion(self, result: EngineResult, held: Request) -> Completion:
         if not result.status.succeeded:

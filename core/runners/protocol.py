@@ -1,11 +1,22 @@
 """The runner: what executes the scheduler's plans, as the engine drives it.
 
 The engine owns the order of work and the runner owns the model: the engine
-registers a request (`add`), asks for one step at a time (`run(plan)`),
-reads a request's output (`generated`, `text`) and forgets it (`release`).
-The torch model runner, the stand-in and a runner that forwards the work to
-a remote engine all implement this one protocol, so the scheduler, the
-engine and the daemon are the same code over each of them.
+hands the runner a request's live record (`add`), asks for one step at a
+time (`run(plan)`), reads the request's text (`text`) and has the runner
+forget it (`release`). The torch model runner, the stand-in and a runner
+that forwards the work to a remote engine all implement this one protocol,
+so the scheduler, the engine and the daemon are the same code over each of
+them.
+
+What a request is and what it has produced live on its record
+(`LiveRequest`: core/sched/request.py's `Request`), never in a runner's
+copy: the runner reads the prompt and the sampling parameters there, and
+its step is the one writer of the output (it appends each token, and its
+logprobs, and records the stop check that ends it, as it produces and
+checks them one after the other). Everyone else reads the record. A runner
+keeps, by id, only its device state (KV cache and position, a grammar's
+state, an open stream and what arrived on it) and what it derives from the
+record to check the output (core/runners/registered.py).
 
 What every runner must hold (the tests of each runner check it):
 - Tokens are a function of the request alone: its seed, its prompt and the
@@ -16,8 +27,9 @@ What every runner must hold (the tests of each runner check it):
   memory) or dropped (KV recomputed from prompt plus generated tokens) and
   resumed yields exactly what an uninterrupted run would have.
 - A request that asks for logprobs (`params.logprobs` not None) has one
-  `TokenLogprobs` per generated token, kept across preemptions and given
-  back to `add` on a resume after a restart.
+  `TokenLogprobs` per output token in `output_logprobs`, kept across
+  preemptions and restarts (the claim puts those from before a restart on
+  the record).
 - `run` executes the plan as `Plan` documents it (checkpoint the preempted,
   restore the resumed, decode, prefill) and raises when the plan does not
   match its state (a bug upstream). A step that raises leaves the runner
@@ -31,9 +43,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from fsched.core.runners.stopping import StopCheck
 from fsched.core.sched.plan import Outcome, Plan
-from fsched.core.types import RequestId, SamplingParams, TokenLogprobs
+from fsched.core.types import RequestId, SamplingParams, StopCheck, TokenLogprobs
 
 
 class RequestRefused(ValueError):
@@ -51,16 +62,36 @@ class RunResult:
     A runner whose work happens elsewhere may report only the requests whose
     tokens have arrived, and several tokens for one request; it then says so
     in `outcome.produced` (tokens per request), which the scheduler charges.
-    `finished` maps the requests that stopped in this step to why; their
-    output stays readable until `release`. `failed` maps a request the
-    executor refused (a remote engine's error answer, such as a prompt over
-    its context) to that message: the request fails alone.
+    `finished` maps the requests that stopped in this step to why (the stop
+    check the runner also put on each one's record). `failed` maps a request
+    the executor refused (a remote engine's error answer, such as a prompt
+    over its context) to that message: the request fails alone.
     """
 
     outcome: Outcome
     tokens: dict[RequestId, int] = field(default_factory=dict)
     finished: dict[RequestId, StopCheck] = field(default_factory=dict)
     failed: dict[RequestId, str] = field(default_factory=dict)
+
+
+class LiveRequest(Protocol):
+    """What a runner reads and writes of a request's live record (core/sched/request.py `Request`;
+    a test may hand it any object with these attributes).
+
+    It reads `id`, `prompt` (token ids, at least one) and `params`; `output`
+    and `output_logprobs` hold what the request produced before it came (a
+    resume after a restart), and the runner's steps append each token it
+    produces (and its logprobs, when `params.logprobs` is not None) and set
+    `stop` to the check that ended the output. Nothing else writes these
+    while the runner holds the request.
+    """
+
+    id: RequestId
+    prompt: Sequence[int]
+    params: SamplingParams
+    output: list[int]
+    output_logprobs: list[TokenLogprobs]
+    stop: StopCheck | None
 
 
 @runtime_checkable
@@ -83,33 +114,23 @@ class Runner(Protocol):
         template, given `render` (ChatRender.to_json(): tools, template options) too."""
         ...
 
-    def add(
-        self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = (),
-        logprobs: Sequence[TokenLogprobs] = (),
-    ) -> None:
-        """Register a request; `generated` are tokens it produced before (a resume after a restart),
-        `logprobs` theirs (when the request asks for logprobs).
+    def add(self, request: LiveRequest) -> None:
+        """Take a request's live record: from now on this runner's steps append its output to it.
 
-        Nothing runs yet: its prefill comes in a later plan. Raises when the
-        id is already registered.
+        Its `output` so far (tokens from before a restart) is where it goes
+        on from. Nothing runs yet: its prefill comes in a later plan. Raises
+        when its id is already registered, and `RequestRefused` when it cannot
+        run here.
         """
         ...
 
     def run(self, plan: Plan) -> RunResult:
-        """One engine step: execute `plan` and report what it produced."""
+        """One engine step: execute `plan`, append what it produced to the records, report it."""
         ...
 
-    def generated(self, request_id: RequestId) -> list[int]:
-        """The tokens a registered request has produced so far (from before a restart too)."""
-        ...
-
-    def text(self, request_id: RequestId) -> str:
-        """A registered request's output text, cut before the stop string that ended it."""
-        ...
-
-    def logprobs(self, request_id: RequestId) -> list[TokenLogprobs]:
-        """One record per generated token when the request asks for logprobs (`params.logprobs`
-        not None), those from before a restart included; empty otherwise."""
+    def text(self, request: LiveRequest) -> str:
+        """A request's output text as its record holds it: without the stop token that ended it
+        (unless kept), cut at the stop string that ended it; registered or not."""
         ...
 
     def release(self, request_id: RequestId) -> None:
@@ -134,4 +155,4 @@ class Preparing(Protocol):
     def prepare(self, params: SamplingParams) -> Future | None: ...
 
 
-__all__ = ["Preparing", "RequestRefused", "RunResult", "Runner", "Wakeable"]
+__all__ = ["LiveRequest", "Preparing", "RequestRefused", "RunResult", "Runner", "Wakeable"]

@@ -40,9 +40,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from fsched.core.runners.openai_http import EngineClient, Fault
-from fsched.core.runners.protocol import Runner, RunResult
-from fsched.core.runners.registered import Registered, register
-from fsched.core.runners.stopping import StopCheck, check_stop
+from fsched.core.runners.protocol import LiveRequest, Runner, RunResult
+from fsched.core.runners.registered import Registered, output_text, register
+from fsched.core.runners.stopping import check_stop
 from fsched.core.runners.streams import Stream
 from fsched.core.sched.plan import Outcome, Plan
 from fsched.core.types import (
@@ -54,6 +54,7 @@ from fsched.core.types import (
     ResponseFormat,
     ResponseFormatType,
     SamplingParams,
+    StopCheck,
     TokenLogprobs,
 )
 
@@ -199,7 +200,7 @@ def _floor(logprob: float | None) -> float:
 
 @dataclass(slots=True, eq=False)
 class _Request(Registered):
-    """`tokens` and `logprobs`: those reported to the scheduler."""
+    """The record (its output: the tokens reported to the scheduler), and its stream's state."""
 
     stream: Stream | None = None  # the open stream; what an older one sends is never read
     pending: list[int] = field(default_factory=list)  # arrived, not yet reported
@@ -233,12 +234,8 @@ class RemoteRunner(Runner):
         self.outages = 0
 
     # -- requests ----------------------------------------------------------------------
-    def add(
-        self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = (),
-        logprobs: Sequence[TokenLogprobs] = (),
-    ) -> None:
-        r = register(self._requests, _Request, request_id, prompt, params, generated, logprobs,
-                     self.codec.decode)
+    def add(self, request: LiveRequest) -> None:
+        r = register(self._requests, _Request, request, self.codec.decode)
         r.stops = r.rules.stop_token_ids | (frozenset() if r.rules.ignore_eos else self.codec.eos_token_ids)
 
     def release(self, request_id: RequestId) -> None:
@@ -246,23 +243,16 @@ class RemoteRunner(Runner):
         if r is not None:
             self._close(r)
 
-    def generated(self, request_id: RequestId) -> list[int]:
-        return list(self._requests[request_id].generated)
-
-    def logprobs(self, request_id: RequestId) -> list[TokenLogprobs]:
-        return list(self._requests[request_id].logprobs)
-
-    def text(self, request_id: RequestId) -> str:
+    def text(self, request: LiveRequest) -> str:
         """The output text, without a final EOS and cut before a stop string that ended it."""
-        r = self._requests[request_id]
-        special = not r.params.skip_special_tokens and self.codec.decode_special is not None
-        return r.output_text(self.codec.eos_token_ids,
-                             self.codec.decode_special if special else self.codec.decode)
+        special = not request.params.skip_special_tokens and self.codec.decode_special is not None
+        return output_text(request, self.codec.eos_token_ids,
+                           self.codec.decode_special if special else self.codec.decode)
 
     @property
     def kv_tokens(self) -> int:
         """Tokens the engine holds for fsched: the context of every open stream."""
-        return sum(len(r.tokens) + len(r.pending) for r in self._requests.values() if r.stream is not None)
+        return sum(r.context + len(r.pending) for r in self._requests.values() if r.stream is not None)
 
     # -- one step ------------------------------------------------------------------------
     @property
@@ -294,16 +284,17 @@ class RemoteRunner(Runner):
         return result
 
     def _open(self, r: _Request) -> None:
-        if r.stream is not None or r.ended or r.finish or r.error or self._down_since is not None:
+        request = r.request
+        if r.stream is not None or r.ended or request.stop or r.error or self._down_since is not None:
             return
-        generated = len(r.tokens) - r.prompt_len
-        if generated and replays(r.params):
-            r.replay = list(r.generated)
-            body = completion_body(self.model, r.tokens[: r.prompt_len], r.params, 0, self.context_length)
+        generated = len(request.output)
+        if generated and replays(request.params):
+            r.replay = list(request.output)
+            body = completion_body(self.model, list(request.prompt), request.params, 0, self.context_length)
         else:
             r.replay = []
-            body = completion_body(self.model, r.tokens, r.params, generated, self.context_length,
-                                   r.generated)
+            body = completion_body(self.model, r.tokens(), request.params, generated, self.context_length,
+                                   request.output)
         r.pending.clear()
         r.pending_logprobs.clear()
         r.stream = self._streams.open(body, r)
@@ -409,17 +400,18 @@ class RemoteRunner(Runner):
         if r.error is not None:
             result.failed[r.id] = f"the engine refused the request: {r.error}"
             return 0
+        request = r.request
         n = self._take_plain(r) if self._plain(r) else self._take_each(r)
         r.pending.clear()
         r.pending_logprobs.clear()
         if n:
-            result.tokens[r.id] = r.tokens[-1]
-        if r.finish is None and r.ended is not None:
+            result.tokens[r.id] = request.output[-1]
+        if request.stop is None and r.ended is not None:
             # The engine stopped on its own (its EOS or length): take its word.
-            r.finish = StopCheck(RequestStatus.finished_by(r.ended))
-        if r.finish is not None:
+            request.stop = StopCheck(RequestStatus.finished_by(r.ended))
+        if request.stop is not None:
             self._close(r)
-            result.finished[r.id] = r.finish
+            result.finished[r.id] = request.stop
         return n
 
     def _plain(self, r: _Request) -> bool:
@@ -427,7 +419,7 @@ class RemoteRunner(Runner):
         stop strings, no logprobs, past min_tokens): then one scan finds where it ends."""
         rules = r.rules
         return not rules.stop and r.params.logprobs is None and (
-            len(r.tokens) - r.prompt_len + 1 >= rules.min_tokens)
+            len(r.request.output) + 1 >= rules.min_tokens)
 
     def _take_plain(self, r: _Request) -> int:
         """Take the pending tokens up to the first that ends the request (what `check_stop` would say
@@ -435,35 +427,37 @@ class RemoteRunner(Runner):
         pending = r.pending
         if not pending:
             return 0
-        stops = r.stops
-        room = min(r.params.max_tokens - (len(r.tokens) - r.prompt_len), self.context_length - len(r.tokens))
+        stops, request = r.stops, r.request
+        output = request.output
+        room = min(request.params.max_tokens - len(output), self.context_length - r.context)
         n = min(len(pending), max(1, room))
         if stops and not stops.isdisjoint(pending[:n]):
             n = next(i for i, token in enumerate(pending[:n]) if token in stops) + 1
-        r.tokens += pending[:n] if n < len(pending) else pending
-        check = self._check(r, r.tokens[-1])
+        output += pending[:n] if n < len(pending) else pending
+        check = self._check(r, output[-1])
         if check.finished is not None:
-            r.finish = check
+            request.stop = check
         return n
 
     def _take_each(self, r: _Request) -> int:
+        request = r.request
         n = 0
         for i, token in enumerate(r.pending):
-            r.tokens.append(token)
-            if r.params.logprobs is not None and i < len(r.pending_logprobs):
-                r.logprobs.append(r.pending_logprobs[i])
+            request.output.append(token)
+            if request.params.logprobs is not None and i < len(r.pending_logprobs):
+                request.output_logprobs.append(r.pending_logprobs[i])
             n += 1
             check = self._check(r, token)
             if check.finished is not None:
-                r.finish = check
+                request.stop = check
                 break
         return n
 
     def _check(self, r: _Request, token: int) -> StopCheck:
-        generated = len(r.tokens) - r.prompt_len
+        output = r.request.output
         if r.text is not None:
-            r.text.extend(r.tokens)
-        return check_stop(token, generated, r.params.max_tokens, len(r.tokens), self.context_length,
+            r.text.extend(output)
+        return check_stop(token, len(output), r.params.max_tokens, r.context, self.context_length,
                           self.codec.eos_token_ids, r.text, rules=r.rules)
 
     # -- the engine going away and coming back ----------------------------------------------

@@ -17,21 +17,22 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from fsched.core.runners.protocol import Runner, RunResult
+from fsched.core.runners.protocol import LiveRequest, Runner, RunResult
 from fsched.core.runners.registered import Registered, register
 from fsched.core.runners.stopping import check_stop
 from fsched.core.sched.plan import Outcome, Plan
 from fsched.core.sched.request import Checkpoint
-from fsched.core.types import Logprob, RequestId, SamplingParams, TokenLogprobs
+from fsched.core.types import Logprob, RequestId, TokenLogprobs
 
 STANDIN_SPEC = "standin"
 STANDIN_NAME = "fsched-standin (no model)"
 STANDIN_VOCAB = 50_000
 STANDIN_EOS = 0
 STANDIN_CONTEXT = 8192
+STANDIN_EOS_IDS = frozenset({STANDIN_EOS})
 
 
 class StandInError(Exception):
@@ -68,7 +69,12 @@ def standin_encode(prompt: str | None = None, messages: list[dict] | None = None
 
 def standin_token(seed: int | None, context: list[int]) -> int:
     """The token after `context`: depends on the seed, the prompt and the position only."""
-    digest = _hash(f"{seed}|{len(context)}|{context[-1] if context else 0}")
+    return _token_after(seed, len(context), context[-1] if context else 0)
+
+
+def _token_after(seed: int | None, length: int, last: int) -> int:
+    """`standin_token` of a context of `length` tokens that ends with `last`."""
+    digest = _hash(f"{seed}|{length}|{last}")
     # About one token in 500 is EOS, so lengths vary as a model's would.
     return STANDIN_EOS if digest % 500 == 0 else 1 + digest % (STANDIN_VOCAB - 1)
 
@@ -80,7 +86,12 @@ def standin_text(tokens: list[int]) -> str:
 def standin_logprobs(token: int, context: list[int], top: int) -> TokenLogprobs:
     """Made-up but consistent logprobs for the stand-in's `token` after `context`: a pure
     function of both, the chosen token the likeliest, the alternatives likeliest first."""
-    digest = _hash(f"lp|{len(context)}|{token}")
+    return _logprobs_after(token, len(context), top)
+
+
+def _logprobs_after(token: int, length: int, top: int) -> TokenLogprobs:
+    """`standin_logprobs` after a context of `length` tokens."""
+    digest = _hash(f"lp|{length}|{token}")
     chosen = Logprob(token, -(digest % 1000) / 1000, f" w{token}")
     alternatives = [chosen]
     for i in range(1, top):
@@ -95,6 +106,8 @@ def _hash(text: str) -> int:
 
 @dataclass(slots=True, eq=False)
 class _StandInRequest(Registered):
+    """The record, and where its stand-in KV is."""
+
     computed: int = 0  # context positions whose KV exists (on the device or parked)
     parked: bool = False
 
@@ -123,23 +136,14 @@ class StandInRunner(Runner):
                render: dict | None = None) -> list[int]:
         return standin_encode(prompt, messages)
 
-    def add(
-        self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = (),
-        logprobs: Sequence[TokenLogprobs] = (),
-    ) -> None:
-        register(self._requests, _StandInRequest, request_id, prompt, params, generated, logprobs)
+    def add(self, request: LiveRequest) -> None:
+        register(self._requests, _StandInRequest, request)
 
     def release(self, request_id: RequestId) -> None:
         self._requests.pop(request_id, None)
 
-    def generated(self, request_id: RequestId) -> list[int]:
-        return list(self._requests[request_id].generated)
-
-    def text(self, request_id: RequestId) -> str:
-        return standin_text(self._requests[request_id].generated)
-
-    def logprobs(self, request_id: RequestId) -> list[TokenLogprobs]:
-        return list(self._requests[request_id].logprobs)
+    def text(self, request: LiveRequest) -> str:
+        return standin_text(request.output)
 
     @property
     def kv_tokens(self) -> int:
@@ -172,13 +176,15 @@ class StandInRunner(Runner):
 
     def _emit(self, rid: RequestId, result: RunResult) -> None:
         r = self._requests[rid]
-        token = standin_token(r.params.seed, r.tokens)
-        if r.params.logprobs is not None:
-            r.logprobs.append(standin_logprobs(token, r.tokens, r.params.logprobs))
-        r.tokens.append(token)
-        r.computed = len(r.tokens) - 1
+        request, params = r.request, r.request.params
+        context = r.context
+        token = _token_after(params.seed, context, r.last)
+        if params.logprobs is not None:
+            request.output_logprobs.append(_logprobs_after(token, context, params.logprobs))
+        request.output.append(token)
+        r.computed = context
         result.tokens[rid] = token
-        check = check_stop(token, len(r.generated), r.params.max_tokens, len(r.tokens), self.context_length,
-                           frozenset({STANDIN_EOS}))
+        check = check_stop(token, len(request.output), params.max_tokens, context + 1, self.context_length,
+                           STANDIN_EOS_IDS)
         if check.finished is not None:
-            result.finished[rid] = check
+            request.stop = result.finished[rid] = check

@@ -1,14 +1,24 @@
 """One live request, from claim to completion: the record the claim returns and the scheduler, the
-engine and the daemon (its holdings, writer and publisher) all read and update. Runners keep, by id,
-what they feed the model with and their device state (core/runners/registered.py).
+engine, the runner and the daemon (its holdings, writer and publisher) all read and update.
 
 It holds what the request is (identity, tenant and class, its prompt as
-stored and then its token ids, sampling parameters, tokens from before a
-restart), where it is (one ordered status), the scheduler's lengths,
-progress and timers, its first token's time (on the engine's clock), and
-the daemon's bookkeeping (the claim's job and lease, whether output is
-waiting to be written). A simulated request is the same record with lengths
-only (no token ids, no parameters).
+stored and then its token ids, sampling parameters), what it has produced
+(its output tokens and their logprobs, those from before a restart first,
+and what ended its output), where it is (one ordered status), the
+scheduler's lengths, progress and timers, its first token's time (on the
+engine's clock), and the daemon's bookkeeping (the claim's job and lease,
+whether output is waiting to be written). A simulated request is the same
+record with lengths only (no token ids, no parameters).
+
+One writer a field: the claim fills in what the request is and the output
+from before a restart; from the runner's `add` on, the runner's step is the
+one writer of `output`, `output_logprobs` and `stop` (it produces each
+token and checks it against the stop rules, one at a time, before the next);
+the engine writes `status` from what the step reports, the scheduler the
+lengths and progress, the daemon its bookkeeping. Everyone else reads.
+A runner keeps, by id, only what it derives from the record for the model
+(its device state: KV, positions, a grammar's state, a socket; and the stop
+rules and text it checks): see core/runners/registered.py.
 
 Token bookkeeping: `context` is prompt plus generated tokens; `computed` is
 how many of them have KV on the device. A decoding request has
@@ -22,9 +32,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from fsched.core.types import RequestClass, RequestId, RequestStatus, SamplingParams, TokenLogprobs
+from fsched.core.types import RequestClass, RequestId, RequestStatus, SamplingParams, StopCheck, TokenLogprobs
 
 
 class Checkpoint(enum.StrEnum):
@@ -61,12 +71,17 @@ class Request:
     late_at: float = float("inf")
     aged_at: float = float("inf")
 
-    # What runs: the prompt's token ids, how to sample, the tokens (and their logprobs) it produced
-    # before a restart. Empty for a simulated request.
+    # What runs: the prompt's token ids and how to sample (empty for a simulated request); what it
+    # produced: every output token, the first `resumed_tokens` from before a restart, their logprobs
+    # (one a token, when it asks for logprobs), and the stop check that ended its output (None while
+    # it runs, or when the scheduler's count of max_tokens ended it). `generated` above is the
+    # scheduler's count of the same output (a simulated request has the count only).
     prompt: Sequence[int] = ()
     params: SamplingParams | None = None
-    resumed: Sequence[int] = ()
-    resumed_logprobs: Sequence[TokenLogprobs] = ()
+    output: list[int] = field(default_factory=list)
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    resumed_tokens: int = 0
+    stop: StopCheck | None = None
     # The prompt as the job table keeps it, until the runner's tokenizer encodes it into `prompt`
     # (`encoded`): a completions prompt's text, or a chat's messages and what its template is given
     # besides them (ChatRender.to_json()).
@@ -106,9 +121,10 @@ class Request:
                **daemon) -> Request:
         """A request to run on an engine: its lengths from its token ids (the engine fits `max_tokens`
         to the model's context and stamps `arrival` when it takes it)."""
-        return cls(id, tenant, request_class, len(prompt), params.max_tokens, 0.0, priority,
-                   prompt=list(prompt), params=params, resumed=list(resumed),
-                   resumed_logprobs=list(resumed_logprobs), generated=len(resumed), **daemon)
+        request = cls(id, tenant, request_class, len(prompt), params.max_tokens, 0.0, priority,
+                      prompt=list(prompt), params=params, **daemon)
+        request.resume_from(resumed, resumed_logprobs)
+        return request
 
     @property
     def to_encode(self) -> bool:
@@ -122,9 +138,20 @@ class Request:
         self.prompt, self.prompt_tokens = list(prompt), len(prompt)
 
     def resume_from(self, tokens: Sequence[int], logprobs: Sequence[TokenLogprobs] = ()) -> None:
-        """Continue after `tokens` it produced before (a restart): the engine feeds them back."""
-        self.resumed, self.resumed_logprobs = list(tokens), list(logprobs)
-        self.generated = len(self.resumed)
+        """Continue after `tokens` it produced before (a restart), `logprobs` theirs: its output so far,
+        before a runner takes it (the runner goes on from there)."""
+        self.output, self.output_logprobs = list(tokens), list(logprobs)
+        self.resumed_tokens = self.generated = len(self.output)
+
+    @property
+    def resumed(self) -> list[int]:
+        """The output tokens it produced before a restart."""
+        return self.output[: self.resumed_tokens]
+
+    @property
+    def resumed_logprobs(self) -> list[TokenLogprobs]:
+        """Their logprobs (when it asks for logprobs)."""
+        return self.output_logprobs[: self.resumed_tokens]
 
     @property
     def latency_sensitive(self) -> bool:

@@ -90,7 +90,7 @@ def test_the_publisher_pushes_each_steps_text_from_what_was_settled_and_the_end_
     holdings.add(claimed(job_id=2, request_id="r2"))
     texts = {"r1": "héllo\ufffd", "r2": "unwatched"}
     link = _Link({1})
-    pub = Publisher(link, holdings, lambda rid: ([1, 2, 3], texts[rid]), "m")
+    pub = Publisher(link, holdings, lambda held: texts[held.id], "m")
     pub.step({"r1": 3, "r2": 3}, [])
     assert [(m.start, m.text) for m in link.sent] == [(0, "héllo\ufffd")]
     assert holdings.get("r1").linked and not holdings.get("r2").linked  # r2 is flushed every step

@@ -70,17 +70,19 @@ def test_a_step_reports_every_token_that_arrived_and_waits_when_none_did(fake):
     fake.step_s = 0.01
     runner = remote_runner(fake, max_wait_s=0.2)
     params = SamplingParams(max_tokens=30, temperature=0, seed=3)
-    runner.add("a", [5, 6, 7], params)
+    a = Request.to_run("a", [5, 6, 7], params)
+    runner.add(a)
     first = runner.run(Plan(step=0, prefill=(PrefillChunk("a", 0, 3, True),)))
     assert first.outcome.produced["a"] >= 1  # waited for the first token
     time.sleep(0.1)  # the engine runs ahead: the next step collects all it sent
     result = runner.run(Plan(step=1, decode=("a",)))
     assert result.outcome.produced["a"] > 1
-    assert runner.generated("a") == expected_tokens([5, 6, 7], 30, 3)[: len(runner.generated("a"))]
+    assert len(a.output) == first.outcome.produced["a"] + result.outcome.produced["a"]
+    assert a.output == expected_tokens([5, 6, 7], 30, 3)[: len(a.output)]  # appended to the record
     # A slow engine: the step returns after max_wait_s with nothing, neither sooner nor later.
     runner.release("a")
     fake.step_s = 1.0
-    runner.add("b", [1, 2], params)
+    runner.add(Request.to_run("b", [1, 2], params))
     start = time.perf_counter()
     empty = runner.run(Plan(step=2, prefill=(PrefillChunk("b", 0, 2, True),)))
     took = time.perf_counter() - start
@@ -93,7 +95,7 @@ def test_a_readable_wake_descriptor_ends_a_steps_wait_at_once(fake):
     wake_r, wake_w = socket.socketpair()
     try:
         runner.wake_on(wake_r.fileno())
-        runner.add("a", [1, 2], SamplingParams(max_tokens=5, temperature=0))
+        runner.add(Request.to_run("a", [1, 2], SamplingParams(max_tokens=5, temperature=0)))
         threading.Timer(0.1, wake_w.send, (b"x",)).start()
         start = time.perf_counter()
         result = runner.run(Plan(step=0, prefill=(PrefillChunk("a", 0, 2, True),)))
@@ -113,22 +115,23 @@ def test_preemption_aborts_the_stream_and_resumes_from_prompt_plus_generated(fak
     fake.step_s = 0.005
     runner = remote_runner(fake)
     params = SamplingParams(max_tokens=60, temperature=0, seed=11)
-    runner.add("a", [9, 8, 7], params)
+    a = Request.to_run("a", [9, 8, 7], params)
+    runner.add(a)
     runner.run(Plan(step=0, prefill=(PrefillChunk("a", 0, 3, True),)))
     for step in range(1, 4):
         runner.run(Plan(step=step, decode=("a",)))
     from fsched.core.sched.plan import Preemption
     from fsched.core.sched.request import Checkpoint
 
-    kept = runner.generated("a")
+    kept = list(a.output)
     assert 0 < len(kept) < 60
     runner.run(Plan(step=4, preempted=(Preemption("a", Checkpoint.RECOMPUTE, 3),)))
-    assert runner.generated("a") == kept and runner.kv_tokens == 0
+    assert a.output == kept and runner.kv_tokens == 0
     time.sleep(0.05)
     deadline = time.time() + 10
     while "a" not in runner.run(Plan(step=5, decode=("a",))).finished and time.time() < deadline:
         pass
-    assert runner.generated("a") == expected_tokens([9, 8, 7], 60, 11)
+    assert a.output == expected_tokens([9, 8, 7], 60, 11)
     assert fake.bodies[-1]["prompt"] == [9, 8, 7, *kept]  # the resume: prompt + generated ids
     assert fake.bodies[-1]["max_tokens"] == 60 - len(kept)
     assert runner.resumes == 1
@@ -176,14 +179,15 @@ def test_engine_restart_mid_run_loses_nothing(fake, caplog):
     fake.step_s = 0.003
     runner = remote_runner(fake, backoff_s=(0.1, 0.4))
     crashed = []
+    running = requests(12)
 
     def on_step(report):
-        if not crashed and sum(len(runner.generated(r)) for r in runner._requests) > 40:
+        if not crashed and sum(len(r.output) for r in running if not r.status.is_finished) > 40:
             crashed.append(True)
             fake.restart(down_s=0.6)
 
     with caplog.at_level(logging.WARNING, logger="fsched.daemon"):
-        remote = run(runner, requests(12), on_step=on_step)
+        remote = run(runner, running, on_step=on_step)
     local = run(StandInRunner(), requests(12))
     assert not [v.error for v in remote.values() if v.error]
     assert crashed and runner.outages == 1
@@ -222,11 +226,12 @@ def test_seeded_sampling_is_reproducible_uninterrupted_and_per_interruption_poin
 
     def interrupted_at(k: int) -> list[int]:
         runner = remote_runner(fake)
-        runner.add("s", prompt, params, generated=whole[:k])  # a resume after k tokens
+        s = Request.to_run("s", prompt, params, resumed=whole[:k])  # a resume after k tokens
+        runner.add(s)
         runner.run(Plan(step=0, prefill=(PrefillChunk("s", 0, 3 + k, True),)))
         while "s" not in runner.run(Plan(step=1, decode=("s",))).finished:
             pass
-        return runner.generated("s")
+        return s.output
 
     fresh = interrupted_at(0)
     assert fresh == whole

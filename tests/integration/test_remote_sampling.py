@@ -12,7 +12,7 @@ from fsched.core.runners.openai_http import EngineClient
 from fsched.core.runners.remote import Codec, RemoteRunner, completion_body, event_logprobs
 from fsched.core.runners.standin import STANDIN_EOS, standin_text
 from fsched.core.sched.plan import Plan, Preemption, PrefillChunk
-from fsched.core.sched.request import Checkpoint
+from fsched.core.sched.request import Checkpoint, Request
 from fsched.core.types import LOGPROB_FLOOR, ResponseFormat, SamplingParams
 from tests.support.fake_engine import FakeEngine
 
@@ -66,15 +66,16 @@ def test_logprobs_read_from_a_completions_chunk():
 def one_request(runner: RemoteRunner, params: SamplingParams, preempt_at: int | None,
                 prompt=(4, 5, 6)) -> tuple[list[int], list]:
     """Run one request to its end, preempted (its stream aborted, KV dropped) at `preempt_at` tokens."""
-    runner.add("a", list(prompt), params)
+    a = Request.to_run("a", list(prompt), params)
+    runner.add(a)
     runner.run(Plan(step=0, prefill=(PrefillChunk("a", 0, len(prompt), True),)))
     step = 1
     while "a" not in runner.run(Plan(step=step, decode=("a",))).finished:
         step += 1
-        if len(runner.generated("a")) >= (preempt_at or 1 << 30):
+        if len(a.output) >= (preempt_at or 1 << 30):
             preempt_at = None
             runner.run(Plan(step=step, preempted=(Preemption("a", Checkpoint.RECOMPUTE, 0),)))
-    return runner.generated("a"), runner.logprobs("a")
+    return a.output, a.output_logprobs
 
 
 @pytest.fixture
@@ -139,7 +140,7 @@ def test_a_replay_that_diverges_fails_the_request_alone(json_engine):
     runner = RemoteRunner(EngineClient(engine.url), codec, engine.model)
     whole, _ = one_request(runner, params, None)
     runner.release("a")
-    runner.add("a", [4, 5, 6], params, generated=[whole[0] + 1])  # not what the engine makes
+    runner.add(Request.to_run("a", [4, 5, 6], params, resumed=[whole[0] + 1]))  # not what the engine makes
     runner.run(Plan(step=0, prefill=(PrefillChunk("a", 0, 4, True),)))
     result = runner.run(Plan(step=1, decode=("a",)))
     while not result.failed:

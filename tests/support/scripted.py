@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fsched.core.runners.protocol import RunResult
+from fsched.core.runners.protocol import LiveRequest, RunResult
 from fsched.core.runners.standin import STANDIN_EOS, StandInRunner, standin_encode
 from fsched.core.runners.stopping import check_stop
 from fsched.core.types import RequestId
@@ -37,21 +37,22 @@ class ScriptedRunner(StandInRunner):
         self.prompts[tuple(ids)] = (messages or [], render)
         return ids
 
-    def text(self, request_id: RequestId) -> str:
-        return "".join(chr(t - 1) for t in self._requests[request_id].generated if t != STANDIN_EOS)
+    def text(self, request: LiveRequest) -> str:
+        return "".join(chr(t - 1) for t in request.output if t != STANDIN_EOS)
 
     def _emit(self, rid: RequestId, result: RunResult) -> None:
         r = self._requests[rid]
+        request = r.request
         if rid not in self.scripts:
-            messages, render = self.prompts[tuple(r.tokens[:r.prompt_len])]
+            messages, render = self.prompts[tuple(request.prompt)]
             self.scripts[rid] = self.reply(messages, render, r.params.response_format is not None)
         script = self.scripts[rid]
-        done = len(r.generated)
+        done = len(request.output)
         token = ord(script[done]) + 1 if done < len(script) else STANDIN_EOS
-        r.tokens.append(token)
-        r.computed = len(r.tokens) - 1
+        r.computed = r.context
+        request.output.append(token)
         result.tokens[rid] = token
-        check = check_stop(token, len(r.generated), r.params.max_tokens, len(r.tokens), self.context_length,
+        check = check_stop(token, len(request.output), r.params.max_tokens, r.context, self.context_length,
                            frozenset({STANDIN_EOS}))
         if check.finished is not None:
-            result.finished[rid] = check
+            request.stop = result.finished[rid] = check

@@ -10,7 +10,6 @@ prefill yields the request's next token and its KV joins the batch.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
@@ -24,12 +23,12 @@ from fsched.core.runners.hf.grammar import Grammars
 from fsched.core.runners.hf.kvbatch import BatchKV, ParkedKV, RowGroup, cache_from_layers, layers_of
 from fsched.core.runners.hf.model import LoadedModel, encode_prompt
 from fsched.core.runners.hf.sampling import Row, choose_tokens
-from fsched.core.runners.protocol import RequestRefused, Runner, RunResult
-from fsched.core.runners.registered import Registered, register
-from fsched.core.runners.stopping import StopCheck, check_stop
+from fsched.core.runners.protocol import LiveRequest, RequestRefused, Runner, RunResult
+from fsched.core.runners.registered import Registered, output_text, register
+from fsched.core.runners.stopping import check_stop
 from fsched.core.sched.plan import Outcome, Plan, PrefillChunk
 from fsched.core.sched.request import Checkpoint
-from fsched.core.types import Logprob, RequestId, RequestStatus, SamplingParams, TokenLogprobs
+from fsched.core.types import Logprob, RequestId, RequestStatus, SamplingParams, StopCheck, TokenLogprobs
 
 
 def grammar_failure(matcher: LLMatcher) -> str:
@@ -44,15 +43,18 @@ class RunnerError(Exception):
 
 @dataclass(slots=True, eq=False)
 class _ModelRequest(Registered):
-    grammar: LLMatcher | None = None  # structured output: the grammar's state after `generated`
-    prompt_ids: torch.Tensor | None = None  # distinct prompt ids, for the repetition penalty
+    """The record, and the model's state of it beside its KV (which the runner keeps by id)."""
+
+    grammar: LLMatcher | None = None  # structured output: the grammar's state after the output
+    prompt_ids: torch.Tensor | None = None  # distinct prompt ids on the device, for the repetition penalty
 
     def row(self, device: torch.device, end_ids: tuple[int, ...]) -> Row:
         """What the sampler needs of this request for its next token."""
-        p = self.params
+        request = self.request
+        p = request.params
         if p.repetition_penalty != 1.0 and self.prompt_ids is None:
-            self.prompt_ids = torch.tensor(sorted(set(self.tokens[: self.prompt_len])), device=device)
-        return Row(p, len(self.tokens) - self.prompt_len, self.generated if p.penalized else (),
+            self.prompt_ids = torch.tensor(sorted(set(request.prompt)), device=device)
+        return Row(p, len(request.output), request.output if p.penalized else (),
                    self.prompt_ids, end_ids if p.min_tokens else ())
 
 
@@ -103,15 +105,13 @@ class ModelRunner(Runner):
             return None
         return self.grammars.prepare(GrammarSource.of(params.response_format))
 
-    def add(
-        self, request_id: RequestId, prompt: list[int], params: SamplingParams, generated: Sequence[int] = (),
-        logprobs: Sequence[TokenLogprobs] = (),
-    ) -> None:
-        """Register a request; `generated` are tokens it produced before (a resume), `logprobs` theirs."""
-        if request_id in self._requests:
-            raise RunnerError(f"request {request_id!r} is already in the runner")
-        if not prompt:
-            raise RunnerError(f"request {request_id!r} has an empty prompt")
+    def add(self, request: LiveRequest) -> None:
+        """Take a request's record; its output so far (a resume) is where it goes on from."""
+        if request.id in self._requests:
+            raise RunnerError(f"request {request.id!r} is already in the runner")
+        if not request.prompt:
+            raise RunnerError(f"request {request.id!r} has an empty prompt")
+        params = request.params
         outside = [t for t, _ in params.logit_bias if t >= self.vocab_size]
         if outside:
             raise RequestRefused(f"logit_bias names token {outside[0]}, outside the vocabulary "
@@ -119,12 +119,11 @@ class ModelRunner(Runner):
         grammar = None
         if params.response_format is not None:
             try:
-                grammar = self.grammars.matcher(GrammarSource.of(params.response_format), generated)
+                grammar = self.grammars.matcher(GrammarSource.of(params.response_format), request.output)
             except GrammarError as exc:
                 raise RequestRefused(str(exc)) from None
         decode = partial(self.loaded.tokenizer.decode, skip_special_tokens=True)
-        register(self._requests, _ModelRequest, request_id, prompt, params, generated, logprobs, decode,
-                 RunnerError, grammar=grammar)
+        register(self._requests, _ModelRequest, request, decode, RunnerError, grammar=grammar)
 
     @torch.inference_mode()
     def release(self, request_id: RequestId) -> None:
@@ -134,17 +133,10 @@ class ModelRunner(Runner):
         self._parked.pop(request_id, None)
         self.batch.remove({request_id})
 
-    def generated(self, request_id: RequestId) -> list[int]:
-        return list(self._requests[request_id].generated)
-
-    def logprobs(self, request_id: RequestId) -> list[TokenLogprobs]:
-        return list(self._requests[request_id].logprobs)
-
-    def text(self, request_id: RequestId) -> str:
+    def text(self, request: LiveRequest) -> str:
         """The output text, cut before a stop string that ended it."""
-        r = self._requests[request_id]
-        decode = partial(self.loaded.tokenizer.decode, skip_special_tokens=r.params.skip_special_tokens)
-        return r.output_text(self.loaded.eos_token_ids, decode)
+        decode = partial(self.loaded.tokenizer.decode, skip_special_tokens=request.params.skip_special_tokens)
+        return output_text(request, self.loaded.eos_token_ids, decode)
 
     @property
     def kv_tokens(self) -> int:
@@ -218,7 +210,7 @@ class ModelRunner(Runner):
         if set(decode) != set(self.batch.rows):
             raise RunnerError(f"plan decodes {sorted(decode)} but the batch holds {sorted(self.batch.rows)}")
         rows = [self._requests[rid] for rid in self.batch.rows]
-        input_ids = torch.tensor([[r.tokens[-1]] for r in rows], device=self.device)
+        input_ids = torch.tensor([[r.last] for r in rows], device=self.device)
         mask, positions = self.batch.decode_inputs()
         out = self.model(
             input_ids=input_ids,
@@ -245,9 +237,9 @@ class ModelRunner(Runner):
                 raise RunnerError(
                     f"prefill chunk of {r.id!r} starts at {chunk.start}, but {computed} tokens are computed"
                 )
-            if chunk.start + chunk.tokens > len(r.tokens):
-                raise RunnerError(f"prefill chunk of {r.id!r} runs past its context ({len(r.tokens)})")
-            if chunk.produces_token and chunk.start + chunk.tokens != len(r.tokens):
+            if chunk.start + chunk.tokens > r.context:
+                raise RunnerError(f"prefill chunk of {r.id!r} runs past its context ({r.context})")
+            if chunk.produces_token and chunk.start + chunk.tokens != r.context:
                 raise RunnerError(f"prefill of {r.id!r} yields a token before its context is computed")
         fresh = [c for c in chunks if c.start == 0]
         joining = [self._prefill_fresh(fresh, result)] if fresh else []
@@ -262,7 +254,7 @@ class ModelRunner(Runner):
         width = max(lengths)
         pad = self.loaded.tokenizer.pad_token_id or 0
         input_ids = torch.tensor(
-            [[pad] * (width - n) + r.tokens[:n] for r, n in zip(requests, lengths, strict=True)],
+            [[pad] * (width - n) + r.tokens(0, n) for r, n in zip(requests, lengths, strict=True)],
             device=self.device,
         )
         columns = torch.arange(width, device=self.device).unsqueeze(0)
@@ -301,7 +293,7 @@ class ModelRunner(Runner):
         r = self._requests[chunk.request_id]
         cache = self._prefilling.pop(r.id).cache
         end = chunk.start + chunk.tokens
-        input_ids = torch.tensor([r.tokens[chunk.start : end]], device=self.device)
+        input_ids = torch.tensor([r.tokens(chunk.start, end)], device=self.device)
         positions = torch.arange(chunk.start, end, device=self.device).unsqueeze(0)
         out = self.model(
             input_ids=input_ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
@@ -325,27 +317,28 @@ class ModelRunner(Runner):
             if r.grammar is not None and r.grammar.is_error():  # its mask could not be computed
                 result.failed[r.id] = grammar_failure(r.grammar)
                 continue
-            r.tokens.append(token)
+            request = r.request
+            request.output.append(token)
             result.tokens[r.id] = token
             if logprobs is not None:
-                r.logprobs.append(self._record(token, *logprobs))
+                request.output_logprobs.append(self._record(token, *logprobs))
             if r.grammar is not None and not r.grammar.consume_token(token):
                 result.failed[r.id] = grammar_failure(r.grammar)
                 continue
             check = self._stop(r, token)
             if check.finished is not None:
-                r.finish = check
-                result.finished[r.id] = check
+                request.stop = result.finished[r.id] = check
 
     def _stop(self, r: _ModelRequest, token: int) -> StopCheck:
         """Whether `r` is done after `token` (which its grammar took); a grammar that is complete ends it
         as EOS does."""
         if r.grammar is not None and r.grammar.is_stopped():  # before min_tokens too: nothing may follow
             return StopCheck(RequestStatus.FINISHED_STOPPED, on_token=token in self.loaded.eos_token_ids)
+        output = r.request.output
         if r.text is not None:
-            r.text.extend(r.tokens)
-        return check_stop(token, len(r.tokens) - r.prompt_len, r.params.max_tokens, len(r.tokens),
-                          self.loaded.context_length, self.loaded.eos_token_ids, r.text, rules=r.rules)
+            r.text.extend(output)
+        return check_stop(token, len(output), r.params.max_tokens, r.context, self.loaded.context_length,
+                          self.loaded.eos_token_ids, r.text, rules=r.rules)
 
     def _record(self, token: int, logprob: float, top_ids: list[int], top_logprobs: list[float]
                 ) -> TokenLogprobs:
