@@ -14,9 +14,9 @@ One writer a field: the claim fills in what the request is and the output
 from before a restart; from the runner's `add` on, the runner's step is the
 one writer of `output`, `output_logprobs` and `stop` (it produces each
 token and checks it against the stop rules, one at a time, before the next);
-the scheduler writes the status while it runs, its lengths and progress, the
-engine the finished status from what the step reports, the daemon its
-bookkeeping. Everyone else reads.
+the scheduler writes the status, lengths and progress (the engine writes
+first why the runner stopped a request, from what the step reports), the
+daemon its bookkeeping. Everyone else reads.
 A runner keeps, by id, only what it derives from the record for the model
 (its device state: KV, positions, a grammar's state, a socket; and the stop
 rules and text it checks): see core/runners/registered.py.
