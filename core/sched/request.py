@@ -10,7 +10,7 @@ engine's clock), and the daemon's bookkeeping (the claim's job and lease,
 whether output is waiting to be written). A simulated request is the same
 record with lengths only (no token ids, no parameters).
 
-One writer a field: the claim fills in what the request is and the output
+Who writes what: the claim fills in what the request is and the output
 from before a restart; from the runner's `add` on, the runner's step is the
 one writer of `output`, `output_logprobs` and `stop` (it produces each
 token and checks it against the stop rules, one at a time, before the next);
