@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,6 +36,11 @@ from fsched.core.types import (
     SamplingParams,
 )
 
+# Whether the model's chat template, given a chat's messages and what else it is given (as the daemon
+# renders them: ChatMessage.to_json(), ChatRender.to_json()), leaves a reasoning block open at the prompt's
+# end. Raises ValueError when the template refuses the messages.
+PromptThinking = Callable[[list[dict], dict | None], bool]
+
 MAX_CHOICES = 128  # rows one body may become: prompts x n (OpenAI's bound on n)
 
 
@@ -47,14 +53,18 @@ class ParsedBody:
 def parse_body(
     endpoint: Endpoint, body: dict, limits: InputLimits, default_max_tokens: int,
     custom_id: str = "request", online: bool = False, tool_parser: str = AUTO,
+    thinking: PromptThinking | None = None,
 ) -> ParsedBody:
     """The body's requests, or InputError naming the field (a path inside the body:
     "messages[0].role"). `online`: an HTTP request (it may stream, choose its class and priority);
-    otherwise a batch or simple line. `tool_parser`: the family calls are read in (the operator's)."""
+    otherwise a batch or simple line. `tool_parser`: the family calls are read in (the operator's);
+    `thinking`: the model's template's, when it may open a reasoning block (None: it never does)."""
     values = checked_values(endpoint, body, limits, online)
     params = _sampling(endpoint, values, limits, default_max_tokens)
     answer = _answer(endpoint, values)
     params, answer, render = _tools(values, params, replace(answer, tool_parser=tool_parser))
+    if thinking is not None and endpoint is Endpoint.CHAT and "messages" in values:
+        answer = replace(answer, thinking=_thinking(thinking, values["messages"], render))
     specs = _choices(endpoint, values, params, answer, custom_id, render)
     return ParsedBody(specs, {f: values[f] for f in ONLINE_FIELDS if f in values})
 
@@ -222,6 +232,14 @@ def _tools(values: dict, params: SamplingParams, answer: AnswerOptions
     except ValueError as exc:
         raise InputError(f"a tool's parameters cannot be used as a grammar: {exc}", "tools") from None
     return replace(params, response_format=fmt), replace(answer, forced_tools=True), render
+
+
+def _thinking(thinking: PromptThinking, messages: tuple[ChatMessage, ...], render: ChatRender) -> bool:
+    try:
+        return thinking([m.to_json() for m in messages], render.to_json())
+    except ValueError as exc:
+        raise InputError(f"the model's chat template cannot render these messages: {exc}", "messages") \
+            from None
 
 
 def _choices(endpoint: Endpoint, values: dict, params: SamplingParams, answer: AnswerOptions,
