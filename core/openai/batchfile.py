@@ -48,13 +48,14 @@ def parse_job_pieces(
     default_max_tokens: int | None = None,
     endpoint: Endpoint | None = None,
     thinking: PromptThinking | None = None,
+    tenant: str = "",
 ) -> tuple[RequestSpec, ...]:
     """As `parse_job_file`, of a file read a piece at a time (a stored upload): never held whole.
-    `thinking`: as `parse_body` takes it."""
+    `thinking` and `tenant`: as `parse_body` takes them."""
     default_max_tokens = default_max_tokens or limits.default_max_tokens
     if not 1 <= default_max_tokens <= limits.max_tokens:
         raise JobFileError(source, f"--max-tokens must be within 1..{limits.max_tokens:,}")
-    forms = _LineForms(limits, default_max_tokens, endpoint, _BodyReader(thinking))
+    forms = _LineForms(limits, default_max_tokens, endpoint, _BodyReader(thinking, tenant))
     requests = parse_lines(pieces, source, limits, forms.parse)
     if forms.off_endpoint is not None:
         line_no, asked = forms.off_endpoint
@@ -65,9 +66,10 @@ def parse_job_pieces(
 
 @dataclass(slots=True, frozen=True)
 class _BodyReader:
-    """What a line's body is read with beyond the limits: the model's template."""
+    """What a line's body is read with beyond the limits: the model's template, the tenant."""
 
     thinking: PromptThinking | None = None
+    tenant: str = ""
 
 
 @dataclass(slots=True)
@@ -141,7 +143,8 @@ def _parse_openai(obj: dict, limits: InputLimits, default_max_tokens: int, reade
 def _body_specs(endpoint: Endpoint, body: dict, limits: InputLimits, default_max_tokens: int,
                 custom_id: str, prefix: str, reader: _BodyReader) -> tuple[RequestSpec, ...]:
     try:
-        return parse_body(endpoint, body, limits, default_max_tokens, custom_id, thinking=reader.thinking).specs
+        return parse_body(endpoint, body, limits, default_max_tokens, custom_id, thinking=reader.thinking,
+                          tenant=reader.tenant).specs
     except InputError as exc:
         raise InputError(exc.message, f"{prefix}{exc.field}" if exc.field else None) from None
 

@@ -93,7 +93,7 @@ def parse_online(text: str, endpoint: Endpoint, key: ApiKey, limits: InputLimits
     try:
         body = loads_object(text, limits.max_depth)
         parsed = parse_body(endpoint, body, limits, limits.default_max_tokens, online=True,
-                            tool_parser=tool_parser, thinking=thinking)
+                            tool_parser=tool_parser, thinking=thinking, tenant=key.tenant)
     except InputError as exc:
         raise BodyError(exc.named(), exc.field) from None
     own = parsed.online
