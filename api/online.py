@@ -161,17 +161,18 @@ async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: Serve
 
 
 def may_name_a_grammar(text: str) -> bool:
-    """Whether a body may carry a grammar: it says `response_format`, or escapes a character (a key
-    can be spelled with escapes)."""
-    return "response_format" in text or "\\u" in text
+    """Whether a body may carry a grammar: it says `response_format` or `tool_choice` (a required or
+    named call is held to a grammar), or escapes a character (a key can be spelled with escapes)."""
+    return "response_format" in text or "tool_choice" in text or "\\u" in text
 
 
 async def parsed_off_loop(text: str, endpoint: Endpoint, key: ApiKey, limits: InputLimits,
                           field_name: Callable[[str | None], str | None] = lambda field: field,
                           tool_parser: str = "auto", thinking: PromptThinking | None = None) -> OnlineRequest:
-    """`parsed`, in a thread when the body may carry a grammar: checking one waits on the isolated
-    grammar worker (seconds for a large schema), which the event loop never does."""
-    if not may_name_a_grammar(text):
+    """`parsed`, in a thread when the body may carry a grammar (checking one waits on the isolated
+    grammar worker: seconds for a large schema) or the model's template is rendered (`thinking`:
+    milliseconds for a long conversation), which the event loop never waits on."""
+    if not may_name_a_grammar(text) and thinking is None:
         return parsed(text, endpoint, key, limits, field_name, tool_parser, thinking)
     global _grammar_parses
     if _grammar_parses is None:

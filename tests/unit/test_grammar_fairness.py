@@ -68,3 +68,16 @@ def test_a_busy_refusal_is_not_cached_as_the_schema_s_verdict():
     with pytest.raises(GrammarError, match="^response_format: 4 of this tenant's JSON schemas are already"):
         compiler.compile(source, "hostile")
     assert compiler.compile(source, "hostile").grammar == "compiled"  # sent again: compiled
+
+
+def test_a_body_that_may_force_a_call_is_parsed_off_the_event_loop():
+    """A required or named call's grammar waits on the pool (its turn, then the compile) as a
+    response_format's does: such a body is parsed in a thread, never on serve's event loop."""
+    import json
+
+    from fsched.api.online import may_name_a_grammar
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    assert may_name_a_grammar(json.dumps({"messages": [], "tools": [tool], "tool_choice": "required"}))
+    assert may_name_a_grammar(json.dumps({"messages": [], "response_format": {"type": "json_object"}}))
+    assert not may_name_a_grammar(json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
