@@ -193,14 +193,15 @@ THINKING_TEXT = f"{THOUGHT}\n</think>\n\nLet me check.\n<tool_call>\n" \
 TEMPLATE = Path(__file__).parent.parent / "support" / "templates" / "qwen3_thinking.jinja"
 
 
-def thinking_folder(tiny: Path, folder: Path) -> Path:
-    """The tiny model's tokenizer and config with the Qwen 3-style template (no weights: a remote
-    engine's daemon needs none)."""
+def thinking_folder(tiny: Path, folder: Path, weights: bool = False) -> Path:
+    """The tiny model's tokenizer and config with the Qwen 3-style template, and its weights if asked (a
+    remote engine's daemon needs none)."""
     import shutil
 
     folder.mkdir()
     for path in tiny.iterdir():
-        if path.is_file() and path.suffix != ".safetensors" and not path.name.startswith("chat_template"):
+        if (path.is_file() and (weights or path.suffix != ".safetensors")
+                and not path.name.startswith("chat_template")):
             shutil.copy(path, folder / path.name)
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["chat_template"] = TEMPLATE.read_text()
@@ -281,3 +282,42 @@ def test_whole_answers_carry_the_reasoning_and_enable_thinking_false_none(thinki
                            "chat_template_kwargs": {"enable_thinking": False}}).json()
     assert off["choices"][0]["message"]["content"] == "Hi."
     assert "reasoning_content" not in off["choices"][0]["message"]
+
+
+@pytest.fixture(scope="module")
+def thinking_builtin(tmp_path_factory, model_cache) -> Server:
+    """The built-in engine running the tiny model with the Qwen 3-style template."""
+    from fsched.core.runners.hf.model import ensure_tiny_model
+
+    root = tmp_path_factory.mktemp("thinking-builtin")
+    folder = str(thinking_folder(ensure_tiny_model(Path(model_cache) / "fsched"), root / "qwen3-ish", True))
+    s = make_server(root, model_cache)
+    s.cli("limits", "show")
+    s.start_daemon("--model", folder)
+    s.start_server("--tokenizer", folder)
+    s.wait_ready()
+    yield s
+    s.stop()
+
+
+def test_the_built_in_engine_s_answer_starts_inside_the_opened_reasoning(thinking_builtin):
+    """The tiny model never writes `</think>`: its whole answer is reasoning, streamed as it is whole;
+    with `enable_thinking: false` it is all content."""
+    server = thinking_builtin
+    headers = {"Authorization": f"Bearer {server.key('agent', 'realtime')}"}
+    body = {"model": "m", "messages": QUESTION, "max_tokens": 24, "temperature": 0}
+    whole = httpx.post(f"{server.url}{CHAT_URL}", headers=headers, timeout=120, json=body).json()
+    message = whole["choices"][0]["message"]
+    assert message["content"] == "" and message["reasoning_content"]
+    with httpx.stream("POST", f"{server.url}{CHAT_URL}", headers=headers, timeout=120,
+                      json={**body, "stream": True}) as response:
+        reader = Reader(response)
+        reader.until(lambda r: r.end is not None)
+    assert (reader.reasoning, reader.content) == (message["reasoning_content"], "")
+    response = httpx.post(f"{server.url}{RESPONSES_URL}", headers=headers, timeout=120,
+                          json={"model": "m", "input": QUESTION, "max_output_tokens": 24,
+                                "temperature": 0}).json()
+    assert response["output"][0]["content"][0]["text"] == message["reasoning_content"]
+    off = httpx.post(f"{server.url}{CHAT_URL}", headers=headers, timeout=120,
+                     json={**body, "chat_template_kwargs": {"enable_thinking": False}}).json()
+    assert off["choices"][0]["message"]["content"] and "reasoning_content" not in off["choices"][0]["message"]
