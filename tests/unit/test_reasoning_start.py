@@ -118,3 +118,13 @@ def test_a_template_refusing_the_messages_is_a_400_naming_them():
     with pytest.raises(InputError) as caught:
         parse_body(Endpoint.CHAT, body(), InputLimits(), 256, thinking=refusing)
     assert caught.value.field == "messages" and "alternate" in caught.value.message
+
+
+def test_a_batch_line_stores_it_too():
+    from fsched.core.openai.batchfile import parse_job_pieces
+
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body()}
+    off = {**line, "custom_id": "b", "body": body(chat_template_kwargs={"enable_thinking": False})}
+    data = (json.dumps(line) + "\n" + json.dumps(off) + "\n").encode()
+    specs = parse_job_pieces((data,), "lines.jsonl", thinking=thinking)
+    assert [s.answer.thinking for s in specs] == [True, False]
