@@ -26,6 +26,7 @@ from fsched.api.openapi import openapi_document
 from fsched.api.slowclients import BodyDeadline, ClientDeadlines
 from fsched.api.state import Backend, ServerState, state_of
 from fsched.core.jobs.limits import InputLimits
+from fsched.core.openai.body import PromptThinking
 
 # Bodies other than uploads are small JSON: an OpenAI request is bounded by a batch line's limit.
 JSON_BODY_LIMIT = InputLimits().max_line_bytes
@@ -47,16 +48,17 @@ def _link_tasks(state: ServerState) -> list[asyncio.Task]:
 def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None = None,
                tokenizers: tokens.Tokenizers | None = None, metrics_port: int | None = None,
                body_timeout_s: float = ClientDeadlines().body_timeout_s, rules: StreamRules | None = None,
-               link: bool = True, tool_parser: str = "auto") -> FastAPI:
+               link: bool = True, tool_parser: str = "auto", thinking: PromptThinking | None = None
+               ) -> FastAPI:
     """The server over `backend`; `poll_s`: how often the hub reads open requests' progress;
     `tokenizers` loads the served model's tokenizer for /tokenize (None: the server has none);
     `/metrics` answers only on the listener of `metrics_port` (None: nowhere); `body_timeout_s`
-    bounds a body; `rules` bound open streams; `link`: hear the daemons' links (api/link.py);
-    `tool_parser`: the model family whose syntax tool calls are read in ("auto": any known one)."""
+    bounds a body; `rules` bound open streams; `link`: hear the daemons' links (api/link.py); `tool_parser`
+    and `thinking`: how answers are read (body.py)."""
     hub = ProgressHub(backend.serving.progress, poll_s)
     state = ServerState(backend=backend, hub=hub, metrics=Metrics(backend),
                         tokenizers=tokenizers or tokens.Tokenizers(), guard=Guard(rules or StreamRules()),
-                        link=LinkClient(hub) if link else None, tool_parser=tool_parser)
+                        link=LinkClient(hub) if link else None, tool_parser=tool_parser, thinking=thinking)
     upload_limit = upload_limit or InputLimits().max_bytes
 
     @contextlib.asynccontextmanager

@@ -179,7 +179,8 @@ async def _create(state: ServerState, key: ApiKey, record: BatchRecord, filename
     """Parse the input file (read from the table a piece at a time) and submit its job."""
     pieces = await state.call(state.backend.files.iter_content, key.tenant, record.input_file_id)
     try:
-        requests = await state.call(parse_job_pieces, pieces or (), filename, limits, endpoint=endpoint)
+        requests = await state.call(parse_job_pieces, pieces or (), filename, limits, endpoint=endpoint,
+                                    thinking=state.thinking, tenant=key.tenant)
     except JobFileError as exc:
         failed = _refused(record, exc)
         await state.call(state.backend.files.add_batch, failed)

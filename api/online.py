@@ -31,6 +31,7 @@ from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.jsontext import dumps as json_text
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.answers import opaque_response_id, response_body
+from fsched.core.openai.body import PromptThinking
 from fsched.core.openai.online import (
     BodyError,
     ClassRefused,
@@ -156,36 +157,37 @@ async def _then(first: asyncio.Future, rest: AsyncIterator[Update]) -> AsyncIter
 
 async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: ServerState) -> OnlineRequest:
     return await parsed_off_loop(await body_text(request), endpoint, key, await state.limits(),
-                                 tool_parser=state.tool_parser)
+                                 tool_parser=state.tool_parser, thinking=state.thinking)
 
 
 def may_name_a_grammar(text: str) -> bool:
-    """Whether a body may carry a grammar: it says `response_format`, or escapes a character (a key
-    can be spelled with escapes)."""
-    return "response_format" in text or "\\u" in text
+    """Whether a body may carry a grammar: it says `response_format` or `tool_choice` (a required or
+    named call is held to a grammar), or escapes a character (a key can be spelled with escapes)."""
+    return "response_format" in text or "tool_choice" in text or "\\u" in text
 
 
 async def parsed_off_loop(text: str, endpoint: Endpoint, key: ApiKey, limits: InputLimits,
                           field_name: Callable[[str | None], str | None] = lambda field: field,
-                          tool_parser: str = "auto") -> OnlineRequest:
-    """`parsed`, in a thread when the body may carry a grammar: checking one waits on the isolated
-    grammar worker (seconds for a large schema), which the event loop never does."""
-    if not may_name_a_grammar(text):
-        return parsed(text, endpoint, key, limits, field_name, tool_parser)
+                          tool_parser: str = "auto", thinking: PromptThinking | None = None) -> OnlineRequest:
+    """`parsed`, in a thread when the body may carry a grammar (checking one waits on the isolated
+    grammar worker: seconds for a large schema) or the model's template is rendered (`thinking`:
+    milliseconds for a long conversation), which the event loop never waits on."""
+    if not may_name_a_grammar(text) and thinking is None:
+        return parsed(text, endpoint, key, limits, field_name, tool_parser, thinking)
     global _grammar_parses
     if _grammar_parses is None:
         _grammar_parses = anyio.CapacityLimiter(GRAMMAR_PARSES)
     return await anyio.to_thread.run_sync(parsed, text, endpoint, key, limits, field_name, tool_parser,
-                                          limiter=_grammar_parses)
+                                          thinking, limiter=_grammar_parses)
 
 
 def parsed(text: str, endpoint: Endpoint, key: ApiKey, limits: InputLimits,
-           field_name: Callable[[str | None], str | None] = lambda field: field, tool_parser: str = "auto"
-           ) -> OnlineRequest:
+           field_name: Callable[[str | None], str | None] = lambda field: field, tool_parser: str = "auto",
+           thinking: PromptThinking | None = None) -> OnlineRequest:
     """The body as `parse_online` reads it, or the ApiError its refusal answers: 403 for a class above
     the key's, else 400 (`field_name`: the field's name as the client's body says it)."""
     try:
-        return parse_online(text, endpoint, key, limits, tool_parser)
+        return parse_online(text, endpoint, key, limits, tool_parser, thinking)
     except ClassRefused as exc:
         raise ApiError(403, exc.message, field_name(exc.field), "class_not_allowed") from None
     except BodyError as exc:

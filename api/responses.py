@@ -85,7 +85,7 @@ async def _parse(request: Request, state: ServerState, key: ApiKey) -> tuple[Res
     except InputError as exc:  # the body's JSON, or a field of the Responses body itself
         raise ApiError(400, exc.message, exc.field, "invalid_value") from None
     return asked, await online.parsed_off_loop(json.dumps(asked.chat_body), Endpoint.CHAT, key, limits,
-                                               _responses_name, state.tool_parser)
+                                               _responses_name, state.tool_parser, state.thinking)
 
 
 def _responses_name(param: str | None) -> str | None:

@@ -18,6 +18,7 @@ from fsched.api.hub import ProgressHub
 from fsched.api.submitter import Submitter
 from fsched.core.jobs.apikeys import ApiKey, secret_matches, split_key
 from fsched.core.jobs.limits import InputLimits, limits_in_force
+from fsched.core.openai.body import PromptThinking
 from fsched.core.ports.catalog import CatalogStore
 from fsched.core.ports.files import FileStore
 from fsched.core.ports.keys import KeyStore
@@ -93,6 +94,7 @@ class ServerState:
     link: LinkClient | None = None  # the daemons' links: pushed wake-ups and tokens
     batch_creations: dict[str, int] = field(default_factory=dict)  # in progress, by tenant
     tool_parser: str = "auto"  # the model family whose syntax tool calls are read in (`--tool-call-parser`)
+    thinking: PromptThinking | None = None  # whether the model's template opens a chat's reasoning
     _submitter: Submitter | None = None
     _daemons: Cached[list[DaemonSummary]] = field(default_factory=Cached)
     _limits: Cached[InputLimits] = field(default_factory=Cached)

@@ -100,7 +100,7 @@ def serve(
     app = create_app(build_backend(db), poll_s=poll_ms / 1000,
                      tokenizers=Tokenizers(tokenizer, load=codec_for_served), metrics_port=metrics_port,
                      body_timeout_s=deadlines.body_timeout_s, rules=_rules(no_daemon_s, stall_s), link=link,
-                     tool_parser=_tool_parser(tool_call_parser, tokenizer))
+                     tool_parser=_tool_parser(tool_call_parser, tokenizer), thinking=_thinking(tokenizer))
     protocol = header_deadline_protocol(deadlines.header_timeout_s)
     _run(uvicorn, app, host, port, metrics_port, access_log, protocol, send_buffer_kb)
 
@@ -120,6 +120,25 @@ def _tool_parser(name: str, tokenizer: str | None = None) -> str:
     typer.echo(f"fsched serve: tool calls are read as {family}'s (the chat template of {tokenizer})",
                err=True)
     return family
+
+
+def _thinking(tokenizer: str | None):
+    """Whether a chat's prompt, rendered by the --tokenizer folder's chat template, leaves a reasoning
+    block open (its answer then starts inside its reasoning); None when the template never writes
+    `<think>` (nothing is rendered then)."""
+    from fsched.core.openai.toolcalls.reading import THINK_OPEN, prompt_opens_reasoning
+    from fsched.core.runners.templates import folder_chat_templates
+
+    if tokenizer is None or not any(THINK_OPEN in t for t in folder_chat_templates(tokenizer)):
+        return None
+    from fsched.core.runners.hf.model import ModelLoadError
+    from fsched.core.runners.hf.tokenizer import chat_renderer
+
+    try:
+        rendered = chat_renderer(tokenizer)
+    except ModelLoadError as exc:
+        raise UserError(f"--tokenizer: {exc}") from None
+    return lambda messages, render: prompt_opens_reasoning(rendered(messages, render))
 
 
 def _check(poll_ms: float, port: int, metrics_port: int | None, send_buffer_kb: int | None) -> None:

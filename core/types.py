@@ -503,6 +503,10 @@ class AnswerOptions:
     forced_tools: bool = False
     tool_parser: str = "auto"  # the family whose syntax calls are read in ("auto": any known one)
     one_call: bool = False  # parallel_tool_calls false: the first call alone is the answer's
+    # The rendered prompt left a reasoning block open (the template wrote `<think>` for the model): the
+    # answer's text starts inside its reasoning. Stored with the request, so every reader of the answer
+    # (a stream, a resumed stream, a batch's results) reads it alike.
+    thinking: bool = False
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.prompts < 1:

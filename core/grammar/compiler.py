@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from fsched.core.grammar.cache import VerdictCache
 from fsched.core.grammar.limits import GrammarLimits
-from fsched.core.grammar.source import GrammarError, GrammarSource
+from fsched.core.grammar.source import GrammarBusy, GrammarError, GrammarSource
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,29 +28,33 @@ class _Refused:
 
 
 class GrammarCompiler:
-    """Limits, cache and a backend (`text_of(source) -> grammar text`, raising GrammarError): the
-    isolated pool in a server, the in-process compile in a pure test."""
+    """Limits, cache and a backend (`text_of(source, tenant) -> grammar text`, raising GrammarError):
+    the isolated pool in a server (which takes the tenants in turn), the in-process compile in a pure
+    test."""
 
-    def __init__(self, backend: Callable[[GrammarSource], str], limits: GrammarLimits = GrammarLimits(),
+    def __init__(self, backend: Callable[[GrammarSource, str], str], limits: GrammarLimits = GrammarLimits(),
                  cache_size: int = 512):
         self.backend = backend
         self.limits = limits
         self.cache: VerdictCache[CompiledGrammar | _Refused] = VerdictCache(cache_size)
 
-    def compile(self, source: GrammarSource) -> CompiledGrammar:
+    def compile(self, source: GrammarSource, tenant: str = "") -> CompiledGrammar:
+        """`tenant`: whose request it is (the pool serves the tenants in turn)."""
         key = source.key
         verdict = self.cache.get(key)
         if verdict is None:
-            verdict = self._verdict(source, key)
+            verdict = self._verdict(source, key, tenant)
             self.cache.put(key, verdict)
         if isinstance(verdict, _Refused):
             raise GrammarError(verdict.reason, source.subject)
         return verdict
 
-    def _verdict(self, source: GrammarSource, key: str) -> CompiledGrammar | _Refused:
+    def _verdict(self, source: GrammarSource, key: str, tenant: str) -> CompiledGrammar | _Refused:
         try:
             self.limits.check(source)
-            return CompiledGrammar(key, self.backend(source))
+            return CompiledGrammar(key, self.backend(source, tenant))
+        except GrammarBusy as exc:  # says nothing of the grammar: not cached
+            raise GrammarBusy(exc.reason, source.subject) from None
         except GrammarError as exc:
             return _Refused(str(exc))
 
@@ -77,6 +81,7 @@ def set_default_compiler(compiler: GrammarCompiler | None) -> None:
         _default = compiler
 
 
-def compile_grammar(source: GrammarSource) -> CompiledGrammar:
-    """`source` compiled by the process's compiler (see `default_compiler`), or GrammarError."""
-    return default_compiler().compile(source)
+def compile_grammar(source: GrammarSource, tenant: str = "") -> CompiledGrammar:
+    """`source` compiled by the process's compiler (see `default_compiler`) for `tenant`'s request, or
+    GrammarError."""
+    return default_compiler().compile(source, tenant)

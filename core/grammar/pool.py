@@ -5,21 +5,24 @@ A worker is a fresh interpreter (`python -m fsched.core.grammar.worker`, started
 A job that crashes its worker (a segfault in the grammar library, its memory or stack budget),
 overruns its CPU time or the wall-clock bound, is a `GrammarError` saying which; that worker is
 killed and a fresh one takes its place on the next job. Callers block (a thread, never an event
-loop); jobs beyond the pool's size wait for a free worker.
+loop); jobs beyond the pool's size wait for a free worker, in turn by tenant (`fairness.py`): one
+tenant's queue of expensive schemas never stands before another tenant's check, and a tenant with its
+most jobs waiting has the next refused at once (`GrammarBusy`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from fsched.core.grammar.source import GrammarError, GrammarSource
+from fsched.core.grammar.fairness import FairQueue, TenantQueueFull
+from fsched.core.grammar.source import GrammarBusy, GrammarError, GrammarSource
 from fsched.core.grammar.worker import READY
 
 
@@ -36,12 +39,14 @@ class WorkerBudget:
     stack_bytes: int = 8 << 20
     start_s: float = 30.0  # a fresh interpreter's start, on a loaded machine
     workers: int = 2
+    # Jobs one tenant may have waiting for a worker (beyond the ones running): its next is refused.
+    waiting_per_tenant: int = 4
 
     def __post_init__(self) -> None:
         if min(self.wall_s, self.cpu_s, self.start_s) <= 0 or min(self.memory_bytes, self.stack_bytes) <= 0:
             raise ValueError("every budget must be positive")
-        if self.workers < 1:
-            raise ValueError("workers must be at least 1")
+        if self.workers < 1 or self.waiting_per_tenant < 1:
+            raise ValueError("workers and waiting_per_tenant must be at least 1")
 
 
 class _Worker:
@@ -70,18 +75,29 @@ class _Worker:
         self.answers.close()
 
 
+class _Turn:
+    """One caller waiting for a worker: the one it is handed (None: to be started), once granted."""
+
+    __slots__ = ("granted", "worker")
+
+    def __init__(self) -> None:
+        self.granted = False
+        self.worker: _Worker | None = None
+
+
 class WorkerPool:
-    """`compile(source)`: the llguidance grammar text, or GrammarError; safe to call from many threads."""
+    """`compile(source, tenant)`: the llguidance grammar text, or GrammarError; safe to call from many
+    threads."""
 
     def __init__(self, budget: WorkerBudget = WorkerBudget()):
         self.budget = budget
-        self._idle: queue.Queue[_Worker | None] = queue.Queue()
-        for _ in range(budget.workers):
-            self._idle.put(None)  # started on first use
+        self._lock = threading.Condition()
+        self._idle: list[_Worker | None] = [None] * budget.workers  # None: started on first use
+        self._waiting: FairQueue[_Turn] = FairQueue(budget.waiting_per_tenant)
         self.replaced = 0
 
-    def compile(self, source: GrammarSource) -> str:
-        worker = self._idle.get()
+    def compile(self, source: GrammarSource, tenant: str = "") -> str:
+        worker = self._take(tenant, source)
         try:
             if worker is None:
                 worker = _Worker(self.budget)
@@ -94,10 +110,48 @@ class WorkerPool:
             worker = None
             raise
         finally:
-            self._idle.put(worker)
+            self._give_back(worker)
         if "error" in verdict:
             raise GrammarError(verdict["error"])
         return verdict["grammar"]
+
+    def waiting(self, tenant: str) -> int:
+        """The tenant's jobs waiting for a worker now."""
+        with self._lock:
+            return self._waiting.waiting(tenant)
+
+    def _take(self, tenant: str, source: GrammarSource) -> _Worker | None:
+        """A worker for the tenant's job, once its turn comes."""
+        turn = _Turn()
+        with self._lock:
+            try:
+                self._waiting.push(tenant, turn)
+            except TenantQueueFull:
+                raise GrammarBusy(f"{self.budget.waiting_per_tenant} of this tenant's {source.kind.label}s "
+                                  "are already waiting to be checked; send it again once they are "
+                                  "answered") from None
+            self._hand_out()
+            try:
+                while not turn.granted:
+                    self._lock.wait()
+            except BaseException:
+                self._waiting.remove(tenant, turn)
+                if turn.granted:
+                    self._idle.append(turn.worker)
+                    self._hand_out()
+                raise
+        return turn.worker
+
+    def _give_back(self, worker: _Worker | None) -> None:
+        with self._lock:
+            self._idle.append(worker)
+            self._hand_out()
+
+    def _hand_out(self) -> None:
+        """Idle workers to the callers whose turn it is (the lock held)."""
+        while self._idle and (turn := self._waiting.pop()) is not None:
+            turn.worker, turn.granted = self._idle.pop(), True
+        self._lock.notify_all()
 
     def _run(self, worker: _Worker, source: GrammarSource) -> dict:
         try:
@@ -123,7 +177,8 @@ class WorkerPool:
         return f"the grammar library crashed on the {source.kind.label} ({how}; its budget: {budget})"
 
     def close(self) -> None:
-        while not self._idle.empty():
-            worker = self._idle.get_nowait()
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for worker in idle:
             if worker is not None:
                 worker.kill()

@@ -20,6 +20,10 @@ class GrammarError(ValueError):
         self.reason = reason
 
 
+class GrammarBusy(GrammarError):
+    """Not a verdict on the grammar: the sender has its most checks waiting already (never cached)."""
+
+
 class SourceKind(enum.StrEnum):
     JSON_SCHEMA = "json_schema"  # canonical JSON text of a JSON schema
     LARK = "lark"  # llguidance's Lark dialect (tool-call syntax wrapping a schema, say)

@@ -20,7 +20,7 @@ from typing import Any
 from fsched.core.jobs.inputs import InputError, JobFileError, json_type, shown, storable
 from fsched.core.jobs.jobfile import parse_lines
 from fsched.core.jobs.limits import InputLimits
-from fsched.core.openai.body import parse_body
+from fsched.core.openai.body import PromptThinking, parse_body
 from fsched.core.types import Endpoint, RequestSpec
 
 OPENAI_ENVELOPE_KEYS = frozenset({"custom_id", "method", "url", "body"})
@@ -47,18 +47,29 @@ def parse_job_pieces(
     limits: InputLimits = InputLimits(),
     default_max_tokens: int | None = None,
     endpoint: Endpoint | None = None,
+    thinking: PromptThinking | None = None,
+    tenant: str = "",
 ) -> tuple[RequestSpec, ...]:
-    """As `parse_job_file`, of a file read a piece at a time (a stored upload): never held whole."""
+    """As `parse_job_file`, of a file read a piece at a time (a stored upload): never held whole.
+    `thinking` and `tenant`: as `parse_body` takes them."""
     default_max_tokens = default_max_tokens or limits.default_max_tokens
     if not 1 <= default_max_tokens <= limits.max_tokens:
         raise JobFileError(source, f"--max-tokens must be within 1..{limits.max_tokens:,}")
-    forms = _LineForms(limits, default_max_tokens, endpoint)
+    forms = _LineForms(limits, default_max_tokens, endpoint, _BodyReader(thinking, tenant))
     requests = parse_lines(pieces, source, limits, forms.parse)
     if forms.off_endpoint is not None:
         line_no, asked = forms.off_endpoint
         raise JobFileError(source, f"asks for {asked.value}; this batch's endpoint is {endpoint.value}",
                            line_no, "url")
     return requests
+
+
+@dataclass(slots=True, frozen=True)
+class _BodyReader:
+    """What a line's body is read with beyond the limits: the model's template, the tenant."""
+
+    thinking: PromptThinking | None = None
+    tenant: str = ""
 
 
 @dataclass(slots=True)
@@ -68,6 +79,7 @@ class _LineForms:
     limits: InputLimits
     default_max_tokens: int
     endpoint: Endpoint | None = None  # the one every line must ask for, if any
+    reader: _BodyReader = _BodyReader()
     name: str | None = None
     line: int = 0
     off_endpoint: tuple[int, Endpoint] | None = None  # the first line asking for another, and what
@@ -81,16 +93,16 @@ class _LineForms:
             raise InputError(f"mixes the {line_form} form with the {self.name} form of line {self.line}; "
                              "use one form per file")
         if line_form == "openai":
-            specs = _parse_openai(obj, self.limits, self.default_max_tokens)
+            specs = _parse_openai(obj, self.limits, self.default_max_tokens, self.reader)
         else:
-            specs = _parse_simple(obj, self.limits, self.default_max_tokens, index)
+            specs = _parse_simple(obj, self.limits, self.default_max_tokens, index, self.reader)
         asked = specs[0].endpoint
         if self.endpoint not in (None, asked) and self.off_endpoint is None:
             self.off_endpoint = (line_no, asked)
         return specs
 
 
-def _parse_simple(obj: dict, limits: InputLimits, default_max_tokens: int, index: int
+def _parse_simple(obj: dict, limits: InputLimits, default_max_tokens: int, index: int, reader: _BodyReader
                   ) -> tuple[RequestSpec, ...]:
     """A simple line: a request body of its own, plus an optional custom_id."""
     custom_id = _custom_id(obj["custom_id"], limits) if "custom_id" in obj else f"request-{index}"
@@ -101,10 +113,11 @@ def _parse_simple(obj: dict, limits: InputLimits, default_max_tokens: int, index
     if not has_prompt and not has_messages:
         raise InputError("missing: give 'prompt' (text) or 'messages' (chat)", "prompt")
     endpoint = Endpoint.COMPLETIONS if has_prompt else Endpoint.CHAT
-    return _body_specs(endpoint, body, limits, default_max_tokens, custom_id, "")
+    return _body_specs(endpoint, body, limits, default_max_tokens, custom_id, "", reader)
 
 
-def _parse_openai(obj: dict, limits: InputLimits, default_max_tokens: int) -> tuple[RequestSpec, ...]:
+def _parse_openai(obj: dict, limits: InputLimits, default_max_tokens: int, reader: _BodyReader
+                  ) -> tuple[RequestSpec, ...]:
     for key in obj:
         if key not in OPENAI_ENVELOPE_KEYS:
             what = "unknown field" if key else 'unknown field: the empty name ""'
@@ -124,13 +137,14 @@ def _parse_openai(obj: dict, limits: InputLimits, default_max_tokens: int) -> tu
     body = obj["body"]
     if not isinstance(body, dict):
         raise InputError(f"must be an object, got {json_type(body)}", "body")
-    return _body_specs(endpoint, body, limits, default_max_tokens, custom_id, "body.")
+    return _body_specs(endpoint, body, limits, default_max_tokens, custom_id, "body.", reader)
 
 
 def _body_specs(endpoint: Endpoint, body: dict, limits: InputLimits, default_max_tokens: int,
-                custom_id: str, prefix: str) -> tuple[RequestSpec, ...]:
+                custom_id: str, prefix: str, reader: _BodyReader) -> tuple[RequestSpec, ...]:
     try:
-        return parse_body(endpoint, body, limits, default_max_tokens, custom_id).specs
+        return parse_body(endpoint, body, limits, default_max_tokens, custom_id, thinking=reader.thinking,
+                          tenant=reader.tenant).specs
     except InputError as exc:
         raise InputError(exc.message, f"{prefix}{exc.field}" if exc.field else None) from None
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,6 +36,11 @@ from fsched.core.types import (
     SamplingParams,
 )
 
+# Whether the model's chat template, given a chat's messages and what else it is given (as the daemon
+# renders them: ChatMessage.to_json(), ChatRender.to_json()), leaves a reasoning block open at the prompt's
+# end. Raises ValueError when the template refuses the messages.
+PromptThinking = Callable[[list[dict], dict | None], bool]
+
 MAX_CHOICES = 128  # rows one body may become: prompts x n (OpenAI's bound on n)
 
 
@@ -47,14 +53,19 @@ class ParsedBody:
 def parse_body(
     endpoint: Endpoint, body: dict, limits: InputLimits, default_max_tokens: int,
     custom_id: str = "request", online: bool = False, tool_parser: str = AUTO,
+    thinking: PromptThinking | None = None, tenant: str = "",
 ) -> ParsedBody:
     """The body's requests, or InputError naming the field (a path inside the body:
     "messages[0].role"). `online`: an HTTP request (it may stream, choose its class and priority);
-    otherwise a batch or simple line. `tool_parser`: the family calls are read in (the operator's)."""
+    otherwise a batch or simple line. `tool_parser`: the family calls are read in (the operator's);
+    `thinking`: the model's template's, when it may open a reasoning block (None: it never does);
+    `tenant`: whose body it is (grammars are checked for the tenants in turn)."""
     values = checked_values(endpoint, body, limits, online)
-    params = _sampling(endpoint, values, limits, default_max_tokens)
+    params = _sampling(endpoint, values, limits, default_max_tokens, tenant)
     answer = _answer(endpoint, values)
-    params, answer, render = _tools(values, params, replace(answer, tool_parser=tool_parser))
+    params, answer, render = _tools(values, params, replace(answer, tool_parser=tool_parser), tenant)
+    if thinking is not None and endpoint is Endpoint.CHAT and "messages" in values:
+        answer = replace(answer, thinking=_thinking(thinking, values["messages"], render))
     specs = _choices(endpoint, values, params, answer, custom_id, render)
     return ParsedBody(specs, {f: values[f] for f in ONLINE_FIELDS if f in values})
 
@@ -108,8 +119,8 @@ def _unknown(key: str, endpoint: Endpoint) -> str:
     return f"unknown field{hint} (docs/http.md lists every field fsched takes)"
 
 
-def _sampling(endpoint: Endpoint, values: dict, limits: InputLimits, default_max_tokens: int
-              ) -> SamplingParams:
+def _sampling(endpoint: Endpoint, values: dict, limits: InputLimits, default_max_tokens: int,
+              tenant: str = "") -> SamplingParams:
     max_tokens = values.get("max_tokens")
     newer = values.get("max_completion_tokens")
     if newer is not None:
@@ -139,7 +150,7 @@ def _sampling(endpoint: Endpoint, values: dict, limits: InputLimits, default_max
         include_stop_str_in_output=values.get("include_stop_str_in_output", False),
         skip_special_tokens=values.get("skip_special_tokens", True),
         logprobs=_logprobs(endpoint, values),
-        response_format=_response_format(values.get("response_format")),
+        response_format=_response_format(values.get("response_format"), tenant),
     )
 
 
@@ -159,7 +170,7 @@ def _logprobs(endpoint: Endpoint, values: dict) -> int | None:
     return top
 
 
-def _response_format(value: dict | None) -> ResponseFormat | None:
+def _response_format(value: dict | None, tenant: str = "") -> ResponseFormat | None:
     """The format, its grammar compiled here (in the isolated worker, once per distinct schema) so that a
     schema the engine cannot use is refused before anything is stored."""
     if value is None or value["type"] == "text":
@@ -169,7 +180,7 @@ def _response_format(value: dict | None) -> ResponseFormat | None:
     spec = value["json_schema"]
     try:
         chosen = ResponseFormat.json_schema(spec["schema"], spec["name"], spec["strict"])
-        compile_grammar(GrammarSource.of(chosen))
+        compile_grammar(GrammarSource.of(chosen), tenant)
     except GrammarError as exc:  # the field names the subject: the reason alone
         raise InputError(exc.reason, "response_format.json_schema.schema") from None
     except ValueError as exc:
@@ -190,7 +201,7 @@ def _answer(endpoint: Endpoint, values: dict) -> AnswerOptions:
     )
 
 
-def _tools(values: dict, params: SamplingParams, answer: AnswerOptions
+def _tools(values: dict, params: SamplingParams, answer: AnswerOptions, tenant: str = ""
            ) -> tuple[SamplingParams, AnswerOptions, ChatRender]:
     """What the template is given (tools, template options), whether calls are read out of the
     answer, and, for a required or named call, the grammar that holds the answer to it."""
@@ -216,12 +227,20 @@ def _tools(values: dict, params: SamplingParams, answer: AnswerOptions
                          "response_format", "response_format")
     try:
         fmt = forced_format(tools, named, values.get("parallel_tool_calls", True))
-        compile_grammar(GrammarSource.of(fmt))  # isolated and budgeted, as any tenant's schema
+        compile_grammar(GrammarSource.of(fmt), tenant)  # isolated and budgeted, as any tenant's schema
     except GrammarError as exc:
         raise InputError(f"a tool's parameters cannot be used as a grammar: {exc.reason}", "tools") from None
     except ValueError as exc:
         raise InputError(f"a tool's parameters cannot be used as a grammar: {exc}", "tools") from None
     return replace(params, response_format=fmt), replace(answer, forced_tools=True), render
+
+
+def _thinking(thinking: PromptThinking, messages: tuple[ChatMessage, ...], render: ChatRender) -> bool:
+    try:
+        return thinking([m.to_json() for m in messages], render.to_json())
+    except ValueError as exc:
+        raise InputError(f"the model's chat template cannot render these messages: {exc}", "messages") \
+            from None
 
 
 def _choices(endpoint: Endpoint, values: dict, params: SamplingParams, answer: AnswerOptions,

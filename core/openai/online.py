@@ -18,7 +18,7 @@ from fsched.core.jobs.inputs import InputError
 from fsched.core.jobs.jsontext import loads_object
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.answers import AnswerChoice
-from fsched.core.openai.body import parse_body
+from fsched.core.openai.body import PromptThinking, parse_body
 from fsched.core.openai.toolcalls.families import AUTO
 from fsched.core.ports.records import JobSubmission, RequestProgress
 from fsched.core.types import Endpoint, JobOrigin, RequestClass, RequestSpec
@@ -87,13 +87,13 @@ def choice_of(progress: RequestProgress, prompt: str | None = None) -> AnswerCho
 
 
 def parse_online(text: str, endpoint: Endpoint, key: ApiKey, limits: InputLimits = InputLimits(),
-                 tool_parser: str = AUTO) -> OnlineRequest:
+                 tool_parser: str = AUTO, thinking: PromptThinking | None = None) -> OnlineRequest:
     """A completions or chat completions body, sent with `key`, as the job to store (one request a
     choice), or BodyError / ClassRefused."""
     try:
         body = loads_object(text, limits.max_depth)
         parsed = parse_body(endpoint, body, limits, limits.default_max_tokens, online=True,
-                            tool_parser=tool_parser)
+                            tool_parser=tool_parser, thinking=thinking, tenant=key.tenant)
     except InputError as exc:
         raise BodyError(exc.named(), exc.field) from None
     own = parsed.online

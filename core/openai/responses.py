@@ -311,10 +311,11 @@ def response_object(response_id: str, created: float, model: str, echo: dict, ch
 
 
 def output_items(response_id: str, choice: AnswerChoice, answer: AnswerOptions, logprobs: bool) -> list[dict]:
-    """The answer's items: with tools, its reasoning, its message (when it has text) and one
-    function_call a call, as the text reads (the chat answer's reading); without, one message."""
+    """The answer's items: with tools (or a prompt that opened the reasoning), its reasoning, its message
+    (when it has text) and one function_call a call, as the text reads (the chat answer's reading);
+    without, one message."""
     lps = _logprobs(choice.logprobs) if logprobs else []
-    if not answer.tools:
+    if not itemized(answer):
         return [message_item(response_id, choice.text, "completed", lps)]
     reading = read(choice.text, True, read_options(answer))
     suffix = response_id.removeprefix("resp_")
@@ -330,6 +331,11 @@ def output_items(response_id: str, choice: AnswerChoice, answer: AnswerOptions, 
                       "call_id": call_id(response_id, 0, i), "name": call.name, "arguments": call.arguments,
                       "status": "completed"})
     return items
+
+
+def itemized(answer: AnswerOptions) -> bool:
+    """Whether the answer's text is read into items (reasoning, message, calls), not shown whole."""
+    return bool(answer.tools) or answer.thinking
 
 
 def message_item(response_id: str, text: str | None, status: str, logprobs: list) -> dict:
@@ -370,7 +376,7 @@ class ResponsesRelay:
         self.chars = 0
         self.tokens = 0
         self.item_id = message_item(response_id, None, "in_progress", [])["id"]
-        self.items = ItemsStream(response_id, read_options(answer), self._event) if answer.tools else None
+        self.items = ItemsStream(response_id, read_options(answer), self._event) if itemized(answer) else None
 
     def _event(self, kind: str, **fields: Any) -> dict:
         out = {"type": kind, "sequence_number": self.seq, **fields}
@@ -381,7 +387,7 @@ class ResponsesRelay:
         pending = response_object(self.response_id, self.created, self.model, self.echo, None, "in_progress")
         yield self._event("response.created", response=pending)
         yield self._event("response.in_progress", response=pending)
-        if self.answer.tools:
+        if self.items is not None:
             return
         yield self._event("response.output_item.added", output_index=0,
                           item=message_item(self.response_id, None, "in_progress", []))

@@ -6,6 +6,10 @@ arguments, one token every 20 ms, so the break lands inside them. The engine con
 prompt (prompt + what was generated) where its script stopped, as a model continues its own text.
 
 A chat stream and a Responses stream are open at once: one kill, or one preemption each, serves both.
+
+A model whose template opens `<think>` for it (a Qwen 3-style template in a copy of the tiny model's
+tokenizer) streams its reasoning apart from its answer through a kill inside the reasoning too, and
+`enable_thinking: false` gives none.
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ class Reader:
     def __init__(self, response: httpx.Response):
         self.lines = response.iter_lines()
         self.content, self.ids, self.names, self.arguments, self.end = "", [], [], "", None
+        self.reasoning = ""
 
     def until(self, stop) -> None:
         for line in self.lines:
@@ -94,6 +99,7 @@ class Reader:
         if kind is None:  # a chat chunk
             for choice in event["choices"]:
                 self.content += choice["delta"].get("content") or ""
+                self.reasoning += choice["delta"].get("reasoning_content") or ""
                 for call in choice["delta"].get("tool_calls") or ():
                     assert call["index"] == 0
                     self.ids += [call["id"]] if call.get("id") else []
@@ -102,6 +108,8 @@ class Reader:
                 self.end = choice["finish_reason"] or self.end
         elif kind == "response.output_text.delta":
             self.content += event["delta"]
+        elif kind == "response.reasoning_text.delta":
+            self.reasoning += event["delta"]
         elif kind == "response.output_item.added" and event["item"]["type"] == "function_call":
             self.ids.append(event["item"]["call_id"])
             self.names.append(event["item"]["name"])
@@ -114,12 +122,12 @@ class Reader:
         return self.content, len(self.ids), self.names, self.arguments, self.end
 
 
-def open_calls(server: Server, stack: ExitStack) -> list[Reader]:
+def open_calls(server: Server, stack: ExitStack, **extra) -> list[Reader]:
     key = server.key("agent", "streaming")
     bodies = {CHAT_URL: {"model": "m", "messages": QUESTION, "stream": True,
-                         "tools": [{"type": "function", "function": WEATHER}]},
+                         "tools": [{"type": "function", "function": WEATHER}], **extra},
               RESPONSES_URL: {"model": "m", "input": QUESTION, "stream": True,
-                              "tools": [{"type": "function", **WEATHER}]}}
+                              "tools": [{"type": "function", **WEATHER}], **extra}}
     return [Reader(stack.enter_context(httpx.stream("POST", f"{server.url}{url}", json=body, timeout=30,
                                                     headers={"Authorization": f"Bearer {key}"})))
             for url, body in bodies.items()]
@@ -175,3 +183,141 @@ def test_a_preempted_call_streams_each_fragment_once(server, engine):
             reader.until(lambda r: r.end is not None)
     assert [r.whole() for r in readers] == EXPECTED
     assert resumed(engine, before, 4) >= 2  # preempted mid-call, continued from prompt + generated
+
+
+# -- a template that opens the reasoning ---------------------------------------------------------------
+
+THOUGHT = " ".join(f"step {i} of the plan" for i in range(1, 30))  # about 200 tokens: 4 s
+THINKING_TEXT = f"{THOUGHT}\n</think>\n\nLet me check.\n<tool_call>\n" \
+    '{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+TEMPLATE = Path(__file__).parent.parent / "support" / "templates" / "qwen3_thinking.jinja"
+
+
+def thinking_folder(tiny: Path, folder: Path, weights: bool = False) -> Path:
+    """The tiny model's tokenizer and config with the Qwen 3-style template, and its weights if asked (a
+    remote engine's daemon needs none)."""
+    import shutil
+
+    folder.mkdir()
+    for path in tiny.iterdir():
+        if (path.is_file() and (weights or path.suffix != ".safetensors")
+                and not path.name.startswith("chat_template")):
+            shutil.copy(path, folder / path.name)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = TEMPLATE.read_text()
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def thinking_script(tokenizer: str):
+    """A prompt that opened the reasoning gets the reasoning, `</think>` and a call; any other "Hi."."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+
+    def answer(prompt: list[int]) -> list[int]:
+        opened = tok.decode(prompt).endswith("<think>\n")
+        return tok.encode(THINKING_TEXT if opened else "Hi.", add_special_tokens=False)
+
+    return answer
+
+
+@pytest.fixture(scope="module")
+def thinking(tmp_path_factory, model_cache):
+    """A server and a daemon over a thinking model's tokenizer, in front of its scripted engine."""
+    from fsched.core.runners.hf.model import ensure_tiny_model
+    from tests.support.fake_engine import FakeEngine
+
+    root = tmp_path_factory.mktemp("thinking")
+    folder = str(thinking_folder(ensure_tiny_model(Path(model_cache) / "fsched"), root / "qwen3-ish"))
+    fake = FakeEngine(step_s=0.02, vocab=2000, eos=2, tokenizer=folder, context=2048,
+                      script=thinking_script(folder))
+    s = make_server(root, model_cache)
+    s.cli("limits", "show")
+    s.start_daemon("--engine", fake.url, "--model", folder, *DAEMON)
+    s.start_server("--no-daemon-s", "30", "--tokenizer", folder)
+    s.wait_ready()
+    s.folder = folder
+    yield s, fake
+    s.stop()
+    fake.stop()
+
+
+def in_reasoning(reader: Reader) -> bool:
+    return len(reader.reasoning) > 20
+
+
+def test_an_opened_reasoning_streams_apart_through_a_kill(thinking):
+    server, fake = thinking
+    with ExitStack() as stack:
+        readers = open_calls(server, stack)
+        for reader in readers:
+            reader.until(in_reasoning)
+        (daemon,) = [p for p in server.procs if "daemon" in p.args and p.poll() is None]
+        daemon.send_signal(signal.SIGKILL)
+        daemon.wait(timeout=10)
+        assert all(len(r.reasoning) < len(THOUGHT) for r in readers)  # killed inside the reasoning
+        server.start_daemon("--engine", fake.url, "--model", server.folder, *DAEMON)
+        for reader in readers:
+            reader.until(lambda r: r.end is not None)
+    for reader, end in zip(readers, ("tool_calls", "completed"), strict=True):
+        assert reader.reasoning == THOUGHT + "\n"
+        assert reader.whole() == ("Let me check.", 1, ["weather"], '{"city": "Paris"}', end)
+
+
+def test_whole_answers_carry_the_reasoning_and_enable_thinking_false_none(thinking):
+    server, _ = thinking
+    headers = {"Authorization": f"Bearer {server.key('agent', 'realtime')}"}
+    on = httpx.post(f"{server.url}{CHAT_URL}", headers=headers, timeout=60,
+                    json={"model": "m", "messages": QUESTION}).json()
+    message = on["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == (THOUGHT + "\n", THINKING_TEXT.split(
+        "</think>\n\n")[1])  # no tools given: the call's text is the answer's
+    response = httpx.post(f"{server.url}{RESPONSES_URL}", headers=headers, timeout=60,
+                          json={"model": "m", "input": QUESTION}).json()
+    assert [item["type"] for item in response["output"]] == ["reasoning", "message"]
+    assert response["output"][0]["content"][0]["text"] == THOUGHT + "\n"
+    off = httpx.post(f"{server.url}{CHAT_URL}", headers=headers, timeout=60,
+                     json={"model": "m", "messages": QUESTION,
+                           "chat_template_kwargs": {"enable_thinking": False}}).json()
+    assert off["choices"][0]["message"]["content"] == "Hi."
+    assert "reasoning_content" not in off["choices"][0]["message"]
+
+
+@pytest.fixture(scope="module")
+def thinking_builtin(tmp_path_factory, model_cache) -> Server:
+    """The built-in engine running the tiny model with the Qwen 3-style template."""
+    from fsched.core.runners.hf.model import ensure_tiny_model
+
+    root = tmp_path_factory.mktemp("thinking-builtin")
+    folder = str(thinking_folder(ensure_tiny_model(Path(model_cache) / "fsched"), root / "qwen3-ish", True))
+    s = make_server(root, model_cache)
+    s.cli("limits", "show")
+    s.start_daemon("--model", folder)
+    s.start_server("--tokenizer", folder)
+    s.wait_ready()
+    yield s
+    s.stop()
+
+
+def test_the_built_in_engine_s_answer_starts_inside_the_opened_reasoning(thinking_builtin):
+    """The tiny model never writes `</think>`: its whole answer is reasoning, streamed as it is whole;
+    with `enable_thinking: false` it is all content."""
+    server = thinking_builtin
+    headers = {"Authorization": f"Bearer {server.key('agent', 'realtime')}"}
+    body = {"model": "m", "messages": QUESTION, "max_tokens": 24, "temperature": 0}
+    whole = httpx.post(f"{server.url}{CHAT_URL}", headers=headers, timeout=120, json=body).json()
+    message = whole["choices"][0]["message"]
+    assert message["content"] == "" and message["reasoning_content"]
+    with httpx.stream("POST", f"{server.url}{CHAT_URL}", headers=headers, timeout=120,
+                      json={**body, "stream": True}) as response:
+        reader = Reader(response)
+        reader.until(lambda r: r.end is not None)
+    assert (reader.reasoning, reader.content) == (message["reasoning_content"], "")
+    response = httpx.post(f"{server.url}{RESPONSES_URL}", headers=headers, timeout=120,
+                          json={"model": "m", "input": QUESTION, "max_output_tokens": 24,
+                                "temperature": 0}).json()
+    assert response["output"][0]["content"][0]["text"] == message["reasoning_content"]
+    off = httpx.post(f"{server.url}{CHAT_URL}", headers=headers, timeout=120,
+                     json={**body, "chat_template_kwargs": {"enable_thinking": False}}).json()
+    assert off["choices"][0]["message"]["content"] and "reasoning_content" not in off["choices"][0]["message"]

@@ -81,3 +81,36 @@ def test_a_grammar_failing_mid_answer_fails_the_request():
     (result,) = engine.run_all([Request.to_run("r", runner.encode("hi"), params)]).values()
     assert result.status is RequestStatus.FINISHED_FAILED, (result.text, result.status)
     assert "response_format: the grammar failed mid-answer" in result.error
+
+
+def test_an_honest_check_waits_for_one_hostile_job_not_for_its_queue():
+    """One worker; a hostile tenant's five expensive schemas (one running, four waiting: its most), then
+    an honest tenant's small one: the honest check runs after the running job and the hostile tenant's
+    next (the tenants in turn), not after its whole queue; the hostile tenant's sixth is refused at once."""
+    import threading
+    import time
+
+    from fsched.core.grammar.source import GrammarBusy
+
+    one = WorkerPool(WorkerBudget(workers=1, waiting_per_tenant=4))
+    done: list[str] = []
+    try:
+        one.compile(source({"type": "string"}), "warm")  # the worker started
+        threads = [threading.Thread(target=lambda i=i: (one.compile(source(optional(3_000 + i)), "hostile"),
+                                                       done.append(f"hostile{i}")))
+                   for i in range(5)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while one.waiting("hostile") < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert one.waiting("hostile") == 4 and not done  # the first still compiling
+        with pytest.raises(GrammarBusy, match="4 of this tenant's JSON schemas are already waiting"):
+            one.compile(source(optional(10)), "hostile")
+        one.compile(source({"type": "integer"}), "honest")
+        done.append("honest")
+        for t in threads:
+            t.join(60)
+    finally:
+        one.close()
+    assert done.index("honest") <= 2 and len(done) == 6, done  # first come first served: 5

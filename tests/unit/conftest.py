@@ -17,6 +17,6 @@ _patch = pytest.MonkeyPatch()
 
 @pytest.fixture(autouse=True, scope="session")
 def grammars_in_process():
-    set_default_compiler(GrammarCompiler(compiled_text))
+    set_default_compiler(GrammarCompiler(lambda source, _tenant: compiled_text(source)))
     yield
     set_default_compiler(None)

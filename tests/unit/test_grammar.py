@@ -86,7 +86,7 @@ def test_the_cache_drops_the_least_recently_used():
 def test_the_compiler_caches_successes_and_refusals_by_content():
     calls = []
 
-    def backend(source: GrammarSource) -> str:
+    def backend(source: GrammarSource, _tenant: str) -> str:
         calls.append(source.key)
         if "bad" in source.text:
             raise GrammarError("the JSON schema cannot be used: bad")

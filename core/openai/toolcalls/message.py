@@ -19,7 +19,7 @@ from fsched.core.types import AnswerOptions
 
 def read_options(answer: AnswerOptions) -> ReadOptions:
     return ReadOptions(tools=bool(answer.tools), forced=answer.forced_tools, parser=answer.tool_parser,
-                       one_call=answer.one_call)
+                       one_call=answer.one_call, thinking=answer.thinking)
 
 
 def call_id(answer_id: str, choice: int, index: int) -> str:

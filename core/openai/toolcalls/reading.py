@@ -25,6 +25,7 @@ class ReadOptions:
     forced: bool = False  # the grammar made the whole text a JSON array of calls
     parser: str = AUTO  # a family's name, or AUTO: any known family's syntax
     one_call: bool = False  # parallel_tool_calls false: calls after the first are not read
+    thinking: bool = False  # the prompt left a reasoning block open: the text starts inside it
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,8 +38,15 @@ class Reading:
         return tuple(c for c in self.calls if c.done)
 
 
+def prompt_opens_reasoning(prompt: str) -> bool:
+    """Whether a rendered prompt ends inside a reasoning block, as templates that open `<think>` for
+    the model do (the model then writes its reasoning, `</think>` and its answer); a prompt ending with
+    a closed, empty block (reasoning switched off) does not."""
+    return prompt.rstrip().endswith(THINK_OPEN)
+
+
 def read(text: str, final: bool, options: ReadOptions = ReadOptions()) -> Reading:
-    reasoning, rest = _reasoning(text, final)
+    reasoning, rest = _opened_reasoning(text, final) if options.thinking else _reasoning(text, final)
     if not options.tools:
         return Reading(reasoning, rest)
     if options.forced:
@@ -63,6 +71,20 @@ def _reasoning(text: str, final: bool) -> tuple[str | None, str]:
     if end < 0:
         return (text[start:] if final else _held(text[start:], (THINK_CLOSE,))), ""
     return text[start:end], text[end + len(THINK_CLOSE):].lstrip()
+
+
+def _opened_reasoning(text: str, final: bool) -> tuple[str | None, str]:
+    """The text of a prompt that opened the reasoning: reasoning up to `</think>`, the rest after it.
+    A model that writes the opening tag again anyway is read as if the prompt had not."""
+    stripped = text.lstrip()
+    if stripped.startswith(THINK_OPEN):
+        return _reasoning(text, final)
+    if not final and THINK_OPEN.startswith(stripped):
+        return "", ""
+    end = text.find(THINK_CLOSE)
+    if end < 0:
+        return (text if final else _held(text, (THINK_CLOSE,))), ""
+    return text[:end], text[end + len(THINK_CLOSE):].lstrip()
 
 
 def _calls_and_content(text: str, final: bool, families: list[Family], reasoning: str | None) -> Reading:

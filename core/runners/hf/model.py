@@ -227,15 +227,24 @@ def encode_prompt(
     tokenizer = loaded.tokenizer
     if messages is not None:
         if getattr(tokenizer, "chat_template", None):
-            tools = (render or {}).get("tools") or None
-            kwargs = (render or {}).get("kwargs") or {}
-            ids = tokenizer.apply_chat_template(template_messages(messages), tools=tools,
-                                                add_generation_prompt=True, tokenize=True, **kwargs)
+            ids = _apply_template(tokenizer, messages, render, tokenize=True)
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # a BatchEncoding
                 ids = ids["input_ids"]
             return list(ids)
         prompt = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
     return list(tokenizer(prompt or "")["input_ids"])
+
+
+def render_prompt(tokenizer, messages: list[dict], render: dict | None = None) -> str:
+    """The text `encode_prompt` encodes for chat messages (through the chat template)."""
+    return _apply_template(tokenizer, messages, render, tokenize=False)
+
+
+def _apply_template(tokenizer, messages: list[dict], render: dict | None, tokenize: bool):
+    tools = (render or {}).get("tools") or None
+    kwargs = (render or {}).get("kwargs") or {}
+    return tokenizer.apply_chat_template(template_messages(messages), tools=tools, add_generation_prompt=True,
+                                         tokenize=tokenize, **kwargs)
 
 
 def template_messages(messages: list[dict]) -> list[dict]:

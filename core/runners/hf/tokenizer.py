@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from jinja2 import TemplateError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from fsched.core.runners.hf.model import TINY_MODEL_NAME, TINY_SPEC, ModelLoadError, ensure_tiny_model
+from fsched.core.runners.hf.model import (
+    TINY_MODEL_NAME,
+    TINY_SPEC,
+    ModelLoadError,
+    ensure_tiny_model,
+    render_prompt,
+)
 
 
 @dataclass(slots=True)
@@ -55,6 +63,21 @@ def load_tokenizer(spec: str | None) -> TokenizerOnly:
         eos.add(int(tokenizer.eos_token_id))
     name = TINY_MODEL_NAME if is_tiny else Path(path.rstrip("/")).name
     return TokenizerOnly(tokenizer, name, path, int(min(context, 10**7)), frozenset(eos))
+
+
+def chat_renderer(spec: str) -> Callable[[list[dict], dict | None], str]:
+    """The text a chat's messages (and `render`: ChatRender.to_json()) become through the chat template of
+    the model folder `spec`, exactly as the runners render them before encoding; the renderer raises
+    ValueError when the template refuses the messages."""
+    tokenizer = load_tokenizer(spec).tokenizer
+
+    def rendered(messages: list[dict], render: dict | None) -> str:
+        try:
+            return render_prompt(tokenizer, messages, render)
+        except (TemplateError, TypeError, KeyError) as exc:
+            raise ValueError(str(exc)) from None
+
+    return rendered
 
 
 def _json(path: Path) -> dict:
