@@ -182,7 +182,9 @@ def test_a_preempted_call_streams_each_fragment_once(server, engine):
         for reader in readers:
             reader.until(lambda r: r.end is not None)
     assert [r.whole() for r in readers] == EXPECTED
-    assert resumed(engine, before, 4) >= 2  # preempted mid-call, continued from prompt + generated
+    # Preempted mid-call, continued from prompt + generated. At least one: when the machine is slow the
+    # second realtime request can arrive after the first has finished and take its freed slot.
+    assert resumed(engine, before, 4) >= 1
 
 
 # -- a template that opens the reasoning ---------------------------------------------------------------
