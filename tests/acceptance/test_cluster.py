@@ -14,9 +14,12 @@ import os
 import signal
 import subprocess
 import time
+from unittest import mock
 
 import pytest
+from typer.testing import CliRunner
 
+from fsched.cli.main import app
 from fsched.core.runners.standin import (
     STANDIN_CONTEXT,
     STANDIN_EOS,
@@ -25,6 +28,7 @@ from fsched.core.runners.standin import (
     standin_token,
 )
 from fsched.core.runners.stopping import check_stop
+from fsched.storage import stores
 from fsched.storage.jobstore import SqlJobStore
 
 from .conftest import FSCHED
@@ -66,9 +70,25 @@ class Cluster:
         self.procs: list[subprocess.Popen] = []
 
     def fsched(self, *args: str) -> str:
-        proc = subprocess.run([FSCHED, *args], env=self.env, capture_output=True, timeout=60)
-        assert proc.returncode == 0, proc.stderr.decode()
-        return proc.stdout.decode()
+        """A command over the cluster's table, run in this process (typer's CliRunner): the commands'
+        code on PostgreSQL, without the second of imports each `fsched` process costs (the executable
+        itself is tests/acceptance/test_cli.py's). The daemons are real processes."""
+        opened: list[stores.JobTable] = []
+
+        class Closed(stores.JobTable):  # closed after the command, as its process's exit would
+            def __init__(self, url=None):
+                super().__init__(url)
+                opened.append(self)
+
+        with mock.patch.object(stores, "JobTable", Closed):
+            try:
+                result = CliRunner().invoke(app, list(args), env=self.env, prog_name="fsched",
+                                            catch_exceptions=False)
+            finally:
+                for table in opened:
+                    table.dispose()
+        assert result.exit_code == 0, result.stderr
+        return result.stdout
 
     def start(self, *args: str) -> subprocess.Popen:
         log = open(self.log_dir / f"daemon-{len(self.procs)}.log", "wb")
