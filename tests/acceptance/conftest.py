@@ -18,14 +18,26 @@ REPO = Path(__file__).resolve().parents[2]
 SAMPLE_JOBS = REPO / "sample_jobs"
 
 
+# The commands that only read or write the job table: what `Fsched(in_process=True)` runs in process.
+TABLE_COMMANDS = frozenset({"submit", "status", "cancel", "results", "purge", "tenants", "keys", "limits"})
+
+
 @dataclass
 class Fsched:
     db_path: Path
     env: dict
+    # Run the table commands in this process (typer's CliRunner; tests/support/cli.py), for a file whose
+    # subject is the daemon or the server: each `fsched` process costs a second of CPU in imports. The
+    # executable itself is tested by the files that leave this off.
+    in_process: bool = False
 
     def run(
         self, *args: str, input: str | bytes | None = None, env: dict | None = None, timeout: float = 60
     ) -> subprocess.CompletedProcess:
+        if self.in_process and args and args[0] in TABLE_COMMANDS:
+            from tests.support.cli import invoke
+
+            return invoke(args, {**self.env, **(env or {})}, input=input)
         return subprocess.run(
             [FSCHED, *args],
             input=input.encode() if isinstance(input, str) else input,

@@ -14,12 +14,9 @@ import os
 import signal
 import subprocess
 import time
-from unittest import mock
 
 import pytest
-from typer.testing import CliRunner
 
-from fsched.cli.main import app
 from fsched.core.runners.standin import (
     STANDIN_CONTEXT,
     STANDIN_EOS,
@@ -28,8 +25,8 @@ from fsched.core.runners.standin import (
     standin_token,
 )
 from fsched.core.runners.stopping import check_stop
-from fsched.storage import stores
 from fsched.storage.jobstore import SqlJobStore
+from tests.support.cli import invoke
 
 from .conftest import FSCHED
 
@@ -73,22 +70,9 @@ class Cluster:
         """A command over the cluster's table, run in this process (typer's CliRunner): the commands'
         code on PostgreSQL, without the second of imports each `fsched` process costs (the executable
         itself is tests/acceptance/test_cli.py's). The daemons are real processes."""
-        opened: list[stores.JobTable] = []
-
-        class Closed(stores.JobTable):  # closed after the command, as its process's exit would
-            def __init__(self, url=None):
-                super().__init__(url)
-                opened.append(self)
-
-        with mock.patch.object(stores, "JobTable", Closed):
-            try:
-                result = CliRunner().invoke(app, list(args), env=self.env, prog_name="fsched",
-                                            catch_exceptions=False)
-            finally:
-                for table in opened:
-                    table.dispose()
-        assert result.exit_code == 0, result.stderr
-        return result.stdout
+        ran = invoke(args, self.env)
+        assert ran.returncode == 0, ran.stderr.decode()
+        return ran.stdout.decode()
 
     def start(self, *args: str) -> subprocess.Popen:
         log = open(self.log_dir / f"daemon-{len(self.procs)}.log", "wb")
