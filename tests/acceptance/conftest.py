@@ -11,15 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import TABLE_COMMANDS, invoke
 from tests.support.model_cache import shared_model_cache
 
 FSCHED = str(Path(sys.executable).parent / "fsched")
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_JOBS = REPO / "sample_jobs"
-
-
-# The commands that only read or write the job table: what `Fsched(in_process=True)` runs in process.
-TABLE_COMMANDS = frozenset({"submit", "status", "cancel", "results", "purge", "tenants", "keys", "limits"})
 
 
 @dataclass
@@ -35,8 +32,6 @@ class Fsched:
         self, *args: str, input: str | bytes | None = None, env: dict | None = None, timeout: float = 60
     ) -> subprocess.CompletedProcess:
         if self.in_process and args and args[0] in TABLE_COMMANDS:
-            from tests.support.cli import invoke
-
             return invoke(args, {**self.env, **(env or {})}, input=input)
         return subprocess.run(
             [FSCHED, *args],

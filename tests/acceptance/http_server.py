@@ -12,7 +12,9 @@ from pathlib import Path
 
 import httpx
 
-from .conftest import FSCHED, TABLE_COMMANDS
+from tests.support.cli import TABLE_COMMANDS, invoke
+
+from .conftest import FSCHED
 
 
 def free_port() -> int:
@@ -46,8 +48,6 @@ class Server:
         """`fsched ARGS`: a table command in this process (the server is what these tests run as a user
         does, and each `fsched` process costs a second of CPU in imports), any other in a subprocess."""
         if args and args[0] in TABLE_COMMANDS:
-            from tests.support.cli import invoke
-
             proc = invoke(args, self.env)
         else:
             proc = subprocess.run([FSCHED, *args], capture_output=True, env=self.env, timeout=timeout)

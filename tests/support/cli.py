@@ -35,6 +35,11 @@ class Ran:
     stderr: bytes
 
 
+# The commands that only read or write the job table: what the acceptance and chaos helpers may run in
+# process (`invoke`) where the daemon or the server is what a test runs as a user does.
+TABLE_COMMANDS = frozenset({"submit", "status", "cancel", "results", "purge", "tenants", "keys", "limits"})
+
+
 def invoke(args, env: dict, input: str | bytes | None = None) -> Ran:
     """`fsched ARGS` in this process, with `env` as its environment. A job table on a database that the
     command opened is closed after it, as its process's exit would close it."""
