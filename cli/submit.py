@@ -24,7 +24,7 @@ from fsched.core.jobs.access import default_tenant, may_act_as
 from fsched.core.jobs.jobfile import JobFileError
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.batchfile import parse_job_file
-from fsched.core.types import RequestClass
+from fsched.core.types import RequestClass, RequestSpec
 
 if TYPE_CHECKING:
     from fsched.core.ports.records import SubmittedJob
@@ -98,24 +98,34 @@ def submit(
     tenant = tenant or default_tenant(actor, getpass.getuser())
     allow(may_act_as(actor, tenant))
     limits = limits_in_force(table)
-    jobs = [  # every file parsed whole before any is stored
-        JobSubmission(parse_job_file(data, source, limits, default_max_tokens=max_tokens), tenant=tenant,
-                      request_class=request_class, priority=priority, name=name or _job_name(source))
-        for data, source in read_files(files, limits, max_tokens)
+    jobs = [
+        JobSubmission(parsed, tenant=tenant, request_class=request_class, priority=priority,
+                      name=name or _job_name(source))
+        for parsed, source in parse_files(files, limits, max_tokens)
     ]
     submitted = store.submit(jobs, max_queued_per_tenant=limits.max_queued_per_tenant)
     for job in submitted:
         print_submitted(job, priority, as_json)
 
 
-def read_files(files: list[str], limits: InputLimits, max_tokens: int | None) -> list[tuple[bytes, str]]:
-    """Every file read whole (with its name for errors), before anything is parsed or stored."""
+def parse_files(
+    files: list[str], limits: InputLimits, max_tokens: int | None
+) -> list[tuple[tuple[RequestSpec, ...], str]]:
+    """Every file read and parsed whole (with its name for errors), before anything is stored.
+
+    The options' errors come first; then each file is read and parsed before the next is opened, so
+    the error reported is the first one a reader of the files, in order and line by line, would meet.
+    """
     if max_tokens is not None and not 1 <= max_tokens <= limits.max_tokens:
         raise UserError(f"--max-tokens must be within 1..{limits.max_tokens:,}, got {max_tokens}")
     if files.count("-") > 1:
         raise UserError("standard input ('-') can be read only once")
-    inputs = [(read_job_file(file, limits), "<stdin>" if file == "-" else file) for file in files]
-    return inputs
+    parsed = []
+    for file in files:
+        source = "<stdin>" if file == "-" else file
+        data = read_job_file(file, limits)
+        parsed.append((parse_job_file(data, source, limits, default_max_tokens=max_tokens), source))
+    return parsed
 
 
 def _job_name(source: str) -> str:

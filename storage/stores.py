@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import os
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-from fsched.core.ports.catalog import CatalogStore
-from fsched.core.ports.files import FileStore
-from fsched.core.ports.keys import KeyStore
-from fsched.core.ports.memory import MemoryTable
-from fsched.core.ports.queue import QueueStore
-from fsched.core.ports.serving import ServingStore
-from fsched.core.ports.table import Table
 from fsched.storage.db import MEMORY_SCHEME, DaemonLock, Database, resolve_database_url
-from fsched.storage.sql_catalog import SqlCatalogStore
-from fsched.storage.sql_files import SqlFileStore
-from fsched.storage.sql_keys import SqlKeyStore
-from fsched.storage.sql_queue import SqlQueueStore
-from fsched.storage.sql_serving import SqlServingStore
+
+# Each store's module is imported when the store is first made, and the in-memory table's when one is
+# opened: a command loads only what it uses (a CLI command's start is mostly imports).
+if TYPE_CHECKING:
+    from fsched.core.ports.catalog import CatalogStore
+    from fsched.core.ports.files import FileStore
+    from fsched.core.ports.keys import KeyStore
+    from fsched.core.ports.memory import MemoryTable
+    from fsched.core.ports.queue import QueueStore
+    from fsched.core.ports.serving import ServingStore
+    from fsched.core.ports.table import Table
 
 
 class JobTable:
@@ -48,22 +48,32 @@ class JobTable:
 
     @cached_property
     def catalog(self) -> CatalogStore:
+        from fsched.storage.sql_catalog import SqlCatalogStore
+
         return SqlCatalogStore(self._db)
 
     @cached_property
     def queue(self) -> QueueStore:
+        from fsched.storage.sql_queue import SqlQueueStore
+
         return SqlQueueStore(self._db)
 
     @cached_property
     def keys(self) -> KeyStore:
+        from fsched.storage.sql_keys import SqlKeyStore
+
         return SqlKeyStore(self._db)
 
     @cached_property
     def files(self) -> FileStore:
+        from fsched.storage.sql_files import SqlFileStore
+
         return SqlFileStore(self._db)
 
     @cached_property
     def serving(self) -> ServingStore:
+        from fsched.storage.sql_serving import SqlServingStore
+
         return SqlServingStore(self._db)
 
     def daemon_lock(self) -> DaemonLock | None:
@@ -84,6 +94,8 @@ def open_table(url: str | None = None) -> Table:
     url = resolve_database_url(url)
     if url.startswith(MEMORY_SCHEME):
         if url not in _memory_tables:
+            from fsched.core.ports.memory import MemoryTable
+
             # Made by this process, as an SQLite file is by the user who first opens it: its owner.
             _memory_tables[url] = MemoryTable(file_owner=os.geteuid())
         return _memory_tables[url]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import TABLE_COMMANDS, invoke
 from tests.support.model_cache import shared_model_cache
 
 FSCHED = str(Path(sys.executable).parent / "fsched")
@@ -22,10 +23,16 @@ SAMPLE_JOBS = REPO / "sample_jobs"
 class Fsched:
     db_path: Path
     env: dict
+    # Run the table commands in this process (typer's CliRunner; tests/support/cli.py), for a file whose
+    # subject is the daemon or the server: each `fsched` process costs a second of CPU in imports. The
+    # executable itself is tested by the files that leave this off.
+    in_process: bool = False
 
     def run(
         self, *args: str, input: str | bytes | None = None, env: dict | None = None, timeout: float = 60
     ) -> subprocess.CompletedProcess:
+        if self.in_process and args and args[0] in TABLE_COMMANDS:
+            return invoke(args, {**self.env, **(env or {})}, input=input)
         return subprocess.run(
             [FSCHED, *args],
             input=input.encode() if isinstance(input, str) else input,

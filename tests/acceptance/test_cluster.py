@@ -26,6 +26,7 @@ from fsched.core.runners.standin import (
 )
 from fsched.core.runners.stopping import check_stop
 from fsched.storage.jobstore import SqlJobStore
+from tests.support.cli import invoke
 
 from .conftest import FSCHED
 
@@ -66,9 +67,12 @@ class Cluster:
         self.procs: list[subprocess.Popen] = []
 
     def fsched(self, *args: str) -> str:
-        proc = subprocess.run([FSCHED, *args], env=self.env, capture_output=True, timeout=60)
-        assert proc.returncode == 0, proc.stderr.decode()
-        return proc.stdout.decode()
+        """A command over the cluster's table, run in this process (typer's CliRunner): the commands'
+        code on PostgreSQL, without the second of imports each `fsched` process costs (the executable
+        itself is tests/acceptance/test_cli.py's). The daemons are real processes."""
+        ran = invoke(args, self.env)
+        assert ran.returncode == 0, ran.stderr.decode()
+        return ran.stdout.decode()
 
     def start(self, *args: str) -> subprocess.Popen:
         log = open(self.log_dir / f"daemon-{len(self.procs)}.log", "wb")

@@ -23,6 +23,13 @@ pytestmark = pytest.mark.timeout(600)
 THREADS = ("--threads", "1")
 
 
+@pytest.fixture
+def fs(fs: Fsched) -> Fsched:
+    """The table commands in process: the daemon is what this file runs as a user does."""
+    fs.in_process = True
+    return fs
+
+
 def start_daemon(fs: Fsched, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [FSCHED, "daemon", *THREADS, *args],
@@ -112,9 +119,8 @@ def test_crash_resume_kill_9_repeatedly_loses_and_duplicates_nothing(fs, tmp_pat
     n = 100 if long else 48
     path = job_file(tmp_path / "job.jsonl", n=n, seed=1)
     # The uninterrupted run, on its own job table.
-    reference = Fsched(
-        tmp_path / "ref" / "fsched.db", {**fs.env, "FSCHED_DB": f"sqlite:///{tmp_path / 'ref' / 'fsched.db'}"}
-    )
+    ref_db = tmp_path / "ref" / "fsched.db"
+    reference = Fsched(ref_db, {**fs.env, "FSCHED_DB": f"sqlite:///{ref_db}"}, in_process=True)
     reference.ok("submit", path)
     reference.ok("daemon", *THREADS, "--until-idle", "--quiet", timeout=300)
     expected = outputs(reference)
@@ -212,6 +218,7 @@ def served(tmp_path_factory, model_cache):
     end, which must exit 0."""
     fs = fsched_at(tmp_path_factory.mktemp("served"))
     fs.env["XDG_CACHE_HOME"] = model_cache
+    fs.in_process = True
     fs.ok("tenants", "add", "alice")
     daemon = start_daemon(fs)
     deadline = time.time() + 120

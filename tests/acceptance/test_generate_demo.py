@@ -25,6 +25,7 @@ def served(tmp_path_factory, model_cache) -> Fsched:
     stopped with SIGTERM at the end; each test reads its own job ids. One torch thread: the suite
     runs two workers on two cores."""
     fs = fsched_at(tmp_path_factory.mktemp("served"))
+    fs.in_process = True  # status and results in process: `generate` and the daemon are the subject
     fs.env["XDG_CACHE_HOME"] = model_cache
     proc = subprocess.Popen([FSCHED, "daemon", "--threads", "1", "--quiet"], env=fs.env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

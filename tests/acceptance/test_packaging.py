@@ -61,8 +61,10 @@ def test_fresh_venv_install_runs_from_another_folder(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "submit" in out.stdout and "tenants" in out.stdout
+    # `fsched --help` imports no subcommand (each is imported when it runs): every one loads here.
     probe = (
         "import importlib.util as u, fsched.cli.main as m\n"
+        "for name, _, _ in m.COMMANDS: m.load_command(name)\n"
         "print(m.__file__)\n"
         "print([n for n in ('core', 'cli', 'storage') if u.find_spec(n)])"
     )

@@ -17,6 +17,13 @@ import pytest
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.fixture
+def fs(fs):
+    """The table commands in process: the daemon and the bytes it stores are this file's subject."""
+    fs.in_process = True
+    return fs
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def table_url(request, fs) -> str:
     if request.param == "sqlite":

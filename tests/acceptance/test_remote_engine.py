@@ -27,6 +27,13 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture
+def fs(fs: Fsched) -> Fsched:
+    """The table commands in process: the daemon and its engine are this file's subject."""
+    fs.in_process = True
+    return fs
+
+
+@pytest.fixture
 def fake():
     engine = FakeEngine(step_s=0.002)
     yield engine
@@ -49,7 +56,7 @@ def greedy_jobs(path, n=40, seed=0, max_tokens=96) -> str:
 def reference(fs: Fsched, tmp_path, *files: tuple[str, ...]) -> dict:
     """What the built-in stand-in runner stores for the same jobs, on a table of its own."""
     db = tmp_path / "ref" / "fsched.db"
-    ref = Fsched(db, {**fs.env, "FSCHED_DB": f"sqlite:///{db}"})
+    ref = Fsched(db, {**fs.env, "FSCHED_DB": f"sqlite:///{db}"}, in_process=True)
     for args in files:
         ref.ok("submit", *args)
     ref.ok("daemon", "--model", "standin", "--until-idle", "--quiet", timeout=120)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fsched.core.runners.standin import standin_text
+from tests.support.cli import TABLE_COMMANDS, invoke
 
 FSCHED = str(Path(sys.executable).parent / "fsched")
 SIGKILLED = -signal.SIGKILL
@@ -33,12 +34,16 @@ class Table:
 
     path: Path
     env: dict
+    # Run the commands that only read or write the table (submit, status, cancel, ...) in this process
+    # when no crash point is armed: each `fsched` process costs about a second of CPU in imports. The
+    # daemon, and every command armed to crash, run in processes of their own.
+    in_process: bool = False
 
     @classmethod
-    def at(cls, path: Path) -> Table:
+    def at(cls, path: Path, in_process: bool = False) -> Table:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FSCHED_")}
         env.update(FSCHED_DB=f"sqlite:///{path}", USER="tester", LOGNAME="tester", COLUMNS="160")
-        return cls(Path(path), env)
+        return cls(Path(path), env, in_process)
 
     @property
     def url(self) -> str:
@@ -52,6 +57,8 @@ class Table:
 
     def run(self, *args: str, crash_at: str | None = None, env: dict | None = None,
             timeout: float = 120, input: bytes | None = None) -> subprocess.CompletedProcess:
+        if self.in_process and crash_at is None and args and args[0] in TABLE_COMMANDS:
+            return invoke(args, self._env(None, env), input=input)
         return subprocess.run([FSCHED, *args], capture_output=True, env=self._env(crash_at, env),
                               timeout=timeout, input=input)
 
@@ -73,7 +80,7 @@ class Table:
         finally:
             src.close()
             dst.close()
-        return Table.at(path)
+        return Table.at(path, self.in_process)
 
 
 # -- workloads ---------------------------------------------------------------------------

@@ -65,7 +65,7 @@ def workload(tmp_path_factory):
     files = write_workload(base / "files", seed=0, scale=1.5)
     small = [JobFile(write_job_file(base / "files" / f"{stem}.jsonl", 5, seed=50 + k), "carol", "batch", 5)
              for k, stem in enumerate("abc")]
-    pristine = Table.at(base / "pristine" / "fsched.db")
+    pristine = Table.at(base / "pristine" / "fsched.db", in_process=True)
     submit(pristine, files)
     pristine.ok("submit", *(str(f.path) for f in small), "--tenant", "carol")
     reference = pristine.copy(base / "reference" / "fsched.db")
@@ -106,7 +106,7 @@ def test_submit_killed_mid_transaction_leaves_no_partial_job(workload, tmp_path,
     5,001-line job's) were inserted: none of it is visible, nothing was acknowledged,
     and the same command run again (after rounds 1, 4, 7, ... and the last) stores every job whole."""
     _, expected, small = workload
-    table = Table.at(tmp_path / "fsched.db")
+    table = Table.at(tmp_path / "fsched.db", in_process=True)
     table.ok("submit", *(str(f.path) for f in small), "--tenant", "carol")
     big = write_job_file(tmp_path / "big.jsonl", INSERT_CHUNK + 1, seed=9, max_tokens=(1, 2), chat_every=0)
     rng = random.Random(4)
@@ -158,11 +158,11 @@ def test_real_tiny_model_killed_before_a_completion_commits(tmp_path, tiny_model
     path = write_job_file(tmp_path / "tiny.jsonl", 24, seed=3, max_tokens=(4, 24), temperatures=(0,))
     daemon = ("daemon", "--threads", "1", "--until-idle", "--quiet")
     env = {"XDG_CACHE_HOME": tiny_model_cache}
-    reference = Table.at(tmp_path / "ref" / "fsched.db")
+    reference = Table.at(tmp_path / "ref" / "fsched.db", in_process=True)
     reference.ok("submit", str(path))
     reference.ok(*daemon, env=env, timeout=240)
     expected = final_tokens(reference.path)
-    table = Table.at(tmp_path / "run" / "fsched.db")
+    table = Table.at(tmp_path / "run" / "fsched.db", in_process=True)
     table.ok("submit", str(path))
     snap = check_table(table.path, expected, standin=False)
     for n in (2, 5):
@@ -181,7 +181,7 @@ def test_a_job_cancelled_while_its_daemon_is_stuck_ends_cancelled(stop, tmp_path
     """Cancel a job whose requests a frozen daemon holds, then the daemon dies (or is told to
     stop) before it sees the cancel: its requests must end cancelled, not wait forever in a
     job that no daemon takes any more."""
-    table = Table.at(tmp_path / "fsched.db")
+    table = Table.at(tmp_path / "fsched.db", in_process=True)
     table.ok("submit", str(write_job_file(tmp_path / "job.jsonl", 40, seed=5, max_tokens=(60, 64))))
     daemon = table.start("daemon", "--model", "standin:50ms", "--quiet")
     assert wait_for(lambda: _running(table) > 0, timeout=30), "the daemon never claimed"

@@ -1,4 +1,5 @@
-"""The `fsched` commands run in process (typer's CliRunner) over an in-memory job table.
+"""The `fsched` commands run in process (typer's CliRunner) over an in-memory job table (`Commands`), or
+over any job table (`invoke`).
 
 `Commands` reads as the acceptance tests' `Fsched` does (`run`, `ok`, `dump`),
 without a subprocess or a database: each command opens the table by its
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import uuid
 from dataclasses import dataclass
+from unittest import mock
 
 import pytest
 from typer.testing import CliRunner
@@ -20,6 +22,7 @@ from typer.testing import CliRunner
 from fsched.cli.main import app
 from fsched.core.jobs.access import Actor
 from fsched.core.ports.memory import MemoryTable
+from fsched.storage import stores
 from fsched.storage.stores import forget_memory_table, open_table
 
 
@@ -32,18 +35,40 @@ class Ran:
     stderr: bytes
 
 
+# The commands that only read or write the job table: what the acceptance and chaos helpers may run in
+# process (`invoke`) where the daemon or the server is what a test runs as a user does.
+TABLE_COMMANDS = frozenset({"submit", "status", "cancel", "results", "purge", "tenants", "keys", "limits"})
+
+
+def invoke(args, env: dict, input: str | bytes | None = None) -> Ran:
+    """`fsched ARGS` in this process, with `env` as its environment. A job table on a database that the
+    command opened is closed after it, as its process's exit would close it."""
+    opened: list[stores.JobTable] = []
+
+    class Closed(stores.JobTable):
+        def __init__(self, url: str | None = None):
+            super().__init__(url)
+            opened.append(self)
+
+    with mock.patch.object(stores, "JobTable", Closed):
+        try:
+            result = CliRunner().invoke(app, list(args), input=input, env=env, prog_name="fsched",
+                                        catch_exceptions=False)
+        finally:
+            for table in opened:
+                table.dispose()
+    return Ran(result.exit_code, result.stdout_bytes, result.stderr_bytes)
+
+
 class Commands:
     def __init__(self) -> None:
         self.url = f"memory:{uuid.uuid4().hex}"
         self.table: MemoryTable = open_table(self.url)
         self.env = {name: None for name in os.environ if name.startswith("FSCHED_")}
         self.env.update(FSCHED_DB=self.url, USER="tester", LOGNAME="tester", COLUMNS="160")
-        self.runner = CliRunner()
 
     def run(self, *args: str, input: str | bytes | None = None, env: dict | None = None) -> Ran:
-        result = self.runner.invoke(app, list(args), input=input, env={**self.env, **(env or {})},
-                                    prog_name="fsched", catch_exceptions=False)
-        return Ran(result.exit_code, result.stdout_bytes, result.stderr_bytes)
+        return invoke(args, {**self.env, **(env or {})}, input=input)
 
     def ok(self, *args: str, **kw) -> str:
         ran = self.run(*args, **kw)

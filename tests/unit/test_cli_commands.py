@@ -74,6 +74,30 @@ def test_several_files_are_one_transaction(fsched, tmp_path):
     assert [json.loads(x)["job_id"] for x in out.splitlines()] == [1, 2]
 
 
+def test_several_files_report_the_first_error_in_file_then_line_order(fsched, tmp_path):
+    """A user reading the files in order meets the first file's error first, whatever kind each is."""
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text(line({"prompt": "a", "custom_id": "z"}) * 2)
+    big = tmp_path / "big.jsonl"
+    big.write_text(line({"prompt": "x" * 300}))
+    missing = tmp_path / "missing.jsonl"
+    bad_json = tmp_path / "bad_json.jsonl"
+    bad_json.write_text(line({"prompt": "a"}) + "{oops\n")
+    limit = {"FSCHED_MAX_BYTES": "200"}
+    cases = [
+        ([dup, big], "dup.jsonl, line 2, field 'custom_id': duplicate custom_id 'z' (first on line 1)"),
+        ([big, dup], "big.jsonl: file is"),
+        ([dup, missing], "dup.jsonl, line 2, field 'custom_id': duplicate"),
+        ([bad_json, big], "bad_json.jsonl, line 2: invalid JSON"),
+        ([missing, bad_json], "missing.jsonl: no such file"),
+    ]
+    for files, expected in cases:
+        proc = fsched.run("submit", *map(str, files), env=limit)
+        err = proc.stderr.decode()
+        assert proc.returncode == 1 and expected in err and err.count("\n") == 1, (files, err)
+    assert fsched.table.rows.jobs == {}
+
+
 def bad_cases(tmp_path):
     """(name, args after 'submit', stderr must contain, env) for each bad input."""
 

@@ -158,8 +158,12 @@ def command_lines(snippet: Snippet) -> list[list[str]]:
 
 @functools.cache
 def _root():
-    """The live command tree (built once: typer rebuilds it on every call)."""
-    return typer.main.get_command(app)
+    """The live command tree (built once: typer rebuilds it on every call), every subcommand loaded
+    (`fsched` imports a subcommand on first use)."""
+    root = typer.main.get_command(app)
+    for name in root.list_commands(None):
+        root.get_command(None, name)
+    return root
 
 
 def _placeholder(word: str) -> bool:
