@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from sqlalchemy import Connection, bindparam, select, update
+from sqlalchemy import Connection, Float, bindparam, select, update
 
 from fsched.core.jobs.jobstate import derive_job_state
 from fsched.core.sched.request import Request
@@ -93,22 +93,33 @@ def claim_requests(
         rows = _queued_rows(db, conn, wants)
         if not rows:
             return []
-        ids = [row.id for row in rows]
-        for part in _chunks(ids):
-            conn.execute(
-                update(requests)
-                .where(requests.c.id.in_(part))
-                .values(
-                    state=RowState.RUNNING.value,
-                    lease_owner=owner,
-                    lease_epoch=requests.c.lease_epoch + 1,
-                    lease_expires_at=db.now() + lease_s,
-                    attempts=requests.c.attempts + 1,
-                )
-            )
+        lease = _lease_statement(db)
+        for part in _chunks([row.id for row in rows]):
+            conn.execute(lease, {"b_ids": part, "b_owner": owner, "b_lease_s": lease_s})
         _count_running(db, conn, rows, now)
         stored = read_logprobs(conn, [row.id for row in rows if row.num_logprobs])  # resumes
     return [claimed_request(row, stored.get(row.id, ())) for row in rows]
+
+
+_LEASES: dict[str, object] = {}  # dialect -> the statement that leases rows (the database's clock)
+
+
+def _lease_statement(db: Database):
+    """Rows to `running`, leased to an owner until the database's clock plus the lease (built once)."""
+    found = _LEASES.get(db.dialect)
+    if found is None:
+        found = _LEASES[db.dialect] = (
+            update(requests)
+            .where(requests.c.id.in_(bindparam("b_ids", expanding=True)))
+            .values(
+                state=RowState.RUNNING.value,
+                lease_owner=bindparam("b_owner"),
+                lease_epoch=requests.c.lease_epoch + 1,
+                lease_expires_at=db.now() + bindparam("b_lease_s", type_=Float),
+                attempts=requests.c.attempts + 1,
+            )
+        )
+    return found
 
 
 def _wants(candidates: Sequence, per_group: int, held: Mapping[Group, int], limit: int | None
