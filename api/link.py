@@ -42,6 +42,7 @@ class _Peer:
     writer: asyncio.StreamWriter
     task: asyncio.Task | None = None
     jobs: set[int] = field(default_factory=set)  # jobs it pushed
+    outbox: list[wire.Message] = field(default_factory=list)  # sent at the end of this loop pass
 
 
 class LinkClient:
@@ -102,6 +103,20 @@ class LinkClient:
         peer.task = asyncio.create_task(self._read(peer, reader))
 
     def _send(self, peer: _Peer, messages: list[wire.Message]) -> None:
+        """Queue messages; what the requests of one loop pass send (their announcements, their ends)
+        goes in one write, not a system call each."""
+        if not peer.outbox:
+            try:
+                asyncio.get_running_loop().call_soon(self._flush, peer)
+            except RuntimeError:  # no loop runs (a server stopping): now
+                peer.outbox += messages
+                self._flush(peer)
+                return
+        peer.outbox += messages
+
+    @staticmethod
+    def _flush(peer: _Peer) -> None:
+        messages, peer.outbox = peer.outbox, []
         with contextlib.suppress(OSError, RuntimeError):
             peer.writer.write(wire.encode(messages))
 

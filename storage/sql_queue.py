@@ -24,7 +24,7 @@ from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass, RequestId
 from fsched.storage.base import SqlStoreBase
 from fsched.storage.claim import claim_requests
-from fsched.storage.counters import CountDelta, apply_delta, requeue
+from fsched.storage.counters import CountDelta, apply_delta, apply_deltas, requeue
 from fsched.storage.logprobs import append as append_logprobs
 from fsched.storage.logprobs import new_piece
 from fsched.storage.refusals import is_refusal, write_each
@@ -75,6 +75,33 @@ FINISH_REQUEST = (
     )
 )
 
+MORE_JOB_TOKENS = (
+    update(jobs)
+    .where(jobs.c.id == bindparam("b_id"))
+    .values(num_output_tokens=jobs.c.num_output_tokens + bindparam("b_more"))
+)
+
+# The daemon's reads at every sync and write, built once.
+HELD_ROWS = select(requests.c.id, requests.c.job_id, requests.c.num_output_tokens, requests.c.lease_epoch,
+                   requests.c.num_logprobs).where(
+    requests.c.id.in_(bindparam("b_ids", expanding=True)),
+    requests.c.lease_owner == bindparam("b_owner"),
+    requests.c.state == RowState.RUNNING.value,
+)
+ENDING_ROWS = select(requests.c.id, requests.c.job_id, requests.c.state, requests.c.num_output_tokens,
+                     requests.c.lease_owner, requests.c.lease_epoch, requests.c.num_logprobs).where(
+    requests.c.id.in_(bindparam("b_ids", expanding=True)))
+CANCELLED_HELD = (
+    select(requests.c.id)
+    .join(jobs, jobs.c.id == requests.c.job_id)
+    .where(
+        requests.c.lease_owner == bindparam("b_owner"),
+        requests.c.state == RowState.RUNNING.value,
+        jobs.c.cancel_requested_at.is_not(None),
+    )
+)
+WEIGHTS = select(tenants.c.name, tenants.c.weight)
+
 
 class SqlQueueStore(SqlStoreBase):
     """Claim, write back, hand back, leases, usage and heartbeats: what a daemon does."""
@@ -86,6 +113,7 @@ class SqlQueueStore(SqlStoreBase):
         held: Mapping[tuple[str, RequestClass], int] | None = None,
         limit: int | None = None,
         lease_s: float = 30.0,
+        announced: bool = False,
     ) -> list[Request]:
         """Atomically move queued requests to `running`, leased to `owner` for `lease_s`.
 
@@ -93,7 +121,8 @@ class SqlQueueStore(SqlStoreBase):
         group, less what `held` says the owner already holds of it; see
         `claim.claim_requests`.
         """
-        return claim_requests(self.db, self.clock(), owner, per_group, held or {}, limit, lease_s)
+        return claim_requests(self.db, self.clock(), owner, per_group, held or {}, limit, lease_s,
+                              look_first=not announced)
 
     def flush_tokens(self, owner: str, updates: Sequence[TokenUpdate]) -> int:
         """Persist generated tokens so far, in one transaction; returns rows written.
@@ -116,14 +145,8 @@ class SqlQueueStore(SqlStoreBase):
         with self.db.write() as conn:
             rows = {
                 row.id: row
-                for row in conn.execute(
-                    select(requests.c.id, requests.c.job_id, requests.c.num_output_tokens,
-                           requests.c.lease_epoch, requests.c.num_logprobs).where(
-                        requests.c.id.in_([row_id(u.request_id) for u in updates]),
-                        requests.c.lease_owner == owner,
-                        requests.c.state == RowState.RUNNING.value,
-                    )
-                )
+                for row in conn.execute(HELD_ROWS, {"b_ids": [row_id(u.request_id) for u in updates],
+                                                    "b_owner": owner})
             }
             writes, pieces = [], {}
             for u in updates:
@@ -143,10 +166,9 @@ class SqlQueueStore(SqlStoreBase):
                 if w["b_id"] not in refused:
                     row = rows[w["b_id"]]
                     per_job[row.job_id] = per_job.get(row.job_id, 0) + w["b_num"] - row.num_output_tokens
-            for job_id, delta in per_job.items():
-                if delta:
-                    conn.execute(update(jobs).where(jobs.c.id == job_id)
-                                 .values(num_output_tokens=jobs.c.num_output_tokens + delta))
+            more = [{"b_id": job_id, "b_more": delta} for job_id, delta in per_job.items() if delta]
+            if more:
+                conn.execute(MORE_JOB_TOKENS, more)
             self._fail_refused(conn, {key: (rows[key].job_id, why) for key, why in refused.items()})
         return len(writes) - len(refused)
 
@@ -200,8 +222,7 @@ class SqlQueueStore(SqlStoreBase):
             for w, (job_id, previous, tokens_before) in zip(writes, ends, strict=True):
                 per_job.setdefault(job_id, CountDelta()).ended(
                     previous, RowState(w["b_state"]), w["b_num"] - tokens_before, w["b_prompt"])
-            for job_id, delta in per_job.items():
-                apply_delta(conn, self.db.dialect, job_id, delta, now)
+            apply_deltas(conn, self.db.dialect, per_job, now)
             if per_job:
                 crash_point("before_done_commit")
         return outcome
@@ -214,11 +235,7 @@ class SqlQueueStore(SqlStoreBase):
         keys = [row_id(c.request_id) for c in completions]
         rows = {
             row.id: row
-            for row in conn.execute(
-                select(requests.c.id, requests.c.job_id, requests.c.state, requests.c.num_output_tokens,
-                       requests.c.lease_owner, requests.c.lease_epoch, requests.c.num_logprobs)
-                .where(requests.c.id.in_(keys))
-            )
+            for row in conn.execute(ENDING_ROWS, {"b_ids": keys})
         }
         outcome, writes, ends, pieces = [], [], [], {}
         for key, c in zip(keys, completions, strict=True):
@@ -333,20 +350,12 @@ class SqlQueueStore(SqlStoreBase):
     def cancelled_held(self, owner: str) -> list[RequestId]:
         """Requests `owner` holds whose job a user cancelled: stop them at the next step."""
         with self.db.read() as conn:
-            keys = conn.execute(
-                select(requests.c.id)
-                .join(jobs, jobs.c.id == requests.c.job_id)
-                .where(
-                    requests.c.lease_owner == owner,
-                    requests.c.state == RowState.RUNNING.value,
-                    jobs.c.cancel_requested_at.is_not(None),
-                )
-            ).scalars()
+            keys = conn.execute(CANCELLED_HELD, {"b_owner": owner}).scalars()
             return [core_id(key) for key in keys]
 
     def tenant_weights(self) -> dict[str, float]:
         with self.db.read() as conn:
-            return {row.name: row.weight for row in conn.execute(select(tenants.c.name, tenants.c.weight))}
+            return {row.name: row.weight for row in conn.execute(WEIGHTS)}
 
     def may_have_changed(self) -> bool:
         """False only when nothing was committed to the table since the last call (SQLite)."""

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from itertools import islice
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -22,6 +22,18 @@ from fsched.core.types import JobState
 from fsched.storage.rows import FINISHED_JOB_STATES, UNFINISHED, RowState, jobs, requests, tenants
 
 INSERT_CHUNK = 5_000
+
+# Built once: every online request runs these (a new statement each time cost more than its execution).
+_NAMES = bindparam("b_names", expanding=True)
+TENANTS_LOCKED = select(tenants.c.name).where(tenants.c.name.in_(_NAMES)).with_for_update()
+EXISTING_TENANTS = select(tenants.c.name).where(tenants.c.name.in_(_NAMES))
+UNFINISHED_BY_TENANT = (
+    select(jobs.c.tenant, func.sum(UNFINISHED))
+    .where(jobs.c.tenant.in_(_NAMES), jobs.c.state.not_in(FINISHED_JOB_STATES))
+    .group_by(jobs.c.tenant)
+)
+JOB_INSERT = jobs.insert().returning(jobs.c.id)
+REQUESTS_INSERT = requests.insert()
 
 
 def check_queue_limit(conn: Connection, submissions: Sequence[JobSubmission], limit: int) -> None:
@@ -38,17 +50,14 @@ def check_queue_limit(conn: Connection, submissions: Sequence[JobSubmission], li
 def unfinished_of(conn: Connection, names: set[str]) -> Counter:
     """Each tenant's unfinished requests, its row locked: concurrent submits of one tenant take turns
     on PostgreSQL (SQLite's BEGIN IMMEDIATE already serialises writers)."""
-    conn.execute(select(tenants.c.name).where(tenants.c.name.in_(names)).with_for_update())
+    conn.execute(TENANTS_LOCKED, {"b_names": sorted(names)})
     return Counter({tenant: int(n or 0) for tenant, n in conn.execute(
-        select(jobs.c.tenant, func.sum(UNFINISHED))
-        .where(jobs.c.tenant.in_(names), jobs.c.state.not_in(FINISHED_JOB_STATES))
-        .group_by(jobs.c.tenant)
-    ).all()})
+        UNFINISHED_BY_TENANT, {"b_names": sorted(names)}).all()})
 
 
 def create_missing_tenants(conn: Connection, dialect: str, names: set[str], now: float) -> set[str]:
     """Create the tenants not there yet (weight 1); return those this call created."""
-    existing = set(conn.execute(select(tenants.c.name).where(tenants.c.name.in_(names))).scalars())
+    existing = set(conn.execute(EXISTING_TENANTS, {"b_names": sorted(names)}).scalars())
     missing = names - existing
     if not missing:
         return set()
@@ -67,30 +76,26 @@ def create_missing_tenants(conn: Connection, dialect: str, names: set[str], now:
 def insert_job(conn: Connection, submission: JobSubmission, now: float) -> int:
     """The job's row, then its requests in chunks; return the job's id."""
     specs = submission.requests
-    job_id = conn.execute(
-        jobs.insert()
-        .values(
-            tenant=submission.tenant,
-            **{"class": submission.request_class.value},
-            priority=submission.priority,
-            name=submission.name,
-            origin=submission.origin.value,
-            key_id=submission.key_id,
-            state=JobState.QUEUED.value,
-            num_requests=len(specs),
-            num_done=0,
-            num_failed=0,
-            num_cancelled=0,
-            num_running=0,
-            num_output_tokens=0,
-            num_prompt_tokens=0,
-            submitted_at=now,
-        )
-        .returning(jobs.c.id)
-    ).scalar_one()
+    job_id = conn.execute(JOB_INSERT, {
+        "tenant": submission.tenant,
+        "class": submission.request_class.value,
+        "priority": submission.priority,
+        "name": submission.name,
+        "origin": submission.origin.value,
+        "key_id": submission.key_id,
+        "state": JobState.QUEUED.value,
+        "num_requests": len(specs),
+        "num_done": 0,
+        "num_failed": 0,
+        "num_cancelled": 0,
+        "num_running": 0,
+        "num_output_tokens": 0,
+        "num_prompt_tokens": 0,
+        "submitted_at": now,
+    }).scalar_one()
     rows = (_request_row(job_id, idx, spec, now) for idx, spec in enumerate(specs))
     while chunk := list(islice(rows, INSERT_CHUNK)):
-        conn.execute(requests.insert(), chunk)
+        conn.execute(REQUESTS_INSERT, chunk)
         crash_point("mid_submit")
     return job_id
 

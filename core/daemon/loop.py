@@ -141,6 +141,8 @@ class Daemon:
         self._weights_applied_at: float | None = None
         self._last_sync = self._last_beat = self._last_sweep = -math.inf
         self._storage_down_since: float | None = None
+        self._sync_asked = False  # a server asked for a sync while a step ran: the next pass does it
+        self._claim_asked = False  # a claim announced while a step ran that the table failed
 
     @property
     def fenced_writes(self) -> int:
@@ -189,17 +191,19 @@ class Daemon:
         """One pass of the loop; True when `until_idle` finds nothing left to do."""
         now = self.clock()
         wants = self.link.take_wake() if self.link is not None else None
+        sync_asked, self._sync_asked = self._sync_asked or (wants is not None and wants.sync), False
+        announced, self._claim_asked = self._claim_asked or (wants is not None and wants.claim), False
         idle = not self.engine.has_work
         # An idle daemon looks at the table only when it changed (a cheap check on SQLite): its
         # heartbeat's own write makes it look once a beat at least.
         fresh = not idle or self.store.may_have_changed()
         due = now - self._last_sync >= self.config.sync_interval_s
-        if (wants is not None and wants.sync) or (due and fresh):
-            self.sync()
-        elif (wants is not None and wants.claim) or (idle and fresh):
+        if sync_asked or (due and fresh):
+            self.sync(announced)
+        elif announced or (idle and fresh):
             # New work announced, or nothing to do: look for work only (weights and cancels wait for
             # the interval's sync; an idle daemon holds nothing to cancel).
-            self.claim()
+            self.claim(announced)
         if not self.config.exclusive and now - self._last_sweep >= self.config.sweep_s:
             self.sweep()
         self.writer.write_completions()
@@ -244,6 +248,7 @@ class Daemon:
             self._step_failed(failure)
             return
         now = self.clock()
+        self._claim_announced()
         if report is not None:
             self.figures.record(report, now - start, now)
             self.held.stepped(now, report.at)
@@ -257,7 +262,18 @@ class Daemon:
         self.writer.after_step(now)
         self._beat()
 
-    def sync(self) -> None:
+    def _claim_announced(self) -> None:
+        """Work announced during the step (its wait for tokens ended) is claimed before the step's
+        tokens are pushed and written; a sync asked, or a claim the table failed, waits a pass."""
+        wants = self.link.take_wake() if self.link is not None else None
+        self._sync_asked = self._sync_asked or bool(wants and wants.sync)
+        try:
+            if wants and wants.claim:
+                self.claim(announced=True)
+        except StorageError:  # the step's report must not be lost to it
+            self._claim_asked = True
+
+    def sync(self, announced: bool = False) -> None:
         """Weights, cancels and new work from the job table."""
         self._last_sync = self.clock()
         self._apply_weights(self.store.tenant_weights())
@@ -268,15 +284,20 @@ class Daemon:
             text = self.engine.text(held)
             self.engine.cancel(request_id)
             self.writer.cancelled(held, text)
-        self.claim()
+        self.claim(announced)
 
-    def claim(self) -> None:
-        """New work from the job table, fairly (up to `held_batches` batches held per group)."""
+    def claim(self, announced: bool = False) -> None:
+        """New work from the job table, fairly (up to `held_batches` batches held per group);
+        `announced`: a server told of new work."""
+
+    def claim(self, announced: bool = False) -> None:
+        """New work from the job table, fairly (up to `held_batches` batches held per group);
+        `announced`: a server told of new work."""
         # The batch as it is now: an out-of-memory step lowers it. Holding nothing, one batch a
         # group first: the engine starts on it sooner, and the next sync tops up the rest.
         per_group = (self.config.held_batches if len(self.held) else 1) * self.engine.max_batch
         claimed_now = self.store.claim(self.config.owner, per_group, self.held.per_group(),
-                                       lease_s=self.config.lease_s)
+                                       lease_s=self.config.lease_s, announced=announced)
         if claimed_now:
             crash_point("after_claim")
         for request in claimed_now:
@@ -362,36 +383,36 @@ class Daemon:
         self.store.heartbeat(DaemonSummary(
             id=self.config.owner, host=self.config.host, pid=self.config.pid, device=self.config.device,
             model=self.config.model, started_at=self.started_at, heartbeat_at=now,
-            stopped_at=now if stopped else None, stats=self._heartbeat_stats(now),
+            stopped_at=now if stopped else None, stats=heartbeat_stats(self, now),
         ))
 
-    def _heartbeat_stats(self, now: float) -> DaemonStats:
-        """The figures `fsched status`, `/metrics` and the HTTP server read of this daemon."""
-        f, engine = self.figures, self.engine.snapshot()
-        return DaemonStats(
-            policy=self.config.policy,
-            steps=f.steps,
-            tokens=f.tokens,
-            tok_s=round(f.tok_s, 1),
-            step_ms=round(f.step_ms, 2),
-            batch=f.batch,
-            running=engine.running,
-            waiting=engine.waiting,
-            held=len(self.held),
-            kv_tokens=f.kv_tokens,
-            kv_budget=engine.kv_budget,
-            served_share={t: round(v, 4) for t, v in f.served_shares(engine.kv_budget, now).items()},
-            weights=dict(self._weights),
-            weights_applied_at=self._weights_applied_at,
-            lease_s=self.config.lease_s,
-            fenced_writes=self.fenced_writes,
-            lost_leases=self.lost_leases,
-            preemptions=engine.preemptions,
-            first_tokens=engine.first_tokens,
-            tokens_computed=engine.work.computed,
-            tokens_recomputed=engine.work.recomputed,
-            tokens_parked=engine.work.parked,
-            requests=tuple(engine.requests),
-            link=self.link.address if self.link is not None else None,
-        )
 
+def heartbeat_stats(daemon: Daemon, now: float) -> DaemonStats:
+    """The figures `fsched status`, `/metrics` and the HTTP server read of a daemon."""
+    f, engine = daemon.figures, daemon.engine.snapshot()
+    return DaemonStats(
+        policy=daemon.config.policy,
+        steps=f.steps,
+        tokens=f.tokens,
+        tok_s=round(f.tok_s, 1),
+        step_ms=round(f.step_ms, 2),
+        batch=f.batch,
+        running=engine.running,
+        waiting=engine.waiting,
+        held=len(daemon.held),
+        kv_tokens=f.kv_tokens,
+        kv_budget=engine.kv_budget,
+        served_share={t: round(v, 4) for t, v in f.served_shares(engine.kv_budget, now).items()},
+        weights=dict(daemon._weights),
+        weights_applied_at=daemon._weights_applied_at,
+        lease_s=daemon.config.lease_s,
+        fenced_writes=daemon.fenced_writes,
+        lost_leases=daemon.lost_leases,
+        preemptions=engine.preemptions,
+        first_tokens=engine.first_tokens,
+        tokens_computed=engine.work.computed,
+        tokens_recomputed=engine.work.recomputed,
+        tokens_parked=engine.work.parked,
+        requests=tuple(engine.requests),
+        link=daemon.link.address if daemon.link is not None else None,
+    )

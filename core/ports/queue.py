@@ -50,9 +50,11 @@ class QueueStore(Protocol):
         held: Mapping[tuple[str, RequestClass], int] | None = None,
         limit: int | None = None,
         lease_s: float = 30.0,
+        announced: bool = False,
     ) -> list[Request]:
         """Lease queued requests to `owner`, fairly, and return their live records (core/sched/request.py):
-        each with its prompt as stored (not yet encoded) and its tokens so far.
+        each with its prompt as stored (not yet encoded) and its tokens so far. `announced`: the caller
+        was told of new work (the store may skip a cheap look for any before it takes its write lock).
 
         Up to `per_group` for each (tenant, class) group, less what `held`
         says the owner already holds of it, and at most `limit` in all. A

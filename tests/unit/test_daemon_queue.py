@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 
 from fsched.core.daemon.engine import Engine, StepFailed
+from fsched.core.daemon.link import Wants
 from fsched.core.daemon.loop import Daemon, DaemonConfig
 from fsched.core.daemon.stepfaults import StepFaults
 from fsched.core.openai.batchfile import parse_job_file
@@ -293,3 +294,51 @@ def test_holding_nothing_a_daemon_claims_one_batch_a_group_then_tops_up_to_its_h
     assert rig.daemon.held.per_group() == {("alice", RequestClass.BATCH): 4, ("bob", RequestClass.BATCH): 4}
     rig.daemon.sync()  # then held_batches (2) batches per group
     assert rig.daemon.held.per_group() == {("alice", RequestClass.BATCH): 8, ("bob", RequestClass.BATCH): 8}
+
+
+class AnnouncingLink:
+    """A link that a server announces new work on while the daemon's step runs (no sockets)."""
+
+    address = "test:0"
+    wake_fd = -1  # the stand-in runner waits on nothing
+
+    def __init__(self) -> None:
+        self.wants = Wants()
+
+    def take_wake(self) -> Wants:
+        wants, self.wants = self.wants, Wants()
+        return wants
+
+    def wait(self, timeout: float) -> None:
+        pass
+
+    def watcher(self, job_id: int) -> None:
+        return None
+
+    def send(self, lines) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_work_announced_during_a_step_is_claimed_when_the_step_ends_not_a_pass_later(store, clock):
+    store.submit([job(4, seed=1)])
+    link = AnnouncingLink()
+
+    announced = []
+
+    def announce(plan: Plan) -> None:  # a realtime request arrives while the batch's step runs
+        if not announced:
+            announced.append(store.submit([job(1, seed=2, tenant="bob",
+                                               request_class=RequestClass.REALTIME)]))
+            link.wants.claim = True
+
+    rig = Rig(store, clock, max_batch=4, fail_when=announce)
+    rig.daemon = Daemon(store, rig.engine, rig.daemon.encode, rig.daemon.config, clock=clock,
+                        sleep=clock.advance, link=link)
+    rig.daemon.claim()
+    assert rig.daemon.held.per_group() == {("alice", RequestClass.BATCH): 4}
+    rig.daemon.step()  # one pass: the batch's step, during which bob's request is announced
+    assert rig.daemon.held.per_group() == {("alice", RequestClass.BATCH): 4,
+                                           ("bob", RequestClass.REALTIME): 1}

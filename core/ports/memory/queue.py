@@ -79,6 +79,7 @@ class MemoryQueueStore:
         held: Mapping[tuple[str, RequestClass], int] | None = None,
         limit: int | None = None,
         lease_s: float = 30.0,
+        announced: bool = False,
     ) -> list[Request]:
         held = held or {}
         claimed: list[Request] = []
