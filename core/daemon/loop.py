@@ -289,10 +289,6 @@ class Daemon:
     def claim(self, announced: bool = False) -> None:
         """New work from the job table, fairly (up to `held_batches` batches held per group);
         `announced`: a server told of new work."""
-
-    def claim(self, announced: bool = False) -> None:
-        """New work from the job table, fairly (up to `held_batches` batches held per group);
-        `announced`: a server told of new work."""
         # The batch as it is now: an out-of-memory step lowers it. Holding nothing, one batch a
         # group first: the engine starts on it sooner, and the next sync tops up the rest.
         per_group = (self.config.held_batches if len(self.held) else 1) * self.engine.max_batch
