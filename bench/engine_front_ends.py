@@ -180,7 +180,7 @@ def main() -> None:
                         choices=["completions", "tokens", "grpc"])
     args = parser.parse_args()
     vllm_python = os.environ.get("FSCHED_VLLM_PYTHON")
-    if vllm_python and Path(sys.executable).resolve() != Path(vllm_python).resolve():
+    if vllm_python and Path(sys.prefix).resolve() != Path(vllm_python).parent.parent.resolve():
         os.execv(vllm_python, [vllm_python, *sys.argv])  # the clients need vLLM's environment
     overlay = os.environ.get("GRPC_OVERLAY")
     if overlay:
