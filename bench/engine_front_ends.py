@@ -178,6 +178,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--arms", nargs="+", default=["completions", "tokens", "grpc"],
                         choices=["completions", "tokens", "grpc"])
+    parser.add_argument("--start-timeout", type=float, default=600, help="seconds vLLM may take to serve")
     args = parser.parse_args()
     vllm_python = os.environ.get("FSCHED_VLLM_PYTHON")
     if vllm_python and Path(sys.prefix).resolve() != Path(vllm_python).parent.parent.resolve():
@@ -196,7 +197,7 @@ def main() -> None:
         env = {"PYTHONPATH": overlay} if arm == "grpc" and overlay else {}
         server = Server(module, model, args.concurrency, extra, log, env)
         try:
-            ready(arm, server.port)
+            ready(arm, server.port, args.start_timeout)
             asyncio.run(load(arm, server.port, 4, 8, 8))  # warm-up
             front, whole = cpu_s(server.proc.pid), session_cpu_s(server.proc.pid)
             total, wall = asyncio.run(load(arm, server.port, args.concurrency, args.requests, args.tokens))
