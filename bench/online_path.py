@@ -31,6 +31,15 @@ PostgreSQL server, and the machine's busy cores over the load (every
 process's, /proc/stat); the TTFT p50 ratio; the CPU daemon and servers use
 idle (ms per second, over 2 s before the load).
 
+With `--vllm`, the token-interface arm follows (`--engine-apis`, default
+both): vLLM is started again with `--tokens-only` (its API server loads no
+tokenizer and detokenizes nothing) and fsched's daemon drives it with
+`--engine-api tokens`. Every vLLM row adds the CPU per token of vLLM's API
+server process alone (the engine core is another process), and the last
+table sets, per arm, fsched's CPU (serve + daemon) and the API server's
+beside the API server's alone in the direct arm of the same run, with the
+whole stack's ratio: (fsched + API server) / API server alone.
+
 Goal: tok/s >= 0.95x direct, TTFT p50 <= direct + 15 ms, p99 <= direct + 40 ms.
 In front of vLLM: tok/s >= 0.9x direct, TTFT p50 <= 1.2x direct.
 """
@@ -129,8 +138,9 @@ class Fsched:
         self.table.fsched("tenants", "add", "bench")  # creates the table
         self.key = self._key("bench")
         model = engine.folder if isinstance(engine, Vllm) else "standin"
+        api = ["--engine-api", engine.engine_api] if isinstance(engine, Vllm) else []
         self.daemon = self.table.daemon("--model", model, "--engine", engine.url, "--max-batch",
-                                        str(engine.slots), *([] if link else ["--link", "off"]))
+                                        str(engine.slots), *api, *([] if link else ["--link", "off"]))
         self.procs.append(self.daemon)
         self.ports = [free_port() for _ in range(replicas)]
         self.servers = [subprocess.Popen([FSCHED, "serve", "--port", str(p), "--no-access-log"],
@@ -225,13 +235,15 @@ class Vllm:
     """vLLM's CPU build serving the tiny model (its chat template in the folder), `slots` sequences at
     once, its session's CPU priority lowered to `nice` (bench/remote_engine.py says why)."""
 
-    def __init__(self, slots: int, nice: int, log: Path):
+    def __init__(self, slots: int, nice: int, log: Path, engine_api: str = "completions"):
         import httpx
         from remote_engine import VllmServer, ensure_tiny_model  # torch and transformers: here only
 
         self.slots = slots
+        self.engine_api = engine_api  # how fsched's daemon drives it; "tokens": started --tokens-only
         self.folder = str(ensure_tiny_model())
-        self.server = VllmServer(Path(self.folder), log, extra=("--max-num-seqs", str(slots)), nice=nice)
+        extra = ("--max-num-seqs", str(slots), *(("--tokens-only",) if engine_api == "tokens" else ()))
+        self.server = VllmServer(Path(self.folder), log, extra=extra, nice=nice)
         self.server.start()
         self.url = self.server.url
         try:
@@ -252,6 +264,10 @@ class Vllm:
             except (OSError, ValueError, IndexError):
                 continue
         return total
+
+    def api_cpu_s(self) -> float:
+        """CPU seconds used so far by vLLM's API server process alone (not its engine core)."""
+        return cpu_s(self.server.proc.pid)
 
     def __enter__(self) -> Vllm:
         return self
@@ -279,9 +295,11 @@ def measured(engine, urls: list[str], key: str, model: str, concurrency: int, ro
     if not isinstance(engine, Vllm):
         return load(urls, key, model, concurrency, rounds, tokens)
     before, client, db, busy = engine.cpu_s(), own_cpu_s(), postgres_cpu_s(), machine_busy_s()
+    api = engine.api_cpu_s()
     got = load(urls, key, model, concurrency, rounds, tokens)
     n = max(1, got["tokens"])
     got["engine_us_per_token"] = round(1e6 * (engine.cpu_s() - before) / n, 1)
+    got["api_server_us_per_token"] = round(1e6 * (engine.api_cpu_s() - api) / n, 1)
     got["client_us_per_token"] = round(1e6 * (own_cpu_s() - client) / n, 1)
     got["postgres_us_per_token"] = round(1e6 * (postgres_cpu_s() - db) / n, 1)
     got["machine_busy_cores"] = round((machine_busy_s() - busy) / got["wall_s"], 2)
@@ -343,6 +361,7 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
                        "ttft_p99_extra_ms": round(through["ttft_p99_ms"] - base["ttft_p99_ms"], 1)}
                 if isinstance(engine, Vllm):
                     row["engine"] = "vllm"
+                    row["engine_api"] = engine.engine_api
                     row["ttft_p50_ratio"] = round(through["ttft_p50_ms"] / base["ttft_p50_ms"], 3)
                     row["idle_cpu_ms_per_s"] = idle
                 print(json.dumps(row), flush=True)
@@ -362,7 +381,8 @@ def table_lines(rows: list[dict]) -> list[str]:
     for r in rows:
         d, f = r["direct"], r["fsched"]
         serve = sum(v for k, v in r["us_per_token"].items() if k.startswith("serve"))
-        out.append(f"| {r['backend']} | {r['replicas']} | {'batch-filled' if r['loaded'] else 'idle'} | "
+        api = " (tokens)" if r.get("engine_api") == "tokens" else ""
+        out.append(f"| {r['backend']}{api} | {r['replicas']} | {'batch-filled' if r['loaded'] else 'idle'} | "
                    f"{r['concurrency']} | {d['tok_s']:,.0f} | {f['tok_s']:,.0f} | {r['ratio']:.2f}x | "
                    f"{d['ttft_p50_ms']} → {f['ttft_p50_ms']} ms | "
                    f"{d['ttft_p99_ms']} → {f['ttft_p99_ms']} ms | "
@@ -371,6 +391,35 @@ def table_lines(rows: list[dict]) -> list[str]:
                       f"{d['engine_us_per_token']}, {f['engine_us_per_token']} | "
                       f"{d['client_us_per_token']}, {f['client_us_per_token']} | "
                       f"{d['machine_busy_cores']}, {f['machine_busy_cores']} |" if vllm else ""))
+    return out
+
+
+def token_interface_arm(args, directs: dict[str, dict[int, dict]]) -> list[dict]:
+    """fsched in front of vLLM started with --tokens-only, its daemon on the token interface; each backend
+    against the direct arm measured on that backend's turn (vLLM alone, its OpenAI API, this run)."""
+    log = Path(tempfile.gettempdir()) / f"online_path-vllm-tokens-{os.getpid()}.log"
+    print(f"vLLM's log (--tokens-only): {log}", file=sys.stderr, flush=True)
+    rows = []
+    with Vllm(max(args.concurrency), args.engine_nice, log, engine_api="tokens") as engine:
+        for backend in args.backends:
+            for replicas in args.replicas:
+                rows += fsched_arm(engine, args, backend, replicas, directs[backend])
+    return rows
+
+
+def stack_lines(rows: list[dict]) -> list[str]:
+    """CPU per streamed token: fsched (serve + daemon) and vLLM's API server, in each arm, beside vLLM's
+    API server alone (the direct arm); the stack's ratio is (fsched + API server) / API server alone."""
+    out = ["| backend | c | engine API | fsched µs/token (serve + daemon) | vLLM API server µs/token "
+           "| vLLM API server alone µs/token | stack / vLLM alone | tok/s fsched / direct |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("engine") != "vllm":
+            continue
+        fsched = sum(r["us_per_token"].values())
+        api, alone = r["fsched"]["api_server_us_per_token"], r["direct"]["api_server_us_per_token"]
+        out.append(f"| {r['backend']} | {r['concurrency']} | {r['engine_api']} | {fsched:.1f} | {api} | "
+                   f"{alone} | {(fsched + api) / max(alone, 1e-9):.2f}x | {r['ratio']:.2f}x |")
     return out
 
 
@@ -391,6 +440,9 @@ def main() -> None:
                         help="vLLM's CPU build on the tiny model instead of the paced stand-in")
     parser.add_argument("--engine-nice", type=int, default=10,
                         help="--vllm: CPU nice of vLLM's session (0: none), as in bench/remote_engine.py")
+    parser.add_argument("--engine-apis", nargs="+", default=["completions", "tokens"],
+                        choices=["completions", "tokens"],
+                        help="--vllm: the daemon's engine interfaces measured (tokens: vLLM --tokens-only)")
     args = parser.parse_args()
     if args.vllm and args.loaded:
         parser.error("--loaded is for the paced engine only")
@@ -398,11 +450,15 @@ def main() -> None:
     if args.vllm:
         log = Path(tempfile.gettempdir()) / f"online_path-vllm-{os.getpid()}.log"
         print(f"vLLM's log: {log}", file=sys.stderr, flush=True)
+        directs = {}
         with Vllm(max(args.concurrency), args.engine_nice, log) as engine:
             for backend in args.backends:
-                direct = direct_arm(engine, args)  # again before each arm: the baseline drifts
+                direct = directs[backend] = direct_arm(engine, args)  # again before each arm: it drifts
                 for replicas in args.replicas:
-                    rows += fsched_arm(engine, args, backend, replicas, direct)
+                    if "completions" in args.engine_apis:
+                        rows += fsched_arm(engine, args, backend, replicas, direct)
+        if "tokens" in args.engine_apis:
+            rows += token_interface_arm(args, directs)
     else:
         with Engine(args.slots, args.step_ms) as engine:
             direct = direct_arm(engine, args)
@@ -410,6 +466,8 @@ def main() -> None:
                 for replicas in args.replicas:
                     rows += fsched_arm(engine, args, backend, replicas, direct)
     print("\n".join(table_lines(rows)))
+    if args.vllm:
+        print("\n" + "\n".join(stack_lines(rows)))
     if args.profile:
         for path in sorted(Path(args.profile).rglob("*.txt")):
             print(f"\n{path.relative_to(args.profile)}:\n" + "\n".join(top_frames(path)))

@@ -27,7 +27,7 @@ OPTIONS = {
     "model": "--model", "device": "--device", "dtype": "--dtype", "policy": "--policy",
     "max_batch": "--max-batch", "kv_tokens": "--kv-tokens", "step_tokens": "--step-tokens",
     "threads": "--threads", "until_idle": "--until-idle", "lease_s": "--lease-ttl", "engine": "--engine",
-    "link": "--link",
+    "link": "--link", "engine_api": "--engine-api",
 }
 
 
@@ -63,6 +63,12 @@ EngineOption = Annotated[str, typer.Option(
     "folder whose tokenizer encodes the prompts. --max-batch and --kv-tokens default to what the engine "
     "says (else 64 requests).")]
 
+EngineApiOption = Annotated[str, typer.Option(
+    "--engine-api", help="With --engine URL, how fsched asks the engine for tokens: tokens (vLLM's token "
+    "interface, POST /inference/v1/generate: token ids in and out, nothing detokenized; vLLM serves it "
+    "with --tokens-only), completions (/v1/completions with token-id prompts, any OpenAI-compatible "
+    "engine), or auto: tokens where the engine serves it, else completions.")]
+
 
 @handle_errors
 def daemon(
@@ -70,6 +76,7 @@ def daemon(
     device: DeviceOption = DEFAULTS.device,
     dtype: DtypeOption = DEFAULTS.dtype,
     engine: EngineOption = DEFAULTS.engine,
+    engine_api: EngineApiOption = DEFAULTS.engine_api,
     policy: PolicyOption = DEFAULTS.policy,
     max_batch: MaxBatchOption = DEFAULTS.max_batch,
     kv_tokens: KvTokensOption = DEFAULTS.kv_tokens,
@@ -86,7 +93,7 @@ def daemon(
         settings = DaemonSettings(
             model=model, device=device, dtype=dtype, policy=policy, max_batch=max_batch,
             kv_tokens=kv_tokens, step_tokens=step_tokens, threads=threads, until_idle=until_idle,
-            lease_s=lease_ttl, engine=engine, link=link,
+            lease_s=lease_ttl, engine=engine, link=link, engine_api=engine_api,
         )
     except SettingsError as exc:
         raise UserError(f"{OPTIONS[exc.setting]}: {exc}") from None

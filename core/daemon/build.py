@@ -95,6 +95,9 @@ class DaemonSettings:
     # HOST:PORT (port 0: any free one; the heartbeat says which), or "off" (they read the table).
     # Loopback by default: a server on another machine needs a reachable address.
     link: str = "127.0.0.1:0"
+    # With a remote engine: how the daemon asks it for tokens ("auto", "tokens" or "completions";
+    # core/runners/connect.py): auto takes the engine's token interface where it serves one.
+    engine_api: str = "auto"
 
     def __post_init__(self) -> None:
         if self.link != "off":
@@ -113,6 +116,8 @@ class DaemonSettings:
                 raise SettingsError(name, f"must be a positive integer, got {value!r}")
         if self.engine != "hf" and not self.engine.startswith(("http://", "https://")):
             raise SettingsError("engine", f"must be hf or an http(s) URL of an engine, got {self.engine!r}")
+        if self.engine_api not in ("auto", "tokens", "completions"):
+            raise SettingsError("engine_api", f"must be auto, tokens or completions, got {self.engine_api!r}")
         if not math.isfinite(self.lease_s):
             raise SettingsError("lease_s", f"must be a finite number of seconds, got {self.lease_s!r}")
         try:
@@ -209,7 +214,7 @@ def _remote_runner(settings: DaemonSettings) -> RunnerChoice:
     from fsched.core.runners.connect import connect_remote_engine
 
     try:
-        remote = connect_remote_engine(settings.engine, settings.model)
+        remote = connect_remote_engine(settings.engine, settings.model, settings.engine_api)
     except ValueError as exc:
         raise RunnerUnavailable(f"--engine {settings.engine}: {exc}") from None
     return RunnerChoice(

@@ -1,7 +1,9 @@
 """Connecting to a remote engine: its figures, the model's tokenizer, a RemoteRunner over both.
 
 The engine's batch (`max_num_seqs`) and KV cache (blocks x block size) become
-the scheduler's budgets where its metrics say them. fsched encodes prompts
+the scheduler's budgets where its metrics say them. The runner speaks the
+engine's token interface (`/inference/v1/generate`, core/runners/tokens_api.py)
+where the engine serves it, else `/v1/completions` (`ENGINE_APIS`). fsched encodes prompts
 itself, with the model folder's tokenizer and chat template, exactly as the
 built-in runner does, and the engine sees token ids only; `standin` as the
 model gives the stand-in's ids instead (for the stand-in engine server).
@@ -14,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fsched.core.runners.openai_http import EngineClient, EngineHTTPError
-from fsched.core.runners.remote import Codec, RemoteRunner
+from fsched.core.runners.remote import COMPLETIONS, Codec, EngineApi, RemoteRunner
 from fsched.core.runners.standin import STANDIN_EOS, STANDIN_NAME, parse_standin, standin_encode, standin_text
+from fsched.core.runners.tokens_api import GENERATE_PATH, tokens_api
 
 log = logging.getLogger("fsched.daemon")
 
@@ -27,6 +30,9 @@ ENGINE_STEP_TOKENS = 8192
 # A step here is several of the engine's iterations: two steps of progress are the minimum quantum
 # before a request may be preempted (an abort and a resume cost a prefix-cache hit, not nothing).
 ENGINE_MIN_QUANTUM_STEPS = 2
+# How the daemon asks the engine for tokens: "auto" takes the token interface where the engine serves
+# it (no detokenizing on the engine's side), else the completions every OpenAI-compatible engine has.
+ENGINE_APIS = ("auto", "tokens", "completions")
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,6 +45,7 @@ class RemoteEngine:
     kv_tokens: int | None
     step_tokens: int
     min_quantum_steps: int
+    api: str  # the engine interface the runner speaks: "tokens" or "completions"
 
 
 def codec_for(model: str | None) -> tuple[str, Codec]:
@@ -76,21 +83,37 @@ def codec_for_served(spec: str | None, served: Sequence[str]) -> tuple[str, Code
         raise ValueError(f"cannot load the tokenizer {spec!r}: {exc}") from None
 
 
-def connect_remote_engine(url: str, model: str | None) -> RemoteEngine:
+def engine_api(client: EngineClient, asked: str, codec: Codec) -> EngineApi:
+    """The interface to speak: the one asked for, or with "auto" the token interface where the engine
+    serves it; ValueError when "tokens" is asked of an engine without it."""
+    if asked not in ENGINE_APIS:
+        raise ValueError(f"the engine API must be one of {', '.join(ENGINE_APIS)}, got {asked!r}")
+    if asked == "completions":
+        return COMPLETIONS
+    if client.serves(GENERATE_PATH):
+        return tokens_api(codec.eos_token_ids)
+    if asked == "tokens":
+        raise ValueError(f"the engine does not serve its token interface ({GENERATE_PATH}): start vLLM "
+                         "with --tokens-only (or --enable-scale-out), or use --engine-api completions")
+    return COMPLETIONS
+
+
+def connect_remote_engine(url: str, model: str | None, api: str = "auto") -> RemoteEngine:
     """A runner over the engine at `url`; raises ValueError when it cannot be reached or used."""
     try:
         client = EngineClient(url)
         info = client.info()
+        name, codec = codec_for(model)
+        chosen = engine_api(client, api, codec)
     except EngineHTTPError as exc:
         raise ValueError(str(exc)) from None
-    name, codec = codec_for(model)
     context = min(codec.context_length, info.max_model_len or codec.context_length)
     codec = Codec(codec.decode, codec.eos_token_ids, context, codec.encode, codec.decode_special)
-    log.info("engine %s serves %s (context %d, KV %s tokens, batch %s)", client.url, info.model, context,
-             info.kv_tokens or "unknown", info.max_num_seqs or "unknown")
+    log.info("engine %s serves %s (context %d, KV %s tokens, batch %s) over %s", client.url, info.model,
+             context, info.kv_tokens or "unknown", info.max_num_seqs or "unknown", chosen.path)
     return RemoteEngine(
-        runner=RemoteRunner(client, codec, info.model), name=name,
-        description=f"{name} on {client.url} ({info.model})", url=client.url,
+        runner=RemoteRunner(client, codec, info.model, api=chosen), name=name,
+        description=f"{name} on {client.url} ({info.model}, {chosen.name} API)", url=client.url,
         max_batch=info.max_num_seqs or DEFAULT_ENGINE_BATCH, kv_tokens=info.kv_tokens,
-        step_tokens=ENGINE_STEP_TOKENS, min_quantum_steps=ENGINE_MIN_QUANTUM_STEPS,
+        step_tokens=ENGINE_STEP_TOKENS, min_quantum_steps=ENGINE_MIN_QUANTUM_STEPS, api=chosen.name,
     )

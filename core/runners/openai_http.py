@@ -1,8 +1,9 @@
 """Talking to an OpenAI-compatible engine (vLLM, or anything that takes token-id prompts).
 
 Standard library only. The plain requests (`/health`, `/v1/models`,
-`/metrics`) are blocking calls; streamed `/v1/completions` calls are read
-by one selector for all of them (`streams()`, core/runners/streams.py).
+`/metrics`) are blocking calls; streamed calls (`/v1/completions`, or the
+token interface of core/runners/tokens_api.py) are read by one selector for
+all of them (`streams()`, core/runners/streams.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class EngineHTTPError(Exception):
 
 
 class EngineClient:
-    """One engine's HTTP API: probes, its description, streamed completions."""
+    """One engine's HTTP API: probes, its description, its streams."""
 
     def __init__(self, url: str, connect_timeout_s: float = 5.0, read_timeout_s: float = 600.0):
         parts = urlsplit(url if "://" in url else f"http://{url}")
@@ -55,6 +56,24 @@ class EngineClient:
             raise EngineHTTPError(f"{self.url} unreachable: {exc}") from None
         finally:
             conn.close()
+
+    def post(self, path: str, body: dict) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout_s)
+        try:
+            conn.request("POST", self.base + path, json.dumps(body).encode(),
+                         {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            return response.status, response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise EngineHTTPError(f"{self.url} unreachable: {exc}") from None
+        finally:
+            conn.close()
+
+    def serves(self, path: str) -> bool:
+        """Whether the engine serves POST `path`: asked with an empty body, a server that has the route
+        refuses the body (400, 422); one without it answers 404 or 405, and vLLM 403 where the route
+        is there but turned off (its token interface without `--tokens-only` or `--enable-scale-out`)."""
+        return self.post(path, {})[0] not in (403, 404, 405)
 
     def healthy(self) -> bool:
         """The engine answers and is ready (`/health`, or `/v1/models` where there is no `/health`)."""
@@ -102,10 +121,9 @@ class EngineClient:
         return kv, _int(labels.get("max_num_seqs"))
 
     # -- streams -------------------------------------------------------------------------
-    def streams(self) -> Streams:
-        """A selector for this engine's streamed completions (one per reader: it is not thread-safe)."""
-        return Streams(self.host, self.port, self.base + "/v1/completions", self.connect_timeout_s,
-                       self.read_timeout_s)
+    def streams(self, path: str = "/v1/completions") -> Streams:
+        """A selector for this engine's streams at `path` (one per reader: it is not thread-safe)."""
+        return Streams(self.host, self.port, self.base + path, self.connect_timeout_s, self.read_timeout_s)
 
 
 def _int(text: str | None) -> int | None:

@@ -198,6 +198,24 @@ def _floor(logprob: float | None) -> float:
     return LOGPROB_FLOOR if logprob is None or logprob != logprob else max(LOGPROB_FLOOR, float(logprob))
 
 
+@dataclass(slots=True, frozen=True)
+class EngineApi:
+    """One way of asking the engine for a streamed continuation: its path, the request body that
+    continues a request (`completion_body`'s arguments), and how a stream's `logprobs` objects read
+    (`chunk_logprobs`'s). Both ways stream server-sent events whose one choice carries `token_ids` and
+    `finish_reason`, ending with `data: [DONE]`, so one stream reader serves both."""
+
+    name: str
+    path: str
+    body: Callable[..., dict]
+    logprobs: Callable[[Sequence[tuple[dict, int]], Callable[[list[int]], str], int], list[TokenLogprobs]]
+
+
+# vLLM's OpenAI completions, with token-id prompts and `return_token_ids`: what any OpenAI-compatible
+# engine that takes token ids serves (the engine detokenizes every token it streams, unused here).
+COMPLETIONS = EngineApi("completions", "/v1/completions", completion_body, chunk_logprobs)
+
+
 @dataclass(slots=True, eq=False)
 class _Request(Registered):
     """The record (its output: the tokens reported to the scheduler), and its stream's state."""
@@ -216,15 +234,16 @@ class RemoteRunner(Runner):
 
     def __init__(self, client: EngineClient, codec: Codec, model: str, max_wait_s: float = 0.05,
                  gather_s: float = 0.010, gather_slice_s: float = 0.002,
-                 backoff_s: tuple[float, float] = (0.5, 8.0)):
+                 backoff_s: tuple[float, float] = (0.5, 8.0), api: EngineApi = COMPLETIONS):
         self.client = client
         self.codec = codec
         self.model = model
+        self.api = api
         self.max_wait_s = max_wait_s
         self.gather_s = gather_s
         self.gather_slice_s = gather_slice_s
         self.backoff_s = backoff_s
-        self._streams = client.streams()
+        self._streams = client.streams(api.path)
         self._requests: dict[RequestId, _Request] = {}
         self._down_since: float | None = None
         self._backoff = backoff_s[0]
@@ -290,14 +309,14 @@ class RemoteRunner(Runner):
         generated = len(request.output)
         if generated and replays(request.params):
             r.replay = list(request.output)
-            body = completion_body(self.model, list(request.prompt), request.params, 0, self.context_length)
+            body = self.api.body(self.model, list(request.prompt), request.params, 0, self.context_length)
         else:
             r.replay = []
-            body = completion_body(self.model, r.tokens(), request.params, generated, self.context_length,
+            body = self.api.body(self.model, r.tokens(), request.params, generated, self.context_length,
                                    request.output)
         r.pending.clear()
         r.pending_logprobs.clear()
-        r.stream = self._streams.open(body, r)
+        r.stream = self._streams.open(body, r, plain=r.params.logprobs is None)
         self.streams_opened += 1
         self.resumes += generated > 0
         if r.stream.ended:  # it could not even connect
@@ -361,7 +380,7 @@ class RemoteRunner(Runner):
         if r.stream is not stream or self._requests.get(r.id) is not r:
             return  # from a stream since aborted, or a request since released
         tokens, chunks = stream.take()
-        logprobs = (chunk_logprobs(chunks, self.codec.decode, r.params.logprobs)
+        logprobs = (self.api.logprobs(chunks, self.codec.decode, r.params.logprobs)
                     if r.params.logprobs is not None else [])
         if r.replay and tokens and not self._replayed(r, tokens, logprobs):
             return

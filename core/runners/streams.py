@@ -94,8 +94,9 @@ class Streams:
     def __len__(self) -> int:
         return len(self._open)
 
-    def open(self, body: dict, owner: object = None) -> Stream:
-        """Start a streamed completion of `body` (its events come in through `poll`)."""
+    def open(self, body: dict, owner: object = None, plain: bool | None = None) -> Stream:
+        """Start a streamed completion of `body` (its events come in through `poll`); `plain`: its
+        reader wants no logprobs (by default: the body asks for none)."""
         data = json.dumps(body, separators=(",", ":")).encode()
         request = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
                    f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
@@ -111,7 +112,7 @@ class Streams:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         stream = Stream(sock, request, owner, deadline=time.monotonic() + self.connect_timeout_s,
-                        plain=body.get("logprobs") is None)
+                        plain=body.get("logprobs") is None if plain is None else plain)
         code = sock.connect_ex(address)
         if code not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
             _fail(stream, f"cannot connect to the engine: {os.strerror(code)}", Fault.UNAVAILABLE)

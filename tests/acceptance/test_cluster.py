@@ -4,7 +4,8 @@ The daemons are real `fsched daemon` processes. Most serve with the
 deterministic stand-in (`--model standin:<ms>`): what is tested is the job
 table's protocol, and the stand-in's outputs are a pure function of each
 request, so "every request ends exactly once, with the right output" can be
-checked token for token. One test runs the real tiny model.
+checked token for token. One test runs the real tiny model; one drives stand-in engine servers over
+their token interface (`--engine URL --engine-api tokens`), the daemons' own engines.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fsched.core.runners.standin import (
 from fsched.core.runners.stopping import check_stop
 from fsched.storage.jobstore import SqlJobStore
 from tests.support.cli import invoke
+from tests.support.fake_engine import FakeEngine
 
 from .conftest import FSCHED
 
@@ -182,6 +184,43 @@ def test_three_daemons_kill_and_pause_every_request_ends_once(cluster, tmp_path)
     # The paused daemon did try to carry on with what it had lost, and was refused.
     assert sleeper_row.stats.lost_leases > 0, sleeper_row.stats
     store.db.dispose()
+
+
+def test_a_killed_engine_daemons_requests_resume_on_another_over_the_token_interface(cluster, tmp_path):
+    """Two daemons, each in front of its own engine over the token interface: one is killed -9; the
+    other takes its requests over when their leases expire and resumes each on its own engine from the
+    tokens stored, exactly (greedy: the stand-in engine's tokens are the stand-in's)."""
+    path, expected = tmp_path / "jobs.jsonl", {}
+    with open(path, "w") as f:
+        for i in range(160):
+            prompt = f"engine request {i} about the sea"
+            f.write(json.dumps({"custom_id": f"e-{i}", "prompt": prompt, "max_tokens": 40, "seed": 1000 + i,
+                                "temperature": 0}) + "\n")
+            expected[f"e-{i}"] = standin_expected(prompt, 1000 + i, 40)
+    cluster.fsched("submit", str(path), "--tenant", "alice")
+    engines = [FakeEngine(step_s=0.004) for _ in range(2)]
+    store = SqlJobStore(cluster.url)
+    try:
+        victim, survivor = (cluster.start("--model", "standin", "--engine", e.url, "--engine-api", "tokens",
+                                          "--max-batch", "16", "-q") for e in engines)
+        victim_id = owner_of(store, victim.pid)
+        wait_until(lambda: held_by(store, victim_id) > 0, 30)
+        wait_until(lambda: sum(j.counts.num_done for j in store.list_jobs()) > 30, 60)
+        os.kill(victim.pid, signal.SIGKILL)
+        victims = {tuple(b["prompt"]) for b in engines[0].bodies}
+        wait_until(lambda: all(j.state.finished for j in store.list_jobs()), 120, step=0.2)
+        survivor.terminate()
+        assert survivor.wait(timeout=15) == 0, cluster.logs()
+        outputs = {r.custom_id: r.output_text for r in store.iter_results(1)}
+        assert outputs == expected  # nothing lost, nothing doubled, every resume exact
+        # The survivor's engine took some of the victim's requests (each prompt is its request's own),
+        # resumed from prompt + the tokens stored.
+        taken = [b for b in engines[1].bodies if any(tuple(b["prompt"][: len(v)]) == v for v in victims)]
+        assert taken and {*engines[0].apis, *engines[1].apis} == {"tokens"}
+    finally:
+        store.db.dispose()
+        for engine in engines:
+            engine.stop()
 
 
 def test_weights_hold_across_three_daemons_and_realtime_waits_for_none(cluster, tmp_path):

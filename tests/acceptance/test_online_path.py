@@ -3,6 +3,10 @@ that stops reading, a key revoked. A real `fsched serve` and stand-in daemons in
 
 Each test holds a request of each streaming API open at once (a chat or completions stream, and a
 Responses stream): the rules are the same for both, and one server, one kill and one wait serve both.
+The killed-daemon case runs over a remote engine's token interface too (the stand-in engine server,
+whose greedy tokens are the stand-in's): the daemon that takes over resumes the engine's streams. Its
+requests are greedy there: a sampled request's tokens not yet stored when the daemon dies are drawn
+again from a derived seed on a remote engine (docs/vllm.md), unlike the built-in stand-in's.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import TypeVar
 
 import httpx
 import pytest
+
+from tests.support.fake_engine import FakeEngine
 
 from .http_server import Server, make_server
 from .test_http import CHAT, CHAT_URL, long_seed, runs_long
@@ -37,17 +43,37 @@ def server(tmp_path) -> Server:
     s.stop()
 
 
-def start(server: Server, *serve_args: str, step: str = "20ms") -> None:
-    server.start_daemon("--model", f"standin:{step}", "--lease-ttl", "3")
+def start(server: Server, *serve_args: str, step: str = "20ms", engine: FakeEngine | None = None) -> None:
+    server.start_daemon(*daemon_args(step, engine))
     server.start_server("--no-daemon-s", "3", "--stall-s", "1.5", *serve_args)
     server.wait_ready()
 
 
-def body(url: str) -> dict:
+def daemon_args(step: str, engine: FakeEngine | None) -> tuple[str, ...]:
+    """The stand-in run by the daemon at `step` a token, or, given an engine, the stand-in's ids sent to
+    that engine over its token interface (the engine keeps its own pace)."""
+    if engine is None:
+        return ("--model", f"standin:{step}", "--lease-ttl", "3")
+    return ("--model", "standin", "--engine", engine.url, "--engine-api", "tokens", "--lease-ttl", "3")
+
+
+@pytest.fixture(params=["builtin", "tokens"])
+def engine(request) -> Iterator[FakeEngine | None]:
+    """None: the daemon runs the stand-in itself; else a stand-in engine server at 20 ms a token."""
+    if request.param == "builtin":
+        yield None
+        return
+    fake = FakeEngine(step_s=0.02)
+    yield fake
+    fake.stop()
+
+
+def body(url: str, greedy: bool = False) -> dict:
+    sampling = {"temperature": 0} if greedy else {}
     if url == CHAT_URL:
         return {"model": "m", "messages": CHAT, "max_tokens": TOKENS, "stream": True,
-                "seed": long_seed(TOKENS, messages=CHAT)}
-    return {"model": "m", "input": CHAT, "max_output_tokens": TOKENS, "stream": True}
+                "seed": long_seed(TOKENS, messages=CHAT), **sampling}
+    return {"model": "m", "input": CHAT, "max_output_tokens": TOKENS, "stream": True, **sampling}
 
 
 def long_draw(server: Server, tenant: str, n: int, attempt: Callable[[], tuple[T, Callable]], **encoded):
@@ -117,24 +143,25 @@ class Reader:
 
 
 @contextmanager
-def streams(server: Server, tenant: str) -> Iterator[list[Reader]]:
+def streams(server: Server, tenant: str, greedy: bool = False) -> Iterator[list[Reader]]:
     """A chat stream, then a Responses stream, of a new key of `tenant`, both open and each running to
     TOKENS tokens unless stopped: their readers, in that order."""
     key = server.key(tenant)
     with ExitStack() as stack:
         readers = []
         for url in (CHAT_URL, RESPONSES_URL):
-            attempt = partial(open_stream, server, key, url)
+            attempt = partial(open_stream, server, key, url, greedy)
             (one, response), job_id = long_draw(server, tenant, TOKENS, attempt, messages=CHAT)
             stack.push(one.pop_all())
             readers.append(Reader(response, job_id))
         yield readers
 
 
-def open_stream(server: Server, key: str, url: str) -> tuple[tuple[ExitStack, httpx.Response], Callable]:
+def open_stream(server: Server, key: str, url: str, greedy: bool = False
+                ) -> tuple[tuple[ExitStack, httpx.Response], Callable]:
     one = ExitStack()
-    response = one.enter_context(httpx.stream("POST", f"{server.url}{url}", json=body(url), timeout=30,
-                                              headers={"Authorization": f"Bearer {key}"}))
+    response = one.enter_context(httpx.stream("POST", f"{server.url}{url}", json=body(url, greedy),
+                                              timeout=30, headers={"Authorization": f"Bearer {key}"}))
     return (one, response), one.close
 
 
@@ -143,15 +170,21 @@ def each_until(readers: list[Reader], stop) -> None:
         reader.until(stop)
 
 
-def test_a_killed_daemon_keeps_the_streams_alive_and_a_new_one_resumes_them_without_repeats(server):
-    start(server, "--no-daemon-s", "30")  # ample time for the successor to start on a loaded machine
-    with streams(server, "kept") as readers:
+def test_a_killed_daemon_keeps_the_streams_alive_and_a_new_one_resumes_them_without_repeats(server, engine):
+    # ample time for the successor to start on a loaded machine
+    start(server, "--no-daemon-s", "30", engine=engine)
+    with streams(server, "kept", greedy=engine is not None) as readers:
         each_until(readers, lambda r: len(r.content) > 40)
         server.procs[0].send_signal(signal.SIGKILL)
         each_until(readers, lambda r: r.keepalives >= 1)  # no bytes of text come, but the streams are alive
-        server.start_daemon("--model", "standin:1ms", "--lease-ttl", "3")  # back within --no-daemon-s
+        if engine is not None:
+            engine.step_s = 0.001
+            before = len(engine.bodies)
+        server.start_daemon(*daemon_args("1ms", engine))  # back within --no-daemon-s
         each_until(readers, lambda r: r.done)
     assert [(r.errors, r.keepalives >= 1) for r in readers] == [([], True)] * 2
+    if engine is not None:  # the successor resumed both streams on the engine, from the tokens stored
+        assert set(engine.apis) == {"tokens"} and len(engine.bodies) - before >= 2, engine.bodies
     # What was pushed before the kill is not repeated.
     assert [row(server, r.job_id) for r in readers] == [("done", r.content) for r in readers]
 

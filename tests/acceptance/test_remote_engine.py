@@ -4,7 +4,9 @@ The engine (tests/support/fake_engine.py) runs in this process on a loopback
 port; the daemons are real `fsched daemon` subprocesses. Its greedy tokens are
 the stand-in model's, so `--model standin --engine URL` must store exactly what
 the built-in `--model standin` stores. 1 to 4 minutes in all on a 2-core machine,
-depending on its load (3.6 min measured under heavy load).
+depending on its load (3.6 min measured under heavy load). The engine serves both
+interfaces: the daemon takes the token interface by itself (`--engine-api auto`),
+and the preemption and kill -9 cases run over each interface by name.
 """
 
 from __future__ import annotations
@@ -63,9 +65,12 @@ def reference(fs: Fsched, tmp_path, *files: tuple[str, ...]) -> dict:
     return outputs(ref)
 
 
-def daemon(fs: Fsched, fake: FakeEngine, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([FSCHED, "daemon", "--model", "standin", "--engine", fake.url, *args],
-                            env=fs.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def daemon(fs: Fsched, fake: FakeEngine, *args: str, api: str = "auto") -> subprocess.Popen:
+    return subprocess.Popen([FSCHED, "daemon", "--model", "standin", "--engine", fake.url, "--engine-api",
+                             api, *args], env=fs.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+both_apis = pytest.mark.parametrize("api", ["completions", "tokens"])
 
 
 def resumed(fake: FakeEngine, prompts: int) -> int:
@@ -73,13 +78,14 @@ def resumed(fake: FakeEngine, prompts: int) -> int:
     return max(0, len(fake.bodies) - prompts)
 
 
-def test_outputs_equal_the_builtin_runner_even_with_preemptions(fs, tmp_path, fake):
+@both_apis
+def test_outputs_equal_the_builtin_runner_even_with_preemptions(fs, tmp_path, fake, api):
     batch = greedy_jobs(tmp_path / "batch.jsonl", n=40)
     chat = greedy_jobs(tmp_path / "chat.jsonl", n=10, seed=1, max_tokens=16)
     expected = reference(fs, tmp_path, (batch,), (chat, "--class", "realtime"))
     fs.ok("submit", batch)
     fake.step_s = 0.01  # slow enough that the batch is full when the realtime work arrives
-    d = daemon(fs, fake, "--max-batch", "4", "--until-idle")
+    d = daemon(fs, fake, "--max-batch", "4", "--until-idle", api=api)
     deadline = time.time() + 60
     while time.time() < deadline and total_tokens(fs) < 60:
         time.sleep(0.05)
@@ -90,17 +96,19 @@ def test_outputs_equal_the_builtin_runner_even_with_preemptions(fs, tmp_path, fa
     # At most the batch in flight (plus one aborted stream the engine has not yet seen go).
     assert fake.max_in_flight <= 4 + 1
     assert resumed(fake, 50) > 0  # preempted requests resumed from prompt + generated
+    assert set(fake.apis) == {api}
     counters_consistent(fs)
 
 
-def test_kill_9_twice_resumes_and_outputs_are_identical(fs, tmp_path, fake):
+@both_apis
+def test_kill_9_twice_resumes_and_outputs_are_identical(fs, tmp_path, fake, api):
     jobs = greedy_jobs(tmp_path / "job.jsonl", n=60)
     expected = reference(fs, tmp_path, (jobs,))
     fs.ok("submit", jobs)
     fake.step_s = 0.01
     for _ in range(2):
         before = total_tokens(fs)
-        d = daemon(fs, fake)
+        d = daemon(fs, fake, api=api)
         deadline = time.time() + 60
         while time.time() < deadline and total_tokens(fs) < before + 100:
             time.sleep(0.05)
@@ -109,8 +117,10 @@ def test_kill_9_twice_resumes_and_outputs_are_identical(fs, tmp_path, fake):
         d.communicate(timeout=30)
         counters_consistent(fs)
     fake.step_s = 0.002
-    fs.ok("daemon", "--model", "standin", "--engine", fake.url, "--until-idle", "--quiet", timeout=120)
+    fs.ok("daemon", "--model", "standin", "--engine", fake.url, "--engine-api", api, "--until-idle",
+          "--quiet", timeout=120)
     assert outputs(fs) == expected
+    assert set(fake.apis) == {api}
 
 
 def test_engine_restart_mid_run_logs_once_and_loses_nothing(fs, tmp_path, fake):
@@ -126,6 +136,7 @@ def test_engine_restart_mid_run_logs_once_and_loses_nothing(fs, tmp_path, fake):
     fake.step_s = 0.002
     _, err = d.communicate(timeout=180)
     assert d.returncode == 0, err.decode()
+    assert set(fake.apis) == {"tokens"}  # auto: the engine serves its token interface
     lines = err.decode().splitlines()
     assert sum("unavailable" in line for line in lines) == 1, lines
     assert sum("is back after" in line for line in lines) == 1, lines

@@ -9,7 +9,9 @@ fsched must equal one-at-a-time `generate` in transformers, token for token:
 2. with forced preemptions (batch of 4, realtime work arriving mid-run);
 3. after `kill -9` of the daemon twice and one hard restart of the engine mid-run.
 Each model starts vLLM once (and restarts it once) and generates the reference one
-request at a time: 4 min 26 s for both models on 2 quiet cores.
+request at a time: 4 min 26 s for both models on 2 quiet cores. The tiny Llama runs
+once more over vLLM's token interface: vLLM started with `--tokens-only` (no tokenizer,
+no detokenizing), the daemon with `--engine-api tokens`.
 """
 
 from __future__ import annotations
@@ -141,8 +143,9 @@ def stop_when_done(table: Table, d: subprocess.Popen, timeout_s: float = 600) ->
     return err.decode()
 
 
-@pytest.mark.parametrize("name", ["tiny", "gpt2"])
-def test_vllm_outputs_equal_transformers_generate(name, models, tmp_path):
+@pytest.mark.parametrize(("name", "api"),
+                         [("tiny", "completions"), ("gpt2", "completions"), ("tiny", "tokens")])
+def test_vllm_outputs_equal_transformers_generate(name, api, models, tmp_path):
     folder = models[name]
     lines = workload()
     # Long batch requests that still run when the realtime work arrives: of twelve candidates,
@@ -159,8 +162,9 @@ def test_vllm_outputs_equal_transformers_generate(name, models, tmp_path):
     # The engine at a lower CPU priority: vLLM's CPU build polls on every core and would
     # otherwise starve the daemon for seconds at a time on a small machine (a GPU box has
     # cores to spare); see bench/remote_engine.py.
-    with VllmServer(folder, tmp_path / "vllm.log", nice=10) as server:
-        common = ("--model", str(folder), "--engine", server.url)
+    extra = ("--tokens-only",) if api == "tokens" else ()
+    with VllmServer(folder, tmp_path / "vllm.log", extra=extra, nice=10) as server:
+        common = ("--model", str(folder), "--engine", server.url, "--engine-api", api)
 
         straight = Table(tmp_path / "straight.db", env)
         straight.submit(lines + fillers)

@@ -1,7 +1,9 @@
 """RemoteRunner against the stand-in engine server: streams, preemption, faults, sampling.
 
 Each test starts a FakeEngine on a loopback port (in this process) and runs the
-real engine loop (scheduler + RemoteRunner) over it; about 5 s in all.
+real engine loop (scheduler + RemoteRunner) over it; about 5 s in all. The
+cases that exercise the wire (what a stream asks, resumes, faults, refusals)
+run over both engine interfaces: `/v1/completions` and the token interface.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import time
 import pytest
 
 from fsched.core.daemon.engine import Engine
+from fsched.core.runners.connect import engine_api
 from fsched.core.runners.openai_http import EngineClient
-from fsched.core.runners.remote import Codec, RemoteRunner, completion_body, resume_seed
+from fsched.core.runners.remote import COMPLETIONS, Codec, RemoteRunner, completion_body, resume_seed
 from fsched.core.runners.standin import STANDIN_EOS, StandInRunner, standin_text
+from fsched.core.runners.tokens_api import tokens_api
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Plan, PrefillChunk
 from fsched.core.sched.request import Request
@@ -27,6 +31,8 @@ from tests.support.fake_engine import FakeEngine, expected_tokens
 pytestmark = pytest.mark.timeout(120)
 
 CODEC = Codec(standin_text, frozenset({STANDIN_EOS}), 8192)
+APIS = {"completions": COMPLETIONS, "tokens": tokens_api(CODEC.eos_token_ids)}
+both_apis = pytest.mark.parametrize("api", list(APIS))
 
 
 @pytest.fixture
@@ -36,8 +42,8 @@ def fake():
     engine.stop()
 
 
-def remote_runner(fake: FakeEngine, **kw) -> RemoteRunner:
-    return RemoteRunner(EngineClient(fake.url), CODEC, fake.model, **kw)
+def remote_runner(fake: FakeEngine, api: str = "completions", **kw) -> RemoteRunner:
+    return RemoteRunner(EngineClient(fake.url), CODEC, fake.model, api=APIS[api], **kw)
 
 
 def config(**kw) -> SchedulerConfig:
@@ -54,8 +60,9 @@ def run(runner, reqs, cfg=None, on_step=None):
     return Engine(runner, Scheduler(cfg or config(), "fsched", {}), 8192).run_all(reqs, on_step)
 
 
-def test_greedy_outputs_equal_the_builtin_standin(fake):
-    remote = run(remote_runner(fake), requests())
+@both_apis
+def test_greedy_outputs_equal_the_builtin_standin(fake, api):
+    remote = run(remote_runner(fake, api), requests())
     local = run(StandInRunner(), requests())
     assert set(remote) == set(local)
     for rid, result in local.items():
@@ -63,7 +70,20 @@ def test_greedy_outputs_equal_the_builtin_standin(fake):
         assert remote[rid].status == result.status
         assert remote[rid].text == result.text
     assert fake.max_in_flight <= 8  # never more than the batch in flight
-    assert all(b["return_token_ids"] and b["stream"] for b in fake.bodies)
+    assert fake.apis == [api] * len(fake.bodies) and all(b["stream"] for b in fake.bodies)
+    if api == "completions":
+        assert all(b["return_token_ids"] for b in fake.bodies)
+    else:  # the token interface: nothing to detokenize, the end token named
+        assert all(b["detokenize"] is False and STANDIN_EOS in b["stop_token_ids"] for b in fake.bodies)
+
+
+def test_the_token_interface_is_chosen_where_the_engine_serves_it(fake):
+    assert engine_api(EngineClient(fake.url), "auto", CODEC).name == "tokens"
+    assert engine_api(EngineClient(fake.url), "completions", CODEC) is COMPLETIONS
+    fake.token_interface = False  # an engine without it (404), as vLLM before the interface
+    assert engine_api(EngineClient(fake.url), "auto", CODEC) is COMPLETIONS
+    with pytest.raises(ValueError, match="--tokens-only"):
+        engine_api(EngineClient(fake.url), "tokens", CODEC)
 
 
 def test_a_step_reports_every_token_that_arrived_and_waits_when_none_did(fake):
@@ -111,9 +131,10 @@ def test_a_readable_wake_descriptor_ends_a_steps_wait_at_once(fake):
         wake_w.close()
 
 
-def test_preemption_aborts_the_stream_and_resumes_from_prompt_plus_generated(fake):
+@both_apis
+def test_preemption_aborts_the_stream_and_resumes_from_prompt_plus_generated(fake, api):
     fake.step_s = 0.005
-    runner = remote_runner(fake)
+    runner = remote_runner(fake, api)
     params = SamplingParams(max_tokens=60, temperature=0, seed=11)
     a = Request.to_run("a", [9, 8, 7], params)
     runner.add(a)
@@ -162,10 +183,11 @@ def late_realtime(n=4):
     return late
 
 
-def test_forced_preemptions_keep_greedy_outputs_exact(fake):
+@both_apis
+def test_forced_preemptions_keep_greedy_outputs_exact(fake, api):
     fake.step_s = 0.002
     cfg = config(max_batch=4, preempt_grace_steps=0, min_quantum_steps=1)
-    runner = remote_runner(fake)
+    runner = remote_runner(fake, api)
     engine, remote = run_with_late_realtime(runner, requests(12), late_realtime(), cfg)
     local = run(StandInRunner(), requests(12) + late_realtime())
     assert engine.scheduler.preemptions > 0
@@ -175,9 +197,10 @@ def test_forced_preemptions_keep_greedy_outputs_exact(fake):
     assert runner.resumes == len(resumed) > 0
 
 
-def test_engine_restart_mid_run_loses_nothing(fake, caplog):
+@both_apis
+def test_engine_restart_mid_run_loses_nothing(fake, caplog, api):
     fake.step_s = 0.003
-    runner = remote_runner(fake, backoff_s=(0.1, 0.4))
+    runner = remote_runner(fake, api, backoff_s=(0.1, 0.4))
     crashed = []
     running = requests(12)
 
@@ -196,9 +219,10 @@ def test_engine_restart_mid_run_loses_nothing(fake, caplog):
     assert sum("unavailable" in m for m in lines) == 1 and sum("is back after" in m for m in lines) == 1
 
 
-def test_a_refused_request_fails_alone_with_the_engine_message(fake):
+@both_apis
+def test_a_refused_request_fails_alone_with_the_engine_message(fake, api):
     fake.refuse = lambda body: "prompt too nasty" if body["prompt"] == [1, 2, 3, 4, 5] else None
-    results = run(remote_runner(fake), requests(8))
+    results = run(remote_runner(fake, api), requests(8))
     failed = {k for k, v in results.items() if v.status is RequestStatus.FINISHED_FAILED}
     assert failed == {"2"}  # the one with prompt [1, 2, 3, 4, 5]
     assert "the engine refused the request: HTTP 400: prompt too nasty" == results["2"].error
@@ -206,17 +230,19 @@ def test_a_refused_request_fails_alone_with_the_engine_message(fake):
     assert all(results[k].tokens == local[k].tokens for k in local if k != "2")
 
 
-def test_context_too_long_is_refused_by_the_engine_with_its_message(fake):
+@both_apis
+def test_context_too_long_is_refused_by_the_engine_with_its_message(fake, api):
     fake.context = 64
     reqs = [Request.to_run("long", list(range(1, 40)), SamplingParams(max_tokens=50, temperature=0, seed=1)),
             Request.to_run("ok", [1, 2, 3], SamplingParams(max_tokens=20, temperature=0, seed=1))]
-    results = run(remote_runner(fake), reqs)
+    results = run(remote_runner(fake, api), reqs)
     assert results["ok"].status.succeeded
     assert results["long"].status is RequestStatus.FINISHED_FAILED
     assert "maximum context length is 64 tokens" in results["long"].error
 
 
-def test_seeded_sampling_is_reproducible_uninterrupted_and_per_interruption_point(fake):
+@both_apis
+def test_seeded_sampling_is_reproducible_uninterrupted_and_per_interruption_point(fake, api):
     """What is reproducible: an uninterrupted seeded request (the engine's own seeded run), and
     an interrupted one given the same interruption points. What is not: an interrupted request
     does not continue as the uninterrupted run would (the engine's generator restarts)."""
@@ -225,7 +251,7 @@ def test_seeded_sampling_is_reproducible_uninterrupted_and_per_interruption_poin
     assert completion_body("m", prompt, params, 0, 8192)["seed"] == 123
 
     def interrupted_at(k: int) -> list[int]:
-        runner = remote_runner(fake)
+        runner = remote_runner(fake, api)
         s = Request.to_run("s", prompt, params, resumed=whole[:k])  # a resume after k tokens
         runner.add(s)
         runner.run(Plan(step=0, prefill=(PrefillChunk("s", 0, 3 + k, True),)))

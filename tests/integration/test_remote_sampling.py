@@ -9,14 +9,28 @@ import jsonschema
 import pytest
 
 from fsched.core.runners.openai_http import EngineClient
-from fsched.core.runners.remote import Codec, RemoteRunner, completion_body, event_logprobs
+from fsched.core.runners.remote import (
+    COMPLETIONS,
+    Codec,
+    EngineApi,
+    RemoteRunner,
+    completion_body,
+    event_logprobs,
+)
 from fsched.core.runners.standin import STANDIN_EOS, standin_text
+from fsched.core.runners.tokens_api import tokens_api
 from fsched.core.sched.plan import Plan, Preemption, PrefillChunk
 from fsched.core.sched.request import Checkpoint, Request
 from fsched.core.types import LOGPROB_FLOOR, ResponseFormat, SamplingParams
 from tests.support.fake_engine import FakeEngine
 
 pytestmark = pytest.mark.timeout(120)
+# The engine interfaces the wire cases run over: the completions and the token interface.
+both_apis = pytest.mark.parametrize("api", ["completions", "tokens"])
+
+
+def api_of(name: str, codec: Codec) -> EngineApi:
+    return COMPLETIONS if name == "completions" else tokens_api(codec.eos_token_ids)
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"},
                                            "n": {"type": "integer", "minimum": 0, "maximum": 999}},
@@ -85,17 +99,20 @@ def fake():
     engine.stop()
 
 
-def test_logprobs_and_stop_fields_come_through_a_preemption(fake):
+@both_apis
+def test_logprobs_and_stop_fields_come_through_a_preemption(fake, api):
     codec = Codec(standin_text, frozenset({STANDIN_EOS}), 8192)
     params = SamplingParams(max_tokens=30, temperature=0, seed=3, logprobs=2, ignore_eos=True)
 
     def run(preempt_at: int | None):
-        return one_request(RemoteRunner(EngineClient(fake.url), codec, fake.model), params, preempt_at)
+        runner = RemoteRunner(EngineClient(fake.url), codec, fake.model, api=api_of(api, codec))
+        return one_request(runner, params, preempt_at)
 
     tokens, logprobs = run(None)
     assert len(tokens) == 30 and len(logprobs) == 30 and all(len(t.top) == 2 for t in logprobs)
     assert [t.chosen.token for t in logprobs] == tokens
     assert run(5) == (tokens, logprobs)
+    assert set(fake.apis) == {api}
 
 
 @pytest.fixture
@@ -108,19 +125,21 @@ def json_engine():
     engine.stop()
 
 
-def test_structured_output_on_the_engine_stays_valid_through_preemptions(json_engine):
+@both_apis
+def test_structured_output_on_the_engine_stays_valid_through_preemptions(json_engine, api):
     from fsched.core.runners.hf.tokenizer import load_tokenizer
 
     engine, folder = json_engine
     tok = load_tokenizer(str(folder))
     codec = Codec(tok.decode, tok.eos_token_ids, tok.context_length)
     fmt = ResponseFormat.json_schema(SCHEMA)
-    for seed in range(4):
+    for seed in range(2 if api == "tokens" else 4):
         params = SamplingParams(max_tokens=60, temperature=1.0, seed=seed, response_format=fmt)
-        whole, _ = one_request(RemoteRunner(EngineClient(engine.url), codec, engine.model), params, None)
+        whole, _ = one_request(RemoteRunner(EngineClient(engine.url), codec, engine.model,
+                                            api=api_of(api, codec)), params, None)
         jsonschema.validate(json.loads(tok.decode(whole)), SCHEMA)
         engine.bodies.clear()
-        runner = RemoteRunner(EngineClient(engine.url), codec, engine.model)
+        runner = RemoteRunner(EngineClient(engine.url), codec, engine.model, api=api_of(api, codec))
         again, _ = one_request(runner, params, preempt_at=3)
         assert again == whole and runner.resumes == 1
         # The resumed stream replayed from the prompt, under the grammar, with the first seed.

@@ -26,6 +26,16 @@ connection and stops listening for a while; `refuse` makes chosen requests
 fail with HTTP 400; a prompt plus max_tokens over `context` is refused with
 vLLM's kind of message.
 
+It serves vLLM's token interface too (`POST /inference/v1/generate`, as
+`vllm serve --tokens-only` does): `{"token_ids", "sampling_params", "stream"}`
+in, events whose one choice carries `token_ids` out, logprobs as integer ids
+(the sampled token first, then the others, `max(k, 1)` in all), the same
+tokens as the completions stream for the same request. `bodies` records
+every request in the completions shape (the token interface's
+`sampling_params` at the top, `token_ids` as `prompt`, `structured_outputs`
+as `response_format`), `apis` which interface each came by. With
+`token_interface=False` that path answers 404, as an engine without it does.
+
 Run alone: `python -m tests.support.fake_engine --port 8011`.
 """
 
@@ -73,13 +83,15 @@ class FakeEngine:
                  vocab: int | None = None,
                  eos: int = STANDIN_EOS, step_s: float = 0.0, kv_tokens: int | None = None,
                  refuse: Callable[[dict], str | None] | None = None, tokenizer: str | None = None,
-                 script: Callable[[list[int]], list[int] | None] | None = None):
+                 script: Callable[[list[int]], list[int] | None] | None = None, token_interface: bool = True):
         self.model, self.context, self.vocab, self.eos = model, context, vocab, eos
+        self.token_interface = token_interface
         self.tokenizer, self.script = tokenizer, script
         self.scripted: dict[tuple[int, ...], list[int]] = {}  # each scripted prompt's answer
         self.step_s, self.kv_tokens, self.refuse = step_s, kv_tokens, refuse
         self.port = port
-        self.bodies: list[dict] = []  # every completion request received
+        self.bodies: list[dict] = []  # every completion request received (in the completions shape)
+        self.apis: list[str] = []  # the interface each came by: "completions" or "tokens"
         self.aborted = 0  # streams the client left before their end
         self.in_flight = 0
         self.max_in_flight = 0
@@ -123,7 +135,21 @@ class FakeEngine:
         timer.start()
 
     # -- serving -------------------------------------------------------------------------
-    def completion(self, handler: BaseHTTPRequestHandler, body: dict) -> None:
+    def generate(self, handler: BaseHTTPRequestHandler, request: dict) -> None:
+        """The token interface: the same stream as `completion`, asked and answered in its shape."""
+        sampling, tokens = request.get("sampling_params"), request.get("token_ids")
+        if not isinstance(sampling, dict) or not isinstance(tokens, list) or not tokens:
+            return handler.reply(422, {"detail": [{"msg": "token_ids and sampling_params are required"}]})
+        if not request.get("stream"):
+            return handler.reply(400, {"error": {"message": "this stand-in engine only streams"}})
+        body = {**sampling, "model": request.get("model"), "prompt": tokens, "stream": True}
+        wanted = sampling.get("structured_outputs")
+        if wanted is not None:
+            body["response_format"] = ({"type": "json_object"} if wanted.get("json_object") else
+                                       {"type": "json_schema", "json_schema": {"schema": wanted["json"]}})
+        self.completion(handler, body, api="tokens")
+
+    def completion(self, handler: BaseHTTPRequestHandler, body: dict, api: str = "completions") -> None:
         prompt, max_tokens = body.get("prompt"), int(body.get("max_tokens") or 16)
         if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
             return handler.reply(400, {"error": {"message": "prompt must be a list of token ids"}})
@@ -136,10 +162,11 @@ class FakeEngine:
             return handler.reply(400, {"error": {"message": message}})
         with self._lock:
             self.bodies.append(body)
+            self.apis.append(api)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            self._stream(handler, prompt, max_tokens, body)
+            self._stream(handler, prompt, max_tokens, body, api == "tokens")
         except OSError:
             with self._lock:
                 self.aborted += 1
@@ -147,7 +174,7 @@ class FakeEngine:
             with self._lock:
                 self.in_flight -= 1
 
-    def _stream(self, handler, prompt: list[int], max_tokens: int, body: dict) -> None:
+    def _stream(self, handler, prompt: list[int], max_tokens: int, body: dict, tokens_api: bool) -> None:
         handler.send_response(200)
         handler.send_header("Content-Type", "text/event-stream")
         handler.send_header("Connection", "close")
@@ -174,12 +201,20 @@ class FakeEngine:
             ended = token in stops or (grammar is not None and grammar.done)
             done = ended or n >= max_tokens
             finish = "stop" if ended else "length"
-            choice = {"index": 0, "text": f" w{token}", "token_ids": [token],
-                      "finish_reason": finish if done else None}
-            if body.get("logprobs") is not None:
-                choice["logprobs"] = fake_logprobs(token, context, int(body["logprobs"]))
-            handler.event({"id": "cmpl-fake", "object": "text_completion", "model": self.model,
-                           "choices": [choice]})
+            if tokens_api:
+                choice = {"index": 0, "finish_reason": finish if done else None, "stop_reason": None,
+                          "token_ids": [token], "logprobs": None}
+                if body.get("logprobs") is not None:
+                    choice["logprobs"] = fake_generate_logprobs(token, context, int(body["logprobs"]))
+                handler.event({"request_id": "generate-tokens-fake", "usage": None, "output_mode": "tokens",
+                               "choices": [choice]})
+            else:
+                choice = {"index": 0, "text": f" w{token}", "token_ids": [token],
+                          "finish_reason": finish if done else None}
+                if body.get("logprobs") is not None:
+                    choice["logprobs"] = fake_logprobs(token, context, int(body["logprobs"]))
+                handler.event({"id": "cmpl-fake", "object": "text_completion", "model": self.model,
+                               "choices": [choice]})
             with self._lock:
                 self.tokens_sent += 1
             if done:
@@ -223,6 +258,15 @@ def fake_logprobs(token: int, context: list[int], k: int) -> dict:
         top[f"token_id:{1 + (digest + i * 7919) % 1999}"] = chosen - i
     return {"tokens": [f"token_id:{token}"], "token_logprobs": [chosen], "top_logprobs": [top],
             "text_offset": [0]}
+
+
+def fake_generate_logprobs(token: int, context: list[int], k: int) -> dict:
+    """The token interface's `logprobs` object for one token: the values of `fake_logprobs` as integer
+    ids, the sampled token first, `max(k, 1)` entries in all (as vLLM cuts them)."""
+    top = fake_logprobs(token, context, k)["top_logprobs"][0]
+    entries = [{"token_id": int(t.removeprefix("token_id:")), "logprob": lp} for t, lp in top.items()]
+    return {"content": [{"token_id": token, "logprob": top[f"token_id:{token}"],
+                         "top_logprobs": entries[: max(k, 1)]}]}
 
 
 class _Grammar:
@@ -309,6 +353,8 @@ def _handler(engine: FakeEngine):
                 body = json.loads(self.rfile.read(length) or b"{}")
             except ValueError:
                 return self.reply(400, {"error": {"message": "invalid JSON"}})
+            if self.path == "/inference/v1/generate" and engine.token_interface:
+                return engine.generate(self, body)
             if self.path != "/v1/completions":
                 return self.reply(404, {"error": {"message": "not found"}})
             engine.completion(self, body)
