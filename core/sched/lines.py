@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 from fsched.core.sched.config import SchedulerConfig
@@ -50,6 +50,15 @@ def stamp(r: Request, config: SchedulerConfig, step_s: float) -> None:
     r.aged_at = r.arrival + config.aging_factor * target
 
 
+def restamp_running(running: Iterable[Request], config: SchedulerConfig, step_s: float) -> None:
+    """Move the `late_at` of each running request still before its first token to what the prefill
+    it has left takes (as `stamp` does for the whole prompt when a wait starts), so that `on_target`
+    follows its progress."""
+    for r in running:
+        if r.generated == 0 and r.pending_prefill:
+            r.late_at = r.deadline - prefill_steps(r, config) * step_s
+
+
 def prefill_steps(r: Request, config: SchedulerConfig) -> int:
     """Engine steps `r`'s prefill takes at the most one step holds."""
     return math.ceil(r.pending_prefill / config.step_tokens)
@@ -64,6 +73,12 @@ def band(r: Request, now: float) -> int:
     if r.generated > 0 or now >= r.aged_at:
         return FIRST
     return ON_TIME if now < r.late_at else LATE
+
+
+def on_target(r: Request, now: float) -> bool:
+    """Whether `r`'s first token can still come within its target, as of `now` (not yet out, and
+    its prefill not yet out of reach): aging aside, what band ON_TIME says of a waiting request."""
+    return r.generated == 0 and now < r.late_at
 
 
 def deadline_key(r: Request, now: float, config: SchedulerConfig,

@@ -26,7 +26,10 @@ fsched's order has two tiers:
    precedence work of a worse class of its own tenant, or of a tenant whose
    score is above its tenant's. A waiter that can still make its target
    preempts at once (`grace`); the step that yields a realtime first token
-   still on target carries no prefill after it (`due`).
+   still on target carries no prefill after it (`due`). Running prefills
+   take a step's budget in this order, except that one that can still make
+   its target goes ahead of one of its class that cannot, of any tenant
+   (`running_rank`).
 2. **Share**: everything else, by tenant score (weighted dominant use,
    lowest first, as DRF), then within the tenant by class, priority and
    the order inside the class (batch too by deadline: on-time before late,
@@ -45,7 +48,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fsched.core.sched.config import SchedulerConfig
-from fsched.core.sched.lines import ON_TIME, ArrivalLine, DeadlineLine, Line, band, deadline_key
+from fsched.core.sched.lines import ON_TIME, ArrivalLine, DeadlineLine, Line, band, deadline_key, on_target
 from fsched.core.sched.request import Request
 from fsched.core.sched.usage import DrfMeter, NullMeter, TenantMeter, VtcMeter
 from fsched.core.types import RequestClass
@@ -253,8 +256,16 @@ class FschedPolicy(Fcfs):
         return (1, standing.score, tenant, band, *own)  # share tier: DRF across tenants
 
     def running_rank(self, r: Request, stand: Mapping[str, Standing], now: float) -> tuple:
-        # as `rank`: a running request's prefill chunks go in this order (planning.py)
-        return self.compose(self.static_rank(r, now), stand[r.tenant])
+        # As `rank` (a running request's prefill chunks go in this order: planning.py), except that
+        # in the precedence tier a prefill that can still make its target goes ahead of one of its
+        # class that cannot, whatever their tenants: the first was admitted to make its target, the
+        # second has missed it and loses nothing the class is measured by when it waits a step
+        # (without this, a long realtime prompt of the tenant further below its share held a short
+        # one of the other tenant for seconds; both tenants are within their share).
+        rank = self.compose(self.static_rank(r, now), stand[r.tenant])
+        if rank[0] == 0:
+            return (0, rank[1], not on_target(r, now), *rank[2:])
+        return rank
 
     def may_preempt(self, waiter: Request, now: float, stand: Mapping[str, Standing]) -> bool:
         # Only realtime and streaming work with precedence displaces others:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from fsched.core.sched.accounting import PrefillStepTimer, WorkTally, apply_step, expected_decode
 from fsched.core.sched.backfill import BACKFILL_SCAN, backfills, reserve_for
 from fsched.core.sched.config import SchedulerConfig
-from fsched.core.sched.lines import stamp
+from fsched.core.sched.lines import restamp_running, stamp
 from fsched.core.sched.plan import Outcome, Plan, Preemption
 from fsched.core.sched.planning import compose_plan
 from fsched.core.sched.policy import Policy, Standing, make_policy, standings
@@ -320,6 +320,7 @@ class Scheduler:
 
     def _compose(self, stand: Mapping[str, Standing], b: _StepBuilder, now: float) -> Plan:
         rank = self.policy.running_rank
+        restamp_running(self._running.values(), self.config, self.prefill_step.seconds)  # on_target
         return compose_plan(self._step, self._running.values(), lambda r: rank(r, stand, now), self.config,
                             (b.preempted, b.resumed, b.admitted), self._kv_committed, b.swap_tokens,
                             quantum_ends=len(self._waiting) > 0 and self.policy.preemptive,

@@ -8,7 +8,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsched.core.sched.config import SchedulerConfig
-from fsched.core.sched.lines import FIRST, LATE, ON_TIME, ArrivalLine, DeadlineLine, band, deadline_key, stamp
+from fsched.core.sched.lines import (
+    FIRST,
+    LATE,
+    ON_TIME,
+    ArrivalLine,
+    DeadlineLine,
+    band,
+    deadline_key,
+    on_target,
+    restamp_running,
+    stamp,
+)
 from fsched.core.sched.policy import Standing, make_policy
 from fsched.core.sched.request import Request
 from fsched.core.sched.waitqueue import WaitQueue
@@ -193,3 +204,15 @@ def test_the_batch_order_stays_inside_each_tenants_share():
     queue = _queue(late_a, fresh_b, now=70.0)
     stand = {"a": Standing(0.5, True, True), "b": Standing(1.0, True, True)}
     assert band(late_a, 70.0) == LATE and queue.best(70.0, stand)[1] is late_a
+
+
+def test_a_running_prefill_is_on_target_by_the_prefill_it_has_left():
+    """`on_target` of a running request follows its progress: stamped for its whole prompt when it
+    waited, moved to what is left by `restamp_running` each step."""
+    r = req("r", 4_096, 0.0, 0)  # two steps of 0.1 s: out of reach from 0.3 s
+    assert on_target(r, 0.25) and not on_target(r, 0.35)
+    r.computed = 4_096 - 124  # one step left
+    restamp_running([r], CFG, STEP_S)
+    assert on_target(r, 0.35) and not on_target(r, 0.45)
+    r.generated = 1  # its first token is out: nothing left to make
+    assert not on_target(r, 0.0)

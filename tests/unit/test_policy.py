@@ -188,3 +188,29 @@ def test_waitqueue_best_is_the_minimum_rank_over_all_waiting(ops, policy_name):
             assert q.ranked(now, stand, 5) == by_rank[:5]  # what backfill looks at
         else:
             assert q.best(now, stand) is None
+
+
+def test_fsched_running_prefill_that_can_make_its_target_goes_before_one_that_cannot_across_tenants():
+    """In the precedence tier a running prefill still on target takes the step's budget before a
+    prefill of its class past its target, even of the tenant further below its share: a long
+    realtime prompt that missed 0.5 s no longer holds another tenant's short one for seconds."""
+    from fsched.core.sched.planning import split_rows
+
+    policy = make_policy("fsched", CFG, {"a": 3, "b": 1})
+    stand = {"a": Standing(0.5, True, True), "b": Standing(1.0, True, True)}
+    long_a = Request("long-a", "a", RT, 40_000, 10, 0.0)
+    short_b = Request("short-b", "b", RT, 50, 10, 1.0)
+    for seq, x in enumerate((long_a, short_b)):
+        x.seq = seq
+        stamp(x, CFG, 0.137)  # long_a: 20 steps, out of reach from its arrival on
+
+    def first_chunk(now):
+        _, chunks = split_rows([long_a, short_b], lambda x: policy.running_rank(x, stand, now),
+                               CFG.step_tokens, CFG.min_quantum_steps, lambda x: policy.due(x, now))
+        return chunks[0].request_id
+
+    assert first_chunk(1.05) == "short-b"
+    # once short_b too is past its target the tenants' standing orders them again, as in `rank`
+    assert first_chunk(1.6) == "long-a"
+    # and the waiting order is unchanged: a's long prompt first
+    assert order(policy, [short_b, long_a], 1.05, stand) == ["long-a", "short-b"]
