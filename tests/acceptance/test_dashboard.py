@@ -188,9 +188,10 @@ def test_a_tenant_key_sees_its_own_work_and_the_aggregate_shares_only(server, br
 def test_an_admin_changes_a_weight_from_the_page(server, browser):
     page = open_page(browser, server, server.admin_key)
     page.fill("#tenants tr[data-tenant=bob] input.weight", "2")
-    page.click("#tenants tr[data-tenant=bob] button")
-    page.wait_for_function(
-        "document.querySelector('#tenants tr[data-tenant=bob] input.weight').value === '2'")
+    # The field reads "2" as soon as it is filled: wait for the page's own request to be answered.
+    with page.expect_response(lambda r: r.url.endswith("/dashboard/api/weights")) as answered:
+        page.click("#tenants tr[data-tenant=bob] button")
+    assert answered.value.status == 200
     tenants = {t["name"]: t["weight"] for t in json.loads(server.cli("tenants", "list", "--json"))}
     assert tenants["bob"] == 2.0
     page.fill("#tenants tr[data-tenant=bob] input.weight", "-1")  # refused by the same rule as the CLI
