@@ -52,7 +52,8 @@ def test_models_and_a_completion(server):
     assert done.object == "text_completion" and done.model == "any"
     assert done.choices[0].finish_reason == "length" and len(done.choices[0].text.split()) == 5
     assert (done.usage.prompt_tokens, done.usage.completion_tokens, done.usage.total_tokens) == (3, 5, 8)
-    chat = c.chat.completions.create(model="m", messages=CHAT, max_completion_tokens=3, stop=["never"])
+    chat = c.chat.completions.create(model="m", messages=CHAT, max_completion_tokens=3, stop=["never"],
+                                     extra_body={"ignore_eos": True})
     assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens == 3
 
 
