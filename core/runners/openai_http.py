@@ -47,21 +47,16 @@ class EngineClient:
 
     # -- plain requests ------------------------------------------------------------------
     def get(self, path: str) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout_s)
-        try:
-            conn.request("GET", self.base + path)
-            response = conn.getresponse()
-            return response.status, response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise EngineHTTPError(f"{self.url} unreachable: {exc}") from None
-        finally:
-            conn.close()
+        return self._request("GET", path)
 
     def post(self, path: str, body: dict) -> tuple[int, bytes]:
+        return self._request("POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+
+    def _request(self, method: str, path: str, body: bytes | None = None,
+                 headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout_s)
         try:
-            conn.request("POST", self.base + path, json.dumps(body).encode(),
-                         {"Content-Type": "application/json"})
+            conn.request(method, self.base + path, body, headers or {})
             response = conn.getresponse()
             return response.status, response.read()
         except (OSError, http.client.HTTPException) as exc:

@@ -141,6 +141,23 @@ def in_arguments(reader: Reader) -> bool:
     return len(reader.arguments) > 20
 
 
+def killed_and_resumed(server: Server, until, inside, *daemon_args: str) -> list[Reader]:
+    """Open the chat and Responses calls, kill -9 the daemon once each reader is `until` and still
+    `inside` what it streams, start a successor with `daemon_args`, and read both streams to their end."""
+    with ExitStack() as stack:
+        readers = open_calls(server, stack)
+        for reader in readers:
+            reader.until(until)
+        (daemon,) = [p for p in server.procs if "daemon" in p.args and p.poll() is None]
+        daemon.send_signal(signal.SIGKILL)
+        daemon.wait(timeout=10)
+        assert all(inside(r) for r in readers)  # killed mid-stream
+        server.start_daemon(*daemon_args)
+        for reader in readers:
+            reader.until(lambda r: r.end is not None)
+    return readers
+
+
 def resumed(engine, before: int, prompts: int) -> int:
     """Engine requests since the `before`th that continued a scripted answer (`prompts` of them began one
     each)."""
@@ -149,17 +166,8 @@ def resumed(engine, before: int, prompts: int) -> int:
 
 def test_a_killed_daemon_and_its_successor_stream_each_fragment_once(server, engine):
     before = len(engine.bodies)
-    with ExitStack() as stack:
-        readers = open_calls(server, stack)
-        for reader in readers:
-            reader.until(in_arguments)
-        (daemon,) = [p for p in server.procs if "daemon" in p.args and p.poll() is None]
-        daemon.send_signal(signal.SIGKILL)
-        daemon.wait(timeout=10)
-        assert all(len(r.arguments) < len(ARGUMENTS) for r in readers)  # killed inside the arguments
-        server.start_daemon("--engine", engine.url, *DAEMON)
-        for reader in readers:
-            reader.until(lambda r: r.end is not None)
+    readers = killed_and_resumed(server, in_arguments, lambda r: len(r.arguments) < len(ARGUMENTS),
+                                 "--engine", engine.url, *DAEMON)
     assert [r.whole() for r in readers] == EXPECTED
     assert resumed(engine, before, 2) >= 2
 
@@ -251,17 +259,8 @@ def in_reasoning(reader: Reader) -> bool:
 
 def test_an_opened_reasoning_streams_apart_through_a_kill(thinking):
     server, fake = thinking
-    with ExitStack() as stack:
-        readers = open_calls(server, stack)
-        for reader in readers:
-            reader.until(in_reasoning)
-        (daemon,) = [p for p in server.procs if "daemon" in p.args and p.poll() is None]
-        daemon.send_signal(signal.SIGKILL)
-        daemon.wait(timeout=10)
-        assert all(len(r.reasoning) < len(THOUGHT) for r in readers)  # killed inside the reasoning
-        server.start_daemon("--engine", fake.url, "--model", server.folder, *DAEMON)
-        for reader in readers:
-            reader.until(lambda r: r.end is not None)
+    readers = killed_and_resumed(server, in_reasoning, lambda r: len(r.reasoning) < len(THOUGHT),
+                                 "--engine", fake.url, "--model", server.folder, *DAEMON)
     for reader, end in zip(readers, ("tool_calls", "completed"), strict=True):
         assert reader.reasoning == THOUGHT + "\n"
         assert reader.whole() == ("Let me check.", 1, ["weather"], '{"city": "Paris"}', end)
