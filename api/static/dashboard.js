@@ -67,6 +67,9 @@
   // -- tables --------------------------------------------------------------------------------
   function tenantsTable(s) {
     const admin = s.viewer.admin;
+    const editing = document.activeElement && document.activeElement.matches("input.weight")
+      ? document.activeElement : null;
+    const caret = editing ? [editing.dataset.tenant, editing.selectionStart, editing.selectionEnd] : null;
     const rows = s.tenants.map((t) => {
       const off = t.active && t.served_share != null && Math.abs(t.served_share - t.entitled_share) > 0.05;
       const weight = cell(String(t.weight), { field: "weight" });
@@ -90,6 +93,13 @@
     table("tenants", [["tenant", true], "weight", "entitled", "served recently", "first token on target",
       "queued", "running",
       "generated tokens", "prompt tokens", "done / failed / cancelled"], rows, "no tenants yet");
+    if (caret) {
+      const again = [...$("tenants").querySelectorAll("input.weight")].find((i) => i.dataset.tenant === caret[0]);
+      if (again) {
+        again.focus();
+        again.setSelectionRange(caret[1], caret[2]);
+      }
+    }
   }
 
   // A tenant's first tokens on target per class, over the live daemons since they started.
@@ -99,12 +109,18 @@
     return parts.length ? parts.join("  ") : "–";
   }
 
+  // A refresh rebuilds the tenants table every few seconds: what an admin is typing into a
+  // weight field is kept here (by tenant) so that the rebuild neither wipes it nor steals focus.
+  const weightDrafts = new Map();
+
   function weightEditor(t) {
     const form = document.createElement("form");
     const input = document.createElement("input");
     input.className = "weight";
-    input.value = String(t.weight);
+    input.value = weightDrafts.has(t.name) ? weightDrafts.get(t.name) : String(t.weight);
+    input.dataset.tenant = t.name;
     input.setAttribute("aria-label", "weight of " + t.name);
+    input.addEventListener("input", () => weightDrafts.set(t.name, input.value));
     const button = document.createElement("button");
     button.type = "submit";
     button.textContent = "set";
@@ -112,7 +128,10 @@
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       const answer = await api("POST", "/dashboard/api/weights", { tenant: t.name, weight: Number(input.value) });
-      if (answer.ok) await refresh();
+      if (answer.ok) {
+        weightDrafts.delete(t.name);
+        await refresh();
+      }
       else alert((await answer.json()).error.message);
     });
     return form;
