@@ -67,9 +67,9 @@
   // -- tables --------------------------------------------------------------------------------
   function tenantsTable(s) {
     const admin = s.viewer.admin;
-    const editing = document.activeElement && document.activeElement.matches("input.weight")
-      ? document.activeElement : null;
-    const caret = editing ? [editing.dataset.tenant, editing.selectionStart, editing.selectionEnd] : null;
+    const focused = document.activeElement;
+    const caret = focused && focused.matches("#tenants input.weight")
+      ? [focused.closest("tr").dataset.tenant, focused.selectionStart, focused.selectionEnd] : null;
     const rows = s.tenants.map((t) => {
       const off = t.active && t.served_share != null && Math.abs(t.served_share - t.entitled_share) > 0.05;
       const weight = cell(String(t.weight), { field: "weight" });
@@ -94,7 +94,8 @@
       "queued", "running",
       "generated tokens", "prompt tokens", "done / failed / cancelled"], rows, "no tenants yet");
     if (caret) {
-      const again = [...$("tenants").querySelectorAll("input.weight")].find((i) => i.dataset.tenant === caret[0]);
+      const tr = [...$("tenants").querySelectorAll("tr")].find((r) => r.dataset.tenant === caret[0]);
+      const again = tr && tr.querySelector("input.weight");
       if (again) {
         again.focus();
         again.setSelectionRange(caret[1], caret[2]);
@@ -118,7 +119,6 @@
     const input = document.createElement("input");
     input.className = "weight";
     input.value = weightDrafts.has(t.name) ? weightDrafts.get(t.name) : String(t.weight);
-    input.dataset.tenant = t.name;
     input.setAttribute("aria-label", "weight of " + t.name);
     input.addEventListener("input", () => weightDrafts.set(t.name, input.value));
     const button = document.createElement("button");
