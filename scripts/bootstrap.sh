@@ -22,4 +22,9 @@ case "$mode" in
   wheel) "$py" -m pip install -q --force-reinstall --no-deps . && "$py" -m pip install -q ".[test]" ;;
   *) echo "FSCHED_INSTALL must be editable or wheel, not $mode" >&2; exit 2 ;;
 esac
+# instructor, for the agent tests, apart and without its dependencies: its only release taking openai 3.x
+# (1.17.0) pins jiter<0.15, while openai 3.3.1 and later need jiter>=0.16, so a resolver refuses the pair.
+# Beside jiter 0.19 it runs unchanged; of what it requires, only docstring-parser is not already there
+# (aiohttp is imported by its usage CLI alone).
+"$py" -m pip install -q --no-deps "instructor==1.17.0" "docstring-parser>=0.16"
 "$py" -c "import torch, transformers, fsched.cli.main; print('== fsched ready: torch', torch.__version__, '| transformers', transformers.__version__)"

@@ -6,7 +6,8 @@ The tiny model has random weights and never decides to call a tool by itself, so
 engines is what the grammar guarantees: pydantic-ai's `output_type` (a required call), LangChain's
 `with_structured_output(method="function_calling")` (a named call, as instructor's Mode.TOOLS sends
 it), `bind_tools(tool_choice="required")` and an openai-agents Agent held to its `@function_tool`
-(chat completions and Responses), each parsed into the framework's own objects. The
+(chat completions and Responses), instructor's Mode.TOOLS (whole and streamed as partials) and
+Mode.JSON_SCHEMA, each parsed into the framework's own objects. The
 tools are strict: a random model given a schema open to extra properties may write one without end.
 In front of the remote engine, whose answers can be scripted, `auto` runs too: the openai SDK's and
 openai-agents' two-turn loops (the call, its output fed back, the final answer); in process, with a
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Annotated
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from .http_server import Server, make_server
 
@@ -146,6 +147,40 @@ def test_openai_agents_required_function_tool(server, key, api):
                   model_settings=settings)
     result = Runner.run_sync(agent, "Weather?")
     assert result.final_output == "21 C, sunny" and asked and all(len(city) <= 10 for city in asked)
+
+
+class Town(BaseModel):
+    """A town: closed to other properties (instructor's Mode.TOOLS sends no `strict`, so the schema
+    itself keeps a random model from writing extra ones)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=10)
+    population: int = Field(ge=0, le=1000)
+
+
+def test_instructor_tools_whole_and_partial(server, key):
+    """instructor's default mode (Mode.TOOLS: a named tool_choice), whole and streamed as partials."""
+    import instructor
+    from openai import OpenAI
+
+    client = instructor.from_openai(OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0))
+    ask = {"model": "m", "messages": [{"role": "user", "content": "Name a town."}], "max_tokens": 120,
+           "temperature": 0.7}
+    assert isinstance(client.chat.completions.create(response_model=Town, **ask), Town)
+    partials = list(client.chat.completions.create_partial(response_model=Town, **ask))
+    assert partials and Town.model_validate(partials[-1].model_dump())
+
+
+def test_instructor_json_schema_mode(server, key):
+    import instructor
+    from openai import OpenAI
+
+    client = instructor.from_openai(OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0),
+                                    mode=instructor.Mode.JSON_SCHEMA)
+    town = client.chat.completions.create(
+        model="m", response_model=Town, messages=[{"role": "user", "content": "Name a town."}],
+        max_tokens=120, temperature=0.7)
+    assert isinstance(town, Town)
 
 
 # The tiny model never decides to call a tool: `auto` runs in front of the scripted remote engine.
