@@ -180,7 +180,7 @@ async def _create(state: ServerState, key: ApiKey, record: BatchRecord, filename
     pieces = await state.call(state.backend.files.iter_content, key.tenant, record.input_file_id)
     try:
         requests = await state.call(parse_job_pieces, pieces or (), filename, limits, endpoint=endpoint,
-                                    thinking=state.thinking, tenant=key.tenant)
+                                    thinking=state.thinking, tenant=key.tenant, tool_parser=state.tool_parser)
     except JobFileError as exc:
         failed = _refused(record, exc)
         await state.call(state.backend.files.add_batch, failed)

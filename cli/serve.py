@@ -37,8 +37,9 @@ LinkOption = Annotated[bool, typer.Option(
 
 ToolParserOption = Annotated[
     str, typer.Option("--tool-call-parser", help="The model family whose syntax tool calls are read in: "
-                      "auto (the family the --tokenizer folder's chat template shows, else any known "
-                      "one), hermes, llama3_json or mistral (docs/models.md).")
+                      "auto (the --tokenizer folder's own response template where its tokenizer "
+                      "carries one, else the family its chat template shows, else any known one), "
+                      "hermes, llama3_json or mistral (docs/models.md).")
 ]
 
 
@@ -106,14 +107,24 @@ def serve(
 
 
 def _tool_parser(name: str, tokenizer: str | None = None) -> str:
-    """The family named, or under `auto` the one the --tokenizer folder's chat template shows (else any)."""
+    """The family named, or under `auto` the --tokenizer folder's own response template where its
+    tokenizer carries one, else the family its chat template shows (else any)."""
+    from fsched.core.openai.toolcalls import template
     from fsched.core.openai.toolcalls.families import AUTO, PARSER_NAMES, family_of_template
-    from fsched.core.runners.templates import folder_chat_templates
+    from fsched.core.runners.templates import folder_chat_templates, folder_response_template
 
     if name not in PARSER_NAMES:
         raise UserError(f"--tool-call-parser: one of {', '.join(PARSER_NAMES)}, not {name!r}")
     if name != AUTO or tokenizer is None:
         return name
+    spec = folder_response_template(tokenizer)
+    if spec is not None:
+        try:
+            registered = template.register(spec)
+        except template.TemplateError as exc:
+            raise UserError(f"--tokenizer: its response_template: {exc}") from None
+        typer.echo(f"fsched serve: answers are read by the response template of {tokenizer}", err=True)
+        return registered
     family = family_of_template(folder_chat_templates(tokenizer))
     if family is None:
         return AUTO

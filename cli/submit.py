@@ -79,6 +79,9 @@ def submit(
     priority: PriorityOption = 5,
     name: NameOption = None,
     max_tokens: MaxTokensOption = None,
+    tool_call_parser: Annotated[str, typer.Option(
+        "--tool-call-parser", help="The model family whose syntax the lines' tool calls are read in: "
+        "auto (any known one), hermes, llama3_json or mistral (docs/models.md).")] = "auto",
     as_json: JsonOption = False,
     db: DbOption = None,
 ) -> None:
@@ -101,7 +104,7 @@ def submit(
     jobs = [
         JobSubmission(parsed, tenant=tenant, request_class=request_class, priority=priority,
                       name=name or _job_name(source))
-        for parsed, source in parse_files(files, limits, max_tokens)
+        for parsed, source in parse_files(files, limits, max_tokens, _parser(tool_call_parser))
     ]
     submitted = store.submit(jobs, max_queued_per_tenant=limits.max_queued_per_tenant)
     for job in submitted:
@@ -109,7 +112,7 @@ def submit(
 
 
 def parse_files(
-    files: list[str], limits: InputLimits, max_tokens: int | None
+    files: list[str], limits: InputLimits, max_tokens: int | None, tool_parser: str = "auto"
 ) -> list[tuple[tuple[RequestSpec, ...], str]]:
     """Every file read and parsed whole (with its name for errors), before anything is stored.
 
@@ -124,8 +127,19 @@ def parse_files(
     for file in files:
         source = "<stdin>" if file == "-" else file
         data = read_job_file(file, limits)
-        parsed.append((parse_job_file(data, source, limits, default_max_tokens=max_tokens), source))
+        parsed.append((parse_job_file(data, source, limits, default_max_tokens=max_tokens,
+                                      tool_parser=tool_parser), source))
     return parsed
+
+
+def _parser(name: str) -> str:
+    """A known family's name. (A model's own response template is a server's: `fsched serve
+    --tokenizer` reads the answers of the requests it takes.)"""
+    from fsched.core.openai.toolcalls.families import PARSER_NAMES
+
+    if name not in PARSER_NAMES:
+        raise UserError(f"--tool-call-parser: one of {', '.join(PARSER_NAMES)}, not {name!r}")
+    return name
 
 
 def _job_name(source: str) -> str:

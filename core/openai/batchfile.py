@@ -21,6 +21,7 @@ from fsched.core.jobs.inputs import InputError, JobFileError, json_type, shown, 
 from fsched.core.jobs.jobfile import parse_lines
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.body import PromptThinking, parse_body
+from fsched.core.openai.toolcalls.families import AUTO
 from fsched.core.types import Endpoint, RequestSpec
 
 OPENAI_ENVELOPE_KEYS = frozenset({"custom_id", "method", "url", "body"})
@@ -32,13 +33,14 @@ def parse_job_file(
     limits: InputLimits = InputLimits(),
     default_max_tokens: int | None = None,
     endpoint: Endpoint | None = None,
+    tool_parser: str = AUTO,
 ) -> tuple[RequestSpec, ...]:
     """Validate `data` (a whole JSONL file) into its requests (what a `JobSubmission` stores), or
     raise JobFileError. `endpoint`: a batch's, which every line must ask for (OpenAI's rule; checked
-    once every line has parsed)."""
+    once every line has parsed); `tool_parser`: the family its lines' tool calls are read in."""
     if len(data) > limits.max_bytes:
         raise JobFileError(source, f"file is {len(data):,} bytes, over the limit of {limits.max_bytes:,}")
-    return parse_job_pieces((data,), source, limits, default_max_tokens, endpoint)
+    return parse_job_pieces((data,), source, limits, default_max_tokens, endpoint, tool_parser=tool_parser)
 
 
 def parse_job_pieces(
@@ -49,13 +51,14 @@ def parse_job_pieces(
     endpoint: Endpoint | None = None,
     thinking: PromptThinking | None = None,
     tenant: str = "",
+    tool_parser: str = AUTO,
 ) -> tuple[RequestSpec, ...]:
     """As `parse_job_file`, of a file read a piece at a time (a stored upload): never held whole.
-    `thinking` and `tenant`: as `parse_body` takes them."""
+    `thinking`, `tenant` and `tool_parser`: as `parse_body` takes them."""
     default_max_tokens = default_max_tokens or limits.default_max_tokens
     if not 1 <= default_max_tokens <= limits.max_tokens:
         raise JobFileError(source, f"--max-tokens must be within 1..{limits.max_tokens:,}")
-    forms = _LineForms(limits, default_max_tokens, endpoint, _BodyReader(thinking, tenant))
+    forms = _LineForms(limits, default_max_tokens, endpoint, _BodyReader(thinking, tenant, tool_parser))
     requests = parse_lines(pieces, source, limits, forms.parse)
     if forms.off_endpoint is not None:
         line_no, asked = forms.off_endpoint
@@ -70,6 +73,7 @@ class _BodyReader:
 
     thinking: PromptThinking | None = None
     tenant: str = ""
+    tool_parser: str = AUTO  # the family (or response template) a line's tool calls are read in
 
 
 @dataclass(slots=True)
@@ -144,7 +148,7 @@ def _body_specs(endpoint: Endpoint, body: dict, limits: InputLimits, default_max
                 custom_id: str, prefix: str, reader: _BodyReader) -> tuple[RequestSpec, ...]:
     try:
         return parse_body(endpoint, body, limits, default_max_tokens, custom_id, thinking=reader.thinking,
-                          tenant=reader.tenant).specs
+                          tenant=reader.tenant, tool_parser=reader.tool_parser).specs
     except InputError as exc:
         raise InputError(exc.message, f"{prefix}{exc.field}" if exc.field else None) from None
 

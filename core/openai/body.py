@@ -24,6 +24,7 @@ from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.fields import BodyField, Support, field_for, names_for, other_endpoint
 from fsched.core.openai.toolcalls.families import AUTO
 from fsched.core.openai.toolcalls.forced import forced_format
+from fsched.core.openai.toolcalls.template import is_template
 from fsched.core.openai.values import INT64
 from fsched.core.types import (
     AnswerOptions,
@@ -212,7 +213,9 @@ def _tools(values: dict, params: SamplingParams, answer: AnswerOptions, tenant: 
         kwargs["reasoning_effort"] = values["reasoning_effort"]
     render = ChatRender(tuple(tools), tuple(sorted(kwargs.items())))
     if choice == "none" or (choice == "auto" and not tools):
-        return params, replace(answer, tool_parser=AUTO), render
+        # a model's own response template reads its reasoning with or without tools
+        parser = answer.tool_parser if is_template(answer.tool_parser) else AUTO
+        return params, replace(answer, tool_parser=parser), render
     if not tools:
         raise InputError("needs tools (there is no function to call)", "tool_choice")
     named = choice["function"]["name"] if isinstance(choice, dict) else None

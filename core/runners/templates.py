@@ -3,7 +3,8 @@
 transformers keeps them in `chat_template.jinja`, `chat_template.json`
 (`{"chat_template": ...}`), `additional_chat_templates/*.jinja`, or in
 `tokenizer_config.json` (`chat_template`: one template, or a list of
-`{"name", "template"}`).
+`{"name", "template"}`). A tokenizer's response template (how its answers are
+read) is kept in `tokenizer_config.json` too.
 """
 
 from __future__ import annotations
@@ -35,3 +36,16 @@ def folder_chat_templates(folder: str | Path) -> list[str]:
             out += [t["template"] for t in value
                     if isinstance(t, dict) and isinstance(t.get("template"), str)]
     return out
+
+
+def folder_response_template(folder: str | Path) -> dict | None:
+    """The folder's response template (`response_template` in `tokenizer_config.json`, where
+    transformers saves a tokenizer's), or None."""
+    path = Path(folder) / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("response_template")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, dict) else None

@@ -11,8 +11,9 @@ values, each call's arguments a prefix of its final arguments.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from fsched.core.openai.toolcalls import template
 from fsched.core.openai.toolcalls.calls import Call
 from fsched.core.openai.toolcalls.families import AUTO, FAMILIES, FORCED, LLAMA3_JSON, Family, llama_may_start
 
@@ -23,7 +24,7 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 class ReadOptions:
     tools: bool = False  # read tool calls (tools given, tool_choice not "none")
     forced: bool = False  # the grammar made the whole text a JSON array of calls
-    parser: str = AUTO  # a family's name, or AUTO: any known family's syntax
+    parser: str = AUTO  # a family's name, AUTO (any known family's syntax), or a registered response template
     one_call: bool = False  # parallel_tool_calls false: calls after the first are not read
     thinking: bool = False  # the prompt left a reasoning block open: the text starts inside it
 
@@ -46,6 +47,13 @@ def prompt_opens_reasoning(prompt: str) -> bool:
 
 
 def read(text: str, final: bool, options: ReadOptions = ReadOptions()) -> Reading:
+    if not options.forced and template.is_template(options.parser):
+        if template.known(options.parser):
+            reading = Reading(*template.read_template(options.parser, text, final, options.tools,
+                                                      options.thinking))
+            return Reading(reading.reasoning, reading.content, reading.calls[:1]) \
+                if options.one_call and len(reading.calls) > 1 else reading
+        options = replace(options, parser=AUTO)  # a process without the template reads as `auto` does
     reasoning, rest = _opened_reasoning(text, final) if options.thinking else _reasoning(text, final)
     if not options.tools:
         return Reading(reasoning, rest)
