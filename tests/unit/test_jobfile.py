@@ -370,3 +370,19 @@ def test_a_file_in_pieces_is_refused_as_soon_as_it_is_over_a_limit():
     with pytest.raises(JobFileError) as error:
         parse_job_pieces(pieces(b" \n" * 3000), "f", small)
     assert "over the limit of 1,000 bytes" in str(error.value) and sum(map(len, read)) <= 1010
+
+
+
+def test_a_chat_line_with_tools_is_read_in_the_parser_named():
+    """`fsched submit --tool-call-parser` and a server's Batch API store the parser with each line."""
+    from fsched.cli.common import UserError
+    from fsched.cli.submit import _parser
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    line = {"messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    data = (json.dumps(line) + "\n").encode()
+    (spec,) = parse_job_file(data, "in.jsonl", tool_parser=_parser("mistral"))
+    assert (spec.answer.tools, spec.answer.tool_parser) == (("f",), "mistral")
+    assert parse_job_file(data, "in.jsonl")[0].answer.tool_parser == "auto"
+    with pytest.raises(UserError, match="--tool-call-parser"):
+        _parser("nope")

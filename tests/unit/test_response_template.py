@@ -20,9 +20,11 @@ from fsched.core.openai.toolcalls.message import ReadingStream, message_of
 from fsched.core.openai.toolcalls.reading import ReadOptions, read
 from fsched.core.types import AnswerOptions
 
-SPEC = json.loads((Path(__file__).parent.parent / "support" / "templates" / "response_template.json").read_text())
+SPEC = json.loads((Path(__file__).parents[1] / "support" / "templates" / "response_template.json")
+                  .read_text())
 ARGS = '{"city": "Paris", "days": [1, 2]}'
-TEXT = (f'<reason>Look it up.</reason>Let me check.\n<call>{{"name": "weather", "arguments": {ARGS}}}</call>\n'
+TEXT = ('<reason>Look it up.</reason>Let me check.\n'
+        f'<call>{{"name": "weather", "arguments": {ARGS}}}</call>\n'
         '<call>{"name": "time", "arguments": {}}</call>')
 CALLS = [("weather", ARGS), ("time", "{}")]
 
