@@ -176,7 +176,8 @@ OPENAI_FIELDS = (
     _f("web_search_options", H, R, "fsched has no web search", example={}),
     _f("moderation", H, R, "fsched runs no moderation model", example={"model": "omni-moderation"}),
     _f("tools", H, S, "function tools, given to the model's chat template; calls are read out of the "
-       "answer by the model family's syntax (docs/models.md)", kind=Custom(shapes.tools, "array of tools"),
+       "answer by the model's own response template where its tokenizer carries one, else by the model "
+       "family's syntax (docs/models.md)", kind=Custom(shapes.tools, "array of tools"),
        neutral=([],), example=[{"type": "function", "function": {"name": "f", "parameters": {}}}]),
     _f("tool_choice", H, S, "none: no call is read; auto: the model decides; required or a named function: "
        "a grammar holds the answer to one call (or more, with parallel_tool_calls) whose arguments "
@@ -265,8 +266,8 @@ VLLM_FIELDS = (
        neutral=(1,), origin=V, example=8),
     _f("echo", H, N, "echoing the last message is not implemented", neutral=(False,), origin=V,
        example=True),
-    _f("include_reasoning", H, N, "reasoning written as <think>...</think> is always returned apart, as "
-       "reasoning_content", neutral=(True,), origin=V, example=False),
+    _f("include_reasoning", H, N, "reasoning written as <think>...</think> (or as the model's own response "
+       "template writes it) is always returned apart, as reasoning_content", neutral=(True,), origin=V, example=False),
     _f("add_generation_prompt", H, N, "the chat template always opens the assistant's turn",
        neutral=(True,), origin=V, example=False),
     _f("continue_final_message", H, N, "the answer is always a new assistant turn", neutral=(False,),
