@@ -119,9 +119,11 @@ def _tool_parser(name: str, tokenizer: str | None = None) -> str:
         return name
     spec = folder_response_template(tokenizer)
     if spec is not None:
+        from fsched.core.runners.hf.response_template import template_events
+
         try:
-            registered = template.register(spec)
-        except template.TemplateError as exc:
+            registered = template.register(spec, template_events(spec, template.REASONING))
+        except (ValueError, TypeError) as exc:
             raise UserError(f"--tokenizer: its response_template: {exc}") from None
         typer.echo(f"fsched serve: answers are read by the response template of {tokenizer}", err=True)
         return registered

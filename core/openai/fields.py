@@ -267,7 +267,8 @@ VLLM_FIELDS = (
     _f("echo", H, N, "echoing the last message is not implemented", neutral=(False,), origin=V,
        example=True),
     _f("include_reasoning", H, N, "reasoning written as <think>...</think> (or as the model's own response "
-       "template writes it) is always returned apart, as reasoning_content", neutral=(True,), origin=V, example=False),
+       "template writes it) is always returned apart, as reasoning_content", neutral=(True,), origin=V,
+       example=False),
     _f("add_generation_prompt", H, N, "the chat template always opens the assistant's turn",
        neutral=(True,), origin=V, example=False),
     _f("continue_final_message", H, N, "the answer is always a new assistant turn", neutral=(False,),

@@ -18,6 +18,7 @@ from fsched.cli.serve import _tool_parser
 from fsched.core.openai.toolcalls import template
 from fsched.core.openai.toolcalls.message import ReadingStream, message_of
 from fsched.core.openai.toolcalls.reading import ReadOptions, read
+from fsched.core.runners.hf.response_template import template_events
 from fsched.core.types import AnswerOptions
 
 SPEC = json.loads((Path(__file__).parents[1] / "support" / "templates" / "response_template.json")
@@ -31,7 +32,7 @@ CALLS = [("weather", ARGS), ("time", "{}")]
 
 @pytest.fixture(scope="module")
 def parser() -> str:
-    return template.register(SPEC)
+    return template.register(SPEC, template_events(SPEC, template.REASONING))
 
 
 def calls_of(reading):

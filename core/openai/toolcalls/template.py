@@ -3,9 +3,10 @@
 transformers 5.x reads a tokenizer's `response_template` (a declarative spec of
 an answer's regions: reasoning, content, tool calls, with their open and close
 anchors and how each is parsed) with `parse_response`, and while it streams
-with `ResponseParser`, which holds back whatever may still become an anchor.
-A served model whose folder carries one is read by it instead of a known
-family's syntax: `register` gives the template a name (its content's hash)
+with `ResponseParser`, which holds back whatever may still become an anchor
+(core/runners/hf/response_template.py wraps it: transformers stays on the
+runner's side). A served model whose folder carries one is read by it instead
+of a known family's syntax: `register` gives the template a name (its content's hash)
 that requests store as their parser, so every reader in the process that
 registered it (streams, resumed streams, a batch's results) reads alike; a
 process without it reads such a request as `auto` does.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 from fsched.core.openai.toolcalls.calls import Call
@@ -28,11 +30,8 @@ PREFIX = "template:"
 CONTENT, CALLS = "content", "tool_calls"
 REASONING = ("reasoning_content", "reasoning", "thinking")  # the names templates give the reasoning
 
-_templates: dict[str, Any] = {}  # name -> the loaded transformers ResponseTemplate
-
-
-class TemplateError(ValueError):
-    """A response template transformers refuses (unknown keys, bad patterns, no start anchor)."""
+Events = Callable[[str, bool, bool], list[dict]]  # (text, final, thinking) -> the template's region events
+_templates: dict[str, Events] = {}  # name -> its events (core/runners/hf/response_template.py)
 
 
 def is_template(parser: str) -> bool:
@@ -43,45 +42,26 @@ def known(parser: str) -> bool:
     return parser in _templates
 
 
-def register(spec: dict) -> str:
-    """The name requests store to be read by `spec` in this process."""
-    from transformers.utils.chat_parsing.response_templates import load_response_template
-
-    try:
-        loaded = load_response_template(spec)
-    except (ValueError, TypeError) as exc:
-        raise TemplateError(str(exc)) from None
+def register(spec: dict, events: Events) -> str:
+    """The name requests store to be read by `spec` (whose `events` the runner's side loaded) in this
+    process."""
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     name = PREFIX + digest
-    _templates[name] = loaded
+    _templates[name] = events
     return name
 
 
 def read_template(parser: str, text: str, final: bool, tools: bool, thinking: bool
                   ) -> tuple[str | None, str, tuple[Call, ...]]:
     """(reasoning, content, calls) of `text` as the registered template reads it. `thinking`: the
-    prompt opened the reasoning region (the parser is told so by that region's open anchor as its
-    prefix). Calls are read only where tools were offered; text the template cannot parse (a call's
-    JSON broken) is content, whole, at the end, and held back until then."""
-    from transformers.utils.chat_parsing import ResponseParser
-
-    spec = _templates[parser]
+    prompt opened the reasoning region. Calls are read only where tools were offered; text the
+    template cannot parse (a call's JSON broken) is content, whole, at the end, and held back until
+    then."""
     try:
-        stream = ResponseParser(spec, prefix=_reasoning_anchor(spec) if thinking else "")
-        events = stream.initial_events + stream.feed(text)
-        if final:
-            events += stream.finalize()[1]
+        events = _templates[parser](text, final, thinking)
     except ValueError:
         return None, (text.strip() if final else ""), ()
     return _regions(events, tools, len(text))
-
-
-def _reasoning_anchor(spec: Any) -> str:
-    for name in REASONING:
-        field = spec.fields.get(name)
-        if field is not None and field.open_literals:
-            return field.open_literals[0]
-    return ""
 
 
 def _regions(events: list[dict], tools: bool, end: int) -> tuple[str | None, str, tuple[Call, ...]]:
