@@ -104,9 +104,15 @@ async def _serve(request: Request, endpoint: Endpoint):
         opened = await first_news(request, state, job_id, online, key)
         if opened is None:
             return JSONResponse(error_body(499, "client closed the request"), 499)
-        return BoundedStream(await _stream(request, state, endpoint, job_id, online, opened),
-                             state.guard.rules.stall_s)
+        return await stream_response(request, state, endpoint, job_id, online, opened)
     return await _answer(request, state, endpoint, job_id, online)
+
+
+async def stream_response(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
+                          online: OnlineRequest, progress: AsyncIterator[Update]) -> Response:
+    """A chat or completions stream's response, its progress followed from `progress` on."""
+    return BoundedStream(await _stream(request, state, endpoint, job_id, online, progress),
+                         state.guard.rules.stall_s)
 
 
 async def first_news(request: Request, state: ServerState, job_id: int, online: OnlineRequest,
