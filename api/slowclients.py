@@ -13,17 +13,20 @@ nginx's `client_header_timeout` and `client_body_timeout` (60 s there):
   `body_timeout_s`, or the request is answered 408 in OpenAI's error shape
   and the connection closed (`BodyDeadline`, ASGI middleware).
 
-The protocol also offers each request two extensions: `fsched.abort`, with
-which a stream whose client stopped reading closes the connection, and
+The protocol also offers each request three extensions: `fsched.abort`, with
+which a stream whose client stopped reading closes the connection;
 `fsched.body`, with which a stream writes its body's pieces to the
 transport itself (each in its HTTP chunk), not through every middleware's
-`send` and h11's state machine, at each token.
+`send` and h11's state machine, at each token; and `fsched.body_now`, the
+same piece written from a plain call (a daemon link's push), when the
+transport takes it without waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -35,6 +38,9 @@ from fsched.api.errors import BodyRefused, run_refusing
 
 ABORT = "fsched.abort"  # a scope extension: close this request's connection, the response unfinished
 BODY = "fsched.body"  # a scope extension: write a piece of the started response's body (more to come)
+# A scope extension: write a piece of the started response's body now, without waiting, when the
+# transport takes it at once (else False, and nothing is made or written).
+BODY_NOW = "fsched.body_now"
 
 
 @dataclass(slots=True, frozen=True)
@@ -81,6 +87,7 @@ class HeaderDeadline(H11Protocol):
         if cycle is not None and ABORT not in cycle.scope.setdefault("extensions", {}):
             cycle.scope["extensions"][ABORT] = partial(self._abort, cycle)
             cycle.scope["extensions"][BODY] = partial(self._body, cycle)
+            cycle.scope["extensions"][BODY_NOW] = partial(self._body_now, cycle)
         if self.cycle is not None and self.cycle is not self._waiting_for and self._deadline is not None:
             self._deadline.cancel()  # this request's headers are in
             self._deadline = None
@@ -109,6 +116,21 @@ class HeaderDeadline(H11Protocol):
             return
         if not cycle.response_started or cycle.response_complete:
             raise RuntimeError("a body piece outside a started response")
+        self._write_piece(data)
+
+    def _body_now(self, cycle, render: Callable[[], bytes]) -> bool:
+        """`_body`'s piece, made by `render` and written at once, when nothing would wait: the
+        transport is not paused by a full buffer and the client is still there. False otherwise
+        (`render` not called): the caller then writes through `_body`, under its stall bound."""
+        if (cycle.flow.write_paused or cycle.disconnected or not cycle.response_started
+                or cycle.response_complete):
+            return False
+        data = render()
+        if data and cycle.scope["method"] != "HEAD":
+            self._write_piece(data)
+        return True
+
+    def _write_piece(self, data: bytes) -> None:
         if type(getattr(self.conn, "_writer", None)) is ChunkedWriter:
             self.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
         else:

@@ -41,7 +41,7 @@ TOKEN = " word"
 
 
 class _Transport:
-    """Counts what a stream writes; never pauses."""
+    """Counts what a stream writes (through either of serve's protocol's body extensions); never pauses."""
 
     def __init__(self) -> None:
         self.bytes = 0
@@ -50,6 +50,12 @@ class _Transport:
     async def body(self, data: bytes) -> None:
         self.bytes += len(data)
         self.writes += 1
+
+    def now(self, render) -> bool:
+        data = render()
+        self.bytes += len(data)
+        self.writes += 1
+        return True
 
 
 class _Writer:
@@ -105,7 +111,7 @@ async def _round(endpoint: Endpoint, streams: int, tokens: int) -> tuple[float, 
         response = await api_online.stream_response(request, state, endpoint, job, online, progress)
         transport = _Transport()
         scope = {"type": "http", "method": "POST", "path": "/", "client": ("b", 1),
-                 "extensions": {BODY: transport.body}}
+                 "extensions": {BODY: transport.body, "fsched.body_now": transport.now}}
         transports.append(transport)
         serving.append(asyncio.ensure_future(response(scope, receive, send)))
     await asyncio.sleep(0)
