@@ -119,8 +119,9 @@ async def _round(endpoint: Endpoint, streams: int, tokens: int) -> tuple[float, 
     peer = link._peers["bench"] = _Peer("bench", _Writer())
     reading = asyncio.ensure_future(link._read(peer, reader))
     reader.feed_data(wire.encode([wire.Hello(wire.VERSION)]))
-    lines = [wire.encode([wire.Steps([wire.StepText(job, str(job), step * len(TOKEN), TOKEN, step + 1, 1.0, 0.5)
-                                      for job in range(1, streams + 1)])]) for step in range(tokens)]
+    jobs = range(1, streams + 1)
+    lines = [wire.encode([wire.Steps([wire.StepText(j, str(j), step * len(TOKEN), TOKEN, step + 1, 1.0, 0.5)
+                                      for j in jobs])]) for step in range(tokens)]
     for _ in range(5):
         await asyncio.sleep(0)
     start = time.process_time()
@@ -131,8 +132,8 @@ async def _round(endpoint: Endpoint, streams: int, tokens: int) -> tuple[float, 
             await asyncio.sleep(0)
     used = time.process_time() - start
     text = TOKEN * tokens
-    reader.feed_data(wire.encode([wire.End(job, str(job), RequestStatus.FINISHED_STOPPED, text, tokens, 3, None,
-                                           "m", 1.0, 0.5, 2.0) for job in range(1, streams + 1)]))
+    reader.feed_data(wire.encode([wire.End(j, str(j), RequestStatus.FINISHED_STOPPED, text, tokens, 3, None,
+                                           "m", 1.0, 0.5, 2.0) for j in jobs]))
     await asyncio.wait_for(asyncio.gather(*serving), 60)
     reader.feed_eof()
     await reading

@@ -54,7 +54,8 @@ def test_update_json_writes_what_encoding_the_chunks_writes(endpoint, extra):
 
 @pytest.mark.parametrize("pieces", [
     ["<think>", "why", " so</think>", "Hel", "lo"],
-    ["Sure", "<tool_call>", '{"name": "get', '_weather", "arguments": {"city": "P', 'aris"}}', "</tool_call>"],
+    ["Sure", "<tool_call>", '{"name": "get', '_weather", "arguments": {"city": "P', 'aris"}}',
+     "</tool_call>"],
 ])
 def test_a_running_chats_reasoning_and_calls_are_the_chunks_encoding_writes(pieces):
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
