@@ -149,11 +149,21 @@ class ProgressHub:
             return True
         watch.latest = choices
         if (watch.sink is not None and watch.waiting and not watch.event.is_set() and not self.closing
-                and len(choices) == 1 and choices[0].status < _FINISHED and watch.sink(choices)):
+                and len(choices) == 1 and choices[0].status < _FINISHED and self._sunk(watch, choices)):
             watch.delivered, watch.delivered_at = choices, now
             return True
         watch.event.set()
         return True
+
+    @staticmethod
+    def _sunk(watch: _Watch, choices: Choices) -> bool:
+        """Whether the watch's sink took the push. A sink that fails is dropped (its handler, woken,
+        meets the failure itself): it runs inside a link's reader, which serves every stream."""
+        try:
+            return watch.sink(choices)
+        except Exception:  # noqa: BLE001 - the handler's own path reports it
+            watch.sink = None
+            return False
 
     def attach(self, job_id: int, sink: Callable[[Choices], bool]) -> bool:
         """Give pushes of the job's running progress to `sink` while its handler waits (see the module's

@@ -288,3 +288,21 @@ def test_no_keep_alive_while_a_sink_writes_the_tokens():
     seen = asyncio.run(run())
     assert not any(isinstance(update, KeepAlive) for update in seen)
     assert seen[-1][0].status is RequestStatus.FINISHED_STOPPED
+
+
+def test_a_sink_that_fails_is_dropped_and_its_handler_gets_the_push():
+    hub = ProgressHub(lambda ids: {}, interval_s=3600)
+
+    def sink(choices) -> bool:
+        raise RuntimeError("a broken sink")
+
+    async def run():
+        watcher = asyncio.create_task(_updates(hub, 1, 2))
+        await asyncio.sleep(0)
+        assert hub.attach(1, sink)
+        assert hub.push(1, (progress("ab"),))  # no exception reaches the link's reader
+        await asyncio.sleep(0)
+        assert hub.push(1, (progress("abc", RequestStatus.FINISHED_STOPPED),))
+        return await asyncio.wait_for(watcher, 2)
+
+    assert asyncio.run(run()) == ["ab", "abc"]
