@@ -356,9 +356,8 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
     disconnect (the server does not fail a write to a closed connection), and
     the `finally` covers a generator closed early (a stalled client, a stop).
 
-    With an `outlet`, a daemon's push of running progress that comes while
-    this generator waits is written by the push itself (the hub's sink): the
-    same events, with no task woken and no generator resumed per token.
+    With an `outlet`, a daemon's push of running progress that comes while this generator waits is
+    written by the push itself (the hub's sink): the same events, no task woken per token.
     """
     final, ended = None, False
     idle = attached = False
@@ -397,21 +396,26 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
                 break
             for event in events.update(update):
                 yield event
-        observe(state, online, final)
-        failed = failed_choice(final)
-        if failed is not None:
-            yield events.error(*failure(failed), "request_failed")
-        else:
-            for event in events.closing(final):
-                yield event
-        if events.trailer:
-            yield events.trailer
+        for event in _ending(state, online, final, events):
+            yield event
     finally:
         idle = False
         hang_up.cancel()
         if not ended and (final is None or not all(p.status.is_finished for p in final)):
             with anyio.CancelScope(shield=True):  # the generator itself may be being cancelled
                 await cancel(state, job_id)
+
+
+def _ending(state: ServerState, online: OnlineRequest, final: Choices | None,
+            events: StreamEvents) -> list[str]:
+    """A stream's last events once its updates end: its failure, or its closing; then the trailer."""
+    observe(state, online, final)
+    failed = failed_choice(final)
+    if failed is not None:
+        ending = [events.error(*failure(failed), "request_failed")]
+    else:
+        ending = list(events.closing(final))
+    return ending + [events.trailer] if events.trailer else ending
 
 
 def _updates(state: ServerState, job_id: int, key: ApiKey) -> AsyncIterator[Update]:
