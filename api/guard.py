@@ -107,6 +107,6 @@ async def guarded(hub: ProgressHub, guard: Guard, job_id: int, key: ApiKey,
         if choices is not None:
             last_event = now
             yield choices
-        elif now - last_event >= rules.keepalive_s:
+        elif now - max(last_event, hub.delivered_at(job_id)) >= rules.keepalive_s:  # a sink's write counts
             last_event = now
             yield KeepAlive()

@@ -10,6 +10,10 @@ on an event. Two sources wake it:
 
 What a handler sees never goes back: a read that shows less than a push
 already did is ignored until the table catches up, unless it ends the request.
+
+A push of a running request whose handler waits with nothing in hand goes to
+the handler's sink, if it set one (`attach`): the sink writes the new text to
+the client from the push itself, and no task wakes for the token.
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ class _Watch:
     latest: Choices = ()
     linked_at: float | None = None  # the last push of a daemon's link (monotonic)
     ticked: bool = False  # a tick of `follow` came since the last wake-up
+    # Set by the handler while it waits with nothing in hand: takes a push's running progress and
+    # writes it to the client itself (True), or declines it (False: the handler is woken instead).
+    sink: Callable[[Choices], bool] | None = None
+    waiting: bool = False  # `follow` waits on `event`: the handler holds no update
+    delivered: Choices | None = None  # the last progress a sink took
+    delivered_at: float = -1e18  # when (monotonic)
 
 
 def _ahead(new: Choices, old: Choices) -> bool:
@@ -99,13 +109,21 @@ class ProgressHub:
         seen = None
         try:
             while True:
-                await watch.event.wait()
+                watch.waiting = True
+                try:
+                    await watch.event.wait()
+                finally:
+                    watch.waiting = False
                 watch.event.clear()
                 ticked, watch.ticked = watch.ticked, False
                 if self.closing:
                     yield None
                     continue
                 choices = watch.latest
+                if choices is watch.delivered:  # a sink has written it already
+                    if ticked:
+                        yield None
+                    continue
                 key = tuple((p.status, p.num_output_tokens, len(p.output_text)) for p in choices)
                 if key != seen:
                     seen = key
@@ -126,9 +144,40 @@ class ProgressHub:
         watch = self._watches.get(job_id)
         if watch is None:
             return False
-        watch.linked_at = time.monotonic()
-        self._offer(watch, choices)
+        watch.linked_at = now = time.monotonic()
+        if not _ahead(choices, watch.latest):
+            return True
+        watch.latest = choices
+        if (watch.sink is not None and watch.waiting and not watch.event.is_set() and not self.closing
+                and len(choices) == 1 and choices[0].status < _FINISHED and self._sunk(watch, choices)):
+            watch.delivered, watch.delivered_at = choices, now
+            return True
+        watch.event.set()
         return True
+
+    @staticmethod
+    def _sunk(watch: _Watch, choices: Choices) -> bool:
+        """Whether the watch's sink took the push. A sink that fails is dropped (its handler, woken,
+        meets the failure itself): it runs inside a link's reader, which serves every stream."""
+        try:
+            return watch.sink(choices)
+        except Exception:  # noqa: BLE001 - the handler's own path reports it
+            watch.sink = None
+            return False
+
+    def attach(self, job_id: int, sink: Callable[[Choices], bool]) -> bool:
+        """Give pushes of the job's running progress to `sink` while its handler waits (see the module's
+        note); False when nobody follows the job yet."""
+        watch = self._watches.get(job_id)
+        if watch is None:
+            return False
+        watch.sink = sink
+        return True
+
+    def delivered_at(self, job_id: int) -> float:
+        """When a sink last took the job's progress (monotonic; far past if never)."""
+        watch = self._watches.get(job_id)
+        return watch.delivered_at if watch is not None else -1e18
 
     def expect_push(self, job_id: int) -> None:
         """The job was announced on a live link: read it from the table only every `linked_poll_s`

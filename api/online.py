@@ -24,7 +24,7 @@ from fsched.api.errors import ApiError, error_body
 from fsched.api.guard import KeepAlive, StreamEnd, Update, guarded
 from fsched.api.hub import Choices
 from fsched.api.limits import body_text
-from fsched.api.sse import KEEPALIVE, BoundedStream, sse
+from fsched.api.sse import KEEPALIVE, BoundedStream, Outlet, sse
 from fsched.api.state import ServerState, state_of
 from fsched.api.tokens import prompt_token_ids
 from fsched.core.jobs.apikeys import ApiKey
@@ -104,9 +104,16 @@ async def _serve(request: Request, endpoint: Endpoint):
         opened = await first_news(request, state, job_id, online, key)
         if opened is None:
             return JSONResponse(error_body(499, "client closed the request"), 499)
-        return BoundedStream(await _stream(request, state, endpoint, job_id, online, opened),
-                             state.guard.rules.stall_s)
+        return await stream_response(request, state, endpoint, job_id, online, opened)
     return await _answer(request, state, endpoint, job_id, online)
+
+
+async def stream_response(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
+                          online: OnlineRequest, progress: AsyncIterator[Update]) -> Response:
+    """A chat or completions stream's response, its progress followed from `progress` on."""
+    outlet = Outlet()
+    return BoundedStream(await _stream(request, state, endpoint, job_id, online, progress, outlet),
+                         state.guard.rules.stall_s, outlet)
 
 
 async def first_news(request: Request, state: ServerState, job_id: int, online: OnlineRequest,
@@ -289,7 +296,8 @@ async def gone_first(request: Request, work: asyncio.Future, timeout: float | No
 
 
 async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
-                  online: OnlineRequest, progress: AsyncIterator[Update]) -> AsyncIterator[str]:
+                  online: OnlineRequest, progress: AsyncIterator[Update],
+                  outlet: Outlet | None = None) -> AsyncIterator[str]:
     """Chat's and completions' server-sent events: chunks as tokens come (the choices interleaved, each
     by its index), the usage chunk if asked, `[DONE]`; under the rules of `relayed` (its generator
     itself: no layer of its own to pass each token through)."""
@@ -302,7 +310,7 @@ async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_
         raise
     relay = StreamRelay(endpoint, opaque_response_id(endpoint), int(time.time()),
                         online.spec.model or DEFAULT_MODEL_NAME, online, prompt_ids)
-    return relayed(request, state, job_id, online, progress, _ChatEvents(relay))
+    return relayed(request, state, job_id, online, progress, _ChatEvents(relay), outlet)
 
 
 class StreamEvents(Protocol):
@@ -338,7 +346,8 @@ class _ChatEvents:
 
 
 async def relayed(request: Request, state: ServerState, job_id: int, online: OnlineRequest,
-                  progress: AsyncIterator[Update], events: StreamEvents) -> AsyncIterator[str]:
+                  progress: AsyncIterator[Update], events: StreamEvents,
+                  outlet: Outlet | None = None) -> AsyncIterator[str]:
     """A streamed request's events (chat's, completions', the Responses API's): its opening, its
     updates as they come, keep-alive comments while nothing does, its closing; or an error event
     when it fails or a rule of api/guard.py ends the stream (then the request is cancelled).
@@ -346,13 +355,34 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
     A client that hangs up cancels the request: a task waits for the
     disconnect (the server does not fail a write to a closed connection), and
     the `finally` covers a generator closed early (a stalled client, a stop).
+
+    With an `outlet`, a daemon's push of running progress that comes while this generator waits is
+    written by the push itself (the hub's sink): the same events, no task woken per token.
     """
     final, ended = None, False
+    idle = attached = False
+
+    def sink(choices: Choices) -> bool:
+        nonlocal final
+        if not idle or not outlet.write_now(lambda: "".join(events.update(choices)).encode()):
+            return False
+        final = choices
+        return True
+
     hang_up = asyncio.ensure_future(_cancel_on_disconnect(request, state, job_id))
     try:
         for event in events.opening():
             yield event
-        async for update in progress:
+        while True:
+            if outlet is not None and not attached:
+                attached = state.hub.attach(job_id, sink)
+            idle = True
+            try:
+                update = await anext(progress)
+            except StopAsyncIteration:
+                break
+            finally:
+                idle = False
             if isinstance(update, KeepAlive):
                 yield KEEPALIVE
                 continue
@@ -366,20 +396,26 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
                 break
             for event in events.update(update):
                 yield event
-        observe(state, online, final)
-        failed = failed_choice(final)
-        if failed is not None:
-            yield events.error(*failure(failed), "request_failed")
-        else:
-            for event in events.closing(final):
-                yield event
-        if events.trailer:
-            yield events.trailer
+        for event in _ending(state, online, final, events):
+            yield event
     finally:
+        idle = False
         hang_up.cancel()
         if not ended and (final is None or not all(p.status.is_finished for p in final)):
             with anyio.CancelScope(shield=True):  # the generator itself may be being cancelled
                 await cancel(state, job_id)
+
+
+def _ending(state: ServerState, online: OnlineRequest, final: Choices | None,
+            events: StreamEvents) -> list[str]:
+    """A stream's last events once its updates end: its failure, or its closing; then the trailer."""
+    observe(state, online, final)
+    failed = failed_choice(final)
+    if failed is not None:
+        ending = [events.error(*failure(failed), "request_failed")]
+    else:
+        ending = list(events.closing(final))
+    return ending + [events.trailer] if events.trailer else ending
 
 
 def _updates(state: ServerState, job_id: int, key: ApiKey) -> AsyncIterator[Update]:

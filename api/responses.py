@@ -21,7 +21,7 @@ from fsched.api import online
 from fsched.api.errors import ApiError, error_body
 from fsched.api.hub import Choices
 from fsched.api.limits import body_text
-from fsched.api.sse import BoundedStream
+from fsched.api.sse import BoundedStream, Outlet
 from fsched.api.state import ServerState, state_of
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.inputs import InputError
@@ -58,8 +58,9 @@ async def responses(request: Request):
             return JSONResponse(error_body(499, "client closed the request"), 499)
         events = _ResponsesEvents(ResponsesRelay(response_id, time.time(), model, asked.echo, logprobs,
                                                  chat.stream_options.obfuscation, chat.spec.answer))
-        return BoundedStream(online.relayed(request, state, job_id, chat, opened, events),
-                             state.guard.rules.stall_s)
+        outlet = Outlet()
+        return BoundedStream(online.relayed(request, state, job_id, chat, opened, events, outlet),
+                             state.guard.rules.stall_s, outlet)
     final = await online.final_or_disconnect(request, state, job_id)
     if final is None:
         await online.cancel(state, job_id)

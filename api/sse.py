@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from fsched.api.slowclients import ABORT, BODY
+from fsched.api.slowclients import ABORT, BODY, BODY_NOW
 from fsched.core.jobs.jsontext import dumps as json_text
 
 log = logging.getLogger("fsched.serve")
@@ -35,16 +36,34 @@ class ClientStalled(Exception):
     """The client took no bytes for the stated bound."""
 
 
+class Outlet:
+    """A stream's way to write a piece at once from a plain call (a daemon link's push), without its
+    generator: only while its response is open and its transport takes bytes without waiting."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now: Callable[[Callable[[], bytes]], bool] | None = None
+
+    def write_now(self, render: Callable[[], bytes]) -> bool:
+        """Write what `render` makes, now; False (`render` not called) when it would wait or the
+        server offers no such write."""
+        return self.now is not None and self.now(render)
+
+
 class BoundedStream(StreamingResponse):
-    def __init__(self, content, stall_s: float, **kwargs):
+    def __init__(self, content, stall_s: float, outlet: Outlet | None = None, **kwargs):
         super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
                          **kwargs)
         self.stall_s = stall_s
+        self.outlet = outlet
         self.ended = False  # the last byte of the stream was sent
         self._write_body = None  # the server's `fsched.body` extension, when it offers it
+        self._scope_now = None  # and its `fsched.body_now`
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._write_body = scope.get("extensions", {}).get(BODY)
+        self._scope_now = scope.get("extensions", {}).get(BODY_NOW)
         try:
             await super().__call__(scope, receive, send)
         except ClientStalled:
@@ -62,6 +81,8 @@ class BoundedStream(StreamingResponse):
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         watchdog = _Watchdog(self.stall_s)
         write = self._write_body
+        if self.outlet is not None and write is not None:  # pieces between this loop's writes
+            self.outlet.now = self._scope_now
         try:
             async for chunk in self.body_iterator:
                 body = chunk.encode(self.charset) if isinstance(chunk, str) else chunk
@@ -73,6 +94,8 @@ class BoundedStream(StreamingResponse):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             self.ended = True
         finally:
+            if self.outlet is not None:
+                self.outlet.now = None
             watchdog.stop()
             await self.body_iterator.aclose()  # its `finally` cancels an unfinished request
 

@@ -29,6 +29,18 @@ def dumps(obj, separators: tuple[str, str] | None = None) -> str:
     return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
+_encode_string = json.encoder.encode_basestring  # C: what `json.dumps(text, ensure_ascii=False)` writes
+
+
+def string(text: str) -> str:
+    """`dumps(text)` for a str, at a fraction of its cost (one C call, no encoder made): a stream's
+    text delta is escaped with it at every token."""
+    out = _encode_string(text)
+    if text.isascii() or _SURROGATE.search(out) is None:
+        return out
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", out)
+
+
 def _reject_constant(name: str) -> Any:
     raise InputError(f"{name} is not valid JSON (numbers must be finite)")
 

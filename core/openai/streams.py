@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from fsched.core.jobs.jsontext import dumps as json_text
+from fsched.core.jobs.jsontext import string as json_string
 from fsched.core.openai.answers import Delta, chunk, usage, usage_chunk
 from fsched.core.openai.online import OnlineRequest, choice_of
 from fsched.core.openai.toolcalls.message import ReadingStream, finish_reason, read_options
@@ -76,27 +77,55 @@ class StreamRelay:
 
     def update_json(self, choices: Sequence[RequestProgress]) -> Iterator[str]:
         """`update`'s chunks as JSON text (compact, as `jsontext.dumps` writes it)."""
-        for delta in self._deltas(choices):
-            if (self._template is not None and self.prompt_ids is None and not delta.first
-                    and delta.finish_reason is None and not delta.reasoning and not delta.tool_calls):
-                head, middle, tail = self._template
-                yield f"{head}{delta.index}{middle}{json_text(delta.text)}{tail}"
-            else:
+        template = self._template if self.prompt_ids is None else None
+        if template is None:
+            for delta in self._deltas(choices):
                 yield json_text(self._chunk(delta), separators=(",", ":"))
+            return
+        self.latest = choices
+        head, middle, tail = template
+        for p in choices:
+            sent = self.sent[p.choice]
+            if sent.ended:
+                continue
+            if not sent.started or p.status.is_finished:  # a first or last chunk: the general path
+                for delta in self._choice_deltas(p, sent):
+                    yield self._json(delta, template)
+                continue
+            # A running choice (most of a stream): its new text, from the template, no Delta made.
+            text = p.output_text.rstrip("\ufffd")  # `visible_text` of an unfinished request
+            if self.endpoint is Endpoint.CHAT:
+                reasoning, new_text, calls = self.readings[p.choice].step(text, False)
+                if reasoning or calls:
+                    yield self._json(self._made(p, sent, text, reasoning, new_text, calls), template)
+                    continue
+            else:
+                new_text = text[sent.chars:]
+            if new_text:
+                sent.chars, sent.tokens = len(text), len(p.tokens)
+                yield f"{head}{p.choice}{middle}{json_string(new_text)}{tail}"
+
+    def _json(self, delta: Delta, template: tuple[str, str, str]) -> str:
+        if not delta.first and delta.finish_reason is None and not delta.reasoning and not delta.tool_calls:
+            head, middle, tail = template
+            return f"{head}{delta.index}{middle}{json_string(delta.text)}{tail}"
+        return json_text(self._chunk(delta), separators=(",", ":"))
 
     def _deltas(self, choices: Sequence[RequestProgress]) -> Iterator[Delta]:
         self.latest = choices
         for p in choices:
             sent = self.sent[p.choice]
-            if sent.ended:
-                continue
-            delta = self._delta(p, sent)
-            if delta is not None:
-                yield delta
-            if p.status.is_finished:
-                sent.ended = True
-                called = self.readings[p.choice].called
-                yield Delta(p.choice, finish_reason=finish_reason(p.finish_reason, called))
+            if not sent.ended:
+                yield from self._choice_deltas(p, sent)
+
+    def _choice_deltas(self, p: RequestProgress, sent: _Sent) -> Iterator[Delta]:
+        delta = self._delta(p, sent)
+        if delta is not None:
+            yield delta
+        if p.status.is_finished:
+            sent.ended = True
+            called = self.readings[p.choice].called
+            yield Delta(p.choice, finish_reason=finish_reason(p.finish_reason, called))
 
     def closing(self, final: Sequence[RequestProgress]) -> Iterator[dict]:
         """After every choice ended: the usage chunk, when asked for."""
@@ -109,6 +138,12 @@ class StreamRelay:
         new_text, reasoning, calls = text[sent.chars:], "", []
         if self.endpoint is Endpoint.CHAT:
             reasoning, new_text, calls = self.readings[p.choice].step(text, p.status.is_finished)
+        return self._made(p, sent, text, reasoning, new_text, calls)
+
+    def _made(self, p: RequestProgress, sent: _Sent, text: str, reasoning: str, new_text: str,
+              calls: list[dict]) -> Delta | None:
+        """The delta of a choice's new reading (None when it shows nothing new); what the client has
+        moves on to it."""
         shows_tokens = self.answer.logprobs or self.answer.token_ids
         count = len(p.tokens) if p.status.is_finished or len(text) > sent.chars else sent.tokens
         if not (new_text or reasoning or calls) and not (shows_tokens and count > sent.tokens):

@@ -222,3 +222,87 @@ def test_a_client_that_reads_slowly_but_within_the_bound_is_never_cut_off():
 
     asyncio.run(BoundedStream(events(), stall_s=0.05).stream_response(send))
     assert len(sent) == 12
+
+
+def test_a_push_while_the_handler_waits_goes_to_its_sink_and_an_end_wakes_the_handler():
+    hub = ProgressHub(lambda ids: {}, interval_s=3600)
+    taken: list[str] = []
+    accept = [True]
+
+    def sink(choices) -> bool:
+        if accept[0]:
+            taken.append(choices[0].output_text)
+        return accept[0]
+
+    async def run():
+        watcher = asyncio.create_task(_updates(hub, 1, 2))
+        await asyncio.sleep(0)
+        assert hub.attach(1, sink)
+        assert hub.push(1, (progress("ab"),))  # written by the sink: the handler is not woken
+        assert hub.delivered_at(1) > 0
+        accept[0] = False
+        assert hub.push(1, (progress("abc"),))  # declined: the handler gets it
+        await asyncio.sleep(0)
+        accept[0] = True
+        assert hub.push(1, (progress("abcd", RequestStatus.FINISHED_STOPPED),))  # an end: never a sink's
+        return await asyncio.wait_for(watcher, 2)
+
+    assert asyncio.run(run()) == ["abc", "abcd"]
+    assert taken == ["ab"]
+
+
+def test_no_keep_alive_while_a_sink_writes_the_tokens():
+    from fsched.api.guard import Guard, KeepAlive, StreamRules, guarded
+    from fsched.core.jobs.apikeys import ApiKey
+
+    hub = ProgressHub(lambda ids: {}, interval_s=3600)
+    guard = Guard(StreamRules(keepalive_s=0.05, key_check_s=60))
+    key = ApiKey("k1", "alice", RequestClass.REALTIME, "a key", "hash", 0.0)
+
+    async def read_key(key_id):
+        return key
+
+    async def live():
+        return 1
+
+    async def run():
+        seen = []
+
+        async def follow():
+            async for update in guarded(hub, guard, 1, key, read_key, live):
+                seen.append(update)
+
+        following = asyncio.create_task(follow())
+        await asyncio.sleep(0)
+        assert hub.attach(1, lambda choices: True)
+        text = ""
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:  # a token every 10 ms: far more often than keep-alives
+            text += "a"
+            hub.push(1, (progress(text),))
+            await asyncio.sleep(0.01)
+        hub.push(1, (progress(text, RequestStatus.FINISHED_STOPPED),))
+        await asyncio.wait_for(following, 5)
+        return seen
+
+    seen = asyncio.run(run())
+    assert not any(isinstance(update, KeepAlive) for update in seen)
+    assert seen[-1][0].status is RequestStatus.FINISHED_STOPPED
+
+
+def test_a_sink_that_fails_is_dropped_and_its_handler_gets_the_push():
+    hub = ProgressHub(lambda ids: {}, interval_s=3600)
+
+    def sink(choices) -> bool:
+        raise RuntimeError("a broken sink")
+
+    async def run():
+        watcher = asyncio.create_task(_updates(hub, 1, 2))
+        await asyncio.sleep(0)
+        assert hub.attach(1, sink)
+        assert hub.push(1, (progress("ab"),))  # no exception reaches the link's reader
+        await asyncio.sleep(0)
+        assert hub.push(1, (progress("abc", RequestStatus.FINISHED_STOPPED),))
+        return await asyncio.wait_for(watcher, 2)
+
+    assert asyncio.run(run()) == ["ab", "abc"]

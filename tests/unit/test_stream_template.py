@@ -50,3 +50,25 @@ def test_update_json_writes_what_encoding_the_chunks_writes(endpoint, extra):
         assert list(relays[1].update_json(update)) == expected
         for line in expected:
             json.loads(line)
+
+
+@pytest.mark.parametrize("pieces", [
+    ["<think>", "why", " so</think>", "Hel", "lo"],
+    ["Sure", "<tool_call>", '{"name": "get', '_weather", "arguments": {"city": "P', 'aris"}}',
+     "</tool_call>"],
+])
+def test_a_running_chats_reasoning_and_calls_are_the_chunks_encoding_writes(pieces):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    online = parse_online(json.dumps(body), Endpoint.CHAT, _key())
+    relays = [StreamRelay(Endpoint.CHAT, "id", 1700000000, "m", online) for _ in range(2)]
+    for relay in relays:
+        list(relay.opening())
+    so_far = ""
+    for i, piece in enumerate(pieces + [""]):
+        so_far += piece
+        status = RequestStatus.FINISHED_STOPPED if i == len(pieces) else RequestStatus.RUNNING
+        update = [_progress(so_far, status)]
+        expected = [json_text(c, separators=(",", ":")) for c in relays[0].update(update)]
+        assert list(relays[1].update_json(update)) == expected
+    assert relays[1].readings[0].reasoning or relays[1].readings[0].called
