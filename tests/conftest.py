@@ -29,33 +29,43 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "long: a slow case another test covers in short; runs with --long")
 
 
-# The slowest files, slowest first (each file timed alone, test times plus the processes it waits
-# for; the files named last were not re-timed and keep their earlier order). Run first, so that
+# The slowest files, slowest first (by their summed test times, setup included, in the junit
+# reports of two whole runs on 2 cores, one quiet and one loaded, scaled to one another). Run first, so that
 # under `--dist loadfile --no-loadscope-reorder` (scripts/test.sh) the two workers end together instead
 # of one starting a long file when the other is nearly done. Files not named keep their order after.
 SLOW_FILES = (
-    "tests/acceptance/test_daemon.py",
-    "tests/acceptance/test_agents.py",
     "tests/acceptance/test_tool_call_resume.py",
-    "tests/chaos/test_kill_points.py",
-    "tests/acceptance/test_cluster.py",
-    "tests/integration/test_engine.py",
-    "tests/acceptance/test_online_path.py",
-    "tests/acceptance/test_generate_demo.py",
-    "tests/chaos/test_storage_faults.py",
-    "tests/acceptance/test_concurrency.py",
-    "tests/acceptance/test_clients.py",
-    "tests/chaos/test_load.py",
-    "tests/acceptance/test_remote_engine.py",
     "tests/chaos/test_fuzz.py",
-    "tests/acceptance/test_http_hostile.py",
-    "tests/acceptance/test_poison_pill.py",
-    "tests/integration/test_structured_output.py",
-    "tests/acceptance/test_cli.py",
-    "tests/acceptance/test_http.py",
-    "tests/acceptance/test_replay.py",
+    "tests/acceptance/test_remote_engine.py",
+    "tests/acceptance/test_daemon.py",
+    "tests/integration/test_engine.py",
+    "tests/acceptance/test_grammar_isolation.py",
+    "tests/acceptance/test_cluster.py",
+    "tests/acceptance/test_online_path.py",
+    "tests/chaos/test_kill_points.py",
     "tests/acceptance/test_schemathesis.py",
+    "tests/acceptance/test_clients.py",
+    "tests/chaos/test_storage_faults.py",
+    "tests/acceptance/test_agents.py",
+    "tests/acceptance/test_poison_pill.py",
+    "tests/chaos/test_load.py",
+    "tests/acceptance/test_http.py",
+    "tests/acceptance/test_http_hostile.py",
+    "tests/acceptance/test_cli.py",
     "tests/integration/test_catalog_contract.py",
+    "tests/acceptance/test_packaging.py",
+    "tests/acceptance/test_dashboard.py",
+    "tests/acceptance/test_terminal.py",
+    "tests/unit/test_scheduler_fairness.py",
+    "tests/acceptance/test_replay.py",
+    "tests/acceptance/test_generate_demo.py",
+    "tests/integration/test_files_contract.py",
+    "tests/acceptance/test_prometheus.py",
+    "tests/acceptance/test_labelling_attack.py",
+    "tests/integration/test_queue_contract.py",
+    "tests/integration/test_structured_output.py",
+    "tests/acceptance/test_client_gone.py",
+    "tests/acceptance/test_access.py",
 )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sqlite3
 import subprocess
 import time
@@ -13,14 +12,9 @@ from pathlib import Path
 import httpx
 
 from tests.support.cli import TABLE_COMMANDS, invoke
+from tests.support.ports import free_port
 
 from .conftest import FSCHED
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

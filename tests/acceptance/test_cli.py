@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 import time
 
 from .conftest import FSCHED, SAMPLE_JOBS
@@ -63,20 +64,58 @@ def test_submit_sample_jobs_and_status(fsched):
 
 def test_status_watch_redraws_until_ctrl_c(fsched):
     fsched.ok("submit", str(SAMPLE_JOBS / "chat.jsonl"))
+    # Drawn as to a terminal (rich's TTY_COMPATIBLE), so each redraw reaches the pipe as it
+    # happens and the test waits for the frame it expects; tests/acceptance/test_terminal.py
+    # checks the frames' layout in a real one.
     proc = subprocess.Popen(
         [FSCHED, "status", "--watch", "--interval", "0.2"],
-        env=fsched.env,
+        env={**fsched.env, "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "COLUMNS": "120", "LINES": "40"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    time.sleep(2)
+    screen = _Reader(proc.stdout)
+    assert screen.wait_for(b"queued", 60), screen.text()
+    drawn = screen.size()
     fsched.ok("cancel", "1")  # the live view picks the change up
-    time.sleep(1.5)
+    assert screen.wait_for(b"cancelled", 60, after=drawn), screen.text()
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=10)
+    proc.wait(timeout=30)
+    err = proc.stderr.read().decode()
     assert proc.returncode == 0, err
-    text = out.decode()
-    assert "queued" in text and "cancelled" in text and "Traceback" not in err.decode()
+    assert "Traceback" not in err
+
+
+class _Reader:
+    """A process's output read as it comes, so a test waits for what it expects to see."""
+
+    def __init__(self, stream) -> None:
+        self._chunks: list[bytes] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, stream) -> None:
+        for chunk in iter(lambda: stream.read1(4096), b""):
+            with self._lock:
+                self._chunks.append(chunk)
+
+    def text(self) -> str:
+        with self._lock:
+            return b"".join(self._chunks).decode(errors="replace")
+
+    def size(self) -> int:
+        with self._lock:
+            return sum(map(len, self._chunks))
+
+    def wait_for(self, needle: bytes, timeout: float, after: int = 0) -> bool:
+        """Whether `needle` shows in the output past its first `after` bytes within `timeout`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if needle in b"".join(self._chunks)[after:]:
+                    return True
+            time.sleep(0.05)
+        return False
 
 
 def test_help(fsched):

@@ -34,6 +34,7 @@ from .conftest import FSCHED
 
 LEASE_TTL_S = 3.0
 SWEEP_S = 1.0  # DaemonConfig.sweep_s
+WINDOW_TOKENS = 20_000  # the share's window: 3 daemons of standin:4ms serve ~4,000 tokens a second
 
 
 def standin_expected(prompt: str, seed: int, max_tokens: int) -> str:
@@ -159,8 +160,10 @@ def test_three_daemons_kill_and_pause_every_request_ends_once(cluster, tmp_path)
     print(f"\nreclaim after kill -9: {reclaim_s:.2f} s; after SIGSTOP: {paused_reclaim_s:.2f} s "
           f"(lease TTL {LEASE_TTL_S} s + sweep {SWEEP_S} s)")
     # A lease lives TTL from its last renewal (before the kill: with this TTL, every
-    # heartbeat), then waits for the next sweep of a live daemon.
-    assert reclaim_s <= LEASE_TTL_S + SWEEP_S + 1.0, cluster.logs()
+    # heartbeat), then waits for the next sweep of a live daemon. The slack is for a loaded
+    # machine delaying that sweep; a reclaim waiting on anything else (a daemon's own timeout,
+    # the paused one's lease) would take longer than this.
+    assert reclaim_s <= LEASE_TTL_S + SWEEP_S + 5.0, cluster.logs()
     os.kill(sleeper.pid, signal.SIGCONT)  # it wakes up holding requests it lost
 
     def all_done():
@@ -240,14 +243,16 @@ def test_weights_hold_across_three_daemons_and_realtime_waits_for_none(cluster, 
             out[j.tenant] += j.num_output_tokens
         return out
 
-    wait_until(lambda: sum(tokens().values()) > 2000, 60)
-    time.sleep(2)
+    # The window is counted in tokens, not seconds: a loaded machine serves the same work, only
+    # later (about 2 s to warm up and 5 s of window on a quiet 2-core machine).
+    wait_until(lambda: sum(tokens().values()) > 8000, 60)
     start = tokens()
-    time.sleep(6)
+    wait_until(lambda: sum(tokens().values()) - sum(start.values()) >= WINDOW_TOKENS, 60)
     end = tokens()
     served = {t: end[t] - start[t] for t in end}
     share = served["alice"] / sum(served.values())
-    print(f"\ncluster-wide token share of alice (weight 3 of 4) over 6 s: {share:.3f}; served {served}")
+    print(f"\ncluster-wide token share of alice (weight 3 of 4) over {sum(served.values())} tokens: "
+          f"{share:.3f}; served {served}")
     assert all(not j.state.finished for j in store.list_jobs()), "both tenants must stay backlogged"
     assert 0.70 <= share <= 0.80
 
@@ -276,11 +281,18 @@ def test_status_shows_every_daemon_and_flags_dead_ones(cluster, tmp_path):
     owner_of(store, alive.pid), owner_of(store, doomed.pid)
     os.kill(doomed.pid, signal.SIGKILL)
     doomed.wait()
-    time.sleep(LEASE_TTL_S + 0.5)
-    daemons = {d["pid"]: d for d in json.loads(cluster.fsched("status", "--json"))["daemons"]}
+    seen = {}
+
+    def doomed_is_dead() -> bool:
+        seen.update({d["pid"]: d for d in json.loads(cluster.fsched("status", "--json"))["daemons"]})
+        return seen[doomed.pid]["state"] == "dead"
+
+    # Dead once its heartbeat is a lease TTL old: a few seconds, later on a loaded machine.
+    wait_until(doomed_is_dead, 60, step=0.5)
+    daemons = seen
     assert daemons[alive.pid]["alive"] and not daemons[doomed.pid]["alive"]
     assert daemons[doomed.pid]["state"] == "dead" and daemons[alive.pid]["state"] == "alive"
-    assert daemons[alive.pid]["heartbeat_age_s"] < 2.5 and daemons[alive.pid]["device"] == "standin"
+    assert daemons[alive.pid]["heartbeat_age_s"] < LEASE_TTL_S and daemons[alive.pid]["device"] == "standin"
     text = cluster.fsched("status")
     assert "dead" in text and "alive" in text
     store.db.dispose()

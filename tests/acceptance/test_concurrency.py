@@ -6,12 +6,17 @@ import json
 import sqlite3
 import subprocess
 
+import pytest
+
 from .conftest import FSCHED
 
 SUBMITTERS = 8
 LINES = 2_000
 
 
+# The same storm with a daemon serving, and 5,000-line files, is tests/chaos/test_load.py (the quick
+# suite's check that no command meets "database is locked" and every acknowledged job is whole).
+@pytest.mark.long
 def test_concurrent_submits_cancels_and_weights(fsched, tmp_path):
     job_file = tmp_path / "job.jsonl"
     job_file.write_text(

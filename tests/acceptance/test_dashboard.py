@@ -106,8 +106,15 @@ def page_figures(page) -> dict[tuple[str, frozenset], float | None]:
 
 def test_the_page_shows_what_metrics_and_status_show_at_one_moment(server, browser):
     page = open_page(browser, server, server.admin_key)
-    # A few samples for the charts, the work under way (longer for the docs' picture).
-    page.wait_for_timeout(20_000 if os.environ.get("FSCHED_SCREENSHOTS") == "docs" else 5000)
+    # The work under way: both tenants' batch jobs have served tokens (the docs' picture waits
+    # longer, for a few samples in every chart).
+    deadline = time.monotonic() + 60
+    while len(server.rows("SELECT DISTINCT tenant FROM jobs WHERE class = 'batch' "
+                          "AND num_output_tokens > 0")) < 2:
+        assert time.monotonic() < deadline, "the daemon served neither tenant's batch work in 60 s"
+        time.sleep(0.1)
+    if os.environ.get("FSCHED_SCREENSHOTS") == "docs":
+        page.wait_for_timeout(20_000)
     os.kill(server.daemon.pid, signal.SIGSTOP)
     try:
         time.sleep(0.3)  # a write in flight lands (or never starts)

@@ -275,5 +275,7 @@ def test_revoking_a_key_ends_its_open_streams(server):
         revoked = time.monotonic()
         each_until(readers, lambda r: bool(r.errors))
     assert [r.errors[0]["code"] for r in readers] == ["invalid_api_key"] * 2
-    assert time.monotonic() - revoked < 3
+    # A stream reads its key again each second; the rest is slack for a loaded machine. Streams
+    # that missed the revoke would run on to their TOKENS and end without this error.
+    assert time.monotonic() - revoked < 15
     assert [wait_state(server, r.job_id, "cancelled") for r in readers] == ["cancelled"] * 2

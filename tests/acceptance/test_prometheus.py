@@ -19,8 +19,10 @@ import time
 import httpx
 import pytest
 
+from tests.support.ports import free_port
+
 from .conftest import REPO
-from .http_server import Server, free_port, make_server
+from .http_server import Server, make_server
 
 PROMETHEUS = shutil.which("prometheus")
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "fsched.json"

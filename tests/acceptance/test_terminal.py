@@ -55,23 +55,37 @@ def add_online_requests(url: str) -> None:
     store.db.dispose()
 
 
-def screen(table: Server, command: str, width: int, height: int, wait_s: float) -> str:
-    """What a `width`x`height` terminal shows (with its scrollback) after running `command`."""
+def screen(table: Server, command: str, width: int, height: int, ready=None) -> str:
+    """What a `width`x`height` terminal shows (with its scrollback) once `command` has ended, or, for
+    one that runs on, once what it shows satisfies `ready` (read again and again, up to 60 s)."""
     script = Path(table.root) / f"run-{uuid.uuid4().hex[:6]}.sh"
+    ended = script.with_suffix(".ended")
     env = " ".join(f"{k}='{v}'" for k, v in table.env.items() if k.startswith(("FSCHED_", "XDG_", "HOME",
                                                                                 "PATH", "USER", "LOGNAME")))
     script.write_text(f"#!/bin/sh\nunset COLUMNS LINES\nexport {env} TERM=xterm-256color\n"
-                      f"{FSCHED} {command}\nsleep 60\n")
+                      f"{FSCHED} {command}\ntouch {ended}\nsleep 60\n")
     script.chmod(0o755)
     socket = f"fsched-test-{uuid.uuid4().hex[:8]}"
     tmux = [TMUX, "-L", socket, "-f", "/dev/null"]
     subprocess.run([*tmux, "new-session", "-d", "-x", str(width), "-y", str(height), str(script)], check=True)
     try:
-        time.sleep(wait_s)
-        return subprocess.run([*tmux, "capture-pane", "-p", "-S", "-200"], capture_output=True, text=True,
-                              check=True).stdout
+        deadline = time.monotonic() + 60
+        while True:
+            done = ended.exists()
+            text = subprocess.run([*tmux, "capture-pane", "-p", "-S", "-200"], capture_output=True,
+                                  text=True, check=True).stdout
+            if done or (ready is not None and ready(text)) or time.monotonic() > deadline:
+                return text  # past the deadline: the test's assertions show what was there
+            time.sleep(0.2)
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
+def whole_frame(text: str) -> bool:
+    """A live view's frame drawn to its end: every table it began closed, the shares among them."""
+    lines = [line.lstrip() for line in text.splitlines()]
+    tops, bottoms = (sum(line.startswith(c) for line in lines) for c in "┏└")
+    return "Tenants" in text and tops >= 2 and tops == bottoms
 
 
 def check_whole_tables(text: str, width: int) -> list[str]:
@@ -89,7 +103,7 @@ def check_whole_tables(text: str, width: int) -> list[str]:
 
 @pytest.mark.parametrize("width,height", [(80, 24), (120, 40)])
 def test_status_fits_the_terminal(table, width, height):
-    text = screen(table, "status", width, height, wait_s=3.0)
+    text = screen(table, "status", width, height)
     headers = check_whole_tables(text, width)
     assert len(headers) == 5, text  # jobs, tenants, online requests, why, daemons
     assert "Online requests" in text and "5b0ba172f1b6" in text
@@ -101,7 +115,8 @@ def test_status_fits_the_terminal(table, width, height):
 
 @pytest.mark.parametrize("width,height", [(80, 24), (120, 40)])
 def test_status_watch_fits_the_terminal(table, width, height):
-    text = screen(table, "status --watch --interval 0.5", width, height, wait_s=3.5)
+    text = screen(table, "status --watch --interval 0.5", width, height,
+                  ready=lambda t: whole_frame(t) and (height != 24 or "more part(s) below" in t))
     visible = [line for line in text.splitlines() if line.strip()]
     assert len(visible) <= height
     headers = check_whole_tables(text, width)

@@ -4,7 +4,7 @@ flushes and finishes requests on the same SQLite file.
 
 No command may show a user "database is locked" or a traceback: each exits 0 or with
 one expected, clear line. Every acknowledged job is in the table whole, and the
-counters add up. The same storm without a daemon, and the BEGIN IMMEDIATE
+counters add up. The same storm without a daemon (with --long), and the BEGIN IMMEDIATE
 regression test, are tests/acceptance/test_concurrency.py and
 tests/integration/test_sqlite_setup.py.
 """

@@ -4,7 +4,6 @@ alone, with neither keys nor /tokenize, and an address where nothing listens."""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
@@ -18,6 +17,7 @@ from fsched.core.sim.simulator import simulate
 from fsched.core.sim.trace import TraceRequest
 from fsched.core.types import RequestClass
 from tests.support.paced_engine import PacedEngine
+from tests.support.ports import free_port
 
 STEP_S = 0.01
 
@@ -63,8 +63,6 @@ def test_completions_to_an_engine_without_text_prompts_are_refused_one_by_one():
 
 
 def test_an_address_where_nothing_listens_is_one_clear_error():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there, and no client socket takes it meanwhile
     with pytest.raises(ReplayError, match=f"cannot connect to http://127.0.0.1:{port}"):
         run(f"http://127.0.0.1:{port}", trace()[:1])

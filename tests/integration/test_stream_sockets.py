@@ -8,6 +8,7 @@ import socket
 import threading
 
 from fsched.core.runners.streams import Fault, Streams
+from tests.support.ports import free_port
 from tests.unit.test_streams import CHUNKED
 
 
@@ -47,9 +48,7 @@ def test_a_stream_over_a_socket_sends_the_request_and_reads_the_answer():
 
 
 def test_an_engine_that_is_not_there_is_unavailable():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # nothing listens there, and no client socket takes it meanwhile
     streams = Streams("127.0.0.1", port, "/v1/completions")
     stream = streams.open({"prompt": [1]})
     while not stream.ended:
