@@ -13,7 +13,7 @@ Each turn:
    tenant and class);
 2. one engine step;
 3. persist tokens: realtime and streaming requests every step, batch ones
-   at least every `batch_flush_s`; a finished request's output and its
+   about every `batch_flush_s`, a share at a time; a finished request's output and its
    final state in one transaction;
 4. every `heartbeat_s`: the daemon's row with its engine figures.
 """
