@@ -266,7 +266,8 @@ class RemoteRunner(Runner):
         """The output text, without a final EOS and cut before a stop string that ended it."""
         special = not request.params.skip_special_tokens and self.codec.decode_special is not None
         return output_text(request, self.codec.eos_token_ids,
-                           self.codec.decode_special if special else self.codec.decode)
+                           self.codec.decode_special if special else self.codec.decode,
+                           self._requests.get(request.id))
 
     @property
     def kv_tokens(self) -> int:
