@@ -132,7 +132,8 @@ class Daemon:
         self.faults = StepFaults(engine, config.max_attempts)
         self.figures = StepFigures(config.share_half_life_s)
         self.link = link  # servers hear wake-ups and tokens here (None: the table only)
-        self.publisher = Publisher(link, self.held, engine.text, config.model) if link else None
+        self.publisher = Publisher(link, self.held, engine.text, config.model, engine.redraws,
+                                   self.writer.write_now) if link else None
         if link is not None:
             engine.wake_on(link.wake_fd)  # a step waiting for a remote engine's tokens ends for new work
         self.started_at = clock()

@@ -66,6 +66,20 @@ class Writer:
         if written:
             crash_point("after_flush")
 
+    def write_now(self, requests: list[Request]) -> None:
+        """Write these requests' tokens now (those not written yet), in one transaction: before they
+        are shown to anyone. Raises StorageError as a flush does (they stay dirty)."""
+        updates = [self._update(held) for held in requests if held.dirty]
+        if not updates:
+            return
+        written = self.store.flush_tokens(self.owner, updates)
+        for held in requests:
+            held.dirty = False
+            self._waiting_since.pop(held.id, None)
+        self.fenced += len(updates) - written
+        if written:
+            crash_point("after_flush")
+
     def finished(self, results: list[EngineResult]) -> None:
         """Write the step's finished requests, output and final state, in one transaction."""
         for result in results:
