@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
 
-from fsched.core.runners.protocol import Preparing, RequestRefused, Runner, Wakeable
+from fsched.core.runners.protocol import Preparing, Redrawing, RequestRefused, Runner, Wakeable
 from fsched.core.sched.accounting import WorkTally
 from fsched.core.sched.attainment import FirstTokenTally
 from fsched.core.sched.explain import RequestStanding, explain
@@ -297,6 +297,11 @@ class Engine:
     def text(self, request: Request) -> str:
         """A request's output text so far (its tokens and logprobs are on the record)."""
         return self.runner.text(request)
+
+    def redraws(self, request: Request) -> bool:
+        """Whether tokens the request produced could come out otherwise after a crash (then they are
+        written before they are shown); the built-in engine's draws depend on seed and position only."""
+        return isinstance(self.runner, Redrawing) and self.runner.redraws(request)
 
     def run_all(
         self, requests: Iterable[Request], on_step: Callable[[StepReport], None] | None = None

@@ -13,7 +13,7 @@ Each turn:
    tenant and class);
 2. one engine step;
 3. persist tokens: realtime and streaming requests every step, batch ones
-   at least every `batch_flush_s`; a finished request's output and its
+   about every `batch_flush_s`, a share at a time; a finished request's output and its
    final state in one transaction;
 4. every `heartbeat_s`: the daemon's row with its engine figures.
 """
@@ -132,7 +132,8 @@ class Daemon:
         self.faults = StepFaults(engine, config.max_attempts)
         self.figures = StepFigures(config.share_half_life_s)
         self.link = link  # servers hear wake-ups and tokens here (None: the table only)
-        self.publisher = Publisher(link, self.held, engine.text, config.model) if link else None
+        self.publisher = Publisher(link, self.held, engine.text, config.model, engine.redraws,
+                                   self.writer.write_now) if link else None
         if link is not None:
             engine.wake_on(link.wake_fd)  # a step waiting for a remote engine's tokens ends for new work
         self.started_at = clock()

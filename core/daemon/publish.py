@@ -5,7 +5,10 @@
 A request is linked while a connected server watches its job: its tokens
 then reach the table with the batch writes (the writer reads the record's `linked`),
 since the server has them already. When the link goes, the next step
-unlinks it and the writer flushes it every step again.
+unlinks it and the writer flushes it every step again. A pushed request
+whose tokens could come out otherwise after a crash (`redraws`: a sampled
+one on a remote engine) is written first, in one write for all of them a
+step, so a client never sees tokens the table does not hold.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from typing import Protocol
 from fsched.core.daemon.engine import EngineResult
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.ports.link import End, Message, Steps, StepText
+from fsched.core.ports.records import StorageError
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestId
 
 Text = Callable[[Request], str]  # a live request's output text so far
+Write = Callable[[list[Request]], None]  # write these requests' tokens now (raises if the table fails)
 UNSETTLED = "\ufffd"  # what a tokenizer shows for bytes of a character not complete yet
 
 
@@ -30,11 +35,14 @@ class Link(Protocol):
 
 
 class Publisher:
-    def __init__(self, link: Link, holdings: Holdings, text: Text, model: str):
+    def __init__(self, link: Link, holdings: Holdings, text: Text, model: str,
+                 redraws: Callable[[Request], bool] = lambda request: False, write_first: Write | None = None):
         self.link = link
         self.holdings = holdings
         self.text = text
         self.model = model
+        self.redraws = redraws
+        self.write_first = write_first
         self._settled: dict[RequestId, int] = {}  # characters pushed that will not change
         self._ending: list[tuple[object, End]] = []
 
@@ -42,6 +50,7 @@ class Publisher:
         """Push the step's text of linked requests; note the ends to push once they are written."""
         texts: dict[object, list[StepText]] = {}
         done = {r.id: r for r in finished}
+        pushed: list[tuple[object, Request]] = []
         for request_id in produced:
             held = self.holdings.get(request_id)
             if held is None:
@@ -51,8 +60,18 @@ class Publisher:
             if conn is None:
                 continue
             if (result := done.get(request_id)) is not None:
-                self._ending.append((conn, self._end(held, result)))
+                self._ending.append((conn, self._end(held, result)))  # pushed once written
                 continue
+            pushed.append((conn, held))
+        first = [held for _, held in pushed if self.redraws(held)]
+        if first and self.write_first is not None:
+            try:
+                self.write_first(first)
+            except StorageError:  # not shown, then: their text goes with a later step's, once written
+                unwritten = {held.id for held in first}
+                pushed = [(conn, held) for conn, held in pushed if held.id not in unwritten]
+        for conn, held in pushed:
+            request_id = held.id
             text = self.text(held)
             start = self._settled.get(request_id, 0)
             self._settled[request_id] = len(text.rstrip(UNSETTLED))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fsched.core.daemon import flushplan
 from fsched.core.daemon.engine import EngineResult
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.faults import crash_point
@@ -29,28 +30,52 @@ class Writer:
         self.model = model
         self.holdings = holdings
         self.text = text
-        self.batch_flush_s = batch_flush_s
+        self.bounds = flushplan.FlushBounds(every_s=batch_flush_s)
         self.unwritten: list[Completion] = []  # finished in the engine, not yet in the table
         self.fenced = 0  # writes the queue refused: leases this daemon had lost
         self._last_batch_flush = float("-inf")
+        self._waiting_since: dict[RequestId, float] = {}  # less urgent dirty requests: since when
 
     def after_step(self, now: float) -> None:
-        """Latency classes' tokens every step; batch ones at least every `batch_flush_s`."""
-        self.flush(everything=now - self._last_batch_flush >= self.batch_flush_s, now=now)
+        """Latency classes' tokens every step; the others a share at a time (core/daemon/flushplan)."""
+        self.flush(everything=False, now=now)
 
     def flush(self, everything: bool, now: float) -> None:
-        """Persist dirty tokens: latency-sensitive requests' always, batch ones when `everything`."""
-        updates = [
-            self._update(held)
-            for _, held in self.holdings
-            if held.dirty and (everything or held.latency_sensitive)
-        ]
-        if everything:
+        """Persist dirty tokens: latency-sensitive requests' always, the others' when the flush plan
+        says so, or all of them when `everything`."""
+        urgent, waiting = [], {}
+        for request_id, held in self.holdings:
+            if held.dirty:
+                if held.latency_sensitive:
+                    urgent.append(held)
+                else:
+                    waiting[request_id] = self._waiting_since.get(request_id, now)
+        self._waiting_since = waiting  # requests that ended or were written drop out
+        chosen = list(waiting) if everything else flushplan.due(waiting.items(), self._last_batch_flush,
+                                                                 now, self.bounds)
+        if chosen:
             self._last_batch_flush = now
+        updates = [self._update(held) for held in urgent]
+        updates += [self._update(held) for rid in chosen if (held := self.holdings.get(rid)) is not None]
         written = self.store.flush_tokens(self.owner, updates)
         for update in updates:  # only now: a failed write leaves them dirty, to be retried
             if (held := self.holdings.get(update.request_id)) is not None:
                 held.dirty = False
+            self._waiting_since.pop(update.request_id, None)
+        self.fenced += len(updates) - written
+        if written:
+            crash_point("after_flush")
+
+    def write_now(self, requests: list[Request]) -> None:
+        """Write these requests' tokens now (those not written yet), in one transaction: before they
+        are shown to anyone. Raises StorageError as a flush does (they stay dirty)."""
+        updates = [self._update(held) for held in requests if held.dirty]
+        if not updates:
+            return
+        written = self.store.flush_tokens(self.owner, updates)
+        for held in requests:
+            held.dirty = False
+            self._waiting_since.pop(held.id, None)
         self.fenced += len(updates) - written
         if written:
             crash_point("after_flush")

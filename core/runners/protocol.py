@@ -139,6 +139,17 @@ class Runner(Protocol):
 
 
 @runtime_checkable
+class Redrawing(Protocol):
+    """A runner some of whose requests do not resume exactly: an engine fsched does not control
+    reseeds a sampled request it continues, so tokens produced but not yet written before a crash
+    are drawn again differently. Such tokens must reach the table before anyone sees them."""
+
+    def redraws(self, request: LiveRequest) -> bool:
+        """Whether the request's tokens after a resume may differ from those it produced."""
+        ...
+
+
+@runtime_checkable
 class Wakeable(Protocol):
     """A runner whose step may wait for its engine (a remote one): a readable `fd` ends that wait,
     so that work to claim does not wait behind tokens to come."""

@@ -6,7 +6,8 @@ the runner is handed and keeps a reference to; it keeps no copy of them. An
 entry adds what the runner derives from the record to check the output:
 its stop rules (the parameters' stop tokens and strings as sets and tuples)
 and, when stop strings may end it, the output text read so far (`StopText`,
-which decodes only each new token and a window before it). These depend on
+which decodes only each new token and a window before it), and the output
+text as it is shown (`Detokenizer`, the same way). These depend on
 the runner's tokenizer, which the record knows nothing of, and are rebuilt
 from the record when a request joins a runner again (a resume reads the
 output from before it once), so keeping them here loses nothing. Each
@@ -20,6 +21,7 @@ from collections.abc import Callable, Collection, MutableMapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from fsched.core.runners.detokenize import Detokenizer
 from fsched.core.runners.protocol import LiveRequest
 from fsched.core.runners.stopping import StopRules, StopText, stop_rules
 from fsched.core.types import RequestId, SamplingParams
@@ -30,6 +32,7 @@ class Registered:
     request: LiveRequest  # the live record: read here, its output appended by the runner's step
     rules: StopRules
     text: StopText | None = None  # the output text read so far, when stop strings may end it
+    shown: Detokenizer | None = None  # the output text as written and pushed, read as it grows
 
     @property
     def id(self) -> RequestId:
@@ -59,15 +62,22 @@ class Registered:
 
 
 def output_text(request: LiveRequest, eos_token_ids: Collection[int],
-                decode: Callable[[list[int]], str]) -> str:
+                decode: Callable[[list[int]], str], entry: Registered | None = None) -> str:
     """A request's output text: without the stop token that ended it (unless the request keeps it) or a
-    final EOS (unless it ignores EOS), and cut before a stop string that ended it."""
+    final EOS (unless it ignores EOS), and cut before a stop string that ended it. With the runner's
+    `entry` for it, only the tokens since the last call are decoded (a request's `decode` is always
+    the same one)."""
     tokens, stop, params = request.output, request.stop, request.params
     if stop is not None and stop.on_token and not params.include_stop_str_in_output:
         tokens = tokens[:-1]
     elif tokens and tokens[-1] in eos_token_ids and not params.ignore_eos:
         tokens = tokens[:-1]
-    text = decode(tokens)
+    if entry is None:
+        text = decode(tokens)
+    else:
+        if entry.shown is None:
+            entry.shown = Detokenizer(decode)
+        text = entry.shown.text(tokens)
     if stop is not None and stop.text_end is not None:
         text = text[: stop.text_end]
     return text

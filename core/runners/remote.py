@@ -262,11 +262,17 @@ class RemoteRunner(Runner):
         if r is not None:
             self._close(r)
 
+    def redraws(self, request: LiveRequest) -> bool:
+        """A sampled request continued after a restart is drawn under another seed (`resume_seed`):
+        the engine's draws cannot be replayed from a position."""
+        return not request.params.greedy
+
     def text(self, request: LiveRequest) -> str:
         """The output text, without a final EOS and cut before a stop string that ended it."""
         special = not request.params.skip_special_tokens and self.codec.decode_special is not None
         return output_text(request, self.codec.eos_token_ids,
-                           self.codec.decode_special if special else self.codec.decode)
+                           self.codec.decode_special if special else self.codec.decode,
+                           self._requests.get(request.id))
 
     @property
     def kv_tokens(self) -> int:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fsched.core.runners.detokenize import Detokenizer
 from fsched.core.runners.protocol import LiveRequest, Runner, RunResult
 from fsched.core.runners.registered import Registered, register
 from fsched.core.runners.stopping import check_stop
@@ -143,7 +144,12 @@ class StandInRunner(Runner):
         self._requests.pop(request_id, None)
 
     def text(self, request: LiveRequest) -> str:
-        return standin_text(request.output)
+        r = self._requests.get(request.id)
+        if r is None:
+            return standin_text(request.output)
+        if r.shown is None:
+            r.shown = Detokenizer(standin_text)
+        return r.shown.text(request.output)
 
     @property
     def kv_tokens(self) -> int:

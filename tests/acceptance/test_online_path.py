@@ -5,8 +5,9 @@ Each test holds a request of each streaming API open at once (a chat or completi
 Responses stream): the rules are the same for both, and one server, one kill and one wait serve both.
 The killed-daemon case runs over a remote engine's token interface too (the stand-in engine server,
 whose greedy tokens are the stand-in's): the daemon that takes over resumes the engine's streams. Its
-requests are greedy there: a sampled request's tokens not yet stored when the daemon dies are drawn
-again from a derived seed on a remote engine (docs/vllm.md), unlike the built-in stand-in's.
+requests are sampled: on a remote engine a resumed sampled request draws its tokens again from a
+derived seed (docs/vllm.md), so the daemon stores such a request's tokens before it pushes them, and
+what a client saw before the kill is still the record's beginning after it.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def each_until(readers: list[Reader], stop) -> None:
 def test_a_killed_daemon_keeps_the_streams_alive_and_a_new_one_resumes_them_without_repeats(server, engine):
     # ample time for the successor to start on a loaded machine
     start(server, "--no-daemon-s", "30", engine=engine)
-    with streams(server, "kept", greedy=engine is not None) as readers:
+    with streams(server, "kept") as readers:
         each_until(readers, lambda r: len(r.content) > 40)
         server.procs[0].send_signal(signal.SIGKILL)
         each_until(readers, lambda r: r.keepalives >= 1)  # no bytes of text come, but the streams are alive

@@ -186,7 +186,7 @@ def test_runners_keep_no_copy_of_what_the_record_holds():
     from fsched.core.runners.standin import _StandInRequest
 
     record_fields = {*LiveRequest.__annotations__, "tokens", "prompt_len", "logprobs", "finish", "generated"}
-    assert {f.name for f in fields(Registered)} == {"request", "rules", "text"}
+    assert {f.name for f in fields(Registered)} == {"request", "rules", "text", "shown"}
     for entry in (_ModelRequest, _Request, _StandInRequest):
         assert not {f.name for f in fields(entry)} & record_fields, entry.__name__
 

@@ -136,7 +136,7 @@ class ModelRunner(Runner):
     def text(self, request: LiveRequest) -> str:
         """The output text, cut before a stop string that ended it."""
         decode = partial(self.loaded.tokenizer.decode, skip_special_tokens=request.params.skip_special_tokens)
-        return output_text(request, self.loaded.eos_token_ids, decode)
+        return output_text(request, self.loaded.eos_token_ids, decode, self._requests.get(request.id))
 
     @property
     def kv_tokens(self) -> int:

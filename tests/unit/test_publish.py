@@ -1,0 +1,63 @@
+"""What the daemon pushes of a step and when: a request whose tokens could come out otherwise after a
+crash (a sampled one on a remote engine) is written before any of its text is pushed; one whose write
+failed is not pushed (its text goes with a later step's)."""
+
+from __future__ import annotations
+
+from fsched.core.daemon.holdings import Holdings
+from fsched.core.daemon.publish import Publisher
+from fsched.core.ports.records import StorageError
+from fsched.core.sched.request import Request
+from fsched.core.types import RequestClass
+
+
+class Link:
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def watcher(self, job_id: int) -> object | None:
+        return "server"
+
+    def send(self, lines: dict) -> None:
+        pushed = sorted(t.request for messages in lines.values() for steps in messages for t in steps.texts)
+        if pushed:
+            self.log.append(("pushed", pushed))
+
+
+def rig(write) -> tuple[Publisher, Holdings, list]:
+    log: list = []
+    held = Holdings()
+    for i, rid in enumerate(("sampled", "greedy")):
+        held.add(Request(rid, "t", RequestClass.STREAMING, 1, 8, 0.0, job_id=i + 1, output=[1, 2], dirty=True))
+    publisher = Publisher(Link(log), held, lambda r: " ".join(map(str, r.output)), "m",
+                          redraws=lambda r: r.id == "sampled", write_first=lambda rs: write(log, rs))
+    return publisher, held, log
+
+
+def test_a_request_that_redraws_is_written_before_its_text_is_pushed() -> None:
+    def write(log: list, requests: list[Request]) -> None:
+        log.append(("written", [r.id for r in requests]))
+
+    publisher, _, log = rig(write)
+    publisher.step({"sampled": 2, "greedy": 2}, [])
+    assert log == [("written", ["sampled"]), ("pushed", ["greedy", "sampled"])]
+
+
+def test_one_whose_write_failed_is_pushed_later_whole() -> None:
+    failing = [True]
+
+    def write(log: list, requests: list[Request]) -> None:
+        if failing[0]:
+            raise StorageError("locked")
+        log.append(("written", [r.id for r in requests]))
+
+    publisher, held, log = rig(write)
+    publisher.step({"sampled": 2, "greedy": 2}, [])
+    assert log == [("pushed", ["greedy"])]
+    failing[0] = False
+    held.get("sampled").output.append(3)
+    sent: list = []
+    publisher.link.send = lambda lines: sent.extend(t for m in lines.values() for s in m for t in s.texts)
+    publisher.step({"sampled": 3}, [])
+    ((text,),) = [[t for t in sent if t.request == "sampled"]]
+    assert (text.start, text.text) == (0, "1 2 3")  # nothing of it was pushed before
