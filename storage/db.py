@@ -25,9 +25,13 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from fsched.core.ports.records import StorageError
 
 DEFAULT_BUSY_TIMEOUT_MS = 30_000
-# Shorter than any sensible lease TTL (the daemon's floor is 2 s), so a stalled
-# client's locks are gone before its leases expire.
+# A write transaction left idle this long is ended by the server: shorter than any sensible lease TTL
+# (the daemon's floor is 2 s), so a stalled client's row locks are gone before its leases expire.
 PG_IDLE_IN_TRANSACTION_MS = 2_000
+# Every other transaction's limit: a read takes no row locks, and a client descheduled for a
+# couple of seconds between two of its statements (a loaded machine) must not lose its connection;
+# a stalled reader is still ended before it holds a schema migration for long.
+PG_READ_IDLE_IN_TRANSACTION_MS = 60_000
 WAL_KEPT_BYTES = 64 * 1024 * 1024
 # Free pages one incremental vacuum gives back in one transaction (16 MiB of 4 KiB pages): a large
 # delete's space goes back in short write locks, not one long one.
@@ -167,10 +171,11 @@ def _wire_postgresql(engine: Engine) -> None:
         # A process stopped inside a transaction (SIGSTOP, a VM pause, swap)
         # would hold its row locks forever, and FOR UPDATE SKIP LOCKED would
         # skip those rows forever: nobody could reclaim its expired leases.
-        # The server ends such a transaction instead. Every fsched
-        # transaction is a few statements with no waiting in between.
+        # The server ends such a transaction instead: every write transaction
+        # sets the short limit for itself (Database.write), a few statements
+        # with no waiting in between; this is the longer limit of the others.
         cursor = dbapi_connection.cursor()
-        cursor.execute(f"SET idle_in_transaction_session_timeout = {int(PG_IDLE_IN_TRANSACTION_MS)}")
+        cursor.execute(f"SET idle_in_transaction_session_timeout = {int(PG_READ_IDLE_IN_TRANSACTION_MS)}")
         cursor.close()
         dbapi_connection.commit()
 
@@ -230,6 +235,9 @@ class Database:
         with self._translate_errors(), self.engine.connect() as conn:
             conn.execution_options(fsched_write=True)
             with conn.begin():
+                if self.dialect == "postgresql":  # the short limit, for this transaction only
+                    conn.exec_driver_sql(
+                        f"SET LOCAL idle_in_transaction_session_timeout = {int(PG_IDLE_IN_TRANSACTION_MS)}")
                 yield conn
 
     @contextmanager
