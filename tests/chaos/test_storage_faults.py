@@ -123,9 +123,11 @@ def test_a_running_daemon_waits_out_a_full_disk_and_finishes(volume, job):
     path, expected = job
     table = Table.at(volume / "db" / "fsched.db")
     table.ok("submit", str(path))
-    daemon = table.start("daemon", "--model", "standin:5ms")
+    # About 5 s of work at 8 a step (300 answers of 4-24 tokens, 10 ms a step): the disk is full
+    # long before the daemon could be done, however slowly this test's polls come round.
+    daemon = table.start("daemon", "--model", "standin:10ms", "--max-batch", "8")
     try:
-        assert wait_for(lambda: _done(table, expected) >= 20, timeout=30)
+        assert wait_for(lambda: _done(table, expected) >= 10, timeout=30)
         filler = fill(volume)
         time.sleep(1.5)  # the daemon's writes fail meanwhile
         assert daemon.poll() is None, daemon.communicate()[1].decode()
