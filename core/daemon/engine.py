@@ -124,6 +124,10 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.runner = runner
+        # A runtime-checkable protocol's isinstance walks the runner's attributes each call: asked
+        # once here, not per request and per step.
+        self._prepares = isinstance(runner, Preparing)
+        self._redraws = isinstance(runner, Redrawing)
         self.scheduler = scheduler
         self.context_length = context_length
         self.clock = clock
@@ -148,7 +152,7 @@ class Engine:
         waited in the table before, counted in its first token's wait."""
         now = self.clock()
         since = now - max(0.0, queued_s)
-        future = self.runner.prepare(request.params) if isinstance(self.runner, Preparing) else None
+        future = self.runner.prepare(request.params) if self._prepares else None
         if future is not None and not future.done():
             self._preparing[request.id] = _Preparing(request, future, now, since)
             return None
@@ -301,7 +305,7 @@ class Engine:
     def redraws(self, request: Request) -> bool:
         """Whether tokens the request produced could come out otherwise after a crash (then they are
         written before they are shown); the built-in engine's draws depend on seed and position only."""
-        return isinstance(self.runner, Redrawing) and self.runner.redraws(request)
+        return self._redraws and self.runner.redraws(request)
 
     def run_all(
         self, requests: Iterable[Request], on_step: Callable[[StepReport], None] | None = None

@@ -112,13 +112,24 @@ class LinkServer:
         """Queue each connection's messages; the link thread writes them."""
         if not lines:
             return
+        queued = False
         with self._lock:
             for conn, messages in lines.items():
                 if conn not in self._conns.values():
                     continue
-                conn.out += wire.encode(messages)
-        with contextlib.suppress(BlockingIOError):
-            self._poke_w.send(b"x")
+                data = wire.encode(messages)
+                if not conn.out:
+                    # Nothing queued before it: written here at once, a system call a step, rather
+                    # than waking the link thread for it (a switch of threads and a select a step).
+                    # What the socket does not take, and any error, is the link thread's.
+                    with contextlib.suppress(OSError):
+                        data = data[conn.sock.send(data):]
+                if data:
+                    conn.out += data
+                    queued = True
+        if queued:
+            with contextlib.suppress(BlockingIOError):
+                self._poke_w.send(b"x")
 
     def close(self) -> None:
         self._closed = True
