@@ -92,21 +92,28 @@ def test_a_step_reports_every_token_that_arrived_and_waits_when_none_did(fake):
     params = SamplingParams(max_tokens=30, temperature=0, seed=3)
     a = Request.to_run("a", [5, 6, 7], params)
     runner.add(a)
+    sent = fake.tokens_sent
     first = runner.run(Plan(step=0, prefill=(PrefillChunk("a", 0, 3, True),)))
     assert first.outcome.produced["a"] >= 1  # waited for the first token
-    time.sleep(0.1)  # the engine runs ahead: the next step collects all it sent
+    # The engine runs ahead: the next step collects all it sent.
+    deadline = time.monotonic() + 30
+    while fake.tokens_sent - sent < first.outcome.produced["a"] + 2:
+        assert time.monotonic() < deadline, "the engine sent no second token in 30 s"
+        time.sleep(0.01)
     result = runner.run(Plan(step=1, decode=("a",)))
     assert result.outcome.produced["a"] > 1
     assert len(a.output) == first.outcome.produced["a"] + result.outcome.produced["a"]
     assert a.output == expected_tokens([5, 6, 7], 30, 3)[: len(a.output)]  # appended to the record
-    # A slow engine: the step returns after max_wait_s with nothing, neither sooner nor later.
+    # A slow engine: the step returns after max_wait_s with nothing, neither sooner nor when the
+    # token comes (far later: a loaded machine's delays do not reach it).
     runner.release("a")
-    fake.step_s = 1.0
+    fake.step_s = 30.0
     runner.add(Request.to_run("b", [1, 2], params))
     start = time.perf_counter()
     empty = runner.run(Plan(step=2, prefill=(PrefillChunk("b", 0, 2, True),)))
     took = time.perf_counter() - start
-    assert empty.outcome.produced.get("b", 0) == 0 and 0.19 <= took < 0.6
+    runner.release("b")  # the engine sees its client go and stops waiting
+    assert empty.outcome.produced.get("b", 0) == 0 and 0.19 <= took < 15
 
 
 def test_a_readable_wake_descriptor_ends_a_steps_wait_at_once(fake):
@@ -120,11 +127,11 @@ def test_a_readable_wake_descriptor_ends_a_steps_wait_at_once(fake):
         start = time.perf_counter()
         result = runner.run(Plan(step=0, prefill=(PrefillChunk("a", 0, 2, True),)))
         took = time.perf_counter() - start
-        assert result.outcome.produced.get("a", 0) == 0 and 0.08 <= took < 0.5  # not the 2 s wait
+        # Nothing produced: ended before the token a second in (a wait for it would have taken it).
+        assert result.outcome.produced.get("a", 0) == 0 and took >= 0.08
         wake_r.recv(16)  # its owner takes the wake-up: the next step waits for tokens again
-        start = time.perf_counter()
         result = runner.run(Plan(step=1, decode=("a",)))
-        assert result.outcome.produced["a"] >= 1 and time.perf_counter() - start > 0.5
+        assert result.outcome.produced["a"] >= 1
     finally:
         runner.release("a")
         wake_r.close()
