@@ -65,7 +65,11 @@ def parse_body(
     params = _sampling(endpoint, values, limits, default_max_tokens, tenant)
     answer = _answer(endpoint, values)
     params, answer, render = _tools(values, params, replace(answer, tool_parser=tool_parser), tenant)
-    if thinking is not None and endpoint is Endpoint.CHAT and "messages" in values:
+    # A grammar (response_format, a required or named call) holds the answer from its first token, so
+    # the answer never starts inside the reasoning block a template may have opened: it is read as
+    # content (or calls), not as reasoning that never closes.
+    if thinking is not None and endpoint is Endpoint.CHAT and "messages" in values \
+            and params.response_format is None:
         answer = replace(answer, thinking=_thinking(thinking, values["messages"], render))
     specs = _choices(endpoint, values, params, answer, custom_id, render)
     return ParsedBody(specs, {f: values[f] for f in ONLINE_FIELDS if f in values})

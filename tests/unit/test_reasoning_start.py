@@ -109,6 +109,25 @@ def test_a_chat_request_stores_whether_its_prompt_opened_the_reasoning():
     assert not parse_body(Endpoint.CHAT, body(), InputLimits(), 256).specs[0].answer.thinking
 
 
+def test_a_grammar_held_answer_is_read_as_content_or_calls_not_as_an_open_reasoning():
+    """The grammar holds the answer from its first token: a template's opened block never gets its
+    `</think>`, and reading the answer as reasoning would lose the JSON or the call."""
+    named = {"type": "function", "function": {"name": "weather"}}
+    for extra in ({"tool_choice": "required"}, {"tool_choice": named}):
+        (spec,) = parse_body(Endpoint.CHAT, body(**extra), InputLimits(), 256, thinking=thinking).specs
+        assert not spec.answer.thinking
+        message, called = message_of('[{"name": "weather", "arguments": {"city": "Paris"}}]', spec.answer,
+                                     "chatcmpl-1", 0)
+        assert called and message["tool_calls"][0]["function"]["name"] == "weather", message
+        assert "reasoning_content" not in message
+    json_body = {"model": "m", "messages": QUESTION, "response_format": {"type": "json_object"}}
+    (spec,) = parse_body(Endpoint.CHAT, json_body, InputLimits(), 256, thinking=thinking).specs
+    message, called = message_of('{"city": "Paris"}', spec.answer, "chatcmpl-1", 0)
+    assert not called and message["content"] == '{"city": "Paris"}' and "reasoning_content" not in message
+    (auto,) = parse_body(Endpoint.CHAT, body(tool_choice="auto"), InputLimits(), 256, thinking=thinking).specs
+    assert auto.answer.thinking  # no grammar: the model writes its reasoning first
+
+
 def test_a_template_refusing_the_messages_is_a_400_naming_them():
     def refusing(_messages, _render):
         raise ValueError("Conversation roles must alternate")
