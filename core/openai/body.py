@@ -22,7 +22,7 @@ from fsched.core.grammar import GrammarError, GrammarSource, compile_grammar
 from fsched.core.jobs.inputs import InputError
 from fsched.core.jobs.limits import InputLimits
 from fsched.core.openai.fields import BodyField, Support, field_for, names_for, other_endpoint
-from fsched.core.openai.toolcalls.families import AUTO
+from fsched.core.openai.toolcalls.families import AUTO, FAMILIES
 from fsched.core.openai.toolcalls.forced import forced_format
 from fsched.core.openai.toolcalls.template import is_template
 from fsched.core.openai.values import INT64
@@ -228,6 +228,9 @@ def _tools(values: dict, params: SamplingParams, answer: AnswerOptions, tenant: 
     answer = replace(answer, tools=tuple(t["function"]["name"] for t in tools),
                      one_call=not values.get("parallel_tool_calls", True))
     if choice == "auto":
+        family = FAMILIES.get(answer.tool_parser)
+        if family is not None and family.keeps_special_tokens and "skip_special_tokens" not in values:
+            params = replace(params, skip_special_tokens=False)  # the marker is a special token
         return params, answer, render
     if params.response_format is not None:
         raise InputError("a required or named tool call is held to its own grammar: not with "

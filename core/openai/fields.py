@@ -206,7 +206,8 @@ VLLM_FIELDS = (
        kind=TokenIds(), neutral=([],), origin=V, example=[5]),
     _f("include_stop_str_in_output", BOTH, S, "keep the stop string that ended the answer in its text",
        kind=Boolean(), neutral=(False,), origin=V, example=True),
-    _f("skip_special_tokens", BOTH, S, "false: special tokens are decoded into the text too",
+    _f("skip_special_tokens", BOTH, S, "false: special tokens are decoded into the text too (default: true, "
+       "but false for tool calls read as Mistral's, whose `[TOOL_CALLS]` is a special token)",
        kind=Boolean(), neutral=(True,), origin=V, example=False),
     _f("priority", BOTH, S, "fsched's base priority within the tenant's own work, 0 (most urgent) to 9, "
        "default 5; any other integer is clamped into 0..9 (vLLM's order: lower is earlier)",

@@ -84,3 +84,33 @@ def test_a_call_in_the_familys_syntax_reads_back(family):
         reading = read(written, True, ReadOptions(tools=True, parser=parser))
         (call,) = reading.finished_calls()
         assert (call.name, json.loads(call.arguments), reading.content) == ("weather", {"city": "Oslo"}, "")
+
+
+def test_mistrals_marker_as_a_special_token_survives_a_tool_requests_decoding(tmp_path):
+    """Mistral's tokenizers make `[TOOL_CALLS]` a special token: served with such a folder, a tool
+    request is decoded with special tokens kept, so its call is read (with them skipped, the marker
+    is gone and the call would be content)."""
+    from transformers import AutoTokenizer
+
+    from fsched.core.openai.body import parse_body
+    from fsched.core.openai.toolcalls.families import family_of_template
+    from fsched.core.openai.toolcalls.message import read_options
+    from fsched.core.runners.templates import folder_chat_templates
+    from fsched.core.types import Endpoint
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
+    tokenizer.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]"]})
+    tokenizer.chat_template = (TEMPLATES / "mistral.jinja").read_text()
+    tokenizer.save_pretrained(tmp_path)
+    tok = load_tokenizer(str(tmp_path)).tokenizer
+    _, written = EXPECTED["mistral"]
+    ids = tok.encode(written, add_special_tokens=False)
+    assert tok.convert_tokens_to_ids("[TOOL_CALLS]") in ids
+    assert "[TOOL_CALLS]" not in tok.decode(ids, skip_special_tokens=True)  # the default decoding
+
+    parser = family_of_template(folder_chat_templates(tmp_path))
+    body = {"model": "m", "messages": HISTORY[:1], "tools": [WEATHER]}
+    (spec,) = parse_body(Endpoint.CHAT, body, InputLimits(), 256, tool_parser=parser).specs
+    text = tok.decode(ids, skip_special_tokens=spec.params.skip_special_tokens)
+    (call,) = read(text, True, read_options(spec.answer)).finished_calls()
+    assert (parser, call.name, json.loads(call.arguments)) == ("mistral", "weather", {"city": "Oslo"})

@@ -144,3 +144,22 @@ def test_without_parallel_calls_the_first_call_alone_is_read():
     stream = ReadingStream("x", 0, ReadOptions(tools=True, one_call=True))
     deltas = [d for i in range(len(text) + 1) for d in stream.step(text[:i], i == len(text))[2]]
     assert _joined(deltas) == [("weather", ARGS)]
+
+
+def test_tool_requests_read_as_mistrals_keep_special_tokens_unless_asked_not_to():
+    """Mistral's tokenizers make `[TOOL_CALLS]` a special token: decoded with special tokens skipped
+    (the default), the marker is gone and the call reads as content."""
+    from fsched.core.jobs.limits import InputLimits
+    from fsched.core.openai.body import parse_body
+    from fsched.core.types import Endpoint
+
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+
+    def skips(parser: str, **extra) -> bool:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [tool], **extra}
+        (spec,) = parse_body(Endpoint.CHAT, body, InputLimits(), 256, tool_parser=parser).specs
+        return spec.params.skip_special_tokens
+
+    assert not skips("mistral") and not skips("mistral", tool_choice="auto")
+    assert skips("mistral", skip_special_tokens=True)  # the caller's word stands
+    assert skips("mistral", tool_choice="none") and skips("hermes") and skips("auto")

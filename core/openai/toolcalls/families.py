@@ -29,6 +29,10 @@ class Family:
     calls: Callable[[str, int], list[Call]]  # the calls from there, the last possibly open
     note: str  # the format, for the docs
     template_marks: tuple[str, ...] = ()  # any of these in a chat template: a model of this family
+    # The family's tokenizers make its marker a special token, which the default decoding
+    # (skip_special_tokens) drops from the text: its answers are decoded with special tokens kept
+    # unless the request says otherwise (as vLLM's parser for the family asks too).
+    keeps_special_tokens: bool = False
 
 
 def _hermes_start(text: str) -> int | None:
@@ -147,7 +151,7 @@ LLAMA3_JSON = Family("llama3_json", (PYTHON_TAG,), _llama_start, _llama_calls,
                      "(Llama 3.1 to 3.3)", (PYTHON_TAG, "<|start_header_id|>ipython"))
 MISTRAL = Family("mistral", (MISTRAL_MARK,), _mistral_start, _mistral_calls,
                  "`[TOOL_CALLS]` then a JSON array of `{\"name\", \"arguments\"}`, or "
-                 "`[TOOL_CALLS]name[ARGS]{...}` a call (Mistral)", (MISTRAL_MARK,))
+                 "`[TOOL_CALLS]name[ARGS]{...}` a call (Mistral)", (MISTRAL_MARK,), keeps_special_tokens=True)
 FORCED = Family("forced", (), _forced_start, array_calls,
                 "a JSON array of `{\"name\", \"arguments\"}`: what a required or named call is held to")
 
