@@ -36,7 +36,8 @@ class Link(Protocol):
 
 class Publisher:
     def __init__(self, link: Link, holdings: Holdings, text: Text, model: str,
-                 redraws: Callable[[Request], bool] = lambda request: False, write_first: Write | None = None):
+                 redraws: Callable[[Request], bool] = lambda request: False,
+                 write_first: Write | None = None):
         self.link = link
         self.holdings = holdings
         self.text = text

@@ -55,28 +55,23 @@ class Writer:
                                                                  now, self.bounds)
         if chosen:
             self._last_batch_flush = now
-        updates = [self._update(held) for held in urgent]
-        updates += [self._update(held) for rid in chosen if (held := self.holdings.get(rid)) is not None]
-        written = self.store.flush_tokens(self.owner, updates)
-        for update in updates:  # only now: a failed write leaves them dirty, to be retried
-            if (held := self.holdings.get(update.request_id)) is not None:
-                held.dirty = False
-            self._waiting_since.pop(update.request_id, None)
-        self.fenced += len(updates) - written
-        if written:
-            crash_point("after_flush")
+        self._write(urgent + [held for rid in chosen if (held := self.holdings.get(rid)) is not None])
 
     def write_now(self, requests: list[Request]) -> None:
         """Write these requests' tokens now (those not written yet), in one transaction: before they
         are shown to anyone. Raises StorageError as a flush does (they stay dirty)."""
-        updates = [self._update(held) for held in requests if held.dirty]
-        if not updates:
+        self._write([held for held in requests if held.dirty])
+
+    def _write(self, dirty: list[Request]) -> None:
+        """One transaction of these requests' tokens; only once it is in are they clean (a failed
+        write raises and leaves them dirty, to be retried)."""
+        if not dirty:
             return
-        written = self.store.flush_tokens(self.owner, updates)
-        for held in requests:
+        written = self.store.flush_tokens(self.owner, [self._update(held) for held in dirty])
+        for held in dirty:
             held.dirty = False
             self._waiting_since.pop(held.id, None)
-        self.fenced += len(updates) - written
+        self.fenced += len(dirty) - written
         if written:
             crash_point("after_flush")
 

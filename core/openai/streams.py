@@ -83,7 +83,6 @@ class StreamRelay:
                 yield json_text(self._chunk(delta), separators=(",", ":"))
             return
         self.latest = choices
-        head, middle, tail = template
         for p in choices:
             sent = self.sent[p.choice]
             if sent.ended:
@@ -93,7 +92,7 @@ class StreamRelay:
                     yield self._json(delta, template)
                 continue
             # A running choice (most of a stream): its new text, from the template, no Delta made.
-            text = p.output_text.rstrip("\ufffd")  # `visible_text` of an unfinished request
+            text = p.visible_text
             if self.endpoint is Endpoint.CHAT:
                 reasoning, new_text, calls = self.readings[p.choice].step(text, False)
                 if reasoning or calls:
@@ -103,12 +102,11 @@ class StreamRelay:
                 new_text = text[sent.chars:]
             if new_text:
                 sent.chars, sent.tokens = len(text), len(p.tokens)
-                yield f"{head}{p.choice}{middle}{json_string(new_text)}{tail}"
+                yield _templated(template, p.choice, new_text)
 
     def _json(self, delta: Delta, template: tuple[str, str, str]) -> str:
         if not delta.first and delta.finish_reason is None and not delta.reasoning and not delta.tool_calls:
-            head, middle, tail = template
-            return f"{head}{delta.index}{middle}{json_string(delta.text)}{tail}"
+            return _templated(template, delta.index, delta.text)
         return json_text(self._chunk(delta), separators=(",", ":"))
 
     def _deltas(self, choices: Sequence[RequestProgress]) -> Iterator[Delta]:
@@ -173,3 +171,9 @@ class StreamRelay:
             out["prompt_token_ids"] = self.prompt_ids[0] if self.answer.prompts == 1 else self.prompt_ids
             self.prompt_ids = None
         return out
+
+
+def _templated(template: tuple[str, str, str], index: int, text: str) -> str:
+    """A running choice's text chunk from the stream's template: one JSON escape of the text."""
+    head, middle, tail = template
+    return f"{head}{index}{middle}{json_string(text)}{tail}"

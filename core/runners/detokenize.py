@@ -23,7 +23,7 @@ class Detokenizer:
     """One growing token sequence's text: `text(tokens)` equals `decode(tokens)`; a sequence that is
     not the last one read grown (shorter, or other tokens in the window) is decoded whole."""
 
-    __slots__ = ("decode", "_settled", "_prefix", "_read", "_window")
+    __slots__ = ("decode", "_settled", "_prefix", "_read", "_window", "_window_text")
 
     def __init__(self, decode: Decode) -> None:
         self.decode = decode
@@ -31,6 +31,7 @@ class Detokenizer:
         self._prefix = 0  # tokens[_prefix:_read]: the window read again as context
         self._read = 0
         self._window: list[int] = []  # those tokens, to tell the sequence grew rather than changed
+        self._window_text = ""  # decode(_window): the same until the window moves
 
     def text(self, tokens: Sequence[int]) -> str:
         """decode(tokens), reading only what came after the last call's tokens."""
@@ -39,7 +40,7 @@ class Detokenizer:
             return self.decode(list(tokens))
         if n == self._read:
             return self._settled
-        before = self.decode(self._window)
+        before = self._window_text
         after = self.decode(list(tokens[self._prefix:]))
         if not after.startswith(before):
             return self.decode(list(tokens))
@@ -49,4 +50,5 @@ class Detokenizer:
         self._settled += tail
         self._prefix, self._read = self._read, n
         self._window = list(tokens[self._prefix:n])
+        self._window_text = self.decode(self._window)
         return self._settled

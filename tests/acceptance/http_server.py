@@ -136,3 +136,22 @@ def make_server(root: Path, model_cache: str | None = None) -> Server:
     if model_cache:
         env["XDG_CACHE_HOME"] = model_cache
     return Server(root=root, env=env)
+
+
+def run_sdk_batch(client, bodies: list[dict], timeout: float = 120.0) -> tuple[object, list[dict]]:
+    """Chat bodies sent as one Batch API job through the `openai` SDK's `client` (lines `c0`, `c1`, ...),
+    waited for until it ends; the batch and its output lines."""
+    import json
+
+    lines = [json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": b})
+             for i, b in enumerate(bodies)]
+    uploaded = client.files.create(file=("in.jsonl", ("\n".join(lines) + "\n").encode()), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    deadline = time.time() + timeout
+    while (batch := client.batches.retrieve(batch.id)).status not in ("completed", "failed"):
+        assert time.time() < deadline, batch.status
+        time.sleep(0.1)
+    if batch.output_file_id is None:
+        return batch, []
+    return batch, [json.loads(x) for x in client.files.content(batch.output_file_id).content.splitlines()]

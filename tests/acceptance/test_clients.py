@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import httpx
 import openai
@@ -19,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from fsched.core.openai.fields import FIELDS, Support
 
-from .http_server import Server, make_server
+from .http_server import Server, make_server, run_sdk_batch
 
 pytestmark = pytest.mark.timeout(240)
 CHAT = [{"role": "user", "content": "Tell me about the river."}]
@@ -226,17 +225,8 @@ def test_a_batch_of_choices_logprobs_and_schemas_through_the_sdk(sdk):
         {"model": "m", "messages": CHAT, "max_tokens": 3, "n": 2, "logprobs": True, "top_logprobs": 1,
          "ignore_eos": True},  # counted below: the random tiny model, sampled, can draw its end token
     ]
-    lines = [json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": b})
-             for i, b in enumerate(bodies)]
-    uploaded = sdk.files.create(file=("in.jsonl", ("\n".join(lines) + "\n").encode()), purpose="batch")
-    batch = sdk.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                               completion_window="24h")
-    deadline = time.time() + 120
-    while (batch := sdk.batches.retrieve(batch.id)).status not in ("completed", "failed"):
-        assert time.time() < deadline, batch.status
-        time.sleep(0.2)
+    batch, out = run_sdk_batch(sdk, bodies)
     assert batch.status == "completed" and batch.request_counts.failed == 0
-    out = [json.loads(x) for x in sdk.files.content(batch.output_file_id).content.splitlines()]
     assert [x["custom_id"] for x in out] == ["c0", "c1"]
     structured, two = (x["response"]["body"] for x in out)
     Person.model_validate_json(structured["choices"][0]["message"]["content"])

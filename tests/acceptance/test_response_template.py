@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
-from .http_server import Server, make_server
+from .http_server import Server, make_server, run_sdk_batch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,15 +82,7 @@ def test_whole_streamed_and_batch_answers_are_read_by_the_template(server):
     assert (content, reasoning, reasons[-1]) == ("Let me check.", "I should look it up.", "tool_calls")
     assert [tuple(c) for c in calls.values()] == [("weather", ARGUMENTS)]
 
-    line = json.dumps({"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions", "body": BODY})
-    uploaded = client.files.create(file=("in.jsonl", (line + "\n").encode()), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")
-    deadline = time.time() + 60
-    while (batch := client.batches.retrieve(batch.id)).status not in ("completed", "failed"):
-        assert time.time() < deadline, batch.status
-        time.sleep(0.1)
-    (out,) = [json.loads(x) for x in client.files.content(batch.output_file_id).content.splitlines()]
+    _, (out,) = run_sdk_batch(client, [BODY], timeout=60)
     message = out["response"]["body"]["choices"][0]["message"]
     assert (message["content"], message["reasoning_content"]) == ("Let me check.", "I should look it up.")
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [

@@ -25,7 +25,8 @@ def tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=2000, min_frequency=1, special_tokens=["<|pad|>", "<|bos|>", "<|eos|>"],
+    trainer = trainers.BpeTrainer(vocab_size=2000, min_frequency=1,
+                                  special_tokens=["<|pad|>", "<|bos|>", "<|eos|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(text.split("\n"), trainer=trainer)
     tok.add_tokens(["é", "日本", "🙂"])  # added tokens decode apart from the byte-level ones

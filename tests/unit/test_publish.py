@@ -28,7 +28,8 @@ def rig(write) -> tuple[Publisher, Holdings, list]:
     log: list = []
     held = Holdings()
     for i, rid in enumerate(("sampled", "greedy")):
-        held.add(Request(rid, "t", RequestClass.STREAMING, 1, 8, 0.0, job_id=i + 1, output=[1, 2], dirty=True))
+        held.add(Request(rid, "t", RequestClass.STREAMING, 1, 8, 0.0, job_id=i + 1, output=[1, 2],
+                         dirty=True))
     publisher = Publisher(Link(log), held, lambda r: " ".join(map(str, r.output)), "m",
                           redraws=lambda r: r.id == "sampled", write_first=lambda rs: write(log, rs))
     return publisher, held, log
