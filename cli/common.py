@@ -115,6 +115,15 @@ def open_table_to_serve(db: str | None, doing: str) -> Table:
     return table
 
 
+def known_tool_parser(name: str) -> str:
+    """A `--tool-call-parser` value: a known family's name or `auto`; a UserError otherwise."""
+    from fsched.core.openai.toolcalls.families import PARSER_NAMES
+
+    if name not in PARSER_NAMES:
+        raise UserError(f"--tool-call-parser: one of {', '.join(PARSER_NAMES)}, not {name!r}")
+    return name
+
+
 def limits_in_force(table: Table) -> InputLimits:
     """The limits a submitting command applies: the stored ones, lowered by this command's environment."""
     import os

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from fsched.cli.common import DbOption, UserError, handle_errors, open_table_to_serve
+from fsched.cli.common import DbOption, UserError, handle_errors, known_tool_parser, open_table_to_serve
 
 POLL_MS = 5.0
 HEADER_TIMEOUT_S = 10.0  # as api/slowclients.py's ClientDeadlines (api/ is imported only once serving)
@@ -110,12 +110,10 @@ def _tool_parser(name: str, tokenizer: str | None = None) -> str:
     """The family named, or under `auto` the --tokenizer folder's own response template where its
     tokenizer carries one, else the family its chat template shows (else any)."""
     from fsched.core.openai.toolcalls import template
-    from fsched.core.openai.toolcalls.families import AUTO, PARSER_NAMES, family_of_template
+    from fsched.core.openai.toolcalls.families import AUTO, family_of_template
     from fsched.core.runners.templates import folder_chat_templates, folder_response_template
 
-    if name not in PARSER_NAMES:
-        raise UserError(f"--tool-call-parser: one of {', '.join(PARSER_NAMES)}, not {name!r}")
-    if name != AUTO or tokenizer is None:
+    if known_tool_parser(name) != AUTO or tokenizer is None:
         return name
     spec = folder_response_template(tokenizer)
     if spec is not None:

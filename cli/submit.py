@@ -16,6 +16,7 @@ from fsched.cli.common import (
     acting_user,
     allow,
     handle_errors,
+    known_tool_parser,
     limits_in_force,
     open_table,
     print_json,
@@ -104,7 +105,7 @@ def submit(
     jobs = [
         JobSubmission(parsed, tenant=tenant, request_class=request_class, priority=priority,
                       name=name or _job_name(source))
-        for parsed, source in parse_files(files, limits, max_tokens, _parser(tool_call_parser))
+        for parsed, source in parse_files(files, limits, max_tokens, known_tool_parser(tool_call_parser))
     ]
     submitted = store.submit(jobs, max_queued_per_tenant=limits.max_queued_per_tenant)
     for job in submitted:
@@ -130,16 +131,6 @@ def parse_files(
         parsed.append((parse_job_file(data, source, limits, default_max_tokens=max_tokens,
                                       tool_parser=tool_parser), source))
     return parsed
-
-
-def _parser(name: str) -> str:
-    """A known family's name. (A model's own response template is a server's: `fsched serve
-    --tokenizer` reads the answers of the requests it takes.)"""
-    from fsched.core.openai.toolcalls.families import PARSER_NAMES
-
-    if name not in PARSER_NAMES:
-        raise UserError(f"--tool-call-parser: one of {', '.join(PARSER_NAMES)}, not {name!r}")
-    return name
 
 
 def _job_name(source: str) -> str:

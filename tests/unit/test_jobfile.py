@@ -376,7 +376,7 @@ def test_a_file_in_pieces_is_refused_as_soon_as_it_is_over_a_limit():
 def test_a_chat_line_with_tools_is_read_in_the_parser_named():
     """`fsched submit --tool-call-parser` and a server's Batch API store the parser with each line."""
     from fsched.cli.common import UserError
-    from fsched.cli.submit import _parser
+    from fsched.cli.common import known_tool_parser as _parser
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     line = {"messages": [{"role": "user", "content": "hi"}], "tools": tools}
