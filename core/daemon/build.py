@@ -220,7 +220,9 @@ def _remote_runner(settings: DaemonSettings) -> RunnerChoice:
     return RunnerChoice(
         runner=remote.runner, name=remote.name, description=remote.description, device=remote.url,
         gpu=False, limits=StepLimits(remote.max_batch, remote.kv_tokens, remote.step_tokens),
-        scheduler={"host_kv_tokens": 0, "min_quantum_steps": remote.min_quantum_steps},
+        # The engine keeps no parked KV, and composes its own iterations (no prefill cut for it).
+        scheduler={"host_kv_tokens": 0, "min_quantum_steps": remote.min_quantum_steps,
+                   "cut_prefill_for_first_token": False},
     )
 
 

@@ -16,6 +16,11 @@ Each turn:
    about every `batch_flush_s`, a share at a time; a finished request's output and its
    final state in one transaction;
 4. every `heartbeat_s`: the daemon's row with its engine figures.
+
+A turn that claimed realtime or streaming work puts 3's batch flush and 4
+off, and the pass after it its sync: the step that takes that work to the
+engine comes first (a batch flush is tens of milliseconds on SQLite at 256
+slots). For `sync_interval_s` at most, however often such work arrives.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from fsched.core.ports.records import DaemonStats, DaemonSummary, StorageError
 from fsched.core.sched.request import Request
 from fsched.core.sched.shares import served_shares
 from fsched.core.sched.usage import TenantUsage
+from fsched.core.types import RequestClass
 
 log = logging.getLogger("fsched.daemon")
 
@@ -144,6 +150,11 @@ class Daemon:
         self._storage_down_since: float | None = None
         self._sync_asked = False  # a server asked for a sync while a step ran: the next pass does it
         self._claim_asked = False  # a claim announced while a step ran that the table failed
+        # Latency work claimed since the last step began waits for a step to reach the engine: the
+        # turn that claimed it puts its batch flush and heartbeat off, and the pass after it its sync,
+        # so that step comes first; put off since when (None: nothing is), for `sync_interval_s` at most.
+        self._fresh_work = False
+        self._put_off_since: float | None = None
 
     @property
     def fenced_writes(self) -> int:
@@ -198,17 +209,19 @@ class Daemon:
         # An idle daemon looks at the table only when it changed (a cheap check on SQLite): its
         # heartbeat's own write makes it look once a beat at least.
         fresh = not idle or self.store.may_have_changed()
-        due = now - self._last_sync >= self.config.sync_interval_s
+        hurry = self._put_off_since is not None
+        due = now - self._last_sync >= self.config.sync_interval_s and not hurry
         if sync_asked or (due and fresh):
             self.sync(announced)
         elif announced or (idle and fresh):
             # New work announced, or nothing to do: look for work only (weights and cancels wait for
             # the interval's sync; an idle daemon holds nothing to cancel).
             self.claim(announced)
-        if not self.config.exclusive and now - self._last_sweep >= self.config.sweep_s:
+        if not self.config.exclusive and now - self._last_sweep >= self.config.sweep_s and not hurry:
             self.sweep()
         self.writer.write_completions()
         if not self.engine.has_work:
+            self._put_off_since = None  # nothing to step: nothing goes first
             # On a shared queue, idle means no daemon holds work either: a
             # dead one's requests come back when their leases expire.
             shared = not self.config.exclusive
@@ -243,6 +256,7 @@ class Daemon:
     def turn(self) -> None:
         """One engine step and what follows it: tokens marked, finished requests written."""
         start = self.clock()
+        self._fresh_work = False  # this step takes what was claimed so far to the engine
         try:
             report = self.engine.step()
         except StepFailed as failure:
@@ -260,8 +274,21 @@ class Daemon:
             self.writer.finished(report.finished)
             if self.publisher is not None:
                 self.publisher.written(now)
+        if self._puts_off(now):
+            return
         self.writer.after_step(now)
         self._beat()
+
+    def _puts_off(self, now: float) -> bool:
+        """Whether this turn leaves its batch flush and heartbeat (and the next pass its sync) for later:
+        it claimed latency work, and they have not been put off for `sync_interval_s` already (so
+        weights, cancels and batch tokens wait that long at most, whatever the arrivals)."""
+        since = self._put_off_since
+        if self._fresh_work and (since is None or now - since < self.config.sync_interval_s):
+            self._put_off_since = now if since is None else since
+            return True
+        self._put_off_since = None
+        return False
 
     def _claim_announced(self) -> None:
         """Work announced during the step (its wait for tokens ended) is claimed before the step's
@@ -299,6 +326,9 @@ class Daemon:
             crash_point("after_claim")
         for request in claimed_now:
             self._admit(request)
+        # Batch work has no first token to hurry: only latency work puts the housekeeping off.
+        self._fresh_work = self._fresh_work or any(r.request_class is not RequestClass.BATCH
+                                                   for r in claimed_now)
 
     def _apply_weights(self, weights: dict[str, float]) -> None:
         changed = [tenant for tenant, weight in weights.items() if self._weights.get(tenant) != weight]

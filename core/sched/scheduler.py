@@ -319,12 +319,12 @@ class Scheduler:
         self._enqueue(r, now)
 
     def _compose(self, stand: Mapping[str, Standing], b: _StepBuilder, now: float) -> Plan:
-        rank = self.policy.running_rank
+        rank, policy = self.policy.running_rank, self.policy
         restamp_running(self._running.values(), self.config, self.prefill_step.seconds)  # on_target
+        due = (lambda r: policy.due(r, now)) if self.config.cut_prefill_for_first_token else None
         return compose_plan(self._step, self._running.values(), lambda r: rank(r, stand, now), self.config,
                             (b.preempted, b.resumed, b.admitted), self._kv_committed, b.swap_tokens,
-                            quantum_ends=len(self._waiting) > 0 and self.policy.preemptive,
-                            due=lambda r: self.policy.due(r, now))
+                            quantum_ends=len(self._waiting) > 0 and self.policy.preemptive, due=due)
 
     # ------------------------------------------------------------ postprocess
     def postprocess(self, plan: Plan, outcome: Outcome, now: float) -> PostprocessResult:
