@@ -275,6 +275,7 @@ class Daemon:
             if self.publisher is not None:
                 self.publisher.written(now)
         if self._puts_off(now):
+            self.writer.after_step(now, batch=False)  # a table-only realtime stream's tokens still go
             return
         self.writer.after_step(now)
         self._beat()

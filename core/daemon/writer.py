@@ -36,13 +36,14 @@ class Writer:
         self._last_batch_flush = float("-inf")
         self._waiting_since: dict[RequestId, float] = {}  # less urgent dirty requests: since when
 
-    def after_step(self, now: float) -> None:
-        """Latency classes' tokens every step; the others a share at a time (core/daemon/flushplan)."""
-        self.flush(everything=False, now=now)
+    def after_step(self, now: float, batch: bool = True) -> None:
+        """Latency classes' tokens every step; the others a share at a time (core/daemon/flushplan),
+        unless `batch` is False (they wait for a later step)."""
+        self.flush(everything=False, now=now, batch=batch)
 
-    def flush(self, everything: bool, now: float) -> None:
+    def flush(self, everything: bool, now: float, batch: bool = True) -> None:
         """Persist dirty tokens: latency-sensitive requests' always, the others' when the flush plan
-        says so, or all of them when `everything`."""
+        says so (and `batch`), or all of them when `everything`."""
         urgent, waiting = [], {}
         for request_id, held in self.holdings:
             if held.dirty:
@@ -51,8 +52,10 @@ class Writer:
                 else:
                     waiting[request_id] = self._waiting_since.get(request_id, now)
         self._waiting_since = waiting  # requests that ended or were written drop out
-        chosen = list(waiting) if everything else flushplan.due(waiting.items(), self._last_batch_flush,
-                                                                 now, self.bounds)
+        if everything:
+            chosen = list(waiting)
+        else:
+            chosen = flushplan.due(waiting.items(), self._last_batch_flush, now, self.bounds) if batch else []
         if chosen:
             self._last_batch_flush = now
         self._write(urgent + [held for rid in chosen if (held := self.holdings.get(rid)) is not None])

@@ -360,10 +360,11 @@ class RemoteRunner(Runner):
             # The rest of the engine iteration's tokens arrive meanwhile: read them a slice at a time
             # (a poll woken by each stream in turn would cost a system call per token) until every
             # producing request has news or `gather_s` has passed (a slice that brings nothing does
-            # not end it: an engine's sender may pause within one iteration's burst).
+            # not end it: an engine's sender may pause within one iteration's burst), or new work is
+            # announced (the claim goes first; what is still on its way is read at the next step).
             deadline = time.perf_counter() + self.gather_s
             requests = self._requests
-            while (left := deadline - time.perf_counter()) > 0 and not all(
+            while (left := deadline - time.perf_counter()) > 0 and not streams.woken and not all(
                     self._has_news(requests[rid]) for rid in producing):
                 time.sleep(min(self.gather_slice_s, left))
                 self._take(streams.poll(0.0), producing)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+from dataclasses import replace
 from collections.abc import Callable
 
 import pytest
@@ -342,3 +343,80 @@ def test_work_announced_during_a_step_is_claimed_when_the_step_ends_not_a_pass_l
     rig.daemon.step()  # one pass: the batch's step, during which bob's request is announced
     assert rig.daemon.held.per_group() == {("alice", RequestClass.BATCH): 4,
                                            ("bob", RequestClass.REALTIME): 1}
+
+
+
+class OrderedStore(RecordingStore):
+    """Records token writes (when, whose) in one list with the steps (`events`), in their order."""
+
+    def __init__(self, clock: FakeClock):
+        super().__init__(clock)
+        self.events: list[tuple[str, float, frozenset]] = []
+
+    def flush_tokens(self, owner, updates):
+        self.events.append(("write", self.clock.now, frozenset(u.request_id for u in updates)))
+        return super().flush_tokens(owner, updates)
+
+
+def _announcing_rig(store: OrderedStore, clock: FakeClock, link: AnnouncingLink,
+                    arrivals: Callable[[int], bool]) -> Rig:
+    """A daemon on a batch of alice's, with bob's realtime requests announced during the steps
+    `arrivals` picks (by step number); each step takes 30 ms, so the batch flush (every 100 ms)
+    falls due every few steps."""
+    steps = []
+
+    def step(plan: Plan) -> None:
+        steps.append(plan)
+        store.events.append(("step", clock.now, frozenset(plan_ids(plan))))
+        clock.advance(0.03)
+        if arrivals(len(steps)):
+            store.submit([job(1, seed=len(steps), tenant="bob", request_class=RequestClass.REALTIME)])
+            link.wants.claim = True
+
+    lines = "".join(json.dumps({"custom_id": f"c{i}", "prompt": f"w{i}", "max_tokens": 500}) + "\n"
+                    for i in range(4))
+    store.submit([JobSubmission(parse_job_file(lines.encode(), "job.jsonl"), "alice", RequestClass.BATCH, 5,
+                                "job")])
+    rig = Rig(store, clock, max_batch=8, fail_when=step)
+    rig.daemon = Daemon(store, rig.engine, rig.daemon.encode, replace(rig.daemon.config, batch_flush_s=0.1),
+                        clock=clock, sleep=clock.advance, link=link)
+    rig.daemon.claim()
+    return rig
+
+
+def _ids(store: OrderedStore, tenant: str) -> set[str]:
+    """The requests of alice's batch (the first job), or of bob's realtime jobs (the others)."""
+    first = min(r.job_id for r in store.requests())
+    return {r.id for r in store.requests() if (r.job_id == first) == (tenant == "alice")}
+
+
+def test_the_step_that_starts_announced_latency_work_goes_before_the_batch_flush():
+    """The turn that claims a realtime request leaves the batch's token flush to after the step that
+    takes the request to the engine (the flush held that step back by tens of milliseconds)."""
+    clock = FakeClock(tick=0.001)
+    store, link = OrderedStore(clock), AnnouncingLink()
+    rig = _announcing_rig(store, clock, link, lambda n: n == 10)
+    for _ in range(14):
+        rig.daemon.step()
+    bob, alice = _ids(store, "bob"), _ids(store, "alice")
+    assert bob
+    steps = [i for i, (kind, _, ids) in enumerate(store.events) if kind == "step"]
+    after = store.events[steps[9] + 1:]  # what followed the step during which bob's request came
+    started = next(i for i, (kind, _, ids) in enumerate(after) if kind == "step" and ids & bob)
+    batch_writes = [i for i, (kind, _, ids) in enumerate(after) if kind == "write" and ids & alice]
+    assert batch_writes, "the batch's tokens were written meanwhile"
+    assert started < batch_writes[0], after
+
+
+def test_latency_work_arriving_every_step_puts_the_batch_flush_off_for_a_sync_interval_at_most():
+    """However often latency work comes, the batch's tokens are still written about every flush
+    interval: the flush waits a sync interval (10 ms here, less than a step) at most."""
+    clock = FakeClock(tick=0.001)
+    store, link = OrderedStore(clock), AnnouncingLink()
+    rig = _announcing_rig(store, clock, link, lambda n: True)
+    for _ in range(40):
+        rig.daemon.step()
+    alice = _ids(store, "alice")
+    written = [at for kind, at, ids in store.events if kind == "write" and ids & alice]
+    assert len(written) >= 4
+    assert max(b - a for a, b in zip(written, written[1:])) <= 0.1 + 2 * 0.03 + 0.02

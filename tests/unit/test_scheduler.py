@@ -460,3 +460,23 @@ def test_an_aged_batch_request_is_never_passed_by_newer_work_of_its_line():
     assert passed_late > 10  # the order did pass late work (else the check above says nothing)
     waits = [at - arrival for arrival, at in admitted.values()]
     assert max(waits) > cfg.aging_factor * cfg.batch_target_s  # overloaded past the aging limit
+
+
+@pytest.mark.parametrize("cut", [True, False])
+def test_realtime_requests_arriving_together_under_a_full_batch_start_in_one_step_unless_the_step_is_cut(cut):
+    """With the cut (an engine whose step fsched composes), the step that yields one realtime first
+    token carries no more prefill; without it (a remote engine, which composes its own iterations),
+    every realtime request that arrived together starts its prefill, and so its stream, at once."""
+    cfg = SchedulerConfig(max_batch=8, kv_tokens=200_000, step_tokens=512, min_quantum_steps=4,
+                          cut_prefill_for_first_token=cut)
+    sched, eng, outputs = _full_batch_of_batch(cfg, cfg.min_quantum_steps + 4)
+    arrived = [req(f"rt{i}", "u", RequestClass.REALTIME, prompt=20, output=5, arrival=eng.now)
+               for i in range(4)]
+    for r in arrived:
+        outputs[r.id] = 5
+        sched.add(r)
+    plan = eng.step()
+    started = {c.request_id for c in plan.prefill if c.produces_token}
+    assert len(plan.preempted) == 4
+    assert len(started) == (1 if cut else 4) and started <= {r.id for r in arrived}
+    assert eng.violations == []
