@@ -277,7 +277,7 @@ class Daemon:
         if self._puts_off(now):
             self.writer.after_step(now, batch=False)  # a table-only realtime stream's tokens still go
             return
-        self.writer.after_step(now)
+        self.writer.after_step(now, asked=self.link.asked if self.link is not None else None)
         self._beat()
 
     def _puts_off(self, now: float) -> bool:

@@ -310,6 +310,9 @@ class AnnouncingLink:
         wants, self.wants = self.wants, Wants()
         return wants
 
+    def asked(self) -> bool:
+        return bool(self.wants)
+
     def wait(self, timeout: float) -> None:
         pass
 
