@@ -291,3 +291,19 @@ def test_every_stream_is_read_in_the_callers_thread_and_none_is_left_open(fake):
     run(runner, requests(12), on_step=lambda report: peak.append(ours()))
     assert max(peak) == threads  # no thread per stream: one selector in the engine loop's thread
     assert len(runner._streams) == 0 and runner.streams_opened >= 12  # every socket closed at its end
+
+
+def test_the_daemon_in_front_of_a_remote_engine_opens_every_new_stream_of_a_step(fake):
+    """The engine composes its own iterations: no step of the daemon's ends its prefill at a realtime
+    first token (that held each other request arriving with it back a step: docs/scheduling.md)."""
+    from fsched.core.daemon.build import DaemonSettings, build_daemon
+
+    class Weights:
+        def tenant_weights(self) -> dict[str, float]:
+            return {}
+
+    daemon = build_daemon(DaemonSettings(model="standin", engine=fake.url, link="off"), Weights(),
+                          exclusive=True)
+    config = daemon.engine.scheduler.config
+    assert not config.cut_prefill_for_first_token and config.host_kv_tokens == 0
+    assert SchedulerConfig().cut_prefill_for_first_token  # an engine whose step fsched composes keeps it
