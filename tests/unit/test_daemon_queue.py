@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import random
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -422,4 +422,4 @@ def test_latency_work_arriving_every_step_puts_the_batch_flush_off_for_a_sync_in
     alice = _ids(store, "alice")
     written = [at for kind, at, ids in store.events if kind == "write" and ids & alice]
     assert len(written) >= 4
-    assert max(b - a for a, b in zip(written, written[1:])) <= 0.1 + 2 * 0.03 + 0.02
+    assert max(b - a for a, b in zip(written, written[1:], strict=False)) <= 0.1 + 2 * 0.03 + 0.02
