@@ -15,21 +15,21 @@ def split_rows(running: Iterable[Request], rank: Callable[[Request], tuple], bud
                ) -> tuple[list[RequestId], list[PrefillChunk]]:
     """Decode rows for every decoding request, then prefill chunks within the
     token budget left, by rank, except that a prefill starved of budget for a
-    whole minimum quantum goes first: nothing admitted stalls forever behind
-    a stream of better-ranked prefills. A chunk that completes the prefill of a
-    request `due` says is due within this step ends the step's prefill: the
-    chunks after it would lengthen the step and push its first token back."""
+    whole minimum quantum goes first (`prefill_order`): nothing admitted stalls
+    forever behind a stream of better-ranked prefills. A chunk that completes
+    the prefill of a request `due` says is due within this step ends the step's
+    prefill: the chunks after it would lengthen the step and push its first
+    token back."""
     decode: list[RequestId] = []
-    prefilling: list[tuple[tuple, Request]] = []
+    prefilling: list[Request] = []
     for r in running:
         if r.pending_prefill == 0:
             decode.append(r.id)
         else:
-            prefilling.append(((r.idle_steps < min_quantum, rank(r)), r))
+            prefilling.append(r)
     budget -= len(decode)
-    prefilling.sort(key=lambda item: item[0])
     chunks: list[PrefillChunk] = []
-    for _, r in prefilling:
+    for r in prefill_order(prefilling, rank, min_quantum, due):
         if budget <= 0:
             break
         pending = r.pending_prefill
@@ -46,6 +46,33 @@ def split_rows(running: Iterable[Request], rank: Callable[[Request], tuple], bud
         if n == pending and due is not None and due(r):
             break
     return decode, chunks
+
+
+def prefill_order(prefilling: Iterable[Request], rank: Callable[[Request], tuple], min_quantum: int,
+                  due: Callable[[Request], bool] | None = None) -> list[Request]:
+    """The order in which running prefills take a step's budget: by rank, except that a prefill
+    starved of budget for a minimum quantum goes ahead of every better-ranked one but a `due` one
+    (a realtime first token still before its target), and one starved for two quanta goes first.
+
+    Why the exception: a due prefill is a few steps from its target (realtime: 0.5 s, about four
+    full steps), and a starved chunk in one of them costs it the target, while the starved prefill
+    waits a step or two more for nothing its class is measured by. A due prefill is due only until
+    its deadline, so the exception ends; the second quantum bounds it whatever arrives."""
+    ranked = [(rank(r), r) for r in prefilling]
+    starved = [key for key, r in ranked if min_quantum <= r.idle_steps < 2 * min_quantum]
+    worst_starved = max(starved) if starved else None
+
+    def tier(key: tuple, r: Request) -> int:
+        if r.idle_steps >= 2 * min_quantum:
+            return 0
+        if r.idle_steps >= min_quantum:
+            return 1
+        if worst_starved is not None and key < worst_starved and due is not None and due(r):
+            return 1  # stays ahead of the starved prefills it outranks
+        return 2
+
+    ranked.sort(key=lambda item: (tier(*item), item[0]))
+    return [r for _, r in ranked]
 
 
 def stable_steps(running: Iterable[Request], config: SchedulerConfig, kv_committed: int,
