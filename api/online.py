@@ -419,13 +419,10 @@ def _ending(state: ServerState, online: OnlineRequest, final: Choices | None,
 
 
 def _updates(state: ServerState, job_id: int, key: ApiKey) -> AsyncIterator[Update]:
-    async def read_key(key_id: str):
-        return await state.call(state.backend.keys.get_key, key_id)
-
     async def live() -> int:
         return len(await state.live_daemons())
 
-    return guarded(state.hub, state.guard, job_id, key, read_key, live)
+    return guarded(state.hub, state.guard, job_id, key, state.read_key, live)
 
 
 async def _cancel_on_disconnect(request: Request, state: ServerState, job_id: int) -> None:

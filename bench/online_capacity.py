@@ -213,10 +213,10 @@ def measured(url: str, key: str, model: str, pids: dict[str, int], args, tokens:
 
 
 def spy(pids: dict[str, int], seconds: float, out: Path) -> list[subprocess.Popen]:
-    """py-spy records each process for `seconds`: every thread while on a CPU, collapsed stacks."""
+    """py-spy records each process for `seconds`, only samples holding the GIL (what it computes), raw."""
     out.mkdir(parents=True, exist_ok=True)
     exe = str(Path(sys.executable).parent / "py-spy")
-    return [subprocess.Popen([exe, "record", "-r", "200", "-d", str(int(seconds)), "-f", "raw", "-o",
+    return [subprocess.Popen([exe, "record", "--gil", "-r", "200", "-d", str(int(seconds)), "-f", "raw", "-o",
                               str(out / f"{name}.txt"), "-p", str(pid)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL) for name, pid in pids.items()]
 
@@ -251,7 +251,7 @@ def main() -> None:
     parser.add_argument("--no-direct", action="store_true", help="skip the direct arm")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="py-spy records serve and the daemon over the fsched arm's first seconds "
-                             "(every thread on a CPU; top frames printed)")
+                             "(samples holding the GIL; top frames printed)")
     args = parser.parse_args()
     from online_path import Fsched
 
