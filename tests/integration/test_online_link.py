@@ -72,6 +72,45 @@ def test_a_linked_job_is_read_from_the_table_only_every_linked_poll():
     assert hub._due(100.31) == [1, 2]
 
 
+def test_a_hub_whose_jobs_are_all_linked_sleeps_until_their_table_check():
+    hub = ProgressHub(lambda ids: {}, interval_s=0.001, linked_poll_s=3600)
+    passes = []
+    due = hub._due
+    hub._due = lambda now: passes.append(now) or due(now)
+
+    async def run():
+        poller = asyncio.create_task(hub.run())
+        hub.expect_push(1)
+        watcher = asyncio.create_task(_updates(hub, 1, 1))
+        while not passes:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.1)  # a hundred ticks: a hub polling every tick would pass each
+        hub.push(1, (progress("done", RequestStatus.FINISHED_STOPPED),))
+        await asyncio.wait_for(watcher, 10)
+        poller.cancel()
+
+    asyncio.run(run())
+    assert len(passes) <= 3  # its first read, then asleep until the hour's check
+
+
+def test_a_job_read_from_the_table_alone_wakes_a_hub_asleep_for_its_linked_jobs():
+    table = {2: (progress("ab", RequestStatus.FINISHED_STOPPED),)}
+    hub = ProgressHub(lambda ids: {i: table[i] for i in ids if i in table}, interval_s=0.001,
+                      linked_poll_s=3600)
+
+    async def run():
+        poller = asyncio.create_task(hub.run())
+        hub.expect_push(1)
+        linked = asyncio.create_task(_updates(hub, 1, 1))
+        await asyncio.sleep(0.05)  # the hub reads job 1 once, then sleeps for the hour
+        seen = await asyncio.wait_for(_updates(hub, 2, 1), 10)  # job 2: no link, read at the next tick
+        linked.cancel()
+        poller.cancel()
+        return seen
+
+    assert asyncio.run(run()) == ["ab"]
+
+
 class _Link:
     def __init__(self, watched: set[int]):
         self.watched, self.sent = watched, []
