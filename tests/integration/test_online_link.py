@@ -263,6 +263,64 @@ def test_a_client_that_reads_slowly_but_within_the_bound_is_never_cut_off():
     assert len(sent) == 12
 
 
+def _scope() -> dict:
+    return {"type": "http", "method": "POST", "path": "/v1/chat/completions", "client": ("c", 1),
+            "extensions": {}}
+
+
+def test_a_client_that_hangs_up_mid_stream_closes_it_and_leaves_its_handler_uncancelled():
+    closed, hang_up = [], None
+
+    async def events():
+        try:
+            yield "data: a\n\n"
+            await asyncio.sleep(3600)  # the engine's next token, which the client does not wait for
+            yield "data: b\n\n"
+        finally:
+            closed.append(True)
+
+    async def receive():
+        await hang_up.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if message.get("body") == b"data: a\n\n":
+            hang_up.set()
+
+    async def run():
+        nonlocal hang_up
+        hang_up = asyncio.Event()
+        await asyncio.wait_for(BoundedStream(events(), stall_s=60)(_scope(), receive, send), 10)
+        return asyncio.current_task().cancelling()
+
+    assert asyncio.run(run()) == 0  # the hang-up's cancel is taken back: the handler goes on
+    assert closed == [True]  # the stream's `finally` ran: it cancels the request
+
+
+def test_a_hang_up_after_the_stream_ended_cancels_nothing():
+    async def events():
+        yield "data: a\n\n"
+
+    sent = []
+
+    async def receive():
+        while not sent or sent[-1].get("more_body", True):
+            await asyncio.sleep(0)
+        return {"type": "http.disconnect"}  # as soon as the last byte went
+
+    async def send(message):
+        sent.append(message)
+
+    async def run():
+        response = BoundedStream(events(), stall_s=60)
+        await response(_scope(), receive, send)
+        for _ in range(5):
+            await asyncio.sleep(0)  # a cancel left pending on the handler would land here
+        return response.ended
+
+    assert asyncio.run(run())
+
+
 def test_a_push_while_the_handler_waits_goes_to_its_sink_and_an_end_wakes_the_handler():
     hub = ProgressHub(lambda ids: {}, interval_s=3600)
     taken: list[str] = []
