@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import os
 import resource
 import statistics
 import subprocess
@@ -177,6 +176,7 @@ def load(url: str, key: str, model: str, streams: int, rounds: int, tokens: int,
         child.join()
     start, end = min(r["start"] for r in results), max(r["end"] for r in results)
     ttfts = sorted(t for r in results for t in r["ttfts"])
+    p99 = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else None
     errors = [e for r in results for e in r["errors"]]
     total = sum(r["tokens"] for r in results)
     wall = end - start
@@ -184,7 +184,7 @@ def load(url: str, key: str, model: str, streams: int, rounds: int, tokens: int,
             "error": errors[0] if errors else None, "wall_s": round(wall, 2),
             "tok_s": round(total / wall, 1) if wall else 0.0,
             "ttft_p50_ms": round(1000 * statistics.median(ttfts), 1) if ttfts else None,
-            "ttft_p99_ms": round(1000 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 1) if ttfts else None,
+            "ttft_p99_ms": round(1000 * p99, 1) if ttfts else None,
             "client_cpu_s": sum(r["cpu_s"] for r in results)}
 
 
@@ -288,16 +288,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         us, cores = r["us_per_token"], r["cores"]
-
-        def fig(name: str, table: dict = us) -> str:
-            return f"{table[name]}" if name in table else "-"
-
-        def cap(name: str) -> str:
-            return f"{1e6 / us[name]:,.0f}" if us.get(name) else "-"
-
+        figs = " | ".join(str(us.get(name, "-")) for name in ("serve", "daemon", "engine", "clients"))
+        caps = ", ".join(f"{1e6 / us[name]:,.0f}" if us.get(name) else "-" for name in ("serve", "daemon"))
         print(f"| {r['arm']} | {r['tok_s']:,.0f} | {r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {r['errors']} | "
-              f"{fig('serve')} | {fig('daemon')} | {fig('engine')} | {fig('clients')} | "
-              f"{fig('serve', cores)}, {fig('daemon', cores)} | {cap('serve')}, {cap('daemon')} |")
+              f"{figs} | {cores.get('serve', '-')}, {cores.get('daemon', '-')} | {caps} |")
     if args.split:
         print("\n| process | µs per request | µs per token |\n|---|---|---|")
         for name, c in costs.items():
