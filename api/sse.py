@@ -84,9 +84,8 @@ class BoundedStream(StreamingResponse):
         try:
             await self.stream_response(send)
         except asyncio.CancelledError:
-            if not hung_up:
+            if not hung_up or task.uncancel() > 0:  # not the hang-up's alone (the server stopping)
                 raise
-            task.uncancel()
             _gone(scope, "disconnected")
         except ClientStalled:
             abort = scope.get("extensions", {}).get(ABORT)

@@ -297,6 +297,34 @@ def test_a_client_that_hangs_up_mid_stream_closes_it_and_leaves_its_handler_unca
     assert closed == [True]  # the stream's `finally` ran: it cancels the request
 
 
+def test_a_server_stop_during_a_hang_up_still_cancels_the_handler():
+    hang_up = None
+    handler = None
+
+    async def events():
+        yield "data: a\n\n"
+        await asyncio.sleep(3600)
+        yield "data: b\n\n"
+
+    async def receive():
+        await hang_up.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if message.get("body") == b"data: a\n\n":
+            hang_up.set()
+            handler.cancel()  # the server stopping, at the same moment
+
+    async def run():
+        nonlocal hang_up, handler
+        hang_up = asyncio.Event()
+        handler = asyncio.ensure_future(BoundedStream(events(), stall_s=60)(_scope(), receive, send))
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(handler, 10)
+
+    asyncio.run(run())
+
+
 def test_a_hang_up_after_the_stream_ended_cancels_nothing():
     async def events():
         yield "data: a\n\n"
