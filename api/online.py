@@ -352,9 +352,10 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
     updates as they come, keep-alive comments while nothing does, its closing; or an error event
     when it fails or a rule of api/guard.py ends the stream (then the request is cancelled).
 
-    A client that hangs up cancels the request: a task waits for the
-    disconnect (the server does not fail a write to a closed connection), and
-    the `finally` covers a generator closed early (a stalled client, a stop).
+    A client that hangs up cancels the request: its response (api/sse.py's BoundedStream) waits for
+    the disconnect (the server does not fail a write to a closed connection) and cancels the stream,
+    and this generator's `finally` cancels an unfinished request however it was closed (a client
+    gone or stalled, a stop).
 
     With an `outlet`, a daemon's push of running progress that comes while this generator waits is
     written by the push itself (the hub's sink): the same events, no task woken per token.
@@ -369,7 +370,6 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
         final = choices
         return True
 
-    hang_up = asyncio.ensure_future(_cancel_on_disconnect(request, state, job_id))
     try:
         for event in events.opening():
             yield event
@@ -400,7 +400,6 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
             yield event
     finally:
         idle = False
-        hang_up.cancel()
         if not ended and (final is None or not all(p.status.is_finished for p in final)):
             with anyio.CancelScope(shield=True):  # the generator itself may be being cancelled
                 await cancel(state, job_id)
@@ -419,18 +418,10 @@ def _ending(state: ServerState, online: OnlineRequest, final: Choices | None,
 
 
 def _updates(state: ServerState, job_id: int, key: ApiKey) -> AsyncIterator[Update]:
-    async def read_key(key_id: str):
-        return await state.call(state.backend.keys.get_key, key_id)
-
     async def live() -> int:
         return len(await state.live_daemons())
 
-    return guarded(state.hub, state.guard, job_id, key, read_key, live)
-
-
-async def _cancel_on_disconnect(request: Request, state: ServerState, job_id: int) -> None:
-    await disconnected(request)
-    await cancel(state, job_id)
+    return guarded(state.hub, state.guard, job_id, key, state.read_key, live)
 
 
 def _model(online: OnlineRequest, progress: RequestProgress) -> str:

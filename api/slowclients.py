@@ -265,7 +265,8 @@ class BodyDeadline:
             if body_done:  # afterwards receive() only waits for a disconnect: no deadline
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):  # a timer, no task
+                    message = await receive()
             except TimeoutError:
                 raise BodyTooSlow(self.timeout_s) from None
             body_done = message["type"] != "http.request" or not message.get("more_body", False)

@@ -60,12 +60,33 @@ class BoundedStream(StreamingResponse):
         self.ended = False  # the last byte of the stream was sent
         self._write_body = None  # the server's `fsched.body` extension, when it offers it
         self._scope_now = None  # and its `fsched.body_now`
+        self._streaming = False  # the stream runs and a hang-up cancels it (not once it ends or unwinds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The stream in the handler's own task, and one task that waits for the client to hang up and
+        then cancels it (Starlette's way is a task group of two tasks; its `finally` cancels an
+        unfinished request either way)."""
         self._write_body = scope.get("extensions", {}).get(BODY)
         self._scope_now = scope.get("extensions", {}).get(BODY_NOW)
+        task = asyncio.current_task()
+        hung_up = False
+
+        async def listen() -> None:
+            nonlocal hung_up
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if self._streaming:
+                hung_up = True
+                task.cancel()
+
+        self._streaming = True
+        listener = asyncio.ensure_future(listen())
         try:
-            await super().__call__(scope, receive, send)
+            await self.stream_response(send)
+        except asyncio.CancelledError:
+            if not hung_up or task.uncancel() > 0:  # not the hang-up's alone (the server stopping)
+                raise
+            _gone(scope, "disconnected")
         except ClientStalled:
             abort = scope.get("extensions", {}).get(ABORT)
             if abort is not None:  # its buffers are full: not even the end can be sent
@@ -73,9 +94,9 @@ class BoundedStream(StreamingResponse):
             _gone(scope, f"took no bytes for {self.stall_s:g} s")
         except (ClientDisconnect, OSError):
             _gone(scope, "disconnected")
-        else:
-            if not self.ended:  # the disconnect listener ended the stream early
-                _gone(scope, "disconnected")
+        finally:
+            self._streaming = False
+            listener.cancel()
 
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -94,6 +115,7 @@ class BoundedStream(StreamingResponse):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             self.ended = True
         finally:
+            self._streaming = False  # a hang-up from here on cancels nothing: the `finally` below is the end
             if self.outlet is not None:
                 self.outlet.now = None
             watchdog.stop()

@@ -15,6 +15,7 @@ from fastapi import Request
 from fsched.api.errors import ApiError
 from fsched.api.guard import Guard
 from fsched.api.hub import ProgressHub
+from fsched.api.keyreads import KeyReads
 from fsched.api.submitter import Submitter
 from fsched.core.jobs.apikeys import ApiKey, secret_matches, split_key
 from fsched.core.jobs.limits import InputLimits, limits_in_force
@@ -96,6 +97,7 @@ class ServerState:
     tool_parser: str = "auto"  # the model family whose syntax tool calls are read in (`--tool-call-parser`)
     thinking: PromptThinking | None = None  # whether the model's template opens a chat's reasoning
     _submitter: Submitter | None = None
+    _key_reads: KeyReads | None = None
     _daemons: Cached[list[DaemonSummary]] = field(default_factory=Cached)
     _limits: Cached[InputLimits] = field(default_factory=Cached)
 
@@ -109,6 +111,13 @@ class ServerState:
             self._submitter = Submitter(lambda group, limit: self.call(
                 self.backend.jobs.submit_each, group, max_queued_per_tenant=limit))
         return await self._submitter.submit(submission, max_queued_per_tenant)
+
+    async def read_key(self, key_id: str) -> ApiKey | None:
+        """The key as stored now, read together with the lookups arriving meanwhile (api/keyreads.py)."""
+        if self._key_reads is None:
+            get_key = self.backend.keys.get_key
+            self._key_reads = KeyReads(lambda ids: self.call(lambda: {i: get_key(i) for i in ids}))
+        return await self._key_reads.get(key_id)
 
     async def live_daemons(self) -> list[DaemonSummary]:
         async def read() -> list[DaemonSummary]:
@@ -137,7 +146,7 @@ class ServerState:
         if parts is None:
             raise ApiError(401, "missing or malformed API key (Authorization: Bearer fsk-...)",
                            code="invalid_api_key")
-        stored = await self.call(self.backend.keys.get_key, parts[0])
+        stored = await self.read_key(parts[0])
         if not secret_matches(parts[1], stored):
             raise ApiError(401, "invalid or revoked API key", code="invalid_api_key")
         return stored

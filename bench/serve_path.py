@@ -73,10 +73,13 @@ def _state(hub: ProgressHub, link: LinkClient):
     async def live():
         return [object()]
 
+    async def read_key(key_id):
+        return KEY
+
     jobs = SimpleNamespace(cancel_job=lambda job_id: None)
     keys = SimpleNamespace(get_key=lambda key_id: KEY)
     return SimpleNamespace(hub=hub, link=link, guard=Guard(), metrics=None, call=call, live_daemons=live,
-                           backend=SimpleNamespace(jobs=jobs, keys=keys))
+                           read_key=read_key, backend=SimpleNamespace(jobs=jobs, keys=keys))
 
 
 def _body(endpoint: Endpoint) -> str:

@@ -72,6 +72,45 @@ def test_a_linked_job_is_read_from_the_table_only_every_linked_poll():
     assert hub._due(100.31) == [1, 2]
 
 
+def test_a_hub_whose_jobs_are_all_linked_sleeps_until_their_table_check():
+    hub = ProgressHub(lambda ids: {}, interval_s=0.001, linked_poll_s=3600)
+    passes = []
+    due = hub._due
+    hub._due = lambda now: passes.append(now) or due(now)
+
+    async def run():
+        poller = asyncio.create_task(hub.run())
+        hub.expect_push(1)
+        watcher = asyncio.create_task(_updates(hub, 1, 1))
+        while not passes:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.1)  # a hundred ticks: a hub polling every tick would pass each
+        hub.push(1, (progress("done", RequestStatus.FINISHED_STOPPED),))
+        await asyncio.wait_for(watcher, 10)
+        poller.cancel()
+
+    asyncio.run(run())
+    assert len(passes) <= 3  # its first read, then asleep until the hour's check
+
+
+def test_a_job_read_from_the_table_alone_wakes_a_hub_asleep_for_its_linked_jobs():
+    table = {2: (progress("ab", RequestStatus.FINISHED_STOPPED),)}
+    hub = ProgressHub(lambda ids: {i: table[i] for i in ids if i in table}, interval_s=0.001,
+                      linked_poll_s=3600)
+
+    async def run():
+        poller = asyncio.create_task(hub.run())
+        hub.expect_push(1)
+        linked = asyncio.create_task(_updates(hub, 1, 1))
+        await asyncio.sleep(0.05)  # the hub reads job 1 once, then sleeps for the hour
+        seen = await asyncio.wait_for(_updates(hub, 2, 1), 10)  # job 2: no link, read at the next tick
+        linked.cancel()
+        poller.cancel()
+        return seen
+
+    assert asyncio.run(run()) == ["ab"]
+
+
 class _Link:
     def __init__(self, watched: set[int]):
         self.watched, self.sent = watched, []
@@ -222,6 +261,92 @@ def test_a_client_that_reads_slowly_but_within_the_bound_is_never_cut_off():
 
     asyncio.run(BoundedStream(events(), stall_s=0.05).stream_response(send))
     assert len(sent) == 12
+
+
+def _scope() -> dict:
+    return {"type": "http", "method": "POST", "path": "/v1/chat/completions", "client": ("c", 1),
+            "extensions": {}}
+
+
+def test_a_client_that_hangs_up_mid_stream_closes_it_and_leaves_its_handler_uncancelled():
+    closed, hang_up = [], None
+
+    async def events():
+        try:
+            yield "data: a\n\n"
+            await asyncio.sleep(3600)  # the engine's next token, which the client does not wait for
+            yield "data: b\n\n"
+        finally:
+            closed.append(True)
+
+    async def receive():
+        await hang_up.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if message.get("body") == b"data: a\n\n":
+            hang_up.set()
+
+    async def run():
+        nonlocal hang_up
+        hang_up = asyncio.Event()
+        await asyncio.wait_for(BoundedStream(events(), stall_s=60)(_scope(), receive, send), 10)
+        return asyncio.current_task().cancelling()
+
+    assert asyncio.run(run()) == 0  # the hang-up's cancel is taken back: the handler goes on
+    assert closed == [True]  # the stream's `finally` ran: it cancels the request
+
+
+def test_a_server_stop_during_a_hang_up_still_cancels_the_handler():
+    hang_up = None
+    handler = None
+
+    async def events():
+        yield "data: a\n\n"
+        await asyncio.sleep(3600)
+        yield "data: b\n\n"
+
+    async def receive():
+        await hang_up.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if message.get("body") == b"data: a\n\n":
+            hang_up.set()
+            handler.cancel()  # the server stopping, at the same moment
+
+    async def run():
+        nonlocal hang_up, handler
+        hang_up = asyncio.Event()
+        handler = asyncio.ensure_future(BoundedStream(events(), stall_s=60)(_scope(), receive, send))
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(handler, 10)
+
+    asyncio.run(run())
+
+
+def test_a_hang_up_after_the_stream_ended_cancels_nothing():
+    async def events():
+        yield "data: a\n\n"
+
+    sent = []
+
+    async def receive():
+        while not sent or sent[-1].get("more_body", True):
+            await asyncio.sleep(0)
+        return {"type": "http.disconnect"}  # as soon as the last byte went
+
+    async def send(message):
+        sent.append(message)
+
+    async def run():
+        response = BoundedStream(events(), stall_s=60)
+        await response(_scope(), receive, send)
+        for _ in range(5):
+            await asyncio.sleep(0)  # a cancel left pending on the handler would land here
+        return response.ended
+
+    assert asyncio.run(run())
 
 
 def test_a_push_while_the_handler_waits_goes_to_its_sink_and_an_end_wakes_the_handler():

@@ -165,3 +165,17 @@ def test_metrics_read_the_table_and_the_daemons_figures():
                  # only a has work, and it was served all of it: fair
                  "fsched:tenant_fairness_jain 1.0"):
         assert line in text, line
+
+
+def test_a_request_never_asks_opentelemetry_for_its_providers(monkeypatch):
+    from opentelemetry import _logs, metrics, trace
+
+    def asked():
+        raise AssertionError("a request asked OpenTelemetry's global providers")
+
+    client, _ = app()
+    for module, name in ((trace, "get_tracer_provider"), (metrics, "get_meter_provider"),
+                         (_logs, "get_logger_provider")):
+        monkeypatch.setattr(module, name, asked)
+    assert client.get("/health").status_code == 200
+    assert client.get("/v1/models", headers=AUTH).status_code == 200

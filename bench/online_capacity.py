@@ -1,0 +1,307 @@
+"""How many online tokens a second one `fsched serve` streams and one daemon relays, and at what CPU.
+
+    .venv/bin/python bench/online_capacity.py [--streams 1024] [--tokens 64] [--rounds 2]
+        [--slots 1024] [--step-ms 20] [--backend sqlite] [--client-procs 2] [--split 8]
+
+The engine is the paced stand-in (tests/support/paced_engine.py, its own
+process; `--slots` streams at once, one token each every `--step-ms`, 51,200
+tok/s at 1,024 x 20 ms). The clients are light: `--client-procs` processes of
+raw asyncio protocols (no SDK, no JSON decoded but the usage chunk), one
+keep-alive connection per stream, `--streams` streams at once, each sending
+`--rounds` streamed chat requests of `--tokens` tokens (greedy, ignore_eos,
+include_usage) one after the other. Two arms in one run:
+- `direct`: the clients straight to the engine (the baseline);
+- `fsched`: the same clients through `fsched serve` + `fsched daemon
+  --engine URL` (separate processes, a fresh table on `--backend`).
+Per arm: tok/s (usage tokens / wall time from the first request to the last
+stream's end), TTFT p50/p99, and CPU µs per token (utime + stime from
+/proc/<pid>/stat over the load) of serve, the daemon, the engine and the
+clients, with each process's busy share of one core: at that CPU per token
+one core would carry 1e6 / µs tok/s, printed as its capacity.
+
+`--split T`: the fsched arm is run again with `T`-token requests (as many
+tokens in all, more requests), and each process's CPU is split into a fixed
+cost per request and a cost per token (two equations, two unknowns; each
+run's idle CPU, measured for 2 s before it, taken out first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from fast_path import Engine, cpu_s  # noqa: E402
+
+MESSAGES = [{"role": "user", "content": "tell me about fair scheduling"}]
+
+
+# -- the light client ------------------------------------------------------------------------------
+class _Stream(asyncio.Protocol):
+    """One keep-alive connection: a request at a time, its chunked SSE response read from bytes."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.head = False
+        self.done: asyncio.Future | None = None
+        self.sent_at = 0.0
+        self.first: float | None = None
+        self.usage = 0
+        self.transport = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def start(self, request: bytes) -> asyncio.Future:
+        self.buf, self.head, self.first, self.usage = b"", False, None, 0
+        self.done = asyncio.get_running_loop().create_future()
+        self.sent_at = time.perf_counter()
+        self.transport.write(request)
+        return self.done
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if not self.head:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            if b" 200 " not in self.buf[: self.buf.find(b"\r\n")]:
+                self._fail(RuntimeError(f"answered {self.buf[:300]!r}"))
+                return
+            self.head, self.buf = True, self.buf[end + 4:]
+        while (eol := self.buf.find(b"\r\n")) >= 0:
+            size = int(self.buf[:eol], 16)
+            if len(self.buf) < eol + 4 + size:
+                return
+            if size == 0:
+                self.buf = self.buf[eol + 4:]
+                if not self.done.done():
+                    self.done.set_result((self.usage, self.first))
+                return
+            self._events(self.buf[eol + 2: eol + 2 + size])
+            self.buf = self.buf[eol + 4 + size:]
+
+    def _events(self, payload: bytes) -> None:
+        for line in payload.split(b"\n"):
+            if self.first is None and b'"content":"' in line and b'"content":""' not in line:
+                self.first = time.perf_counter() - self.sent_at
+            elif line.startswith(b"data: {") and b'"usage":{' in line:
+                self.usage = json.loads(line[6:])["usage"]["completion_tokens"]
+
+    def _fail(self, exc: Exception) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(exc)
+
+    def connection_lost(self, exc) -> None:
+        self._fail(ConnectionError("the server closed the connection"))
+
+
+async def _client(url: str, key: str, model: str, streams: int, rounds: int, tokens: int) -> dict:
+    parts = urlsplit(url)
+    loop = asyncio.get_running_loop()
+    body = json.dumps({"model": model, "messages": MESSAGES, "max_tokens": tokens, "temperature": 0,
+                       "stream": True, "stream_options": {"include_usage": True},
+                       "ignore_eos": True}).encode()
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"
+               b"Content-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
+               % (parts.netloc.encode(), key.encode(), len(body), body))
+    conns = []
+    for _ in range(streams):
+        _, proto = await loop.create_connection(_Stream, parts.hostname, parts.port)
+        conns.append(proto)
+    ttfts: list[float] = []
+    errors: list[str] = []
+
+    async def run(proto: _Stream) -> int:
+        got = 0
+        for _ in range(rounds):
+            try:
+                usage, first = await proto.start(request)
+            except Exception as exc:  # noqa: BLE001 - counted and reported
+                errors.append(repr(exc)[:200])
+                return got
+            got += usage
+            if first is not None:
+                ttfts.append(first)
+        return got
+
+    cpu0 = _own_cpu()
+    start = time.perf_counter()
+    total = sum(await asyncio.gather(*(run(p) for p in conns)))
+    end = time.perf_counter()
+    cpu = _own_cpu() - cpu0
+    for p in conns:
+        p.transport.close()
+    return {"tokens": total, "start": start, "end": end, "ttfts": ttfts, "errors": errors, "cpu_s": cpu}
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _client_proc(args: tuple, out) -> None:
+    out.send(asyncio.run(_client(*args)))
+    out.close()
+
+
+def load(url: str, key: str, model: str, streams: int, rounds: int, tokens: int, procs: int) -> dict:
+    """`streams` light streams over `procs` client processes (started first, then released together)."""
+    ctx = multiprocessing.get_context("fork")
+    shares = [streams // procs + (1 if i < streams % procs else 0) for i in range(procs)]
+    pipes, children = [], []
+    for share in shares:
+        if not share:
+            continue
+        mine, theirs = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_client_proc, args=((url, key, model, share, rounds, tokens), theirs))
+        child.start()
+        pipes.append(mine)
+        children.append(child)
+    results = [p.recv() for p in pipes]
+    for child in children:
+        child.join()
+    start, end = min(r["start"] for r in results), max(r["end"] for r in results)
+    ttfts = sorted(t for r in results for t in r["ttfts"])
+    p99 = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else None
+    errors = [e for r in results for e in r["errors"]]
+    total = sum(r["tokens"] for r in results)
+    wall = end - start
+    return {"tokens": total, "requests": streams * rounds, "errors": len(errors),
+            "error": errors[0] if errors else None, "wall_s": round(wall, 2),
+            "tok_s": round(total / wall, 1) if wall else 0.0,
+            "ttft_p50_ms": round(1000 * statistics.median(ttfts), 1) if ttfts else None,
+            "ttft_p99_ms": round(1000 * p99, 1) if ttfts else None,
+            "client_cpu_s": sum(r["cpu_s"] for r in results)}
+
+
+# -- the measurement --------------------------------------------------------------------------------
+def measured(url: str, key: str, model: str, pids: dict[str, int], args, tokens: int, rounds: int,
+             profile: Path | None = None) -> dict:
+    """One load, with each process's CPU over it: µs per token, and its busy share of one core."""
+    idle0 = {n: cpu_s(p) for n, p in pids.items()}
+    time.sleep(2.0)
+    idle = {n: (cpu_s(p) - idle0[n]) / 2.0 for n, p in pids.items()}  # CPU seconds per second, idle
+    spies = []
+    if profile is not None:
+        spies = spy({n: p for n, p in pids.items() if n in ("serve", "daemon")}, 8, profile)
+    cpu0 = {n: cpu_s(p) for n, p in pids.items()}
+    got = load(url, key, model, args.streams, rounds, tokens, args.client_procs)
+    for s in spies:
+        s.wait()
+    used = {n: cpu_s(p) - cpu0[n] for n, p in pids.items()}
+    used["clients"] = got.pop("client_cpu_s")
+    n = max(1, got["tokens"])
+    got["us_per_token"] = {k: round(1e6 * v / n, 1) for k, v in used.items()}
+    got["cores"] = {k: round(v / got["wall_s"], 2) for k, v in used.items()}
+    got["idle_cpu_s_per_s"] = {k: round(v, 3) for k, v in idle.items()}
+    got["cpu_s"] = used
+    return got
+
+
+def spy(pids: dict[str, int], seconds: float, out: Path) -> list[subprocess.Popen]:
+    """py-spy records each process for `seconds`, only samples holding the GIL (what it computes), raw."""
+    out.mkdir(parents=True, exist_ok=True)
+    exe = str(Path(sys.executable).parent / "py-spy")
+    return [subprocess.Popen([exe, "record", "--gil", "-r", "200", "-d", str(int(seconds)), "-f", "raw", "-o",
+                              str(out / f"{name}.txt"), "-p", str(pid)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL) for name, pid in pids.items()]
+
+
+def split(long: dict, short: dict) -> dict[str, dict[str, float]]:
+    """Each process's CPU as a cost per request plus a cost per token, from two runs (idle CPU out)."""
+    out = {}
+    for name, idle in long["idle_cpu_s_per_s"].items():
+        cpu = [r["cpu_s"][name] - idle * r["wall_s"] for r in (long, short)]
+        (r1, t1), (r2, t2) = [(r["requests"], r["tokens"]) for r in (long, short)]
+        det = r1 * t2 - r2 * t1
+        if not det:
+            continue
+        per_request = (cpu[0] * t2 - cpu[1] * t1) / det
+        per_token = (r1 * cpu[1] - r2 * cpu[0]) / det
+        out[name] = {"us_per_request": round(1e6 * per_request, 1), "us_per_token": round(1e6 * per_token, 1)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=1024)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--slots", type=int, default=1024)
+    parser.add_argument("--step-ms", type=float, default=20.0)
+    parser.add_argument("--backend", default="sqlite", choices=["sqlite", "postgresql"])
+    parser.add_argument("--client-procs", type=int, default=2)
+    parser.add_argument("--split", type=int, default=None, metavar="TOKENS",
+                        help="also run the fsched arm with requests of this many tokens, and split each "
+                             "process's CPU into per request and per token")
+    parser.add_argument("--no-direct", action="store_true", help="skip the direct arm")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="py-spy records serve and the daemon over the fsched arm's first seconds "
+                             "(samples holding the GIL; top frames printed)")
+    args = parser.parse_args()
+    from online_path import Fsched
+
+    rows = []
+    with Engine(args.slots, args.step_ms) as engine:
+        if not args.no_direct:
+            load(engine.url, "none", "paced-engine", 8, 1, 8, 1)  # warm-up
+            direct = measured(engine.url, "none", "paced-engine", {"engine": engine.proc.pid}, args,
+                              args.tokens, args.rounds)
+            rows.append({"arm": "direct", **direct})
+            print(json.dumps(rows[-1], default=str), flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            f = Fsched(engine, args.backend, Path(tmp), 1, link=True)
+            try:
+                pids = {"serve": f.servers[0].pid, "daemon": f.daemon.pid, "engine": engine.proc.pid}
+                load(f.urls[0], f.key, "fsched", 8, 1, 8, 1)  # warm-up
+                profile = Path(args.profile) if args.profile else None
+                through = measured(f.urls[0], f.key, "fsched", pids, args, args.tokens, args.rounds, profile)
+                rows.append({"arm": "fsched", "backend": args.backend, **through})
+                print(json.dumps(rows[-1], default=str), flush=True)
+                if args.split:
+                    rounds = max(1, round(args.rounds * args.tokens / args.split))
+                    short = measured(f.urls[0], f.key, "fsched", pids, args, args.split, rounds)
+                    rows.append({"arm": f"fsched {args.split} tokens", "backend": args.backend, **short})
+                    print(json.dumps(rows[-1], default=str), flush=True)
+                    costs = split(through, short)
+                    print(json.dumps({"split": costs}), flush=True)
+            finally:
+                f.close()
+    print(f"\n{args.streams} streams x {args.rounds} requests of {args.tokens} tokens (paced engine: "
+          f"{args.slots} slots x {args.step_ms:g} ms), {args.client_procs} client processes")
+    print("| arm | tok/s | TTFT p50 / p99 ms | errors | µs/token serve | daemon | engine | clients "
+          "| cores serve, daemon | one core's tok/s serve, daemon |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        us, cores = r["us_per_token"], r["cores"]
+        figs = " | ".join(str(us.get(name, "-")) for name in ("serve", "daemon", "engine", "clients"))
+        caps = ", ".join(f"{1e6 / us[name]:,.0f}" if us.get(name) else "-" for name in ("serve", "daemon"))
+        print(f"| {r['arm']} | {r['tok_s']:,.0f} | {r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {r['errors']} | "
+              f"{figs} | {cores.get('serve', '-')}, {cores.get('daemon', '-')} | {caps} |")
+    if args.split:
+        print("\n| process | µs per request | µs per token |\n|---|---|---|")
+        for name, c in costs.items():
+            print(f"| {name} | {c['us_per_request']} | {c['us_per_token']} |")
+    if args.profile:
+        from online_path import top_frames
+
+        for path in sorted(Path(args.profile).glob("*.txt")):
+            print(f"\n{path.name}:\n" + "\n".join(top_frames(path, 15)))
+
+
+if __name__ == "__main__":
+    main()
