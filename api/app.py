@@ -45,6 +45,14 @@ def _link_tasks(state: ServerState) -> list[asyncio.Task]:
     return [asyncio.create_task(state.link.run(addresses))]
 
 
+def _bare_app(lifespan) -> FastAPI:
+    """FastAPI with its own documents and its OpenTelemetry export off: fsched has none to configure,
+    and left on it asks the global providers (environment lookups) on every request, measured at 4% of
+    a busy server's CPU."""
+    return FastAPI(title="fsched", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                   telemetry={"tracing": False, "metrics": False, "logs": False})
+
+
 def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None = None,
                tokenizers: tokens.Tokenizers | None = None, metrics_port: int | None = None,
                body_timeout_s: float = ClientDeadlines().body_timeout_s, rules: StreamRules | None = None,
@@ -73,10 +81,7 @@ def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None
             for task in tasks:
                 task.cancel()
 
-    # FastAPI's own OpenTelemetry export off: fsched has none to configure, and left on it asks the
-    # global providers (environment lookups) on every request, measured at 4% of a busy server's CPU.
-    app = FastAPI(title="fsched", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
-                  telemetry={"tracing": False, "metrics": False, "logs": False})
+    app = _bare_app(lifespan)
     app.state.fsched = state
     errors.install(app)
     for module in (online, responses, tokens, batch, dashboard):
