@@ -3,18 +3,22 @@
 The daemon makes a few short transactions every step (claim, tokens,
 completions). Through SQLAlchemy each also paid a pooled connection's
 checkout and return (on PostgreSQL a ping with it), its begin and commit
-events, and, on PostgreSQL, one more round trip for the write's own
-idle-in-transaction limit: more than the statements themselves. Here:
+events and, on PostgreSQL, a round trip each for BEGIN, COMMIT and the
+write's own idle-in-transaction limit: more than the statements themselves.
+Here:
 
 - one connection per thread, taken from the pool once (its connect hooks
   ran: SQLite's pragmas, the drivers' JSON adapters) and kept;
+- a read is one statement, run alone (no transaction around it);
 - SQLite: a write begins IMMEDIATE, retried briefly while another
-  connection writes, exactly as `Database.write` does; a read, a plain BEGIN;
-- PostgreSQL: every transaction on it is a few statements with no waiting in
-  between, so the short idle-in-transaction limit a write sets for itself
-  (storage/db.py) is set once for the whole session; a connection left idle
+  connection writes, exactly as `Database.write` does;
+- PostgreSQL: every transaction here is a few statements with no waiting
+  in between, so the short idle-in-transaction limit of a write
+  (storage/db.py) is set once for the session. A connection left idle
   `PING_IDLE_S` is pinged before use (as the pool's pre-ping does at every
-  checkout), so a server restarted meanwhile costs no failed call;
+  checkout): a server restarted meanwhile costs no failed call. (Sending a
+  write's statements in one pipeline saved no CPU here, measured: the
+  driver's cost is per statement, not per round trip);
 - a driver's failure rolls the transaction back and becomes the same
   StorageError as `Database`'s (a value the table refuses stays the driver's
   DataError, or `Refused`: storage/refusals.py); a connection that failed is
@@ -68,7 +72,6 @@ class Tx:
         compiled = prepared.compiled(self._dialect)
         self._cursor.executemany(compiled.sql, [compiled.driver_params(p) for p in params])
 
-
     @contextmanager
     def savepoint(self) -> Iterator[None]:
         """A part of the transaction that an error undoes alone (the error goes on to the caller)."""
@@ -118,27 +121,26 @@ class DirectConnection:
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[Tx]:
         dbapi = self._dbapi
+        failures = (dbapi.OperationalError, dbapi.InterfaceError)
         try:
             kept = self._connection()
             raw = kept.raw
-            if self._sqlite:
-                if write:
-                    begin_immediate(raw, self._busy_timeout_s)
-                else:
-                    raw.execute("BEGIN")
+            if self._sqlite and write:
+                begin_immediate(raw, self._busy_timeout_s)
             cursor = raw.cursor()
-        except (dbapi.OperationalError, dbapi.InterfaceError) as exc:
+        except failures as exc:
             self._drop()
             raise self.db.failure(exc) from exc
         try:
+            if write and not self._sqlite:
+                cursor.execute("BEGIN")
             yield Tx(cursor, self._dialect)
-            if self._sqlite:
-                raw.execute("COMMIT")
-            else:
-                raw.commit()
+            if write:
+                cursor.execute("COMMIT")
         except BaseException as exc:
-            self._rollback(raw)
-            if isinstance(exc, dbapi.OperationalError | dbapi.InterfaceError):
+            if write:
+                self._rollback(raw)
+            if isinstance(exc, failures):
                 self._drop()
                 raise self.db.failure(exc) from exc
             raise
@@ -147,28 +149,25 @@ class DirectConnection:
 
     def _rollback(self, raw) -> None:
         with contextlib.suppress(Exception):  # a connection that failed may not even roll back
-            if self._sqlite:
-                if raw.in_transaction:
-                    raw.execute("ROLLBACK")
-            else:
-                raw.rollback()
+            if not self._sqlite or raw.in_transaction:
+                raw.execute("ROLLBACK")
 
     def _connection(self) -> _Kept:
         kept: _Kept | None = getattr(self._local, "kept", None)
         if kept is not None and not self._sqlite and time.monotonic() - kept.used_at > PING_IDLE_S:
             try:
                 kept.raw.execute("SELECT 1")
-                kept.raw.rollback()
             except (self._dbapi.OperationalError, self._dbapi.InterfaceError):
                 self._drop()
                 kept = None
         if kept is None:
             kept = self._local.kept = _Kept(self.db.engine.raw_connection())
             if not self._sqlite:
+                # Its transactions are this module's: BEGIN and COMMIT said, not the driver's.
+                kept.raw.autocommit = True
                 # Every transaction here is short (db.py's write limit, for the whole session).
                 limit = int(PG_IDLE_IN_TRANSACTION_MS)
                 kept.raw.execute(f"SET idle_in_transaction_session_timeout = {limit}")
-                kept.raw.commit()
             with self._lock:
                 self._all.append(kept)
         return kept
@@ -191,5 +190,7 @@ class DirectConnection:
             kept, self._all = self._all, []
         for k in kept:
             with contextlib.suppress(Exception):
+                if not self._sqlite:
+                    k.raw.autocommit = False  # as the pool hands its connections out
                 k.proxied.close()
         self._local = threading.local()
