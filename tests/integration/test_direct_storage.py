@@ -15,8 +15,9 @@ from fsched.storage.prepared import Prepared, listed
 from fsched.storage.rows import requests
 from tests.support.tables import InSql, submission
 
-READ = Prepared(lambda n: select(requests.c.id, requests.c.custom_id, requests.c.params, requests.c.output_tokens)
-                .where(listed(requests.c.id, "b_ids", n)).order_by(requests.c.id), listed="b_ids")
+COLUMNS = (requests.c.id, requests.c.custom_id, requests.c.params, requests.c.output_tokens)
+READ = Prepared(lambda n: select(*COLUMNS).where(listed(requests.c.id, "b_ids", n)).order_by(requests.c.id),
+                listed="b_ids")
 WRITE = Prepared(requests.update().where(requests.c.id == bindparam("b_id")).values(
     output_text=bindparam("b_text", type_=requests.c.output_text.type),
     output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type)))
@@ -37,8 +38,7 @@ def test_a_listed_statement_reads_what_sqlalchemy_reads_at_every_length(table):
     for n in range(1, 10):
         with table.db.read() as conn:
             expected = [tuple(row) for row in conn.execute(
-                select(requests.c.id, requests.c.custom_id, requests.c.params, requests.c.output_tokens)
-                .where(requests.c.id.in_(ids[:n])).order_by(requests.c.id))]
+                select(*COLUMNS).where(requests.c.id.in_(ids[:n])).order_by(requests.c.id))]
         with direct.read() as tx:
             got = tx.rows(READ, {"b_ids": ids[:n]})
         assert [tuple(row) for row in got] == expected
