@@ -43,19 +43,26 @@ class Writer:
     def flush(self, everything: bool, now: float) -> None:
         """Persist dirty tokens: latency-sensitive requests' always, the others' when the flush plan
         says so, or all of them when `everything`."""
-        urgent, waiting = [], {}
-        for request_id, held in self.holdings:
+        urgent = []
+        waiting = self._waiting_since  # kept from step to step: a request joins when it turns dirty
+        for held in self.holdings.requests():
             if held.dirty:
                 if held.latency_sensitive:
                     urgent.append(held)
-                else:
-                    waiting[request_id] = self._waiting_since.get(request_id, now)
-        self._waiting_since = waiting  # requests that ended or were written drop out
+                elif held.id not in waiting:
+                    waiting[held.id] = now
         chosen = list(waiting) if everything else flushplan.due(waiting.items(), self._last_batch_flush,
                                                                  now, self.bounds)
         if chosen:
             self._last_batch_flush = now
-        self._write(urgent + [held for rid in chosen if (held := self.holdings.get(rid)) is not None])
+        later = []
+        for rid in chosen:
+            held = self.holdings.get(rid)
+            if held is None or not held.dirty:
+                del waiting[rid]  # ended (or written with the urgent ones) since it began to wait
+            else:
+                later.append(held)
+        self._write(urgent + later)
 
     def write_now(self, requests: list[Request]) -> None:
         """Write these requests' tokens now (those not written yet), in one transaction: before they
@@ -79,6 +86,7 @@ class Writer:
         """Write the step's finished requests, output and final state, in one transaction."""
         for result in results:
             held = self.holdings.pop(result.id)
+            self._waiting_since.pop(result.id, None)
             if held is not None:
                 self.unwritten.append(self._completion(result, held))
         self.write_completions()
@@ -94,6 +102,7 @@ class Writer:
 
     def cancelled(self, held: Request, text: str) -> None:
         """End a request whose job was cancelled, keeping its output so far (`text` its text)."""
+        self._waiting_since.pop(held.id, None)
         self._one(Completion(held.id, RequestStatus.FINISHED_CANCELLED, tuple(held.output), text,
                              first_token_at=self.holdings.first_token_at(held), lease_epoch=held.lease_epoch,
                              logprobs=tuple(held.output_logprobs)))

@@ -296,14 +296,20 @@ class RemoteRunner(Runner):
             if (r := self._requests.get(p.request_id)) is not None:
                 self._close(r)
         self._probe_if_down()
-        for rid in (*plan.resumed, *(c.request_id for c in plan.prefill), *plan.decode):
-            self._open(self._requests[rid])
+        requests = self._requests
+        for rid in (*plan.resumed, *(c.request_id for c in plan.prefill)):
+            self._open(requests[rid])
+        for rid in plan.decode:  # most decode rows have their stream: asked here, not in a call each
+            if (r := requests[rid]).stream is None:
+                self._open(r)
         producing = plan.producing()
         self._await(set(producing), start)
         result = RunResult(outcome=Outcome(elapsed_s=0.0))
         produced: dict[RequestId, int] = {}
         for rid in producing:
-            produced[rid] = self._deliver(self._requests[rid], result)
+            r = requests[rid]
+            news = r.pending or r.ended is not None or r.error is not None or r.request.stop is not None
+            produced[rid] = self._deliver(r, result) if news else 0
         result.outcome = Outcome(elapsed_s=time.perf_counter() - start, finished=frozenset(result.finished),
                                  produced=produced)
         return result
@@ -459,7 +465,9 @@ class RemoteRunner(Runner):
         if stops and not stops.isdisjoint(pending[:n]):
             n = next(i for i, token in enumerate(pending[:n]) if token in stops) + 1
         output += pending[:n] if n < len(pending) else pending
-        check = self._check(r, output[-1])
+        # `_check`'s question without its text (a plain request has no stop strings to read for)
+        check = check_stop(output[-1], len(output), request.params.max_tokens, r.context, self.context_length,
+                           self.codec.eos_token_ids, None, r.rules)
         if check.finished is not None:
             request.stop = check
         return n
