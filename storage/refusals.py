@@ -14,6 +14,7 @@ savepoints are taken only after a refusal.
 from __future__ import annotations
 
 import sqlite3
+import sys
 from collections.abc import Callable, Sequence
 
 from sqlalchemy.exc import DataError, StatementError
@@ -24,22 +25,16 @@ from fsched.storage.prepared import Prepared, Refused
 REFUSED_PREFIX = "the job table refused this request's output"
 
 
-def _driver_data_errors() -> tuple[type[BaseException], ...]:
-    """The drivers' own DataError (a statement run on the driver directly: storage/direct.py)."""
-    errors: list[type[BaseException]] = [sqlite3.DataError]
-    try:
-        import psycopg
-    except ImportError:  # no PostgreSQL driver installed
-        return tuple(errors)
-    return (*errors, psycopg.DataError)
-
-
-_DRIVER_DATA_ERRORS = _driver_data_errors()
+def _driver_data_error(exc: BaseException) -> bool:
+    """The drivers' own DataError (a statement run on the driver directly: storage/direct.py). PostgreSQL's
+    driver is asked only once loaded (a PostgreSQL table loads it): a SQLite daemon never imports it."""
+    psycopg = sys.modules.get("psycopg")
+    return isinstance(exc, sqlite3.DataError) or (psycopg is not None and isinstance(exc, psycopg.DataError))
 
 
 def is_refusal(exc: BaseException) -> bool:
     """A value the table (or its driver) would not take, as opposed to a table that cannot be written."""
-    if isinstance(exc, (DataError, UnicodeError, Refused, *_DRIVER_DATA_ERRORS)):
+    if isinstance(exc, DataError | UnicodeError | Refused) or _driver_data_error(exc):
         return True
     # A value that failed to bind (a type's processor or the driver raised before the statement ran).
     return (isinstance(exc, StatementError) and not hasattr(exc, "connection_invalidated")
