@@ -19,15 +19,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from sqlalchemy import Connection, Float, bindparam, select, update
+from sqlalchemy import Float, bindparam, select, update
 
 from fsched.core.jobs.jobstate import derive_job_state
 from fsched.core.sched.request import Request
-from fsched.core.types import RequestClass
-from fsched.storage.db import Database
-from fsched.storage.logprobs import read as read_logprobs
+from fsched.core.types import JobState, RequestClass
+from fsched.storage.db import database_clock
+from fsched.storage.direct import DirectConnection, Tx
+from fsched.storage.logprobs import read_whole as read_logprobs
+from fsched.storage.prepared import Prepared, listed, one_of
 from fsched.storage.rows import (
-    FINISHED_JOB_STATES,
     WAITING,
     RowState,
     claimed_request,
@@ -39,29 +40,41 @@ from fsched.storage.rows import (
 Group = tuple[str, RequestClass]
 IN_CHUNK = 400  # ids a statement names at once (SQLite's older builds bind at most 999 parameters)
 
-CANDIDATE_JOBS = (
+# Jobs with work to take: by the state's index (a table of many finished online jobs is not read), a
+# cancelling job's mark excluding it as any cancelled job's does.
+UNFINISHED_JOB_STATES = [s.value for s in JobState if not s.finished]
+CANDIDATE_JOBS = Prepared(
     select(jobs.c.id, jobs.c.tenant, jobs.c["class"].label("request_class"), WAITING.label("waiting"))
-    .where(jobs.c.state.not_in(FINISHED_JOB_STATES), jobs.c.cancel_requested_at.is_(None), WAITING > 0)
+    .where(one_of(jobs.c.state, UNFINISHED_JOB_STATES), jobs.c.cancel_requested_at.is_(None), WAITING > 0)
     .order_by(jobs.c.priority, jobs.c.id)
 )
+# The queued rows of whole jobs, and of one job up to a limit (both in input order). On PostgreSQL the
+# rows another daemon is claiming are skipped, not waited for (SQLite's writers take turns: no clause).
 _QUEUED_ROWS = (
     select(requests, jobs.c.tenant, jobs.c["class"].label("request_class"), jobs.c.priority)
     .join(jobs, jobs.c.id == requests.c.job_id)
     .where(requests.c.state == RowState.QUEUED.value)
 )
-# The queued rows of whole jobs, and of one job up to a limit (both in input order).
-ROWS_OF_JOBS = _QUEUED_ROWS.where(requests.c.job_id.in_(bindparam("b_jobs", expanding=True))).order_by(
-    requests.c.job_id, requests.c.idx)
-ROWS_OF_JOB = _QUEUED_ROWS.where(requests.c.job_id == bindparam("b_job")).order_by(requests.c.idx).limit(
-    bindparam("b_want"))
-JOBS_TO_LOCK = select(jobs).where(jobs.c.id.in_(bindparam("b_jobs", expanding=True))).order_by(jobs.c.id)
-# On PostgreSQL the rows another daemon is claiming are skipped, not waited for, and the jobs locked.
-LOCKING = {
-    id(ROWS_OF_JOBS): ROWS_OF_JOBS.with_for_update(of=requests, skip_locked=True),
-    id(ROWS_OF_JOB): ROWS_OF_JOB.with_for_update(of=requests, skip_locked=True),
-    id(JOBS_TO_LOCK): JOBS_TO_LOCK.with_for_update(),
-}
-CLAIMED_JOB = (
+ROWS_OF_JOBS = Prepared(lambda n: _QUEUED_ROWS.where(listed(requests.c.job_id, "b_jobs", n))
+                        .order_by(requests.c.job_id, requests.c.idx)
+                        .with_for_update(of=requests, skip_locked=True), listed="b_jobs")
+ROWS_OF_JOB = Prepared(_QUEUED_ROWS.where(requests.c.job_id == bindparam("b_job")).order_by(requests.c.idx)
+                       .limit(bindparam("b_want")).with_for_update(of=requests, skip_locked=True))
+# Rows to `running`, leased to an owner until the database's clock plus the lease.
+LEASE = Prepared(lambda n: update(requests).where(listed(requests.c.id, "b_ids", n)).values(
+    state=RowState.RUNNING.value,
+    lease_owner=bindparam("b_owner"),
+    lease_epoch=requests.c.lease_epoch + 1,
+    lease_expires_at=database_clock() + bindparam("b_lease_s", type_=Float),
+    attempts=requests.c.attempts + 1,
+), listed="b_ids")
+# The claimed rows' jobs, locked (in id order) on PostgreSQL.
+JOBS_TO_LOCK = Prepared(lambda n: select(jobs.c.id, jobs.c.num_requests, jobs.c.num_done, jobs.c.num_failed,
+                                         jobs.c.num_cancelled, jobs.c.num_running, jobs.c.started_at,
+                                         jobs.c.cancel_requested_at)
+                        .where(listed(jobs.c.id, "b_jobs", n)).order_by(jobs.c.id).with_for_update(),
+                        listed="b_jobs")
+CLAIMED_JOB = Prepared(
     update(jobs)
     .where(jobs.c.id == bindparam("b_id"))
     .values(num_running=bindparam("b_running"), state=bindparam("b_state"), started_at=bindparam("b_started"))
@@ -69,7 +82,7 @@ CLAIMED_JOB = (
 
 
 def claim_requests(
-    db: Database,
+    direct: DirectConnection,
     now: float,
     owner: str,
     per_group: int,
@@ -81,45 +94,23 @@ def claim_requests(
     """Claim for `owner`; see the module's docstring. `look_first`: a read before the write lock, which
     most calls end (they find nothing to take); a caller told of new work skips it."""
     if look_first:
-        with db.read() as conn:
-            candidates = conn.execute(CANDIDATE_JOBS).all()
+        with direct.read() as tx:
+            candidates = tx.rows(CANDIDATE_JOBS)
         room = {(j.tenant, RequestClass(j.request_class)) for j in candidates}
         if all(per_group <= held.get(group, 0) for group in room):
             return []
-    with db.write() as conn:
-        wants = _wants(conn.execute(CANDIDATE_JOBS).all(), per_group, held, limit)
+    with direct.write() as tx:
+        wants = _wants(tx.rows(CANDIDATE_JOBS), per_group, held, limit)
         if not wants:
             return []
-        rows = _queued_rows(db, conn, wants)
+        rows = _queued_rows(tx, wants)
         if not rows:
             return []
-        lease = _lease_statement(db)
         for part in _chunks([row.id for row in rows]):
-            conn.execute(lease, {"b_ids": part, "b_owner": owner, "b_lease_s": lease_s})
-        _count_running(db, conn, rows, now)
-        stored = read_logprobs(conn, [row.id for row in rows if row.num_logprobs])  # resumes
+            tx.run(LEASE, {"b_ids": part, "b_owner": owner, "b_lease_s": lease_s})
+        _count_running(tx, rows, now)
+        stored = read_logprobs(tx, [row.id for row in rows if row.num_logprobs])  # resumes
     return [claimed_request(row, stored.get(row.id, ())) for row in rows]
-
-
-_LEASES: dict[str, object] = {}  # dialect -> the statement that leases rows (the database's clock)
-
-
-def _lease_statement(db: Database):
-    """Rows to `running`, leased to an owner until the database's clock plus the lease (built once)."""
-    found = _LEASES.get(db.dialect)
-    if found is None:
-        found = _LEASES[db.dialect] = (
-            update(requests)
-            .where(requests.c.id.in_(bindparam("b_ids", expanding=True)))
-            .values(
-                state=RowState.RUNNING.value,
-                lease_owner=bindparam("b_owner"),
-                lease_epoch=requests.c.lease_epoch + 1,
-                lease_expires_at=db.now() + bindparam("b_lease_s", type_=Float),
-                attempts=requests.c.attempts + 1,
-            )
-        )
-    return found
 
 
 def _wants(candidates: Sequence, per_group: int, held: Mapping[Group, int], limit: int | None
@@ -142,41 +133,35 @@ def _wants(candidates: Sequence, per_group: int, held: Mapping[Group, int], limi
     return wants
 
 
-def _queued_rows(db: Database, conn: Connection, wants: Mapping[int, tuple[int, bool]]) -> list:
+def _queued_rows(tx: Tx, wants: Mapping[int, tuple[int, bool]]) -> list:
     """The rows to lease, in the claim's order: the whole jobs' in one select, the others a job at a
     time; each job's at most what it wants (its counters may lag a concurrent daemon's claim)."""
     whole = [job_id for job_id, (_, everything) in wants.items() if everything]
     by_job: dict[int, list] = {}
     for part in _chunks(whole):
-        for row in conn.execute(_locking(db, ROWS_OF_JOBS), {"b_jobs": part}):
+        for row in tx.rows(ROWS_OF_JOBS, {"b_jobs": part}):
             by_job.setdefault(row.job_id, []).append(row)
     for job_id, (want, everything) in wants.items():
         if not everything:
-            by_job[job_id] = conn.execute(_locking(db, ROWS_OF_JOB), {"b_job": job_id, "b_want": want}).all()
+            by_job[job_id] = tx.rows(ROWS_OF_JOB, {"b_job": job_id, "b_want": want})
     return [row for job_id, (want, _) in wants.items() for row in by_job.get(job_id, ())[:want]]
 
 
-def _locking(db: Database, query):
-    return LOCKING[id(query)] if db.dialect == "postgresql" else query
-
-
-def _count_running(db: Database, conn: Connection, rows: Sequence, now: float) -> None:
+def _count_running(tx: Tx, rows: Sequence, now: float) -> None:
     """The claimed rows' jobs: their running counters up, started, their state derived (locked in id
     order on PostgreSQL: two daemons claiming never deadlock on jobs)."""
     per_job: dict[int, int] = {}
     for row in rows:
         per_job[row.job_id] = per_job.get(row.job_id, 0) + 1
-    query = _locking(db, JOBS_TO_LOCK)
     writes = []
     for part in _chunks(sorted(per_job)):
-        for job in conn.execute(query, {"b_jobs": part}):
+        for job in tx.rows(JOBS_TO_LOCK, {"b_jobs": part}):
             counts = replace(job_counts(job), num_running=job.num_running + per_job[job.id])
             cancelling = job.cancel_requested_at is not None
             state = derive_job_state(counts, started=True, cancel_requested=cancelling)
             writes.append({"b_id": job.id, "b_running": counts.num_running, "b_state": state.value,
                            "b_started": job.started_at or now})
-    if writes:
-        conn.execute(CLAIMED_JOB, writes)
+    tx.many(CLAIMED_JOB, writes)
 
 
 def _chunks(ids: Sequence[int]) -> list[list[int]]:

@@ -15,6 +15,8 @@ from sqlalchemy import Connection, Float, bindparam, func, select, update
 from fsched.core.jobs.jobstate import JobCounts, derive_job_state
 from fsched.core.ports.records import UnknownJob
 from fsched.core.types import JobState
+from fsched.storage.direct import Tx
+from fsched.storage.prepared import Prepared, listed
 from fsched.storage.rows import RowState, job_counts, jobs, requests
 
 
@@ -71,23 +73,13 @@ def store_counts(conn: Connection, job, counts: JobCounts, now: float, **extra) 
     return state
 
 
-def apply_delta(conn: Connection, dialect: str, job_id: int, delta: CountDelta, now: float) -> JobState:
-    """Lock a job and move its counters by `delta`."""
-    job = lock_job(conn, dialect, job_id)
-    counts = replace(
-        job_counts(job),
-        num_running=job.num_running + delta.running,
-        num_done=job.num_done + delta.done,
-        num_failed=job.num_failed + delta.failed,
-        num_cancelled=job.num_cancelled + delta.cancelled,
-    )
-    return store_counts(conn, job, counts, now, num_output_tokens=job.num_output_tokens + delta.output_tokens,
-                        num_prompt_tokens=job.num_prompt_tokens + delta.prompt_tokens)
-
-
-JOBS_TO_LOCK = select(jobs).where(jobs.c.id.in_(bindparam("b_jobs", expanding=True))).order_by(jobs.c.id)
-JOBS_LOCKED = JOBS_TO_LOCK.with_for_update()
-MOVED_JOB = (
+# The jobs whose counters a write moves, locked (in id order) on PostgreSQL; SQLite's writers take turns.
+_MOVED_COLUMNS = (jobs.c.id, jobs.c.num_requests, jobs.c.num_done, jobs.c.num_failed, jobs.c.num_cancelled,
+                  jobs.c.num_running, jobs.c.num_output_tokens, jobs.c.num_prompt_tokens, jobs.c.started_at,
+                  jobs.c.cancel_requested_at)
+JOBS_TO_MOVE = Prepared(lambda n: select(*_MOVED_COLUMNS).where(listed(jobs.c.id, "b_jobs", n))
+                        .order_by(jobs.c.id).with_for_update(), listed="b_jobs")
+MOVED_JOB = Prepared(
     update(jobs)
     .where(jobs.c.id == bindparam("b_id"))
     .values(num_running=bindparam("b_running"), num_done=bindparam("b_done"),
@@ -99,14 +91,14 @@ MOVED_JOB = (
 LOCK_CHUNK = 400  # job ids a statement names at once
 
 
-def apply_deltas(conn: Connection, dialect: str, deltas: dict[int, CountDelta], now: float) -> None:
-    """`apply_delta` for many jobs: locked in one select (in id order: two writers never deadlock
-    on jobs), moved by one executemany."""
+def apply_deltas(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
+    """Lock the jobs (in id order: two writers never deadlock on jobs) and move each one's counters by
+    its delta: one select, one executemany."""
     ids = sorted(deltas)
     writes = []
     for i in range(0, len(ids), LOCK_CHUNK):
         part = ids[i:i + LOCK_CHUNK]
-        found = conn.execute(JOBS_LOCKED if dialect == "postgresql" else JOBS_TO_LOCK, {"b_jobs": part}).all()
+        found = tx.rows(JOBS_TO_MOVE, {"b_jobs": part})
         if len(found) != len(part):
             raise UnknownJob(min(set(part) - {job.id for job in found}))
         for job in found:
@@ -121,8 +113,7 @@ def apply_deltas(conn: Connection, dialect: str, deltas: dict[int, CountDelta], 
                            "b_state": state.value, "b_output": job.num_output_tokens + delta.output_tokens,
                            "b_prompt": job.num_prompt_tokens + delta.prompt_tokens,
                            "b_finished": now if state.finished else None})
-    if writes:
-        conn.execute(MOVED_JOB, writes)
+    tx.many(MOVED_JOB, writes)
 
 
 def requeue(conn: Connection, dialect: str, rows: Sequence, now: float) -> None:

@@ -14,13 +14,15 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Connection, Engine, Float, cast, create_engine, event, func, literal_column
+from sqlalchemy import ColumnElement, Connection, Engine, Float, cast, create_engine, event, func
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 
 from fsched.core.ports.records import StorageError
 
@@ -132,7 +134,9 @@ def _wire_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
     @event.listens_for(engine, "begin")
     def on_begin(conn: Connection) -> None:
         if conn.get_execution_options().get("fsched_write", False):
-            _begin_immediate(conn, busy_timeout_ms / 1000)
+            # the last attempt through SQLAlchemy: its error is SQLAlchemy's, as any statement's
+            begin_immediate(conn.connection.driver_connection, busy_timeout_ms / 1000,
+                            lambda: conn.exec_driver_sql("BEGIN IMMEDIATE"))
         else:
             conn.exec_driver_sql("BEGIN")
 
@@ -143,10 +147,10 @@ def _wire_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
 BUSY_RETRY_S = (0.0001, 0.001)
 
 
-def _begin_immediate(conn: Connection, timeout_s: float) -> None:
-    """Take the write lock, retrying briefly while another connection holds it, up to `timeout_s`
-    (then the last attempt's error is SQLAlchemy's, as any statement's)."""
-    raw = conn.connection.driver_connection
+def begin_immediate(raw: sqlite3.Connection, timeout_s: float,
+                    last_attempt: Callable[[], object] | None = None) -> None:
+    """Take the write lock on a DBAPI connection, retrying briefly while another connection holds it,
+    up to `timeout_s`; then `last_attempt` (by default the driver's BEGIN IMMEDIATE) raises its error."""
     raw.execute("PRAGMA busy_timeout = 0")
     try:
         deadline = time.monotonic() + timeout_s
@@ -160,7 +164,7 @@ def _begin_immediate(conn: Connection, timeout_s: float) -> None:
                     break
             time.sleep(pause)
             pause = min(2 * pause, longest)
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        (last_attempt or (lambda: raw.execute("BEGIN IMMEDIATE")))()
     finally:
         raw.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
 
@@ -180,6 +184,25 @@ def _wire_postgresql(engine: Engine) -> None:
         dbapi_connection.commit()
 
 
+class database_clock(FunctionElement):  # noqa: N801 - used as SQL functions are, like func.now()
+    """SQL for the database's clock in Unix seconds: leases and heartbeats use it, so daemons on
+    machines whose clocks disagree still agree on who holds what. Each dialect writes it its own
+    way, so a statement that reads it is the same statement on both (compiled once for each)."""
+
+    type = Float()
+    inherit_cache = True
+
+
+@compiles(database_clock)
+def _sqlite_clock(element, compiler, **kw) -> str:
+    return "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+@compiles(database_clock, "postgresql")
+def _postgresql_clock(element, compiler, **kw) -> str:
+    return compiler.process(cast(func.extract("epoch", func.clock_timestamp()), Float), **kw)
+
+
 class Database:
     """One job table behind one SQLAlchemy URL."""
 
@@ -190,6 +213,8 @@ class Database:
         except ArgumentError:
             raise StorageError(f"not a database URL: {self.url!r}") from None
         self.dialect = parsed.get_backend_name()
+        self.busy_timeout_ms = busy_timeout_ms
+        self._on_dispose: list[Callable[[], None]] = []  # connections kept apart (storage/direct.py)
         self._watcher: sqlite3.Connection | None = None  # for `changed`
         self._seen_version: int | None = None
         if self.dialect == "sqlite":
@@ -214,12 +239,9 @@ class Database:
         elif self.dialect == "postgresql":
             _wire_postgresql(self.engine)
 
-    def now(self):
-        """SQL for the database's clock in Unix seconds: leases and heartbeats use it, so
-        daemons on machines whose clocks disagree still agree on who holds what."""
-        if self.dialect == "postgresql":
-            return cast(func.extract("epoch", func.clock_timestamp()), Float)
-        return literal_column("((julianday('now') - 2440587.5) * 86400.0)", Float)
+    def now(self) -> ColumnElement[float]:
+        """SQL for the database's clock in Unix seconds (`database_clock`)."""
+        return database_clock()
 
     @property
     def display_url(self) -> str:
@@ -246,14 +268,18 @@ class Database:
         try:
             yield
         except OperationalError as exc:
-            reason = str(exc.orig).strip() if exc.orig is not None else str(exc)
-            if self.dialect == "sqlite" and any(word in reason for word in _IO_WORDS):
-                reason += storage_hint(Path(make_url(self.url).database))
-            raise StorageError(f"database {self.display_url}: {reason}") from exc
+            raise self.failure(exc.orig if exc.orig is not None else exc) from exc
         except DBAPIError as exc:
             if exc.connection_invalidated:
                 raise StorageError(f"database {self.display_url}: connection lost") from exc
             raise
+
+    def failure(self, error: BaseException) -> StorageError:
+        """The one clear error for a driver's failure (locked, read-only, disk full, connection lost)."""
+        reason = str(error).strip()
+        if self.dialect == "sqlite" and any(word in reason for word in _IO_WORDS):
+            reason += storage_hint(Path(make_url(self.url).database))
+        return StorageError(f"database {self.display_url}: {reason}")
 
     def changed(self) -> bool:
         """Whether any connection but the watcher's committed since the last call (True the first
@@ -269,7 +295,13 @@ class Database:
         changed, self._seen_version = version != self._seen_version, version
         return changed
 
+    def on_dispose(self, close: Callable[[], None]) -> None:
+        """Call `close` first when the Database is disposed (what keeps connections of its own)."""
+        self._on_dispose.append(close)
+
     def dispose(self) -> None:
+        for close in self._on_dispose:
+            close()
         self.engine.dispose()
         if self._watcher is not None:
             self._watcher.close()

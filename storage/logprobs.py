@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from sqlalchemy import Connection, and_, or_, select
+from sqlalchemy import Connection, and_, bindparam, or_, select
 
 from fsched.core.types import TokenLogprobs
+from fsched.storage.direct import Tx
 from fsched.storage.models import RequestLogprobs
+from fsched.storage.prepared import Prepared, listed
 
 request_logprobs = RequestLogprobs.__table__
 READ_KEYS = 400  # request keys a read names at once (SQLite binds at most 999 parameters a statement)
@@ -27,11 +29,25 @@ def new_piece(key: int, stored: int, logprobs: Sequence[TokenLogprobs]) -> dict 
     return {"request_id": key, "start": stored, "records": [t.to_json() for t in logprobs[stored:]]}
 
 
-def append(conn: Connection, pieces: Iterable[dict | None]) -> None:
+APPEND = Prepared(request_logprobs.insert().values(
+    request_id=bindparam("request_id"), start=bindparam("start"), records=bindparam("records")))
+PIECES_OF = Prepared(lambda n: select(request_logprobs.c.request_id, request_logprobs.c.records)
+                     .where(listed(request_logprobs.c.request_id, "b_keys", n))
+                     .order_by(request_logprobs.c.request_id, request_logprobs.c.start), listed="b_keys")
+
+
+def append(tx: Tx, pieces: Iterable[dict | None]) -> None:
     """Store the pieces (one executemany)."""
-    rows = [p for p in pieces if p is not None]
-    if rows:
-        conn.execute(request_logprobs.insert(), rows)
+    tx.many(APPEND, [p for p in pieces if p is not None])
+
+
+def read_whole(tx: Tx, keys: Sequence[int]) -> dict[int, tuple[TokenLogprobs, ...]]:
+    """Each request's logprobs, whole (`read` without `since`, in a daemon's transaction)."""
+    out: dict[int, list[TokenLogprobs]] = {}
+    for at in range(0, len(keys), READ_KEYS):
+        for key, records in tx.rows(PIECES_OF, {"b_keys": list(keys[at : at + READ_KEYS])}):
+            out.setdefault(key, []).extend(TokenLogprobs.from_json(r) for r in records)
+    return {key: tuple(records) for key, records in out.items()}
 
 
 def read(conn: Connection, keys: Sequence[int], since: Mapping[int, int] | None = None

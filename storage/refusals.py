@@ -13,17 +13,28 @@ savepoints are taken only after a refusal.
 
 from __future__ import annotations
 
+import sqlite3
+import sys
 from collections.abc import Callable, Sequence
 
-from sqlalchemy import Connection
 from sqlalchemy.exc import DataError, StatementError
+
+from fsched.storage.direct import Tx
+from fsched.storage.prepared import Prepared, Refused
 
 REFUSED_PREFIX = "the job table refused this request's output"
 
 
+def _driver_data_error(exc: BaseException) -> bool:
+    """The drivers' own DataError (a statement run on the driver directly: storage/direct.py). PostgreSQL's
+    driver is asked only once loaded (a PostgreSQL table loads it): a SQLite daemon never imports it."""
+    psycopg = sys.modules.get("psycopg")
+    return isinstance(exc, sqlite3.DataError) or (psycopg is not None and isinstance(exc, psycopg.DataError))
+
+
 def is_refusal(exc: BaseException) -> bool:
     """A value the table (or its driver) would not take, as opposed to a table that cannot be written."""
-    if isinstance(exc, DataError | UnicodeError):
+    if isinstance(exc, DataError | UnicodeError | Refused) or _driver_data_error(exc):
         return True
     # A value that failed to bind (a type's processor or the driver raised before the statement ran).
     return (isinstance(exc, StatementError) and not hasattr(exc, "connection_invalidated")
@@ -35,17 +46,17 @@ def refusal_message(exc: BaseException) -> str:
     return f"{REFUSED_PREFIX} ({reason}); it was failed so that the other requests go on"
 
 
-def write_each(conn: Connection, statement, writes: Sequence[dict],
-               also: Callable[[Connection, dict], None] | None = None) -> dict[int, str]:
-    """Run `statement` for each write under its own savepoint (and `also(conn, write)`, the rest of
+def write_each(tx: Tx, statement: Prepared, writes: Sequence[dict],
+               also: Callable[[Tx, dict], None] | None = None) -> dict[int, str]:
+    """Run `statement` for each write under its own savepoint (and `also(tx, write)`, the rest of
     that request's write); the refused ones' ids (`b_id`), with why."""
     refused: dict[int, str] = {}
     for write in writes:
         try:
-            with conn.begin_nested():
-                conn.execute(statement, [write])
+            with tx.savepoint():
+                tx.many(statement, [write])
                 if also is not None:
-                    also(conn, write)
+                    also(tx, write)
         except Exception as exc:  # noqa: BLE001 - only refusals are kept; anything else propagates
             if not is_refusal(exc):
                 raise

@@ -8,9 +8,10 @@ keys inside it (`rows.row_id`, `rows.core_id`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 
-from sqlalchemy import Connection, Float, bindparam, delete, func, select, update
+from sqlalchemy import Float, Integer, bindparam, case, delete, func, select, update
 
 from fsched.core.faults import crash_point
 from fsched.core.ports.records import (
@@ -24,9 +25,12 @@ from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass, RequestId
 from fsched.storage.base import SqlStoreBase
 from fsched.storage.claim import claim_requests
-from fsched.storage.counters import CountDelta, apply_delta, apply_deltas, requeue
+from fsched.storage.counters import CountDelta, apply_deltas, requeue
+from fsched.storage.db import Database, database_clock
+from fsched.storage.direct import DirectConnection, Tx
 from fsched.storage.logprobs import append as append_logprobs
 from fsched.storage.logprobs import new_piece
+from fsched.storage.prepared import Prepared, listed
 from fsched.storage.refusals import is_refusal, write_each
 from fsched.storage.rows import (
     RowState,
@@ -42,56 +46,62 @@ from fsched.storage.rows import (
 
 USAGE_KEPT_S = 86_400.0
 
-# The daemon's hot writes, built once and run as executemany: building an
-# UPDATE per row cost more than executing it.
-FLUSH_TOKENS = (
+# The daemon's statements, each compiled once and run on the driver (storage/prepared.py, direct.py):
+# through SQLAlchemy's execution each cost several times the statement itself.
+FLUSH_TOKENS = Prepared(
     update(requests)
     .where(requests.c.id == bindparam("b_id"))
     .values(
         output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type),
-        output_text=bindparam("b_text"),
+        output_text=bindparam("b_text", type_=requests.c.output_text.type),
         num_logprobs=bindparam("b_logprobs"),
         num_output_tokens=bindparam("b_num"),
         first_token_at=func.coalesce(requests.c.first_token_at, bindparam("b_first", type_=Float)),
     )
 )
-FINISH_REQUEST = (
+FINISH_REQUEST = Prepared(
     update(requests)
     .where(requests.c.id == bindparam("b_id"))
     .values(
         state=bindparam("b_state"),
         output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type),
-        output_text=bindparam("b_text"),
+        output_text=bindparam("b_text", type_=requests.c.output_text.type),
         num_logprobs=bindparam("b_logprobs"),
         num_output_tokens=bindparam("b_num"),
         finish_reason=bindparam("b_reason"),
         prompt_tokens=bindparam("b_prompt"),
         model=bindparam("b_model"),
-        error=bindparam("b_error"),
+        error=bindparam("b_error", type_=requests.c.error.type),
         finished_at=bindparam("b_now", type_=Float),
         lease_owner=None,
         lease_expires_at=None,
         first_token_at=func.coalesce(requests.c.first_token_at, bindparam("b_first", type_=Float)),
     )
 )
-
-MORE_JOB_TOKENS = (
+FAIL_REFUSED = Prepared(
+    update(requests)
+    .where(requests.c.id == bindparam("b_id"))
+    .values(state=RowState.FAILED.value, error=bindparam("b_error", type_=requests.c.error.type),
+            finished_at=bindparam("b_now", type_=Float), lease_owner=None, lease_expires_at=None)
+)
+MORE_JOB_TOKENS = Prepared(
     update(jobs)
     .where(jobs.c.id == bindparam("b_id"))
     .values(num_output_tokens=jobs.c.num_output_tokens + bindparam("b_more"))
 )
-
-# The daemon's reads at every sync and write, built once.
-HELD_ROWS = select(requests.c.id, requests.c.job_id, requests.c.num_output_tokens, requests.c.lease_epoch,
-                   requests.c.num_logprobs).where(
-    requests.c.id.in_(bindparam("b_ids", expanding=True)),
+HELD_ROWS = Prepared(lambda n: select(
+    requests.c.id, requests.c.job_id, requests.c.num_output_tokens, requests.c.lease_epoch,
+    requests.c.num_logprobs,
+).where(
+    listed(requests.c.id, "b_ids", n),
     requests.c.lease_owner == bindparam("b_owner"),
     requests.c.state == RowState.RUNNING.value,
-)
-ENDING_ROWS = select(requests.c.id, requests.c.job_id, requests.c.state, requests.c.num_output_tokens,
-                     requests.c.lease_owner, requests.c.lease_epoch, requests.c.num_logprobs).where(
-    requests.c.id.in_(bindparam("b_ids", expanding=True)))
-CANCELLED_HELD = (
+), listed="b_ids")
+ENDING_ROWS = Prepared(lambda n: select(
+    requests.c.id, requests.c.job_id, requests.c.state, requests.c.num_output_tokens, requests.c.lease_owner,
+    requests.c.lease_epoch, requests.c.num_logprobs,
+).where(listed(requests.c.id, "b_ids", n)), listed="b_ids")
+CANCELLED_HELD = Prepared(
     select(requests.c.id)
     .join(jobs, jobs.c.id == requests.c.job_id)
     .where(
@@ -100,11 +110,37 @@ CANCELLED_HELD = (
         jobs.c.cancel_requested_at.is_not(None),
     )
 )
-WEIGHTS = select(tenants.c.name, tenants.c.weight)
+WEIGHTS = Prepared(select(tenants.c.name, tenants.c.weight))
+RENEW = Prepared(lambda n: update(requests).where(
+    listed(requests.c.id, "b_ids", n),
+    requests.c.lease_owner == bindparam("b_owner"),
+    requests.c.state == RowState.RUNNING.value,
+).values(lease_expires_at=database_clock() + bindparam("b_lease_s", type_=Float))
+    .returning(requests.c.id, requests.c.lease_epoch), listed="b_ids")
+EXPIRED = Prepared(select(requests.c.id).where(
+    requests.c.state == RowState.RUNNING.value,
+    requests.c.lease_expires_at < database_clock(),
+).limit(1))
+_BEAT_VALUES = {
+    "host": bindparam("b_host"), "pid": bindparam("b_pid"), "device": bindparam("b_device"),
+    "model": bindparam("b_model"), "started_at": bindparam("b_started", type_=Float),
+    "heartbeat_at": database_clock(),
+    "stopped_at": case((bindparam("b_stopped", type_=Integer) == 1, database_clock()), else_=None),
+    "stats": bindparam("b_stats", type_=daemons.c.stats.type),
+}
+BEAT = Prepared(update(daemons).where(daemons.c.id == bindparam("b_id")).values(**_BEAT_VALUES))
+FIRST_BEAT = Prepared(daemons.insert().values(id=bindparam("b_id"), **_BEAT_VALUES))
 
 
 class SqlQueueStore(SqlStoreBase):
-    """Claim, write back, hand back, leases, usage and heartbeats: what a daemon does."""
+    """Claim, write back, hand back, leases, usage and heartbeats: what a daemon does.
+
+    What a daemon does at every step and beat runs on a connection it keeps (storage/direct.py);
+    the rest (hand back, sweeps, usage) through SQLAlchemy's pool, as the other stores do."""
+
+    def __init__(self, db: Database | str | None = None, clock: Callable[[], float] = time.time):
+        super().__init__(db, clock)
+        self.direct = DirectConnection(self.db)
 
     def claim(
         self,
@@ -121,7 +157,7 @@ class SqlQueueStore(SqlStoreBase):
         group, less what `held` says the owner already holds of it; see
         `claim.claim_requests`.
         """
-        return claim_requests(self.db, self.clock(), owner, per_group, held or {}, limit, lease_s,
+        return claim_requests(self.direct, self.clock(), owner, per_group, held or {}, limit, lease_s,
                               look_first=not announced)
 
     def flush_tokens(self, owner: str, updates: Sequence[TokenUpdate]) -> int:
@@ -142,12 +178,9 @@ class SqlQueueStore(SqlStoreBase):
             return self._flush(owner, updates, careful=True)
 
     def _flush(self, owner: str, updates: Sequence[TokenUpdate], careful: bool) -> int:
-        with self.db.write() as conn:
-            rows = {
-                row.id: row
-                for row in conn.execute(HELD_ROWS, {"b_ids": [row_id(u.request_id) for u in updates],
-                                                    "b_owner": owner})
-            }
+        with self.direct.write() as tx:
+            keys = [row_id(u.request_id) for u in updates]
+            rows = {row.id: row for row in tx.rows(HELD_ROWS, {"b_ids": keys, "b_owner": owner})}
             writes, pieces = [], {}
             for u in updates:
                 row = rows.get(row_id(u.request_id))
@@ -157,31 +190,31 @@ class SqlQueueStore(SqlStoreBase):
                 writes.append({"b_id": row.id, "b_tokens": list(u.tokens), "b_text": u.text,
                                "b_logprobs": max(row.num_logprobs, len(u.logprobs)), "b_num": len(u.tokens),
                                "b_first": u.first_token_at})
-            refused = write_each(conn, FLUSH_TOKENS, writes, _piece_of(pieces)) if careful else {}
-            if writes and not careful:
-                conn.execute(FLUSH_TOKENS, writes)  # one executemany, not a statement per row
-                append_logprobs(conn, pieces.values())
+            refused = write_each(tx, FLUSH_TOKENS, writes, _piece_of(pieces)) if careful else {}
+            if not careful:
+                tx.many(FLUSH_TOKENS, writes)  # one executemany, not a statement per row
+                append_logprobs(tx, pieces.values())
             per_job: dict[int, int] = {}
             for w in writes:
                 if w["b_id"] not in refused:
                     row = rows[w["b_id"]]
                     per_job[row.job_id] = per_job.get(row.job_id, 0) + w["b_num"] - row.num_output_tokens
-            more = [{"b_id": job_id, "b_more": delta} for job_id, delta in per_job.items() if delta]
-            if more:
-                conn.execute(MORE_JOB_TOKENS, more)
-            self._fail_refused(conn, {key: (rows[key].job_id, why) for key, why in refused.items()})
+            tx.many(MORE_JOB_TOKENS, [{"b_id": job_id, "b_more": more} for job_id, more in per_job.items()
+                                      if more])
+            self._fail_refused(tx, {key: (rows[key].job_id, why) for key, why in refused.items()})
         return len(writes) - len(refused)
 
-    def _fail_refused(self, conn: Connection, refused: Mapping[int, tuple[int, str]]) -> None:
+    def _fail_refused(self, tx: Tx, refused: Mapping[int, tuple[int, str]]) -> None:
         """End the running requests whose tokens the table refused: failed, with why (tokens as flushed)."""
+        if not refused:
+            return
         now = self.clock()
-        for key, (job_id, why) in sorted(refused.items()):
-            conn.execute(update(requests).where(requests.c.id == key).values(
-                state=RowState.FAILED.value, error=why, finished_at=now, lease_owner=None,
-                lease_expires_at=None))
-            delta = CountDelta()
-            delta.ended(RowState.RUNNING, RowState.FAILED, 0)
-            apply_delta(conn, self.db.dialect, job_id, delta, now)
+        deltas: dict[int, CountDelta] = {}
+        tx.many(FAIL_REFUSED, [{"b_id": key, "b_error": why, "b_now": now}
+                               for key, (_, why) in refused.items()])
+        for job_id, _ in refused.values():
+            deltas.setdefault(job_id, CountDelta()).ended(RowState.RUNNING, RowState.FAILED, 0)
+        apply_deltas(tx, deltas, now)
 
     def finish_requests(self, completions: Sequence[Completion], owner: str | None = None) -> list[bool]:
         """End requests with their final output, in one transaction with their jobs' counters.
@@ -206,37 +239,32 @@ class SqlQueueStore(SqlStoreBase):
 
     def _finish(self, completions: Sequence[Completion], owner: str | None, careful: bool) -> list[bool]:
         now = self.clock()
-        with self.db.write() as conn:
-            outcome, writes, ends, pieces = self._completion_writes(conn, completions, owner, now)
+        with self.direct.write() as tx:
+            outcome, writes, ends, pieces = self._completion_writes(tx, completions, owner, now)
             if careful:
-                refused = write_each(conn, FINISH_REQUEST, writes, _piece_of(pieces))
+                refused = write_each(tx, FINISH_REQUEST, writes, _piece_of(pieces))
                 writes = [_failed_write(w, refused[w["b_id"]], pieces.get(w["b_id"])) if w["b_id"] in refused
                           else w for w in writes]
-                failures = [w for w in writes if w["b_id"] in refused]
-                if failures:
-                    conn.execute(FINISH_REQUEST, failures)
-            elif writes:
-                conn.execute(FINISH_REQUEST, writes)  # one executemany, not a statement per row
-                append_logprobs(conn, pieces.values())
+                tx.many(FINISH_REQUEST, [w for w in writes if w["b_id"] in refused])
+            else:
+                tx.many(FINISH_REQUEST, writes)  # one executemany, not a statement per row
+                append_logprobs(tx, pieces.values())
             per_job: dict[int, CountDelta] = {}
             for w, (job_id, previous, tokens_before) in zip(writes, ends, strict=True):
                 per_job.setdefault(job_id, CountDelta()).ended(
                     previous, RowState(w["b_state"]), w["b_num"] - tokens_before, w["b_prompt"])
-            apply_deltas(conn, self.db.dialect, per_job, now)
+            apply_deltas(tx, per_job, now)
             if per_job:
                 crash_point("before_done_commit")
         return outcome
 
     def _completion_writes(
-        self, conn: Connection, completions: Sequence[Completion], owner: str | None, now: float
+        self, tx: Tx, completions: Sequence[Completion], owner: str | None, now: float
     ) -> tuple[list[bool], list[dict], list[tuple[int, RowState, int]], dict[int, dict | None]]:
         """Which completions may be written (fencing), their rows, for each row its job, state
         and tokens before, and the logprobs each appends."""
         keys = [row_id(c.request_id) for c in completions]
-        rows = {
-            row.id: row
-            for row in conn.execute(ENDING_ROWS, {"b_ids": keys})
-        }
+        rows = {row.id: row for row in tx.rows(ENDING_ROWS, {"b_ids": keys})}
         outcome, writes, ends, pieces = [], [], [], {}
         for key, c in zip(keys, completions, strict=True):
             row = rows.get(key)
@@ -289,17 +317,8 @@ class SqlQueueStore(SqlStoreBase):
         if not leases:
             return set()
         epochs = {row_id(rid): lease_epoch for rid, lease_epoch in leases.items()}
-        with self.db.write() as conn:
-            rows = conn.execute(
-                update(requests)
-                .where(
-                    requests.c.id.in_(list(epochs)),
-                    requests.c.lease_owner == owner,
-                    requests.c.state == RowState.RUNNING.value,
-                )
-                .values(lease_expires_at=self.db.now() + lease_s)
-                .returning(requests.c.id, requests.c.lease_epoch)
-            ).all()
+        with self.direct.write() as tx:
+            rows = tx.rows(RENEW, {"b_ids": list(epochs), "b_owner": owner, "b_lease_s": lease_s})
         return {core_id(row.id) for row in rows if epochs.get(row.id) == row.lease_epoch}
 
     def reclaim_expired(self) -> int:
@@ -313,8 +332,8 @@ class SqlQueueStore(SqlStoreBase):
             requests.c.state == RowState.RUNNING.value,
             requests.c.lease_expires_at < self.db.now(),
         )
-        with self.db.read() as conn:  # most sweeps find nothing: no write lock for them
-            if conn.execute(query.limit(1)).first() is None:
+        with self.direct.read() as tx:  # most sweeps find nothing: no write lock for them
+            if tx.first(EXPIRED) is None:
                 return 0
         if self.db.dialect == "postgresql":
             query = query.with_for_update(of=requests, skip_locked=True)
@@ -349,13 +368,12 @@ class SqlQueueStore(SqlStoreBase):
 
     def cancelled_held(self, owner: str) -> list[RequestId]:
         """Requests `owner` holds whose job a user cancelled: stop them at the next step."""
-        with self.db.read() as conn:
-            keys = conn.execute(CANCELLED_HELD, {"b_owner": owner}).scalars()
-            return [core_id(key) for key in keys]
+        with self.direct.read() as tx:
+            return [core_id(row.id) for row in tx.rows(CANCELLED_HELD, {"b_owner": owner})]
 
     def tenant_weights(self) -> dict[str, float]:
-        with self.db.read() as conn:
-            return {row.name: row.weight for row in conn.execute(WEIGHTS)}
+        with self.direct.read() as tx:
+            return {row.name: row.weight for row in tx.rows(WEIGHTS)}
 
     def may_have_changed(self) -> bool:
         """False only when nothing was committed to the table since the last call (SQLite)."""
@@ -370,17 +388,14 @@ class SqlQueueStore(SqlStoreBase):
             ).first() is not None
 
     def heartbeat(self, daemon: DaemonSummary) -> None:
-        """Insert or refresh a daemon's row: its host, engine and figures."""
-        now = self.db.now()  # the database's clock: daemons' clocks may disagree
-        values = {
-            "host": daemon.host, "pid": daemon.pid, "device": daemon.device, "model": daemon.model,
-            "started_at": daemon.started_at, "heartbeat_at": now,
-            "stopped_at": now if daemon.stopped_at is not None else None, "stats": daemon.stats.to_json(),
-        }
-        with self.db.write() as conn:
-            changed = conn.execute(update(daemons).where(daemons.c.id == daemon.id).values(**values)).rowcount
-            if not changed:
-                conn.execute(daemons.insert().values(id=daemon.id, **values))
+        """Insert or refresh a daemon's row: its host, engine and figures (stamped by the database's
+        clock: daemons' clocks may disagree)."""
+        values = {"b_id": daemon.id, "b_host": daemon.host, "b_pid": daemon.pid, "b_device": daemon.device,
+                  "b_model": daemon.model, "b_started": daemon.started_at,
+                  "b_stopped": int(daemon.stopped_at is not None), "b_stats": daemon.stats.to_json()}
+        with self.direct.write() as tx:
+            if not tx.run(BEAT, values):
+                tx.run(FIRST_BEAT, values)
 
 
 def _failed_write(write: dict, why: str, piece: dict | None) -> dict:
@@ -393,4 +408,4 @@ def _failed_write(write: dict, why: str, piece: dict | None) -> dict:
 
 def _piece_of(pieces: Mapping[int, dict | None]):
     """What a write of one request appends besides its row: its new logprobs."""
-    return lambda conn, write: append_logprobs(conn, [pieces.get(write["b_id"])])
+    return lambda tx, write: append_logprobs(tx, [pieces.get(write["b_id"])])

@@ -9,7 +9,7 @@ time on its wall clock, by the two clocks' offset as the last step read them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass, RequestId
@@ -30,6 +30,10 @@ class Holdings:
 
     def __iter__(self) -> Iterator[tuple[RequestId, Request]]:
         return iter(list(self._held.items()))
+
+    def requests(self) -> Iterable[Request]:
+        """The held records, for a pass that adds and drops none (no copy made, as `iter` makes)."""
+        return self._held.values()
 
     def add(self, request: Request) -> None:
         self._held[request.id] = request

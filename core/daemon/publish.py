@@ -45,6 +45,7 @@ class Publisher:
         self.redraws = redraws
         self.write_first = write_first
         self._settled: dict[RequestId, int] = {}  # characters pushed that will not change
+        self._redraws: dict[RequestId, bool] = {}  # whether a pushed request redraws (asked once)
         self._ending: list[tuple[object, End]] = []
 
     def step(self, produced: dict[RequestId, int], finished: list[EngineResult]) -> None:
@@ -52,35 +53,46 @@ class Publisher:
         texts: dict[object, list[StepText]] = {}
         done = {r.id: r for r in finished}
         pushed: list[tuple[object, Request]] = []
+        get, watcher = self.holdings.get, self.link.watcher
         for request_id in produced:
-            held = self.holdings.get(request_id)
+            held = get(request_id)
             if held is None:
                 continue
-            conn = self.link.watcher(held.job_id)
+            conn = watcher(held.job_id)
             held.linked = conn is not None
             if conn is None:
                 continue
-            if (result := done.get(request_id)) is not None:
+            if done and (result := done.get(request_id)) is not None:
                 self._ending.append((conn, self._end(held, result)))  # pushed once written
                 continue
             pushed.append((conn, held))
-        first = [held for _, held in pushed if self.redraws(held)]
+        first = [held for _, held in pushed if self._redraws_of(held)]
         if first and self.write_first is not None:
             try:
                 self.write_first(first)
             except StorageError:  # not shown, then: their text goes with a later step's, once written
                 unwritten = {held.id for held in first}
                 pushed = [(conn, held) for conn, held in pushed if held.id not in unwritten]
+        settled, text_of, offset = self._settled, self.text, self.holdings.wall_offset
         for conn, held in pushed:
             request_id = held.id
-            text = self.text(held)
-            start = self._settled.get(request_id, 0)
-            self._settled[request_id] = len(text.rstrip(UNSETTLED))
-            job, enqueued_at = held.job_id, held.enqueued_at
-            texts.setdefault(conn, []).append(StepText(job, str(request_id), start, text[start:],
-                                                       len(held.output), self.holdings.first_token_at(held),
-                                                       enqueued_at))
+            text = text_of(held)
+            start = settled.get(request_id, 0)
+            settled[request_id] = len(text.rstrip(UNSETTLED))
+            at = held.first_token_at  # on the engine's clock: pushed on the daemon's (holdings.py)
+            found = texts.get(conn)
+            if found is None:
+                found = texts[conn] = []
+            found.append(StepText(held.job_id, request_id, start, text[start:], len(held.output),
+                                  None if at is None else at + offset, held.enqueued_at))
         self.link.send({conn: [Steps(found)] for conn, found in texts.items()})
+
+    def _redraws_of(self, held: Request) -> bool:
+        """`redraws(held)`, asked once a request (its parameters do not change)."""
+        found = self._redraws.get(held.id)
+        if found is None:
+            found = self._redraws[held.id] = self.redraws(held)
+        return found
 
     def written(self, now: float) -> None:
         """The step's completions are in the table: push the linked ones' ends."""
@@ -89,9 +101,12 @@ class Publisher:
             lines.setdefault(conn, []).append(replace(end, finished_at=now))
         self._ending = []
         self.link.send(lines)
+        if len(self._settled) > 2 * len(self.holdings) + 64:  # requests that ended unlinked, or dropped
+            for request_id in [rid for rid in self._settled if rid not in self.holdings]:
+                self.forget(request_id)
 
     def _end(self, held, result: EngineResult) -> End:
-        self._settled.pop(result.id, None)
+        self.forget(result.id)
         done = result.status.succeeded
         return End(held.job_id, str(result.id), result.status,
                    text=result.text if done else "", tokens=len(result.tokens),
@@ -101,3 +116,4 @@ class Publisher:
 
     def forget(self, request_id: RequestId) -> None:
         self._settled.pop(request_id, None)
+        self._redraws.pop(request_id, None)

@@ -54,27 +54,33 @@ class Writer:
         says so (and `batch`), or all of them when `everything`. `asked`: while latency work is held,
         the batch rows go `ROWS_PER_WRITE` a transaction, and stop when it says new work waits (the
         overdue ones and the first transaction always go: the flush plan's bound holds)."""
-        urgent, waiting = [], {}
+        urgent = []
         latency_held = False
-        for request_id, held in self.holdings:
+        waiting = self._waiting_since  # kept from step to step: a request joins when it turns dirty
+        for held in self.holdings.requests():
             latency_held = latency_held or held.request_class is not RequestClass.BATCH
             if held.dirty:
                 if held.latency_sensitive:
                     urgent.append(held)
-                else:
-                    waiting[request_id] = self._waiting_since.get(request_id, now)
-        self._waiting_since = waiting  # requests that ended or were written drop out
+                elif held.id not in waiting:
+                    waiting[held.id] = now
         if everything:
             chosen = list(waiting)
         else:
             chosen = flushplan.due(waiting.items(), self._last_batch_flush, now, self.bounds) if batch else []
         if chosen:
             self._last_batch_flush = now
-        rows = [held for rid in chosen if (held := self.holdings.get(rid)) is not None]
+        rows, overdue = [], 0
+        for rid in chosen:
+            held = self.holdings.get(rid)
+            if held is None or not held.dirty:
+                del waiting[rid]  # ended (or written with the urgent ones) since it began to wait
+            else:
+                rows.append(held)
+                overdue += now - waiting[rid] >= self.bounds.overdue_s
         if everything or asked is None or not latency_held:
             self._write(urgent + rows)
             return
-        overdue = sum(1 for rid in chosen if now - waiting[rid] >= self.bounds.overdue_s)
         first = max(overdue, ROWS_PER_WRITE)
         self._write(urgent + rows[:first])
         for start in range(first, len(rows), ROWS_PER_WRITE):
@@ -104,6 +110,7 @@ class Writer:
         """Write the step's finished requests, output and final state, in one transaction."""
         for result in results:
             held = self.holdings.pop(result.id)
+            self._waiting_since.pop(result.id, None)
             if held is not None:
                 self.unwritten.append(self._completion(result, held))
         self.write_completions()
@@ -119,6 +126,7 @@ class Writer:
 
     def cancelled(self, held: Request, text: str) -> None:
         """End a request whose job was cancelled, keeping its output so far (`text` its text)."""
+        self._waiting_since.pop(held.id, None)
         self._one(Completion(held.id, RequestStatus.FINISHED_CANCELLED, tuple(held.output), text,
                              first_token_at=self.holdings.first_token_at(held), lease_epoch=held.lease_epoch,
                              logprobs=tuple(held.output_logprobs)))

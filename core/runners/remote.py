@@ -296,14 +296,20 @@ class RemoteRunner(Runner):
             if (r := self._requests.get(p.request_id)) is not None:
                 self._close(r)
         self._probe_if_down()
-        for rid in (*plan.resumed, *(c.request_id for c in plan.prefill), *plan.decode):
-            self._open(self._requests[rid])
+        requests = self._requests
+        for rid in (*plan.resumed, *(c.request_id for c in plan.prefill)):
+            self._open(requests[rid])
+        for rid in plan.decode:  # most decode rows have their stream: asked here, not in a call each
+            if (r := requests[rid]).stream is None:
+                self._open(r)
         producing = plan.producing()
         self._await(set(producing), start)
         result = RunResult(outcome=Outcome(elapsed_s=0.0))
         produced: dict[RequestId, int] = {}
         for rid in producing:
-            produced[rid] = self._deliver(self._requests[rid], result)
+            r = requests[rid]
+            news = r.pending or r.ended is not None or r.error is not None or r.request.stop is not None
+            produced[rid] = self._deliver(r, result) if news else 0
         result.outcome = Outcome(elapsed_s=time.perf_counter() - start, finished=frozenset(result.finished),
                                  produced=produced)
         return result
@@ -343,16 +349,18 @@ class RemoteRunner(Runner):
     def _await(self, producing: set[RequestId], start: float) -> None:
         """Apply what arrived; wait (up to `max_wait_s`) until a producing request has news, or the
         wake descriptor says the daemon has work to take first."""
-        streams = self._streams
-        ready = self._take(streams.poll(0.0), producing)
-        waiting_for = any(self._requests[rid].stream is not None for rid in producing)
-        news = ready or streams.woken or any(self._has_news(self._requests[rid]) for rid in producing)
-        if not news and (waiting_for or self._down_since is not None):
+        streams, requests = self._streams, self._requests
+        self._take(streams.poll(0.0), set())
+        # The producing requests without news yet: what arrives takes them out (one pass here, not one
+        # over all of them at every poll).
+        missing = {rid for rid in producing if not self._has_news(requests[rid])}
+        if len(missing) == len(producing) and not streams.woken and (
+                self._down_since is not None or any(requests[rid].stream is not None for rid in producing)):
             deadline = start + self.max_wait_s
             if self._down_since is not None:
                 deadline = min(deadline, max(self._next_probe, time.perf_counter()))
             while (left := deadline - time.perf_counter()) > 0:
-                if self._take(streams.poll(left), producing) or streams.woken:
+                if self._take(streams.poll(left), missing) or streams.woken:
                     break
         if streams.woken:
             return  # the daemon claims first; what else arrived is read at the next step
@@ -363,20 +371,20 @@ class RemoteRunner(Runner):
             # not end it: an engine's sender may pause within one iteration's burst), or new work is
             # announced (the claim goes first; what is still on its way is read at the next step).
             deadline = time.perf_counter() + self.gather_s
-            requests = self._requests
-            while (left := deadline - time.perf_counter()) > 0 and not streams.woken and not all(
-                    self._has_news(requests[rid]) for rid in producing):
+            while missing and not streams.woken and (left := deadline - time.perf_counter()) > 0:
                 time.sleep(min(self.gather_slice_s, left))
-                self._take(streams.poll(0.0), producing)
+                self._take(streams.poll(0.0), missing)
 
-    def _take(self, news: list[Stream], producing: set[RequestId]) -> bool:
-        """Apply the streams' news; whether a producing request has some."""
-        any_news = False
+    def _take(self, news: list[Stream], missing: set[RequestId]) -> bool:
+        """Apply the streams' news; take the requests it gives news out of `missing`; whether any."""
+        found = False
         for stream in news:
             self._apply(stream)
             r = stream.owner
-            any_news = any_news or (r.id in producing and self._has_news(r))
-        return any_news
+            if r.id in missing and self._has_news(r):
+                missing.discard(r.id)
+                found = True
+        return found
 
     @staticmethod
     def _has_news(r: _Request) -> bool:
@@ -460,7 +468,9 @@ class RemoteRunner(Runner):
         if stops and not stops.isdisjoint(pending[:n]):
             n = next(i for i, token in enumerate(pending[:n]) if token in stops) + 1
         output += pending[:n] if n < len(pending) else pending
-        check = self._check(r, output[-1])
+        # `_check`'s question without its text (a plain request has no stop strings to read for)
+        check = check_stop(output[-1], len(output), request.params.max_tokens, r.context, self.context_length,
+                           self.codec.eos_token_ids, None, r.rules)
         if check.finished is not None:
             request.stop = check
         return n

@@ -1,0 +1,196 @@
+"""Short transactions on a DBAPI connection a store keeps, running `Prepared` statements.
+
+The daemon makes a few short transactions every step (claim, tokens,
+completions). Through SQLAlchemy each also paid a pooled connection's
+checkout and return (on PostgreSQL a ping with it), its begin and commit
+events and, on PostgreSQL, a round trip each for BEGIN, COMMIT and the
+write's own idle-in-transaction limit: more than the statements themselves.
+Here:
+
+- one connection per thread, taken from the pool once (its connect hooks
+  ran: SQLite's pragmas, the drivers' JSON adapters) and kept;
+- a read is one statement, run alone (no transaction around it);
+- SQLite: a write begins IMMEDIATE, retried briefly while another
+  connection writes, exactly as `Database.write` does;
+- PostgreSQL: every transaction here is a few statements with no waiting
+  in between, so the short idle-in-transaction limit of a write
+  (storage/db.py) is set once for the session. A connection left idle
+  `PING_IDLE_S` is pinged before use (as the pool's pre-ping does at every
+  checkout): a server restarted meanwhile costs no failed call. (Sending a
+  write's statements in one pipeline saved no CPU here, measured: the
+  driver's cost is per statement, not per round trip);
+- a driver's failure rolls the transaction back and becomes the same
+  StorageError as `Database`'s (a value the table refuses stays the driver's
+  DataError, or `Refused`: storage/refusals.py); a connection that failed is
+  dropped, and the next transaction opens another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from fsched.storage.db import PG_IDLE_IN_TRANSACTION_MS, Database, begin_immediate
+from fsched.storage.prepared import Prepared
+
+PING_IDLE_S = 1.0
+
+
+class Tx:
+    """One transaction's statements (a cursor of the kept connection)."""
+
+    __slots__ = ("_cursor", "_dialect")
+
+    def __init__(self, cursor, dialect) -> None:
+        self._cursor = cursor
+        self._dialect = dialect
+
+    def rows(self, prepared: Prepared, params: Mapping[str, Any] | None = None) -> list:
+        """The statement's rows, named tuples of its columns."""
+        compiled, bound = prepared.bound(self._dialect, params)
+        self._cursor.execute(compiled.sql, bound)
+        return compiled.rows(self._cursor)
+
+    def first(self, prepared: Prepared, params: Mapping[str, Any] | None = None):
+        rows = self.rows(prepared, params)
+        return rows[0] if rows else None
+
+    def run(self, prepared: Prepared, params: Mapping[str, Any] | None = None) -> int:
+        """Run a statement that returns no rows; the rows it changed."""
+        compiled, bound = prepared.bound(self._dialect, params)
+        self._cursor.execute(compiled.sql, bound)
+        return self._cursor.rowcount
+
+    def many(self, prepared: Prepared, params: Sequence[Mapping[str, Any]]) -> None:
+        """Run a statement (not a listed one) once for each of `params`: one executemany."""
+        if not params:
+            return
+        compiled = prepared.compiled(self._dialect)
+        self._cursor.executemany(compiled.sql, [compiled.driver_params(p) for p in params])
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A part of the transaction that an error undoes alone (the error goes on to the caller)."""
+        self._cursor.execute("SAVEPOINT fsched_part")
+        try:
+            yield
+        except BaseException:
+            self._cursor.execute("ROLLBACK TO SAVEPOINT fsched_part")
+            self._cursor.execute("RELEASE SAVEPOINT fsched_part")
+            raise
+        self._cursor.execute("RELEASE SAVEPOINT fsched_part")
+
+
+class _Kept:
+    __slots__ = ("proxied", "raw", "used_at")
+
+    def __init__(self, proxied) -> None:
+        self.proxied = proxied  # the pool's record of it: closed or invalidated through it
+        self.raw = proxied.driver_connection
+        self.used_at = time.monotonic()
+
+
+class DirectConnection:
+    """A Database's connection kept for each thread that asks, and transactions on it."""
+
+    def __init__(self, db: Database):
+        self.db = db
+        self._dialect = db.engine.dialect
+        self._dbapi = db.engine.dialect.loaded_dbapi
+        self._sqlite = db.dialect == "sqlite"
+        self._busy_timeout_s = db.busy_timeout_ms / 1000
+        self._local = threading.local()
+        self._all: list[_Kept] = []
+        self._lock = threading.Lock()
+        db.on_dispose(self.close)
+
+    @contextmanager
+    def write(self) -> Iterator[Tx]:
+        with self._transaction(write=True) as tx:
+            yield tx
+
+    @contextmanager
+    def read(self) -> Iterator[Tx]:
+        with self._transaction(write=False) as tx:
+            yield tx
+
+    @contextmanager
+    def _transaction(self, write: bool) -> Iterator[Tx]:
+        dbapi = self._dbapi
+        failures = (dbapi.OperationalError, dbapi.InterfaceError)
+        try:
+            kept = self._connection()
+            raw = kept.raw
+            if self._sqlite and write:
+                begin_immediate(raw, self._busy_timeout_s)
+            cursor = raw.cursor()
+        except failures as exc:
+            self._drop()
+            raise self.db.failure(exc) from exc
+        try:
+            if write and not self._sqlite:
+                cursor.execute("BEGIN")
+            yield Tx(cursor, self._dialect)
+            if write:
+                cursor.execute("COMMIT")
+        except BaseException as exc:
+            if write:
+                self._rollback(raw)
+            if isinstance(exc, failures):
+                self._drop()
+                raise self.db.failure(exc) from exc
+            raise
+        finally:
+            kept.used_at = time.monotonic()
+
+    def _rollback(self, raw) -> None:
+        with contextlib.suppress(Exception):  # a connection that failed may not even roll back
+            if not self._sqlite or raw.in_transaction:
+                raw.execute("ROLLBACK")
+
+    def _connection(self) -> _Kept:
+        kept: _Kept | None = getattr(self._local, "kept", None)
+        if kept is not None and not self._sqlite and time.monotonic() - kept.used_at > PING_IDLE_S:
+            try:
+                kept.raw.execute("SELECT 1")
+            except (self._dbapi.OperationalError, self._dbapi.InterfaceError):
+                self._drop()
+                kept = None
+        if kept is None:
+            kept = self._local.kept = _Kept(self.db.engine.raw_connection())
+            if not self._sqlite:
+                # Its transactions are this module's: BEGIN and COMMIT said, not the driver's.
+                kept.raw.autocommit = True
+                # Every transaction here is short (db.py's write limit, for the whole session).
+                limit = int(PG_IDLE_IN_TRANSACTION_MS)
+                kept.raw.execute(f"SET idle_in_transaction_session_timeout = {limit}")
+            with self._lock:
+                self._all.append(kept)
+        return kept
+
+    def _drop(self) -> None:
+        """Forget this thread's connection (it failed): the pool discards it."""
+        kept: _Kept | None = getattr(self._local, "kept", None)
+        self._local.kept = None
+        if kept is None:
+            return
+        with self._lock:
+            if kept in self._all:
+                self._all.remove(kept)
+        with contextlib.suppress(Exception):
+            kept.proxied.invalidate()
+
+    def close(self) -> None:
+        """Hand every kept connection back to the pool (Database.dispose then closes them)."""
+        with self._lock:
+            kept, self._all = self._all, []
+        for k in kept:
+            with contextlib.suppress(Exception):
+                if not self._sqlite:
+                    k.raw.autocommit = False  # as the pool hands its connections out
+                k.proxied.close()
+        self._local = threading.local()

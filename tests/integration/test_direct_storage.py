@@ -1,0 +1,121 @@
+"""The daemon's statements on the driver (storage/prepared.py, storage/direct.py), on SQLite and PostgreSQL:
+the same rows as SQLAlchemy's own execution, any list length, the types' processing both ways, and a
+kept connection that fails or is cut gives the next transaction a fresh one."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import bindparam, select, text
+
+from fsched.core.ports.records import StorageError
+from fsched.storage.claim import CANDIDATE_JOBS
+from fsched.storage.db import Database
+from fsched.storage.direct import DirectConnection
+from fsched.storage.prepared import Prepared, listed
+from fsched.storage.rows import requests
+from tests.support.tables import InSql, submission
+
+COLUMNS = (requests.c.id, requests.c.custom_id, requests.c.params, requests.c.output_tokens)
+READ = Prepared(lambda n: select(*COLUMNS).where(listed(requests.c.id, "b_ids", n)).order_by(requests.c.id),
+                listed="b_ids")
+WRITE = Prepared(requests.update().where(requests.c.id == bindparam("b_id")).values(
+    output_text=bindparam("b_text", type_=requests.c.output_text.type),
+    output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type)))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def table(request):
+    made = InSql(request.getfixturevalue(f"{'pg' if request.param == 'postgresql' else 'sqlite'}_url"))
+    yield made
+    made.db.dispose()
+
+
+def test_a_listed_statement_reads_what_sqlalchemy_reads_at_every_length(table):
+    table.catalog.submit([submission(9)])
+    with table.db.read() as conn:
+        ids = [row.id for row in conn.execute(select(requests.c.id).order_by(requests.c.id))]
+    direct = DirectConnection(table.db)
+    for n in range(1, 10):
+        with table.db.read() as conn:
+            expected = [tuple(row) for row in conn.execute(
+                select(*COLUMNS).where(requests.c.id.in_(ids[:n])).order_by(requests.c.id))]
+        with direct.read() as tx:
+            got = tx.rows(READ, {"b_ids": ids[:n]})
+        assert [tuple(row) for row in got] == expected
+        assert [row.custom_id for row in got] == [f"c{i}" for i in range(n)]  # by name, too
+
+
+def test_values_go_through_the_columns_types_both_ways(table):
+    table.catalog.submit([submission(2)])
+    direct = DirectConnection(table.db)
+    with direct.read() as tx:
+        first, second = (row.id for row in tx.rows(READ, {"b_ids": [1, 2]}))
+    odd = "nul\x00 and a lone \udc80 surrogate"  # what the text codec makes storable
+    with direct.write() as tx:
+        tx.many(WRITE, [{"b_id": first, "b_text": odd, "b_tokens": [1, 2, 3]},
+                        {"b_id": second, "b_text": "plain", "b_tokens": []}])
+    with table.db.read() as conn:
+        stored = dict(conn.execute(select(requests.c.id, requests.c.output_text)).all())
+    assert stored == {first: odd, second: "plain"}
+    with direct.read() as tx:
+        assert [row.output_tokens for row in tx.rows(READ, {"b_ids": [first, second]})] == [[1, 2, 3], []]
+
+
+def test_a_list_expanded_at_each_execution_is_refused_when_compiled(table):
+    with pytest.raises(ValueError, match="listed"):
+        with DirectConnection(table.db).read() as tx:
+            tx.rows(Prepared(select(requests.c.id).where(requests.c.id.in_([1, 2]))))
+
+
+def test_a_failed_write_is_undone_and_holds_no_lock(table):
+    table.catalog.submit([submission(1)])
+    direct = DirectConnection(table.db)
+    with pytest.raises(RuntimeError):
+        with direct.write() as tx:
+            tx.many(WRITE, [{"b_id": 1, "b_text": "lost", "b_tokens": [9]}])
+            raise RuntimeError("the caller's own failure")
+    with table.db.write() as conn:  # another connection writes at once
+        conn.execute(text("UPDATE requests SET output_text = 'other' WHERE id = 1"))
+    with direct.write() as tx:  # and the kept one goes on
+        tx.many(WRITE, [{"b_id": 1, "b_text": "kept", "b_tokens": [1]}])
+    with table.db.read() as conn:
+        assert conn.execute(text("SELECT output_text FROM requests WHERE id = 1")).scalar() == "kept"
+
+
+def test_a_connection_the_server_ended_is_replaced(pg_url, monkeypatch):
+    from fsched.storage import direct as direct_module
+
+    made = InSql(pg_url)
+    try:
+        direct = DirectConnection(made.db)
+        with direct.read() as tx:
+            tx.rows(CANDIDATE_JOBS)
+        with made.db.write() as conn:  # every other session of this database ended (a restart)
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE datname = current_database() AND pid <> pg_backend_pid()"))
+        monkeypatch.setattr(direct_module, "PING_IDLE_S", 0.0)  # it was idle: pinged before use
+        with direct.read() as tx:
+            assert tx.rows(CANDIDATE_JOBS) == []
+        with made.db.write() as conn:
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE datname = current_database() AND pid <> pg_backend_pid()"))
+        monkeypatch.setattr(direct_module, "PING_IDLE_S", 3600.0)  # not pinged: the call fails, once
+        with pytest.raises(StorageError):
+            with direct.read() as tx:
+                tx.rows(CANDIDATE_JOBS)
+        with direct.read() as tx:
+            assert tx.rows(CANDIDATE_JOBS) == []
+    finally:
+        made.db.dispose()
+
+
+def test_the_claim_finds_its_jobs_by_the_state_index(sqlite_url):
+    """A table of many finished online jobs (each a job of one) is not read whole at every claim."""
+    db = Database(sqlite_url)
+    InSql(sqlite_url).db.dispose()  # the schema
+    compiled = CANDIDATE_JOBS.compiled(db.engine.dialect)
+    with db.read() as conn:
+        plan = " ".join(row[-1] for row in conn.exec_driver_sql(
+            "EXPLAIN QUERY PLAN " + compiled.sql, tuple(compiled.driver_params({}))))
+    db.dispose()
+    assert "ix_jobs_state" in plan and "SCAN jobs" not in plan
