@@ -123,8 +123,8 @@ class SqlCatalogStore(SqlStoreBase):
                 outcomes.append(s)
             job_ids = iter(insert_jobs(conn, [s for s in outcomes if isinstance(s, JobSubmission)], now))
         return [s if isinstance(s, QueueFull) else SubmittedJob(
-            job_id=next(job_ids), num_requests=len(s.requests), tenant=s.tenant, request_class=s.request_class,
-            tenant_created=s.tenant in created) for s in outcomes]
+            job_id=next(job_ids), num_requests=len(s.requests), tenant=s.tenant,
+            request_class=s.request_class, tenant_created=s.tenant in created) for s in outcomes]
 
     # -- reading --------------------------------------------------------------
 

@@ -207,8 +207,8 @@ def test_a_group_commit_inserts_its_jobs_in_two_statements_whatever_their_number
     table.catalog.submit_each([submission(1, "carol")], max_queued_per_tenant=100)  # the tenant exists
     event.listen(engine, "before_cursor_execute", seen)
     try:
-        outcomes = table.catalog.submit_each([submission(1, "carol") for _ in range(5)] + [submission(2, "carol")],
-                                             max_queued_per_tenant=100)
+        group = [submission(1, "carol") for _ in range(5)] + [submission(2, "carol")]
+        outcomes = table.catalog.submit_each(group, max_queued_per_tenant=100)
     finally:
         event.remove(engine, "before_cursor_execute", seen)
     assert len(inserts) == 2, inserts
