@@ -63,7 +63,7 @@ def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None
     `/metrics` answers only on the listener of `metrics_port` (None: nowhere); `body_timeout_s`
     bounds a body; `rules` bound open streams; `link`: hear the daemons' links (api/link.py); `tool_parser`
     and `thinking`: how answers are read (body.py)."""
-    hub = ProgressHub(backend.serving.progress, poll_s)
+    hub = ProgressHub(backend.serving.progress, poll_s, read_states=backend.serving.progress_states)
     state = ServerState(backend=backend, hub=hub, metrics=Metrics(backend),
                         tokenizers=tokenizers or tokens.Tokenizers(), guard=Guard(rules or StreamRules()),
                         link=LinkClient(hub) if link else None, tool_parser=tool_parser, thinking=thinking)

@@ -6,7 +6,9 @@ on an event. Two sources wake it:
   (200 open streams cost one query a tick, not 200);
 - a daemon's link (api/link.py): the daemon pushes each step's text of a
   request it holds; such a job is then read from the table only every
-  `linked_poll_s` (a check: cancels and failures reach the table first).
+  `linked_poll_s` (a check: cancels and failures reach the table first), and
+  then its states alone (no text, no token ids), read in full only when the
+  table shows it ended or ahead of the pushes.
 
 What a handler sees never goes back: a read that shows less than a push
 already did is ignored until the table catches up, unless it ends the request.
@@ -32,6 +34,8 @@ from fsched.core.types import RequestStatus
 # A job's requests, one a choice, in choice order.
 Choices = tuple[RequestProgress, ...]
 Reader = Callable[[Sequence[int]], dict[int, Choices]]
+# Job ids -> each one's requests as (status, output tokens), in choice order.
+StatesReader = Callable[[Sequence[int]], dict[int, tuple[tuple[RequestStatus, int], ...]]]
 
 LINKED_POLL_S = 0.25  # a linked job's table check: cancels, failures and the record
 _FINISHED = RequestStatus.FINISHED_STOPPED  # this and above: finished
@@ -69,8 +73,10 @@ def _ahead(new: Choices, old: Choices) -> bool:
 
 
 class ProgressHub:
-    def __init__(self, read: Reader, interval_s: float = 0.005, linked_poll_s: float = LINKED_POLL_S):
+    def __init__(self, read: Reader, interval_s: float = 0.005, linked_poll_s: float = LINKED_POLL_S,
+                 read_states: StatesReader | None = None):
         self.read = read
+        self.read_states = read_states  # None: linked jobs are checked by full reads too
         self.interval_s = interval_s
         self.linked_poll_s = linked_poll_s
         self.closing = False
@@ -208,13 +214,39 @@ class ProgressHub:
             watch.latest = choices
             watch.event.set()
 
-    def _due(self, now: float) -> list[int]:
-        """The jobs to read this tick: unlinked ones always, linked ones together every
+    def _due(self, now: float) -> tuple[list[int], list[int]]:
+        """The jobs to read this tick: unlinked ones always, and linked ones together every
         `linked_poll_s` (one read for all of them, not one a tick for whichever is due)."""
         linked_due = now - self._linked_polled_at >= self.linked_poll_s
         if linked_due:
             self._linked_polled_at = now
-        return [job_id for job_id, watch in self._watches.items() if watch.linked_at is None or linked_due]
+        unlinked, linked = [], []
+        for job_id, watch in self._watches.items():
+            if watch.linked_at is None:
+                unlinked.append(job_id)
+            elif linked_due:
+                linked.append(job_id)
+        return unlinked, linked
+
+    def _behind(self, job_id: int, states: tuple[tuple[RequestStatus, int], ...]) -> bool:
+        """Whether the table shows a linked job ended, or further than its pushes did: then it is read
+        in full (a running request the link is ahead on needs nothing from the table)."""
+        watch = self._watches.get(job_id)
+        if watch is None:
+            return False
+        latest = watch.latest
+        if len(states) != len(latest):
+            return True
+        return any(status >= _FINISHED or tokens > p.num_output_tokens
+                   for (status, tokens), p in zip(states, latest, strict=True))
+
+    async def _read(self, unlinked: list[int], linked: list[int]) -> dict[int, Choices]:
+        """The jobs' progress from the table: the linked ones' states first, where the store reads them."""
+        if linked and self.read_states is not None:
+            states = await anyio.to_thread.run_sync(self.read_states, linked)
+            linked = [job_id for job_id, s in states.items() if self._behind(job_id, s)]
+        ids = unlinked + linked
+        return await anyio.to_thread.run_sync(self.read, ids) if ids else {}
 
     def _pause(self, now: float) -> float:
         """How long the poll sleeps: a tick while any watched job is read from the table alone, else
@@ -231,13 +263,11 @@ class ProgressHub:
                 self._wake.clear()
                 await self._wake.wait()
             self._wake.clear()  # a watch added or unlinked from here on wakes the pause below
-            ids = self._due(time.monotonic())
-            found = {}
-            if ids:
-                try:
-                    found = await anyio.to_thread.run_sync(self.read, ids)
-                except Exception:  # noqa: BLE001 - a failed read (database busy, gone) is retried next tick
-                    found = {}
+            unlinked, linked = self._due(time.monotonic())
+            try:
+                found = await self._read(unlinked, linked)
+            except Exception:  # noqa: BLE001 - a failed read (database busy, gone) is retried next tick
+                found = {}
             for job_id, progress in found.items():
                 watch = self._watches.get(job_id)
                 if watch is not None:

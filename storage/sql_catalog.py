@@ -54,7 +54,13 @@ from fsched.storage.rows import (
     status_of_row,
     tenants,
 )
-from fsched.storage.submit import check_queue_limit, create_missing_tenants, insert_job, unfinished_of
+from fsched.storage.submit import (
+    check_queue_limit,
+    create_missing_tenants,
+    insert_job,
+    insert_jobs,
+    unfinished_of,
+)
 
 RESULTS_BATCH = 1_000
 
@@ -104,7 +110,7 @@ class SqlCatalogStore(SqlStoreBase):
         names = {s.tenant for s in submissions}
         for name in names:
             validate_tenant_name(name)
-        outcomes: list[SubmittedJob | QueueFull] = []
+        outcomes: list[JobSubmission | QueueFull] = []
         with self.db.write() as conn:
             created = create_missing_tenants(conn, self.db.dialect, names, now)
             have = unfinished_of(conn, names)
@@ -114,10 +120,11 @@ class SqlCatalogStore(SqlStoreBase):
                     outcomes.append(QueueFull(s.tenant, have[s.tenant], adding, max_queued_per_tenant))
                     continue
                 have[s.tenant] += adding
-                outcomes.append(SubmittedJob(job_id=insert_job(conn, s, now), num_requests=adding,
-                                             tenant=s.tenant, request_class=s.request_class,
-                                             tenant_created=s.tenant in created))
-        return outcomes
+                outcomes.append(s)
+            job_ids = iter(insert_jobs(conn, [s for s in outcomes if isinstance(s, JobSubmission)], now))
+        return [s if isinstance(s, QueueFull) else SubmittedJob(
+            job_id=next(job_ids), num_requests=len(s.requests), tenant=s.tenant,
+            request_class=s.request_class, tenant_created=s.tenant in created) for s in outcomes]
 
     # -- reading --------------------------------------------------------------
 

@@ -13,16 +13,23 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 
 from fsched.core.ports.records import FirstTokens, RequestProgress, TenantTotals
-from fsched.core.types import RequestClass, TokenLogprobs
+from fsched.core.types import RequestClass, RequestStatus, TokenLogprobs
 from fsched.storage.activity import first_tokens
 from fsched.storage.db import Database
 from fsched.storage.logprobs import read as read_logprobs
-from fsched.storage.rows import PROGRESS_COLUMNS, RowState, jobs, request_progress, requests
+from fsched.storage.rows import PROGRESS_COLUMNS, RowState, jobs, request_progress, requests, status_of_row
 
 FORGET_S = 60.0  # what the poll read of a request nobody polls for this long is dropped
+
+# Built once: an open server runs them several times a second.
+_JOB_IDS = bindparam("b_job_ids", expanding=True)
+PROGRESS = (select(*PROGRESS_COLUMNS).where(requests.c.job_id.in_(_JOB_IDS))
+            .order_by(requests.c.job_id, requests.c.choice))
+STATES = (select(requests.c.job_id, requests.c.state, requests.c.finish_reason, requests.c.num_output_tokens)
+          .where(requests.c.job_id.in_(_JOB_IDS)).order_by(requests.c.job_id, requests.c.choice))
 
 
 @dataclass(slots=True)
@@ -47,16 +54,25 @@ class SqlServingStore:
         if not job_ids:
             return {}
         with self.db.read() as conn:
-            rows = conn.execute(
-                select(*PROGRESS_COLUMNS).where(requests.c.job_id.in_(list(job_ids)))
-                .order_by(requests.c.job_id, requests.c.choice)
-            ).all()
+            rows = conn.execute(PROGRESS, {"b_job_ids": list(job_ids)}).all()
             with self._lock:
                 logprobs = self._read_logprobs(conn, rows)
         out: dict[int, list[RequestProgress]] = {}
         for row in rows:
             out.setdefault(row.job_id, []).append(request_progress(row, logprobs.get(row.id, ())))
         return {job_id: tuple(choices) for job_id, choices in out.items()}
+
+    def progress_states(self, job_ids: Sequence[int]) -> dict[int, tuple[tuple[RequestStatus, int], ...]]:
+        """Each given job's requests as (status, output tokens), in choice order: no text, no token ids
+        (what a request's texts and ids would cost to read and decode grows with its length)."""
+        if not job_ids:
+            return {}
+        with self.db.read() as conn:
+            rows = conn.execute(STATES, {"b_job_ids": list(job_ids)}).all()
+        out: dict[int, list[tuple[RequestStatus, int]]] = {}
+        for job_id, state, finish_reason, num_output_tokens in rows:
+            out.setdefault(job_id, []).append((status_of_row(state, finish_reason), num_output_tokens))
+        return {job_id: tuple(states) for job_id, states in out.items()}
 
     def _read_logprobs(self, conn, rows) -> dict[int, tuple[TokenLogprobs, ...]]:
         """The rows' logprobs: what earlier polls read, and the pieces appended since."""

@@ -33,6 +33,8 @@ UNFINISHED_BY_TENANT = (
     .group_by(jobs.c.tenant)
 )
 JOB_INSERT = jobs.insert().returning(jobs.c.id)
+# Several jobs in one statement (SQLAlchemy's "insertmanyvalues"), their ids in the parameters' order.
+JOBS_INSERT = jobs.insert().returning(jobs.c.id, sort_by_parameter_order=True)
 REQUESTS_INSERT = requests.insert()
 
 
@@ -75,8 +77,37 @@ def create_missing_tenants(conn: Connection, dialect: str, names: set[str], now:
 
 def insert_job(conn: Connection, submission: JobSubmission, now: float) -> int:
     """The job's row, then its requests in chunks; return the job's id."""
-    specs = submission.requests
-    job_id = conn.execute(JOB_INSERT, {
+    job_id = conn.execute(JOB_INSERT, _job_row(submission, now)).scalar_one()
+    rows = (_request_row(job_id, idx, spec, now) for idx, spec in enumerate(submission.requests))
+    while chunk := list(islice(rows, INSERT_CHUNK)):
+        conn.execute(REQUESTS_INSERT, chunk)
+        crash_point("mid_submit")
+    return job_id
+
+
+def insert_jobs(conn: Connection, submissions: Sequence[JobSubmission], now: float) -> list[int]:
+    """Small jobs (a group commit's online requests) in two statements whatever their number, not two
+    each: their rows, then all their requests; return their ids, in order. Measured at 1,024 streams
+    of 8-token requests, the statements one job each were an eighth of serve's CPU."""
+    if not submissions:
+        return []
+    rows = [_job_row(s, now) for s in submissions]
+    if conn.dialect.name == "sqlite":
+        # SQLite numbers a statement's rows in the order of its VALUES (each one more than the largest
+        # id before it); SQLAlchemy does not assume it, and asked for that order inserts them one a
+        # statement. Ascending ids are the submissions' order.
+        job_ids = sorted(conn.execute(JOB_INSERT, rows).scalars())
+    else:
+        job_ids = list(conn.execute(JOBS_INSERT, rows).scalars())
+    conn.execute(REQUESTS_INSERT, [_request_row(job_id, idx, spec, now)
+                                   for job_id, s in zip(job_ids, submissions, strict=True)
+                                   for idx, spec in enumerate(s.requests)])
+    crash_point("mid_submit")
+    return job_ids
+
+
+def _job_row(submission: JobSubmission, now: float) -> dict:
+    return {
         "tenant": submission.tenant,
         "class": submission.request_class.value,
         "priority": submission.priority,
@@ -84,7 +115,7 @@ def insert_job(conn: Connection, submission: JobSubmission, now: float) -> int:
         "origin": submission.origin.value,
         "key_id": submission.key_id,
         "state": JobState.QUEUED.value,
-        "num_requests": len(specs),
+        "num_requests": len(submission.requests),
         "num_done": 0,
         "num_failed": 0,
         "num_cancelled": 0,
@@ -92,12 +123,7 @@ def insert_job(conn: Connection, submission: JobSubmission, now: float) -> int:
         "num_output_tokens": 0,
         "num_prompt_tokens": 0,
         "submitted_at": now,
-    }).scalar_one()
-    rows = (_request_row(job_id, idx, spec, now) for idx, spec in enumerate(specs))
-    while chunk := list(islice(rows, INSERT_CHUNK)):
-        conn.execute(REQUESTS_INSERT, chunk)
-        crash_point("mid_submit")
-    return job_id
+    }
 
 
 def _request_row(job_id: int, idx: int, spec, now: float) -> dict:

@@ -9,7 +9,10 @@ What every implementation must hold:
    first request; a job id with no row is absent from the answer.
 3. **Totals over the whole table.** `tenant_totals` counts every job the
    table holds, finished or not, so the counters it feeds never go down.
-4. **Recent reads cost the window.** `first_tokens` reads the
+4. **States without texts.** `progress_states` answers as `progress` does with
+   each request's status and token count only: the check of requests whose
+   text a daemon's link pushes reads no text or token ids.
+5. **Recent reads cost the window.** `first_tokens` reads the
    requests whose first token came after a time, by index, not the table.
 """
 
@@ -19,13 +22,17 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from fsched.core.ports.records import FirstTokens, RequestProgress, TenantTotals
-from fsched.core.types import RequestClass
+from fsched.core.types import RequestClass, RequestStatus
 
 
 @runtime_checkable
 class ServingStore(Protocol):
     def progress(self, job_ids: Sequence[int]) -> dict[int, RequestProgress]:
         """The first request of each given job, by job id."""
+        ...
+
+    def progress_states(self, job_ids: Sequence[int]) -> dict[int, tuple[tuple[RequestStatus, int], ...]]:
+        """Each given job's requests as (status, output tokens), one a choice in choice order, by job id."""
         ...
 
     def tenant_totals(self) -> list[TenantTotals]:

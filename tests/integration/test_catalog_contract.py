@@ -192,6 +192,31 @@ def test_a_group_commit_stores_each_job_on_its_own_terms(table):
     assert len([j for j in store.list_jobs() if j.tenant == "alice"]) == 3
 
 
+def test_a_group_commit_inserts_its_jobs_in_two_statements_whatever_their_number(table):
+    if table.kind == "memory":
+        pytest.skip("statements are SQL's")
+    from sqlalchemy import event
+
+    engine = table.catalog.db.engine
+    inserts: list[str] = []
+
+    def seen(conn, cursor, statement, parameters, context, executemany) -> None:
+        if statement.lstrip().upper().startswith("INSERT"):
+            inserts.append(statement)
+
+    table.catalog.submit_each([submission(1, "carol")], max_queued_per_tenant=100)  # the tenant exists
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        group = [submission(1, "carol") for _ in range(5)] + [submission(2, "carol")]
+        outcomes = table.catalog.submit_each(group, max_queued_per_tenant=100)
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert len(inserts) == 2, inserts
+    ids = [o.job_id for o in outcomes]
+    assert ids == sorted(ids) and len(set(ids)) == 6
+    assert [table.catalog.list_jobs(job_id=i)[0].counts.num_requests for i in ids] == [1] * 5 + [2]
+
+
 # -- counters, states, cancel ---------------------------------------------------------------------------
 
 

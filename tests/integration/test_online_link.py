@@ -64,12 +64,34 @@ def test_the_hub_never_shows_less_than_a_push_did_until_the_request_ends():
 def test_a_linked_job_is_read_from_the_table_only_every_linked_poll():
     hub = ProgressHub(lambda ids: {}, linked_poll_s=0.25)
     hub._watches[1], hub._watches[2] = _Watch(), _Watch()
-    assert hub._due(100.0) == [1, 2]
+    assert hub._due(100.0) == ([1, 2], [])
     hub._watches[1].linked_at = 100.0
-    assert hub._due(100.1) == [2]
-    assert hub._due(100.3) == [1, 2]
+    assert hub._due(100.1) == ([2], [])
+    assert hub._due(100.3) == ([2], [1])
     hub.unlink([1])
-    assert hub._due(100.31) == [1, 2]
+    assert hub._due(100.31) == ([1, 2], [])
+
+
+def test_a_linked_job_is_checked_by_its_states_and_read_in_full_only_once_the_table_is_ahead_or_ended():
+    fulls: list[list[int]] = []
+    states = {1: ((RequestStatus.RUNNING, 2),), 2: ((RequestStatus.RUNNING, 9),),
+              3: ((RequestStatus.FINISHED_CANCELLED, 2),)}
+
+    def read(ids):
+        fulls.append(sorted(ids))
+        return {}
+
+    hub = ProgressHub(read, linked_poll_s=0.25, read_states=lambda ids: {i: states[i] for i in ids})
+    for job_id in (1, 2, 3, 4):
+        hub._watches[job_id] = _Watch(latest=(progress("abc"),), linked_at=100.0)  # pushed 3 tokens
+    hub._watches[4].linked_at = None  # read from the table alone: in full
+
+    async def run():
+        return await hub._read(*hub._due(100.0))
+
+    asyncio.run(run())
+    # 1 is behind its pushes (read no further), 2 is ahead of them, 3 was cancelled: in full
+    assert fulls == [[2, 3, 4]]
 
 
 def test_a_hub_whose_jobs_are_all_linked_sleeps_until_their_table_check():

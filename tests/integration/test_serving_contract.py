@@ -83,6 +83,20 @@ def test_progress_reads_every_asked_job_at_once_as_it_goes(table):
     assert end.finished_at is not None and end.first_token_at == 2.0
 
 
+
+def test_progress_states_answer_as_progress_does_without_texts(table):
+    a, b = (table.catalog.submit([submission(n, "alice")])[0].job_id for n in (1, 2))
+    claimed = {c.job_id: c for c in table.queue.claim("d", per_group=5) if c.job_id == a}
+    table.queue.flush_tokens("d", [TokenUpdate(claimed[a].id, (4, 5), "w4 w5", first_token_at=2.0)])
+    assert table.serving.progress_states([a, b, 999]) == {
+        a: ((RequestStatus.RUNNING, 2),), b: ((RequestStatus.RUNNING, 0), (RequestStatus.RUNNING, 0))}
+    assert table.serving.progress_states([]) == {}
+    finish(table.queue, claimed[a].id, RequestStatus.FINISHED_STOPPED, (4, 5, 6), "w4 w5 w6", 3, "tiny")
+    assert table.serving.progress_states([a]) == {a: ((RequestStatus.FINISHED_STOPPED, 3),)}
+    assert table.serving.progress_states([a])[a] == tuple(
+        (p.status, p.num_output_tokens) for p in table.serving.progress([a])[a])
+
+
 def records(tokens: list[int]) -> tuple[TokenLogprobs, ...]:
     out = []
     for i, t in enumerate(tokens):

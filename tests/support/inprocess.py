@@ -40,7 +40,7 @@ from fsched.core.ports.serving import ServingStore
 from fsched.core.runners.standin import STANDIN_NAME, StandInRunner
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.scheduler import Scheduler
-from fsched.core.types import RequestClass
+from fsched.core.types import RequestClass, RequestStatus
 from tests.fakes import FakeClock
 
 TICK_S = 0.001  # the fake clock moves this much at every read: time passes as the daemon works
@@ -95,6 +95,9 @@ class SteppingServing:
     def progress(self, job_ids: Sequence[int]) -> dict[int, tuple[RequestProgress, ...]]:
         self.daemon.step()
         return self.serving.progress(job_ids)
+
+    def progress_states(self, job_ids: Sequence[int]) -> dict[int, tuple[tuple[RequestStatus, int], ...]]:
+        return self.serving.progress_states(job_ids)
 
     def tenant_totals(self) -> list[TenantTotals]:
         return self.serving.tenant_totals()

@@ -45,6 +45,9 @@ class Serving:
     def progress(self, job_ids):
         return {}
 
+    def progress_states(self, job_ids):
+        return {}
+
 
 def app(down=False, revoked=False) -> tuple[TestClient, Jobs]:
     jobs = Jobs(down)

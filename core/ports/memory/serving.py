@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from fsched.core.ports.memory.reads import first_tokens, progress_of
 from fsched.core.ports.memory.rows import MemoryRows, atomic
 from fsched.core.ports.records import FirstTokens, RequestProgress, TenantTotals
-from fsched.core.types import RequestClass
+from fsched.core.types import RequestClass, RequestStatus
 
 
 class MemoryServingStore:
@@ -24,6 +24,11 @@ class MemoryServingStore:
                 rows = sorted(map(self.rows.requests.get, job.request_ids), key=lambda r: (r.choice, r.idx))
                 out[job_id] = tuple(map(progress_of, rows))
         return out
+
+    @atomic
+    def progress_states(self, job_ids: Sequence[int]) -> dict[int, tuple[tuple[RequestStatus, int], ...]]:
+        return {job_id: tuple((p.status, p.num_output_tokens) for p in choices)
+                for job_id, choices in self.progress(job_ids).items()}
 
     @atomic
     def tenant_totals(self) -> list[TenantTotals]:
