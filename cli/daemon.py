@@ -40,7 +40,8 @@ ModelOption = Annotated[str | None, typer.Option(
     "'standin' or 'standin:<ms>' runs a deterministic stand-in without a model (tests, rehearsals).")]
 DeviceOption = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda, cuda:N.")]
 DtypeOption = Annotated[str, typer.Option(
-    "--dtype", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16.")]
+    "--dtype", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16, float64 (bit-stable "
+    "outputs across batch shapes, for checks on CPU).")]
 PolicyOption = Annotated[str, typer.Option("--policy", help=f"One of {POLICY_NAMES}.")]
 MaxBatchOption = Annotated[int | None, typer.Option(
     "--max-batch", help=_by_device("Requests in the running batch", "max_batch"))]

@@ -40,6 +40,14 @@ def tiny(tmp_path_factory):
             os.environ["XDG_CACHE_HOME"] = old
 
 
+@pytest.fixture(scope="module")
+def tiny64(tiny):
+    """The tiny model in float64: a seeded draw compared across batch shapes (preemption, parking,
+    recompute) must not meet a CDF boundary within the last bits that batch shapes change, which fp32
+    cannot promise on every CPU (the kernels differ by instruction set)."""
+    return load_model(None, dtype="float64")
+
+
 def workload(tiny, seed=0, temperature=0.0, n=N_REQUESTS, max_out=32, mixed=False):
     rng = random.Random(seed)
     vocab = len(tiny.tokenizer)
@@ -190,13 +198,14 @@ SAMPLED_N = 24
 
 
 @pytest.fixture(scope="module")
-def greedy_of_sampled(tiny):
+def greedy_of_sampled(tiny64):
     """The greedy outputs of the sampled workload's prompts (one run for both variants)."""
-    return tokens(run(tiny, workload(tiny, seed=5, n=SAMPLED_N), max_batch=32)[1])
+    return tokens(run(tiny64, workload(tiny64, seed=5, n=SAMPLED_N), max_batch=32)[1])
 
 
 @pytest.mark.parametrize("mixed", [False, True], ids=["plain", "every-field"])
-def test_seeded_sampling_is_the_same_with_and_without_preemption(tiny, greedy_of_sampled, mixed):
+def test_seeded_sampling_is_the_same_with_and_without_preemption(tiny64, greedy_of_sampled, mixed):
+    tiny = tiny64
     n = SAMPLED_N
     sampled = workload(tiny, seed=5, temperature=0.8, n=n, mixed=mixed)
     _, calm = run(tiny, sampled, max_batch=32)
