@@ -83,7 +83,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
             "fp64": torch.float64,
         }[dtype]
     except KeyError:
-        raise ModelLoadError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16, float16 or float64") from None
+        raise ModelLoadError(
+            f"unknown dtype {dtype!r}: use auto, float32, bfloat16, float16 or float64") from None
 
 
 def set_threads(threads: int) -> None:
