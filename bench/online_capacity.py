@@ -46,16 +46,17 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from fast_path import Engine, cpu_s  # noqa: E402
 
+from tests.support.ideal_client import ChunkedEvents  # noqa: E402
+
 MESSAGES = [{"role": "user", "content": "tell me about fair scheduling"}]
 
 
 # -- the light client ------------------------------------------------------------------------------
-class _Stream(asyncio.Protocol):
+class _Stream(ChunkedEvents):
     """One keep-alive connection: a request at a time, its chunked SSE response read from bytes."""
 
     def __init__(self) -> None:
-        self.buf = b""
-        self.head = False
+        super().__init__()
         self.done: asyncio.Future | None = None
         self.sent_at = 0.0
         self.first: float | None = None
@@ -72,27 +73,9 @@ class _Stream(asyncio.Protocol):
         self.transport.write(request)
         return self.done
 
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        if not self.head:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            if b" 200 " not in self.buf[: self.buf.find(b"\r\n")]:
-                self._fail(RuntimeError(f"answered {self.buf[:300]!r}"))
-                return
-            self.head, self.buf = True, self.buf[end + 4:]
-        while (eol := self.buf.find(b"\r\n")) >= 0:
-            size = int(self.buf[:eol], 16)
-            if len(self.buf) < eol + 4 + size:
-                return
-            if size == 0:
-                self.buf = self.buf[eol + 4:]
-                if not self.done.done():
-                    self.done.set_result((self.usage, self.first))
-                return
-            self._events(self.buf[eol + 2: eol + 2 + size])
-            self.buf = self.buf[eol + 4 + size:]
+    def _ended(self) -> None:
+        if not self.done.done():
+            self.done.set_result((self.usage, self.first))
 
     def _events(self, payload: bytes) -> None:
         for line in payload.split(b"\n"):

@@ -34,14 +34,13 @@ class Run:
         return self.total / self.wall_s if self.wall_s else 0.0
 
 
-class _Reader(asyncio.Protocol):
-    """One streamed response: its head, then chunks, then events."""
+class ChunkedEvents(asyncio.Protocol):
+    """A streamed HTTP/1.1 answer read as it comes: its head (anything but 200 fails), then its chunks,
+    each chunk's payload handed to `_events`, and `_ended` at the last chunk. The buffer is left
+    empty at the end, so a keep-alive connection can read its next answer."""
 
-    def __init__(self, done: asyncio.Future):
-        self.done, self.buf, self.head = done, b"", False
-        self.tokens: list[int] = []
-        self.start = time.perf_counter()
-        self.first = 0.0
+    def __init__(self) -> None:
+        self.buf, self.head = b"", False
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -50,19 +49,39 @@ class _Reader(asyncio.Protocol):
             if end < 0:
                 return
             if b" 200 " not in self.buf[: self.buf.find(b"\r\n")]:
-                self.done.set_exception(RuntimeError(f"the engine answered {self.buf[:200]!r}"))
+                self._fail(RuntimeError(f"answered {self.buf[:300]!r}"))
                 return
             self.head, self.buf = True, self.buf[end + 4 :]
         while (eol := self.buf.find(b"\r\n")) >= 0:
             size = int(self.buf[:eol], 16)
-            if size == 0:
-                if not self.done.done():
-                    self.done.set_result(self.tokens)
-                return
             if len(self.buf) < eol + 4 + size:
                 return
-            self._events(self.buf[eol + 2 : eol + 2 + size])
+            payload = self.buf[eol + 2 : eol + 2 + size]
             self.buf = self.buf[eol + 4 + size :]
+            if size == 0:
+                self._ended()
+                return
+            self._events(payload)
+
+    def _events(self, payload: bytes) -> None:
+        raise NotImplementedError
+
+    def _ended(self) -> None:
+        raise NotImplementedError
+
+    def _fail(self, exc: Exception) -> None:
+        raise NotImplementedError
+
+
+class _Reader(ChunkedEvents):
+    """One streamed response of the engine: the token ids of its events."""
+
+    def __init__(self, done: asyncio.Future):
+        super().__init__()
+        self.done = done
+        self.tokens: list[int] = []
+        self.start = time.perf_counter()
+        self.first = 0.0
 
     def _events(self, payload: bytes) -> None:
         for line in payload.split(b"\n"):
@@ -72,9 +91,16 @@ class _Reader(asyncio.Protocol):
                         self.first = time.perf_counter() - self.start
                     self.tokens += ids or ()
 
-    def connection_lost(self, exc) -> None:
+    def _ended(self) -> None:
         if not self.done.done():
-            self.done.set_exception(ConnectionError("the engine closed the stream early"))
+            self.done.set_result(self.tokens)
+
+    def _fail(self, exc: Exception) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc)
+
+    def connection_lost(self, exc) -> None:
+        self._fail(ConnectionError("the engine closed the stream early"))
 
 
 async def _one(host: str, port: int, body: dict) -> tuple[list[int], float]:
