@@ -25,6 +25,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio.to_thread
 
@@ -51,8 +52,35 @@ class _Watch:
     # writes it to the client itself (True), or declines it (False: the handler is woken instead).
     sink: Callable[[Choices], bool] | None = None
     waiting: bool = False  # `follow` waits on `event`: the handler holds no update
+    # Set with `sink`, for a job of one request: takes a push's running text (the request's whole output
+    # so far) the same way, with no progress made of it.
+    text_sink: Callable[[str], bool] | None = None
     delivered: Choices | None = None  # the last progress a sink took
     delivered_at: float = -1e18  # when (monotonic)
+    # A push a text sink took, its progress not made yet: (make, source, text); `_latest` makes it.
+    unmade: tuple[Callable[[Any, str], Choices], Any, str] | None = None
+
+
+def _latest(watch: _Watch) -> Choices:
+    """The watch's latest progress, made now of a text sink's push if it was not yet (a push's progress is
+    made only when something reads it: most are written by the sink and read by nobody)."""
+    if watch.unmade is not None:
+        make, source, text = watch.unmade
+        watch.unmade = None
+        watch.latest = watch.delivered = make(source, text)
+    return watch.latest
+
+
+def _shown(watch: _Watch) -> int | None:
+    """How many characters the watch's latest progress shows; None when a request of it ended."""
+    if watch.unmade is not None:
+        return len(watch.unmade[2])
+    shown = 0
+    for p in watch.latest:
+        if p.status >= _FINISHED:
+            return None
+        shown += len(p.output_text)
+    return shown
 
 
 def _ahead(new: Choices, old: Choices) -> bool:
@@ -126,7 +154,7 @@ class ProgressHub:
                 if self.closing:
                     yield None
                     continue
-                choices = watch.latest
+                choices = _latest(watch)
                 if choices is watch.delivered:  # a sink has written it already
                     if ticked:
                         yield None
@@ -152,7 +180,7 @@ class ProgressHub:
         if watch is None:
             return False
         watch.linked_at = now = time.monotonic()
-        if not _ahead(choices, watch.latest):
+        if not _ahead(choices, _latest(watch)):
             return True
         watch.latest = choices
         if (watch.sink is not None and watch.waiting and not watch.event.is_set() and not self.closing
@@ -160,6 +188,30 @@ class ProgressHub:
             watch.delivered, watch.delivered_at = choices, now
             return True
         watch.event.set()
+        return True
+
+    def push_running(self, job_id: int, text: str, make: Callable[[Any, str], Choices], source: Any) -> bool:
+        """A daemon's link pushed the running text of the job's one request (its whole output so far):
+        `push` of `make(source, text)`, made only when something here reads it. A text sink that takes
+        the text (the handler waits with nothing in hand) needs no progress: none is made then."""
+        watch = self._watches.get(job_id)
+        if watch is None:
+            return False
+        if watch.text_sink is None or not watch.waiting or watch.event.is_set() or self.closing:
+            return self.push(job_id, make(source, text))
+        watch.linked_at = now = time.monotonic()
+        shown = _shown(watch)
+        if shown is None or len(text) < shown:  # behind what the handler has, or after its end: ignored
+            return True
+        try:
+            taken = watch.text_sink(text)
+        except Exception:  # noqa: BLE001 - as `_sunk`: the handler, woken, meets the failure itself
+            watch.text_sink = None
+            taken = False
+        if not taken:
+            return self.push(job_id, make(source, text))
+        watch.unmade = (make, source, text)
+        watch.delivered_at = now
         return True
 
     @staticmethod
@@ -172,13 +224,15 @@ class ProgressHub:
             watch.sink = None
             return False
 
-    def attach(self, job_id: int, sink: Callable[[Choices], bool]) -> bool:
+    def attach(self, job_id: int, sink: Callable[[Choices], bool],
+               text_sink: Callable[[str], bool] | None = None) -> bool:
         """Give pushes of the job's running progress to `sink` while its handler waits (see the module's
-        note); False when nobody follows the job yet."""
+        note), and running texts (`push_running`) to `text_sink`; False when nobody follows the job yet."""
         watch = self._watches.get(job_id)
         if watch is None:
             return False
         watch.sink = sink
+        watch.text_sink = text_sink
         return True
 
     def delivered_at(self, job_id: int) -> float:
@@ -206,11 +260,11 @@ class ProgressHub:
 
     def latest(self, job_id: int) -> Choices:
         watch = self._watches.get(job_id)
-        return watch.latest if watch is not None else ()
+        return _latest(watch) if watch is not None else ()
 
     @staticmethod
     def _offer(watch: _Watch, choices: Choices) -> None:
-        if _ahead(choices, watch.latest):
+        if _ahead(choices, _latest(watch)):
             watch.latest = choices
             watch.event.set()
 
@@ -234,7 +288,7 @@ class ProgressHub:
         watch = self._watches.get(job_id)
         if watch is None:
             return False
-        latest = watch.latest
+        latest = _latest(watch)
         if len(states) != len(latest):
             return True
         return any(status >= _FINISHED or tokens > p.num_output_tokens

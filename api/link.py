@@ -135,13 +135,23 @@ class LinkClient:
 
     def _pushed(self, peer: _Peer, message: wire.Message) -> None:
         if isinstance(message, wire.Steps):
-            for text in message.texts:
-                self._progress(peer, text.job, text.progress(self._text.get(text.job, "")))
+            self._stepped(peer, message.texts)
         elif isinstance(message, wire.End):
             self._progress(peer, message.job, message.progress())
         else:
             raise wire.LinkRefused(f"the daemon at {peer.address} sent a {message.TAG} message, which a "
                                    "daemon never sends after its hello")
+
+    def _stepped(self, peer: _Peer, steps: list[wire.StepText]) -> None:
+        """A step's texts, each request's whole text so far to the hub; its progress is made only where
+        the hub needs one (most texts go to the stream's text sink as they are)."""
+        texts, jobs, push = self._text, peer.jobs, self.hub.push_running
+        for step in steps:
+            job_id = step.job
+            text = texts[job_id] = texts.get(job_id, "")[: step.start] + step.text
+            jobs.add(job_id)
+            if not push(job_id, text, _running, step):
+                self.closed(job_id)
 
     def _progress(self, peer: _Peer, job_id: int, progress) -> None:
         self._text[job_id] = progress.output_text
@@ -161,3 +171,8 @@ class LinkClient:
         for job_id in peer.jobs:
             self._text.pop(job_id, None)
 
+
+
+def _running(step: wire.StepText, text: str) -> tuple:
+    """The hub's choices of a pushed step: the one request's progress, `text` its whole text."""
+    return (step.running(text),)

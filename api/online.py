@@ -338,6 +338,16 @@ class _ChatEvents:
     def update(self, choices: Choices) -> Iterable[str]:
         return [f"data: {text}\n\n" for text in self.relay.update_json(choices)]
 
+    def streams_running_text(self) -> bool:
+        """Whether `running` can say the one choice's next running text now."""
+        return self.relay.streams_running_text()
+
+    def running(self, output_text: str) -> bytes:
+        """`update`'s events, as bytes, for the one running choice whose output so far is `output_text`
+        (a daemon's push: no progress made, the chunk from the stream's template)."""
+        chunk = self.relay.running_json(output_text)
+        return f"data: {chunk}\n\n".encode() if chunk else b""
+
     def closing(self, final: Choices) -> Iterable[str]:
         return map(sse, self.relay.closing(final))
 
@@ -360,29 +370,21 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
     With an `outlet`, a daemon's push of running progress that comes while this generator waits is
     written by the push itself (the hub's sink): the same events, no task woken per token.
     """
-    final, ended = None, False
-    idle = attached = False
-
-    def sink(choices: Choices) -> bool:
-        nonlocal final
-        if not idle or not outlet.write_now(lambda: "".join(events.update(choices)).encode()):
-            return False
-        final = choices
-        return True
-
+    ended = attached = False
+    pushes = _PushWriter(events, outlet)
     try:
         for event in events.opening():
             yield event
         while True:
             if outlet is not None and not attached:
-                attached = state.hub.attach(job_id, sink)
-            idle = True
+                attached = state.hub.attach(job_id, pushes.sink, pushes.text_sink)
+            pushes.idle = True
             try:
                 update = await anext(progress)
             except StopAsyncIteration:
                 break
             finally:
-                idle = False
+                pushes.idle = False
             if isinstance(update, KeepAlive):
                 yield KEEPALIVE
                 continue
@@ -391,18 +393,50 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
                 await cancel(state, job_id)
                 yield events.error(update.status, update.message, update.code)
                 return
-            final = update
+            pushes.final = update
             if failed_choice(update) is not None:
                 break
             for event in events.update(update):
                 yield event
-        for event in _ending(state, online, final, events):
+        for event in _ending(state, online, pushes.final, events):
             yield event
     finally:
-        idle = False
+        pushes.idle = False
+        final = pushes.final
         if not ended and (final is None or not all(p.status.is_finished for p in final)):
             with anyio.CancelScope(shield=True):  # the generator itself may be being cancelled
                 await cancel(state, job_id)
+
+
+@dataclass(slots=True, eq=False)
+class _PushWriter:
+    """A stream's writes of a daemon's pushes made by the push itself (the hub's sinks), while its
+    generator waits with nothing in hand (`idle`): the same events, no task woken per token."""
+
+    events: StreamEvents
+    outlet: Outlet | None
+    idle: bool = False
+    final: Choices | None = None  # the last progress the stream sent, by either way
+
+    def sink(self, choices: Choices) -> bool:
+        if not self.idle or not self.outlet.write_now(self._rendered, choices):
+            return False
+        self.final = choices
+        return True
+
+    def _rendered(self, choices: Choices) -> bytes:
+        return "".join(self.events.update(choices)).encode()
+
+    @property
+    def text_sink(self) -> Callable[[str], bool] | None:
+        """The sink of a push's running text, written as it is, where the stream's events say one from
+        text alone (`final` is not moved on: it only matters once it is an end, which never comes
+        this way)."""
+        return self._text if hasattr(self.events, "running") else None
+
+    def _text(self, text: str) -> bool:
+        return self.idle and self.events.streams_running_text() and self.outlet.write_now(self.events.running,
+                                                                                            text)
 
 
 def _ending(state: ServerState, online: OnlineRequest, final: Choices | None,

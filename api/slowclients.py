@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import h11
 from h11._writers import ChunkedWriter
@@ -123,14 +124,14 @@ class _Deadline:
             raise RuntimeError("a body piece outside a started response")
         self._write_piece(cycle, data)
 
-    def _body_now(self, cycle, render: Callable[[], bytes]) -> bool:
-        """`_body`'s piece, made by `render` and written at once, when nothing would wait: the
+    def _body_now(self, cycle, render: Callable[[Any], bytes], arg: Any) -> bool:
+        """`_body`'s piece, made by `render(arg)` and written at once, when nothing would wait: the
         transport is not paused by a full buffer and the client is still there. False otherwise
         (`render` not called): the caller then writes through `_body`, under its stall bound."""
         if (cycle.flow.write_paused or cycle.disconnected or not cycle.response_started
                 or cycle.response_complete):
             return False
-        data = render()
+        data = render(arg)
         if data and cycle.scope["method"] != "HEAD":
             self._write_piece(cycle, data)
         return True

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
@@ -43,12 +44,12 @@ class Outlet:
     __slots__ = ("now",)
 
     def __init__(self) -> None:
-        self.now: Callable[[Callable[[], bytes]], bool] | None = None
+        self.now: Callable[[Callable[[Any], bytes], Any], bool] | None = None
 
-    def write_now(self, render: Callable[[], bytes]) -> bool:
-        """Write what `render` makes, now; False (`render` not called) when it would wait or the
-        server offers no such write."""
-        return self.now is not None and self.now(render)
+    def write_now(self, render: Callable[[Any], bytes], arg: Any) -> bool:
+        """Write what `render(arg)` makes, now; False (`render` not called) when it would wait or the
+        server offers no such write. (A function and its argument, not a closure: one is made a token.)"""
+        return self.now is not None and self.now(render, arg)
 
 
 class BoundedStream(StreamingResponse):

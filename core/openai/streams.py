@@ -20,7 +20,7 @@ from fsched.core.openai.answers import Delta, chunk, usage, usage_chunk
 from fsched.core.openai.online import OnlineRequest, choice_of
 from fsched.core.openai.toolcalls.message import ReadingStream, finish_reason, read_options
 from fsched.core.ports.records import RequestProgress
-from fsched.core.types import Endpoint
+from fsched.core.types import Endpoint, RequestStatus
 
 
 @dataclass(slots=True)
@@ -103,6 +103,33 @@ class StreamRelay:
             if new_text:
                 sent.chars, sent.tokens = len(text), len(p.tokens)
                 yield _templated(template, p.choice, new_text)
+
+    def streams_running_text(self) -> bool:
+        """Whether `running_json` can take the one choice's next running text: a text chunk has a
+        template, and the choice has started and not ended."""
+        if self._template is None or self.prompt_ids is not None or len(self.sent) != 1:
+            return False
+        sent = self.sent[0]
+        return sent.started and not sent.ended
+
+    def running_json(self, output_text: str) -> str:
+        """The chunk of the one running choice's new text, its whole output so far being `output_text`
+        ("" when nothing visible is new), as `update_json` writes it for a running progress of that
+        text with no token ids; only while `streams_running_text`. A daemon's push of a plain stream's
+        text (most of the tokens) comes here with no progress made."""
+        sent = self.sent[0]
+        text = output_text.rstrip("\ufffd")  # a running text's visible part (RequestProgress.visible_text)
+        if self.endpoint is Endpoint.CHAT:
+            reasoning, new_text, calls = self.readings[0].step(text, False)
+            if reasoning or calls:
+                running = RequestProgress("", 0, RequestStatus.RUNNING, output_text, 0, 0.0, None, None, None)
+                return self._json(self._made(running, sent, text, reasoning, new_text, calls), self._template)
+        else:
+            new_text = text[sent.chars:]
+        if not new_text:
+            return ""
+        sent.chars, sent.tokens = len(text), 0
+        return _templated(self._template, 0, new_text)
 
     def _json(self, delta: Delta, template: tuple[str, str, str]) -> str:
         if not delta.first and delta.finish_reason is None and not delta.reasoning and not delta.tool_calls:

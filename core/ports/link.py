@@ -101,7 +101,11 @@ class StepText:
 
     def progress(self, before: str) -> RequestProgress:
         """The request's progress, `before` being the text the server had of it."""
-        text = before[: self.start] + self.text
+        return self.running(before[: self.start] + self.text)
+
+    def running(self, text: str) -> RequestProgress:
+        """The request's progress, `text` being its whole text (what the server had to `start`, then
+        this step's)."""
         return RequestProgress(self.request, self.job, RequestStatus.RUNNING, text, self.tokens,
                                self.enqueued_at, self.first_token_at, finished_at=None, error=None)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from fsched.core.openai.toolcalls.reading import Reading, ReadOptions, read
+from fsched.core.openai.toolcalls.reading import Reading, ReadOptions, plain_from_here, read
 from fsched.core.types import AnswerOptions
 
 
@@ -56,6 +56,7 @@ class ReadingStream:
     reasoning: int = 0
     content: int = 0
     calls: list[tuple[bool, int]] = field(default_factory=list)  # per call: name sent, argument chars sent
+    plain: bool = False  # every later text reads as content alone (`plain_from_here`): none is read
 
     @property
     def called(self) -> bool:
@@ -63,7 +64,12 @@ class ReadingStream:
 
     def step(self, text: str, final: bool) -> tuple[str, str, list[dict]]:
         """The reasoning, content and call fragments the text so far adds."""
+        if self.plain:  # what `read` would find, without reading the whole text again at every token
+            content = text[self.content:]
+            self.content += len(content)
+            return "", content, []
         reading = read(text, final, self.options)
+        self.plain = plain_from_here(text, self.options)
         reasoning = (reading.reasoning or "")[self.reasoning:]
         content = reading.content[self.content:]
         self.reasoning += len(reasoning)

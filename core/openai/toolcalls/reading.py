@@ -67,6 +67,16 @@ def read(text: str, final: bool, options: ReadOptions = ReadOptions()) -> Readin
     return reading
 
 
+def plain_from_here(text: str, options: ReadOptions) -> bool:
+    """Whether `text`, and every text that starts with it, reads as content alone (no reasoning, no
+    calls): no tools to read, no template or opened reasoning, and a start that is no `<think>` and
+    cannot grow into one. A stream's reader then skips reading each later text."""
+    if options.tools or options.forced or options.thinking or template.is_template(options.parser):
+        return False
+    stripped = text.lstrip()
+    return bool(stripped) and not stripped.startswith(THINK_OPEN) and not THINK_OPEN.startswith(stripped)
+
+
 def _reasoning(text: str, final: bool) -> tuple[str | None, str]:
     """Reasoning written as `<think>...</think>` at the start; the rest of the text."""
     stripped = text.lstrip()
