@@ -52,6 +52,7 @@ class LinkClient:
         self._peers: dict[str, _Peer] = {}
         self._open: dict[int, bool] = {}  # announced jobs still open -> linkable
         self._text: dict[int, str] = {}  # pushed text so far, per linked job
+        self._times: dict[int, tuple] = {}  # per linked job: its (first_token_at, enqueued_at), once pushed
         self._refused: dict[str, float] = {}  # daemons of another link version -> when (monotonic)
 
     def announce(self, job_id: int, linkable: bool) -> None:
@@ -67,6 +68,7 @@ class LinkClient:
             for peer in self._peers.values():
                 self._send(peer, [wire.Forget(job_id)])
         self._text.pop(job_id, None)
+        self._times.pop(job_id, None)
 
     def wake(self) -> None:
         """Ask every daemon to sync now (a cancel)."""
@@ -145,10 +147,14 @@ class LinkClient:
     def _stepped(self, peer: _Peer, steps: list[wire.StepText]) -> None:
         """A step's texts, each request's whole text so far to the hub; its progress is made only where
         the hub needs one (most texts go to the stream's text sink as they are)."""
-        texts, jobs, push = self._text, peer.jobs, self.hub.push_running
+        texts, times, jobs, push = self._text, self._times, peer.jobs, self.hub.push_running
         for step in steps:
             job_id = step.job
             text = texts[job_id] = texts.get(job_id, "")[: step.start] + step.text
+            if step.times is None:  # sent with its first texts only
+                step.times = times.get(job_id)
+            else:
+                times[job_id] = step.times
             jobs.add(job_id)
             if not push(job_id, text, _running, step):
                 self.closed(job_id)
@@ -170,6 +176,7 @@ class LinkClient:
         self.hub.unlink([j for j, ok in self._open.items() if ok])
         for job_id in peer.jobs:
             self._text.pop(job_id, None)
+            self._times.pop(job_id, None)
 
 
 

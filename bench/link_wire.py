@@ -20,17 +20,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fsched.core.ports.link import StepText, decode, encode  # noqa: E402
+from fsched.core.ports.link import Steps, StepText, decode, encode  # noqa: E402
 from fsched.core.ports.records import RequestProgress  # noqa: E402
 from fsched.core.types import RequestStatus  # noqa: E402
 
 
 def typed_daemon(i: int) -> bytes:
-    return encode([StepText(7, "12345", i % 50, " word", i, 1.5, 1.25)])
+    return encode([Steps([StepText(7, "12345", i % 50, " word", i)])])
 
 
 def typed_server(line: bytes, texts: dict[int, str]) -> RequestProgress:
-    message = decode(line)
+    message = decode(line).texts[0]
     progress = message.progress(texts.get(message.job, ""))
     texts[message.job] = progress.output_text
     return progress

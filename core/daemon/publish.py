@@ -46,6 +46,7 @@ class Publisher:
         self.write_first = write_first
         self._settled: dict[RequestId, int] = {}  # characters pushed that will not change
         self._redraws: dict[RequestId, bool] = {}  # whether a pushed request redraws (asked once)
+        self._timed: dict[RequestId, object] = {}  # the connection told a pushed request's times
         self._ending: list[tuple[object, End]] = []
 
     def step(self, produced: dict[RequestId, int], finished: list[EngineResult]) -> None:
@@ -73,18 +74,22 @@ class Publisher:
             except StorageError:  # not shown, then: their text goes with a later step's, once written
                 unwritten = {held.id for held in first}
                 pushed = [(conn, held) for conn, held in pushed if held.id not in unwritten]
-        settled, text_of, offset = self._settled, self.text, self.holdings.wall_offset
+        settled, timed, text_of, offset = self._settled, self._timed, self.text, self.holdings.wall_offset
         for conn, held in pushed:
             request_id = held.id
             text = text_of(held)
             start = settled.get(request_id, 0)
             settled[request_id] = len(text.rstrip(UNSETTLED))
-            at = held.first_token_at  # on the engine's clock: pushed on the daemon's (holdings.py)
+            times = None
+            if timed.get(request_id) is not conn:  # its times go with its first texts on a connection
+                at = held.first_token_at  # on the engine's clock: pushed on the daemon's (holdings.py)
+                times = (None if at is None else at + offset, held.enqueued_at)
+                if at is not None:
+                    timed[request_id] = conn
             found = texts.get(conn)
             if found is None:
                 found = texts[conn] = []
-            found.append(StepText(held.job_id, request_id, start, text[start:], len(held.output),
-                                  None if at is None else at + offset, held.enqueued_at))
+            found.append(StepText(held.job_id, request_id, start, text[start:], len(held.output), times))
         self.link.send({conn: [Steps(found)] for conn, found in texts.items()})
 
     def _redraws_of(self, held: Request) -> bool:
@@ -117,3 +122,4 @@ class Publisher:
     def forget(self, request_id: RequestId) -> None:
         self._settled.pop(request_id, None)
         self._redraws.pop(request_id, None)
+        self._timed.pop(request_id, None)

@@ -24,7 +24,8 @@ stop pushing, the progress of that job's requests; a watch is new work and
 claims too). Daemon to server: `Steps` after each step that gave watched
 requests tokens (one message, one line, for all of that server's: each
 request's `StepText`, its text from character `start` on, a tail the
-tokenizer has not settled being sent again), `End` once a completion is in
+tokenizer has not settled being sent again; its times only with its first
+texts on a connection), `End` once a completion is in
 the table.
 """
 
@@ -39,7 +40,7 @@ from typing import ClassVar
 from fsched.core.ports.records import RequestProgress
 from fsched.core.types import RequestId, RequestStatus
 
-VERSION = 3
+VERSION = 4
 
 
 class LinkRefused(ValueError):
@@ -95,8 +96,9 @@ class StepText:
     start: int
     text: str
     tokens: int  # output tokens so far
-    first_token_at: float | None
-    enqueued_at: float
+    # (first_token_at, enqueued_at): with a request's first texts on a connection, until its first token's
+    # time is known; None after (two floats a token were most of what a line cost to write and read).
+    times: tuple[float | None, float] | None = None
     TAG: ClassVar[str] = "text"
 
     def progress(self, before: str) -> RequestProgress:
@@ -105,9 +107,11 @@ class StepText:
 
     def running(self, text: str) -> RequestProgress:
         """The request's progress, `text` being its whole text (what the server had to `start`, then
-        this step's)."""
+        this step's); its times are those of an earlier text of it when this one carries none (unknown
+        times, which only a protocol fault leaves: none, and enqueued at 0)."""
+        first_token_at, enqueued_at = self.times or (None, 0.0)
         return RequestProgress(self.request, self.job, RequestStatus.RUNNING, text, self.tokens,
-                               self.enqueued_at, self.first_token_at, finished_at=None, error=None)
+                               enqueued_at, first_token_at, finished_at=None, error=None)
 
 
 @dataclass(slots=True)
@@ -193,11 +197,13 @@ def decode(line: bytes | str) -> Message:
         raise LinkRefused(f"not a message of link version {VERSION}: {line[:80]!r}") from exc
 
 
-def _text(job: int, request: str, start: int, text: str, tokens: int, first_token_at: float | None,
-          enqueued_at: float) -> StepText:
+def _text(job: int, request: str, start: int, text: str, tokens: int, times: list | None = None) -> StepText:
     if not (type(job) is int and type(request) is str and type(start) is int and type(text) is str):
         raise TypeError("a step's text is a job, a request id, a start and text")
-    return StepText(job, request, start, text, tokens, first_token_at, enqueued_at)
+    if times is None:
+        return StepText(job, request, start, text, tokens)
+    first_token_at, enqueued_at = times
+    return StepText(job, request, start, text, tokens, (first_token_at, enqueued_at))
 
 
 def greeting(line: bytes | str, peer: str) -> Hello:

@@ -75,7 +75,7 @@ def test_the_server_refuses_a_daemon_of_another_version_and_reads_the_table_inst
         runner = asyncio.create_task(client.run(addresses))
         conn, _ = await asyncio.to_thread(listener.accept)
         heard = await asyncio.to_thread(conn.recv, 4096)
-        conn.sendall(encode([Hello(VERSION + 1), Steps([StepText(7, "r", 0, "misread", 1, 1.0, 0.5)])]))
+        conn.sendall(encode([Hello(VERSION + 1), Steps([StepText(7, "r", 0, "misread", 1, (1.0, 0.5))])]))
         client.announce(7, linkable=True)
         await asyncio.sleep(0.5)  # ten refresh periods: a retry would dial again
         dialled_again = 0

@@ -205,8 +205,8 @@ def test_the_link_carries_watches_wakeups_and_pushes_over_a_socket():
             wants = server.take_wake()  # a new request: the daemon claims now, and only claims
             assert wants.claim and not wants.sync and not server.take_wake()
             conn = server.watcher(7)
-            server.send({conn: [Steps([StepText(7, "r", 0, "he", 1, 1.0, 0.5)])]})
-            server.send({conn: [Steps([StepText(7, "r", 2, "llo\x00\udc80", 2, 1.0, 0.5)])]})
+            server.send({conn: [Steps([StepText(7, "r", 0, "he", 1, (1.0, 0.5))])]})
+            server.send({conn: [Steps([StepText(7, "r", 2, "llo\x00\udc80", 2)])]})
             seen = await asyncio.wait_for(watcher, 5)
             runner.cancel()
             return seen
@@ -232,7 +232,7 @@ def test_a_steps_line_for_a_thousand_requests_crosses_whole():
             deadline = time.monotonic() + 5
             while server.watcher(1024) is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
-            texts = [StepText(j, f"r{j}", 0, f"{j:04d}" + "x" * 96, 1, 1.0, 0.5) for j in jobs]
+            texts = [StepText(j, f"r{j}", 0, f"{j:04d}" + "x" * 96, 1, (1.0, 0.5)) for j in jobs]
             assert len(encode([Steps(texts)])) > 100_000
             server.send({server.watcher(1): [Steps(texts)]})
             seen = await asyncio.wait_for(asyncio.gather(*watchers), 5)
@@ -453,3 +453,37 @@ def test_a_sink_that_fails_is_dropped_and_its_handler_gets_the_push():
         return await asyncio.wait_for(watcher, 2)
 
     assert asyncio.run(run()) == ["ab", "abc"]
+
+
+def test_a_pushed_running_text_goes_to_the_text_sink_with_no_progress_made_until_one_is_read():
+    hub = ProgressHub(lambda ids: {}, interval_s=3600)
+    taken: list[str] = []
+    made: list[str] = []
+    accept = [True]
+
+    def text_sink(text: str) -> bool:
+        if accept[0]:
+            taken.append(text)
+        return accept[0]
+
+    def make(source: str, text: str):
+        made.append(text)
+        return (progress(text),)
+
+    async def run():
+        watcher = asyncio.create_task(_updates(hub, 1, 2))
+        await asyncio.sleep(0)
+        assert hub.attach(1, lambda choices: False, text_sink)
+        assert hub.push_running(1, "ab", make, "r")  # written by the text sink: no progress, no wake-up
+        assert hub.push_running(1, "a", make, "r")  # behind what the client has: ignored
+        assert (taken, made) == (["ab"], [])
+        assert hub.latest(1)[0].output_text == "ab" and made == ["ab"]  # made once something reads it
+        accept[0] = False
+        assert hub.push_running(1, "abc", make, "r")  # declined: made, and the handler gets it
+        await asyncio.sleep(0)
+        assert hub.push(1, (progress("abcd", RequestStatus.FINISHED_STOPPED),))
+        assert not hub.push_running(2, "x", make, "r")  # nobody watches job 2
+        return await asyncio.wait_for(watcher, 2)
+
+    assert asyncio.run(run()) == ["abc", "abcd"]
+    assert taken == ["ab"] and made == ["ab", "abc"]

@@ -24,8 +24,8 @@ from fsched.core.types import RequestStatus
 
 EVERY_MESSAGE = [
     Hello(VERSION), Wake(), Claim(), Watch(7), Forget(7),
-    Steps([StepText(7, "41", 3, "any text: NUL \x00, a lone surrogate \udc80, é", 5, 1.5, 1.25),
-           StepText(8, "43", 0, "", 1, None, 1.0)]),
+    Steps([StepText(7, "41", 3, "any text: NUL \x00, a lone surrogate \udc80, é", 5),
+           StepText(8, "43", 0, "", 1, (None, 1.0)), StepText(9, "44", 0, "x", 1, (1.5, 1.25))]),
     End(7, "41", RequestStatus.FINISHED_STOPPED, "the whole text", 9, 12, None, "m", 1.5, 1.25, 2.0),
     End(7, "42", RequestStatus.FINISHED_FAILED, "", 0, None, "the prompt is too long", "m", None, 1.0),
 ]
@@ -34,10 +34,10 @@ EVERY_MESSAGE = [
 # The wire of this link version, byte for byte. A change of a message's fields or of the encoding fails
 # here: bump VERSION with it (then write these lines anew), so that ends of two versions refuse each
 # other instead of misreading.
-WIRE = {3: [
-    b'["hello",3]', b'["wake"]', b'["claim"]', b'["watch",7]', b'["forget",7]',
-    b'["steps",[[7,"41",3,"any text: NUL \\u0000, a lone surrogate \\udc80, \\u00e9",5,1.5,1.25],'
-    b'[8,"43",0,"",1,null,1.0]]]',
+WIRE = {4: [
+    b'["hello",4]', b'["wake"]', b'["claim"]', b'["watch",7]', b'["forget",7]',
+    b'["steps",[[7,"41",3,"any text: NUL \\u0000, a lone surrogate \\udc80, \\u00e9",5,null],'
+    b'[8,"43",0,"",1,[null,1.0]],[9,"44",0,"x",1,[1.5,1.25]]]]',
     b'["end",7,"41","finished_stopped","the whole text",9,12,null,"m",1.5,1.25,2.0]',
     b'["end",7,"42","finished_failed","",0,null,"the prompt is too long","m",null,1.0,null]',
 ]}
@@ -56,9 +56,10 @@ def test_every_message_reads_back_as_it_was_written():
 
 
 def test_text_and_end_are_a_requests_progress():
-    text = StepText(7, "41", 2, "llo", 3, 1.5, 1.25).progress(before="he??")
+    text = StepText(7, "41", 2, "llo", 3, (1.5, 1.25)).progress(before="he??")
     assert (text.id, text.job_id, text.status, text.output_text, text.num_output_tokens) == (
         "41", 7, RequestStatus.RUNNING, "hello", 3)
+    assert (text.first_token_at, text.enqueued_at) == (1.5, 1.25)
     end = EVERY_MESSAGE[6].progress()
     got = (end.status, end.output_text, end.prompt_tokens, end.finish_reason, end.finished_at, end.model)
     assert got == (
@@ -70,6 +71,7 @@ def test_text_and_end_are_a_requests_progress():
     b'["watch", "seven"]', b'["watch"]', b'["watch", 7, 8]', b'["shout", 1]', b"[]", b"not json",
     b'["text",7,"41",3,"a step of link version 2",5,1.5,1.25]', b'["steps",[[7,"41",3,"short"]]]',
     b'["steps",[["7","41",3,"job by name",5,1.5,1.25]]]', b'["steps",7]',
+    b'["steps",[[7,"41",3,"a step of link version 3",5,1.5,1.25]]]', b'["steps",[[7,"41",0,"x",1,[1.5]]]]',
     b'["end", 7, "41", "exploded", "", 0, null, null, null, null, null, 1.0]',
 ])
 def test_a_line_this_version_cannot_read_is_refused(line):

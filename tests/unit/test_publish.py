@@ -62,3 +62,27 @@ def test_one_whose_write_failed_is_pushed_later_whole() -> None:
     publisher.step({"sampled": 3}, [])
     ((text,),) = [[t for t in sent if t.request == "sampled"]]
     assert (text.start, text.text) == (0, "1 2 3")  # nothing of it was pushed before
+
+
+def test_a_requests_times_go_with_its_first_texts_on_each_connection_only() -> None:
+    publisher, held, _ = rig(lambda log, requests: None)
+    held.get("greedy").first_token_at = None
+    watching = ["server A"]
+    publisher.link.watcher = lambda job_id: watching[0]
+    sent: list = []
+    publisher.link.send = lambda lines: sent.extend((c, t) for c, m in lines.items() for s in m for t in s.texts)
+
+    def times() -> list:
+        found = [(conn, t.times) for conn, t in sent if t.request == "greedy"]
+        sent.clear()
+        return found
+
+    publisher.step({"greedy": 2}, [])
+    assert times() == [("server A", (None, 0.0))]  # no first token time yet: sent again next step
+    held.get("greedy").first_token_at = 5.0
+    for _ in range(2):
+        publisher.step({"greedy": 2}, [])
+    assert times() == [("server A", (5.0 + held.wall_offset, 0.0)), ("server A", None)]
+    watching[0] = "server B"  # a new connection (the server linked again) is told them again
+    publisher.step({"greedy": 2}, [])
+    assert times() == [("server B", (5.0 + held.wall_offset, 0.0))]
