@@ -15,7 +15,11 @@ already did is ignored until the table catches up, unless it ends the request.
 
 A push of a running request whose handler waits with nothing in hand goes to
 the handler's sink, if it set one (`attach`): the sink writes the new text to
-the client from the push itself, and no task wakes for the token.
+the client from the push itself, and no task wakes for the token. A link's
+push of a one-request job's running text (`push_running`) goes to the
+handler's text sink as the text itself: the request's progress is made only
+if something reads it later (the handler woken, a table check), not at
+every token.
 """
 
 from __future__ import annotations
