@@ -70,7 +70,8 @@ def test_a_requests_times_go_with_its_first_texts_on_each_connection_only() -> N
     watching = ["server A"]
     publisher.link.watcher = lambda job_id: watching[0]
     sent: list = []
-    publisher.link.send = lambda lines: sent.extend((c, t) for c, m in lines.items() for s in m for t in s.texts)
+    publisher.link.send = lambda lines: sent.extend((conn, t) for conn, messages in lines.items()
+                                                    for steps in messages for t in steps.texts)
 
     def times() -> list:
         found = [(conn, t.times) for conn, t in sent if t.request == "greedy"]

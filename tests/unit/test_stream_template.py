@@ -76,10 +76,10 @@ def test_a_running_chats_reasoning_and_calls_are_the_chunks_encoding_writes(piec
     assert relays[1].readings[0].reasoning or relays[1].readings[0].called
 
 
-# A stream's text as a daemon pushes it: any character, quotes and escapes, an unfinished character (U+FFFD)
-# that a later push completes, a tail that is only whitespace.
-PUSHED = ["", "  ", "he", 'llo "quoted" \\ back', "\n\t\x00\x1f\x7f", "é 字 🙂", "\ufffd", "\udc80 lone", "</script>",
-          " <think", "> not reasoning", "\u2028\u2029"]
+# A stream's text as a daemon pushes it: a start that is only whitespace, any character, quotes and escapes,
+# an unfinished character (U+FFFD) that a later push completes.
+PUSHED = ["", "  ", "he", 'llo "quoted" \\ back', "\n\t\x00\x1f\x7f", "é 字 🙂", "\ufffd", "\udc80 lone",
+          "</script>", " <think", "> not reasoning", "\u2028\u2029"]
 
 
 def _running(body: dict, endpoint: Endpoint, pieces: list[str]) -> tuple[list[str], list[str]]:
@@ -99,7 +99,8 @@ def _running(body: dict, endpoint: Endpoint, pieces: list[str]) -> tuple[list[st
             chunks[1] += filter(None, [relays[1].running_json(so_far)])
         else:
             chunks[1] += relays[1].update_json(progress)
-    final = [RequestProgress("0", 1, RequestStatus.FINISHED_STOPPED, so_far, len(pieces), 0.0, None, None, None)]
+    final = [RequestProgress("0", 1, RequestStatus.FINISHED_STOPPED, so_far, len(pieces), 0.0, None, None,
+                             None)]
     for relay, out in zip(relays, chunks, strict=True):
         out += relay.update_json(final)
     return chunks[0], chunks[1]
@@ -124,7 +125,8 @@ def test_a_pushed_running_text_writes_the_chunks_its_progress_writes(endpoint, u
 @pytest.mark.parametrize("pieces", [
     ["<think>", "why", " so</think>", "Hel", "lo"],  # reasoning: its chunks are not text chunks
     ["\n ", "<th", "ink>", "deep</think>", "answer"],  # a start that may yet be `<think>`
-    ["Sure", "<tool_call>", '{"name": "get', '_weather", "arguments": {"city": "P', 'aris"}}', "</tool_call>"],
+    ["Sure", "<tool_call>", '{"name": "get', '_weather", "arguments": {"city": "P', 'aris"}}',
+     "</tool_call>"],
 ])
 def test_a_pushed_chats_reasoning_and_calls_are_the_chunks_its_progress_writes(pieces):
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
