@@ -65,6 +65,17 @@ class SchedulerConfig:
     # scores (one request's reservation against minutes of decayed usage)
     # does not flip a tenant in and out of its share.
     share_slack: float = 0.05
+    # Precedence compares a tenant's recent realtime and streaming use with
+    # its entitled share, as a fraction of the decayed engine time; while
+    # that time is shorter than this (a run's or a daemon's first minute) it
+    # counts as this long. Without it, one long prompt in the first seconds
+    # is most of the window and its tenant loses precedence for the next
+    # minute. A minute is several times the longest prompt the KV budget
+    # admits (131k tokens: about 8 s of prefill on the modelled GPU), so one
+    # prompt alone never takes a weight-1 tenant next to a weight-3 one past
+    # its 0.25; what a tenant can gain is bounded by its share of that
+    # minute, whatever it labels. 0 measures from the first step.
+    precedence_warmup_s: float = 60.0
     # Inside a tenant's line of a class the work that can still make its
     # target goes first (lines.py; realtime and streaming the shortest
     # prefill first); a request that has waited this many times its class's
@@ -124,6 +135,8 @@ class SchedulerConfig:
             _positive_finite(name, getattr(self, name))
         if not (math.isfinite(self.aging_factor) and self.aging_factor >= 1):
             raise ValueError("aging_factor must be a finite number >= 1 (a request ages after its target)")
+        if not (math.isfinite(self.precedence_warmup_s) and self.precedence_warmup_s >= 0):
+            raise ValueError("precedence_warmup_s must be a finite number >= 0")
         if not (math.isfinite(self.share_slack) and self.share_slack >= 0):
             raise ValueError("share_slack must be a finite number >= 0")
         _positive_int("min_quantum_steps", self.min_quantum_steps)

@@ -73,8 +73,7 @@ class Scheduler:
                 policy.meter.set_weight(tenant, w)
         self.policy = policy
         self.meter = policy.meter
-        self._precedence = PrecedenceUsage(kv_capacity=self.config.kv_tokens,
-                                           half_life_s=self.config.usage_half_life_s)
+        self._precedence = PrecedenceUsage.of_config(self.config)
         self._waiting = WaitQueue(policy)
         self._running: dict[RequestId, Request] = {}
         self._live: dict[RequestId, Request] = {}

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.shares import dominant_use, weighted_score
 
 
@@ -341,17 +342,26 @@ class PrecedenceUsage:
     as a fraction of capacity: what class precedence gave it recently.
 
     The fraction is the tenant's dominant use (`shares.dominant_use`) over
-    the decayed engine time of the same window, so it is meaningful from
-    the first step on and independent of the other tenants.
+    the decayed engine time of the same window, independent of the other
+    tenants. Until that window reaches `warmup_s` it is read as `warmup_s`
+    long (`precedence_window`): in a run's first seconds one long prompt
+    would otherwise be most of the window.
     """
 
-    __slots__ = ("_usage", "_elapsed", "_half_life", "_kv_capacity")
+    __slots__ = ("_usage", "_elapsed", "_half_life", "_kv_capacity", "_warmup")
 
-    def __init__(self, *, kv_capacity: int, half_life_s: float) -> None:
+    def __init__(self, *, kv_capacity: int, half_life_s: float, warmup_s: float = 0.0) -> None:
         self._usage = TenantUsage(half_life_s)
         self._elapsed = _Usage()  # gpu_s holds the decayed engine seconds
         self._half_life = half_life_s
         self._kv_capacity = float(kv_capacity)
+        self._warmup = warmup_s
+
+    @classmethod
+    def of_config(cls, config: SchedulerConfig) -> PrecedenceUsage:
+        """The measure a scheduler with `config` keeps."""
+        return cls(kv_capacity=config.kv_tokens, half_life_s=config.usage_half_life_s,
+                   warmup_s=config.precedence_warmup_s)
 
     def charge(self, charges: Mapping[str, TenantCharge], elapsed_s: float, now: float) -> None:
         self._elapsed.decayed_to(now, self._half_life).gpu_s += elapsed_s
@@ -359,11 +369,19 @@ class PrecedenceUsage:
 
     def fraction(self, tenant: str, now: float) -> float:
         """The tenant's recent precedence use as a fraction of the machine (0 when none)."""
-        window = self._elapsed.decayed_to(now, self._half_life).gpu_s
+        window = precedence_window(self._elapsed.decayed_to(now, self._half_life).gpu_s, self._warmup)
         used = self._usage.of(tenant, now)
         if used is None or window <= 0:
             return 0.0
         return dominant_use(used[0], used[1], self._kv_capacity, window)
+
+
+def precedence_window(elapsed_s: float, warmup_s: float) -> float:
+    """The window a tenant's precedence use is a fraction of: the decayed engine seconds, at
+    least `warmup_s`. A tenant may then take through precedence at most its share of the
+    first `warmup_s` seconds, as of any later window: a bounded head start, not a way round
+    the weights."""
+    return max(elapsed_s, warmup_s)
 
 
 class VtcMeter(_Weights):

@@ -259,8 +259,10 @@ def test_no_victim_is_preempted_for_room_a_later_victim_makes_anyway():
 def test_preemptions_per_request_are_bounded():
     """After max_preemptions a request runs to completion however much
     realtime work arrives."""
+    # Precedence measured from the first step (no warm-up): u's flood of one request a step
+    # loses it within a few steps, so b gets to run between the flood's turns.
     cfg = SchedulerConfig(max_batch=1, kv_tokens=100_000, step_tokens=512, min_quantum_steps=1,
-                          max_preemptions=2, preempt_grace_steps=0)
+                          max_preemptions=2, preempt_grace_steps=0, precedence_warmup_s=0.0)
     sched = Scheduler(cfg, "fsched")
     outputs = {"b": 40}
     eng = FakeEngine(sched, outputs)

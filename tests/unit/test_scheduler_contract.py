@@ -9,6 +9,7 @@ in all.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import defaultdict
 
@@ -96,6 +97,24 @@ def test_labelling_everything_realtime_does_not_beat_the_weights(policy, floor):
         assert all(floor <= s <= 0.78 for s in shares), shares
 
 
+def test_the_warm_up_gives_a_labelling_tenant_at_most_its_share_of_the_first_minute():
+    """From a cold start b (weight 1) labels everything realtime beside a's (weight 3) batch:
+    read against the warm-up minute, b keeps precedence only until it has used its 0.25 (with
+    the slack) of that minute, about 16 s, and over the first two minutes it is served 0.30."""
+    sched = Scheduler(CFG, "fsched", {"a": 3, "b": 1})
+    d = Driver(sched)
+    for r in mixed("a", 3_000, {BA: 1.0}, seed=1) + mixed("b", 3_000, {RT: 1.0}, seed=2):
+        d.add(r)
+    lost_at = None
+    for _ in range(120):
+        d.step()
+        if lost_at is None and not sched.standings(d.now)["b"].precedence:
+            lost_at = d.now
+    head_start = 0.25 * (1 + CFG.share_slack) * CFG.precedence_warmup_s
+    assert lost_at is not None and head_start <= lost_at <= head_start + 2
+    assert d.share("b", 0, 120) <= 0.31
+
+
 # 2. Class precedence inside the share ---------------------------------------------------------
 
 def test_in_share_realtime_goes_first_and_beyond_its_share_waits():
@@ -164,6 +183,26 @@ def test_realtime_displaces_streaming_when_nothing_outside_precedence_can_make_r
     d.step()
     assert "rt" in sched.running and sched.get("st2").preemptions == 1  # the last in line made room
     assert {"ba", "st0", "st1"} <= set(sched.running)
+
+
+@pytest.mark.parametrize("warmup_s, precedence", [(60.0, True), (0.0, False)])
+def test_one_long_prompt_at_a_cold_start_does_not_cost_its_tenant_precedence(warmup_s, precedence):
+    """b's one streaming prompt (four steps of prefill) runs alone in the run's first seconds,
+    beside a's batch. Measured over those seconds alone it is most of the window, beyond b's
+    0.25; read against the warm-up minute it is b's share, so b's realtime request, arriving
+    after it, goes ahead of a's waiting batch. Without the warm-up (the control) it waits."""
+    cfg = dataclasses.replace(CFG, precedence_warmup_s=warmup_s)
+    sched = Scheduler(cfg, "fsched", {"a": 3, "b": 1})
+    d = Driver(sched)
+    d.add(Request("b-long", "b", ST, 4 * CFG.step_tokens, 2, 0.0))
+    for i in range(40):
+        d.add(Request(f"a{i}", "a", BA, 300, 200, 0.001 * (i + 1)))
+    for _ in range(8):
+        d.step()
+    d.add(Request("b-rt", "b", RT, 50, 5, d.now))
+    assert sched.standings(d.now)["b"].precedence is precedence
+    d.step()
+    assert ("b-rt" in sched.running) is precedence
 
 # 3. No starvation: a long wait is no claim on another tenant's share ---------------------------
 

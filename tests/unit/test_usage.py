@@ -15,6 +15,7 @@ from fsched.core.sched.usage import (
     VtcMeter,
     decay_factor,
     lift_factor,
+    precedence_window,
 )
 
 
@@ -64,6 +65,17 @@ def test_precedence_usage_is_a_fraction_of_the_machine():
     assert p.fraction("a", 1.0) == pytest.approx(0.25) and p.fraction("b", 1.0) == pytest.approx(0.5)
     p.charge({}, 1.0, 11.0)  # a second of nothing, 10 s later: both decayed alike
     assert p.fraction("a", 11.0) == pytest.approx(0.125 / 1.5)
+
+
+def test_precedence_use_is_read_against_at_least_the_warm_up_window():
+    """In a run's first seconds one prompt would be most of the window: until the decayed
+    engine time reaches the warm-up it counts as the warm-up; after that it counts as itself."""
+    p = PrecedenceUsage(kv_capacity=1_000, half_life_s=600.0, warmup_s=60.0)
+    p.charge({"b": TenantCharge(gpu_s=4.0)}, 8.0, 8.0)  # 4 s of b's prompt in the first 8 s
+    assert p.fraction("b", 8.0) == pytest.approx(4.0 / 60.0)
+    p.charge({"b": TenantCharge(gpu_s=60.0)}, 112.0, 120.0)  # the window now past the warm-up
+    assert p.fraction("b", 120.0) == pytest.approx(64.0 / 120.0, rel=0.1)
+    assert precedence_window(8.0, 60.0) == 60.0 and precedence_window(120.0, 60.0) == 120.0
 
 
 @given(score=st.floats(0, 100), floor=st.floats(0, 100))
