@@ -263,7 +263,6 @@ class Daemon:
             self._step_failed(failure)
             return
         now = self.clock()
-        self._claim_announced()
         if report is not None:
             self.figures.record(report, now - start, now)
             self.held.stepped(now, report.at)
@@ -271,6 +270,8 @@ class Daemon:
                 self.held.produced(request_id)
             if self.publisher is not None:
                 self.publisher.step(report.tokens, report.finished)
+        self._claim_announced()
+        if report is not None:
             self.writer.finished(report.finished)
             if self.publisher is not None:
                 self.publisher.written(now)
@@ -292,8 +293,8 @@ class Daemon:
         return False
 
     def _claim_announced(self) -> None:
-        """Work announced during the step (its wait for tokens ended) is claimed before the step's
-        tokens are pushed and written; a sync asked, or a claim the table failed, waits a pass."""
+        """Work announced during the step is claimed once the step's tokens are pushed (a claim's
+        transaction held them back), before they are written; a sync asked, or a failed claim, waits."""
         wants = self.link.take_wake() if self.link is not None else None
         self._sync_asked = self._sync_asked or bool(wants and wants.sync)
         try:

@@ -14,7 +14,12 @@ How a plan maps onto streams:
   it resumes later from them (the engine's prefix cache makes that cheap);
 - a step returns the tokens that arrived for the requests the plan lets
   produce (several per request when the engine ran ahead); it waits until
-  one arrives or `max_wait_s` passes, so the daemon loop never spins.
+  one arrives or `max_wait_s` passes, so the daemon loop never spins, then
+  gathers the rest of the engine's iteration from the streams already
+  sending (a new stream's first token comes at an iteration of the
+  engine's choosing: waiting for it held every token of the step back the
+  whole window); a first token that arrives ends the gather, to be pushed
+  in the pass it came in.
 
 Sampling: greedy output is exact across preemptions and restarts (the
 engine's next token depends only on the context). A seeded request is
@@ -227,6 +232,13 @@ class _Request(Registered):
     pending_logprobs: list[TokenLogprobs] = field(default_factory=list)  # of `pending`, when asked for
     replay: list[int] = field(default_factory=list)  # tokens the open stream must regenerate first
     stops: frozenset[int] = frozenset()  # the tokens that end it (past min_tokens)
+    flowing: bool = False  # its open stream has sent tokens: each engine iteration brings it one
+
+
+def _first_token_waits(r: _Request) -> bool:
+    """Whether a request's first token has arrived and is not reported yet (its time to first token
+    runs until the step that reports it ends)."""
+    return bool(r.pending) and not r.request.output
 
 
 class RemoteRunner(Runner):
@@ -328,6 +340,7 @@ class RemoteRunner(Runner):
                                    request.output)
         r.pending.clear()
         r.pending_logprobs.clear()
+        r.flowing = False
         r.stream = self._streams.open(body, r, plain=r.params.logprobs is None)
         self.streams_opened += 1
         self.resumes += generated > 0
@@ -348,7 +361,7 @@ class RemoteRunner(Runner):
 
     def _await(self, producing: set[RequestId], start: float) -> None:
         """Apply what arrived; wait (up to `max_wait_s`) until a producing request has news, or the
-        wake descriptor says the daemon has work to take first."""
+        wake descriptor says the daemon has work to take first; then `_gather`."""
         streams, requests = self._streams, self._requests
         self._take(streams.poll(0.0), set())
         # The producing requests without news yet: what arrives takes them out (one pass here, not one
@@ -364,16 +377,23 @@ class RemoteRunner(Runner):
                     break
         if streams.woken:
             return  # the daemon claims first; what else arrived is read at the next step
-        if self.gather_s:
-            # The rest of the engine iteration's tokens arrive meanwhile: read them a slice at a time
-            # (a poll woken by each stream in turn would cost a system call per token) until every
-            # producing request has news or `gather_s` has passed (a slice that brings nothing does
-            # not end it: an engine's sender may pause within one iteration's burst), or new work is
-            # announced (the claim goes first; what is still on its way is read at the next step).
-            deadline = time.perf_counter() + self.gather_s
-            while missing and not streams.woken and (left := deadline - time.perf_counter()) > 0:
-                time.sleep(min(self.gather_slice_s, left))
-                self._take(streams.poll(0.0), missing)
+        arrived = (requests[rid] for rid in producing if rid not in missing)
+        if self.gather_s and not any(map(_first_token_waits, arrived)):
+            self._gather({rid for rid in missing if requests[rid].flowing})
+
+    def _gather(self, awaited: set[RequestId]) -> None:
+        """Read the rest of the iteration a slice at a time (a poll woken by each stream in turn would
+        cost a system call per token) until each `awaited` request has news, `gather_s` has passed (a
+        slice that brings nothing does not end it: a sender may pause within a burst), a first token
+        came (pushed in this pass; the rest is read at the next step) or new work is announced."""
+        streams = self._streams
+        deadline = time.perf_counter() + self.gather_s
+        while awaited and not streams.woken and (left := deadline - time.perf_counter()) > 0:
+            time.sleep(min(self.gather_slice_s, left))
+            news = streams.poll(0.0)
+            self._take(news, awaited)
+            if any(_first_token_waits(stream.owner) for stream in news):
+                return
 
     def _take(self, news: list[Stream], missing: set[RequestId]) -> bool:
         """Apply the streams' news; take the requests it gives news out of `missing`; whether any."""
@@ -395,6 +415,7 @@ class RemoteRunner(Runner):
         if r.stream is not stream or self._requests.get(r.id) is not r:
             return  # from a stream since aborted, or a request since released
         tokens, chunks = stream.take()
+        r.flowing = r.flowing or bool(tokens)
         logprobs = (self.api.logprobs(chunks, self.codec.decode, r.params.logprobs)
                     if r.params.logprobs is not None else [])
         if r.replay and tokens and not self._replayed(r, tokens, logprobs):

@@ -423,3 +423,41 @@ def test_latency_work_arriving_every_step_puts_the_batch_flush_off_for_a_sync_in
     written = [at for kind, at, ids in store.events if kind == "write" and ids & alice]
     assert len(written) >= 4
     assert max(b - a for a, b in zip(written, written[1:], strict=False)) <= 0.1 + 2 * 0.03 + 0.02
+
+
+class ClaimsInOrderStore(OrderedStore):
+    """Records each claim (when, which requests) among the steps and writes."""
+
+    def claim(self, *args, **kw):
+        claimed = super().claim(*args, **kw)
+        self.events.append(("claim", self.clock.now, frozenset(r.id for r in claimed)))
+        return claimed
+
+
+class WatchingLink(AnnouncingLink):
+    """A server that watches every job: each step's tokens are pushed to it (recorded as `push`)."""
+
+    def __init__(self, events: list) -> None:
+        super().__init__()
+        self.events = events
+
+    def watcher(self, job_id: int) -> str:
+        return "server"
+
+    def send(self, lines) -> None:
+        if lines:
+            self.events.append(("push", None, frozenset()))
+
+
+def test_a_steps_tokens_are_pushed_before_the_work_announced_during_it_is_claimed():
+    """The tokens a step brought (first tokens among them) go to the servers at once; the claim of
+    what was announced meanwhile, a transaction, follows (it held them back by its length)."""
+    clock = FakeClock(tick=0.001)
+    store = ClaimsInOrderStore(clock)
+    link = WatchingLink(store.events)
+    rig = _announcing_rig(store, clock, link, lambda n: n == 3)
+    for _ in range(5):
+        rig.daemon.step()
+    steps = [i for i, (kind, _, _) in enumerate(store.events) if kind == "step"]
+    after = [kind for kind, _, ids in store.events[steps[2] + 1:steps[3]] if kind != "claim" or ids]
+    assert after[:2] == ["push", "claim"], after

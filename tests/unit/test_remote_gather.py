@@ -1,0 +1,120 @@
+"""When a remote engine's step stops gathering the engine iteration's tokens (RemoteRunner._await).
+
+No sockets: the runner reads a scripted stand-in for its streams, each poll
+bringing the tokens the script says. The gather window here is a whole
+second, so a step that waits it out is told apart from one that does not by
+far more than a loaded machine's delays.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fsched.core.runners.remote import Codec, RemoteRunner
+from fsched.core.runners.standin import STANDIN_EOS, standin_text
+from fsched.core.runners.streams import Stream
+from fsched.core.sched.plan import Plan, PrefillChunk
+from fsched.core.sched.request import Request
+from fsched.core.types import SamplingParams
+
+GATHER_S = 1.0
+CODEC = Codec(standin_text, frozenset({STANDIN_EOS}), 8192)
+
+
+class ScriptedStreams:
+    """Streams whose polls bring what `script` lists: one {request id: tokens} per poll, then nothing."""
+
+    woken = False
+
+    def __init__(self) -> None:
+        self.script: list[dict[str, list[int]]] = []
+        self.by_id: dict[str, Stream] = {}
+
+    def open(self, body: dict, owner, plain: bool = True) -> Stream:
+        stream = Stream(sock=None, request=b"", owner=owner)
+        self.by_id[owner.id] = stream
+        return stream
+
+    def abort(self, stream: Stream) -> None:
+        stream.closed = True
+
+    def wake_on(self, fd: int) -> None:
+        pass
+
+    def poll(self, timeout: float) -> list[Stream]:
+        news = self.script.pop(0) if self.script else {}
+        for rid, tokens in news.items():
+            self.by_id[rid].tokens += tokens
+        return [self.by_id[rid] for rid in news]
+
+
+class ScriptedClient:
+    url = "http://scripted"
+
+    def __init__(self) -> None:
+        self.made = ScriptedStreams()
+
+    def streams(self, path: str) -> ScriptedStreams:
+        return self.made
+
+    def healthy(self) -> bool:
+        return True
+
+
+def rig(*ids: str) -> tuple[RemoteRunner, ScriptedStreams, dict[str, Request]]:
+    client = ScriptedClient()
+    runner = RemoteRunner(client, CODEC, "m", max_wait_s=5.0, gather_s=GATHER_S, gather_slice_s=0.002)
+    requests = {rid: Request.to_run(rid, [1, 2, 3], SamplingParams(max_tokens=50, temperature=0,
+                                                                    ignore_eos=True)) for rid in ids}
+    for request in requests.values():
+        runner.add(request)
+    return runner, client.made, requests
+
+
+def timed(runner: RemoteRunner, plan: Plan):
+    start = time.perf_counter()
+    result = runner.run(plan)
+    return result, time.perf_counter() - start
+
+
+def start(runner: RemoteRunner, streams: ScriptedStreams, flowing: list[str]) -> None:
+    """A first step that opens every stream and brings `flowing` their first token (the others none)."""
+    streams.script = [{rid: [7] for rid in flowing}]
+    runner.run(Plan(step=0, prefill=tuple(PrefillChunk(rid, 0, 3, True) for rid in runner._requests)))
+
+
+def test_a_stream_that_has_sent_nothing_yet_is_not_waited_for():
+    """`a` is mid-output, `b` opened and waits for the engine to take it in: the step reports `a`'s
+    token without gathering for `b` (whose first token comes at an iteration of the engine's choosing;
+    waiting for it held every step's tokens back the whole window)."""
+    runner, streams, requests = rig("a", "b")
+    start(runner, streams, flowing=["a"])
+    assert requests["a"].output == [7] and requests["b"].output == []
+    streams.script = [{"a": [8]}]
+    result, took = timed(runner, Plan(step=1, decode=("a",), prefill=(PrefillChunk("b", 3, 0, True),)))
+    assert result.outcome.produced == {"a": 1, "b": 0}
+    assert took < GATHER_S / 2
+
+
+def test_a_first_token_is_reported_in_the_step_it_arrives_in():
+    """`b`'s first token comes while `a`'s token of the same iteration is still on its way: the step
+    ends with `b`'s first token rather than gathering for `a`; `a`'s comes with the next step."""
+    runner, streams, requests = rig("a", "b")
+    start(runner, streams, flowing=["a"])
+    streams.script = [{"b": [5]}]
+    result, took = timed(runner, Plan(step=1, decode=("a",), prefill=(PrefillChunk("b", 3, 0, True),)))
+    assert result.outcome.produced == {"a": 0, "b": 1} and requests["b"].output == [5]
+    assert took < GATHER_S / 2
+    streams.script = [{"a": [8], "b": [6]}]
+    runner.run(Plan(step=2, decode=("a", "b")))
+    assert requests["a"].output == [7, 8] and requests["b"].output == [5, 6]
+
+
+def test_the_rest_of_an_iteration_is_still_gathered_from_the_streams_already_sending():
+    """Streams mid-output are gathered: `c`'s token, a few polls behind `a`'s, comes in the same step."""
+    runner, streams, requests = rig("a", "c")
+    start(runner, streams, flowing=["a", "c"])
+    streams.script = [{"a": [8]}, {}, {}, {"c": [9]}]
+    result, took = timed(runner, Plan(step=1, decode=("a", "c")))
+    assert result.outcome.produced == {"a": 1, "c": 1}
+    assert took < GATHER_S / 2
