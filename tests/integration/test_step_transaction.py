@@ -1,7 +1,10 @@
 """A daemon's step written back in one transaction (`SqlQueueStore.write_step`), on SQLite and PostgreSQL:
-its tokens, its completions and its claim commit together, and a failure anywhere in it undoes all three."""
+its tokens, its completions and its claim commit together, a failure anywhere in it undoes all three,
+and a value the table refuses fails its request alone."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 from sqlalchemy import text
@@ -9,7 +12,8 @@ from sqlalchemy import text
 from fsched.core.ports.queue import ClaimAsk
 from fsched.core.ports.records import Completion, TokenUpdate
 from fsched.core.types import RequestStatus
-from fsched.storage import sql_queue
+from fsched.storage import sql_queue, textcodec
+from fsched.storage.refusals import REFUSED_PREFIX
 from tests.support.tables import InSql, submission
 
 
@@ -96,3 +100,20 @@ def test_a_step_that_fails_at_its_end_writes_nothing_and_is_written_once_when_tr
     assert _jobs(table) == [(1, "in_progress", 1, 1, 3, 1), (2, "in_progress", 2, 0, 0, 1)]
     again = table.queue.write_step("d1", (), completions, claim)  # the completion a second time
     assert (again.finished, again.claimed) == ([False], [])
+
+
+def test_a_refused_output_in_a_step_fails_its_request_alone_and_the_claim_is_made_once(table, monkeypatch):
+    """The table refuses one completion's text (the codec bypassed: PostgreSQL refuses the NUL, SQLite's
+    driver the surrogate): the step is sent again a row at a time; that request fails with why, the
+    tokens are written and the claim leases each request once."""
+    monkeypatch.setattr(textcodec, "encode_text", lambda text: text)
+    updates, (completion,), claim = _a_step(table)
+    refused = replace(completion, output_text="bad\x00\udc80")
+    done = table.queue.write_step("d1", updates, [refused], claim)
+    assert (done.written, done.finished, [r.lease_epoch for r in done.claimed]) == (1, [True], [1, 1])
+    assert _rows(table) == [(1, "running", "d1", 1, 2), (2, "failed", None, 1, 1),
+                            (3, "running", "d1", 1, 0), (4, "running", "d1", 1, 0)]
+    with table.db.read() as conn:
+        why = conn.execute(text("SELECT error FROM requests WHERE id = 2")).scalar()
+    assert why.startswith(REFUSED_PREFIX)
+    assert _jobs(table) == [(1, "in_progress", 1, 0, 3, 1), (2, "in_progress", 2, 0, 0, 1)]
