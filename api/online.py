@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -23,7 +23,7 @@ from fsched.api import ratelimit
 from fsched.api.errors import ApiError, error_body
 from fsched.api.guard import KeepAlive, StreamEnd, Update, guarded
 from fsched.api.hub import Choices
-from fsched.api.limits import body_text
+from fsched.api.limits import text_of
 from fsched.api.sse import KEEPALIVE, BoundedStream, Outlet, sse
 from fsched.api.state import ServerState, state_of
 from fsched.api.tokens import prompt_token_ids
@@ -84,20 +84,34 @@ async def _models(state: ServerState) -> list[dict]:
              "parent": None} for name in sorted({d.model for d in daemons})]
 
 
+# The endpoints api/hotpath.py answers before FastAPI's routing; their routes below are the way in when
+# it does not (and what names their methods in a 405).
+POSTED = {"/v1/completions": Endpoint.COMPLETIONS, "/v1/chat/completions": Endpoint.CHAT}
+
+
 @router.post("/v1/completions")
 async def completions(request: Request):
-    return await _serve(request, Endpoint.COMPLETIONS)
+    return await _serve(request, Endpoint.COMPLETIONS, await request.body())
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
-    return await _serve(request, Endpoint.CHAT)
+    return await _serve(request, Endpoint.CHAT, await request.body())
 
 
-async def _serve(request: Request, endpoint: Endpoint):
+def hot_handlers() -> dict[str, Callable[[Request, bytes], Awaitable[Response]]]:
+    """api/hotpath.py's handlers of the online endpoints, by path: the request and its body."""
+
+    def handler(endpoint: Endpoint) -> Callable[[Request, bytes], Awaitable[Response]]:
+        return lambda request, body: _serve(request, endpoint, body)
+
+    return {path: handler(endpoint) for path, endpoint in POSTED.items()}
+
+
+async def _serve(request: Request, endpoint: Endpoint, body: bytes):
     state = state_of(request)
     key = await state.authenticate(request)
-    online = await _parse(request, endpoint, key, state)
+    online = await _parse(body, endpoint, key, state)
     await state.require_daemon()
     job_id = await submit(state, key, online)
     if online.stream:
@@ -162,8 +176,8 @@ async def _then(first: asyncio.Future, rest: AsyncIterator[Update]) -> AsyncIter
         await rest.aclose()
 
 
-async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: ServerState) -> OnlineRequest:
-    return await parsed_off_loop(await body_text(request), endpoint, key, await state.limits(),
+async def _parse(body: bytes, endpoint: Endpoint, key: ApiKey, state: ServerState) -> OnlineRequest:
+    return await parsed_off_loop(text_of(body), endpoint, key, await state.limits(),
                                  tool_parser=state.tool_parser, thinking=state.thinking)
 
 
