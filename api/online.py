@@ -42,7 +42,7 @@ from fsched.core.openai.online import (
 )
 from fsched.core.openai.results import DEFAULT_MODEL_NAME
 from fsched.core.openai.streams import StreamRelay
-from fsched.core.ports.records import QueueFull, RequestProgress
+from fsched.core.ports.records import KeyRevoked, QueueFull, RequestProgress
 from fsched.core.types import Endpoint, RequestStatus
 
 router = APIRouter()
@@ -110,10 +110,18 @@ def hot_handlers() -> dict[str, Callable[[Request, bytes], Awaitable[Response]]]
 
 async def _serve(request: Request, endpoint: Endpoint, body: bytes):
     state = state_of(request)
-    key = await state.authenticate(request)
-    online = await _parse(body, endpoint, key, state)
-    await state.require_daemon()
-    job_id = await submit(state, key, online)
+    # A key this server has read before is not read again: whether it was revoked since is checked in
+    # the transaction that stores the row (a thread hop and a read fewer on every request).
+    known = state.known_key(request)
+    key = known or await state.authenticate(request)
+    try:
+        online = await _parse(body, endpoint, key, state)
+        await state.require_daemon()
+        job_id = await submit(state, key, online)
+    except ApiError:
+        if known is not None:
+            await state.authenticate(request)  # a revoked key answers 401 before anything, as read
+        raise
     if online.stream:
         opened = await first_news(request, state, job_id, online, key)
         if opened is None:
@@ -224,6 +232,9 @@ async def submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
         raise ApiError(429, f"tenant {key.tenant!r} has too many unfinished requests "
                             f"(limit {limits.max_queued_per_tenant:,}); retry later",
                        code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    except KeyRevoked:
+        state.forget_key(key.id)
+        raise ApiError(401, "invalid or revoked API key", code="invalid_api_key") from None
     if state.link is not None:
         state.link.announce(job.job_id, linkable=_linkable(online))
     return job.job_id

@@ -19,6 +19,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from fsched.core.faults import crash_point
 from fsched.core.ports.records import JobSubmission, QueueFull
 from fsched.core.types import JobState
+from fsched.storage.models import ApiKeyRow
 from fsched.storage.rows import FINISHED_JOB_STATES, UNFINISHED, RowState, jobs, requests, tenants
 
 INSERT_CHUNK = 5_000
@@ -32,6 +33,9 @@ UNFINISHED_BY_TENANT = (
     .where(jobs.c.tenant.in_(_NAMES), jobs.c.state.not_in(FINISHED_JOB_STATES))
     .group_by(jobs.c.tenant)
 )
+_KEYS = ApiKeyRow.__table__
+_KEY_IDS = bindparam("b_key_ids", expanding=True)
+UNREVOKED_KEYS = select(_KEYS.c.id).where(_KEYS.c.id.in_(_KEY_IDS), _KEYS.c.revoked_at.is_(None))
 JOB_INSERT = jobs.insert().returning(jobs.c.id)
 # Several jobs in one statement (SQLAlchemy's "insertmanyvalues"), their ids in the parameters' order.
 JOBS_INSERT = jobs.insert().returning(jobs.c.id, sort_by_parameter_order=True)
@@ -55,6 +59,14 @@ def unfinished_of(conn: Connection, names: set[str]) -> Counter:
     conn.execute(TENANTS_LOCKED, {"b_names": sorted(names)})
     return Counter({tenant: int(n or 0) for tenant, n in conn.execute(
         UNFINISHED_BY_TENANT, {"b_names": sorted(names)}).all()})
+
+
+def unrevoked_keys(conn: Connection, key_ids: set[str]) -> set[str]:
+    """Those of the keys that are in the table and not revoked, read inside the storing transaction: a
+    key revoked before its request's row would be stored keeps the row out."""
+    if not key_ids:
+        return set()
+    return set(conn.execute(UNREVOKED_KEYS, {"b_key_ids": sorted(key_ids)}).scalars())
 
 
 def create_missing_tenants(conn: Connection, dialect: str, names: set[str], now: float) -> set[str]:
