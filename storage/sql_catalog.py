@@ -60,8 +60,8 @@ from fsched.storage.submit import (
     create_missing_tenants,
     insert_job,
     insert_jobs,
+    tenants_and_unrevoked_keys,
     unfinished_of,
-    unrevoked_keys,
 )
 
 RESULTS_BATCH = 1_000
@@ -115,8 +115,9 @@ class SqlCatalogStore(SqlStoreBase):
             validate_tenant_name(name)
         outcomes: list[JobSubmission | QueueFull | KeyRevoked] = []
         with self.db.write() as conn:
-            usable = unrevoked_keys(conn, {s.key_id for s in submissions if s.key_id is not None})
-            created = create_missing_tenants(conn, self.db.dialect, names, now)
+            existing, usable = tenants_and_unrevoked_keys(
+                conn, names, {s.key_id for s in submissions if s.key_id is not None})
+            created = create_missing_tenants(conn, self.db.dialect, names, now, existing)
             have = unfinished_of(conn, names)
             for s in submissions:
                 if s.key_id is not None and s.key_id not in usable:
