@@ -54,6 +54,16 @@ def error_response(exc: ApiError) -> JSONResponse:
     return JSONResponse(error_body(exc.status, exc.message, exc.param, exc.code), exc.status, exc.headers)
 
 
+def storage_unavailable() -> JSONResponse:
+    """The table is locked past its timeout, full or gone: the client may retry."""
+    body = error_body(503, "the job table is unavailable; retry shortly", code="storage")
+    return JSONResponse(body, 503, {"Retry-After": "1"})
+
+
+def unexpected_error() -> JSONResponse:
+    return JSONResponse(error_body(500, "internal error"), 500)
+
+
 def not_found(what: str, object_id: str, param: str | None = None) -> ApiError:
     """Unknown and another tenant's objects read the same: nothing tells that the id exists."""
     return ApiError(404, f"no {what} with id {object_id!r}", param, "not_found")
@@ -87,13 +97,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StorageError)
     async def storage_error(_request: Request, _exc: StorageError) -> JSONResponse:
-        # The table is locked past its timeout, full or gone: the client may retry.
-        body = error_body(503, "the job table is unavailable; retry shortly", code="storage")
-        return JSONResponse(body, 503, {"Retry-After": "1"})
+        return storage_unavailable()
 
     @app.exception_handler(Exception)
     async def unexpected(_request: Request, _exc: Exception) -> JSONResponse:
-        return JSONResponse(error_body(500, "internal error"), 500)
+        return unexpected_error()
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,7 +1,9 @@
 """API keys read from the table in groups: one worker-thread call for the lookups that arrive together.
 
-Every request reads its key (a revoked key is refused at once, so nothing is
-cached), and every open stream reads its key again once a second. Read one
+A request reads its key (a revoked key is refused at once; a chat or
+completions request of a key its server has read before is the exception:
+its key's revocation is checked where its row is stored, api/online.py), and
+every open stream reads its key again once a second. Read one
 call each, requests that arrive together (the streams that end in one engine
 step, and their clients' next requests) each wake a worker thread and take a
 pooled connection of their own, and past the pool's size open and close one:

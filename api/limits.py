@@ -12,8 +12,13 @@ from fsched.api.errors import ApiError, BodyRefused, run_refusing, send_refusal
 
 async def body_text(request: Request) -> str:
     """The request's body as text; a 400 when it is not UTF-8."""
+    return text_of(await request.body())
+
+
+def text_of(body: bytes) -> str:
+    """A body as text; a 400 when it is not UTF-8."""
     try:
-        return (await request.body()).decode("utf-8")
+        return body.decode("utf-8")
     except UnicodeDecodeError:
         raise ApiError(400, "the request body is not valid UTF-8") from None
 

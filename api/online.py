@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -23,7 +23,7 @@ from fsched.api import ratelimit
 from fsched.api.errors import ApiError, error_body
 from fsched.api.guard import KeepAlive, StreamEnd, Update, guarded
 from fsched.api.hub import Choices
-from fsched.api.limits import body_text
+from fsched.api.limits import text_of
 from fsched.api.sse import KEEPALIVE, BoundedStream, Outlet, sse
 from fsched.api.state import ServerState, state_of
 from fsched.api.tokens import prompt_token_ids
@@ -42,7 +42,7 @@ from fsched.core.openai.online import (
 )
 from fsched.core.openai.results import DEFAULT_MODEL_NAME
 from fsched.core.openai.streams import StreamRelay
-from fsched.core.ports.records import QueueFull, RequestProgress
+from fsched.core.ports.records import KeyRevoked, QueueFull, RequestProgress
 from fsched.core.types import Endpoint, RequestStatus
 
 router = APIRouter()
@@ -84,22 +84,44 @@ async def _models(state: ServerState) -> list[dict]:
              "parent": None} for name in sorted({d.model for d in daemons})]
 
 
+# The endpoints api/hotpath.py answers before FastAPI's routing; their routes below are the way in when
+# it does not (and what names their methods in a 405).
+POSTED = {"/v1/completions": Endpoint.COMPLETIONS, "/v1/chat/completions": Endpoint.CHAT}
+
+
 @router.post("/v1/completions")
 async def completions(request: Request):
-    return await _serve(request, Endpoint.COMPLETIONS)
+    return await _serve(request, Endpoint.COMPLETIONS, await request.body())
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
-    return await _serve(request, Endpoint.CHAT)
+    return await _serve(request, Endpoint.CHAT, await request.body())
 
 
-async def _serve(request: Request, endpoint: Endpoint):
+def hot_handlers() -> dict[str, Callable[[Request, bytes], Awaitable[Response]]]:
+    """api/hotpath.py's handlers of the online endpoints, by path: the request and its body."""
+
+    def handler(endpoint: Endpoint) -> Callable[[Request, bytes], Awaitable[Response]]:
+        return lambda request, body: _serve(request, endpoint, body)
+
+    return {path: handler(endpoint) for path, endpoint in POSTED.items()}
+
+
+async def _serve(request: Request, endpoint: Endpoint, body: bytes):
     state = state_of(request)
-    key = await state.authenticate(request)
-    online = await _parse(request, endpoint, key, state)
-    await state.require_daemon()
-    job_id = await submit(state, key, online)
+    # A key this server has read before is not read again: whether it was revoked since is checked in
+    # the transaction that stores the row (a thread hop and a read fewer on every request).
+    known = state.known_key(request)
+    key = known or await state.authenticate(request)
+    try:
+        online = await _parse(body, endpoint, key, state)
+        await state.require_daemon()
+        job_id = await submit(state, key, online)
+    except ApiError:
+        if known is not None:
+            await state.authenticate(request)  # a revoked key answers 401 before anything, as read
+        raise
     if online.stream:
         opened = await first_news(request, state, job_id, online, key)
         if opened is None:
@@ -162,8 +184,8 @@ async def _then(first: asyncio.Future, rest: AsyncIterator[Update]) -> AsyncIter
         await rest.aclose()
 
 
-async def _parse(request: Request, endpoint: Endpoint, key: ApiKey, state: ServerState) -> OnlineRequest:
-    return await parsed_off_loop(await body_text(request), endpoint, key, await state.limits(),
+async def _parse(body: bytes, endpoint: Endpoint, key: ApiKey, state: ServerState) -> OnlineRequest:
+    return await parsed_off_loop(text_of(body), endpoint, key, await state.limits(),
                                  tool_parser=state.tool_parser, thinking=state.thinking)
 
 
@@ -210,6 +232,9 @@ async def submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
         raise ApiError(429, f"tenant {key.tenant!r} has too many unfinished requests "
                             f"(limit {limits.max_queued_per_tenant:,}); retry later",
                        code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    except KeyRevoked:
+        state.forget_key(key.id)
+        raise ApiError(401, "invalid or revoked API key", code="invalid_api_key") from None
     if state.link is not None:
         state.link.announce(job.job_id, linkable=_linkable(online))
     return job.job_id

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 # an admin's new limits apply, within these; a revoked key is refused at once.
 DAEMONS_TTL_S = 0.5
 LIMITS_TTL_S = 1.0
+KNOWN_KEYS = 10_000  # keys remembered at most (api/online.py's requests skip reading them)
 
 
 @dataclass(slots=True)
@@ -100,6 +101,7 @@ class ServerState:
     _key_reads: KeyReads | None = None
     _daemons: Cached[list[DaemonSummary]] = field(default_factory=Cached)
     _limits: Cached[InputLimits] = field(default_factory=Cached)
+    _known_keys: dict[str, ApiKey] = field(default_factory=dict)  # unrevoked when read, by id
 
     async def call(self, fn, *args, **kwargs):
         """A store call in a worker thread: the event loop never waits on the database."""
@@ -140,16 +142,40 @@ class ServerState:
 
     async def authenticate(self, request: Request) -> ApiKey:
         """The key of `Authorization: Bearer <key>`; 401 for none, a malformed, unknown or revoked one."""
-        header = request.headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
-        parts = split_key(key.strip()) if scheme.lower() == "bearer" else None
-        if parts is None:
-            raise ApiError(401, "missing or malformed API key (Authorization: Bearer fsk-...)",
-                           code="invalid_api_key")
-        stored = await self.read_key(parts[0])
-        if not secret_matches(parts[1], stored):
+        key_id, secret = _bearer(request)
+        stored = await self.read_key(key_id)
+        if not secret_matches(secret, stored):
             raise ApiError(401, "invalid or revoked API key", code="invalid_api_key")
+        if len(self._known_keys) >= KNOWN_KEYS:
+            self._known_keys.clear()
+        self._known_keys[key_id] = stored
         return stored
+
+    def known_key(self, request: Request) -> ApiKey | None:
+        """The request's key as this server read it unrevoked before, when the secret is its: a key
+        never changes but for its revocation, which the caller must then check where it stores the
+        request's row (a revoked key's row is never stored: `CatalogStore.submit_each`). None for a
+        key not read here yet, a wrong secret, or a malformed header (`authenticate` answers them)."""
+        try:
+            key_id, secret = _bearer(request)
+        except ApiError:
+            return None
+        known = self._known_keys.get(key_id)
+        return known if known is not None and secret_matches(secret, known) else None
+
+    def forget_key(self, key_id: str) -> None:
+        self._known_keys.pop(key_id, None)
+
+
+def _bearer(request: Request) -> tuple[str, str]:
+    """The key id and secret of `Authorization: Bearer <key>`; 401 for none or a malformed one."""
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    parts = split_key(key.strip()) if scheme.lower() == "bearer" else None
+    if parts is None:
+        raise ApiError(401, "missing or malformed API key (Authorization: Bearer fsk-...)",
+                       code="invalid_api_key")
+    return parts
 
 
 def state_of(request: Request) -> ServerState:

@@ -7,8 +7,9 @@ and the last waits for all the others: measured on SQLite with 8 streams,
 submits waited up to 128 ms for the lock. Here the handlers hand their
 submissions to one writer: while it stores one group, the next gathers, and
 goes in one transaction (`CatalogStore.submit_each`) as soon as that one is done.
-A request over its tenant's queue limit gets its own QueueFull; a group whose
-transaction fails is stored again one by one, so that a failure is only its own.
+A request over its tenant's queue limit gets its own QueueFull, one whose key
+was revoked its KeyRevoked; a group whose transaction fails is stored again
+one by one, so that a failure is only its own.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
-from fsched.core.ports.records import JobSubmission, QueueFull, SubmittedJob
+from fsched.core.ports.records import JobSubmission, KeyRevoked, QueueFull, SubmittedJob
 
 MAX_GROUP = 256  # submissions a transaction stores at most
 
-Outcome = SubmittedJob | QueueFull
+Outcome = SubmittedJob | QueueFull | KeyRevoked
 Store = Callable[[Sequence[JobSubmission], int], Awaitable[list[Outcome]]]
 
 
@@ -32,7 +33,7 @@ class Submitter:
         self._task: asyncio.Future | None = None  # the writer, while it runs (kept: tasks are weak)
 
     async def submit(self, submission: JobSubmission, max_queued_per_tenant: int) -> SubmittedJob:
-        """Store one job (raises QueueFull over its tenant's limit)."""
+        """Store one job (raises QueueFull over its tenant's limit, KeyRevoked for a revoked key)."""
         future = asyncio.get_running_loop().create_future()
         self._pending.append((submission, max_queued_per_tenant, future))
         if not self._writing:

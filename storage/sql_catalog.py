@@ -20,6 +20,7 @@ from fsched.core.ports.records import (
     DaemonStats,
     DaemonSummary,
     JobSubmission,
+    KeyRevoked,
     OnlineGroup,
     QueueFull,
     RequestProgress,
@@ -59,6 +60,7 @@ from fsched.storage.submit import (
     create_missing_tenants,
     insert_job,
     insert_jobs,
+    tenants_and_unrevoked_keys,
     unfinished_of,
 )
 
@@ -102,19 +104,25 @@ class SqlCatalogStore(SqlStoreBase):
         self,
         submissions: Sequence[JobSubmission],
         max_queued_per_tenant: int = DEFAULT_MAX_QUEUED_PER_TENANT,
-    ) -> list[SubmittedJob | QueueFull]:
+    ) -> list[SubmittedJob | QueueFull | KeyRevoked]:
         """Store each job on its own terms in one transaction for all (a group commit of the
         HTTP server's online requests): a job over its tenant's limit gets its QueueFull in its
-        place, counted after the jobs before it in the list."""
+        place, counted after the jobs before it in the list, and one whose API key is revoked or
+        unknown its KeyRevoked."""
         now = self.clock()
         names = {s.tenant for s in submissions}
         for name in names:
             validate_tenant_name(name)
-        outcomes: list[JobSubmission | QueueFull] = []
+        outcomes: list[JobSubmission | QueueFull | KeyRevoked] = []
         with self.db.write() as conn:
-            created = create_missing_tenants(conn, self.db.dialect, names, now)
+            existing, usable = tenants_and_unrevoked_keys(
+                conn, names, {s.key_id for s in submissions if s.key_id is not None})
+            created = create_missing_tenants(conn, self.db.dialect, names, now, existing)
             have = unfinished_of(conn, names)
             for s in submissions:
+                if s.key_id is not None and s.key_id not in usable:
+                    outcomes.append(KeyRevoked(s.key_id))
+                    continue
                 adding = len(s.requests)
                 if have[s.tenant] + adding > max_queued_per_tenant:
                     outcomes.append(QueueFull(s.tenant, have[s.tenant], adding, max_queued_per_tenant))
@@ -122,7 +130,7 @@ class SqlCatalogStore(SqlStoreBase):
                 have[s.tenant] += adding
                 outcomes.append(s)
             job_ids = iter(insert_jobs(conn, [s for s in outcomes if isinstance(s, JobSubmission)], now))
-        return [s if isinstance(s, QueueFull) else SubmittedJob(
+        return [s if isinstance(s, (QueueFull, KeyRevoked)) else SubmittedJob(
             job_id=next(job_ids), num_requests=len(s.requests), tenant=s.tenant,
             request_class=s.request_class, tenant_created=s.tenant in created) for s in outcomes]
 

@@ -32,6 +32,7 @@ from fsched.core.ports.records import (
     CancelOutcome,
     DaemonSummary,
     JobSubmission,
+    KeyRevoked,
     OnlineGroup,
     QueueFull,
     RequestProgress,
@@ -52,9 +53,10 @@ class CatalogStore(Protocol):
 
     def submit_each(
         self, submissions: Sequence[JobSubmission], max_queued_per_tenant: int = ...
-    ) -> list[SubmittedJob | QueueFull]:
+    ) -> list[SubmittedJob | QueueFull | KeyRevoked]:
         """Store each job on its own terms, in one transaction for all (a group commit): a job over
-        its tenant's limit gets its QueueFull in its place, the others are stored."""
+        its tenant's limit gets its QueueFull in its place, one whose API key (`key_id`) is revoked
+        or not in the table its KeyRevoked, the others are stored."""
         ...
 
     def list_jobs(

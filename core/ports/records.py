@@ -95,6 +95,15 @@ class QueueFull(StoreError):
         self.tenant = tenant
 
 
+class KeyRevoked(StoreError):
+    """A submission's API key is revoked (or not in the table) as its job was to be stored; nothing was
+    stored. A server that trusted its memory of the key (api/state.py) learns it here."""
+
+    def __init__(self, key_id: str):
+        super().__init__(f"API key {key_id} is revoked or unknown; nothing was submitted")
+        self.key_id = key_id
+
+
 class SchemaMismatch(StoreError):
     """The database was written by another version of fsched."""
 

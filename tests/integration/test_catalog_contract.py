@@ -9,6 +9,7 @@ server's unit tests run on) is held to the same rules as the SQL one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 
@@ -22,6 +23,7 @@ from fsched.core.ports.records import (
     DaemonStats,
     DaemonSummary,
     JobSubmission,
+    KeyRevoked,
     QueueFull,
     TenantBusy,
     TenantExists,
@@ -190,6 +192,22 @@ def test_a_group_commit_stores_each_job_on_its_own_terms(table):
     assert last.tenant == "alice" and last.job_id > bob.job_id > first.job_id  # 9 + 1 fits
     assert queued(table) == {"alice": 10, "bob": 1}
     assert len([j for j in store.list_jobs() if j.tenant == "alice"]) == 3
+
+
+def test_a_group_commit_stores_no_job_of_a_revoked_or_unknown_key(table):
+    kept, _ = table.keys.create_key("alice", RequestClass.REALTIME)
+    gone, _ = table.keys.create_key("alice", RequestClass.REALTIME)
+    table.keys.revoke_key(gone.id)
+
+    def of(key_id: str | None) -> JobSubmission:
+        return dataclasses.replace(submission(1), key_id=key_id)
+
+    outcomes = table.catalog.submit_each([of(kept.id), of(gone.id), of("000000000000"), of(None)],
+                                         max_queued_per_tenant=10)
+    stored, revoked, unknown, keyless = outcomes
+    assert isinstance(revoked, KeyRevoked) and revoked.key_id == gone.id
+    assert isinstance(unknown, KeyRevoked) and unknown.key_id == "000000000000"
+    assert {j.id for j in table.catalog.list_jobs()} == {stored.job_id, keyless.job_id}
 
 
 def test_a_group_commit_inserts_its_jobs_in_two_statements_whatever_their_number(table):

@@ -109,6 +109,29 @@ def test_unknown_paths_and_bad_bodies_answer_in_openai_shape():
     assert error_of(forbidden, 403)["param"] == "service_tier"
 
 
+def test_the_online_endpoints_are_answered_before_the_frameworks_middleware_and_routing():
+    client, _ = app()
+    through_framework = []
+    build = client.app.build_middleware_stack
+
+    def spied():
+        inner = build()
+
+        async def stack(scope, receive, send):
+            through_framework.append((scope["type"], scope.get("method"), scope.get("path")))
+            await inner(scope, receive, send)
+        return stack
+
+    client.app.build_middleware_stack = spied
+    for path, body in (("/v1/chat/completions", CHAT), ("/v1/completions", {"model": "m", "prompt": "hi"})):
+        assert error_of(client.post(path, headers=AUTH, json=body), 503)["code"] == "no_daemon"
+        assert error_of(client.post(path, content=b"{}"), 401)["code"] == "invalid_api_key"
+    assert through_framework == []
+    wrong_method = client.get("/v1/chat/completions", headers=AUTH)  # the framework's routes still say so
+    assert error_of(wrong_method, 405) and wrong_method.headers["allow"] == "POST"
+    assert through_framework == [("http", "GET", "/v1/chat/completions")]
+
+
 def test_metrics_read_the_table_and_the_daemons_figures():
     from fsched.api.metrics import Metrics
     from fsched.core.jobs.jobstate import JobCounts, JobSummary

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from fsched.api.state import ServerState
 from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.records import JobSubmission
 from fsched.core.types import RequestClass, RequestStatus
@@ -170,6 +171,31 @@ async def test_a_revoked_key_is_refused_at_once(rig):
     rig.table.keys.revoke_key(record.id)
     with pytest.raises(openai.AuthenticationError):
         await c.completions.create(model="m", prompt="p", max_tokens=1)
+
+
+async def test_a_key_read_once_is_not_read_again_and_once_revoked_none_of_its_requests_is_stored(
+        rig, monkeypatch):
+    record, key = rig.table.keys.create_key("regular", RequestClass.STREAMING)
+    c = rig.server.openai(key)
+    assert (await c.completions.create(model="m", prompt="p", max_tokens=1)).choices
+    reads = []
+    read_key = ServerState.read_key
+
+    async def counted(self, key_id):
+        reads.append(key_id)
+        return await read_key(self, key_id)
+
+    monkeypatch.setattr(ServerState, "read_key", counted)
+    for _ in range(3):
+        assert (await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1)).choices
+    assert reads == []  # whether it was revoked is read where its row is stored
+    jobs = len(rig.table.catalog.list_jobs(tenant="regular"))
+    rig.table.keys.revoke_key(record.id)
+    with pytest.raises(openai.AuthenticationError):  # a bad body of a revoked key: its 401 first
+        await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1, n=300)
+    with pytest.raises(openai.AuthenticationError):
+        await c.chat.completions.create(model="m", messages=CHAT, max_tokens=1)
+    assert len(rig.table.catalog.list_jobs(tenant="regular")) == jobs
 
 
 async def test_one_tenant_cannot_see_anothers_files_batches_or_requests(rig):

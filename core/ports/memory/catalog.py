@@ -22,6 +22,7 @@ from fsched.core.ports.records import (
     CancelOutcome,
     DaemonSummary,
     JobSubmission,
+    KeyRevoked,
     OnlineGroup,
     QueueFull,
     RequestProgress,
@@ -66,16 +67,20 @@ class MemoryCatalogStore:
 
     @atomic
     def submit_each(self, submissions: Sequence[JobSubmission], max_queued_per_tenant: int =
-                    DEFAULT_MAX_QUEUED_PER_TENANT) -> list[SubmittedJob | QueueFull]:
+                    DEFAULT_MAX_QUEUED_PER_TENANT) -> list[SubmittedJob | QueueFull | KeyRevoked]:
         """Each job on its own terms: one over its tenant's limit (counted after those before it) gets
-        its QueueFull, the others are stored."""
+        its QueueFull, one whose API key is revoked or unknown its KeyRevoked, the others are stored."""
         for s in submissions:
             validate_tenant_name(s.tenant)
             _check_unique(s)
         created = self._create_missing({s.tenant for s in submissions})
         have = {name: self.rows.unfinished_of(name) for name in {s.tenant for s in submissions}}
-        outcomes: list[SubmittedJob | QueueFull] = []
+        outcomes: list[SubmittedJob | QueueFull | KeyRevoked] = []
         for s in submissions:
+            key = self.rows.api_keys.get(s.key_id) if s.key_id is not None else None
+            if s.key_id is not None and (key is None or key.revoked):
+                outcomes.append(KeyRevoked(s.key_id))
+                continue
             adding = len(s.requests)
             if have[s.tenant] + adding > max_queued_per_tenant:
                 outcomes.append(QueueFull(s.tenant, have[s.tenant], adding, max_queued_per_tenant))
