@@ -98,6 +98,7 @@ def apply_step(running: Iterable[Request], plan: Plan, outcome: Outcome) -> dict
     batch = RequestClass.BATCH
     totals: dict[str, TenantStep] = {}
     tenant, t = None, TenantStep()
+    charge = precedence = t.charge
     # One pass a step over every running row: the common row (decoding) is advanced inline, and the
     # tenant's totals are looked up only when the tenant changes from the row before. The sums are
     # made in the same order as a row at a time, so the charges are the same to the last bit.
@@ -105,7 +106,7 @@ def apply_step(running: Iterable[Request], plan: Plan, outcome: Outcome) -> dict
         if r.tenant != tenant:
             tenant = r.tenant
             t = totals.get(tenant) or totals.setdefault(tenant, TenantStep())
-        charge = t.charge
+            charge, precedence = t.charge, t.precedence
         n = decoded.get(r.id)
         if n is not None:
             r.computed += n
@@ -127,8 +128,8 @@ def apply_step(running: Iterable[Request], plan: Plan, outcome: Outcome) -> dict
         charge.gpu_s += gpu
         charge.kv_token_s += kv
         if r.request_class is not batch:
-            t.precedence.gpu_s += gpu
-            t.precedence.kv_token_s += kv
+            precedence.gpu_s += gpu
+            precedence.kv_token_s += kv
         res_gpu, res_kv = r.res_gpu, r.res_kv
         if res_gpu or res_kv:
             # min(gpu, res_gpu), min(kv, res_kv), without two calls a row
