@@ -243,11 +243,37 @@ def received(stream: Stream, data: bytes) -> None:
         stream.buf += data
         _framed(stream)
     elif stream.chunked:
-        _chunks(stream, stream.buf + data if stream.buf else data)
+        if stream.buf or stream.sse or not _one_plain_event(stream, data):
+            _chunks(stream, stream.buf + data if stream.buf else data)
     elif data:
         _events(stream, stream.sse + data if stream.sse else data)
     if not data and not stream.ended:
         _eof(stream)
+
+
+def _one_plain_event(stream: Stream, data: bytes) -> bool:
+    """The common read of a plain stream, taken in one pass: one whole HTTP chunk that holds one whole
+    one-line `data:` event with a plain chunk (`_plain_chunk`). False, having taken nothing, for any
+    other read (several chunks or events, a part of one, the end, an error): the general path reads it.
+    """
+    eol = data.find(b"\r\n")
+    if eol < 0 or not stream.plain or stream.ended:
+        return False
+    try:
+        end = eol + 2 + int(data[:eol], 16)
+    except ValueError:  # a chunk extension, or not a size at all
+        return False
+    # the payload: b"data: ...\n\n", the chunk's closing CRLF right after it, nothing else
+    if len(data) != end + 2 or data[end:] != b"\r\n" or data[eol + 2 : eol + 7] != b"data:" \
+            or data.find(b"\n", eol + 2) != end - 2 or data[end - 1 : end] != b"\n":
+        return False
+    fast = _plain_chunk(data[eol + 7 : end - 2].strip())
+    if fast is None:
+        return False
+    stream.tokens += fast[0]
+    if fast[1] is not None:
+        stream.last = fast[1]
+    return True
 
 
 def _framed(stream: Stream) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from fsched.core.sched.plan import Outcome, Plan
 from fsched.core.sched.request import Request
 from fsched.core.sched.usage import TenantCharge
-from fsched.core.types import RequestClass
+from fsched.core.types import RequestClass, RequestId
 
 
 @dataclass(slots=True)
@@ -88,21 +88,36 @@ def apply_step(running: Iterable[Request], plan: Plan, outcome: Outcome) -> dict
     reservation of each request.
     """
     steps, elapsed = outcome.steps, outcome.elapsed_s
-    # Tokens processed: a decode row yields one a step, or what the runner reports (a remote engine
-    # may have run several tokens ahead between two steps).
-    processed = sum(c.tokens for c in plan.prefill) + sum(outcome.tokens_of(rid) for rid in plan.decode)
+    # Tokens each decode row yielded: one a step, or what the runner reports (a remote engine may have
+    # run several tokens ahead between two steps). Looked up once a row, not asked of the outcome twice.
+    decoded = decode_tokens(plan.decode, outcome)
+    processed = sum(c.tokens for c in plan.prefill) + sum(decoded.values())
     per_token = elapsed / processed if processed else 0.0
     chunks = {c.request_id: c for c in plan.prefill}
-    decoded = set(plan.decode)
     half = (steps - 1) / 2
+    batch = RequestClass.BATCH
     totals: dict[str, TenantStep] = {}
+    tenant, t = None, TenantStep()
+    charge = precedence = t.charge
+    # One pass a step over every running row: the common row (decoding) is advanced inline, and the
+    # tenant's totals are looked up only when the tenant changes from the row before. The sums are
+    # made in the same order as a row at a time, so the charges are the same to the last bit.
     for r in running:
-        t = totals.get(r.tenant)
-        if t is None:
-            t = totals[r.tenant] = TenantStep()
-        before = r.generated
-        gpu, held = _advance(r, r.id in decoded, chunks.get(r.id), outcome, half, t.charge)
-        t.generated += r.generated - before
+        if r.tenant != tenant:
+            tenant = r.tenant
+            t = totals.get(tenant) or totals.setdefault(tenant, TenantStep())
+            charge, precedence = t.charge, t.precedence
+        n = decoded.get(r.id)
+        if n is not None:
+            r.computed += n
+            r.generated += n
+            charge.decode_tokens += n
+            t.generated += n
+            gpu, held = n, r.computed - half
+        else:
+            before = r.generated
+            gpu, held = _advance_other(r, chunks.get(r.id), outcome, charge)
+            t.generated += r.generated - before
         if gpu:
             r.run_steps += steps
             r.idle_steps = 0
@@ -110,29 +125,34 @@ def apply_step(running: Iterable[Request], plan: Plan, outcome: Outcome) -> dict
             r.idle_steps += steps
         gpu *= per_token
         kv = held * elapsed
-        t.charge.gpu_s += gpu
-        t.charge.kv_token_s += kv
-        if r.request_class is not RequestClass.BATCH:
-            t.precedence.gpu_s += gpu
-            t.precedence.kv_token_s += kv
-        if r.res_gpu or r.res_kv:
-            used_gpu, used_kv = min(gpu, r.res_gpu), min(kv, r.res_kv)
-            r.res_gpu -= used_gpu
-            r.res_kv -= used_kv
+        charge.gpu_s += gpu
+        charge.kv_token_s += kv
+        if r.request_class is not batch:
+            precedence.gpu_s += gpu
+            precedence.kv_token_s += kv
+        res_gpu, res_kv = r.res_gpu, r.res_kv
+        if res_gpu or res_kv:
+            # min(gpu, res_gpu), min(kv, res_kv), without two calls a row
+            used_gpu = res_gpu if res_gpu < gpu else gpu
+            used_kv = res_kv if res_kv < kv else kv
+            r.res_gpu = res_gpu - used_gpu
+            r.res_kv = res_kv - used_kv
             t.reserved_gpu_s += used_gpu
             t.reserved_kv_token_s += used_kv
     return totals
 
 
-def _advance(r: Request, decoding: bool, chunk, outcome: Outcome, half: float,
-             charge: TenantCharge) -> tuple[int, float]:
-    """Apply one request's part of the step: (tokens processed, KV held on average)."""
-    if decoding:
-        n = outcome.tokens_of(r.id)
-        r.computed += n
-        r.generated += n
-        charge.decode_tokens += n
-        return n, r.computed - half
+def decode_tokens(decode: Iterable[RequestId], outcome: Outcome) -> dict[RequestId, int]:
+    """The tokens each decode row yielded (`Outcome.tokens_of` of each), by request."""
+    if outcome.produced is None:
+        return dict.fromkeys(decode, outcome.steps)
+    produced = outcome.produced
+    return {rid: produced.get(rid, 0) for rid in decode}
+
+
+def _advance_other(r: Request, chunk, outcome: Outcome, charge: TenantCharge) -> tuple[int, float]:
+    """Apply a row that does not decode (a prefill chunk, or nothing this step): (tokens processed,
+    KV held on average)."""
     if chunk is not None:
         r.computed += chunk.tokens
         charge.prefill_tokens += chunk.tokens

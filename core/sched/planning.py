@@ -23,7 +23,10 @@ def split_rows(running: Iterable[Request], rank: Callable[[Request], tuple], bud
     decode: list[RequestId] = []
     prefilling: list[Request] = []
     for r in running:
-        if r.pending_prefill == 0:
+        # `r.pending_prefill == 0` (request.py), spelled out: a property call a row a step is most of
+        # this loop's cost
+        computed, context = r.computed, r.prompt_tokens + r.generated
+        if computed == context or (computed == context - 1 and r.generated > 0):
             decode.append(r.id)
         else:
             prefilling.append(r)

@@ -80,3 +80,37 @@ def test_every_kind_of_answer_ends_with_its_fault(answer, fault, message):
     for cut in (None, len(answer) // 2):
         stream = _parsed(answer, cut)
         assert stream.ended and stream.fault is fault and message in stream.error, (cut, stream.error)
+
+
+
+def _opened(head: bytes) -> Stream:
+    stream = Stream(socket.socket(), b"", state=HEAD)
+    stream.sock.close()
+    received(stream, head)
+    return stream
+
+
+def test_a_read_of_one_whole_plain_event_is_taken_in_one_pass_and_any_other_read_as_before(monkeypatch):
+    import fsched.core.runners.streams as streams
+
+    general = []
+    monkeypatch.setattr(streams, "_chunks", lambda s, buf, f=streams._chunks: general.append(buf) or f(s, buf))
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    whole = [b"%x\r\n%s\r\n" % (len(p), p) for p in STREAM]  # one whole chunk a read, each one event
+    stream = _opened(head)
+    general.clear()  # the head's read (nothing of the body yet)
+    for read in whole[:3]:
+        received(stream, read)
+    assert (stream.tokens, stream.last, general) == ([5, 6, 7, 8], "length", [])  # none took the general path
+    received(stream, whole[3] + b"0\r\n\r\n")
+    assert (stream.finish, stream.ended, general) == ("length", True, [whole[3] + b"0\r\n\r\n"])
+    error = b'data: {"error": {"message": "too long"}}\n\n'
+    others = [_chunked(STREAM[0], STREAM[1]), b"%x\r\n%s\r\n" % (len(error), error), whole[0][:-1],
+              b"%x;ext=1\r\n%s\r\n" % (len(STREAM[0]), STREAM[0])]
+    for read in others:  # two chunks, an error, a chunk not yet whole, a chunk extension
+        opened = _opened(head)
+        general.clear()
+        received(opened, read)
+        assert general == [read]
+    assert "too long" in _opened(head + others[1]).error
+    assert _opened(head + others[3]).tokens == [5]
