@@ -116,6 +116,7 @@ def run_daemon(settings: DaemonSettings, db: str | None) -> None:
             the_daemon = build_daemon(settings, table.queue, exclusive=lock is not None)
         except RunnerUnavailable as exc:
             raise UserError(str(exc)) from None
+        table.queue.prepare(the_daemon.engine.scheduler.config.max_batch)
 
         def stop(signum, _frame) -> None:
             log.info("%s: finishing the step, saving progress", signal.Signals(signum).name)

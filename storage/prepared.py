@@ -13,12 +13,19 @@ A statement that names a list (`listed`: `IN` a list of ids) is a function of
 the list's length: one is compiled for each power of two, the list padded by
 repeating its last id (an `IN` list reads the same), so a handful of
 variants serve every length.
+
+Compiling is the dear part (a few milliseconds a variant in SQLAlchemy's
+compiler), so a daemon compiles every statement and every variant up to its
+batch when it starts (`compile_ahead`): otherwise its first steps paid for it,
+a new length at a time (a quarter of a fresh daemon's CPU over its first
+minute of 32 streams, measured with py-spy).
 """
 
 from __future__ import annotations
 
 from collections import namedtuple
 from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 from sqlalchemy import bindparam, literal
@@ -52,6 +59,16 @@ class Prepared:
         self._listed = listed
         self._variants: dict[tuple[str, int], _Compiled] = {}
 
+    def compile_ahead(self, dialect: Dialect, largest: int) -> None:
+        """Compile now what running it for lists of up to `largest` values would."""
+        if self._listed is None:
+            self._variant(dialect, 0)
+            return
+        n = 1
+        while n <= _size(max(largest, 1)):
+            self._variant(dialect, n)
+            n *= 2
+
     def bound(self, dialect: Dialect, params: Mapping[str, Any] | None) -> tuple[_Compiled, Any]:
         """The compiled variant for these parameters, and the parameters as its driver takes them."""
         params = params or {}
@@ -73,6 +90,11 @@ class Prepared:
         if found is None:
             found = self._variants[key] = _Compiled(self._build(n), dialect)
         return found
+
+
+def statements_of(*modules: ModuleType) -> list[Prepared]:
+    """The statements these modules define (at module level: compiled once for the process's life)."""
+    return [value for module in modules for value in vars(module).values() if isinstance(value, Prepared)]
 
 
 def _size(n: int) -> int:

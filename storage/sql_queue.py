@@ -28,7 +28,7 @@ from fsched.storage.claim import claim_requests, nothing_to_take
 from fsched.storage.counters import CountDelta, move_jobs, requeue
 from fsched.storage.db import Database, database_clock
 from fsched.storage.direct import DirectConnection
-from fsched.storage.prepared import Prepared, listed
+from fsched.storage.prepared import Prepared, listed, statements_of
 from fsched.storage.refusals import is_refusal
 from fsched.storage.rows import (
     RowState,
@@ -78,6 +78,13 @@ BEAT = Prepared(update(daemons).where(daemons.c.id == bindparam("b_id")).values(
 FIRST_BEAT = Prepared(daemons.insert().values(id=bindparam("b_id"), **_BEAT_VALUES))
 
 
+def daemon_statements() -> list[Prepared]:
+    """Every statement a daemon runs on its kept connection."""
+    from fsched.storage import claim, counters, logprobs, sql_queue, writeback
+
+    return statements_of(claim, counters, logprobs, sql_queue, writeback)
+
+
 class SqlQueueStore(SqlStoreBase):
     """Claim, write back, hand back, leases, usage and heartbeats: what a daemon does.
 
@@ -87,6 +94,11 @@ class SqlQueueStore(SqlStoreBase):
     def __init__(self, db: Database | str | None = None, clock: Callable[[], float] = time.time):
         super().__init__(db, clock)
         self.direct = DirectConnection(self.db)
+
+    def prepare(self, largest: int) -> None:
+        dialect = self.db.engine.dialect
+        for statement in daemon_statements():
+            statement.compile_ahead(dialect, largest)
 
     def claim(
         self,

@@ -162,3 +162,8 @@ class QueueStore(Protocol):
     def heartbeat(self, daemon: DaemonSummary) -> None:
         """Insert or refresh a daemon's row; a summary with `stopped_at` set is its goodbye."""
         ...
+
+    def prepare(self, largest: int) -> None:
+        """Make ready, before the first step, what the steps run for up to `largest` requests at a time
+        (a store whose statements are compiled compiles them now, so that no step pays for it)."""
+        ...

@@ -119,3 +119,24 @@ def test_the_claim_finds_its_jobs_by_the_state_index(sqlite_url):
             "EXPLAIN QUERY PLAN " + compiled.sql, tuple(compiled.driver_params({}))))
     db.dispose()
     assert "ix_jobs_state" in plan and "SCAN jobs" not in plan
+
+
+def _variants_compiled() -> int:
+    from fsched.storage.sql_queue import daemon_statements
+
+    return sum(len(each._variants) for each in daemon_statements())
+
+
+def test_a_prepared_store_compiles_nothing_while_it_claims_and_writes(table):
+    """What a daemon's steps run is compiled when it starts (`prepare`), not a list length at a time in
+    its first steps."""
+    from fsched.core.ports.records import TokenUpdate
+
+    table.catalog.submit([submission(9)])
+    table.queue.prepare(16)
+    before = _variants_compiled()
+    claimed = table.queue.claim("d1", per_group=16)
+    assert len(claimed) == 9
+    for n in (1, 3, 9):
+        assert table.queue.flush_tokens("d1", [TokenUpdate(r.id, (5, 6), "xy") for r in claimed[:n]]) == n
+    assert _variants_compiled() == before

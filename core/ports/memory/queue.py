@@ -206,6 +206,9 @@ class MemoryQueueStore:
     def may_have_changed(self) -> bool:
         return True
 
+    def prepare(self, largest: int) -> None:
+        """Nothing to compile in memory."""
+
     @atomic
     def has_queued(self, running_too: bool = False) -> bool:
         states = {RequestStatus.WAITING} | ({RequestStatus.RUNNING} if running_too else set())
