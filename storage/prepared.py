@@ -17,8 +17,8 @@ variants serve every length.
 Compiling is the dear part (a few milliseconds a variant in SQLAlchemy's
 compiler), so a daemon compiles every statement and every variant up to its
 batch when it starts (`compile_ahead`): otherwise its first steps paid for it,
-a new length at a time (a quarter of a fresh daemon's CPU over its first
-minute of 32 streams, measured with py-spy).
+a new length at a time (23% of a fresh daemon's CPU while it relayed its
+first 6,144 tokens to 32 streams, measured with py-spy).
 """
 
 from __future__ import annotations
