@@ -37,8 +37,9 @@ class Steps:
 
     def __call__(self, now: float, plan: Plan, sched: Scheduler) -> None:
         stand = sched.standings(now) if self.standings else {}
-        best = sched._waiting.best(now, stand) if self.standings and sched.waiting_count else None
-        self.heads.append(best[1].id if best else None)
+        waiting = list(sched.waiting()) if self.standings else []
+        best = min(waiting, key=lambda r: sched.policy.rank(r, now, stand)) if waiting else None
+        self.heads.append(best.id if best else None)
         self.rows.append((now, plan, {t: (s.in_share, s.precedence) for t, s in stand.items()}))
 
     def first_tokens(self) -> dict[str, float]:
