@@ -262,10 +262,13 @@ class FschedPolicy(Fcfs):
         # second has missed it and loses nothing the class is measured by when it waits a step
         # (without this, a long realtime prompt of the tenant further below its share held a short
         # one of the other tenant for seconds; both tenants are within their share).
+        # In the share tier the tenants' scores chose who was admitted; among the admitted, prefill
+        # goes by arrival, so a prompt admitted early is not held (its KV idle) behind prompts of a
+        # tenant with a lower score admitted after it.
         rank = self.compose(self.static_rank(r, now), stand[r.tenant])
         if rank[0] == 0:
             return (0, rank[1], not on_target(r, now), *rank[2:])
-        return rank
+        return (1, r.arrival, r.seq)
 
     def may_preempt(self, waiter: Request, now: float, stand: Mapping[str, Standing]) -> bool:
         # Only realtime and streaming work with precedence displaces others:

@@ -214,3 +214,22 @@ def test_fsched_running_prefill_that_can_make_its_target_goes_before_one_that_ca
     assert first_chunk(1.6) == "long-a"
     # and the waiting order is unchanged: a's long prompt first
     assert order(policy, [short_b, long_a], 1.05, stand) == ["long-a", "short-b"]
+
+
+def test_fsched_running_prefills_of_the_share_tier_take_the_budget_in_arrival_order():
+    """Batch prompts already admitted prefill oldest first whatever their tenants' scores: the scores
+    chose who was admitted; a's later prompt does not hold b's admitted one (and its KV) idle."""
+    from fsched.core.sched.planning import split_rows
+
+    policy = make_policy("fsched", CFG, {"a": 3, "b": 1})
+    stand = {"a": Standing(0.5, True, True), "b": Standing(1.0, True, True)}
+    early_b = Request("early-b", "b", BA, 8_000, 10, 0.0)
+    late_a = Request("late-a", "a", BA, 8_000, 10, 1.0)
+    for seq, x in enumerate((early_b, late_a)):
+        x.seq = seq
+        stamp(x, CFG, 0.137)
+    _, chunks = split_rows([late_a, early_b], lambda x: policy.running_rank(x, stand, 2.0),
+                           CFG.step_tokens, CFG.min_quantum_steps, lambda x: policy.due(x, 2.0))
+    assert chunks[0].request_id == "early-b"
+    # waiting, the scores still order them: a's first
+    assert order(policy, [early_b, late_a], 2.0, stand) == ["late-a", "early-b"]
