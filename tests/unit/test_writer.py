@@ -7,7 +7,6 @@ import math
 
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.daemon.writer import ROWS_PER_WRITE, Writer
-from fsched.core.ports.queue import StepWritten
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass
 
@@ -18,9 +17,9 @@ class CountingStore:
     def __init__(self) -> None:
         self.writes: list[int] = []
 
-    def write_step(self, owner, updates, completions, claim=None) -> StepWritten:
+    def flush_tokens(self, owner, updates) -> int:
         self.writes.append(len(updates))
-        return StepWritten(written=len(updates))
+        return len(updates)
 
 
 def _writer(batch_rows: int, realtime_held: bool) -> tuple[Writer, CountingStore]:
