@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 
 from policy_matrix import COST, MIX, WEIGHTS, Scenario, rate_scale, requests_of
 
@@ -51,6 +51,10 @@ class Steps:
         return out
 
 
+def _described(r) -> str:
+    return f"{r.tenant} {r.request_class.value} {r.prompt_tokens}"
+
+
 def wait_of(rid: str, steps: Steps, trace: list, first: float) -> dict:
     """What happened between `rid`'s arrival and its first token."""
     me = trace[int(rid)]
@@ -82,10 +86,9 @@ def wait_of(rid: str, steps: Steps, trace: list, first: float) -> dict:
         for p in plan.preempted:
             if p.request_id == rid:
                 preempted += 1
-                by = [f"{trace[int(o)].tenant} {trace[int(o)].request_class.value} {trace[int(o)].prompt_tokens}"
-                      for o in plan.admitted]
-                notes.append(f"preempted at +{now - me.arrival_s:.2f} s ({p.checkpoint.name}, {p.kv_tokens} KV) "
-                             f"admitting {by}")
+                by = [_described(trace[int(o)]) for o in plan.admitted]
+                notes.append(f"preempted at +{now - me.arrival_s:.2f} s ({p.checkpoint.name}, "
+                             f"{p.kv_tokens} KV) admitting {by}")
         if rid in plan.admitted and preempted and now > admitted_at:
             notes.append(f"back at +{now - me.arrival_s:.2f} s")
         for other in plan.admitted:
@@ -95,7 +98,8 @@ def wait_of(rid: str, steps: Steps, trace: list, first: float) -> dict:
                 ahead[key] += 1
                 after[key] += r.arrival_s > me.arrival_s
             seen.add(other)
-    return {"admitted": admitted_at, "preempted": preempted, "ahead": ahead, "after": after, "span": span, "notes": notes, "prefill": prefill}
+    return {"admitted": admitted_at, "preempted": preempted, "ahead": ahead, "after": after, "span": span,
+            "notes": notes, "prefill": prefill}
 
 
 def cell(s: Scenario, limit: int, scale: float, policies: list[str], top: int) -> None:
@@ -120,9 +124,11 @@ def cell(s: Scenario, limit: int, scale: float, policies: list[str], top: int) -
     summary = [wait_of(rid, runs[lead], trace, firsts[lead][rid]) for rid in above]
     prefill = sum((w["prefill"] for w in summary), Counter())
     total = sum(prefill.values()) or 1
-    print(f"  {lead}: {len(above)} batch requests at or above its p99, {sum(trace[int(r)].tenant == 'b' for r in above)} "
-          f"of tenant b; {sum(w['preempted'] > 0 for w in summary)} preempted before their first token; prefill "
-          f"while they were out of the batch: " + ", ".join(f"{k} {n / total:.2f}" for k, n in sorted(prefill.items())))
+    of_b = sum(trace[int(r)].tenant == "b" for r in above)
+    shares = ", ".join(f"{k} {n / total:.2f}" for k, n in sorted(prefill.items()))
+    print(f"  {lead}: {len(above)} batch requests at or above its p99, {of_b} of tenant b; "
+          f"{sum(w['preempted'] > 0 for w in summary)} preempted before their first token; prefill "
+          f"while they were out of the batch: {shares}")
     for rid in sorted(waits[lead], key=waits[lead].get, reverse=True)[:top]:
         r = trace[int(rid)]
         w = wait_of(rid, runs[lead], trace, firsts[lead][rid])
@@ -130,7 +136,8 @@ def cell(s: Scenario, limit: int, scale: float, policies: list[str], top: int) -
         wait = span["wait"] or 1e-9
         others = ", ".join(f"{p} {waits[p][rid]:.2f}" for p in policies[1:])
         adm = "-" if w["admitted"] is None else f"{w['admitted'] - r.arrival_s:.2f}"
-        print(f"  {rid} {r.tenant} {r.prompt_tokens} tok at {r.arrival_s:.0f} s: {lead} {waits[lead][rid]:.2f} "
+        print(f"  {rid} {r.tenant} {r.prompt_tokens} tok at {r.arrival_s:.0f} s: "
+              f"{lead} {waits[lead][rid]:.2f} "
               f"({others}); admitted after {adm} s, preempted {w['preempted']}x, in share "
               f"{span['in_share'] / wait:.2f}, precedence {span['precedence'] / wait:.2f}, head "
               f"{span['head'] / wait:.2f} of the wait")

@@ -36,7 +36,8 @@ def run(n: int, fraction: float, steps: int, tenants: int, digest: bool) -> tupl
     def add(now: float) -> None:
         nonlocal added
         added += 1
-        scheduler.add(Request(f"r{added}", f"t{added % tenants}", CLASSES[added % 3], 20 + added % 7, 64, now))
+        scheduler.add(Request(f"r{added}", f"t{added % tenants}", CLASSES[added % 3], 20 + added % 7, 64,
+                              now))
 
     for _ in range(n):
         add(0.0)
@@ -62,8 +63,9 @@ def main() -> None:
     for n, fraction, tenants in CASES:
         _, _, digest = run(n, fraction, args.steps, tenants, digest=True)
         cpu, tokens, _ = run(n, fraction, args.steps, tenants, digest=False)  # timed without the digest
-        print(f"{n:4d} running, {fraction:.2f} of rows a step, {tenants} tenant(s): {1e6 * cpu / args.steps:7.1f} "
-              f"µs/step {1e6 * cpu / max(1, tokens):6.2f} µs/token  digest {digest}")
+        print(f"{n:4d} running, {fraction:.2f} of rows a step, {tenants} tenant(s): "
+              f"{1e6 * cpu / args.steps:7.1f} µs/step {1e6 * cpu / max(1, tokens):6.2f} µs/token  "
+              f"digest {digest}")
 
 
 if __name__ == "__main__":

@@ -67,8 +67,9 @@ def rows_of(spec) -> tuple[list[Request], Plan, dict]:
     running, decode, prefill, produced = [], [], [], {}
     for i, (tenant, cls, kind, tokens, res_gpu, res_kv) in enumerate(spec):
         r = Request(f"r{i}", f"t{tenant}", cls, 10 + i, 64, 0.0)
-        r.computed, r.generated, r.res_gpu, r.res_kv = (r.context - 1, 1, res_gpu, res_kv) if kind == "decode" \
-            else (0, 0, res_gpu, res_kv)
+        decoding = kind == "decode"
+        r.computed, r.generated = (r.context - 1, 1) if decoding else (0, 0)
+        r.res_gpu, r.res_kv = res_gpu, res_kv
         running.append(r)
         if kind == "decode":
             decode.append(r.id)
@@ -89,7 +90,10 @@ def test_a_step_charges_what_a_row_at_a_time_charges_to_the_bit(spec, steps, ela
     outcome = Outcome(elapsed_s=elapsed, produced=produced if reported else None, steps=steps)
     assert apply_step(ours, plan, outcome) == reference_step(theirs, plan, outcome)
     fields = ("computed", "generated", "run_steps", "idle_steps", "res_gpu", "res_kv")
-    assert [[getattr(r, f) for f in fields] for r in ours] == [[getattr(r, f) for f in fields] for r in theirs]
+    def state(rows):
+        return [[getattr(r, f) for f in fields] for r in rows]
+
+    assert state(ours) == state(theirs)
 
 
 @given(st.lists(st.tuples(st.integers(1, 5), st.integers(0, 4), st.integers(0, 9)), min_size=1, max_size=10))

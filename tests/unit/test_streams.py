@@ -94,7 +94,8 @@ def test_a_read_of_one_whole_plain_event_is_taken_in_one_pass_and_any_other_read
     import fsched.core.runners.streams as streams
 
     general = []
-    monkeypatch.setattr(streams, "_chunks", lambda s, buf, f=streams._chunks: general.append(buf) or f(s, buf))
+    monkeypatch.setattr(streams, "_chunks",
+                        lambda s, buf, f=streams._chunks: general.append(buf) or f(s, buf))
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     whole = [b"%x\r\n%s\r\n" % (len(p), p) for p in STREAM]  # one whole chunk a read, each one event
     stream = _opened(head)
