@@ -188,7 +188,8 @@ class ProgressHub:
             return True
         watch.latest = choices
         if (watch.sink is not None and watch.waiting and not watch.event.is_set() and not self.closing
-                and len(choices) == 1 and choices[0].status < _FINISHED and self._sunk(watch, choices)):
+                and len(choices) == 1 and choices[0].status < _FINISHED
+                and self._sunk(watch, watch.sink, choices)):
             watch.delivered, watch.delivered_at = choices, now
             return True
         watch.event.set()
@@ -207,25 +208,21 @@ class ProgressHub:
         shown = _shown(watch)
         if shown is None or len(text) < shown:  # behind what the handler has, or after its end: ignored
             return True
-        try:
-            taken = watch.text_sink(text)
-        except Exception:  # noqa: BLE001 - as `_sunk`: the handler, woken, meets the failure itself
-            watch.text_sink = None
-            taken = False
-        if not taken:
+        if not self._sunk(watch, watch.text_sink, text):
             return self.push(job_id, make(source, text))
         watch.unmade = (make, source, text)
         watch.delivered_at = now
         return True
 
     @staticmethod
-    def _sunk(watch: _Watch, choices: Choices) -> bool:
-        """Whether the watch's sink took the push. A sink that fails is dropped (its handler, woken,
-        meets the failure itself): it runs inside a link's reader, which serves every stream."""
+    def _sunk(watch: _Watch, sink: Callable[[Any], bool], pushed: Any) -> bool:
+        """Whether the watch's `sink` (or text sink) took the push. A sink that fails is dropped with the
+        other (its handler, woken, meets the failure itself): it runs inside a link's reader, which serves
+        every stream."""
         try:
-            return watch.sink(choices)
+            return sink(pushed)
         except Exception:  # noqa: BLE001 - the handler's own path reports it
-            watch.sink = None
+            watch.sink = watch.text_sink = None
             return False
 
     def attach(self, job_id: int, sink: Callable[[Choices], bool],
