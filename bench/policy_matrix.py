@@ -60,7 +60,9 @@ change to the shared mechanism, which moves them too). Each side is
 checked by this tree's goals, and each compared cell prints its verdicts
 old -> new, a marker on those that changed (`+` now passes, `-` no
 longer passes), then the counts passed old -> new over the compared
-cells. Cells missing from FILE run in full and count on the new side
+cells, fsched's requests on target per class summed over them (a change
+too small to move a verdict shows there) and the cells whose verdicts
+changed. Cells missing from FILE run in full and count on the new side
 only. `--compare` and `--save` may name different files in one run.
 """
 
@@ -278,6 +280,11 @@ def report_of(d: dict) -> PolicyReport:
     )
 
 
+def _on_target(r: PolicyReport, request_class: str) -> int:
+    c = r.classes.get(request_class)
+    return round(c.on_target * c.count) if c else 0
+
+
 def compared(key: str, old: list[Check], new: list[Check]) -> tuple[str, bool]:
     """One cell's verdicts old -> new (`+` a goal that now passes, `-` one that no longer does), and
     whether any verdict changed."""
@@ -385,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     lines, passed, total, unjudged, t0 = [HEADER], 0, 0, 0, time.perf_counter()
     at_ceiling, to_save, moved = 0, {}, []
     compared_cells, old_passed, old_total, new_passed, new_total = 0, 0, 0, 0, 0
+    on_target: dict[str, list[int]] = {c.value: [0, 0] for c in RequestClass}  # fsched's, old and new
     for s in scenarios(args.quick, args.scenario, args.batch_only, args.seeds):
         key = (s.trace, s.load)
         if key not in scales:
@@ -410,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
             old_total += sum(c.ok is not None for c in old_cs)
             new_passed += sum(c.ok is True for c in cs)
             new_total += sum(c.ok is not None for c in cs)
+            for c in by["fsched"].classes:
+                on_target[c][0] += _on_target(old_by["fsched"], c)
+                on_target[c][1] += _on_target(by["fsched"], c)
             line, changed = compared(cell_key(s), old_cs, cs)
             print(f"  {line}", flush=True)
             if changed:
@@ -425,7 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     print(summary)
     if args.compare is not None:
         print(f"compared with {args.compare} over {compared_cells} cells: goal checks pass "
-              f"{old_passed}/{old_total} -> {new_passed}/{new_total}; {len(moved)} cells moved:")
+              f"{old_passed}/{old_total} -> {new_passed}/{new_total}; fsched's requests on target, summed: "
+              + ", ".join(f"{c} {o:,} -> {n:,}" for c, (o, n) in on_target.items())
+              + f"; {len(moved)} cells moved:")
         for line in moved:
             print(f"  {line}")
     if args.save is not None:
