@@ -42,7 +42,7 @@ from fsched.core.sched.request import Checkpoint, Request
 from fsched.core.sched.shares import entitled_shares
 from fsched.core.sched.usage import PrecedenceUsage, TenantCharge
 from fsched.core.sched.waitqueue import WaitQueue
-from fsched.core.types import RequestClass, RequestId, RequestStatus
+from fsched.core.types import RequestId, RequestStatus
 
 
 @dataclass(slots=True, frozen=True)
@@ -230,9 +230,8 @@ class Scheduler:
         """Whether a copy for `cand` (a parked request's KV back, or a victim's out) waits for a
         running prefill that is due (policy.due: a realtime first token still on target): the copy
         would lengthen that prefill's steps by its tokens, and `cand` loses only the few steps left
-        of that prefill. A realtime `cand` does not wait: the wait would cost one realtime first
-        token what it saves another (a late one's wait is what the class's p99 counts)."""
-        if not self.config.cut_prefill_for_first_token or cand.request_class is RequestClass.REALTIME:
+        of that prefill. A due `cand` does not wait."""
+        if not self.config.cut_prefill_for_first_token or self.policy.due(cand, now):
             return False
         return any(r.pending_prefill and self.policy.due(r, now) for r in self._running.values())
 
