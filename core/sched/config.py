@@ -36,10 +36,8 @@ class SchedulerConfig:
     # slots. 4x the device budget: host RAM is plentiful, and parking costs
     # a PCIe copy instead of a full recompute.
     host_kv_tokens: int = 524_288
-    # Whether a step's prefill ends at a realtime prefill that yields its first token (policy.due;
-    # only another such prefill's last chunk joins it), and whether the steps of a due prefill carry
-    # no copy for other requests (a park for another waiter, a resumption: they wait for that first
-    # token): on an engine whose step fsched composes, both would lengthen those steps. A remote
+    # Whether a step's prefill ends at a realtime prefill that yields its first token (policy.due):
+    # on an engine whose step fsched composes, the chunks after it would lengthen that step. A remote
     # engine composes its own iterations (it batches every prompt it has in its next one), so there
     # the cut shortens nothing and only holds the other new requests' streams back a step each: eight
     # realtime requests arriving together under a full batch then opened one per step.

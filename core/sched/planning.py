@@ -19,8 +19,7 @@ def split_rows(running: Iterable[Request], rank: Callable[[Request], tuple], bud
     forever behind a stream of better-ranked prefills. A chunk that completes
     the prefill of a request `due` says is due within this step ends the step's
     prefill: the chunks after it would lengthen the step and push its first
-    token back. Only the last chunk of another due prefill joins it (its first
-    token comes in the same step, not a step later)."""
+    token back."""
     decode: list[RequestId] = []
     prefilling: list[Request] = []
     for r in running:
@@ -33,16 +32,10 @@ def split_rows(running: Iterable[Request], rank: Callable[[Request], tuple], bud
             prefilling.append(r)
     budget -= len(decode)
     chunks: list[PrefillChunk] = []
-    cut = False  # a due first token is in the step: only another one's last chunk may join it
     for r in prefill_order(prefilling, rank, min_quantum, due):
         if budget <= 0:
             break
         pending = r.pending_prefill
-        if cut:
-            if pending <= budget and due(r):
-                chunks.append(PrefillChunk(r.id, r.computed, pending, True))
-                budget -= pending
-            continue
         n = min(pending, budget)
         if n == pending - 1:
             # Never stop a prefill one token short: `computed == context - 1`
@@ -54,7 +47,7 @@ def split_rows(running: Iterable[Request], rank: Callable[[Request], tuple], bud
         chunks.append(PrefillChunk(r.id, r.computed, n, n == pending))
         budget -= n
         if n == pending and due is not None and due(r):
-            cut = True
+            break
     return decode, chunks
 
 

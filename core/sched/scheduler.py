@@ -216,8 +216,6 @@ class Scheduler:
             _, cand = self._waiting.best(now, stand)
             if cand.id in b.touched:
                 break  # preempted this very step: nothing better fits
-            if cand.parked and self._holds_copy(cand, now):
-                break
             if not self._fits(cand) and not self._make_room(cand, stand, b, now):
                 if self.policy.backfills and not self.policy.may_preempt(cand, now, stand):
                     stand = self._backfill(cand, scores, stand, b, now)
@@ -225,15 +223,6 @@ class Scheduler:
             self._start(cand, b)
             stand = self._charge_admission(cand, scores, now)
         return stand
-
-    def _holds_copy(self, cand: Request, now: float) -> bool:
-        """Whether a copy for `cand` (a parked request's KV back, or a victim's out) waits for a
-        running prefill that is due (policy.due: a realtime first token still on target): the copy
-        would lengthen that prefill's steps by its tokens, and `cand` loses only the few steps left
-        of that prefill. A due `cand` does not wait."""
-        if not self.config.cut_prefill_for_first_token or self.policy.due(cand, now):
-            return False
-        return any(r.pending_prefill and self.policy.due(r, now) for r in self._running.values())
 
     def _charge_admission(self, r: Request, scores: dict[str, float], now: float) -> dict[str, Standing]:
         """Reserve an admitted request's work in its tenant's score; the standings after it."""
@@ -285,8 +274,6 @@ class Scheduler:
                                  self.config)
         if not victims:
             return False
-        if any(how is Checkpoint.PARK and v.computed for v, how in victims) and self._holds_copy(cand, now):
-            return False  # the park would lengthen a due prefill's step: wait for its first token
         for victim, checkpoint in victims:
             self._preempt(victim, checkpoint, b, now)
         return self._fits(cand)

@@ -1,5 +1,5 @@
 """Prefill chunks of one step: by rank within the budget, and a step that yields a due first
-token carrying nothing after it but another due first token's last chunk."""
+token carrying nothing after it."""
 
 from __future__ import annotations
 
@@ -32,22 +32,6 @@ def test_a_chunk_completing_a_due_prefill_ends_the_steps_prefill():
     long_rt = running("rt", RT, 3_000)
     _, chunks = split_rows([long_rt, batch], rank, budget=2_048, min_quantum=16, due=lambda r: True)
     assert [(c.request_id, c.tokens) for c in chunks] == [("rt", 2_048)]
-
-
-def test_the_last_chunk_of_another_due_prefill_joins_a_cut_step():
-    """After a due first token only another due prefill's last chunk goes in the step (its first token
-    then comes with it, not a step later); a due prefill the budget cannot complete, and anything
-    not due, still waits."""
-    rt, rt2, batch = running("rt", RT, 1_000), running("rt2", RT, 100), running("batch", BA, 300)
-    long_rt = running("long", RT, 5_000)
-    order = {"rt": 0, "batch": 1, "long": 2, "rt2": 3}
-    rank = lambda r: (order[r.id],)  # noqa: E731
-    _, chunks = split_rows([rt, batch, long_rt, rt2], rank, budget=2_048, min_quantum=16,
-                           due=lambda r: r.request_class is RT)
-    assert [(c.request_id, c.tokens, c.produces_token) for c in chunks] == [("rt", 1_000, True),
-                                                                          ("rt2", 100, True)]
-    _, chunks = split_rows([rt, rt2], rank, budget=1_050, min_quantum=16, due=lambda r: True)
-    assert [c.request_id for c in chunks] == ["rt"]  # rt2's 100 tokens do not fit the 50 left
 
 
 def test_fsched_holds_a_step_short_only_for_a_realtime_first_token_still_on_target():
