@@ -62,8 +62,8 @@ old -> new, a marker on those that changed (`+` now passes, `-` no
 longer passes), then the counts passed old -> new over the compared
 cells, fsched's requests on target per class summed over them (a change
 too small to move a verdict shows there) and the cells whose verdicts
-changed. Cells missing from FILE run in full and count on the new side
-only. `--compare` and `--save` may name different files in one run.
+changed. Cells missing from FILE run in full and are left out of the
+comparison. `--compare` and `--save` may name different files in one run.
 """
 
 from __future__ import annotations
