@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/policy_matrix.py [--out docs/policy_matrix.md] [--limit N] [--quick]
         [--scenario NAME]... [--batch-only] [--plot DIR [--plot-format html|png]]
+        [--save FILE] [--compare FILE [--rerun-baselines]]
 
 Each cell is one simulated run of the four policies on the same requests
 (the same code as `fsched simulate ... --policy fcfs --policy priority
@@ -43,21 +44,43 @@ Prints one line per cell and writes the markdown table to --out; with
 CDFs, served shares and queues over time (as `fsched simulate --plot`). Runs in
 under 10 minutes on 2 loaded cores with the default --limit (the first
 N requests of each trace).
+
+A/B of a change to fsched (the four policies' figures of each cell kept
+in a JSON file):
+
+    git stash; .venv/bin/python bench/policy_matrix.py --seeds 7,11 --limit 2000 --save old.json
+    git stash pop; .venv/bin/python bench/policy_matrix.py --seeds 7,11 --limit 2000 --compare old.json
+
+`--save FILE` writes every cell's four reports (the figures the checks
+and the row read) and what is attainable. `--compare FILE` simulates only
+fsched for each cell found in FILE (same trace, scenario, load, seed,
+labelling and --limit) and takes the baselines from FILE, so they are
+computed once per cell; `--rerun-baselines` simulates them again (for a
+change to the shared mechanism, which moves them too). Each side is
+checked by this tree's goals, and each compared cell prints its verdicts
+old -> new, a marker on those that changed (`+` now passes, `-` no
+longer passes), then the counts passed old -> new over the compared
+cells, fsched's requests on target per class summed over them (a change
+too small to move a verdict shows there) and the cells whose verdicts
+changed. Cells missing from FILE run in full and are left out of the
+comparison. `--compare` and `--save` may name different files in one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fsched.core.sched.accounting import WorkTally
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sim.costmodel import PROFILES, CostModel
-from fsched.core.sim.report import PolicyReport
+from fsched.core.sim.report import ClassStats, PolicyReport, TenantStats
 from fsched.core.sim.simulator import simulate
 from fsched.core.sim.trace import TraceRequest, load_trace, parse_mix
 from fsched.core.types import RequestClass
@@ -219,11 +242,58 @@ def scenarios(quick: bool, names: list[str] | None = None, batch_only: bool = Fa
                     yield dataclasses.replace(cell, batch_only=batch_only)
 
 
-def run(s: Scenario, limit: int | None, scale: float) -> tuple[dict[str, PolicyReport], dict[str, float]]:
-    """The four policies' reports, and what is attainable at all of each class."""
+def run(s: Scenario, limit: int | None, scale: float,
+        policies: Iterable[str] = POLICIES) -> tuple[dict[str, PolicyReport], dict[str, float]]:
+    """The reports of `policies` (default all four), and what is attainable at all of each class."""
     trace, config = requests_of(s, limit, scale), SchedulerConfig()
     ceilings = {c.value: attainable(trace, c, config, COST) for c in RequestClass}
-    return {p: simulate(trace, p, weights=WEIGHTS, cost=COST) for p in POLICIES}, ceilings
+    return {p: simulate(trace, p, weights=WEIGHTS, cost=COST) for p in policies}, ceilings
+
+
+def cell_key(s: Scenario) -> str:
+    """A cell's name in a saved run (--save, --compare)."""
+    return f"{s.trace}|{s.name}|{s.load:g}|{s.seed}|{'batch-only' if s.batch_only else 'classes'}"
+
+
+def report_json(r: PolicyReport) -> dict:
+    """What the checks and the row read of a report, as JSON (--save)."""
+    return {
+        "policy": r.policy, "throughput_tok_s": r.throughput_tok_s, "jain_index": r.jain_index,
+        "max_wait_s": r.max_wait_s, "makespan_s": r.makespan_s, "backlogged_s": r.backlogged_s,
+        "preemptions": r.preemptions, "rejected": r.rejected,
+        "work": {"computed": r.work.computed, "recomputed": r.work.recomputed, "parked": r.work.parked},
+        "classes": {c: st.to_json() for c, st in r.classes.items()},
+        "tenants": {t: {"weight": st.weight, "entitled": st.entitled, "share": st.share}
+                    for t, st in r.tenants.items()},
+    }
+
+
+def report_of(d: dict) -> PolicyReport:
+    """The report `report_json` wrote (without its records and timeline)."""
+    return PolicyReport(
+        policy=d["policy"], classes={c: ClassStats(**st) for c, st in d["classes"].items()},
+        throughput_tok_s=d["throughput_tok_s"],
+        tenants={t: TenantStats(**st) for t, st in d["tenants"].items()},
+        jain_index=d["jain_index"], max_wait_s=d["max_wait_s"], makespan_s=d["makespan_s"],
+        preemptions=d["preemptions"], work=WorkTally(**d["work"]), rejected=d["rejected"],
+        backlogged_s=d["backlogged_s"],
+    )
+
+
+def _on_target(r: PolicyReport, request_class: str) -> int:
+    c = r.classes.get(request_class)
+    return round(c.on_target * c.count) if c else 0
+
+
+def compared(key: str, old: list[Check], new: list[Check]) -> tuple[str, bool]:
+    """One cell's verdicts old -> new (`+` a goal that now passes, `-` one that no longer does), and
+    whether any verdict changed."""
+    parts, moved = [], False
+    for o, n in zip(old, new, strict=True):
+        mark = "+" if n.ok is True and o.ok is not True else "-" if o.ok is True and n.ok is not True else " "
+        moved = moved or o.verdict != n.verdict
+        parts.append(f"{mark}{n.goal} {o.value:.3f} {o.verdict} -> {n.value:.3f} {n.verdict}")
+    return f"{key}: " + "; ".join(parts), moved
 
 
 def row(s: Scenario, by: dict[str, PolicyReport], cs: list[Check], ceilings: dict[str, float]) -> str:
@@ -293,6 +363,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write one plot per cell here")
     ap.add_argument("--plot-format", choices=("html", "png"), default="html",
                     help="html (self-contained) or png (needs matplotlib)")
+    ap.add_argument("--save", type=Path, default=None, metavar="FILE",
+                    help="write every cell's reports here (JSON), for a later --compare")
+    ap.add_argument("--compare", type=Path, default=None, metavar="FILE",
+                    help="a run saved by --save: simulate fsched only, print the verdicts old -> new")
+    ap.add_argument("--rerun-baselines", action="store_true",
+                    help="with --compare: simulate the baselines again, not take them from FILE")
     args = ap.parse_args(argv)
     if args.plot is not None:
         args.plot.mkdir(parents=True, exist_ok=True)
@@ -303,15 +379,30 @@ def main(argv: list[str] | None = None) -> int:
         if not path.exists():
             print(f"policy_matrix: trace not found: {path}", file=sys.stderr)
             return 2
+    old_cells: dict[str, dict] = {}
+    if args.compare is not None:
+        saved = json.loads(args.compare.read_text())
+        if saved["limit"] != limit:
+            print(f"policy_matrix: {args.compare} was run with --limit {saved['limit'] or 0}, "
+                  f"this run with {limit or 0}", file=sys.stderr)
+            return 2
+        old_cells = saved["cells"]
     config = SchedulerConfig()
     scales: dict[tuple[str, float], float] = {}
     lines, passed, total, unjudged, t0 = [HEADER], 0, 0, 0, time.perf_counter()
-    at_ceiling = 0
+    at_ceiling, to_save, moved = 0, {}, []
+    compared_cells, old_passed, old_total, new_passed, new_total = 0, 0, 0, 0, 0
+    on_target: dict[str, list[int]] = {c.value: [0, 0] for c in RequestClass}  # fsched's, old and new
     for s in scenarios(args.quick, args.scenario, args.batch_only, args.seeds):
         key = (s.trace, s.load)
         if key not in scales:
             scales[key] = rate_scale(s.trace, s.load, limit, config)
-        by, ceilings = run(s, limit, scales[key])
+        old = old_cells.get(cell_key(s))
+        if old is not None and not args.rerun_baselines:
+            by, ceilings = run(s, limit, scales[key], ("fsched",))
+            by.update({p: report_of(old["reports"][p]) for p in BASELINES})
+        else:
+            by, ceilings = run(s, limit, scales[key])
         cs = checks(s, by, ceilings)
         passed += sum(c.ok is True for c in cs)
         total += sum(c.ok is not None for c in cs)
@@ -319,6 +410,22 @@ def main(argv: list[str] | None = None) -> int:
         at_ceiling += sum(c.ceiling for c in cs)
         lines.append(row(s, by, cs, ceilings))
         print(lines[-1], flush=True)
+        if old is not None:
+            old_by = {p: report_of(d) for p, d in old["reports"].items()}
+            old_cs = checks(s, old_by, old["ceilings"])
+            compared_cells += 1
+            old_passed += sum(c.ok is True for c in old_cs)
+            old_total += sum(c.ok is not None for c in old_cs)
+            new_passed += sum(c.ok is True for c in cs)
+            new_total += sum(c.ok is not None for c in cs)
+            for c in by["fsched"].classes:
+                on_target[c][0] += _on_target(old_by["fsched"], c)
+                on_target[c][1] += _on_target(by["fsched"], c)
+            line, changed = compared(cell_key(s), old_cs, cs)
+            print(f"  {line}", flush=True)
+            if changed:
+                moved.append(line)
+        to_save[cell_key(s)] = {"reports": {p: report_json(r) for p, r in by.items()}, "ceilings": ceilings}
         if args.plot is not None:
             plot_cell(args.plot, args.plot_format, s, by, config)
     summary = (f"{passed}/{total} goal checks pass ({at_ceiling} of them at a ceiling: the best baseline too "
@@ -327,6 +434,15 @@ def main(argv: list[str] | None = None) -> int:
                f"rate scales {', '.join(f'{t} {ld:g}x={v:.3f}' for (t, ld), v in scales.items())}; "
                f"{time.perf_counter() - t0:.0f} s")
     print(summary)
+    if args.compare is not None:
+        print(f"compared with {args.compare} over {compared_cells} cells: goal checks pass "
+              f"{old_passed}/{old_total} -> {new_passed}/{new_total}; fsched's requests on target, summed: "
+              + ", ".join(f"{c} {o:,} -> {n:,}" for c, (o, n) in on_target.items())
+              + f"; {len(moved)} cells moved:")
+        for line in moved:
+            print(f"  {line}")
+    if args.save is not None:
+        args.save.write_text(json.dumps({"limit": limit, "cells": to_save}, indent=1) + "\n")
     if args.out is not None:
         args.out.write_text("\n".join(lines) + f"\n\n{summary}\n")
     return 0
