@@ -1,6 +1,8 @@
 """The daemon's statements on the driver (storage/prepared.py, storage/direct.py), on SQLite and PostgreSQL:
-the same rows as SQLAlchemy's own execution, any list length, the types' processing both ways, and a
-kept connection that fails or is cut gives the next transaction a fresh one."""
+the same rows as SQLAlchemy's own execution, any list length, the types' processing both ways, a
+kept connection that fails or is cut (or that the server ended for idling in a write) gives the next
+transaction a fresh one, and a process stopped inside a write, even between the rows of a `many`,
+holds no lock past PostgreSQL's idle limit."""
 
 from __future__ import annotations
 
