@@ -304,7 +304,7 @@ class Daemon:
         self._claim_asked = claim  # until it is in (one the table fails: the writer keeps its writes)
         claimed = self.writer.write_step(claim_ask(self) if claim else None)
         self._claim_asked = False
-        self.claim(claimed=claimed)
+        self.claim(claimed_now=claimed)
 
     def sync(self, announced: bool = False) -> None:
         """Weights, cancels and new work from the job table."""
@@ -319,19 +319,20 @@ class Daemon:
             self.writer.cancelled(held, text)
         self.claim(announced)
 
-    def claim(self, announced: bool = False, claimed: list[Request] | None = None) -> None:
+    def claim(self, announced: bool = False, claimed_now: list[Request] | None = None) -> None:
         """New work from the job table, fairly (up to `held_batches` batches held per group; `announced`:
         a server told of new work), or, given, the work a step's transaction claimed."""
-        if claimed is None:
+        if claimed_now is None:
             ask = claim_ask(self)
-            claimed = self.store.claim(self.config.owner, ask.per_group, ask.held, lease_s=ask.lease_s,
-                                       announced=announced)
-        if claimed:
+            claimed_now = self.store.claim(self.config.owner, ask.per_group, ask.held, lease_s=ask.lease_s,
+                                           announced=announced)
+        if claimed_now:
             crash_point("after_claim")
-        for request in claimed:
+        for request in claimed_now:
             self._admit(request)
         # Batch work has no first token to hurry: only latency work puts the housekeeping off.
-        self._fresh_work = self._fresh_work or any(r.request_class is not RequestClass.BATCH for r in claimed)
+        self._fresh_work = self._fresh_work or any(r.request_class is not RequestClass.BATCH
+                                                   for r in claimed_now)
 
     def _apply_weights(self, weights: dict[str, float]) -> None:
         changed = [tenant for tenant, weight in weights.items() if self._weights.get(tenant) != weight]
