@@ -10,20 +10,22 @@ then age and each job's requests in input order. So one tenant's
 
 A claim costs a fixed number of statements however many jobs it takes from:
 the jobs it takes whole (every online request is a job of one) are read in
-one select, their rows moved in one update and their counters in one
-executemany; only a job it takes part of is read with a limit of its own.
+one select, their rows moved in one update; only a job it takes part of is
+read with a limit of its own. Its jobs' counters move with the rest of its
+transaction's (storage/counters.py `move_jobs`: one locking select, one
+executemany), which a daemon's step shares with its tokens and completions
+(`SqlQueueStore.write_step`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 from sqlalchemy import Float, bindparam, select, update
 
-from fsched.core.jobs.jobstate import derive_job_state
 from fsched.core.sched.request import Request
 from fsched.core.types import JobState, RequestClass
+from fsched.storage.counters import CountDelta
 from fsched.storage.db import database_clock
 from fsched.storage.direct import DirectConnection, Tx
 from fsched.storage.logprobs import read_whole as read_logprobs
@@ -32,7 +34,6 @@ from fsched.storage.rows import (
     WAITING,
     RowState,
     claimed_request,
-    job_counts,
     jobs,
     requests,
 )
@@ -68,48 +69,39 @@ LEASE = Prepared(lambda n: update(requests).where(listed(requests.c.id, "b_ids",
     lease_expires_at=database_clock() + bindparam("b_lease_s", type_=Float),
     attempts=requests.c.attempts + 1,
 ), listed="b_ids")
-# The claimed rows' jobs, locked (in id order) on PostgreSQL.
-JOBS_TO_LOCK = Prepared(lambda n: select(jobs.c.id, jobs.c.num_requests, jobs.c.num_done, jobs.c.num_failed,
-                                         jobs.c.num_cancelled, jobs.c.num_running, jobs.c.started_at,
-                                         jobs.c.cancel_requested_at)
-                        .where(listed(jobs.c.id, "b_jobs", n)).order_by(jobs.c.id).with_for_update(),
-                        listed="b_jobs")
-CLAIMED_JOB = Prepared(
-    update(jobs)
-    .where(jobs.c.id == bindparam("b_id"))
-    .values(num_running=bindparam("b_running"), state=bindparam("b_state"), started_at=bindparam("b_started"))
-)
+
+
+def nothing_to_take(direct: DirectConnection, per_group: int, held: Mapping[Group, int]) -> bool:
+    """A read before the write lock, which most unannounced claims end: no group with work has room."""
+    with direct.read() as tx:
+        candidates = tx.rows(CANDIDATE_JOBS)
+    room = {(j.tenant, RequestClass(j.request_class)) for j in candidates}
+    return all(per_group <= held.get(group, 0) for group in room)
 
 
 def claim_requests(
-    direct: DirectConnection,
-    now: float,
+    tx: Tx,
     owner: str,
     per_group: int,
     held: Mapping[Group, int],
     limit: int | None,
     lease_s: float,
-    look_first: bool = True,
+    deltas: dict[int, CountDelta],
 ) -> list[Request]:
-    """Claim for `owner`; see the module's docstring. `look_first`: a read before the write lock, which
-    most calls end (they find nothing to take); a caller told of new work skips it."""
-    if look_first:
-        with direct.read() as tx:
-            candidates = tx.rows(CANDIDATE_JOBS)
-        room = {(j.tenant, RequestClass(j.request_class)) for j in candidates}
-        if all(per_group <= held.get(group, 0) for group in room):
-            return []
-    with direct.write() as tx:
-        wants = _wants(tx.rows(CANDIDATE_JOBS), per_group, held, limit)
-        if not wants:
-            return []
-        rows = _queued_rows(tx, wants)
-        if not rows:
-            return []
-        for part in _chunks([row.id for row in rows]):
-            tx.run(LEASE, {"b_ids": part, "b_owner": owner, "b_lease_s": lease_s})
-        _count_running(tx, rows, now)
-        stored = read_logprobs(tx, [row.id for row in rows if row.num_logprobs])  # resumes
+    """Claim for `owner` in this write transaction; see the module's docstring. The claimed rows' jobs
+    are counted in `deltas` (the transaction moves its jobs' counters once, at its end:
+    counters.move_jobs)."""
+    wants = _wants(tx.rows(CANDIDATE_JOBS), per_group, held, limit)
+    if not wants:
+        return []
+    rows = _queued_rows(tx, wants)
+    if not rows:
+        return []
+    for part in _chunks([row.id for row in rows]):
+        tx.run(LEASE, {"b_ids": part, "b_owner": owner, "b_lease_s": lease_s})
+    for row in rows:
+        deltas.setdefault(row.job_id, CountDelta()).claimed += 1
+    stored = read_logprobs(tx, [row.id for row in rows if row.num_logprobs])  # resumes
     return [claimed_request(row, stored.get(row.id, ())) for row in rows]
 
 
@@ -145,23 +137,6 @@ def _queued_rows(tx: Tx, wants: Mapping[int, tuple[int, bool]]) -> list:
         if not everything:
             by_job[job_id] = tx.rows(ROWS_OF_JOB, {"b_job": job_id, "b_want": want})
     return [row for job_id, (want, _) in wants.items() for row in by_job.get(job_id, ())[:want]]
-
-
-def _count_running(tx: Tx, rows: Sequence, now: float) -> None:
-    """The claimed rows' jobs: their running counters up, started, their state derived (locked in id
-    order on PostgreSQL: two daemons claiming never deadlock on jobs)."""
-    per_job: dict[int, int] = {}
-    for row in rows:
-        per_job[row.job_id] = per_job.get(row.job_id, 0) + 1
-    writes = []
-    for part in _chunks(sorted(per_job)):
-        for job in tx.rows(JOBS_TO_LOCK, {"b_jobs": part}):
-            counts = replace(job_counts(job), num_running=job.num_running + per_job[job.id])
-            cancelling = job.cancel_requested_at is not None
-            state = derive_job_state(counts, started=True, cancel_requested=cancelling)
-            writes.append({"b_id": job.id, "b_running": counts.num_running, "b_state": state.value,
-                           "b_started": job.started_at or now})
-    tx.many(CLAIMED_JOB, writes)
 
 
 def _chunks(ids: Sequence[int]) -> list[list[int]]:

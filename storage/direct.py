@@ -19,10 +19,19 @@ Here:
   checkout): a server restarted meanwhile costs no failed call. (Sending a
   write's statements in one pipeline saved no CPU here, measured: the
   driver's cost is per statement, not per round trip);
+- PostgreSQL: `many` sends its rows one synced statement at a time, not in
+  the driver's pipeline. The server's idle limit only runs once it has
+  answered all it was sent: a process stopped (SIGSTOP, a VM pause) between
+  two rows of a pipeline left its session 'active', holding the rows it had
+  written so far, and every other daemon's job counters, for as long as it
+  stayed stopped. One statement at a time, it is idle in its transaction
+  between any two, and the server ends it after the limit;
 - a driver's failure rolls the transaction back and becomes the same
   StorageError as `Database`'s (a value the table refuses stays the driver's
-  DataError, or `Refused`: storage/refusals.py); a connection that failed is
-  dropped, and the next transaction opens another.
+  DataError, or `Refused`: storage/refusals.py); a connection that failed,
+  or that the server closed (whatever the error says: a transaction ended
+  for idling past its limit is the driver's InternalError), is dropped, and
+  the next transaction opens another.
 """
 
 from __future__ import annotations
@@ -43,11 +52,12 @@ PING_IDLE_S = 1.0
 class Tx:
     """One transaction's statements (a cursor of the kept connection)."""
 
-    __slots__ = ("_cursor", "_dialect")
+    __slots__ = ("_cursor", "_dialect", "_synced")
 
     def __init__(self, cursor, dialect) -> None:
         self._cursor = cursor
         self._dialect = dialect
+        self._synced = dialect.name == "postgresql"  # `many`: a row at a time (the module's docstring)
 
     def rows(self, prepared: Prepared, params: Mapping[str, Any] | None = None) -> list:
         """The statement's rows, named tuples of its columns."""
@@ -70,6 +80,11 @@ class Tx:
         if not params:
             return
         compiled = prepared.compiled(self._dialect)
+        if self._synced:
+            execute, sql = self._cursor.execute, compiled.sql
+            for p in params:
+                execute(sql, compiled.driver_params(p), prepare=True)
+            return
         self._cursor.executemany(compiled.sql, [compiled.driver_params(p) for p in params])
 
     @contextmanager
@@ -140,12 +155,16 @@ class DirectConnection:
         except BaseException as exc:
             if write:
                 self._rollback(raw)
-            if isinstance(exc, failures):
+            if isinstance(exc, failures) or self._lost(exc, raw):
                 self._drop()
                 raise self.db.failure(exc) from exc
             raise
         finally:
             kept.used_at = time.monotonic()
+
+    def _lost(self, exc: BaseException, raw) -> bool:
+        """Whether the driver's error left the connection closed (the server ended the session)."""
+        return isinstance(exc, self._dbapi.Error) and self._dialect.is_disconnect(exc, raw, None)
 
     def _rollback(self, raw) -> None:
         with contextlib.suppress(Exception):  # a connection that failed may not even roll back

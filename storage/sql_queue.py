@@ -11,27 +11,25 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from sqlalchemy import Float, Integer, bindparam, case, delete, func, select, update
+from sqlalchemy import Float, Integer, bindparam, case, delete, select, update
 
 from fsched.core.faults import crash_point
+from fsched.core.ports.queue import ClaimAsk, StepWritten
 from fsched.core.ports.records import (
     Completion,
     DaemonSummary,
     PeerUsage,
-    StoreError,
     TokenUpdate,
 )
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass, RequestId
 from fsched.storage.base import SqlStoreBase
-from fsched.storage.claim import claim_requests
-from fsched.storage.counters import CountDelta, apply_deltas, requeue
+from fsched.storage.claim import claim_requests, nothing_to_take
+from fsched.storage.counters import CountDelta, move_jobs, requeue
 from fsched.storage.db import Database, database_clock
-from fsched.storage.direct import DirectConnection, Tx
-from fsched.storage.logprobs import append as append_logprobs
-from fsched.storage.logprobs import new_piece
+from fsched.storage.direct import DirectConnection
 from fsched.storage.prepared import Prepared, listed, statements_of
-from fsched.storage.refusals import is_refusal, write_each
+from fsched.storage.refusals import is_refusal
 from fsched.storage.rows import (
     RowState,
     core_id,
@@ -40,67 +38,15 @@ from fsched.storage.rows import (
     jobs,
     requests,
     row_id,
-    row_state,
     tenants,
 )
+from fsched.storage.writeback import write_completions, write_tokens
 
 USAGE_KEPT_S = 86_400.0
 
 # The daemon's statements, each compiled once and run on the driver (storage/prepared.py, direct.py):
-# through SQLAlchemy's execution each cost several times the statement itself.
-FLUSH_TOKENS = Prepared(
-    update(requests)
-    .where(requests.c.id == bindparam("b_id"))
-    .values(
-        output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type),
-        output_text=bindparam("b_text", type_=requests.c.output_text.type),
-        num_logprobs=bindparam("b_logprobs"),
-        num_output_tokens=bindparam("b_num"),
-        first_token_at=func.coalesce(requests.c.first_token_at, bindparam("b_first", type_=Float)),
-    )
-)
-FINISH_REQUEST = Prepared(
-    update(requests)
-    .where(requests.c.id == bindparam("b_id"))
-    .values(
-        state=bindparam("b_state"),
-        output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type),
-        output_text=bindparam("b_text", type_=requests.c.output_text.type),
-        num_logprobs=bindparam("b_logprobs"),
-        num_output_tokens=bindparam("b_num"),
-        finish_reason=bindparam("b_reason"),
-        prompt_tokens=bindparam("b_prompt"),
-        model=bindparam("b_model"),
-        error=bindparam("b_error", type_=requests.c.error.type),
-        finished_at=bindparam("b_now", type_=Float),
-        lease_owner=None,
-        lease_expires_at=None,
-        first_token_at=func.coalesce(requests.c.first_token_at, bindparam("b_first", type_=Float)),
-    )
-)
-FAIL_REFUSED = Prepared(
-    update(requests)
-    .where(requests.c.id == bindparam("b_id"))
-    .values(state=RowState.FAILED.value, error=bindparam("b_error", type_=requests.c.error.type),
-            finished_at=bindparam("b_now", type_=Float), lease_owner=None, lease_expires_at=None)
-)
-MORE_JOB_TOKENS = Prepared(
-    update(jobs)
-    .where(jobs.c.id == bindparam("b_id"))
-    .values(num_output_tokens=jobs.c.num_output_tokens + bindparam("b_more"))
-)
-HELD_ROWS = Prepared(lambda n: select(
-    requests.c.id, requests.c.job_id, requests.c.num_output_tokens, requests.c.lease_epoch,
-    requests.c.num_logprobs,
-).where(
-    listed(requests.c.id, "b_ids", n),
-    requests.c.lease_owner == bindparam("b_owner"),
-    requests.c.state == RowState.RUNNING.value,
-), listed="b_ids")
-ENDING_ROWS = Prepared(lambda n: select(
-    requests.c.id, requests.c.job_id, requests.c.state, requests.c.num_output_tokens, requests.c.lease_owner,
-    requests.c.lease_epoch, requests.c.num_logprobs,
-).where(listed(requests.c.id, "b_ids", n)), listed="b_ids")
+# through SQLAlchemy's execution each cost several times the statement itself (its writes' own are in
+# storage/writeback.py and claim.py).
 CANCELLED_HELD = Prepared(
     select(requests.c.id)
     .join(jobs, jobs.c.id == requests.c.job_id)
@@ -134,9 +80,9 @@ FIRST_BEAT = Prepared(daemons.insert().values(id=bindparam("b_id"), **_BEAT_VALU
 
 def daemon_statements() -> list[Prepared]:
     """Every statement a daemon runs on its kept connection."""
-    from fsched.storage import claim, counters, logprobs, sql_queue
+    from fsched.storage import claim, counters, logprobs, sql_queue, writeback
 
-    return statements_of(claim, counters, logprobs, sql_queue)
+    return statements_of(claim, counters, logprobs, sql_queue, writeback)
 
 
 class SqlQueueStore(SqlStoreBase):
@@ -167,10 +113,12 @@ class SqlQueueStore(SqlStoreBase):
 
         Fair by construction: up to `per_group` for each (tenant, class)
         group, less what `held` says the owner already holds of it; see
-        `claim.claim_requests`.
+        storage/claim.py.
         """
-        return claim_requests(self.direct, self.clock(), owner, per_group, held or {}, limit, lease_s,
-                              look_first=not announced)
+        held = held or {}
+        if not announced and nothing_to_take(self.direct, per_group, held):
+            return []
+        return self.write_step(owner, (), (), ClaimAsk(per_group, held, limit, lease_s)).claimed
 
     def flush_tokens(self, owner: str, updates: Sequence[TokenUpdate]) -> int:
         """Persist generated tokens so far, in one transaction; returns rows written.
@@ -182,51 +130,7 @@ class SqlQueueStore(SqlStoreBase):
         """
         if not updates:
             return 0
-        try:
-            return self._flush(owner, updates, careful=False)
-        except Exception as exc:
-            if not is_refusal(exc):
-                raise
-            return self._flush(owner, updates, careful=True)
-
-    def _flush(self, owner: str, updates: Sequence[TokenUpdate], careful: bool) -> int:
-        with self.direct.write() as tx:
-            keys = [row_id(u.request_id) for u in updates]
-            rows = {row.id: row for row in tx.rows(HELD_ROWS, {"b_ids": keys, "b_owner": owner})}
-            writes, pieces = [], {}
-            for u in updates:
-                row = rows.get(row_id(u.request_id))
-                if row is None or (u.lease_epoch is not None and row.lease_epoch != u.lease_epoch):
-                    continue  # fenced: the lease was lost (reclaimed, cancelled, requeued)
-                pieces[row.id] = new_piece(row.id, row.num_logprobs, u.logprobs)
-                writes.append({"b_id": row.id, "b_tokens": list(u.tokens), "b_text": u.text,
-                               "b_logprobs": max(row.num_logprobs, len(u.logprobs)), "b_num": len(u.tokens),
-                               "b_first": u.first_token_at})
-            refused = write_each(tx, FLUSH_TOKENS, writes, _piece_of(pieces)) if careful else {}
-            if not careful:
-                tx.many(FLUSH_TOKENS, writes)  # one executemany, not a statement per row
-                append_logprobs(tx, pieces.values())
-            per_job: dict[int, int] = {}
-            for w in writes:
-                if w["b_id"] not in refused:
-                    row = rows[w["b_id"]]
-                    per_job[row.job_id] = per_job.get(row.job_id, 0) + w["b_num"] - row.num_output_tokens
-            tx.many(MORE_JOB_TOKENS, [{"b_id": job_id, "b_more": more} for job_id, more in per_job.items()
-                                      if more])
-            self._fail_refused(tx, {key: (rows[key].job_id, why) for key, why in refused.items()})
-        return len(writes) - len(refused)
-
-    def _fail_refused(self, tx: Tx, refused: Mapping[int, tuple[int, str]]) -> None:
-        """End the running requests whose tokens the table refused: failed, with why (tokens as flushed)."""
-        if not refused:
-            return
-        now = self.clock()
-        deltas: dict[int, CountDelta] = {}
-        tx.many(FAIL_REFUSED, [{"b_id": key, "b_error": why, "b_now": now}
-                               for key, (_, why) in refused.items()])
-        for job_id, _ in refused.values():
-            deltas.setdefault(job_id, CountDelta()).ended(RowState.RUNNING, RowState.FAILED, 0)
-        apply_deltas(tx, deltas, now)
+        return self.write_step(owner, updates, ()).written
 
     def finish_requests(self, completions: Sequence[Completion], owner: str | None = None) -> list[bool]:
         """End requests with their final output, in one transaction with their jobs' counters.
@@ -237,68 +141,45 @@ class SqlQueueStore(SqlStoreBase):
         nothing). One whose output the table refuses ends `failed` instead,
         with the table's reason (storage.refusals).
         """
+        if not completions:
+            return []
+        return self._write_step(owner, (), completions, None).finished
+
+    def write_step(self, owner: str, updates: Sequence[TokenUpdate], completions: Sequence[Completion],
+                   claim: ClaimAsk | None = None) -> StepWritten:
+        """`flush_tokens`, `finish_requests` (fenced by `owner`) and a claim in one transaction: its
+        lock, its commit (and on PostgreSQL its round trips for BEGIN and COMMIT) paid once, and its
+        jobs' counters moved in one pass. A failure undoes all of it; a refused value sends the whole
+        step again, each row under a savepoint (only the refused rows then fail)."""
+        return self._write_step(owner, updates, completions, claim)
+
+    def _write_step(self, owner: str | None, updates: Sequence[TokenUpdate],
+                    completions: Sequence[Completion], claim: ClaimAsk | None) -> StepWritten:
         for c in completions:
             if not c.status.is_finished:
                 raise ValueError(f"{c.status.word} is not a final status")
-        if not completions:
-            return []
+        if not (updates or completions or claim):
+            return StepWritten()
         try:
-            return self._finish(completions, owner, careful=False)
+            return self._step(owner, updates, completions, claim, careful=False)
         except Exception as exc:
             if not is_refusal(exc):
                 raise
-            return self._finish(completions, owner, careful=True)
+            return self._step(owner, updates, completions, claim, careful=True)
 
-    def _finish(self, completions: Sequence[Completion], owner: str | None, careful: bool) -> list[bool]:
+    def _step(self, owner: str | None, updates: Sequence[TokenUpdate], completions: Sequence[Completion],
+              claim: ClaimAsk | None, careful: bool) -> StepWritten:
         now = self.clock()
+        deltas: dict[int, CountDelta] = {}
         with self.direct.write() as tx:
-            outcome, writes, ends, pieces = self._completion_writes(tx, completions, owner, now)
-            if careful:
-                refused = write_each(tx, FINISH_REQUEST, writes, _piece_of(pieces))
-                writes = [_failed_write(w, refused[w["b_id"]], pieces.get(w["b_id"])) if w["b_id"] in refused
-                          else w for w in writes]
-                tx.many(FINISH_REQUEST, [w for w in writes if w["b_id"] in refused])
-            else:
-                tx.many(FINISH_REQUEST, writes)  # one executemany, not a statement per row
-                append_logprobs(tx, pieces.values())
-            per_job: dict[int, CountDelta] = {}
-            for w, (job_id, previous, tokens_before) in zip(writes, ends, strict=True):
-                per_job.setdefault(job_id, CountDelta()).ended(
-                    previous, RowState(w["b_state"]), w["b_num"] - tokens_before, w["b_prompt"])
-            apply_deltas(tx, per_job, now)
-            if per_job:
+            written = write_tokens(tx, owner, updates, careful, deltas, now) if owner is not None else 0
+            finished = write_completions(tx, completions, owner, careful, deltas, now)
+            claimed = [] if claim is None or owner is None else claim_requests(
+                tx, owner, claim.per_group, claim.held, claim.limit, claim.lease_s, deltas)
+            move_jobs(tx, deltas, now)
+            if any(finished):
                 crash_point("before_done_commit")
-        return outcome
-
-    def _completion_writes(
-        self, tx: Tx, completions: Sequence[Completion], owner: str | None, now: float
-    ) -> tuple[list[bool], list[dict], list[tuple[int, RowState, int]], dict[int, dict | None]]:
-        """Which completions may be written (fencing), their rows, for each row its job, state
-        and tokens before, and the logprobs each appends."""
-        keys = [row_id(c.request_id) for c in completions]
-        rows = {row.id: row for row in tx.rows(ENDING_ROWS, {"b_ids": keys})}
-        outcome, writes, ends, pieces = [], [], [], {}
-        for key, c in zip(keys, completions, strict=True):
-            row = rows.get(key)
-            if row is None:
-                raise StoreError(f"no request with id {c.request_id}")
-            previous = RowState(row.state)
-            fenced = owner is not None and (
-                row.lease_owner != owner or (c.lease_epoch is not None and row.lease_epoch != c.lease_epoch)
-            )
-            outcome.append(not (previous.finished or fenced))
-            if not outcome[-1]:
-                continue
-            pieces[key] = new_piece(key, row.num_logprobs, c.logprobs)
-            writes.append({
-                "b_id": key, "b_state": row_state(c.status).value, "b_tokens": list(c.output_tokens),
-                "b_text": c.output_text, "b_logprobs": max(row.num_logprobs, len(c.logprobs)),
-                "b_num": len(c.output_tokens), "b_reason": c.status.finish_reason,
-                "b_prompt": c.prompt_tokens, "b_model": c.model, "b_error": c.error, "b_now": now,
-                "b_first": c.first_token_at,
-            })
-            ends.append((row.job_id, previous, row.num_output_tokens))
-        return outcome, writes, ends, pieces
+        return StepWritten(written, finished, claimed)
 
     def release(self, owner: str | None = None, request_ids: Sequence[RequestId] | None = None) -> int:
         """Hand running requests back to the queue, keeping their flushed tokens.
@@ -409,15 +290,3 @@ class SqlQueueStore(SqlStoreBase):
             if not tx.run(BEAT, values):
                 tx.run(FIRST_BEAT, values)
 
-
-def _failed_write(write: dict, why: str, piece: dict | None) -> dict:
-    """A completion the table refused, written failed instead: its tokens (integers) and why (the
-    logprobs it would have appended are not)."""
-    stored = write["b_logprobs"] if piece is None else piece["start"]
-    return {**write, "b_state": RowState.FAILED.value, "b_text": "", "b_logprobs": stored,
-            "b_reason": None, "b_error": why}
-
-
-def _piece_of(pieces: Mapping[int, dict | None]):
-    """What a write of one request appends besides its row: its new logprobs."""
-    return lambda tx, write: append_logprobs(tx, [pieces.get(write["b_id"])])

@@ -12,9 +12,10 @@ Each turn:
    was cancelled, claim new work fairly (up to `held_batches` batches held per
    tenant and class);
 2. one engine step;
-3. persist tokens: realtime and streaming requests every step, batch ones
-   about every `batch_flush_s`, a share at a time; a finished request's output and its
-   final state in one transaction;
+3. persist: the step's finished requests (output and final state), the
+   realtime and streaming requests' tokens and the claim of work announced
+   during the step in one transaction; batch tokens about every
+   `batch_flush_s`, a share at a time;
 4. every `heartbeat_s`: the daemon's row with its engine figures.
 
 A turn that claimed realtime or streaming work puts 3's batch flush and 4
@@ -39,7 +40,7 @@ from fsched.core.daemon.publish import Publisher
 from fsched.core.daemon.stepfaults import StepFaults
 from fsched.core.daemon.writer import Writer
 from fsched.core.faults import crash_point
-from fsched.core.ports.queue import QueueStore
+from fsched.core.ports.queue import ClaimAsk, QueueStore
 from fsched.core.ports.records import DaemonStats, DaemonSummary, StorageError
 from fsched.core.sched.request import Request
 from fsched.core.sched.shares import served_shares
@@ -263,6 +264,7 @@ class Daemon:
             self._step_failed(failure)
             return
         now = self.clock()
+        announced = self._claim_announced()
         if report is not None:
             self.figures.record(report, now - start, now)
             self.held.stepped(now, report.at)
@@ -270,11 +272,10 @@ class Daemon:
                 self.held.produced(request_id)
             if self.publisher is not None:
                 self.publisher.step(report.tokens, report.finished)
-        self._claim_announced()
-        if report is not None:
             self.writer.finished(report.finished)
-            if self.publisher is not None:
-                self.publisher.written(now)
+        self._write_step(announced)
+        if report is not None and self.publisher is not None:
+            self.publisher.written(now)
         if self._puts_off(now):
             self.writer.after_step(now, batch=False)  # a table-only realtime stream's tokens still go
             return
@@ -292,16 +293,18 @@ class Daemon:
         self._put_off_since = None
         return False
 
-    def _claim_announced(self) -> None:
-        """Work announced during the step is claimed once the step's tokens are pushed (a claim's
-        transaction held them back), before they are written; a sync asked, or a failed claim, waits."""
+    def _claim_announced(self) -> bool:
+        """Whether work was announced during the step (claimed with its writes; a sync asked waits a pass)."""
         wants = self.link.take_wake() if self.link is not None else None
         self._sync_asked = self._sync_asked or bool(wants and wants.sync)
-        try:
-            if wants and wants.claim:
-                self.claim(announced=True)
-        except StorageError:  # the step's report must not be lost to it
-            self._claim_asked = True
+        return bool(wants and wants.claim)
+
+    def _write_step(self, claim: bool) -> None:
+        """The step's completions, latency tokens and announced claim in one transaction."""
+        self._claim_asked = claim  # until it is in (one the table fails: the writer keeps its writes)
+        claimed = self.writer.write_step(claim_ask(self) if claim else None)
+        self._claim_asked = False
+        self.claim(claimed_now=claimed)
 
     def sync(self, announced: bool = False) -> None:
         """Weights, cancels and new work from the job table."""
@@ -316,14 +319,13 @@ class Daemon:
             self.writer.cancelled(held, text)
         self.claim(announced)
 
-    def claim(self, announced: bool = False) -> None:
-        """New work from the job table, fairly (up to `held_batches` batches held per group);
-        `announced`: a server told of new work."""
-        # The batch as it is now: an out-of-memory step lowers it. Holding nothing, one batch a
-        # group first: the engine starts on it sooner, and the next sync tops up the rest.
-        per_group = (self.config.held_batches if len(self.held) else 1) * self.engine.max_batch
-        claimed_now = self.store.claim(self.config.owner, per_group, self.held.per_group(),
-                                       lease_s=self.config.lease_s, announced=announced)
+    def claim(self, announced: bool = False, claimed_now: list[Request] | None = None) -> None:
+        """New work from the job table, fairly (up to `held_batches` batches held per group; `announced`:
+        a server told of new work), or, given, the work a step's transaction claimed."""
+        if claimed_now is None:
+            ask = claim_ask(self)
+            claimed_now = self.store.claim(self.config.owner, ask.per_group, ask.held, lease_s=ask.lease_s,
+                                           announced=announced)
         if claimed_now:
             crash_point("after_claim")
         for request in claimed_now:
@@ -414,6 +416,13 @@ class Daemon:
             model=self.config.model, started_at=self.started_at, heartbeat_at=now,
             stopped_at=now if stopped else None, stats=heartbeat_stats(self, now),
         ))
+
+
+def claim_ask(daemon: Daemon) -> ClaimAsk:
+    """What the daemon claims now. The batch as it is now: an out-of-memory step lowers it. Holding
+    nothing, one batch a group first: the engine starts on it sooner, and the next sync tops up the rest."""
+    per_group = (daemon.config.held_batches if len(daemon.held) else 1) * daemon.engine.max_batch
+    return ClaimAsk(per_group, daemon.held.per_group(), lease_s=daemon.config.lease_s)
 
 
 def heartbeat_stats(daemon: Daemon, now: float) -> DaemonStats:

@@ -1,5 +1,10 @@
 """Writing a daemon's output back to the queue: tokens as they come, completions whole.
 
+After each engine step one transaction (`write_step`) carries the step's
+completions, the latency classes' tokens and the claim of work announced
+meanwhile: a transaction's own cost paid once a step, not once for each.
+The less urgent tokens follow a share at a time (`after_step`).
+
 Every write names the lease epoch it was made under, so the queue refuses it
 once the daemon has lost the request; refusals are counted (`fenced`). A
 write the queue could not take (StorageError) is kept and tried again:
@@ -14,7 +19,7 @@ from fsched.core.daemon import flushplan
 from fsched.core.daemon.engine import EngineResult
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.faults import crash_point
-from fsched.core.ports.queue import QueueStore
+from fsched.core.ports.queue import ClaimAsk, QueueStore
 from fsched.core.ports.records import Completion, TokenUpdate
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass, RequestId, RequestStatus
@@ -43,6 +48,13 @@ class Writer:
         self.fenced = 0  # writes the queue refused: leases this daemon had lost
         self._last_batch_flush = float("-inf")
         self._waiting_since: dict[RequestId, float] = {}  # less urgent dirty requests: since when
+
+    def write_step(self, claim: ClaimAsk | None = None) -> list[Request]:
+        """One transaction: the pending completions, the latency classes' dirty tokens and, given, a
+        claim; the requests it claimed. A failure (StorageError) writes and claims nothing: the
+        completions stay pending, the tokens dirty."""
+        urgent = [held for held in self.holdings.requests() if held.dirty and held.latency_sensitive]
+        return self._write(urgent, claim)
 
     def after_step(self, now: float, batch: bool = True, asked: Asked | None = None) -> None:
         """Latency classes' tokens every step; the others a share at a time (core/daemon/flushplan),
@@ -93,36 +105,35 @@ class Writer:
         are shown to anyone. Raises StorageError as a flush does (they stay dirty)."""
         self._write([held for held in requests if held.dirty])
 
-    def _write(self, dirty: list[Request]) -> None:
-        """One transaction of these requests' tokens; only once it is in are they clean (a failed
-        write raises and leaves them dirty, to be retried)."""
-        if not dirty:
-            return
-        written = self.store.flush_tokens(self.owner, [self._update(held) for held in dirty])
+    def _write(self, dirty: list[Request], claim: ClaimAsk | None = None) -> list[Request]:
+        """One transaction of these requests' tokens, the pending completions and the claim; only once
+        it is in are the tokens clean and the completions written (a failed write raises and leaves
+        them dirty and pending, to be retried, and claims nothing)."""
+        if not (dirty or self.unwritten or claim):
+            return []
+        done = self.unwritten
+        result = self.store.write_step(self.owner, [self._update(held) for held in dirty], done, claim)
+        self.unwritten = []
         for held in dirty:
             held.dirty = False
             self._waiting_since.pop(held.id, None)
-        self.fenced += len(dirty) - written
-        if written:
+        # A refused write: the request already ended, or this daemon lost its lease.
+        self.fenced += len(dirty) - result.written + result.finished.count(False)
+        if result.written:
             crash_point("after_flush")
+        return result.claimed
 
     def finished(self, results: list[EngineResult]) -> None:
-        """Write the step's finished requests, output and final state, in one transaction."""
+        """The step's finished requests, output and final state, to write with the step (`write_step`)."""
         for result in results:
             held = self.holdings.pop(result.id)
             self._waiting_since.pop(result.id, None)
             if held is not None:
                 self.unwritten.append(self._completion(result, held))
-        self.write_completions()
 
     def write_completions(self) -> None:
         """Write pending completions in one transaction (kept for a retry if it fails)."""
-        if not self.unwritten:
-            return
-        outcome = self.store.finish_requests(self.unwritten, self.owner)
-        self.unwritten = []
-        # A refused completion: the request already ended, or this daemon lost its lease.
-        self.fenced += outcome.count(False)
+        self._write([])
 
     def cancelled(self, held: Request, text: str) -> None:
         """End a request whose job was cancelled, keeping its output so far (`text` its text)."""

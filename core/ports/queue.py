@@ -24,11 +24,14 @@ What every implementation must hold:
    one handed back after its job was cancelled ends `cancelled`.
 7. **Short transactions.** Each call is one transaction; none is held
    across calls, so a daemon never holds the table during a model step.
+   `write_step` puts a step's writes (tokens, completions, a claim) in one:
+   they commit together or not at all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from fsched.core.ports.records import (
@@ -39,6 +42,25 @@ from fsched.core.ports.records import (
 )
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass, RequestId
+
+
+@dataclass(slots=True, frozen=True)
+class ClaimAsk:
+    """A claim to make along with a step's writes: `QueueStore.claim`'s arguments but its owner."""
+
+    per_group: int
+    held: Mapping[tuple[str, RequestClass], int] = field(default_factory=dict)
+    limit: int | None = None
+    lease_s: float = 30.0
+
+
+@dataclass(slots=True, frozen=True)
+class StepWritten:
+    """What `write_step` did: `flush_tokens`', `finish_requests`' and `claim`'s answers."""
+
+    written: int = 0
+    finished: list[bool] = field(default_factory=list)
+    claimed: list[Request] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -80,6 +102,15 @@ class QueueStore(Protocol):
         an `owner`, when that owner no longer holds it under the completion's
         epoch. Raises ValueError for a state that is not final and StoreError
         for an unknown request.
+        """
+        ...
+
+    def write_step(self, owner: str, updates: Sequence[TokenUpdate], completions: Sequence[Completion],
+                   claim: ClaimAsk | None = None) -> StepWritten:
+        """`flush_tokens(owner, updates)`, `finish_requests(completions, owner)` and, given `claim`, a claim
+        for `owner`, in ONE transaction: all of it is written or (it raises) none of it. A daemon's step
+        writes back this way: a transaction's own cost (its lock, its commit, its round trips) paid once,
+        not once for each.
         """
         ...
 

@@ -1,11 +1,19 @@
 """The daemon's statements on the driver (storage/prepared.py, storage/direct.py), on SQLite and PostgreSQL:
-the same rows as SQLAlchemy's own execution, any list length, the types' processing both ways, and a
-kept connection that fails or is cut gives the next transaction a fresh one."""
+the same rows as SQLAlchemy's own execution, any list length, the types' processing both ways, a
+kept connection that fails or is cut (or that the server ended for idling in a write) gives the next
+transaction a fresh one, and a process stopped inside a write, even between the rows of a `many`,
+holds no lock past PostgreSQL's idle limit."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
-from sqlalchemy import bindparam, select, text
+from sqlalchemy import Column, Integer, MetaData, Table, bindparam, func, select, text
 
 from fsched.core.ports.records import StorageError
 from fsched.storage.claim import CANDIDATE_JOBS
@@ -106,6 +114,110 @@ def test_a_connection_the_server_ended_is_replaced(pg_url, monkeypatch):
         with direct.read() as tx:
             assert tx.rows(CANDIDATE_JOBS) == []
     finally:
+        made.db.dispose()
+
+
+BACKEND_PID = Prepared(select(func.pg_backend_pid().label("pid")))
+
+
+def _until_gone(db: Database, pid: int, timeout_s: float = 20.0) -> None:
+    """Wait until the server has ended session `pid` (fails after `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with db.read() as conn:
+            if not conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"),
+                                {"p": pid}).scalar_one():
+                return
+        assert time.monotonic() < deadline, f"session {pid} still there"
+        time.sleep(0.05)
+
+
+def test_a_write_the_server_ended_for_idling_is_a_storage_error_and_the_next_one_works(pg_url, monkeypatch):
+    """A daemon stopped inside a write (SIGSTOP, a VM pause) past the idle limit: the server ends its
+    session, and the driver says so with an InternalError, not an OperationalError. It is a lost
+    connection all the same (the daemon retries), and the next transaction opens a new one."""
+    from fsched.storage import direct as direct_module
+
+    monkeypatch.setattr(direct_module, "PG_IDLE_IN_TRANSACTION_MS", 200)
+    made = InSql(pg_url)
+    try:
+        direct = DirectConnection(made.db)
+        with pytest.raises(StorageError, match="idle-in-transaction"):
+            with direct.write() as tx:
+                pid = tx.first(BACKEND_PID).pid
+                _until_gone(made.db, pid)  # idle in its transaction past the limit
+                tx.rows(CANDIDATE_JOBS)
+        with direct.write() as tx:
+            assert tx.first(BACKEND_PID).pid != pid
+            assert tx.rows(CANDIDATE_JOBS) == []
+    finally:
+        made.db.dispose()
+
+
+PROBE = Table("stall_probe", MetaData(), Column("id", Integer, primary_key=True), Column("n", Integer))
+# A process writing two rows in one `many` that stops itself (SIGSTOP) as the driver takes its second
+# row's value, so after its first row went to the server: what a stop at any moment between them does.
+STOPPED_MID_MANY = """
+import os, signal, sys
+import psycopg
+from psycopg.types.numeric import Int8Dumper
+from sqlalchemy import Column, Integer, MetaData, Table, bindparam
+from fsched.core.ports.records import StorageError
+from fsched.storage import direct as direct_module
+from fsched.storage.db import Database
+from fsched.storage.prepared import Prepared
+
+PROBE = Table("stall_probe", MetaData(), Column("id", Integer, primary_key=True), Column("n", Integer))
+
+class Stop(int):
+    pass
+
+class StoppingDumper(Int8Dumper):
+    def dump(self, obj):
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return super().dump(int(obj))
+
+psycopg.adapters.register_dumper(Stop, StoppingDumper)
+direct_module.PG_IDLE_IN_TRANSACTION_MS = 200
+add = Prepared(PROBE.update().where(PROBE.c.id == bindparam("b_id")).values(n=PROBE.c.n + bindparam("b_n")))
+db = Database(sys.argv[1])
+try:
+    with direct_module.DirectConnection(db).write() as tx:
+        tx.many(add, [{"b_id": 1, "b_n": 1}, {"b_id": 2, "b_n": Stop(1)}])
+except StorageError as exc:
+    print("StorageError", exc)
+else:
+    print("committed")
+"""
+
+
+def test_a_process_stopped_between_the_rows_of_a_write_holds_no_lock_past_the_idle_limit(pg_url):
+    """The server's idle limit ends a stopped daemon's transaction, so its locks (its requests', every
+    job's counters) go with it: also when it stopped in the middle of a `many`. (In the driver's pipeline
+    the server, waiting for the rest, never counted itself idle: the rows stayed locked, and every other
+    daemon's write waited on them, as long as the process stayed stopped.)"""
+    made = InSql(pg_url)
+    PROBE.create(made.db.engine)
+    with made.db.write() as conn:
+        conn.execute(PROBE.insert(), [{"id": 1, "n": 0}, {"id": 2, "n": 0}])
+    child = subprocess.Popen([sys.executable, "-c", STOPPED_MID_MANY, pg_url],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _, status = os.waitpid(child.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), child.communicate()[0].decode()
+        with made.db.write() as conn:  # another writer of the row it wrote: not kept waiting
+            conn.execute(text("SET LOCAL lock_timeout = '10s'"))
+            conn.execute(PROBE.update().where(PROBE.c.id == 1).values(n=PROBE.c.n + 10))
+        os.kill(child.pid, signal.SIGCONT)
+        out = child.communicate(timeout=30)[0].decode()
+        assert child.returncode == 0 and out.startswith("StorageError"), out
+        with made.db.read() as conn:
+            assert dict(conn.execute(select(PROBE.c.id, PROBE.c.n)).all()) == {1: 10, 2: 0}
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGCONT)
+            child.kill()
+            child.wait()
         made.db.dispose()
 
 

@@ -7,6 +7,7 @@ import math
 
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.daemon.writer import ROWS_PER_WRITE, Writer
+from fsched.core.ports.queue import StepWritten
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass
 
@@ -17,9 +18,9 @@ class CountingStore:
     def __init__(self) -> None:
         self.writes: list[int] = []
 
-    def flush_tokens(self, owner, updates) -> int:
+    def write_step(self, owner, updates, completions, claim=None) -> StepWritten:
         self.writes.append(len(updates))
-        return len(updates)
+        return StepWritten(written=len(updates))
 
 
 def _writer(batch_rows: int, realtime_held: bool) -> tuple[Writer, CountingStore]:

@@ -20,6 +20,7 @@ from dataclasses import replace
 from fsched.core.jobs.limits import DEFAULT_MAX_QUEUED_PER_TENANT
 from fsched.core.ports.memory.catalog import MemoryCatalogStore
 from fsched.core.ports.memory.rows import MemoryJob, MemoryRequest, MemoryRows, atomic
+from fsched.core.ports.queue import ClaimAsk, StepWritten
 from fsched.core.ports.records import (
     CancelOutcome,
     Completion,
@@ -131,6 +132,22 @@ class MemoryQueueStore:
         for job_id in {self.rows.requests[c.request_id].job_id for c in completions}:
             self.rows.jobs[job_id].settle(now)
         return outcome
+
+    @atomic
+    def write_step(self, owner: str, updates: Sequence[TokenUpdate], completions: Sequence[Completion],
+                   claim: ClaimAsk | None = None) -> StepWritten:
+        """The three under one hold of the rows' lock; what could refuse the completions is checked
+        before anything is written, so the call changes all it says or (it raises) nothing."""
+        for c in completions:
+            if not c.status.is_finished:
+                raise ValueError(f"{c.status.word} is not a final status")
+            if c.request_id not in self.rows.requests:
+                raise StoreError(f"no request with id {c.request_id}")
+        written = self.flush_tokens(owner, updates) if updates else 0
+        finished = self.finish_requests(completions, owner) if completions else []
+        claimed = [] if claim is None else self.claim(owner, claim.per_group, claim.held, claim.limit,
+                                                      claim.lease_s, announced=True)
+        return StepWritten(written, finished, claimed)
 
     @atomic
     def release(self, owner: str | None = None, request_ids: Sequence[RequestId] | None = None) -> int:

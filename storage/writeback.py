@@ -1,0 +1,175 @@
+"""A daemon's output into the job table, inside a write transaction: tokens so far, and completions.
+
+Both are fenced: a row is written only while the writer holds its request
+under the lease epoch the write names (a completion given no owner: while
+the request has not ended). Neither moves its jobs' counters itself: each
+adds what it changes to the transaction's `deltas`, which move once, at its
+end (counters.move_jobs), with a claim's in the same transaction.
+
+`careful`: each row under a savepoint of its own, so one whose output the
+table refuses (storage/refusals.py) fails alone and the others are written;
+tried after a transaction a refusal undid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from sqlalchemy import Float, bindparam, func, select, update
+
+from fsched.core.ports.records import Completion, StoreError, TokenUpdate
+from fsched.storage.counters import CountDelta
+from fsched.storage.direct import Tx
+from fsched.storage.logprobs import append as append_logprobs
+from fsched.storage.logprobs import new_piece
+from fsched.storage.prepared import Prepared, listed
+from fsched.storage.refusals import write_each
+from fsched.storage.rows import RowState, requests, row_id, row_state
+
+Deltas = dict[int, CountDelta]
+
+FLUSH_TOKENS = Prepared(
+    update(requests)
+    .where(requests.c.id == bindparam("b_id"))
+    .values(
+        output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type),
+        output_text=bindparam("b_text", type_=requests.c.output_text.type),
+        num_logprobs=bindparam("b_logprobs"),
+        num_output_tokens=bindparam("b_num"),
+        first_token_at=func.coalesce(requests.c.first_token_at, bindparam("b_first", type_=Float)),
+    )
+)
+FINISH_REQUEST = Prepared(
+    update(requests)
+    .where(requests.c.id == bindparam("b_id"))
+    .values(
+        state=bindparam("b_state"),
+        output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type),
+        output_text=bindparam("b_text", type_=requests.c.output_text.type),
+        num_logprobs=bindparam("b_logprobs"),
+        num_output_tokens=bindparam("b_num"),
+        finish_reason=bindparam("b_reason"),
+        prompt_tokens=bindparam("b_prompt"),
+        model=bindparam("b_model"),
+        error=bindparam("b_error", type_=requests.c.error.type),
+        finished_at=bindparam("b_now", type_=Float),
+        lease_owner=None,
+        lease_expires_at=None,
+        first_token_at=func.coalesce(requests.c.first_token_at, bindparam("b_first", type_=Float)),
+    )
+)
+FAIL_REFUSED = Prepared(
+    update(requests)
+    .where(requests.c.id == bindparam("b_id"))
+    .values(state=RowState.FAILED.value, error=bindparam("b_error", type_=requests.c.error.type),
+            finished_at=bindparam("b_now", type_=Float), lease_owner=None, lease_expires_at=None)
+)
+HELD_ROWS = Prepared(lambda n: select(
+    requests.c.id, requests.c.job_id, requests.c.num_output_tokens, requests.c.lease_epoch,
+    requests.c.num_logprobs,
+).where(
+    listed(requests.c.id, "b_ids", n),
+    requests.c.lease_owner == bindparam("b_owner"),
+    requests.c.state == RowState.RUNNING.value,
+), listed="b_ids")
+ENDING_ROWS = Prepared(lambda n: select(
+    requests.c.id, requests.c.job_id, requests.c.state, requests.c.num_output_tokens, requests.c.lease_owner,
+    requests.c.lease_epoch, requests.c.num_logprobs,
+).where(listed(requests.c.id, "b_ids", n)), listed="b_ids")
+
+
+def write_tokens(tx: Tx, owner: str, updates: Sequence[TokenUpdate], careful: bool, deltas: Deltas,
+                 now: float) -> int:
+    """Write the updates `owner` may still write; how many it wrote. A request whose output the table
+    refuses (careful only) ends `failed`, with why, its tokens as flushed before."""
+    if not updates:
+        return 0
+    keys = [row_id(u.request_id) for u in updates]
+    rows = {row.id: row for row in tx.rows(HELD_ROWS, {"b_ids": keys, "b_owner": owner})}
+    writes, pieces = [], {}
+    for u in updates:
+        row = rows.get(row_id(u.request_id))
+        if row is None or (u.lease_epoch is not None and row.lease_epoch != u.lease_epoch):
+            continue  # fenced: the lease was lost (reclaimed, cancelled, requeued)
+        pieces[row.id] = new_piece(row.id, row.num_logprobs, u.logprobs)
+        writes.append({"b_id": row.id, "b_tokens": list(u.tokens), "b_text": u.text,
+                       "b_logprobs": max(row.num_logprobs, len(u.logprobs)), "b_num": len(u.tokens),
+                       "b_first": u.first_token_at})
+    refused = write_each(tx, FLUSH_TOKENS, writes, _piece_of(pieces)) if careful else {}
+    if not careful:
+        tx.many(FLUSH_TOKENS, writes)  # one executemany, not a statement per row
+        append_logprobs(tx, pieces.values())
+    for w in writes:
+        row = rows[w["b_id"]]
+        delta = deltas.setdefault(row.job_id, CountDelta())
+        if w["b_id"] in refused:
+            delta.ended(RowState.RUNNING, RowState.FAILED, 0)
+        else:
+            delta.output_tokens += w["b_num"] - row.num_output_tokens
+    tx.many(FAIL_REFUSED, [{"b_id": key, "b_error": why, "b_now": now} for key, why in refused.items()])
+    return len(writes) - len(refused)
+
+
+def write_completions(tx: Tx, completions: Sequence[Completion], owner: str | None, careful: bool,
+                      deltas: Deltas, now: float) -> list[bool]:
+    """End the requests the completions may end (fencing); for each, whether it was written. One whose
+    output the table refuses (careful only) ends `failed` instead, with why."""
+    if not completions:
+        return []
+    outcome, writes, ends, pieces = _completion_writes(tx, completions, owner, now)
+    if careful:
+        refused = write_each(tx, FINISH_REQUEST, writes, _piece_of(pieces))
+        writes = [_failed_write(w, refused[w["b_id"]], pieces.get(w["b_id"])) if w["b_id"] in refused
+                  else w for w in writes]
+        tx.many(FINISH_REQUEST, [w for w in writes if w["b_id"] in refused])
+    else:
+        tx.many(FINISH_REQUEST, writes)  # one executemany, not a statement per row
+        append_logprobs(tx, pieces.values())
+    for w, (job_id, previous, tokens_before) in zip(writes, ends, strict=True):
+        deltas.setdefault(job_id, CountDelta()).ended(
+            previous, RowState(w["b_state"]), w["b_num"] - tokens_before, w["b_prompt"])
+    return outcome
+
+
+def _completion_writes(
+    tx: Tx, completions: Sequence[Completion], owner: str | None, now: float
+) -> tuple[list[bool], list[dict], list[tuple[int, RowState, int]], dict[int, dict | None]]:
+    """Which completions may be written (fencing), their rows, for each row its job, state
+    and tokens before, and the logprobs each appends."""
+    keys = [row_id(c.request_id) for c in completions]
+    rows = {row.id: row for row in tx.rows(ENDING_ROWS, {"b_ids": keys})}
+    outcome, writes, ends, pieces = [], [], [], {}
+    for key, c in zip(keys, completions, strict=True):
+        row = rows.get(key)
+        if row is None:
+            raise StoreError(f"no request with id {c.request_id}")
+        previous = RowState(row.state)
+        fenced = owner is not None and (
+            row.lease_owner != owner or (c.lease_epoch is not None and row.lease_epoch != c.lease_epoch)
+        )
+        outcome.append(not (previous.finished or fenced))
+        if not outcome[-1]:
+            continue
+        pieces[key] = new_piece(key, row.num_logprobs, c.logprobs)
+        writes.append({
+            "b_id": key, "b_state": row_state(c.status).value, "b_tokens": list(c.output_tokens),
+            "b_text": c.output_text, "b_logprobs": max(row.num_logprobs, len(c.logprobs)),
+            "b_num": len(c.output_tokens), "b_reason": c.status.finish_reason,
+            "b_prompt": c.prompt_tokens, "b_model": c.model, "b_error": c.error, "b_now": now,
+            "b_first": c.first_token_at,
+        })
+        ends.append((row.job_id, previous, row.num_output_tokens))
+    return outcome, writes, ends, pieces
+
+
+def _failed_write(write: dict, why: str, piece: dict | None) -> dict:
+    """A completion the table refused, written failed instead: its tokens (integers) and why (the
+    logprobs it would have appended are not)."""
+    stored = write["b_logprobs"] if piece is None else piece["start"]
+    return {**write, "b_state": RowState.FAILED.value, "b_text": "", "b_logprobs": stored,
+            "b_reason": None, "b_error": why}
+
+
+def _piece_of(pieces: Mapping[int, dict | None]):
+    """What a write of one request appends besides its row: its new logprobs."""
+    return lambda tx, write: append_logprobs(tx, [pieces.get(write["b_id"])])
