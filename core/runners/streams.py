@@ -27,6 +27,8 @@ import socket
 import time
 from dataclasses import dataclass, field
 
+from fsched.core.stamps import stamp
+
 CONNECT, SEND, HEAD, BODY = range(4)
 READ_SIZE = 1 << 16
 # Deadlines (connect, read) are checked this often: a timeout is a rare fault, not a per-read cost.
@@ -182,6 +184,7 @@ class Streams:
             return self._end(stream, f"{type(exc).__name__}: {exc}", Fault.UNAVAILABLE)
         stream.request = stream.request[sent:]
         if not stream.request:
+            stamp("sent", getattr(getattr(stream.owner, "request", None), "job_id", 0))
             stream.state = HEAD
             stream.deadline = time.monotonic() + self.read_timeout_s
             self._poller.modify(sock.fileno(), select.POLLIN)
