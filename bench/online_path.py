@@ -17,10 +17,10 @@ one table, the clients alternating between them. `--loaded`: another
 tenant's batch job fills the engine first and the client's key is
 realtime; its TTFT is compared with the idle direct engine's.
 `--no-link`: the daemons publish no link (servers read the table only): the
-path as it was. `--stamps`: each online request's stages timed (core/stamps.py: handler
-start, row stored, claimed, its engine request sent, first token read, pushed, received, written), a
-row per concurrency of each stage's p50 / p99. `--profile DIR`: py-spy records serve and daemon during the
-highest concurrency (top frames printed).
+path as it was. `--stamps`: each online request's stages timed (core/stamps.py: request
+read, handler start, row stored, claimed, its engine request sent, first token read, pushed,
+received, written), a row per concurrency of each stage's p50 / p99. `--profile DIR`: py-spy
+records serve and daemon during the highest concurrency (top frames printed).
 
 `--vllm`: the engine is vLLM's CPU build serving the tiny model (started
 once, as bench/remote_engine.py starts it, its session at `--engine-nice`;
@@ -383,7 +383,8 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
     return rows
 
 
-STAGES = ("handler", "stored", "claimed", "opened", "sent", "read", "pushed", "received", "written")
+STAGES = ("arrived", "handler", "stored", "claimed", "opened", "sent", "read", "pushed", "received",
+          "written")
 ENDS = ("end_read", "finished", "end_pushed", "end_received")
 
 
@@ -399,7 +400,7 @@ def stage_figures(folder: Path, began: float, ended: float) -> dict:
                 continue
             stages = seen.setdefault(int(parts[1]), {})
             stages.setdefault(parts[0], float(parts[2]))  # the first time it reached the stage
-    jobs = [s for s in seen.values() if began <= s.get("handler", -1.0) <= ended]
+    jobs = [s for s in seen.values() if began <= s.get("arrived", -1.0) <= ended]
 
     def spans(order: tuple[str, ...]) -> dict[str, str]:
         out = {}
@@ -411,7 +412,7 @@ def stage_figures(folder: Path, began: float, ended: float) -> dict:
         return out
 
     return {"requests": len(jobs), "p50/p99 ms": spans(STAGES), "end": spans(ENDS),
-            "whole": spans(("handler", "written"))}
+            "whole": spans(("arrived", "written"))}
 
 
 def table_lines(rows: list[dict]) -> list[str]:

@@ -5,7 +5,8 @@ each process appends lines `stage job_id wall_time` to its own file there
 (`<pid>.txt`), and bench/online_path.py (`--stamps`) reads them back into
 each stage's share of the first token's time. Off, a stamp costs one test.
 
-The stages, in order: `handler` (the server's handler starts), `stored` (its
+The stages, in order: `arrived` (the server has the request's head),
+`handler` (its handler starts), `stored` (its
 row is in the table), `claimed` (a daemon claimed it), `sent` (its stream's
 request to the engine written), `read` (its first token read from the
 engine), `pushed` (its first text queued on the daemon's link), `received`
@@ -17,6 +18,8 @@ from __future__ import annotations
 import atexit
 import os
 import time
+
+ARRIVED = "fsched.arrived"  # a server's request scope: when its head was read (stamps on)
 
 _file = None
 if folder := os.environ.get("FSCHED_STAMPS"):
