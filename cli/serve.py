@@ -16,12 +16,6 @@ POLL_MS = 5.0
 # CPU per token went from 126 µs (the heap frozen, 700) to 112 (20,000). The memory it may hold
 # meanwhile is what 20,000 small objects take (a few MB).
 YOUNG_GC_THRESHOLD = 20_000
-# How long the thread holding the interpreter runs before one waiting for it may take it (Python's
-# default: 5 ms). Every store call runs in a worker thread (the event loop never waits on the database)
-# and takes the interpreter back after each call into the database driver: while the loop is busy
-# writing a few dozen streams' tokens, each such hand-back waited up to the whole interval, and a
-# request's row took several of them to store. See `quick_handoffs`.
-SWITCH_INTERVAL_S = 0.0005
 HEADER_TIMEOUT_S = 10.0  # as api/slowclients.py's ClientDeadlines (api/ is imported only once serving)
 BODY_TIMEOUT_S = 120.0
 
@@ -213,7 +207,6 @@ def _run(uvicorn, app, host: str, port: int, metrics_port: int | None, access_lo
         sockets.append(metrics.bind_socket())
     _log_fsched_lines()
     quiet_gc()
-    quick_handoffs()
     Server(config).run(sockets=sockets)
 
 
@@ -229,14 +222,6 @@ def quiet_gc() -> None:
     gc.freeze()
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_GC_THRESHOLD, older, oldest)
-
-
-def quick_handoffs() -> None:
-    """A worker thread waiting for the interpreter (a store call back from the database) gets it within
-    SWITCH_INTERVAL_S of asking, not 5 ms, while the event loop computes."""
-    import sys
-
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 def _log_fsched_lines() -> None:

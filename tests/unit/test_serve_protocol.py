@@ -31,19 +31,3 @@ def test_serve_freezes_its_startup_heap_and_collects_young_objects_less_often():
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
-
-
-def test_serve_hands_the_interpreter_to_a_thread_back_from_the_database_within_a_millisecond():
-    """A store call's worker thread waits for the event loop to let go of the interpreter after each call
-    into the driver: at Python's 5 ms a transaction took several of those waits while the loop wrote
-    streams' tokens (core/stamps.py measured rows stored 20-30 ms after their handler began)."""
-    import sys
-
-    from fsched.cli.serve import quick_handoffs
-
-    before = sys.getswitchinterval()
-    try:
-        quick_handoffs()
-        assert sys.getswitchinterval() <= 0.001
-    finally:
-        sys.setswitchinterval(before)
