@@ -29,6 +29,8 @@ from fsched.api.errors import ApiError, error_response, send_refusal, storage_un
 from fsched.api.limits import BodyTooLarge
 from fsched.api.slowclients import BodyTooSlow
 from fsched.core.ports.records import StorageError
+from fsched.core.stamps import ARRIVED
+from fsched.core.stamps import enabled as stamps_on
 
 # A handler of a hot endpoint: the request (its headers, its app, its receive for the disconnect) and
 # its whole body -> the response.
@@ -57,6 +59,8 @@ class HotPath:
 
     async def __call__(self, app, handler: Handler, scope, receive, send) -> None:
         scope["app"] = app
+        if stamps_on():
+            scope[ARRIVED] = time.time()
         try:
             body = await self._body(scope, receive)
         except (BodyTooLarge, BodyTooSlow) as refused:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from fsched.api.hub import ProgressHub
 from fsched.core.ports import link as wire
+from fsched.core.stamps import stamp
 
 log = logging.getLogger("fsched.serve")
 
@@ -155,11 +156,13 @@ class LinkClient:
                 step.times = times.get(job_id)
             else:
                 times[job_id] = step.times
+                stamp("received", job_id)
             jobs.add(job_id)
             if not push(job_id, text, _running, step):
                 self.closed(job_id)
 
     def _progress(self, peer: _Peer, job_id: int, progress) -> None:
+        stamp("end_received", job_id)
         self._text[job_id] = progress.output_text
         peer.jobs.add(job_id)
         if not self.hub.push(job_id, (progress,)):

@@ -43,6 +43,8 @@ from fsched.core.openai.online import (
 from fsched.core.openai.results import DEFAULT_MODEL_NAME
 from fsched.core.openai.streams import StreamRelay
 from fsched.core.ports.records import KeyRevoked, QueueFull, RequestProgress
+from fsched.core.stamps import ARRIVED, stamp
+from fsched.core.stamps import enabled as stamps_on
 from fsched.core.types import Endpoint, RequestStatus
 
 router = APIRouter()
@@ -109,6 +111,7 @@ def hot_handlers() -> dict[str, Callable[[Request, bytes], Awaitable[Response]]]
 
 
 async def _serve(request: Request, endpoint: Endpoint, body: bytes):
+    began = time.time()
     state = state_of(request)
     # A key this server has read before is not read again: whether it was revoked since is checked in
     # the transaction that stores the row (a thread hop and a read fewer on every request).
@@ -118,6 +121,8 @@ async def _serve(request: Request, endpoint: Endpoint, body: bytes):
         online = await _parse(body, endpoint, key, state)
         await state.require_daemon()
         job_id = await submit(state, key, online)
+        stamp("handler", job_id, began)
+        stamp("arrived", job_id, request.scope.get(ARRIVED, began))
     except ApiError:
         if known is not None:
             await state.authenticate(request)  # a revoked key answers 401 before anything, as read
@@ -228,6 +233,7 @@ async def submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
     limits = await state.limits()
     try:
         job = await state.submit_online(online.job, limits.max_queued_per_tenant)
+        stamp("stored", job.job_id)
     except QueueFull:
         raise ApiError(429, f"tenant {key.tenant!r} has too many unfinished requests "
                             f"(limit {limits.max_queued_per_tenant:,}); retry later",
@@ -396,6 +402,7 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
     written by the push itself (the hub's sink): the same events, no task woken per token.
     """
     ended = attached = False
+    unstamped = stamps_on()
     pushes = _PushWriter(events, outlet)
     try:
         for event in events.opening():
@@ -421,6 +428,9 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
             pushes.final = update
             if failed_choice(update) is not None:
                 break
+            if unstamped:  # its first update: the first token
+                unstamped = False
+                stamp("written", job_id)
             for event in events.update(update):
                 yield event
         for event in _ending(state, online, pushes.final, events):

@@ -2,7 +2,8 @@
 the same client through `fsched serve` + `fsched daemon --engine URL`, in one run.
 
     .venv/bin/python bench/online_path.py [--concurrency 1 8 32 128 256] [--backends sqlite postgresql]
-        [--replicas 1 2] [--loaded] [--no-link] [--profile DIR] [--vllm [--engine-nice 10]]
+        [--replicas 1 2] [--loaded] [--no-link] [--profile DIR] [--stamps [DIR]]
+        [--vllm [--engine-nice 10]]
 
 The engine is the paced stand-in (tests/support/paced_engine.py, its own
 process: `--slots` streams at once, one token each every `--step-ms`). The
@@ -16,8 +17,10 @@ one table, the clients alternating between them. `--loaded`: another
 tenant's batch job fills the engine first and the client's key is
 realtime; its TTFT is compared with the idle direct engine's.
 `--no-link`: the daemons publish no link (servers read the table only): the
-path as it was. `--profile DIR`: py-spy records serve and daemon during the
-highest concurrency (top frames printed).
+path as it was. `--stamps`: each online request's stages timed (core/stamps.py: request
+read, handler start, row stored, claimed, its engine request sent, first token read, pushed,
+received, written), a row per concurrency of each stage's p50 / p99. `--profile DIR`: py-spy
+records serve and daemon during the highest concurrency (top frames printed).
 
 `--vllm`: the engine is vLLM's CPU build serving the tiny model (started
 once, as bench/remote_engine.py starts it, its session at `--engine-nice`;
@@ -132,8 +135,12 @@ def load(urls, key, model, concurrency, rounds, tokens) -> dict:
 class Fsched:
     """A table, a daemon in front of the engine, and `replicas` servers."""
 
-    def __init__(self, engine: Engine | Vllm, backend: str, folder: Path, replicas: int, link: bool):
+    def __init__(self, engine: Engine | Vllm, backend: str, folder: Path, replicas: int, link: bool,
+                 stamps: Path | None = None):
         self.table = Table(backend, folder)
+        if stamps is not None:  # every process notes each online request's stages (core/stamps.py)
+            stamps.mkdir(parents=True, exist_ok=True)
+            self.table.env["FSCHED_STAMPS"] = str(stamps)
         self.procs: list[subprocess.Popen] = []
         self.table.fsched("tenants", "add", "bench")  # creates the table
         self.key = self._key("bench")
@@ -333,7 +340,8 @@ def direct_arm(engine, args) -> dict[int, dict]:
 def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[int, dict]) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        f = Fsched(engine, backend, Path(tmp), replicas, link=not args.no_link)
+        stamps = None if args.stamps is None else Path(args.stamps or tmp) / f"stamps-{backend}-{os.getpid()}"
+        f = Fsched(engine, backend, Path(tmp), replicas, link=not args.no_link, stamps=stamps)
         try:
             if args.loaded:
                 f.fill_with_batch(engine.slots, int(100_000 // args.step_ms))
@@ -348,7 +356,11 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
                 spies = []
                 if args.profile and c == max(args.concurrency):
                     spies = profile(pids, 8, Path(args.profile) / f"{backend}-x{replicas}")
+                began = time.time()
                 through = measured(engine, f.urls, f.key, model, c, args.rounds, args.tokens)
+                if stamps is not None:
+                    print(json.dumps({"arm": "stages", "backend": backend, "concurrency": c,
+                                      **stage_figures(stamps, began, time.time())}), flush=True)
                 for spy in spies:
                     spy.wait()
                 cpu = {n: round(1e6 * (cpu_s(p) - cpu0[n]) / max(1, through["tokens"]), 1)
@@ -369,6 +381,38 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
         finally:
             f.close()
     return rows
+
+
+STAGES = ("arrived", "handler", "stored", "claimed", "opened", "sent", "read", "pushed", "received",
+          "written")
+ENDS = ("end_read", "finished", "end_pushed", "end_received")
+
+
+def stage_figures(folder: Path, began: float, ended: float) -> dict:
+    """From the stamps of core/stamps.py: for the online requests whose handler started between `began`
+    and `ended`, each stage's time since the one before (ms, p50 / p99), and their end's way back (from
+    the engine's last token read to the server's reading of the end)."""
+    seen: dict[int, dict[str, float]] = {}
+    for path in folder.glob("*.txt"):
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) != 3:
+                continue
+            stages = seen.setdefault(int(parts[1]), {})
+            stages.setdefault(parts[0], float(parts[2]))  # the first time it reached the stage
+    jobs = [s for s in seen.values() if began <= s.get("arrived", -1.0) <= ended]
+
+    def spans(order: tuple[str, ...]) -> dict[str, str]:
+        out = {}
+        for before, after in zip(order, order[1:], strict=False):
+            gaps = sorted(1000 * (s[after] - s[before]) for s in jobs if before in s and after in s)
+            if gaps:
+                out[f"{before}>{after}"] = (f"{statistics.median(gaps):.1f}/"
+                                            f"{gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]:.1f}")
+        return out
+
+    return {"requests": len(jobs), "p50/p99 ms": spans(STAGES), "end": spans(ENDS),
+            "whole": spans(("arrived", "written"))}
 
 
 def table_lines(rows: list[dict]) -> list[str]:
@@ -436,6 +480,9 @@ def main() -> None:
     parser.add_argument("--loaded", action="store_true")
     parser.add_argument("--no-link", action="store_true")
     parser.add_argument("--profile", default=None)
+    parser.add_argument("--stamps", nargs="?", const="", default=None, metavar="DIR",
+                        help="each online request's stages timed (core/stamps.py), a row per concurrency; "
+                             "the stamps kept in DIR if given")
     parser.add_argument("--vllm", action="store_true",
                         help="vLLM's CPU build on the tiny model instead of the paced stand-in")
     parser.add_argument("--engine-nice", type=int, default=10,

@@ -45,6 +45,7 @@ from fsched.core.ports.records import DaemonStats, DaemonSummary, StorageError
 from fsched.core.sched.request import Request
 from fsched.core.sched.shares import served_shares
 from fsched.core.sched.usage import TenantUsage
+from fsched.core.stamps import stamp
 from fsched.core.types import RequestClass
 
 log = logging.getLogger("fsched.daemon")
@@ -329,6 +330,7 @@ class Daemon:
         if claimed_now:
             crash_point("after_claim")
         for request in claimed_now:
+            stamp("claimed", request.job_id)
             self._admit(request)
         # Batch work has no first token to hurry: only latency work puts the housekeeping off.
         self._fresh_work = self._fresh_work or any(r.request_class is not RequestClass.BATCH

@@ -22,6 +22,7 @@ from fsched.core.daemon.holdings import Holdings
 from fsched.core.ports.link import End, Message, Steps, StepText
 from fsched.core.ports.records import StorageError
 from fsched.core.sched.request import Request
+from fsched.core.stamps import stamp
 from fsched.core.types import RequestId
 
 Text = Callable[[Request], str]  # a live request's output text so far
@@ -65,6 +66,7 @@ class Publisher:
                 continue
             if done and (result := done.get(request_id)) is not None:
                 self._ending.append((conn, self._end(held, result)))  # pushed once written
+                stamp("finished", held.job_id)
                 continue
             pushed.append((conn, held))
         first = [held for _, held in pushed if self._redraws_of(held)]
@@ -86,6 +88,7 @@ class Publisher:
                 times = (None if at is None else at + offset, held.enqueued_at)
                 if at is not None:
                     timed[request_id] = conn
+                    stamp("pushed", held.job_id)
             found = texts.get(conn)
             if found is None:
                 found = texts[conn] = []
@@ -104,6 +107,7 @@ class Publisher:
         lines: dict[object, list[Message]] = {}
         for conn, end in self._ending:
             lines.setdefault(conn, []).append(replace(end, finished_at=now))
+            stamp("end_pushed", end.job)
         self._ending = []
         self.link.send(lines)
         if len(self._settled) > 2 * len(self.holdings) + 64:  # requests that ended unlinked, or dropped

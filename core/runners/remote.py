@@ -50,6 +50,7 @@ from fsched.core.runners.registered import Registered, output_text, register
 from fsched.core.runners.stopping import check_stop
 from fsched.core.runners.streams import Stream
 from fsched.core.sched.plan import Outcome, Plan
+from fsched.core.stamps import stamp
 from fsched.core.types import (
     LOGIT_BIAS_RANGE,
     LOGPROB_FLOOR,
@@ -342,6 +343,7 @@ class RemoteRunner(Runner):
         r.pending_logprobs.clear()
         r.flowing = False
         r.stream = self._streams.open(body, r, plain=r.params.logprobs is None)
+        stamp("opened", request.job_id)
         self.streams_opened += 1
         self.resumes += generated > 0
         if r.stream.ended:  # it could not even connect
@@ -420,11 +422,14 @@ class RemoteRunner(Runner):
                     if r.params.logprobs is not None else [])
         if r.replay and tokens and not self._replayed(r, tokens, logprobs):
             return
+        if tokens and not r.pending and not r.request.output:
+            stamp("read", r.request.job_id)
         r.pending += tokens
         if logprobs:
             r.pending_logprobs += logprobs
         if not stream.ended:
             return
+        stamp("end_read", r.request.job_id)
         if stream.finish is not None and r.replay:
             r.error, r.stream = "the engine ended the output earlier than before the interruption", None
         elif stream.finish is not None:

@@ -1,7 +1,8 @@
 """Every streamed completion of one engine, read by one selector in the caller's thread.
 
 No thread per stream and no queue: `open` writes a raw HTTP/1.1 request on
-a non-blocking socket, and `poll(timeout)` reads whatever has arrived on any
+a non-blocking socket (at once when its connection is up, else once `poll`
+finds it is), and `poll(timeout)` reads whatever has arrived on any
 of them, parsing the response incrementally from bytes (status line,
 headers, chunked transfer or a body until close, server-sent events). What
 a stream received waits on the stream itself until its reader takes it:
@@ -26,6 +27,8 @@ import select
 import socket
 import time
 from dataclasses import dataclass, field
+
+from fsched.core.stamps import stamp
 
 CONNECT, SEND, HEAD, BODY = range(4)
 READ_SIZE = 1 << 16
@@ -121,6 +124,10 @@ class Streams:
             return stream
         self._open[sock.fileno()] = stream
         self._poller.register(sock.fileno(), select.POLLOUT)
+        if code == 0 or _writable(sock):
+            # Connected already (an engine on this machine or near it): the request goes now, not at
+            # the next poll, which may come only after a whole batch's tokens are read (a step later).
+            self._send(stream)
         return stream
 
     def _resolve(self) -> tuple[int, tuple]:
@@ -182,6 +189,7 @@ class Streams:
             return self._end(stream, f"{type(exc).__name__}: {exc}", Fault.UNAVAILABLE)
         stream.request = stream.request[sent:]
         if not stream.request:
+            stamp("sent", getattr(getattr(stream.owner, "request", None), "job_id", 0))
             stream.state = HEAD
             stream.deadline = time.monotonic() + self.read_timeout_s
             self._poller.modify(sock.fileno(), select.POLLIN)
@@ -235,6 +243,13 @@ class _Poller:
         if self._epoll is not None:
             return self._epoll.poll(timeout_s)
         return self._poll.poll(timeout_s * 1000)
+
+
+def _writable(sock: socket.socket) -> bool:
+    """Whether a socket whose connect is in progress can take bytes now (its connection is up)."""
+    poll = select.poll()
+    poll.register(sock, select.POLLOUT)
+    return bool(poll.poll(0))
 
 
 def received(stream: Stream, data: bytes) -> None:

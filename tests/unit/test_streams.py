@@ -115,3 +115,18 @@ def test_a_read_of_one_whole_plain_event_is_taken_in_one_pass_and_any_other_read
         assert general == [read]
     assert "too long" in _opened(head + others[1]).error
     assert _opened(head + others[3]).tokens == [5]
+
+
+def test_a_request_goes_to_an_engine_already_connected_when_its_stream_opens_not_at_the_next_poll():
+    from fsched.core.runners.streams import Streams
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        streams = Streams("127.0.0.1", server.getsockname()[1], "/v1/completions")
+        stream = streams.open({"prompt": [1], "stream": True})
+        conn, _ = server.accept()  # the connection is up: no poll of `streams` has run
+        with conn:
+            conn.settimeout(5)
+            got = conn.recv(65536)
+            assert got.startswith(b"POST /v1/completions HTTP/1.1\r\n") and got.endswith(b'"stream":true}')
+            assert stream.request == b""  # all of it written
+        streams.close()

@@ -1,0 +1,39 @@
+"""Per-stage timestamps of an online request's way to its first token, for benchmarks.
+
+Off unless the process starts with `FSCHED_STAMPS` naming a folder: then
+each process appends lines `stage job_id wall_time` to its own file there
+(`<pid>.txt`), and bench/online_path.py (`--stamps`) reads them back into
+each stage's share of the first token's time. Off, a stamp costs one test.
+
+The stages, in order: `arrived` (the server has the request's head),
+`handler` (its handler starts), `stored` (its row is in the table),
+`claimed` (a daemon claimed it), `opened` and `sent` (its stream to the
+engine opened, its request written), `read` (its first token read from the
+engine), `pushed` (its first text queued on the daemon's link), `received`
+(the server read that push), `written` (the server wrote its first chunk).
+Its end's way back: `end_read` (the engine's last token read), `finished`
+(the step that ends it), `end_pushed` (once written), `end_received`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import time
+
+ARRIVED = "fsched.arrived"  # a server's request scope: when its head was read (stamps on)
+
+_file = None
+if folder := os.environ.get("FSCHED_STAMPS"):
+    _file = open(os.path.join(folder, f"{os.getpid()}.txt"), "a", buffering=1)  # noqa: SIM115
+    atexit.register(_file.close)
+
+
+def enabled() -> bool:
+    return _file is not None
+
+
+def stamp(stage: str, job_id: int, at: float | None = None) -> None:
+    """Note that `job_id` reached `stage` now (or at `at`, a wall time)."""
+    if _file is not None:
+        _file.write(f"{stage} {job_id} {time.time() if at is None else at:.6f}\n")
