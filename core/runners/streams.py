@@ -103,9 +103,10 @@ class Streams:
         if self._wake_poller is None:
             time.sleep(timeout)
             return False
-        if self._wake_poller.poll(max(0.0, timeout)):
-            self.woken = True
-        return self.woken
+        if not self._wake_poller.poll(max(0.0, timeout)):
+            return False
+        self.woken = True
+        return True
 
     def __len__(self) -> int:
         return len(self._open)
