@@ -387,11 +387,14 @@ class RemoteRunner(Runner):
         """Read the rest of the iteration a slice at a time (a poll woken by each stream in turn would
         cost a system call per token) until each `awaited` request has news, `gather_s` has passed (a
         slice that brings nothing does not end it: a sender may pause within a burst), a first token
-        came (pushed in this pass; the rest is read at the next step) or new work is announced."""
+        came (pushed in this pass; the rest is read at the next step) or new work is announced (the
+        pause between two slices watches the wake descriptor: an announcement ends it at once, so the
+        daemon claims the new work without waiting out the slice)."""
         streams = self._streams
         deadline = time.perf_counter() + self.gather_s
         while awaited and not streams.woken and (left := deadline - time.perf_counter()) > 0:
-            time.sleep(min(self.gather_slice_s, left))
+            if streams.pause(min(self.gather_slice_s, left)):
+                return  # new work: the daemon claims it now, not a slice later
             news = streams.poll(0.0)
             self._take(news, awaited)
             if any(_first_token_waits(stream.owner) for stream in news):

@@ -86,13 +86,27 @@ class Streams:
         self._next_deadline_check = 0.0
         self._address: tuple | None = None
         self._wake_fd: int | None = None
-        self.woken = False  # the wake descriptor was readable at the last poll
+        self._wake_poller: _Poller | None = None  # the wake descriptor alone (`pause`)
+        self.woken = False  # the wake descriptor was readable at the last poll (or pause)
 
     def wake_on(self, fd: int) -> None:
         """A descriptor that ends a poll's wait when it becomes readable (its owner drains it):
         the caller has something better to do than wait for tokens."""
         self._wake_fd = fd
         self._poller.register(fd, select.POLLIN)
+        self._wake_poller = _Poller()
+        self._wake_poller.register(fd, select.POLLIN)
+
+    def pause(self, timeout: float) -> bool:
+        """Wait `timeout` s without reading the streams (what they send waits for the next `poll`),
+        ending early when the wake descriptor becomes readable; whether it did (then `woken`)."""
+        if self._wake_poller is None:
+            time.sleep(timeout)
+            return False
+        if not self._wake_poller.poll(max(0.0, timeout)):
+            return False
+        self.woken = True
+        return True
 
     def __len__(self) -> int:
         return len(self._open)

@@ -54,3 +54,27 @@ def test_an_engine_that_is_not_there_is_unavailable():
     while not stream.ended:
         streams.poll(1.0)
     assert stream.fault is Fault.UNAVAILABLE and "refused" in stream.error.lower()
+
+
+def test_a_pause_ends_when_the_wake_descriptor_turns_readable_and_reads_no_stream():
+    """The remote step's gather pauses between its slices this way: new work announced (the daemon's
+    wake descriptor readable) ends the pause at once, however long it was to last; a stream's bytes do
+    not (they wait for the next poll)."""
+    port, _ = _serve_once(CHUNKED)
+    streams = Streams("127.0.0.1", port, "/v1/completions")
+    wake_r, wake_w = socket.socketpair()
+    try:
+        streams.wake_on(wake_r.fileno())
+        stream = streams.open({"prompt": [1, 2], "stream": True}, owner="r1")
+        assert not streams.pause(0.01) and not streams.woken  # nothing announced: the whole pause
+        wake_w.send(b"x")
+        assert streams.pause(3600.0) and streams.woken  # an hour's pause, ended by the announcement
+        assert stream.tokens == [] and not stream.ended  # the pause read nothing
+        wake_r.recv(16)  # its owner takes the wake-up
+        while not stream.ended:
+            streams.poll(1.0)
+        assert stream.tokens and not streams.woken
+    finally:
+        streams.close()
+        wake_r.close()
+        wake_w.close()

@@ -22,13 +22,17 @@ CODEC = Codec(standin_text, frozenset({STANDIN_EOS}), 8192)
 
 
 class ScriptedStreams:
-    """Streams whose polls bring what `script` lists: one {request id: tokens} per poll, then nothing."""
+    """Streams whose polls bring what `script` lists: one {request id: tokens} per poll, then nothing;
+    `wake_at`: the poll after which new work is announced (the wake descriptor turns readable during the
+    wait that follows it; the polls after it see it)."""
 
     woken = False
 
     def __init__(self) -> None:
         self.script: list[dict[str, list[int]]] = []
         self.by_id: dict[str, Stream] = {}
+        self.wake_at: int | None = None
+        self.polls = 0
 
     def open(self, body: dict, owner, plain: bool = True) -> Stream:
         stream = Stream(sock=None, request=b"", owner=owner)
@@ -41,7 +45,17 @@ class ScriptedStreams:
     def wake_on(self, fd: int) -> None:
         pass
 
+    def pause(self, timeout: float) -> bool:
+        """As Streams.pause: a wait the wake descriptor ends (at once when it is readable already)."""
+        if self.wake_at is not None and self.polls >= self.wake_at:
+            self.woken = True
+            return True
+        time.sleep(timeout)
+        return False
+
     def poll(self, timeout: float) -> list[Stream]:
+        self.polls += 1
+        self.woken = self.wake_at is not None and self.polls > self.wake_at
         news = self.script.pop(0) if self.script else {}
         for rid, tokens in news.items():
             self.by_id[rid].tokens += tokens
@@ -118,3 +132,26 @@ def test_the_rest_of_an_iteration_is_still_gathered_from_the_streams_already_sen
     result, took = timed(runner, Plan(step=1, decode=("a", "c")))
     assert result.outcome.produced == {"a": 1, "c": 1}
     assert took < GATHER_S / 2
+
+
+def test_new_work_announced_during_the_gather_ends_it_without_waiting_out_the_slice():
+    """`a`'s token came, `c`'s is still on its way, and new work is announced as the gather starts: the
+    step ends at once with `a`'s token (the daemon claims the new work now); `c`'s comes next step. The
+    gather's slice here is the whole window: a pause that does not watch the wake descriptor waits it
+    out before it sees the announcement."""
+    client = ScriptedClient()
+    runner = RemoteRunner(client, CODEC, "m", max_wait_s=5.0, gather_s=GATHER_S, gather_slice_s=GATHER_S)
+    requests = {rid: Request.to_run(rid, [1, 2, 3], SamplingParams(max_tokens=50, temperature=0,
+                                                                    ignore_eos=True)) for rid in ("a", "c")}
+    for request in requests.values():
+        runner.add(request)
+    streams = client.made
+    start(runner, streams, flowing=["a", "c"])
+    streams.script = [{"a": [8]}, {"c": [9]}]
+    streams.wake_at = streams.polls + 1  # announced right after the poll that brings `a`'s token
+    result, took = timed(runner, Plan(step=1, decode=("a", "c")))
+    assert result.outcome.produced == {"a": 1, "c": 0}
+    assert took < GATHER_S / 2
+    streams.wake_at = None
+    runner.run(Plan(step=2, decode=("a", "c")))
+    assert requests["c"].output == [7, 9]
