@@ -37,6 +37,7 @@ from fsched.core.daemon.holdings import Holdings
 from fsched.core.daemon.leases import LeaseKeeper
 from fsched.core.daemon.link import LinkServer
 from fsched.core.daemon.publish import Publisher
+from fsched.core.daemon.putoff import PutOff
 from fsched.core.daemon.stepfaults import StepFaults
 from fsched.core.daemon.writer import Writer
 from fsched.core.faults import crash_point
@@ -46,7 +47,6 @@ from fsched.core.sched.request import Request
 from fsched.core.sched.shares import served_shares
 from fsched.core.sched.usage import TenantUsage
 from fsched.core.stamps import stamp
-from fsched.core.types import RequestClass
 
 log = logging.getLogger("fsched.daemon")
 
@@ -152,11 +152,7 @@ class Daemon:
         self._storage_down_since: float | None = None
         self._sync_asked = False  # a server asked for a sync while a step ran: the next pass does it
         self._claim_asked = False  # a claim announced while a step ran that the table failed
-        # Latency work claimed since the last step began waits for a step to reach the engine: the
-        # turn that claimed it puts its batch flush and heartbeat off, and the pass after it its sync,
-        # so that step comes first; put off since when (None: nothing is), for `sync_interval_s` at most.
-        self._fresh_work = False
-        self._put_off_since: float | None = None
+        self.put_off = PutOff(config.sync_interval_s)  # fresh latency work's step before housekeeping
 
     @property
     def fenced_writes(self) -> int:
@@ -211,7 +207,7 @@ class Daemon:
         # An idle daemon looks at the table only when it changed (a cheap check on SQLite): its
         # heartbeat's own write makes it look once a beat at least.
         fresh = not idle or self.store.may_have_changed()
-        hurry = self._put_off_since is not None
+        hurry = self.put_off.hurrying
         due = now - self._last_sync >= self.config.sync_interval_s and not hurry
         if sync_asked or (due and fresh):
             self.sync(announced)
@@ -223,7 +219,7 @@ class Daemon:
             self.sweep()
         self.writer.write_completions()
         if not self.engine.has_work:
-            self._put_off_since = None  # nothing to step: nothing goes first
+            self.put_off.idle()
             # On a shared queue, idle means no daemon holds work either: a
             # dead one's requests come back when their leases expire.
             shared = not self.config.exclusive
@@ -258,7 +254,7 @@ class Daemon:
     def turn(self) -> None:
         """One engine step and what follows it: tokens marked, finished requests written."""
         start = self.clock()
-        self._fresh_work = False  # this step takes what was claimed so far to the engine
+        self.put_off.stepping()
         try:
             report = self.engine.step()
         except StepFailed as failure:
@@ -277,22 +273,11 @@ class Daemon:
         self._write_step(announced)
         if report is not None and self.publisher is not None:
             self.publisher.written(now)
-        if self._puts_off(now):
+        if self.put_off.puts_off(now):
             self.writer.after_step(now, batch=False)  # a table-only realtime stream's tokens still go
             return
         self.writer.after_step(now, asked=self.link.asked if self.link is not None else None)
         self._beat()
-
-    def _puts_off(self, now: float) -> bool:
-        """Whether this turn leaves its batch flush and heartbeat (and the next pass its sync) for later:
-        it claimed latency work, and they have not been put off for `sync_interval_s` already (so
-        weights, cancels and batch tokens wait that long at most, whatever the arrivals)."""
-        since = self._put_off_since
-        if self._fresh_work and (since is None or now - since < self.config.sync_interval_s):
-            self._put_off_since = now if since is None else since
-            return True
-        self._put_off_since = None
-        return False
 
     def _claim_announced(self) -> bool:
         """Whether work was announced during the step (claimed with its writes; a sync asked waits a pass)."""
@@ -332,9 +317,7 @@ class Daemon:
         for request in claimed_now:
             stamp("claimed", request.job_id)
             self._admit(request)
-        # Batch work has no first token to hurry: only latency work puts the housekeeping off.
-        self._fresh_work = self._fresh_work or any(r.request_class is not RequestClass.BATCH
-                                                   for r in claimed_now)
+        self.put_off.claimed(claimed_now)
 
     def _apply_weights(self, weights: dict[str, float]) -> None:
         changed = [tenant for tenant, weight in weights.items() if self._weights.get(tenant) != weight]
