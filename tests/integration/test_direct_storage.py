@@ -303,12 +303,16 @@ def test_a_write_of_many_rows_stores_each_rows_values_as_they_were(table):
 
 
 def test_a_write_of_many_rows_is_one_statement_on_postgresql(pg_url, monkeypatch):
-    """A flush's rows and a completion's go to the server as one statement each (none of them pipelined or
-    sent one at a time): a process stopped while sending a write never leaves part of it sent."""
+    """A flush's rows, their logprobs, a completion's rows and the job counters it moves go to the server as
+    one statement each (none of them pipelined or sent one at a time): a process stopped while sending a
+    write never leaves part of it sent."""
     import psycopg
 
     from fsched.core.ports.records import Completion, TokenUpdate
-    from fsched.core.types import RequestStatus
+    from fsched.core.types import Logprob, RequestStatus, TokenLogprobs
+
+    def logprobs(n: int) -> tuple[TokenLogprobs, ...]:
+        return tuple(TokenLogprobs(Logprob(5 + i, -0.5, "x ✓")) for i in range(n))
 
     sent: list[str] = []
     execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
@@ -324,15 +328,22 @@ def test_a_write_of_many_rows_is_one_statement_on_postgresql(pg_url, monkeypatch
 
     made = InSql(pg_url)
     try:
-        made.catalog.submit([submission(16)])
+        made.catalog.submit([submission(8), submission(8)])
         claimed = made.queue.claim("d1", per_group=16)
         monkeypatch.setattr(psycopg.Cursor, "execute", counted_execute)
         monkeypatch.setattr(psycopg.Cursor, "executemany", counted_executemany)
-        assert made.queue.flush_tokens("d1", [TokenUpdate(r.id, (5, 6), "xy") for r in claimed]) == 16
-        assert sum(sql.startswith("UPDATE requests") for sql in sent) == 1
+        flushed = [TokenUpdate(r.id, (5, 6), "xy", logprobs=logprobs(2)) for r in claimed]
+        assert made.queue.flush_tokens("d1", flushed) == 16
+
+        def statements(start: str) -> int:
+            return sum(sql.startswith(start) for sql in sent)
+
+        assert (statements("UPDATE requests"), statements("INSERT INTO request_logprobs")) == (1, 1)
         sent.clear()
-        done = [Completion(r.id, RequestStatus.FINISHED_STOPPED, (5, 6, 7), "xyz") for r in claimed]
+        done = [Completion(r.id, RequestStatus.FINISHED_STOPPED, (5, 6, 7), "xyz", logprobs=logprobs(3))
+                for r in claimed]
         assert made.queue.finish_requests(done, "d1") == [True] * 16
-        assert sum(sql.startswith("UPDATE requests") for sql in sent) == 1
+        assert [statements(start) for start in ("UPDATE requests", "INSERT INTO request_logprobs",
+                                                "UPDATE jobs")] == [1, 1, 1]
     finally:
         made.db.dispose()
