@@ -27,9 +27,9 @@ Here:
   so far, and every other daemon's job counters, for as long as it stayed
   stopped. One statement at a time, it is idle in its transaction between
   any two, and the server ends it after the limit. One statement for all the
-  rows also costs the least: 1,024 rows like a flush's took 5-6 µs of client
-  CPU a row, against 11-12 pipelined and 21-23 one at a time (measured on
-  psycopg alone);
+  rows also costs the least: 1,024 rows like a flush's took 5.7-6.4 µs of
+  client CPU a row, against 11.4-11.6 pipelined and 20.5-21.6 one at a time
+  (measured on psycopg alone);
 - a driver's failure rolls the transaction back and becomes the same
   StorageError as `Database`'s (a value the table refuses stays the driver's
   DataError, or `Refused`: storage/refusals.py); a connection that failed,

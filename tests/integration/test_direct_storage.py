@@ -242,15 +242,21 @@ def _variants_compiled() -> int:
 def test_a_prepared_store_compiles_nothing_while_it_claims_and_writes(table):
     """What a daemon's steps run is compiled when it starts (`prepare`), not a list length at a time in
     its first steps."""
-    from fsched.core.ports.records import TokenUpdate
+    from fsched.core.ports.records import Completion, TokenUpdate
+    from fsched.core.types import Logprob, RequestStatus, TokenLogprobs
 
     table.catalog.submit([submission(9)])
     table.queue.prepare(16)
     before = _variants_compiled()
     claimed = table.queue.claim("d1", per_group=16)
     assert len(claimed) == 9
+    logprobs = (TokenLogprobs(Logprob(5, -0.5, "x")),) * 2
     for n in (1, 3, 9):
-        assert table.queue.flush_tokens("d1", [TokenUpdate(r.id, (5, 6), "xy") for r in claimed[:n]]) == n
+        assert table.queue.flush_tokens("d1", [TokenUpdate(r.id, (5, 6), "xy", logprobs=logprobs)
+                                               for r in claimed[:n]]) == n
+    done = [Completion(r.id, RequestStatus.FINISHED_STOPPED, (5, 6, 7), "xyz", logprobs=logprobs * 2)
+            for r in claimed]
+    assert table.queue.finish_requests(done, "d1") == [True] * 9
     assert _variants_compiled() == before
 
 
