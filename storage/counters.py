@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from sqlalchemy import Connection, Float, bindparam, func, select, update
+from sqlalchemy import BigInteger, Connection, Float, Integer, bindparam, column, func, select, update
 
 from fsched.core.jobs.jobstate import JobCounts, derive_job_state
 from fsched.core.ports.records import UnknownJob
 from fsched.core.types import JobState
 from fsched.storage.direct import Tx
-from fsched.storage.prepared import Prepared, listed
+from fsched.storage.prepared import Batched, Prepared, listed, recordset
 from fsched.storage.rows import RowState, job_counts, jobs, requests
 
 
@@ -86,7 +86,12 @@ _MOVED_COLUMNS = (jobs.c.id, jobs.c.num_requests, jobs.c.num_done, jobs.c.num_fa
                   jobs.c.cancel_requested_at)
 JOBS_TO_MOVE = Prepared(lambda n: select(*_MOVED_COLUMNS).where(listed(jobs.c.id, "b_jobs", n))
                         .order_by(jobs.c.id).with_for_update(), listed="b_jobs")
-MOVED_JOB = Prepared(
+# The jobs' rows are locked already (JOBS_TO_MOVE, in id order): on PostgreSQL one statement moves them all.
+_MOVED = recordset(column("b_id", jobs.c.id.type), *(column(name, Integer) for name in (
+    "b_running", "b_done", "b_failed", "b_cancelled")), column("b_state", jobs.c.state.type),
+    column("b_output", BigInteger), column("b_prompt", BigInteger), column("b_started", Float),
+    column("b_finished", Float))
+MOVED_JOB = Batched(
     update(jobs)
     .where(jobs.c.id == bindparam("b_id"))
     .values(num_running=bindparam("b_running"), num_done=bindparam("b_done"),
@@ -94,8 +99,17 @@ MOVED_JOB = Prepared(
             state=bindparam("b_state"),
             num_output_tokens=bindparam("b_output"), num_prompt_tokens=bindparam("b_prompt"),
             started_at=func.coalesce(jobs.c.started_at, bindparam("b_started", type_=Float)),
-            finished_at=func.coalesce(jobs.c.finished_at, bindparam("b_finished", type_=Float)))
+            finished_at=func.coalesce(jobs.c.finished_at, bindparam("b_finished", type_=Float))),
+    update(jobs)
+    .where(jobs.c.id == _MOVED.c.b_id)
+    .values(num_running=_MOVED.c.b_running, num_done=_MOVED.c.b_done, num_failed=_MOVED.c.b_failed,
+            num_cancelled=_MOVED.c.b_cancelled, state=_MOVED.c.b_state,
+            num_output_tokens=_MOVED.c.b_output, num_prompt_tokens=_MOVED.c.b_prompt,
+            started_at=func.coalesce(jobs.c.started_at, _MOVED.c.b_started),
+            finished_at=func.coalesce(jobs.c.finished_at, _MOVED.c.b_finished)),
 )
+# Not one statement: this one takes the jobs' locks, a row at a time in id order (one statement would take
+# them in its join's order, and two daemons' writes could deadlock on them).
 MORE_JOB_TOKENS = Prepared(
     update(jobs)
     .where(jobs.c.id == bindparam("b_id"))
@@ -117,7 +131,7 @@ def move_jobs(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
 
 def apply_deltas(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
     """Lock the jobs (in id order: two writers never deadlock on jobs) and move each one's counters by
-    its delta: one select, one executemany."""
+    its delta: one select, one statement (PostgreSQL) or executemany."""
     ids = sorted(deltas)
     writes = []
     for i in range(0, len(ids), LOCK_CHUNK):

@@ -19,13 +19,17 @@ Here:
   checkout): a server restarted meanwhile costs no failed call. (Sending a
   write's statements in one pipeline saved no CPU here, measured: the
   driver's cost is per statement, not per round trip);
-- PostgreSQL: `many` sends its rows one synced statement at a time, not in
-  the driver's pipeline. The server's idle limit only runs once it has
-  answered all it was sent: a process stopped (SIGSTOP, a VM pause) between
-  two rows of a pipeline left its session 'active', holding the rows it had
-  written so far, and every other daemon's job counters, for as long as it
-  stayed stopped. One statement at a time, it is idle in its transaction
-  between any two, and the server ends it after the limit;
+- PostgreSQL: `many` sends all its rows as one statement (a `Batched` one:
+  storage/prepared.py), or else one synced statement a row, never in the
+  driver's pipeline. The server's idle limit only runs once it has answered
+  all it was sent: a process stopped (SIGSTOP, a VM pause) between two rows
+  of a pipeline left its session 'active', holding the rows it had written
+  so far, and every other daemon's job counters, for as long as it stayed
+  stopped. One statement at a time, it is idle in its transaction between
+  any two, and the server ends it after the limit. One statement for all the
+  rows also costs the least: 1,024 rows like a flush's took 5.7-6.4 µs of
+  client CPU a row, against 11.4-11.6 pipelined and 20.5-21.6 one at a time
+  (measured on psycopg alone);
 - a driver's failure rolls the transaction back and becomes the same
   StorageError as `Database`'s (a value the table refuses stays the driver's
   DataError, or `Refused`: storage/refusals.py); a connection that failed,
@@ -44,7 +48,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from fsched.storage.db import PG_IDLE_IN_TRANSACTION_MS, Database, begin_immediate
-from fsched.storage.prepared import Prepared
+from fsched.storage.prepared import ROWS, Batched, Prepared
 
 PING_IDLE_S = 1.0
 
@@ -76,8 +80,13 @@ class Tx:
         return self._cursor.rowcount
 
     def many(self, prepared: Prepared, params: Sequence[Mapping[str, Any]]) -> None:
-        """Run a statement (not a listed one) once for each of `params`: one executemany."""
+        """Run a statement (not a listed one) for each of `params`: a `Batched` one's rows in one statement
+        on PostgreSQL, otherwise one executemany (PostgreSQL: a synced statement a row)."""
         if not params:
+            return
+        if self._synced and isinstance(prepared, Batched):
+            compiled = prepared.together(self._dialect)
+            self._cursor.execute(compiled.sql, compiled.driver_params({ROWS: params}), prepare=True)
             return
         compiled = prepared.compiled(self._dialect)
         if self._synced:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from sqlalchemy import Connection, and_, bindparam, or_, select
+from sqlalchemy import Connection, and_, bindparam, column, or_, select
 
 from fsched.core.types import TokenLogprobs
 from fsched.storage.direct import Tx
 from fsched.storage.models import RequestLogprobs
-from fsched.storage.prepared import Prepared, listed
+from fsched.storage.prepared import Batched, Prepared, listed, recordset
 
 request_logprobs = RequestLogprobs.__table__
 READ_KEYS = 400  # request keys a read names at once (SQLite binds at most 999 parameters a statement)
@@ -29,15 +29,21 @@ def new_piece(key: int, stored: int, logprobs: Sequence[TokenLogprobs]) -> dict 
     return {"request_id": key, "start": stored, "records": [t.to_json() for t in logprobs[stored:]]}
 
 
-APPEND = Prepared(request_logprobs.insert().values(
-    request_id=bindparam("request_id"), start=bindparam("start"), records=bindparam("records")))
+_PIECES = recordset(*(column(c.name, c.type) for c in (
+    request_logprobs.c.request_id, request_logprobs.c.start, request_logprobs.c.records)))
+APPEND = Batched(
+    request_logprobs.insert().values(
+        request_id=bindparam("request_id"), start=bindparam("start"), records=bindparam("records")),
+    request_logprobs.insert().from_select(["request_id", "start", "records"],
+                                          select(_PIECES.c.request_id, _PIECES.c.start, _PIECES.c.records)),
+)
 PIECES_OF = Prepared(lambda n: select(request_logprobs.c.request_id, request_logprobs.c.records)
                      .where(listed(request_logprobs.c.request_id, "b_keys", n))
                      .order_by(request_logprobs.c.request_id, request_logprobs.c.start), listed="b_keys")
 
 
 def append(tx: Tx, pieces: Iterable[dict | None]) -> None:
-    """Store the pieces (one executemany)."""
+    """Store the pieces (one statement on PostgreSQL, one executemany elsewhere)."""
     tx.many(APPEND, [p for p in pieces if p is not None])
 
 

@@ -14,6 +14,12 @@ the list's length: one is compiled for each power of two, the list padded by
 repeating its last id (an `IN` list reads the same), so a handful of
 variants serve every length.
 
+A statement run for many rows in a write (`Batched`) is, on PostgreSQL, one
+statement that reads its rows from one parameter, a JSON array of them
+(`json_to_recordset`): a process stopped while sending it never leaves a
+write half sent, and the server parses, plans and runs it once; elsewhere it
+is the row statement, run once a row (executemany).
+
 Compiling is the dear part (a few milliseconds a variant in SQLAlchemy's
 compiler), so a daemon compiles every statement and every variant up to its
 batch when it starts (`compile_ahead`): otherwise its first steps paid for it,
@@ -28,9 +34,14 @@ from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-from sqlalchemy import bindparam, literal
+from sqlalchemy import JSON, bindparam, func, literal
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import TableValuedAlias
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+ROWS = "b_rows"  # the parameter of a `Batched` statement's rows (a list of the row statement's parameters)
+_ALL = -1  # the variant of a `Batched` statement that writes all its rows at once
 
 
 class Refused(ValueError):
@@ -46,6 +57,37 @@ def one_of(column: ColumnElement, values: Sequence) -> ColumnElement:
     """`column IN` these constants, each its own parameter (`column.in_(values)` makes one parameter
     of the list, expanded at each execution: not a statement compiled once)."""
     return column.in_([literal(value, column.type) for value in values])
+
+
+class _Rows(TypeDecorator):
+    """A list of rows (dicts) as one JSON array, each named value processed as its column's type would be
+    (a JSON value nested as it is)."""
+
+    impl = JSON
+    cache_ok = True
+
+    def __init__(self, columns: tuple[tuple[str, TypeEngine], ...]):
+        super().__init__()
+        self.columns = columns
+        self._processors: dict[str, list[tuple[str, Callable]]] = {}
+
+    def process_bind_param(self, rows, dialect):
+        processors = self._processors.get(dialect.name)
+        if processors is None:
+            processors = self._processors[dialect.name] = [
+                (name, process) for name, type_ in self.columns if not isinstance(type_, JSON)
+                and (process := type_.dialect_impl(dialect).bind_processor(dialect)) is not None
+            ]
+        if not processors:
+            return rows
+        return [{**row, **{name: process(row[name]) for name, process in processors}} for row in rows]
+
+
+def recordset(*columns: ColumnElement) -> TableValuedAlias:
+    """The rows of parameter `ROWS` as a table `v` of these columns (`column(name, type)`, each a name of
+    the rows' dicts): what a `Batched` statement reads (PostgreSQL)."""
+    rows = bindparam(ROWS, type_=_Rows(tuple((c.name, c.type) for c in columns)))
+    return func.json_to_recordset(rows).table_valued(*columns).render_derived("v", with_types=True)
 
 
 class Prepared:
@@ -90,6 +132,24 @@ class Prepared:
         if found is None:
             found = self._variants[key] = _Compiled(self._build(n), dialect)
         return found
+
+
+class Batched(Prepared):
+    """A statement run for many rows in a write (`Tx.many`): `each` for one row's parameters and, on
+    PostgreSQL, `together` for all of them at once (reading them from a `recordset`)."""
+
+    __slots__ = ()
+
+    def __init__(self, each: Any, together: Any):
+        super().__init__(each)
+        self._build = lambda n: together if n == _ALL else each
+
+    def compile_ahead(self, dialect: Dialect, largest: int) -> None:
+        self._variant(dialect, _ALL if dialect.name == "postgresql" else 0)
+
+    def together(self, dialect: Dialect) -> _Compiled:
+        """The statement that writes all the rows: run with `{ROWS: [row's parameters, ...]}`."""
+        return self._variant(dialect, _ALL)
 
 
 def statements_of(*modules: ModuleType) -> list[Prepared]:

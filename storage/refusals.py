@@ -1,6 +1,7 @@
 """When the table refuses one request's data: that request fails, the others are written.
 
-The daemon writes many requests' output in one executemany. Should the
+The daemon writes many requests' output in one statement (PostgreSQL) or
+one executemany (SQLite). Should the
 database refuse a value (PostgreSQL's "text fields cannot contain NUL",
 "invalid input syntax for type json", a driver that cannot encode a string),
 the whole transaction fails; written again and again, that one request would

@@ -15,20 +15,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from sqlalchemy import Float, bindparam, func, select, update
+from sqlalchemy import Float, Integer, bindparam, column, func, select, update
 
 from fsched.core.ports.records import Completion, StoreError, TokenUpdate
 from fsched.storage.counters import CountDelta
 from fsched.storage.direct import Tx
 from fsched.storage.logprobs import append as append_logprobs
 from fsched.storage.logprobs import new_piece
-from fsched.storage.prepared import Prepared, listed
+from fsched.storage.prepared import Batched, Prepared, listed, recordset
 from fsched.storage.refusals import write_each
 from fsched.storage.rows import RowState, requests, row_id, row_state
 
 Deltas = dict[int, CountDelta]
 
-FLUSH_TOKENS = Prepared(
+_TOKENS = column("b_tokens", requests.c.output_tokens.type)
+_TEXT = column("b_text", requests.c.output_text.type)
+_FLUSHED = recordset(column("b_id", requests.c.id.type), _TOKENS, _TEXT, column("b_logprobs", Integer),
+                     column("b_num", Integer), column("b_first", Float))
+FLUSH_TOKENS = Batched(
     update(requests)
     .where(requests.c.id == bindparam("b_id"))
     .values(
@@ -37,9 +41,23 @@ FLUSH_TOKENS = Prepared(
         num_logprobs=bindparam("b_logprobs"),
         num_output_tokens=bindparam("b_num"),
         first_token_at=func.coalesce(requests.c.first_token_at, bindparam("b_first", type_=Float)),
-    )
+    ),
+    update(requests)
+    .where(requests.c.id == _FLUSHED.c.b_id)
+    .values(
+        output_tokens=_FLUSHED.c.b_tokens,
+        output_text=_FLUSHED.c.b_text,
+        num_logprobs=_FLUSHED.c.b_logprobs,
+        num_output_tokens=_FLUSHED.c.b_num,
+        first_token_at=func.coalesce(requests.c.first_token_at, _FLUSHED.c.b_first),
+    ),
 )
-FINISH_REQUEST = Prepared(
+_FINISHED = recordset(column("b_id", requests.c.id.type), column("b_state", requests.c.state.type),
+                      _TOKENS, _TEXT, column("b_logprobs", Integer), column("b_num", Integer),
+                      column("b_reason", requests.c.finish_reason.type), column("b_prompt", Integer),
+                      column("b_model", requests.c.model.type), column("b_error", requests.c.error.type),
+                      column("b_now", Float), column("b_first", Float))
+FINISH_REQUEST = Batched(
     update(requests)
     .where(requests.c.id == bindparam("b_id"))
     .values(
@@ -56,7 +74,24 @@ FINISH_REQUEST = Prepared(
         lease_owner=None,
         lease_expires_at=None,
         first_token_at=func.coalesce(requests.c.first_token_at, bindparam("b_first", type_=Float)),
-    )
+    ),
+    update(requests)
+    .where(requests.c.id == _FINISHED.c.b_id)
+    .values(
+        state=_FINISHED.c.b_state,
+        output_tokens=_FINISHED.c.b_tokens,
+        output_text=_FINISHED.c.b_text,
+        num_logprobs=_FINISHED.c.b_logprobs,
+        num_output_tokens=_FINISHED.c.b_num,
+        finish_reason=_FINISHED.c.b_reason,
+        prompt_tokens=_FINISHED.c.b_prompt,
+        model=_FINISHED.c.b_model,
+        error=_FINISHED.c.b_error,
+        finished_at=_FINISHED.c.b_now,
+        lease_owner=None,
+        lease_expires_at=None,
+        first_token_at=func.coalesce(requests.c.first_token_at, _FINISHED.c.b_first),
+    ),
 )
 FAIL_REFUSED = Prepared(
     update(requests)
@@ -97,7 +132,7 @@ def write_tokens(tx: Tx, owner: str, updates: Sequence[TokenUpdate], careful: bo
                        "b_first": u.first_token_at})
     refused = write_each(tx, FLUSH_TOKENS, writes, _piece_of(pieces)) if careful else {}
     if not careful:
-        tx.many(FLUSH_TOKENS, writes)  # one executemany, not a statement per row
+        tx.many(FLUSH_TOKENS, writes)  # one statement (PostgreSQL) or executemany, not a statement per row
         append_logprobs(tx, pieces.values())
     for w in writes:
         row = rows[w["b_id"]]
@@ -123,7 +158,7 @@ def write_completions(tx: Tx, completions: Sequence[Completion], owner: str | No
                   else w for w in writes]
         tx.many(FINISH_REQUEST, [w for w in writes if w["b_id"] in refused])
     else:
-        tx.many(FINISH_REQUEST, writes)  # one executemany, not a statement per row
+        tx.many(FINISH_REQUEST, writes)  # one statement (PostgreSQL) or executemany, not a statement per row
         append_logprobs(tx, pieces.values())
     for w, (job_id, previous, tokens_before) in zip(writes, ends, strict=True):
         deltas.setdefault(job_id, CountDelta()).ended(

@@ -242,13 +242,114 @@ def _variants_compiled() -> int:
 def test_a_prepared_store_compiles_nothing_while_it_claims_and_writes(table):
     """What a daemon's steps run is compiled when it starts (`prepare`), not a list length at a time in
     its first steps."""
-    from fsched.core.ports.records import TokenUpdate
+    from fsched.core.ports.records import Completion, TokenUpdate
+    from fsched.core.types import Logprob, RequestStatus, TokenLogprobs
 
     table.catalog.submit([submission(9)])
     table.queue.prepare(16)
     before = _variants_compiled()
     claimed = table.queue.claim("d1", per_group=16)
     assert len(claimed) == 9
+    logprobs = (TokenLogprobs(Logprob(5, -0.5, "x")),) * 2
     for n in (1, 3, 9):
-        assert table.queue.flush_tokens("d1", [TokenUpdate(r.id, (5, 6), "xy") for r in claimed[:n]]) == n
+        assert table.queue.flush_tokens("d1", [TokenUpdate(r.id, (5, 6), "xy", logprobs=logprobs)
+                                               for r in claimed[:n]]) == n
+    done = [Completion(r.id, RequestStatus.FINISHED_STOPPED, (5, 6, 7), "xyz", logprobs=logprobs * 2)
+            for r in claimed]
+    assert table.queue.finish_requests(done, "d1") == [True] * 9
     assert _variants_compiled() == before
+
+
+def _stored(table, ids) -> dict:
+    with table.db.read() as conn:
+        columns = ("id", "state", "output_tokens", "output_text", "num_output_tokens", "first_token_at",
+                   "error", "model", "prompt_tokens", "finish_reason", "lease_owner", "finished_at")
+        rows = conn.execute(select(*(requests.c[name] for name in columns))
+                            .where(requests.c.id.in_([int(i) for i in ids]))).all()
+    return {str(row.id): row for row in rows}
+
+
+ODD_TEXT = "a\x00b\udc80c\ufdd0d ✓"  # NUL, a lone surrogate, the codec's escape: stored through it
+BIG_TEXT = "é✓🙂x" * 250_000  # a megabyte of it
+
+
+def test_a_write_of_many_rows_stores_each_rows_values_as_they_were(table):
+    """Tokens, texts (unicode, NUL and surrogates, a megabyte), NULLs and first-token times (the first one
+    kept) come back as written, whether the rows went one a row or in one statement."""
+    from fsched.core.ports.records import Completion, TokenUpdate
+    from fsched.core.types import RequestStatus
+
+    table.catalog.submit([submission(4)])
+    a, b, c, d = (r.id for r in table.queue.claim("d1", per_group=4))
+    assert table.queue.flush_tokens("d1", []) == 0 and table.queue.finish_requests([], "d1") == []
+    assert table.queue.flush_tokens("d1", [
+        TokenUpdate(a, (1, 2), "héllo ✓ 🙂", first_token_at=100.25), TokenUpdate(b, (3,), ODD_TEXT),
+        TokenUpdate(c, tuple(range(5000)), BIG_TEXT, first_token_at=1.5e9 + 0.123456),
+        TokenUpdate(d, (), "", first_token_at=None)]) == 4
+    assert table.queue.flush_tokens("d1", [TokenUpdate(a, (1, 2, 4), "héllo ✓ 🙂!", first_token_at=200.0),
+                                           TokenUpdate(b, (3, 5), ODD_TEXT * 2, first_token_at=7.0)]) == 2
+    stored = _stored(table, [a, b, c, d])
+    assert [(stored[k].output_tokens, stored[k].output_text, stored[k].num_output_tokens,
+             stored[k].first_token_at) for k in (a, b, c, d)] == [
+        ([1, 2, 4], "héllo ✓ 🙂!", 3, 100.25), ([3, 5], ODD_TEXT * 2, 2, 7.0),
+        (list(range(5000)), BIG_TEXT, 5000, 1.5e9 + 0.123456), ([], "", 0, None)]
+    assert table.queue.finish_requests([
+        Completion(a, RequestStatus.FINISHED_STOPPED, (1, 2, 4, 6), "done ✓"),
+        Completion(b, RequestStatus.FINISHED_FAILED, (3, 5), ODD_TEXT, error=ODD_TEXT, first_token_at=9.0),
+        Completion(c, RequestStatus.FINISHED_LENGTH, (8,), BIG_TEXT, prompt_tokens=12, model="m-✓"),
+        Completion(d, RequestStatus.FINISHED_STOPPED, (), "", first_token_at=3.0)], "d1") == [True] * 4
+    stored = _stored(table, [a, b, c, d])
+    assert [(s.state, s.output_tokens, s.output_text, s.error, s.model, s.prompt_tokens, s.finish_reason,
+             s.first_token_at, s.lease_owner) for s in (stored[k] for k in (a, b, c, d))] == [
+        ("done", [1, 2, 4, 6], "done ✓", None, None, None, "stop", 100.25, None),
+        ("failed", [3, 5], ODD_TEXT, ODD_TEXT, None, None, None, 7.0, None),
+        ("done", [8], BIG_TEXT, None, "m-✓", 12, "length", 1.5e9 + 0.123456, None),
+        ("done", [], "", None, None, None, "stop", 3.0, None)]
+    assert all(stored[k].finished_at is not None for k in (a, b, c, d))
+
+
+def test_a_write_of_many_rows_is_one_statement_on_postgresql(pg_url, monkeypatch):
+    """A flush's rows, their logprobs, a completion's rows and the job counters it moves go to the server as
+    one statement each (none of them pipelined or sent one at a time): a process stopped while sending a
+    write never leaves part of it sent."""
+    import psycopg
+
+    from fsched.core.ports.records import Completion, TokenUpdate
+    from fsched.core.types import Logprob, RequestStatus, TokenLogprobs
+
+    def logprobs(n: int) -> tuple[TokenLogprobs, ...]:
+        return tuple(TokenLogprobs(Logprob(5 + i, -0.5, "x ✓")) for i in range(n))
+
+    sent: list[str] = []
+    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+
+    def counted_execute(self, query, params=None, **kw):
+        sent.append(str(query))
+        return execute(self, query, params, **kw)
+
+    def counted_executemany(self, query, params_seq, **kw):
+        params_seq = list(params_seq)
+        sent.extend([str(query)] * len(params_seq))
+        return executemany(self, query, params_seq, **kw)
+
+    made = InSql(pg_url)
+    try:
+        made.catalog.submit([submission(8), submission(8)])
+        claimed = made.queue.claim("d1", per_group=16)
+        monkeypatch.setattr(psycopg.Cursor, "execute", counted_execute)
+        monkeypatch.setattr(psycopg.Cursor, "executemany", counted_executemany)
+        flushed = [TokenUpdate(r.id, (5, 6), "xy", logprobs=logprobs(2)) for r in claimed]
+        assert made.queue.flush_tokens("d1", flushed) == 16
+
+        def statements(start: str) -> int:
+            return sum(sql.startswith(start) for sql in sent)
+
+        assert (statements("UPDATE requests"), statements("INSERT INTO request_logprobs")) == (1, 1)
+        sent.clear()
+        done = [Completion(r.id, RequestStatus.FINISHED_STOPPED, (5, 6, 7), "xyz", logprobs=logprobs(3))
+                for r in claimed]
+        assert made.queue.finish_requests(done, "d1") == [True] * 16
+        assert [statements(start) for start in ("UPDATE requests", "INSERT INTO request_logprobs",
+                                                "UPDATE jobs")] == [1, 1, 1]
+    finally:
+        made.db.dispose()
