@@ -17,7 +17,8 @@ tenant's batch job fills the engine first and the client's key is
 realtime; its TTFT is compared with the idle direct engine's.
 `--no-link`: the daemons publish no link (servers read the table only): the
 path as it was. `--profile DIR`: py-spy records serve and daemon during the
-highest concurrency (top frames printed).
+highest concurrency (top frames printed); environment: SPY_RATE (samples a
+second, 200), SPY_SECONDS (8), SPY_ALL=1 (threads not holding the GIL too).
 
 `--vllm`: the engine is vLLM's CPU build serving the tiny model (started
 once, as bench/remote_engine.py starts it, its session at `--engine-nice`;
@@ -213,7 +214,10 @@ def profile(pids: dict[str, int], seconds: float, out: Path) -> subprocess.Popen
     (what the process computes, not what its threads wait on)."""
     out.mkdir(parents=True, exist_ok=True)
     spy = str(Path(sys.executable).parent / "py-spy")
-    return [subprocess.Popen([spy, "record", "--gil", "-r", "200", "-d", str(int(seconds)), "-f", "raw", "-o",
+    rate = os.environ.get("SPY_RATE", "200")  # samples a second
+    gil = [] if os.environ.get("SPY_ALL") else ["--gil"]  # SPY_ALL=1: threads off the GIL too (system calls)
+    seconds = float(os.environ.get("SPY_SECONDS", seconds))
+    return [subprocess.Popen([spy, "record", *gil, "-r", rate, "-d", str(int(seconds)), "-f", "raw", "-o",
                               str(out / f"{name}.txt"), "-p", str(pid)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL) for name, pid in pids.items()]
 
