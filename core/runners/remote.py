@@ -361,7 +361,9 @@ class RemoteRunner(Runner):
 
     def _await(self, producing: set[RequestId], start: float) -> None:
         """Apply what arrived; wait (up to `max_wait_s`) until a producing request has news, or the
-        wake descriptor says the daemon has work to take first; then `_gather`."""
+        wake descriptor says the daemon has work to take first; then `_gather` (not after a wait that
+        nothing ended: its slices were a wake-up each, a step, while an engine slower than the wait
+        was between iterations)."""
         streams, requests = self._streams, self._requests
         self._take(streams.poll(0.0), set())
         # The producing requests without news yet: what arrives takes them out (one pass here, not one
@@ -375,6 +377,8 @@ class RemoteRunner(Runner):
             while (left := deadline - time.perf_counter()) > 0:
                 if self._take(streams.poll(left), missing) or streams.woken:
                     break
+            else:  # nothing came in the whole wait: no iteration is under way to gather the rest of
+                return  # (the next step's wait wakes at its first token, then gathers the rest of it)
         if streams.woken:
             return  # the daemon claims first; what else arrived is read at the next step
         arrived = (requests[rid] for rid in producing if rid not in missing)
