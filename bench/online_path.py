@@ -20,7 +20,8 @@ realtime; its TTFT is compared with the idle direct engine's.
 path as it was. `--stamps`: each online request's stages timed (core/stamps.py: request
 read, handler start, row stored, claimed, its engine request sent, first token read, pushed,
 received, written), a row per concurrency of each stage's p50 / p99. `--profile DIR`: py-spy
-records serve and daemon during the highest concurrency (top frames printed).
+records serve and daemon during the highest concurrency (top frames printed); environment:
+SPY_RATE (samples a second, 200), SPY_SECONDS (8), SPY_ALL=1 (threads not holding the GIL too).
 
 `--vllm`: the engine is vLLM's CPU build serving the tiny model (started
 once, as bench/remote_engine.py starts it, its session at `--engine-nice`;
@@ -220,7 +221,10 @@ def profile(pids: dict[str, int], seconds: float, out: Path) -> subprocess.Popen
     (what the process computes, not what its threads wait on)."""
     out.mkdir(parents=True, exist_ok=True)
     spy = str(Path(sys.executable).parent / "py-spy")
-    return [subprocess.Popen([spy, "record", "--gil", "-r", "200", "-d", str(int(seconds)), "-f", "raw", "-o",
+    rate = os.environ.get("SPY_RATE", "200")  # samples a second
+    gil = [] if os.environ.get("SPY_ALL") else ["--gil"]  # SPY_ALL=1: threads off the GIL too (system calls)
+    seconds = float(os.environ.get("SPY_SECONDS", seconds))
+    return [subprocess.Popen([spy, "record", *gil, "-r", rate, "-d", str(int(seconds)), "-f", "raw", "-o",
                               str(out / f"{name}.txt"), "-p", str(pid)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL) for name, pid in pids.items()]
 

@@ -62,7 +62,7 @@ def codec_for(model: str | None) -> tuple[str, Codec]:
         raise ValueError(str(exc)) from None
     return tok.name, Codec(
         tok.decode, tok.eos_token_ids, tok.context_length, lambda p, m, r=None: encode_prompt(tok, p, m, r),
-        lambda tokens: tok.tokenizer.decode(tokens, skip_special_tokens=False),
+        tok.decode_special,
     )
 
 

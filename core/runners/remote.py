@@ -19,7 +19,9 @@ How a plan maps onto streams:
   sending (a new stream's first token comes at an iteration of the
   engine's choosing: waiting for it held every token of the step back the
   whole window); a first token that arrives ends the gather, to be pushed
-  in the pass it came in.
+  in the pass it came in. A wait that nothing ended gathers nothing: the
+  engine is between iterations, and the gather's slices were a wake-up
+  each; the next step's wait wakes at the first token and gathers the rest.
 
 Sampling: greedy output is exact across preemptions and restarts (the
 engine's next token depends only on the context). A seeded request is
@@ -363,7 +365,7 @@ class RemoteRunner(Runner):
 
     def _await(self, producing: set[RequestId], start: float) -> None:
         """Apply what arrived; wait (up to `max_wait_s`) until a producing request has news, or the
-        wake descriptor says the daemon has work to take first; then `_gather`."""
+        wake descriptor says the daemon has work to take first; then, if any came, `_gather`."""
         streams, requests = self._streams, self._requests
         self._take(streams.poll(0.0), set())
         # The producing requests without news yet: what arrives takes them out (one pass here, not one
@@ -380,7 +382,7 @@ class RemoteRunner(Runner):
         if streams.woken:
             return  # the daemon claims first; what else arrived is read at the next step
         arrived = (requests[rid] for rid in producing if rid not in missing)
-        if self.gather_s and not any(map(_first_token_waits, arrived)):
+        if self.gather_s and len(missing) < len(producing) and not any(map(_first_token_waits, arrived)):
             self._gather({rid for rid in missing if requests[rid].flowing})
 
     def _gather(self, awaited: set[RequestId]) -> None:

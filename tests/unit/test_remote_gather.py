@@ -155,3 +155,19 @@ def test_new_work_announced_during_the_gather_ends_it_without_waiting_out_the_sl
     streams.wake_at = None
     runner.run(Plan(step=2, decode=("a", "c")))
     assert requests["c"].output == [7, 9]
+
+
+def test_a_wait_that_nothing_ended_does_not_gather():
+    """Nothing arrives within the step's wait (an engine between iterations, slower than the wait): the
+    step ends then, empty, rather than sleeping the gather's slices for streams that have sent nothing
+    since; what comes next is read, and the rest of its iteration gathered, by the next step."""
+    runner, streams, requests = rig("a", "c")
+    runner.max_wait_s = 0.05
+    start(runner, streams, flowing=["a", "c"])
+    streams.script = []
+    result, took = timed(runner, Plan(step=1, decode=("a", "c")))
+    assert result.outcome.produced == {"a": 0, "c": 0}
+    assert took < GATHER_S / 2
+    streams.script = [{"a": [8]}, {}, {"c": [9]}]
+    result, _ = timed(runner, Plan(step=2, decode=("a", "c")))
+    assert result.outcome.produced == {"a": 1, "c": 1}

@@ -1,0 +1,73 @@
+"""What a daemon in front of a remote engine spends detokenizing a streamed token: the incremental
+detokenizer (core/runners/detokenize.py) over a request's output, one token a step, decoding through
+transformers' `decode` against the tokenizer's own backend (`TokenizerOnly.decode`, as the daemon does).
+
+    .venv/bin/python bench/detokenize_path.py [--model tiny] [--tokens 64] [--rounds 7]
+
+The output is the model's encoding of the shipped corpus, cut
+into requests of `--tokens` tokens (a fresh detokenizer each); each round
+times both ways, alternately, in process CPU time; the median and the best
+of `--rounds` are printed, so other processes' load counts little. Both
+ways must give the same texts, token by token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from functools import partial
+from importlib import resources
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fsched.core.runners.detokenize import Detokenizer  # noqa: E402
+from fsched.core.runners.hf.tokenizer import load_tokenizer  # noqa: E402
+
+
+def texts(decode, requests: list[list[int]]) -> tuple[float, list[str]]:
+    """Process CPU seconds to stream every request, one token a step, and each step's text."""
+    out = []
+    start = time.process_time()
+    for ids in requests:
+        shown, tokens = Detokenizer(decode), []
+        for token in ids:
+            tokens.append(token)
+            out.append(shown.text(tokens))
+    return time.process_time() - start, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    tok = load_tokenizer(args.model)
+    corpus = resources.files("fsched.core").joinpath("data/corpus.txt").read_text(encoding="utf-8")
+    encode = partial(tok.tokenizer.encode, add_special_tokens=False)
+    ids = [t for line in corpus.splitlines(keepends=True) for t in encode(line)]
+    requests = [ids[i : i + args.tokens] for i in range(0, len(ids) - args.tokens, args.tokens)][:400]
+    n = sum(map(len, requests))
+    ways = {"transformers decode": partial(tok.tokenizer.decode, skip_special_tokens=True),
+            "backend decode (TokenizerOnly.decode)": tok.decode}
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(args.rounds):
+        seen = []
+        for name, decode in ways.items():
+            spent, out = texts(decode, requests)
+            times[name].append(1e6 * spent / n)
+            seen.append(out)
+        if seen[0] != seen[1]:
+            raise SystemExit("the two ways gave different texts")
+    print(f"{len(requests)} requests of {args.tokens} tokens ({n:,} tokens), {args.rounds} rounds")
+    for name, got in times.items():
+        print(f"{name}: {statistics.median(got):.2f} µs/token median, {min(got):.2f} best")
+
+
+if __name__ == "__main__":
+    main()
