@@ -466,7 +466,7 @@ class RemoteRunner(Runner):
             result.failed[r.id] = f"the engine refused the request: {r.error}"
             return 0
         request = r.request
-        n = self._take_plain(r) if self._plain(r) else self._take_each(r)
+        n = take_tokens(r, self.context_length, self.codec.eos_token_ids)
         r.pending.clear()
         r.pending_logprobs.clear()
         if n:
@@ -478,54 +478,6 @@ class RemoteRunner(Runner):
             self._close(r)
             result.finished[r.id] = request.stop
         return n
-
-    def _plain(self, r: _Request) -> bool:
-        """Whether only a stop token or the length can end the request within the pending tokens (no
-        stop strings, no logprobs, past min_tokens): then one scan finds where it ends."""
-        rules = r.rules
-        return not rules.stop and r.params.logprobs is None and (
-            len(r.request.output) + 1 >= rules.min_tokens)
-
-    def _take_plain(self, r: _Request) -> int:
-        """Take the pending tokens up to the first that ends the request (what `check_stop` would say
-        of each, checked once, at the last one taken); how many."""
-        pending = r.pending
-        if not pending:
-            return 0
-        stops, request = r.stops, r.request
-        output = request.output
-        room = min(request.params.max_tokens - len(output), self.context_length - r.context)
-        n = min(len(pending), max(1, room))
-        if stops and not stops.isdisjoint(pending[:n]):
-            n = next(i for i, token in enumerate(pending[:n]) if token in stops) + 1
-        output += pending[:n] if n < len(pending) else pending
-        # `_check`'s question without its text (a plain request has no stop strings to read for)
-        check = check_stop(output[-1], len(output), request.params.max_tokens, r.context, self.context_length,
-                           self.codec.eos_token_ids, None, r.rules)
-        if check.finished is not None:
-            request.stop = check
-        return n
-
-    def _take_each(self, r: _Request) -> int:
-        request = r.request
-        n = 0
-        for i, token in enumerate(r.pending):
-            request.output.append(token)
-            if request.params.logprobs is not None and i < len(r.pending_logprobs):
-                request.output_logprobs.append(r.pending_logprobs[i])
-            n += 1
-            check = self._check(r, token)
-            if check.finished is not None:
-                request.stop = check
-                break
-        return n
-
-    def _check(self, r: _Request, token: int) -> StopCheck:
-        output = r.request.output
-        if r.text is not None:
-            r.text.extend(output)
-        return check_stop(token, len(output), r.params.max_tokens, r.context, self.context_length,
-                          self.codec.eos_token_ids, r.text, rules=r.rules)
 
     # -- the engine going away and coming back ----------------------------------------------
     def _engine_lost(self, error: str) -> None:
@@ -551,3 +503,54 @@ class RemoteRunner(Runner):
             return
         self._backoff = min(self._backoff * 2, self.backoff_s[1])
         self._next_probe = time.perf_counter() + self._backoff
+
+
+def take_tokens(r: _Request, context_length: int, eos_token_ids: frozenset[int]) -> int:
+    """Move a producing request's pending tokens to its output up to the first that ends it (setting
+    its `stop`); how many."""
+    rules = r.rules
+    # Only a stop token or the length can end it within the pending tokens (no stop strings, no
+    # logprobs, past min_tokens): then one scan finds where it ends.
+    plain = not rules.stop and r.params.logprobs is None and len(r.request.output) + 1 >= rules.min_tokens
+    return (_take_plain if plain else _take_each)(r, context_length, eos_token_ids)
+
+
+def _take_plain(r: _Request, context_length: int, eos_token_ids: frozenset[int]) -> int:
+    """Take the pending tokens up to the first that ends the request (what `check_stop` would say of
+    each, checked once, at the last one taken); how many."""
+    pending = r.pending
+    if not pending:
+        return 0
+    stops, request = r.stops, r.request
+    output = request.output
+    room = min(request.params.max_tokens - len(output), context_length - r.context)
+    n = min(len(pending), max(1, room))
+    if stops and not stops.isdisjoint(pending[:n]):
+        n = next(i for i, token in enumerate(pending[:n]) if token in stops) + 1
+    output += pending[:n] if n < len(pending) else pending
+    # the per-token check's question without its text (a plain request has no stop strings to read for)
+    check = check_stop(output[-1], len(output), request.params.max_tokens, r.context, context_length,
+                       eos_token_ids, None, r.rules)
+    if check.finished is not None:
+        request.stop = check
+    return n
+
+
+def _take_each(r: _Request, context_length: int, eos_token_ids: frozenset[int]) -> int:
+    """Take the pending tokens (and their logprobs) one at a time, each checked for a stop; how many."""
+    request = r.request
+    output = request.output
+    n = 0
+    for i, token in enumerate(r.pending):
+        output.append(token)
+        if request.params.logprobs is not None and i < len(r.pending_logprobs):
+            request.output_logprobs.append(r.pending_logprobs[i])
+        n += 1
+        if r.text is not None:
+            r.text.extend(output)
+        check = check_stop(token, len(output), r.params.max_tokens, r.context, context_length,
+                           eos_token_ids, r.text, rules=r.rules)
+        if check.finished is not None:
+            request.stop = check
+            break
+    return n
