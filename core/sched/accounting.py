@@ -118,8 +118,8 @@ def apply_step(running: Iterable[Request], plan: Plan, outcome: Outcome) -> dict
             before = r.generated
             gpu, held = _advance_other(r, chunks.get(r.id), outcome, charge)
             t.generated += r.generated - before
-        r.run_steps += steps  # resident, with progress or not: the minimum quantum (preemption.py)
         if gpu:
+            r.run_steps += steps
             r.idle_steps = 0
         else:
             r.idle_steps += steps

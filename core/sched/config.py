@@ -86,10 +86,9 @@ class SchedulerConfig:
     # what an interactive caller tolerates before giving up, or against
     # batch's completion window of hours.
     aging_factor: float = 4.0
-    # A (re)admitted request stays resident at least this many engine steps
-    # before it can be preempted again (steps it got no budget in count too:
-    # preemption.preemptible says why): no thrashing. 16 steps ~ 0.3-0.5 s of
-    # decoding: below the realtime target.
+    # A (re)admitted request runs at least this many engine steps before it
+    # can be preempted again: no thrashing, and preempted work progresses.
+    # 16 steps ~ 0.3-0.5 s of decoding: below the realtime target.
     min_quantum_steps: int = 16
     # A request is preempted at most this many times; after that it runs to
     # completion. Parking is cheap, but each preemption still moves its KV

@@ -54,20 +54,7 @@ def slot_frees_soon(running: Iterable[Request], steps: int, need_kv: int, free_k
 def preemptible(r: Request, config: SchedulerConfig) -> bool:
     """Under the preemption bound, and, when it was preempted before, past its
     minimum quantum since it came back (a first preemption costs only the
-    checkpoint; a second one right after re-admission would thrash).
-
-    The quantum is `min_quantum_steps` steps resident since the re-admission,
-    whether or not the request got a share of them (`run_steps`). What it
-    guards against is churn: a request moved out and back in faster than its
-    copies pay for. Counted in residency, each request is preempted at most
-    once a quantum, so its copies take at most a quantum's steps apart, and
-    `max_preemptions` bounds how often in all. Counted in steps with progress,
-    as before, a re-admitted prefill that better-ranked prefills starve of
-    budget (`planning.prefill_order` bounds that at two quanta) held its slot
-    and KV unpreemptible while it made no progress either: protection that
-    bought the request nothing and kept a waiter out (a realtime prompt
-    waited 3 s for the one victim large enough, a batch prompt back from a
-    preemption, starved behind another realtime prompt)."""
+    checkpoint; a second one right after re-admission would thrash)."""
     if r.preemptions >= config.max_preemptions:
         return False
     return r.preemptions == 0 or r.run_steps >= config.min_quantum_steps

@@ -60,7 +60,7 @@ class Request:
     generated: int = 0
     computed: int = 0
     wait_since: float = 0.0  # when it last started waiting (arrival or preemption)
-    run_steps: int = 0  # steps resident since last admission, with progress or not (minimum quantum)
+    run_steps: int = 0  # steps with progress since last admission (minimum quantum)
     idle_steps: int = 0  # consecutive running steps without a prefill chunk
     preemptions: int = 0
     res_gpu: float = 0.0  # usage granted by the tenant meter and not yet used:

@@ -199,31 +199,6 @@ def test_a_readmitted_request_runs_its_minimum_quantum_before_it_is_preempted_ag
     assert admitted_at == (cfg.min_quantum_steps - 1 if preempted_before else 0)
 
 
-def test_a_readmitted_prefill_starved_of_budget_is_past_its_quantum_after_a_quantum_resident():
-    """The quantum counts steps resident, with progress or not: a re-admitted batch prompt
-    that a better-ranked prefill starves of budget stops being protected a quantum after it
-    came back, and a realtime waiter takes its slot then. Counted in steps with progress,
-    the waiter waited for the starved prompt's turn at the budget and a quantum more."""
-    cfg = SchedulerConfig(max_batch=2, kv_tokens=100_000, step_tokens=512, min_quantum_steps=6)
-    sched = Scheduler(cfg, "fsched")
-    outputs = {"long_rt": 3, "b": 3, "rt": 3}
-    eng = FakeEngine(sched, outputs)
-    sched.add(req("long_rt", request_class=RequestClass.REALTIME, prompt=20_000, output=3))
-    b = req("b", prompt=20_000, output=3)
-    b.preemptions = 1  # back from a preemption
-    sched.add(b)
-    eng.step()
-    assert set(sched.running) == {"long_rt", "b"} and sched.running["b"].computed == 0
-    sched.add(req("rt", request_class=RequestClass.REALTIME, prompt=10, output=3, arrival=eng.now))
-    plans = [eng.step() for _ in range(16)]
-    admitted_at = next((i for i, p in enumerate(plans) if "rt" in p.admitted), None)
-    assert admitted_at is not None
-    assert [p.request_id for p in plans[admitted_at].preempted] == ["b"]
-    assert all(c.request_id == "long_rt" for p in plans[:admitted_at] for c in p.prefill)  # b starved
-    assert admitted_at == cfg.min_quantum_steps - 1  # b admitted one step before rt arrived
-    assert eng.violations == []
-
-
 def _realtime_beside_a_request_about_to_leave(cfg):
     """Two batch requests fill both slots, one of them 2 steps from its max_tokens; then a
     realtime request arrives. The next 4 plans."""

@@ -43,7 +43,7 @@ def reference_step(running: list[Request], plan: Plan, outcome: Outcome) -> dict
         else:
             held = r.computed
         t.generated += r.generated - before
-        r.run_steps, r.idle_steps = r.run_steps + steps, 0 if gpu else r.idle_steps + steps
+        r.run_steps, r.idle_steps = (r.run_steps + steps, 0) if gpu else (r.run_steps, r.idle_steps + steps)
         gpu, kv = gpu * per_token, held * elapsed
         t.charge.gpu_s += gpu
         t.charge.kv_token_s += kv
