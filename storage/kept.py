@@ -54,7 +54,7 @@ class KeptWriter:
                 yield conn
             return
         try:
-            with self.db._translate_errors():
+            with self.db.errors_translated():
                 conn = self._connection()
                 try:
                     with conn.begin():
