@@ -262,6 +262,10 @@ class Database:
                         f"SET LOCAL idle_in_transaction_session_timeout = {int(PG_IDLE_IN_TRANSACTION_MS)}")
                 yield conn
 
+    def errors_translated(self):
+        """`_translate_errors` for a connection kept apart (storage/kept.py)."""
+        return self._translate_errors()
+
     @contextmanager
     def _translate_errors(self) -> Iterator[None]:
         """Turn driver failures (locked, read-only, disk full) into one clear error."""

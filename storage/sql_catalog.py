@@ -37,6 +37,7 @@ from fsched.core.types import JobOrigin, JobState, RequestClass
 from fsched.storage.activity import ONLINE_WINDOW_S, online_groups
 from fsched.storage.base import SqlStoreBase
 from fsched.storage.counters import lock_job, store_counts
+from fsched.storage.kept import KeptWriter
 from fsched.storage.logprobs import read as read_logprobs
 from fsched.storage.rows import (
     FINISHED_JOB_STATES,
@@ -60,8 +61,9 @@ from fsched.storage.submit import (
     create_missing_tenants,
     insert_job,
     insert_jobs,
+    lock_tenants,
     tenants_and_unrevoked_keys,
-    unfinished_of,
+    unfinished_of_locked,
 )
 
 RESULTS_BATCH = 1_000
@@ -69,6 +71,8 @@ RESULTS_BATCH = 1_000
 
 class SqlCatalogStore(SqlStoreBase):
     """Submit, list, results, cancel, tenants and daemons: what the commands do."""
+
+    _group_writer: KeptWriter | None = None
 
     # -- submit ---------------------------------------------------------------
 
@@ -114,11 +118,12 @@ class SqlCatalogStore(SqlStoreBase):
         for name in names:
             validate_tenant_name(name)
         outcomes: list[JobSubmission | QueueFull | KeyRevoked] = []
-        with self.db.write() as conn:
+        with self._group_commit() as conn:
             existing, usable = tenants_and_unrevoked_keys(
-                conn, names, {s.key_id for s in submissions if s.key_id is not None})
+                conn, names, {s.key_id for s in submissions if s.key_id is not None}, lock=True)
             created = create_missing_tenants(conn, self.db.dialect, names, now, existing)
-            have = unfinished_of(conn, names)
+            lock_tenants(conn, names - existing)  # created now, here or by another submit
+            have = unfinished_of_locked(conn, names)
             for s in submissions:
                 if s.key_id is not None and s.key_id not in usable:
                     outcomes.append(KeyRevoked(s.key_id))
@@ -133,6 +138,14 @@ class SqlCatalogStore(SqlStoreBase):
         return [s if isinstance(s, (QueueFull, KeyRevoked)) else SubmittedJob(
             job_id=next(job_ids), num_requests=len(s.requests), tenant=s.tenant,
             request_class=s.request_class, tenant_created=s.tenant in created) for s in outcomes]
+
+    def _group_commit(self):
+        """A group commit's transaction: on PostgreSQL on a connection kept for it (storage/kept.py)."""
+        if self.db.dialect != "postgresql":
+            return self.db.write()
+        if self._group_writer is None:
+            self._group_writer = KeptWriter(self.db)
+        return self._group_writer.write()
 
     # -- reading --------------------------------------------------------------
 

@@ -40,6 +40,12 @@ _KEY_IDS = bindparam("b_key_ids", expanding=True)
 TENANTS_AND_UNREVOKED_KEYS = union_all(
     select(tenants.c.name, literal(False).label("is_key")).where(tenants.c.name.in_(_NAMES)),
     select(_KEYS.c.id, literal(True)).where(_KEYS.c.id.in_(_KEY_IDS), _KEYS.c.revoked_at.is_(None)))
+# The same with the tenants' rows locked as they are read (`unfinished_of`'s lock): one round trip
+# fewer again, on PostgreSQL a wait on the server less for every request of a group commit.
+_LOCKED = select(tenants.c.name).where(tenants.c.name.in_(_NAMES)).with_for_update().cte("locked")
+TENANTS_LOCKED_AND_UNREVOKED_KEYS = union_all(
+    select(_LOCKED.c.name, literal(False).label("is_key")),
+    select(_KEYS.c.id, literal(True)).where(_KEYS.c.id.in_(_KEY_IDS), _KEYS.c.revoked_at.is_(None)))
 JOB_INSERT = jobs.insert().returning(jobs.c.id)
 # Several jobs in one statement (SQLAlchemy's "insertmanyvalues"), their ids in the parameters' order.
 JOBS_INSERT = jobs.insert().returning(jobs.c.id, sort_by_parameter_order=True)
@@ -61,16 +67,29 @@ def unfinished_of(conn: Connection, names: set[str]) -> Counter:
     """Each tenant's unfinished requests, its row locked: concurrent submits of one tenant take turns
     on PostgreSQL (SQLite's BEGIN IMMEDIATE already serialises writers)."""
     conn.execute(TENANTS_LOCKED, {"b_names": sorted(names)})
+    return unfinished_of_locked(conn, names)
+
+
+def unfinished_of_locked(conn: Connection, names: set[str]) -> Counter:
+    """Each tenant's unfinished requests, the tenants' rows locked by an earlier statement of the
+    transaction (on PostgreSQL a statement sees what was committed before it began: the count must
+    come after the lock, not with it)."""
     return Counter({tenant: int(n or 0) for tenant, n in conn.execute(
         UNFINISHED_BY_TENANT, {"b_names": sorted(names)}).all()})
 
 
-def tenants_and_unrevoked_keys(conn: Connection, names: set[str],
-                               key_ids: set[str]) -> tuple[set[str], set[str]]:
+def lock_tenants(conn: Connection, names: set[str]) -> None:
+    if names:
+        conn.execute(TENANTS_LOCKED, {"b_names": sorted(names)})
+
+
+def tenants_and_unrevoked_keys(conn: Connection, names: set[str], key_ids: set[str],
+                               lock: bool = False) -> tuple[set[str], set[str]]:
     """Those of the tenants that exist, and those of the keys that are in the table and not revoked,
     read inside the storing transaction: a key revoked before its request's row would be stored
-    keeps the row out."""
-    found = conn.execute(TENANTS_AND_UNREVOKED_KEYS, {"b_names": sorted(names), "b_key_ids": sorted(key_ids)})
+    keeps the row out. With `lock`, the tenants found are locked as `unfinished_of` locks them."""
+    statement = TENANTS_LOCKED_AND_UNREVOKED_KEYS if lock else TENANTS_AND_UNREVOKED_KEYS
+    found = conn.execute(statement, {"b_names": sorted(names), "b_key_ids": sorted(key_ids)})
     existing, usable = set(), set()
     for name, is_key in found:
         (usable if is_key else existing).add(name)
