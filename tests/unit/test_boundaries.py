@@ -40,9 +40,10 @@ CORE_LAYERS = {
     "grammar": ("fsched.core.types",),
     # Structured output: the grammar a request's response_format compiles to is checked at submit
     # (core.openai, through core.grammar) and enforced by the runners, one definition for both.
-    "runners": ("fsched.core.types", "fsched.core.sched", "fsched.core.grammar"),
+    # Stamps (core/stamps.py) are a benchmark's instrument, off unless asked, like the crash points.
+    "runners": ("fsched.core.types", "fsched.core.sched", "fsched.core.grammar", "fsched.core.stamps"),
     "daemon": ("fsched.core.types", "fsched.core.faults", "fsched.core.sched", "fsched.core.ports",
-               "fsched.core.runners"),
+               "fsched.core.runners", "fsched.core.stamps"),
     # The replayer reads traces and reports as the simulator does, and names classes as the online API
     # maps them (service tiers): one definition of each.
     "replay": ("fsched.core.types", "fsched.core.sched", "fsched.core.sim", "fsched.core.openai.online"),
@@ -53,7 +54,7 @@ STORAGE_MAY_IMPORT = ("fsched.storage", "fsched.core.types", "fsched.core.faults
                       "fsched.core.ports", "fsched.core.sched.request", "fsched.core.sim.metrics")
 # The HTTP server speaks the core's records and rules; it neither runs a daemon nor a model.
 API_MAY_IMPORT = ("fsched.api", "fsched.core.types", "fsched.core.jobs", "fsched.core.openai",
-                  "fsched.core.ports", "fsched.core.sched")
+                  "fsched.core.ports", "fsched.core.sched", "fsched.core.stamps")
 # The daemon's side of serving goes through the engine's own methods and the
 # queue protocol: never into the scheduler, never to a concrete store.
 DAEMON_MODULES = ("loop", "holdings", "leases", "stepfaults", "writer")
