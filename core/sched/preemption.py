@@ -67,13 +67,12 @@ def preemptible_rows(running: Iterable[Request], config: SchedulerConfig) -> lis
             if r.preemptions < bound and (r.preemptions == 0 or r.run_steps >= quantum)]
 
 
-def largest_first(keyed: list[tuple[tuple, Request]], picks: int = LAZY_PICKS) -> Iterator[Request]:
-    """The rows of `keyed` in the order of a stable sort by key, largest first (as
-    `sorted(keyed, key=..., reverse=True)`), found lazily: the first `picks` by a `max` each (the
-    first of equal keys first, as the stable sort puts it), the rest by one sort. A waiter mostly
-    needs a victim or two of a full batch's rows; sorting every row's key cost more than that."""
-    keys = [key for key, _ in keyed]
-    rows = [r for _, r in keyed]
+def largest_first(keys: list[tuple], rows: list[Request], picks: int = LAZY_PICKS) -> Iterator[Request]:
+    """`rows` in the order of a stable sort by their `keys` (a list in parallel), largest first (as
+    `sorted(..., reverse=True)`), found lazily: the first `picks` by a `max` each (the first of
+    equal keys first, as the stable sort puts it), the rest by one sort. A waiter mostly needs a
+    victim or two of a full batch's rows; sorting every row's key cost more than that. Consumes
+    both lists (they are the caller's to give up)."""
     for _ in range(min(picks, len(keys))):
         i = keys.index(max(keys))
         del keys[i]
@@ -97,7 +96,7 @@ def choose_victims(
     Taken in the policy's order until the room suffices; then every victim that
     the later (larger) ones made unnecessary is spared, so no request is
     preempted for room that is not needed."""
-    ordered = largest_first(policy.victim_keys(waiter, preemptible_rows(running, config), stand))
+    ordered = largest_first(*policy.victim_keys(waiter, preemptible_rows(running, config), stand))
     slots, kv, host = room.slots, room.kv_tokens, room.host_tokens
     chosen: list[Request] = []
     for r in ordered:

@@ -134,4 +134,4 @@ def test_largest_first_is_the_stable_descending_sort_lazily():
         keyed = [((rng.randint(0, 3), rng.randint(0, 3)), f"r{i}") for i in range(rng.randint(0, 30))]
         expected = [r for _, r in sorted(keyed, key=lambda item: item[0], reverse=True)]
         for picks in (0, 1, 3, 8, 100):
-            assert list(largest_first(list(keyed), picks)) == expected
+            assert list(largest_first([k for k, _ in keyed], [r for _, r in keyed], picks)) == expected
