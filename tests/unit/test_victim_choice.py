@@ -135,3 +135,43 @@ def test_largest_first_is_the_stable_descending_sort_lazily():
         expected = [r for _, r in sorted(keyed, key=lambda item: item[0], reverse=True)]
         for picks in (0, 1, 3, 8, 100):
             assert list(largest_first([k for k, _ in keyed], [r for _, r in keyed], picks)) == expected
+
+
+def _plans(name, seed, choose=None, monkeypatch=None):
+    """Every plan of a random run of `name` (bursts of every class over a full batch), with `choose` in
+    place of the scheduler's victim choice when given."""
+    from fsched.core.sched import scheduler as scheduler_module
+    from fsched.core.sched.plan import Outcome
+    from fsched.core.sched.scheduler import Scheduler
+
+    if choose is not None:
+        monkeypatch.setattr(scheduler_module, "choose_victims", choose)
+    rng = random.Random(seed)
+    scheduler = Scheduler(SchedulerConfig(max_batch=rng.choice([4, 16]), kv_tokens=6000, host_kv_tokens=2000,
+                                          min_quantum_steps=rng.choice([2, 16])), name)
+    plans, now = [], 0.0
+    for step in range(80):
+        now += 0.05
+        for i in range(rng.choice([0, 0, 0, 1, 6])):
+            scheduler.add(Request(f"s{step}-{i}", rng.choice("ab"), rng.choice(CLASSES),
+                                  rng.randint(1, 400), rng.randint(1, 60), now, priority=rng.randint(4, 6)))
+        plan = scheduler.schedule(now)
+        plans.append(repr(plan))
+        produced = {rid: 1 for rid in plan.producing()}
+        scheduler.postprocess(plan, Outcome(elapsed_s=0.05, produced=produced), now)
+    return plans
+
+
+@pytest.mark.parametrize("name", ["priority", "fsched"])
+def test_scheduler_plans_as_with_the_row_by_row_choice(name, monkeypatch):
+    def reference(waiter, running, room, need_kv, policy, stand, config):
+        return _reference_choose_victims(name, waiter, list(running), room, need_kv, stand, config)
+
+    preempted = 0
+    for seed in range(12):
+        new = _plans(name, seed)
+        with monkeypatch.context() as m:
+            old = _plans(name, seed, reference, m)
+        assert new == old, seed
+        preempted += sum("Preemption(" in p for p in new)
+    assert preempted > 20  # the runs do preempt
