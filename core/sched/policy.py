@@ -105,6 +105,8 @@ class Policy(Protocol):
     def due(self, r: Request, now: float) -> bool: ...
     def victim_order(self, waiter: Request, victim: Request,
                      stand: Mapping[str, Standing]) -> tuple | None: ...
+    def victim_keys(self, waiter: Request, rows: Iterable[Request],
+                    stand: Mapping[str, Standing]) -> tuple[list[tuple], list[Request]]: ...
 
 
 class Fcfs:
@@ -157,8 +159,18 @@ class Fcfs:
 
     def victim_order(self, waiter: Request, victim: Request,
                      stand: Mapping[str, Standing]) -> tuple | None:
-        """None when `waiter` may not displace `victim`; else a key, largest preempted first."""
-        return None
+        """None when `waiter` may not displace `victim`; else a key, largest preempted first
+        (`victim_keys` of one row)."""
+        keys, _ = self.victim_keys(waiter, (victim,), stand)
+        return keys[0] if keys else None
+
+    def victim_keys(self, waiter: Request, rows: Iterable[Request],
+                    stand: Mapping[str, Standing]) -> tuple[list[tuple], list[Request]]:
+        """The `victim_order` keys of the rows of `rows` that `waiter` may displace, and those rows
+        (two lists, in `rows`' order): a whole running set at once, what depends on the waiter
+        alone read once (a burst of waiters under a full batch asks this of every running row for
+        each waiter)."""
+        return [], []
 
 
 class StrictPriority(Fcfs):
@@ -180,11 +192,16 @@ class StrictPriority(Fcfs):
     def may_preempt(self, waiter: Request, now: float, stand: Mapping[str, Standing]) -> bool:
         return True
 
-    def victim_order(self, waiter: Request, victim: Request,
-                     stand: Mapping[str, Standing]) -> tuple | None:
-        if (waiter.request_class.band, waiter.priority) >= (victim.request_class.band, victim.priority):
-            return None
-        return (victim.request_class.band, victim.priority, victim.arrival, victim.seq)
+    def victim_keys(self, waiter: Request, rows: Iterable[Request],
+                    stand: Mapping[str, Standing]) -> tuple[list[tuple], list[Request]]:
+        own = (waiter.request_class.band, waiter.priority)
+        keys, victims = [], []
+        for victim in rows:
+            victim_band = victim.request_class.band
+            if own < (victim_band, victim.priority):  # strictly worse running work only
+                keys.append((victim_band, victim.priority, victim.arrival, victim.seq))
+                victims.append(victim)
+        return keys, victims
 
 
 class Vtc(Fcfs):
@@ -290,8 +307,8 @@ class FschedPolicy(Fcfs):
         # a dozen, and holding those steps short too delayed batch prefill for little.
         return r.request_class is RequestClass.REALTIME and r.generated == 0 and now < r.deadline
 
-    def victim_order(self, waiter: Request, victim: Request,
-                     stand: Mapping[str, Standing]) -> tuple | None:
+    def victim_keys(self, waiter: Request, rows: Iterable[Request],
+                    stand: Mapping[str, Standing]) -> tuple[list[tuple], list[Request]]:
         # Victims: work outside the precedence tier (batch, and any work of a
         # tenant beyond its share). The tenant furthest over its share first,
         # then the cheapest to checkpoint (least KV), then the youngest. Then
@@ -299,15 +316,28 @@ class FschedPolicy(Fcfs):
         # the waiter's own tenant's (also a worse base priority), or another
         # tenant's when that tenant's score is above the waiter's tenant's. A
         # label never displaces the work of a tenant that is not ahead of it.
-        standing = stand[victim.tenant]
-        victim_band, waiter_band = victim.request_class.band, waiter.request_class.band
-        if victim_band < BATCH_BAND and standing.precedence:
-            if victim.tenant == waiter.tenant:
-                behind = (waiter_band, waiter.priority) < (victim_band, victim.priority)
-            else:  # a worse class of a tenant further over its share
-                behind = waiter_band < victim_band and standing.score > stand[waiter.tenant].score
-            return (0, victim_band, victim.priority, victim.arrival, victim.seq) if behind else None
-        return (1, standing.score, -victim.computed / victim.context, victim.arrival, victim.seq)
+        # The waiter enters only through its tenant, band and priority, each read once. A row's
+        # band (below BATCH_BAND: not batch) and context are spelled out: a property call a row
+        # was much of this loop's cost.
+        waiter_tenant, waiter_priority = waiter.tenant, waiter.priority
+        waiter_band = waiter.request_class.band
+        keys, victims = [], []
+        for victim in rows:
+            standing = stand[victim.tenant]
+            if victim.request_class is not RequestClass.BATCH and standing.precedence:
+                victim_band = victim.request_class.band
+                if victim.tenant == waiter_tenant:
+                    behind = (waiter_band, waiter_priority) < (victim_band, victim.priority)
+                else:  # a worse class of a tenant further over its share
+                    behind = waiter_band < victim_band and standing.score > stand[waiter_tenant].score
+                if behind:
+                    keys.append((0, victim_band, victim.priority, victim.arrival, victim.seq))
+                    victims.append(victim)
+                continue
+            context = victim.prompt_tokens + victim.generated
+            keys.append((1, standing.score, -victim.computed / context, victim.arrival, victim.seq))
+            victims.append(victim)
+        return keys, victims
 
 
 POLICIES: dict[str, type] = {

@@ -17,12 +17,14 @@ A preemption pays or is not taken:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.policy import Policy, Standing
 from fsched.core.sched.request import Checkpoint, Request
+
+LAZY_PICKS = 8  # victims found by a `max` each before the rest are sorted (largest_first)
 
 
 @dataclass(slots=True, frozen=True)
@@ -55,9 +57,28 @@ def preemptible(r: Request, config: SchedulerConfig) -> bool:
     """Under the preemption bound, and, when it was preempted before, past its
     minimum quantum since it came back (a first preemption costs only the
     checkpoint; a second one right after re-admission would thrash)."""
-    if r.preemptions >= config.max_preemptions:
-        return False
-    return r.preemptions == 0 or r.run_steps >= config.min_quantum_steps
+    return bool(preemptible_rows((r,), config))
+
+
+def preemptible_rows(running: Iterable[Request], config: SchedulerConfig) -> list[Request]:
+    """The rows of `running` that are `preemptible`, in order (the bounds read once)."""
+    bound, quantum = config.max_preemptions, config.min_quantum_steps
+    return [r for r in running
+            if r.preemptions < bound and (r.preemptions == 0 or r.run_steps >= quantum)]
+
+
+def largest_first(keys: list[tuple], rows: list[Request], picks: int = LAZY_PICKS) -> Iterator[Request]:
+    """`rows` in the order of a stable sort by their `keys` (a list in parallel), largest first (as
+    `sorted(..., reverse=True)`), found lazily: the first `picks` by a `max` each (the first of
+    equal keys first, as the stable sort puts it), the rest by one sort. A waiter mostly needs a
+    victim or two of a full batch's rows; sorting every row's key cost more than that. Consumes
+    both lists (they are the caller's to give up)."""
+    for _ in range(min(picks, len(keys))):
+        i = keys.index(max(keys))
+        del keys[i]
+        yield rows.pop(i)
+    rest = sorted(range(len(keys)), key=keys.__getitem__, reverse=True)
+    yield from (rows[i] for i in rest)
 
 
 def choose_victims(
@@ -75,17 +96,10 @@ def choose_victims(
     Taken in the policy's order until the room suffices; then every victim that
     the later (larger) ones made unnecessary is spared, so no request is
     preempted for room that is not needed."""
-    ordered = []
-    for r in running:
-        if not preemptible(r, config):
-            continue
-        key = policy.victim_order(waiter, r, stand)
-        if key is not None:
-            ordered.append((key, r))
-    ordered.sort(key=lambda item: item[0], reverse=True)
+    ordered = largest_first(*policy.victim_keys(waiter, preemptible_rows(running, config), stand))
     slots, kv, host = room.slots, room.kv_tokens, room.host_tokens
     chosen: list[Request] = []
-    for _, r in ordered:
+    for r in ordered:
         if slots >= 1 and kv >= need_kv:
             break
         checkpoint = checkpoint_for(r, host, config)
