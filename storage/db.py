@@ -253,10 +253,11 @@ class Database:
             yield conn
 
     def statement(self, sql: str, args: Sequence[object] | Mapping[str, object]) -> list[tuple]:
-        """The rows of one read-only statement (the dialect's own SQL, `compiled`), run on a pooled driver
-        connection with no transaction around it: no SQLAlchemy Connection, no BEGIN, no COMMIT, which
-        cost more than a short read itself (a single SELECT sees one snapshot on its own). For a check the
-        server makes several times a second; the pool returns the connection rolled back."""
+        """The rows of one read-only statement (SQL in the dialect's own text and parameter style), run
+        on a pooled driver connection with no transaction around it: no SQLAlchemy Connection, no BEGIN,
+        no COMMIT, which cost more than a short read itself (a single SELECT sees one snapshot on its
+        own). For a check the server makes several times a second; the pool returns the connection
+        rolled back."""
         dbapi = self.engine.dialect.loaded_dbapi
         try:
             raw = self.engine.raw_connection()
