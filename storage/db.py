@@ -14,7 +14,7 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -251,6 +251,30 @@ class Database:
     def read(self) -> Iterator[Connection]:
         with self._translate_errors(), self.engine.connect() as conn, conn.begin():
             yield conn
+
+    def statement(self, sql: str, args: Sequence[object] | Mapping[str, object]) -> list[tuple]:
+        """The rows of one read-only statement (SQL in the dialect's own text and parameter style), run
+        on a pooled driver connection with no transaction around it: no SQLAlchemy Connection, no BEGIN,
+        no COMMIT, which cost more than a short read itself (a single SELECT sees one snapshot on its
+        own). For a check the server makes several times a second; the pool returns the connection
+        rolled back."""
+        dbapi = self.engine.dialect.loaded_dbapi
+        try:
+            raw = self.engine.raw_connection()
+        except DBAPIError as exc:  # the pool's own (a connection refused): the one clear error
+            raise self.failure(exc.orig if exc.orig is not None else exc) from exc
+        try:
+            cursor = raw.cursor()
+            try:
+                cursor.execute(sql, args)
+                return cursor.fetchall()
+            finally:
+                cursor.close()
+        except dbapi.Error as exc:
+            raw.invalidate(exc)  # a lost or broken connection is not handed out again
+            raise self.failure(exc) from exc
+        finally:
+            raw.close()
 
     @contextmanager
     def write(self) -> Iterator[Connection]:

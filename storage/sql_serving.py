@@ -47,6 +47,7 @@ class SqlServingStore:
         self._logprobs: dict[int, _Read] = {}
         self._swept_at = clock()
         self._lock = threading.Lock()  # polls may come from more than one thread
+        self._states_sql: dict[int, tuple[str, list[str], list[str] | None]] = {}  # by ids, a power of two
 
     def progress(self, job_ids: Sequence[int]) -> dict[int, tuple[RequestProgress, ...]]:
         """Each given job's requests (an online request is a job of one row a choice), by job id,
@@ -67,12 +68,28 @@ class SqlServingStore:
         (what a request's texts and ids would cost to read and decode grows with its length)."""
         if not job_ids:
             return {}
-        with self.db.read() as conn:
-            rows = conn.execute(STATES, {"b_job_ids": list(job_ids)}).all()
+        # The server's check of its linked streams, several times a second: the dialect's SQL, made once
+        # for each power of two of ids (the last id repeated up to it), run on a driver connection (what
+        # SQLAlchemy's Connection, statement and transaction cost around it was most of an idle server's CPU).
+        ids = list(job_ids)
+        size = 1 << (len(ids) - 1).bit_length()
+        sql, names, positional = self._states_sql.get(size) or self._compile_states(size)
+        by_name = dict(zip(names, ids + ids[-1:] * (size - len(ids)), strict=True))
+        rows = self.db.statement(sql, [by_name[name] for name in positional] if positional else by_name)
         out: dict[int, list[tuple[RequestStatus, int]]] = {}
         for job_id, state, finish_reason, num_output_tokens in rows:
             out.setdefault(job_id, []).append((status_of_row(state, finish_reason), num_output_tokens))
         return {job_id: tuple(states) for job_id, states in out.items()}
+
+    def _compile_states(self, n: int) -> tuple[str, list[str], list[str] | None]:
+        """STATES for `n` ids in the database's own SQL: (text, the ids' parameter names in order, the
+        order the driver takes parameters in when it takes them by position, else None)."""
+        compiled = STATES.params(b_job_ids=list(range(n))).compile(
+            dialect=self.db.engine.dialect, compile_kwargs={"render_postcompile": True})
+        names = [f"b_job_ids_{i + 1}" for i in range(n)]
+        positional = list(compiled.positiontup) if compiled.positional else None
+        made = self._states_sql[n] = (compiled.string, names, positional)
+        return made
 
     def _read_logprobs(self, conn, rows) -> dict[int, tuple[TokenLogprobs, ...]]:
         """The rows' logprobs: what earlier polls read, and the pieces appended since."""

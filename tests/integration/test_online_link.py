@@ -487,3 +487,32 @@ def test_a_pushed_running_text_goes_to_the_text_sink_with_no_progress_made_until
 
     assert asyncio.run(run()) == ["abc", "abcd"]
     assert taken == ["ab"] and made == ["ab", "abc"]
+
+
+def test_a_cancel_in_the_table_reaches_a_linked_stream_by_its_states_check(sqlite_url):
+    from tests.support.tables import InSql
+
+    table = InSql(sqlite_url)
+    job = table.submit(1)
+    fulls: list[list[int]] = []
+
+    def read(ids):
+        fulls.append(list(ids))
+        return table.serving.progress(ids)
+
+    hub = ProgressHub(read, interval_s=0.001, linked_poll_s=0.01, read_states=table.serving.progress_states)
+
+    async def run():
+        poller = asyncio.create_task(hub.run())
+        hub.expect_push(job)  # announced on a link that never pushes: the table check alone ends it
+        seen = []
+        async for choices in hub.watch(job):
+            seen.append(choices[0].status)
+            if len(seen) == 1:
+                table.cancel(job)
+        poller.cancel()
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(run(), 10))
+    assert seen == [RequestStatus.WAITING, RequestStatus.FINISHED_CANCELLED]
+    assert fulls == [[job], [job]]  # its first read, then once its states showed it ended

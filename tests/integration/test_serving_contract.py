@@ -97,6 +97,36 @@ def test_progress_states_answer_as_progress_does_without_texts(table):
         (p.status, p.num_output_tokens) for p in table.serving.progress([a])[a])
 
 
+def test_progress_states_show_a_cancel_whatever_the_number_of_jobs_asked(table):
+    jobs = [table.catalog.submit([submission(1, "alice")])[0].job_id for _ in range(9)]
+    table.cancel(jobs[4])
+    for n in (1, 2, 3, 5, 8, 9):
+        asked = jobs[:n] if n > 4 else jobs[:n - 1] + [jobs[4]]
+        states = table.serving.progress_states(asked)
+        assert set(states) == set(asked)
+        assert states[jobs[4]] == ((RequestStatus.FINISHED_CANCELLED, 0),)
+        assert all(states[j] == ((RequestStatus.WAITING, 0),) for j in asked if j != jobs[4])
+
+
+def test_a_states_read_is_one_statement_with_no_transaction_around_it(request):
+    """The server checks its linked streams' states several times a second: one SELECT on a driver
+    connection, not a BEGIN, the SELECT and a COMMIT (what those cost was most of an idle server's CPU)."""
+    from sqlalchemy import event
+
+    table = open_table(request, "sqlite")
+    jobs = [table.submit(1) for _ in range(3)]
+    table.cancel(jobs[1])
+    statements: list[str] = []
+
+    @event.listens_for(table.db.engine, "connect")
+    def trace(dbapi_connection, _record) -> None:
+        dbapi_connection.set_trace_callback(statements.append)
+
+    table.db.engine.dispose()  # the connections made so far go: the next one is traced
+    assert table.serving.progress_states(jobs)[jobs[1]] == ((RequestStatus.FINISHED_CANCELLED, 0),)
+    assert len(statements) == 1 and statements[0].startswith("SELECT")
+
+
 def records(tokens: list[int]) -> tuple[TokenLogprobs, ...]:
     out = []
     for i, t in enumerate(tokens):
