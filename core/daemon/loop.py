@@ -8,9 +8,10 @@ a database transaction across a model step: every store call is its own
 short transaction between steps.
 
 Each turn:
-1. every `sync_interval_s`: apply weight changes, stop requests whose job
-   was cancelled, claim new work fairly (up to `held_batches` batches held per
-   tenant and class);
+1. every `sync_interval_s`, when the table may have changed since the last
+   sync (the store's cheap check; any commit counts): apply weight changes,
+   stop requests whose job was cancelled, claim new work fairly (up to
+   `held_batches` batches held per tenant and class);
 2. one engine step;
 3. persist: the step's finished requests (output and final state), the
    realtime and streaming requests' tokens and the claim of work announced
@@ -152,6 +153,7 @@ class Daemon:
         self._storage_down_since: float | None = None
         self._sync_asked = False  # a server asked for a sync while a step ran: the next pass does it
         self._claim_asked = False  # a claim announced while a step ran that the table failed
+        self._unsynced = True  # the table changed (or may have) since the last sync completed
         self.put_off = PutOff(config.sync_interval_s)  # fresh latency work's step before housekeeping
 
     @property
@@ -204,12 +206,16 @@ class Daemon:
         sync_asked, self._sync_asked = self._sync_asked or (wants is not None and wants.sync), False
         announced, self._claim_asked = self._claim_asked or (wants is not None and wants.claim), False
         idle = not self.engine.has_work
-        # An idle daemon looks at the table only when it changed (a cheap check on SQLite): its
-        # heartbeat's own write makes it look once a beat at least.
-        fresh = not idle or self.store.may_have_changed()
         hurry = self.put_off.hurrying
         due = now - self._last_sync >= self.config.sync_interval_s and not hurry
-        if sync_asked or (due and fresh):
+        # The daemon looks at the table only when it may have changed (a cheap check on SQLite; always
+        # yes on PostgreSQL): idle, for work at every pass (its heartbeat's own write makes it look once
+        # a beat at least); busy, for weights, cancels and work when the sync is due: a busy daemon's
+        # sync that would find nothing new (three reads, ten times a second) is not made. Every commit
+        # counts, this daemon's own too, and a change seen stays unsynced until a sync is in.
+        fresh = (idle or due) and self.store.may_have_changed()
+        self._unsynced = self._unsynced or fresh
+        if sync_asked or (due and (fresh if idle else self._unsynced)):
             self.sync(announced)
         elif announced or (idle and fresh):
             # New work announced, or nothing to do: look for work only (weights and cancels wait for
@@ -304,6 +310,7 @@ class Daemon:
             self.engine.cancel(request_id)
             self.writer.cancelled(held, text)
         self.claim(announced)
+        self._unsynced = False  # only once the sync is in: one the table fails is done again when due
 
     def claim(self, announced: bool = False, claimed_now: list[Request] | None = None) -> None:
         """New work from the job table, fairly (up to `held_batches` batches held per group; `announced`:

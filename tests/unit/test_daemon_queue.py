@@ -21,7 +21,7 @@ from fsched.core.daemon.loop import Daemon, DaemonConfig
 from fsched.core.daemon.stepfaults import StepFaults
 from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.memory import MemoryQueueStore
-from fsched.core.ports.records import JobSubmission
+from fsched.core.ports.records import JobSubmission, StorageError
 from fsched.core.runners.standin import STANDIN_NAME, StandInRunner, standin_encode
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Plan
@@ -461,3 +461,61 @@ def test_a_steps_tokens_are_pushed_before_the_work_announced_during_it_is_claime
     steps = [i for i, (kind, _, _) in enumerate(store.events) if kind == "step"]
     after = [kind for kind, _, ids in store.events[steps[2] + 1:steps[3]] if kind != "claim" or ids]
     assert after[:2] == ["push", "claim"], after
+
+
+class WatchedStore(RecordingStore):
+    """A table whose cheap change check the test sets (`changed`, taken by the check), counting the
+    sync's reads of the weights; `fail_weights` of them fail as a locked table does."""
+
+    def __init__(self, clock: FakeClock):
+        super().__init__(clock)
+        self.changed = True
+        self.weight_reads = self.fail_weights = 0
+
+    def may_have_changed(self) -> bool:
+        changed, self.changed = self.changed, False
+        return changed
+
+    def tenant_weights(self):
+        self.weight_reads += 1
+        if self.fail_weights:
+            self.fail_weights -= 1
+            raise StorageError("database is locked")
+        return super().tenant_weights()
+
+
+def _busy_rig(clock: FakeClock) -> tuple[WatchedStore, int, Rig]:
+    store = WatchedStore(clock)
+    (submitted,) = store.submit([job(4, seed=9)])
+    rig = Rig(store, clock)
+    rig.daemon.start()
+    rig.daemon.step()  # idle, the table changed: the sync claims the job's requests, then a step
+    assert len(rig.daemon.held) == 4
+    store.weight_reads = 0
+    return store, submitted.job_id, rig
+
+
+def test_a_busy_daemon_makes_no_due_sync_while_the_table_is_unchanged_and_one_once_it_changed(clock):
+    store, job_id, rig = _busy_rig(clock)
+    for _ in range(3):
+        clock.advance(1.0)  # a sync is due at every pass
+        rig.daemon.step()
+    assert store.weight_reads == 0 and len(rig.daemon.held) > 0  # no sync: nothing new to find
+    store.cancel_job(job_id)
+    store.changed = True
+    clock.advance(1.0)
+    rig.daemon.step()
+    assert store.weight_reads == 1 and len(rig.daemon.held) == 0  # the cancel seen at the due sync
+    assert {r.status for r in store.requests()} == {RequestStatus.FINISHED_CANCELLED}
+
+
+def test_a_change_seen_stays_unsynced_until_a_sync_is_in(clock):
+    store, job_id, rig = _busy_rig(clock)
+    store.cancel_job(job_id)
+    store.changed, store.fail_weights = True, 1
+    clock.advance(1.0)
+    rig.daemon.step()  # the sync fails: the table is locked
+    assert store.weight_reads == 1 and len(rig.daemon.held) > 0
+    clock.advance(1.0)
+    rig.daemon.step()  # the check says nothing new since, but the change seen is not synced yet
+    assert store.weight_reads == 2 and len(rig.daemon.held) == 0
