@@ -13,9 +13,11 @@ tried after a transaction a refusal undid.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import Float, Integer, bindparam, column, func, select, update
+from sqlalchemy.sql.selectable import TableValuedAlias
 
 from fsched.core.ports.records import Completion, StoreError, TokenUpdate
 from fsched.storage.counters import CountDelta
@@ -28,71 +30,36 @@ from fsched.storage.rows import RowState, requests, row_id, row_state
 
 Deltas = dict[int, CountDelta]
 
+
+def _row_updates(rows: TableValuedAlias, values: Callable[[Callable[[str], Any]], dict]) -> Batched:
+    """An UPDATE of `requests` by id in both forms: a row's parameters (`each`), and every row of
+    `rows` (`together`); `values(v)` is the SET clause, `v(name)` the value named `name` either way."""
+    each = (update(requests).where(requests.c.id == bindparam("b_id"))
+            .values(**values(lambda name: bindparam(name, type_=rows.c[name].type))))
+    together = (update(requests).where(requests.c.id == rows.c.b_id)
+                .values(**values(lambda name: rows.c[name])))
+    return Batched(each, together)
+
+
 _TOKENS = column("b_tokens", requests.c.output_tokens.type)
 _TEXT = column("b_text", requests.c.output_text.type)
 _FLUSHED = recordset(column("b_id", requests.c.id.type), _TOKENS, _TEXT, column("b_logprobs", Integer),
                      column("b_num", Integer), column("b_first", Float))
-FLUSH_TOKENS = Batched(
-    update(requests)
-    .where(requests.c.id == bindparam("b_id"))
-    .values(
-        output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type),
-        output_text=bindparam("b_text", type_=requests.c.output_text.type),
-        num_logprobs=bindparam("b_logprobs"),
-        num_output_tokens=bindparam("b_num"),
-        first_token_at=func.coalesce(requests.c.first_token_at, bindparam("b_first", type_=Float)),
-    ),
-    update(requests)
-    .where(requests.c.id == _FLUSHED.c.b_id)
-    .values(
-        output_tokens=_FLUSHED.c.b_tokens,
-        output_text=_FLUSHED.c.b_text,
-        num_logprobs=_FLUSHED.c.b_logprobs,
-        num_output_tokens=_FLUSHED.c.b_num,
-        first_token_at=func.coalesce(requests.c.first_token_at, _FLUSHED.c.b_first),
-    ),
-)
+FLUSH_TOKENS = _row_updates(_FLUSHED, lambda v: dict(
+    output_tokens=v("b_tokens"), output_text=v("b_text"), num_logprobs=v("b_logprobs"),
+    num_output_tokens=v("b_num"), first_token_at=func.coalesce(requests.c.first_token_at, v("b_first")),
+))
 _FINISHED = recordset(column("b_id", requests.c.id.type), column("b_state", requests.c.state.type),
                       _TOKENS, _TEXT, column("b_logprobs", Integer), column("b_num", Integer),
                       column("b_reason", requests.c.finish_reason.type), column("b_prompt", Integer),
                       column("b_model", requests.c.model.type), column("b_error", requests.c.error.type),
                       column("b_now", Float), column("b_first", Float))
-FINISH_REQUEST = Batched(
-    update(requests)
-    .where(requests.c.id == bindparam("b_id"))
-    .values(
-        state=bindparam("b_state"),
-        output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type),
-        output_text=bindparam("b_text", type_=requests.c.output_text.type),
-        num_logprobs=bindparam("b_logprobs"),
-        num_output_tokens=bindparam("b_num"),
-        finish_reason=bindparam("b_reason"),
-        prompt_tokens=bindparam("b_prompt"),
-        model=bindparam("b_model"),
-        error=bindparam("b_error", type_=requests.c.error.type),
-        finished_at=bindparam("b_now", type_=Float),
-        lease_owner=None,
-        lease_expires_at=None,
-        first_token_at=func.coalesce(requests.c.first_token_at, bindparam("b_first", type_=Float)),
-    ),
-    update(requests)
-    .where(requests.c.id == _FINISHED.c.b_id)
-    .values(
-        state=_FINISHED.c.b_state,
-        output_tokens=_FINISHED.c.b_tokens,
-        output_text=_FINISHED.c.b_text,
-        num_logprobs=_FINISHED.c.b_logprobs,
-        num_output_tokens=_FINISHED.c.b_num,
-        finish_reason=_FINISHED.c.b_reason,
-        prompt_tokens=_FINISHED.c.b_prompt,
-        model=_FINISHED.c.b_model,
-        error=_FINISHED.c.b_error,
-        finished_at=_FINISHED.c.b_now,
-        lease_owner=None,
-        lease_expires_at=None,
-        first_token_at=func.coalesce(requests.c.first_token_at, _FINISHED.c.b_first),
-    ),
-)
+FINISH_REQUEST = _row_updates(_FINISHED, lambda v: dict(
+    state=v("b_state"), output_tokens=v("b_tokens"), output_text=v("b_text"), num_logprobs=v("b_logprobs"),
+    num_output_tokens=v("b_num"), finish_reason=v("b_reason"), prompt_tokens=v("b_prompt"),
+    model=v("b_model"), error=v("b_error"), finished_at=v("b_now"), lease_owner=None, lease_expires_at=None,
+    first_token_at=func.coalesce(requests.c.first_token_at, v("b_first")),
+))
 FAIL_REFUSED = Prepared(
     update(requests)
     .where(requests.c.id == bindparam("b_id"))
