@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.lines import stamp
+from fsched.core.sched.planning import split_rows
 from fsched.core.sched.policy import POLICIES, Standing, make_policy, standings
 from fsched.core.sched.request import Request
 from fsched.core.sched.waitqueue import WaitQueue
@@ -24,6 +25,20 @@ def r(rid, request_class=BA, tenant="t", prompt=100, arrival=0.0, prio=5, seq=0)
     x.seq = seq
     x.wait_since = arrival
     return x
+
+
+def running(*requests: Request) -> None:
+    """Admitted in this order, each with its class's lines at the modelled step time."""
+    for seq, x in enumerate(requests):
+        x.seq = seq
+        stamp(x, CFG, 0.137)
+
+
+def first_chunk(policy, rows, stand, now) -> str:
+    """The request whose prefill takes the step's budget first among running `rows`."""
+    _, chunks = split_rows(rows, lambda x: policy.running_rank(x, stand, now), CFG.step_tokens,
+                           CFG.min_quantum_steps, lambda x: policy.due(x, now))
+    return chunks[0].request_id
 
 
 def order(policy, reqs, now, stand):
@@ -194,24 +209,15 @@ def test_fsched_running_prefill_that_can_make_its_target_goes_before_one_that_ca
     """In the precedence tier a running prefill still on target takes the step's budget before a
     prefill of its class past its target, even of the tenant further below its share: a long
     realtime prompt that missed 0.5 s no longer holds another tenant's short one for seconds."""
-    from fsched.core.sched.planning import split_rows
-
     policy = make_policy("fsched", CFG, {"a": 3, "b": 1})
     stand = {"a": Standing(0.5, True, True), "b": Standing(1.0, True, True)}
     long_a = Request("long-a", "a", RT, 40_000, 10, 0.0)
     short_b = Request("short-b", "b", RT, 50, 10, 1.0)
-    for seq, x in enumerate((long_a, short_b)):
-        x.seq = seq
-        stamp(x, CFG, 0.137)  # long_a: 20 steps, out of reach from its arrival on
+    running(long_a, short_b)  # long_a: 20 steps, out of reach from its arrival on
 
-    def first_chunk(now):
-        _, chunks = split_rows([long_a, short_b], lambda x: policy.running_rank(x, stand, now),
-                               CFG.step_tokens, CFG.min_quantum_steps, lambda x: policy.due(x, now))
-        return chunks[0].request_id
-
-    assert first_chunk(1.05) == "short-b"
+    assert first_chunk(policy, [long_a, short_b], stand, 1.05) == "short-b"
     # once short_b too is past its target the tenants' standing orders them again, as in `rank`
-    assert first_chunk(1.6) == "long-a"
+    assert first_chunk(policy, [long_a, short_b], stand, 1.6) == "long-a"
     # and the waiting order is unchanged: a's long prompt first
     assert order(policy, [short_b, long_a], 1.05, stand) == ["long-a", "short-b"]
 
@@ -219,17 +225,11 @@ def test_fsched_running_prefill_that_can_make_its_target_goes_before_one_that_ca
 def test_fsched_running_prefills_of_the_share_tier_take_the_budget_in_arrival_order():
     """Batch prompts already admitted prefill oldest first whatever their tenants' scores: the scores
     chose who was admitted; a's later prompt does not hold b's admitted one (and its KV) idle."""
-    from fsched.core.sched.planning import split_rows
-
     policy = make_policy("fsched", CFG, {"a": 3, "b": 1})
     stand = {"a": Standing(0.5, True, True), "b": Standing(1.0, True, True)}
     early_b = Request("early-b", "b", BA, 8_000, 10, 0.0)
     late_a = Request("late-a", "a", BA, 8_000, 10, 1.0)
-    for seq, x in enumerate((early_b, late_a)):
-        x.seq = seq
-        stamp(x, CFG, 0.137)
-    _, chunks = split_rows([late_a, early_b], lambda x: policy.running_rank(x, stand, 2.0),
-                           CFG.step_tokens, CFG.min_quantum_steps, lambda x: policy.due(x, 2.0))
-    assert chunks[0].request_id == "early-b"
+    running(early_b, late_a)
+    assert first_chunk(policy, [late_a, early_b], stand, 2.0) == "early-b"
     # waiting, the scores still order them: a's first
     assert order(policy, [early_b, late_a], 2.0, stand) == ["late-a", "early-b"]
