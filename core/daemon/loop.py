@@ -210,12 +210,12 @@ class Daemon:
         due = now - self._last_sync >= self.config.sync_interval_s and not hurry
         # The daemon looks at the table only when it may have changed (a cheap check on SQLite; always
         # yes on PostgreSQL): idle, for work at every pass (its heartbeat's own write makes it look once
-        # a beat at least); busy, for weights, cancels and work when the sync is due: a busy daemon's
-        # sync that would find nothing new (three reads, ten times a second) is not made. Every commit
-        # counts, this daemon's own too, and a change seen stays unsynced until a sync is in.
+        # a beat at least); at the due sync, for weights, cancels and work: a sync that would find
+        # nothing new (three reads, ten times a second while busy) is not made. Every commit counts,
+        # this daemon's own too, and a change seen stays unsynced until a sync is in.
         fresh = (idle or due) and self.store.may_have_changed()
         self._unsynced = self._unsynced or fresh
-        if sync_asked or (due and (fresh if idle else self._unsynced)):
+        if sync_asked or (due and self._unsynced):
             self.sync(announced)
         elif announced or (idle and fresh):
             # New work announced, or nothing to do: look for work only (weights and cancels wait for
@@ -296,7 +296,7 @@ class Daemon:
         self._claim_asked = claim  # until it is in (one the table fails: the writer keeps its writes)
         claimed = self.writer.write_step(claim_ask(self) if claim else None)
         self._claim_asked = False
-        self.claim(claimed_now=claimed)
+        self.claim(claimed=claimed)
 
     def sync(self, announced: bool = False) -> None:
         """Weights, cancels and new work from the job table."""
@@ -312,19 +312,19 @@ class Daemon:
         self.claim(announced)
         self._unsynced = False  # only once the sync is in: one the table fails is done again when due
 
-    def claim(self, announced: bool = False, claimed_now: list[Request] | None = None) -> None:
+    def claim(self, announced: bool = False, claimed: list[Request] | None = None) -> None:
         """New work from the job table, fairly (up to `held_batches` batches held per group; `announced`:
         a server told of new work), or, given, the work a step's transaction claimed."""
-        if claimed_now is None:
+        if claimed is None:
             ask = claim_ask(self)
-            claimed_now = self.store.claim(self.config.owner, ask.per_group, ask.held, lease_s=ask.lease_s,
-                                           announced=announced)
-        if claimed_now:
+            claimed = self.store.claim(self.config.owner, ask.per_group, ask.held, lease_s=ask.lease_s,
+                                       announced=announced)
+        if claimed:
             crash_point("after_claim")
-        for request in claimed_now:
+        for request in claimed:
             stamp("claimed", request.job_id)
             self._admit(request)
-        self.put_off.claimed(claimed_now)
+        self.put_off.claimed(claimed)
 
     def _apply_weights(self, weights: dict[str, float]) -> None:
         changed = [tenant for tenant, weight in weights.items() if self._weights.get(tenant) != weight]
