@@ -17,6 +17,11 @@ write's own `SET LOCAL` idle-in-transaction limit (storage/db.py). Here:
   transaction opens another;
 - one transaction at a time: a caller that finds it busy gets a pooled
   connection (`Database.write`), so callers in parallel still run in parallel.
+
+The same rules as the daemon's kept connections (storage/direct.py, whose
+idle ping interval it shares), over a SQLAlchemy Connection rather than the
+driver's: the group commit's statements are SQLAlchemy Core's, run as they
+are elsewhere in the catalog store.
 """
 
 from __future__ import annotations
@@ -32,8 +37,7 @@ from sqlalchemy.exc import DBAPIError
 
 from fsched.storage import db as db_module
 from fsched.storage.db import Database
-
-PING_IDLE_S = 1.0
+from fsched.storage.direct import PING_IDLE_S
 
 
 class KeptWriter:
