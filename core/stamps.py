@@ -12,7 +12,7 @@ engine opened, its request written), `read` (its first token read from the
 engine), `pushed` (its first text queued on the daemon's link), `received`
 (the server read that push), `written` (the server wrote its first chunk).
 Its end's way back: `end_read` (the engine's last token read), `finished`
-(the step that ends it), `end_pushed` (once written), `end_received`.
+(the step that ends it), `end_pushed` (its end pushed), `end_received`.
 """
 
 from __future__ import annotations

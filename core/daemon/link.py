@@ -10,7 +10,7 @@ for a sync (`Wake`: a cancel, or a server just linked), a claim (`Claim`:
 new online work; weights and cancels wait for the next sync), or pushes of
 a job's progress (`Watch` / `Forget`; a watch is new work and claims too).
 The daemon pushes each step's texts of watched requests (`Steps`) and their ends
-once the completion is in the table (`End`), from `core/daemon/publish.py`.
+(`End`), from `core/daemon/publish.py`.
 A linked request's tokens go to the table in batches (the writer's batch
 interval), not every step.
 
