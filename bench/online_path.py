@@ -387,7 +387,7 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
     return rows
 
 
-STAGES = ("arrived", "handler", "grouped", "stored", "claimed", "opened", "sent", "read", "pushed", "received",
+STAGES = ("arrived", "handler", "grouped", "stored", "announced", "claimed", "opened", "sent", "read", "pushed", "received",
           "written")
 ENDS = ("end_read", "finished", "end_pushed", "end_received", "end_written")
 

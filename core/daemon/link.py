@@ -30,6 +30,7 @@ import threading
 from dataclasses import dataclass, field
 
 from fsched.core.ports import link as wire
+from fsched.core.stamps import stamp
 
 log = logging.getLogger("fsched.daemon")
 
@@ -223,6 +224,7 @@ class LinkServer:
             if isinstance(message, wire.Watch):
                 conn.jobs.add(message.job)
                 self._watchers[message.job] = conn
+                stamp("announced", message.job)
             elif isinstance(message, wire.Forget):
                 conn.jobs.discard(message.job)
                 if self._watchers.get(message.job) is conn:
