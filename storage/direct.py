@@ -140,7 +140,7 @@ class DirectConnection:
         crash may undo without losing anything of the record (the rows go back to the queue, and their
         holder's later writes, under the lost lease's epoch, are refused): on PostgreSQL its COMMIT
         does not wait for its WAL to reach the disk (`synchronous_commit` off for it alone, said with
-        its BEGIN: no round trip more). The flush was most of a claim's commit under load."""
+        its BEGIN: no round trip more); that flush is a COMMIT's dearest part on a loaded machine."""
         with self._transaction(write=True, lease_only=lease_only) as tx:
             yield tx
 
