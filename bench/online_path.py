@@ -387,8 +387,8 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
     return rows
 
 
-STAGES = ("arrived", "handler", "grouped", "stored", "announced", "claimed", "opened", "sent", "read", "pushed", "received",
-          "written")
+STAGES = ("arrived", "handler", "grouped", "stored", "announced", "claimed", "opened", "sent", "read",
+          "pushed", "received", "written")
 ENDS = ("end_read", "finished", "end_pushed", "end_received", "end_written")
 
 
@@ -417,7 +417,8 @@ def stage_figures(folder: Path, began: float, ended: float) -> dict:
         out = {}
         for name, found in gaps.items():
             found.sort()
-            out[name] = f"{statistics.median(found):.1f}/{found[min(len(found) - 1, int(0.99 * len(found)))]:.1f}"
+            p99 = found[min(len(found) - 1, int(0.99 * len(found)))]
+            out[name] = f"{statistics.median(found):.1f}/{p99:.1f}"
         return out
 
     return {"requests": len(jobs), "p50/p99 ms": spans(STAGES), "end": spans(ENDS),

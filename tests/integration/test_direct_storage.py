@@ -382,7 +382,7 @@ def test_a_claim_alone_commits_without_waiting_for_the_disk_and_a_write_of_token
         sent.clear()
         assert made.queue.flush_tokens("d1", [TokenUpdate(r.id, (5,), "x") for r in claimed]) == 2
         assert [sql for sql in sent if sql.startswith("BEGIN")] == ["BEGIN"]
-        kept = made.queue.direct._connection().raw  # the claim's connection: the setting was its transaction's
+        kept = made.queue.direct._connection().raw  # the claim's: the setting was its transaction's alone
         assert kept.execute("SHOW synchronous_commit").fetchone()[0] == "on"
     finally:
         made.db.dispose()
