@@ -435,6 +435,7 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
                 yield event
         for event in _ending(state, online, pushes.final, events):
             yield event
+        stamp("end_written", job_id)
     finally:
         pushes.idle = False
         final = pushes.final

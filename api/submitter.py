@@ -15,9 +15,11 @@ one by one, so that a failure is only its own.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from fsched.core.ports.records import JobSubmission, KeyRevoked, QueueFull, SubmittedJob
+from fsched.core.stamps import stamp
 
 MAX_GROUP = 256  # submissions a transaction stores at most
 
@@ -47,11 +49,14 @@ class Submitter:
             while self._pending:
                 group, self._pending = self._pending[:MAX_GROUP], self._pending[MAX_GROUP:]
                 limit = min(limit for _, limit, _ in group)
+                began = time.time()
                 try:
                     outcomes = await self.store([s for s, _, _ in group], limit)
                 except Exception:  # noqa: BLE001 - each alone: a failure is then only its own
                     outcomes = [await self._alone(s, limit) for s, _, _ in group]
                 for (_, _, future), outcome in zip(group, outcomes, strict=True):
+                    if isinstance(outcome, SubmittedJob):
+                        stamp("grouped", outcome.job_id, began)  # its group's transaction began
                     if future.done():  # its handler is gone (the row stays, and is run)
                         continue
                     if isinstance(outcome, BaseException):

@@ -6,13 +6,16 @@ each process appends lines `stage job_id wall_time` to its own file there
 each stage's share of the first token's time. Off, a stamp costs one test.
 
 The stages, in order: `arrived` (the server has the request's head),
-`handler` (its handler starts), `stored` (its row is in the table),
-`claimed` (a daemon claimed it), `opened` and `sent` (its stream to the
-engine opened, its request written), `read` (its first token read from the
-engine), `pushed` (its first text queued on the daemon's link), `received`
-(the server read that push), `written` (the server wrote its first chunk).
-Its end's way back: `end_read` (the engine's last token read), `finished`
-(the step that ends it), `end_pushed` (once written), `end_received`.
+`handler` (its handler starts), `grouped` (the group commit that stores it
+begins its transaction), `stored` (its row is in the table), `announced`
+(a daemon's link heard of it), `claimed` (a daemon claimed it), `opened`
+and `sent` (its stream to the engine opened, its request written), `read`
+(its first token read from the engine), `pushed` (its first text queued on
+the daemon's link), `received` (the server read that push), `written` (the
+server wrote its first chunk). Its end's way back: `end_read` (the engine's
+last token read), `finished` (the step that ends it), `end_pushed` (its end
+pushed), `end_received`, `end_written` (the server wrote the stream's last
+bytes).
 """
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ class SqlQueueStore(SqlStoreBase):
               claim: ClaimAsk | None, careful: bool) -> StepWritten:
         now = self.clock()
         deltas: dict[int, CountDelta] = {}
-        with self.direct.write() as tx:
+        with self.direct.write(lease_only=not (updates or completions)) as tx:
             written = write_tokens(tx, owner, updates, careful, deltas, now) if owner is not None else 0
             finished = write_completions(tx, completions, owner, careful, deltas, now)
             claimed = [] if claim is None or owner is None else claim_requests(

@@ -10,7 +10,7 @@ for a sync (`Wake`: a cancel, or a server just linked), a claim (`Claim`:
 new online work; weights and cancels wait for the next sync), or pushes of
 a job's progress (`Watch` / `Forget`; a watch is new work and claims too).
 The daemon pushes each step's texts of watched requests (`Steps`) and their ends
-once the completion is in the table (`End`), from `core/daemon/publish.py`.
+(`End`), from `core/daemon/publish.py`.
 A linked request's tokens go to the table in batches (the writer's batch
 interval), not every step.
 
@@ -30,6 +30,7 @@ import threading
 from dataclasses import dataclass, field
 
 from fsched.core.ports import link as wire
+from fsched.core.stamps import stamp
 
 log = logging.getLogger("fsched.daemon")
 
@@ -223,6 +224,7 @@ class LinkServer:
             if isinstance(message, wire.Watch):
                 conn.jobs.add(message.job)
                 self._watchers[message.job] = conn
+                stamp("announced", message.job)
             elif isinstance(message, wire.Forget):
                 conn.jobs.discard(message.job)
                 if self._watchers.get(message.job) is conn:

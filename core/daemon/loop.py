@@ -274,7 +274,7 @@ class Daemon:
             for request_id in report.tokens:
                 self.held.produced(request_id)
             if self.publisher is not None:
-                self.publisher.step(report.tokens, report.finished)
+                self.publisher.step(report.tokens, report.finished, now)
             self.writer.finished(report.finished)
         self._write_step(announced)
         if report is not None and self.publisher is not None:

@@ -1,6 +1,5 @@
 """What the daemon loop pushes over its link (core/daemon/link.py): each step's text of linked requests
-(one `Steps` a server a step), and their ends once written to the table, as the link's messages
-(`core/ports/link.py`).
+(one `Steps` a server a step), and their ends, as the link's messages (`core/ports/link.py`).
 
 A request is linked while a connected server watches its job: its tokens
 then reach the table with the batch writes (the writer reads the record's `linked`),
@@ -8,7 +7,11 @@ since the server has them already. When the link goes, the next step
 unlinks it and the writer flushes it every step again. A pushed request
 whose tokens could come out otherwise after a crash (`redraws`: a sampled
 one on a remote engine) is written first, in one write for all of them a
-step, so a client never sees tokens the table does not hold.
+step, so a client never sees tokens the table does not hold; its end is pushed once its completion
+is written. Any other request's end goes with the step's texts, before its completion's write: a
+crash before that write loses nothing the table cannot give back (its successor resumes from the
+written tokens and draws the same ones), and the client's next request, sent when it sees the end,
+is not held back by the write (a transaction, 4-10 ms p50 on PostgreSQL under load).
 """
 
 from __future__ import annotations
@@ -50,11 +53,13 @@ class Publisher:
         self._timed: dict[RequestId, object] = {}  # the connection told a pushed request's times
         self._ending: list[tuple[object, End]] = []
 
-    def step(self, produced: dict[RequestId, int], finished: list[EngineResult]) -> None:
-        """Push the step's text of linked requests; note the ends to push once they are written."""
+    def step(self, produced: dict[RequestId, int], finished: list[EngineResult], now: float) -> None:
+        """Push the step's text of linked requests, and the ends of those that do not redraw (`now` their
+        time); note the others' ends, to push once they are written."""
         texts: dict[object, list[StepText]] = {}
         done = {r.id: r for r in finished}
         pushed: list[tuple[object, Request]] = []
+        ends: dict[object, list[Message]] = {}
         get, watcher = self.holdings.get, self.link.watcher
         for request_id in produced:
             held = get(request_id)
@@ -65,8 +70,12 @@ class Publisher:
             if conn is None:
                 continue
             if done and (result := done.get(request_id)) is not None:
-                self._ending.append((conn, self._end(held, result)))  # pushed once written
                 stamp("finished", held.job_id)
+                if self._redraws_of(held):
+                    self._ending.append((conn, self._end(held, result)))  # pushed once written
+                else:
+                    ends.setdefault(conn, []).append(replace(self._end(held, result), finished_at=now))
+                    stamp("end_pushed", held.job_id)
                 continue
             pushed.append((conn, held))
         first = [held for _, held in pushed if self._redraws_of(held)]
@@ -93,7 +102,10 @@ class Publisher:
             if found is None:
                 found = texts[conn] = []
             found.append(StepText(held.job_id, request_id, start, text[start:], len(held.output), times))
-        self.link.send({conn: [Steps(found)] for conn, found in texts.items()})
+        lines: dict[object, list[Message]] = {conn: [Steps(found)] for conn, found in texts.items()}
+        for conn, messages in ends.items():
+            lines.setdefault(conn, []).extend(messages)
+        self.link.send(lines)
 
     def _redraws_of(self, held: Request) -> bool:
         """`redraws(held)`, asked once a request (its parameters do not change)."""
@@ -103,7 +115,7 @@ class Publisher:
         return found
 
     def written(self, now: float) -> None:
-        """The step's completions are in the table: push the linked ones' ends."""
+        """The step's completions are in the table: push the ends that waited for it."""
         lines: dict[object, list[Message]] = {}
         for conn, end in self._ending:
             lines.setdefault(conn, []).append(replace(end, finished_at=now))

@@ -125,7 +125,8 @@ class Steps:
 
 @dataclass(slots=True)
 class End:
-    """A request's end, pushed once its completion is in the table."""
+    """A request's end: pushed once its completion is in the table where its tokens could come out
+    otherwise after a crash (core/daemon/publish.py), with its step's texts for the others."""
 
     job: int
     request: RequestId
@@ -137,7 +138,7 @@ class End:
     model: str | None
     first_token_at: float | None
     enqueued_at: float
-    finished_at: float | None = None  # set when the completion is written
+    finished_at: float | None = None  # set when it is pushed: its step's end, or its completion's write
     TAG: ClassVar[str] = "end"
 
     def progress(self) -> RequestProgress:

@@ -353,3 +353,36 @@ def test_a_write_of_many_rows_is_one_statement_on_postgresql(pg_url, monkeypatch
                                                 "UPDATE jobs")] == [1, 1, 1]
     finally:
         made.db.dispose()
+
+
+def test_a_claim_alone_commits_without_waiting_for_the_disk_and_a_write_of_tokens_waits(pg_url, monkeypatch):
+    """A transaction of leases only (a claim) may be lost with a database crash without losing anything of
+    the record (its rows go back to the queue): on PostgreSQL it does not wait for its WAL's flush, said
+    with its BEGIN (no round trip more), for it alone; tokens and completions still wait."""
+    import psycopg
+
+    from fsched.core.ports.records import TokenUpdate
+    from fsched.storage.direct import LEASE_ONLY_BEGIN
+
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counted_execute(self, query, params=None, **kw):
+        sent.append(str(query))
+        return execute(self, query, params, **kw)
+
+    made = InSql(pg_url)
+    try:
+        made.catalog.submit([submission(2)])
+        monkeypatch.setattr(psycopg.Cursor, "execute", counted_execute)
+        claimed = made.queue.claim("d1", per_group=4, announced=True)
+        assert len(claimed) == 2
+        begins = [sql for sql in sent if sql.startswith("BEGIN")]
+        assert begins == [LEASE_ONLY_BEGIN]
+        sent.clear()
+        assert made.queue.flush_tokens("d1", [TokenUpdate(r.id, (5,), "x") for r in claimed]) == 2
+        assert [sql for sql in sent if sql.startswith("BEGIN")] == ["BEGIN"]
+        kept = made.queue.direct._connection().raw  # the claim's: the setting was its transaction's alone
+        assert kept.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+    finally:
+        made.db.dispose()

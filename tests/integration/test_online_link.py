@@ -17,7 +17,7 @@ from fsched.core.daemon.engine import EngineResult
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.daemon.link import LinkServer
 from fsched.core.daemon.publish import Publisher
-from fsched.core.ports.link import VERSION, Claim, End, Hello, Steps, StepText, Wake, encode
+from fsched.core.ports.link import VERSION, Claim, Hello, Steps, StepText, Wake, encode
 from fsched.core.ports.records import RequestProgress
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass, RequestStatus, SamplingParams
@@ -145,27 +145,27 @@ class _Link:
             self.sent += message.texts if isinstance(message, Steps) else [message]
 
 
-def test_the_publisher_pushes_each_steps_text_from_what_was_settled_and_the_end_once_written():
+def test_the_publisher_pushes_each_steps_text_from_what_was_settled_and_the_end_with_it():
     holdings = Holdings()
     holdings.add(claimed())
     holdings.add(claimed(job_id=2, request_id="r2"))
     texts = {"r1": "héllo\ufffd", "r2": "unwatched"}
     link = _Link({1})
     pub = Publisher(link, holdings, lambda held: texts[held.id], "m")
-    pub.step({"r1": 3, "r2": 3}, [])
+    pub.step({"r1": 3, "r2": 3}, [], 0.0)
     assert [(m.start, m.text) for m in link.sent] == [(0, "héllo\ufffd")]
     assert holdings.get("r1").linked and not holdings.get("r2").linked  # r2 is flushed every step
     texts["r1"] = "héllo wörld"
-    pub.step({"r1": 4}, [])
+    pub.step({"r1": 4}, [], 0.0)
     assert (link.sent[-1].start, link.sent[-1].text) == (5, " wörld")  # the unsettled tail again
     result = EngineResult(id="r1", tokens=[1, 2, 3, 4], text="héllo wörld",
                           status=RequestStatus.FINISHED_STOPPED, prompt_tokens=2)
-    pub.step({"r1": 4}, [result])
-    assert not isinstance(link.sent[-1], End)  # not before the completion is in the table
-    pub.written(now=9.0)
-    end = link.sent[-1]
+    pub.step({"r1": 4}, [result], 8.0)
+    end = link.sent[-1]  # with its step's texts: its tokens come out the same after a crash
     assert (end.status, end.text, end.finished_at, end.prompt_tokens) == (
-        RequestStatus.FINISHED_STOPPED, "héllo wörld", 9.0, 2)
+        RequestStatus.FINISHED_STOPPED, "héllo wörld", 8.0, 2)
+    pub.written(now=9.0)
+    assert link.sent[-1] is end  # pushed once
 
 
 def test_a_wakeup_makes_the_link_descriptor_readable_until_taken_and_says_what_was_asked():

@@ -40,7 +40,7 @@ def test_a_request_that_redraws_is_written_before_its_text_is_pushed() -> None:
         log.append(("written", [r.id for r in requests]))
 
     publisher, _, log = rig(write)
-    publisher.step({"sampled": 2, "greedy": 2}, [])
+    publisher.step({"sampled": 2, "greedy": 2}, [], 0.0)
     assert log == [("written", ["sampled"]), ("pushed", ["greedy", "sampled"])]
 
 
@@ -53,13 +53,13 @@ def test_one_whose_write_failed_is_pushed_later_whole() -> None:
         log.append(("written", [r.id for r in requests]))
 
     publisher, held, log = rig(write)
-    publisher.step({"sampled": 2, "greedy": 2}, [])
+    publisher.step({"sampled": 2, "greedy": 2}, [], 0.0)
     assert log == [("pushed", ["greedy"])]
     failing[0] = False
     held.get("sampled").output.append(3)
     sent: list = []
     publisher.link.send = lambda lines: sent.extend(t for m in lines.values() for s in m for t in s.texts)
-    publisher.step({"sampled": 3}, [])
+    publisher.step({"sampled": 3}, [], 0.0)
     ((text,),) = [[t for t in sent if t.request == "sampled"]]
     assert (text.start, text.text) == (0, "1 2 3")  # nothing of it was pushed before
 
@@ -78,12 +78,32 @@ def test_a_requests_times_go_with_its_first_texts_on_each_connection_only() -> N
         sent.clear()
         return found
 
-    publisher.step({"greedy": 2}, [])
+    publisher.step({"greedy": 2}, [], 0.0)
     assert times() == [("server A", (None, 0.0))]  # no first token time yet: sent again next step
     held.get("greedy").first_token_at = 5.0
     for _ in range(2):
-        publisher.step({"greedy": 2}, [])
+        publisher.step({"greedy": 2}, [], 0.0)
     assert times() == [("server A", (5.0 + held.wall_offset, 0.0)), ("server A", None)]
     watching[0] = "server B"  # a new connection (the server linked again) is told them again
-    publisher.step({"greedy": 2}, [])
+    publisher.step({"greedy": 2}, [], 0.0)
     assert times() == [("server B", (5.0 + held.wall_offset, 0.0))]
+
+
+def test_an_end_goes_with_its_step_unless_the_request_redraws_then_once_its_completion_is_written() -> None:
+    from fsched.core.daemon.engine import EngineResult
+    from fsched.core.ports.link import End
+    from fsched.core.types import RequestStatus
+
+    publisher, _, log = rig(lambda log, requests: None)
+    sent: list = []
+    publisher.link.send = lambda lines: sent.extend(m for messages in lines.values() for m in messages)
+
+    def result(rid: str) -> EngineResult:
+        return EngineResult(rid, [1, 2], "1 2", RequestStatus.FINISHED_LENGTH, prompt_tokens=1)
+
+    publisher.step({"sampled": 2, "greedy": 2}, [result("sampled"), result("greedy")], 3.0)
+    ends = [m for m in sent if isinstance(m, End)]
+    assert [(e.request, e.finished_at) for e in ends] == [("greedy", 3.0)]  # before the step's write
+    sent.clear()
+    publisher.written(4.0)  # the step's completions are in the table
+    assert [(m.request, m.finished_at) for m in sent] == [("sampled", 4.0)]
