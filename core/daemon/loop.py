@@ -271,8 +271,7 @@ class Daemon:
         if report is not None:
             self.figures.record(report, now - start, now)
             self.held.stepped(now, report.at)
-            for request_id in report.tokens:
-                self.held.produced(request_id)
+            self.held.produced(report.tokens)
             if self.publisher is not None:
                 self.publisher.step(report.tokens, report.finished)
             self.writer.finished(report.finished)

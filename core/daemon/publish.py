@@ -55,7 +55,8 @@ class Publisher:
         texts: dict[object, list[StepText]] = {}
         done = {r.id: r for r in finished}
         pushed: list[tuple[object, Request]] = []
-        get, watcher = self.holdings.get, self.link.watcher
+        first: list[Request] = []  # pushed ones to write first
+        get, watcher, redraws = self.holdings.get, self.link.watcher, self._redraws
         for request_id in produced:
             held = get(request_id)
             if held is None:
@@ -69,7 +70,8 @@ class Publisher:
                 stamp("finished", held.job_id)
                 continue
             pushed.append((conn, held))
-        first = [held for _, held in pushed if self._redraws_of(held)]
+            if redraws.get(request_id) if request_id in redraws else self._redraws_of(held):
+                first.append(held)
         if first and self.write_first is not None:
             try:
                 self.write_first(first)
