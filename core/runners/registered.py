@@ -18,7 +18,7 @@ state, a stream).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 from fsched.core.runners.detokenize import Detokenizer
@@ -33,11 +33,10 @@ class Registered:
     rules: StopRules
     text: StopText | None = None  # the output text read so far, when stop strings may end it
     shown: Detokenizer | None = None  # the output text as written and pushed, read as it grows
-    # The record's id, kept as a field: a runner's step asks it of every request several times a token.
-    id: RequestId = field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self.id = self.request.id
+    @property
+    def id(self) -> RequestId:
+        return self.request.id
 
     @property
     def params(self) -> SamplingParams:
