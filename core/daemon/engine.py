@@ -21,8 +21,8 @@ from itertools import repeat
 from fsched.core.runners.protocol import Preparing, Redrawing, RequestRefused, Runner, Wakeable
 from fsched.core.sched.accounting import WorkTally
 from fsched.core.sched.attainment import FirstTokenTally
-from fsched.core.sched.plan import Outcome
 from fsched.core.sched.explain import RequestStanding, explain
+from fsched.core.sched.plan import Outcome
 from fsched.core.sched.request import Request
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sched.usage import TenantCharge, peer_totals
