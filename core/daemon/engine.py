@@ -13,14 +13,16 @@ benchmarks); the daemon drives `step()` itself.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 
 from fsched.core.runners.protocol import Preparing, Redrawing, RequestRefused, Runner, Wakeable
 from fsched.core.sched.accounting import WorkTally
 from fsched.core.sched.attainment import FirstTokenTally
 from fsched.core.sched.explain import RequestStanding, explain
+from fsched.core.sched.plan import Outcome
 from fsched.core.sched.request import Request
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sched.usage import TenantCharge, peer_totals
@@ -76,6 +78,13 @@ class _Preparing:
     future: Future
     arrival: float
     waiting_since: float  # since when its first token is awaited (its time in the table included)
+
+
+def produced_tokens(outcome: Outcome, tokens: Collection[RequestId]) -> int:
+    """The tokens the requests that produced in a step produced (`Outcome.tokens_of` of each, summed)."""
+    if outcome.produced is None:
+        return outcome.steps * len(tokens)
+    return sum(map(outcome.produced.get, tokens, repeat(0)))
 
 
 class StepFailed(Exception):
@@ -216,8 +225,10 @@ class Engine:
         post = self.scheduler.postprocess(plan, result.outcome, now)
         self.steps += 1
         kv = self.runner.kv_tokens
+        requests = self._requests
         for rid in result.tokens:
-            self._count_first_token(rid, now)
+            if (request := requests.get(rid)) is not None and request.first_token_at is None:
+                self._count_first_token(request, now)
         finished = refused
         finished += [self._finish(rid, check.finished) for rid, check in result.finished.items()]
         # A remote engine can refuse one request (its own error answer): it fails alone.
@@ -234,7 +245,7 @@ class Engine:
             batch_size=len(plan.decode) + len(plan.prefill),
             kv_tokens=kv,
             charges=post.charges,
-            produced=sum(result.outcome.tokens_of(rid) for rid in result.tokens),
+            produced=produced_tokens(result.outcome, result.tokens),
             at=now,
         )
 
@@ -358,11 +369,9 @@ class Engine:
             error=error,
         )
 
-    def _count_first_token(self, rid: RequestId, now: float) -> None:
-        """Stamp a request's first token, once; count its wait, unless it came before a restart."""
-        request = self._requests.get(rid)
-        if request is None or request.first_token_at is not None:
-            return
+    def _count_first_token(self, request: Request, now: float) -> None:
+        """Stamp a request's first token (it has none yet); count its wait, unless it came before a
+        restart."""
         request.first_token_at = now
         if not request.resumed_tokens:
             target = self.scheduler.config.target_s(request.request_class)

@@ -49,11 +49,13 @@ class Holdings:
         if engine_now is not None:
             self.wall_offset = wall_now - engine_now
 
-    def produced(self, request_id: RequestId) -> None:
-        """A step produced a token for the request (if still held): its output waits to be written."""
-        request = self._held.get(request_id)
-        if request is not None:
-            request.dirty = True
+    def produced(self, request_ids: Iterable[RequestId]) -> None:
+        """A step produced tokens for these requests (those still held): their output waits to be
+        written."""
+        held = self._held
+        for request_id in request_ids:
+            if (request := held.get(request_id)) is not None:
+                request.dirty = True
 
     def first_token_at(self, request: Request) -> float | None:
         """The request's first token's time on the daemon's wall clock (None before it came)."""

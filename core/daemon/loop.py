@@ -9,7 +9,7 @@ short transaction between steps.
 
 Each turn:
 1. every `sync_interval_s`, when the table may have changed since the last
-   sync (the store's cheap check; any commit counts): apply weight changes,
+   sync (the store's cheap check, made once an interval; any commit counts): apply weight changes,
    stop requests whose job was cancelled, claim new work fairly (up to
    `held_batches` batches held per tenant and class);
 2. one engine step;
@@ -215,6 +215,11 @@ class Daemon:
         # this daemon's own too, and a change seen stays unsynced until a sync is in.
         fresh = (idle or due) and self.store.may_have_changed()
         self._unsynced = self._unsynced or fresh
+        if due and not self._unsynced:
+            # Nothing committed since the last sync: the table is as that sync left it, as good as a
+            # sync made now. The next look comes an interval on, not at every pass until the table
+            # changes (a check at each ~20 ms step, each a read of SQLite's shared memory).
+            self._last_sync = now
         if sync_asked or (due and self._unsynced):
             self.sync(announced)
         elif announced or (idle and fresh):
@@ -271,8 +276,7 @@ class Daemon:
         if report is not None:
             self.figures.record(report, now - start, now)
             self.held.stepped(now, report.at)
-            for request_id in report.tokens:
-                self.held.produced(request_id)
+            self.held.produced(report.tokens)
             if self.publisher is not None:
                 self.publisher.step(report.tokens, report.finished, now)
             self.writer.finished(report.finished)

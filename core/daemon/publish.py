@@ -60,7 +60,8 @@ class Publisher:
         done = {r.id: r for r in finished}
         pushed: list[tuple[object, Request]] = []
         ends: dict[object, list[Message]] = {}
-        get, watcher = self.holdings.get, self.link.watcher
+        first: list[Request] = []  # pushed ones to write first
+        get, watcher, redraws = self.holdings.get, self.link.watcher, self._redraws
         for request_id in produced:
             held = get(request_id)
             if held is None:
@@ -78,7 +79,8 @@ class Publisher:
                     stamp("end_pushed", held.job_id)
                 continue
             pushed.append((conn, held))
-        first = [held for _, held in pushed if self._redraws_of(held)]
+            if redraws.get(request_id) if request_id in redraws else self._redraws_of(held):
+                first.append(held)
         if first and self.write_first is not None:
             try:
                 self.write_first(first)

@@ -149,7 +149,9 @@ class End:
 
 Message = Hello | Wake | Claim | Watch | Forget | Steps | End
 _TYPES: dict[str, type] = {t.TAG: t for t in (Hello, Wake, Claim, Watch, Forget, Steps, End)}
-_dumps = json.JSONEncoder(separators=(",", ":")).encode  # ASCII: every character escaped as JSON says
+# ASCII: every character escaped as JSON says. A message holds no container twice: the check for
+# circular references (a dict entry for every list and tuple written) is left out.
+_dumps = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 
 
 def _fields_of(kind: type) -> Callable[[Message], tuple]:

@@ -292,7 +292,12 @@ class RemoteRunner(Runner):
     @property
     def kv_tokens(self) -> int:
         """Tokens the engine holds for fsched: the context of every open stream."""
-        return sum(r.context + len(r.pending) for r in self._requests.values() if r.stream is not None)
+        total = 0
+        for r in self._requests.values():  # asked every step: a loop without a property call a row
+            if r.stream is not None:
+                request = r.request
+                total += len(request.prompt) + len(request.output) + len(r.pending)
+        return total
 
     # -- one step ------------------------------------------------------------------------
     @property
@@ -422,16 +427,17 @@ class RemoteRunner(Runner):
         if r.stream is not stream or self._requests.get(r.id) is not r:
             return  # from a stream since aborted, or a request since released
         tokens, chunks = stream.take()
-        r.flowing = r.flowing or bool(tokens)
-        logprobs = (self.api.logprobs(chunks, self.codec.decode, r.params.logprobs)
-                    if r.params.logprobs is not None else [])
-        if r.replay and tokens and not self._replayed(r, tokens, logprobs):
-            return
-        if tokens and not r.pending and not r.request.output:
-            stamp("read", r.request.job_id)
-        r.pending += tokens
-        if logprobs:
-            r.pending_logprobs += logprobs
+        top = r.request.params.logprobs
+        logprobs = self.api.logprobs(chunks, self.codec.decode, top) if top is not None else []
+        if tokens:
+            r.flowing = True
+            if r.replay and not self._replayed(r, tokens, logprobs):
+                return
+            if not r.pending and not r.request.output:
+                stamp("read", r.request.job_id)
+            r.pending += tokens
+            if logprobs:
+                r.pending_logprobs += logprobs
         if not stream.ended:
             return
         stamp("end_read", r.request.job_id)

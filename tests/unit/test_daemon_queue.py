@@ -470,9 +470,10 @@ class WatchedStore(RecordingStore):
     def __init__(self, clock: FakeClock):
         super().__init__(clock)
         self.changed = True
-        self.weight_reads = self.fail_weights = 0
+        self.weight_reads = self.fail_weights = self.checks = 0
 
     def may_have_changed(self) -> bool:
+        self.checks += 1
         changed, self.changed = self.changed, False
         return changed
 
@@ -519,3 +520,20 @@ def test_a_change_seen_stays_unsynced_until_a_sync_is_in(clock):
     clock.advance(1.0)
     rig.daemon.step()  # the check says nothing new since, but the change seen is not synced yet
     assert store.weight_reads == 2 and len(rig.daemon.held) == 0
+
+
+def test_a_due_check_that_finds_the_table_unchanged_is_made_once_an_interval_not_every_pass():
+    clock = FakeClock()  # time moves only as the test says
+    store, job_id, rig = _busy_rig(clock)
+    clock.advance(1.0)
+    store.checks = 0
+    interval = rig.daemon.config.sync_interval_s
+    for _ in range(4):  # passes closer together than the sync interval
+        rig.daemon.step()
+        clock.advance(interval / 5)
+    assert store.checks == 1 and store.weight_reads == 0  # one look, nothing new: no sync either
+    store.cancel_job(job_id)
+    store.changed = True
+    clock.advance(interval)
+    rig.daemon.step()  # an interval after that look: the next, which sees the cancel
+    assert store.checks == 2 and store.weight_reads == 1 and len(rig.daemon.held) == 0
