@@ -248,7 +248,7 @@ class RemoteRunner(Runner):
     """The Runner protocol over a remote engine's streamed completions."""
 
     def __init__(self, client: EngineClient, codec: Codec, model: str, max_wait_s: float = 0.05,
-                 gather_s: float = 0.010, gather_slice_s: float = 0.002,
+                 gather_s: float = 0.010, gather_slice_s: float = 0.002, gather_quiet_s: float = 0.003,
                  backoff_s: tuple[float, float] = (0.5, 8.0), api: EngineApi = COMPLETIONS):
         self.client = client
         self.codec = codec
@@ -257,6 +257,7 @@ class RemoteRunner(Runner):
         self.max_wait_s = max_wait_s
         self.gather_s = gather_s
         self.gather_slice_s = gather_slice_s
+        self.gather_quiet_s = gather_quiet_s
         self.backoff_s = backoff_s
         self._streams = client.streams(api.path)
         self._requests: dict[RequestId, _Request] = {}
@@ -381,26 +382,41 @@ class RemoteRunner(Runner):
                     break
         if streams.woken:
             return  # the daemon claims first; what else arrived is read at the next step
-        arrived = (requests[rid] for rid in producing if rid not in missing)
-        if self.gather_s and len(missing) < len(producing) and not any(map(_first_token_waits, arrived)):
-            self._gather({rid for rid in missing if requests[rid].flowing})
+        arrived = [requests[rid] for rid in producing if rid not in missing]
+        if self.gather_s and arrived and not any(map(_first_token_waits, arrived)):
+            self._gather({rid for rid in missing if requests[rid].flowing}, len(arrived))
 
-    def _gather(self, awaited: set[RequestId]) -> None:
+    def _gather(self, awaited: set[RequestId], arrived: int) -> None:
         """Read the rest of the iteration a slice at a time (a poll woken by each stream in turn would
-        cost a system call per token) until each `awaited` request has news, `gather_s` has passed (a
-        slice that brings nothing does not end it: a sender may pause within a burst), a first token
-        came (pushed in this pass; the rest is read at the next step) or new work is announced (the
-        pause between two slices watches the wake descriptor: an announcement ends it at once, so the
-        daemon claims the new work without waiting out the slice)."""
+        cost a system call per token) until each `awaited` request has news, or:
+        - the iteration's burst is over: most of the streams (`arrived` have news already, `awaited`
+          still lack it) have news and nothing came for `gather_quiet_s`. What is still missing then
+          comes with a later iteration (vLLM writes one iteration's chunks within a millisecond or
+          two; a stream left out of a burst sent its token before it or sends the next one 15-70 ms
+          later), so waiting on held the burst's tokens back for nothing. While only a few have news
+          a quiet spell does not end it: vLLM's API server often pauses after an iteration's first
+          chunk (3-9 ms, sometimes 20) before writing the others;
+        - `gather_s` has passed;
+        - a first token came (pushed in this pass; the rest is read at the next step);
+        - new work is announced (the pause between two slices watches the wake descriptor: an
+          announcement ends it at once, so the daemon claims the new work without waiting out the
+          slice)."""
         streams = self._streams
-        deadline = time.perf_counter() + self.gather_s
-        while awaited and not streams.woken and (left := deadline - time.perf_counter()) > 0:
+        now = last = time.perf_counter()
+        deadline = now + self.gather_s
+        flowing = len(awaited) + arrived
+        while awaited and not streams.woken and (left := deadline - now) > 0:
             if streams.pause(min(self.gather_slice_s, left)):
                 return  # new work: the daemon claims it now, not a slice later
             news = streams.poll(0.0)
             self._take(news, awaited)
-            if any(_first_token_waits(stream.owner) for stream in news):
-                return
+            now = time.perf_counter()
+            if news:
+                if any(_first_token_waits(stream.owner) for stream in news):
+                    return
+                last = now
+            elif 2 * len(awaited) < flowing and now - last >= self.gather_quiet_s:
+                return  # the burst is over; the missing few come with a later iteration
 
     def _take(self, news: list[Stream], missing: set[RequestId]) -> bool:
         """Apply the streams' news; take the requests it gives news out of `missing`; whether any."""
