@@ -23,6 +23,26 @@ How a plan maps onto streams:
   engine is between iterations, and the gather's slices were a wake-up
   each; the next step's wait wakes at the first token and gathers the rest.
 
+How an iteration's tokens arrive behind vLLM (CPU build, tiny model,
+`--tokens-only`, 32 streams of 64 tokens, 2 shared cores at load 2.7-9.4; each
+chunk's kernel receive time per socket, SO_TIMESTAMPNS, in an instrumented
+daemon): one iteration's 32 chunks come within 1.0-1.2 ms (p50; p90 3.0-5.2
+ms), 0.3 ms apart at most within the burst (p50), but the API server often
+pauses after an iteration's first chunk (typically 2.5 ms, up to 9, a few
+times a run 16-27 ms) before writing the other 31; iterations come every
+22-61 ms (p50; p90 29-200 ms, the engine slowed by the load and by the
+prefills of new requests). So the gather ends when every stream already
+sending has news (most steps: 32 tokens), or, once most of them have news,
+when nothing has come for `gather_quiet_s` (3 ms: the burst is over, and a
+stream left out of it sends its next token 12-70 ms later, with a later
+iteration), or at `gather_s` (10 ms) after the wait ended: a quiet spell
+while only a few streams have sent is that pause after the first chunk, and
+the gather waits on. What keeps the daemon's average below 32 tokens a step
+there (8.6-24 in the runs measured) is mostly not the gather: 14-62% of
+the steps carry nothing (waits that ran out `max_wait_s` while
+the engine was slower than it, and steps for new work announced); the steps
+with tokens carry 23-29 on average (docs/vllm.md).
+
 Sampling: greedy output is exact across preemptions and restarts (the
 engine's next token depends only on the context). A seeded request is
 reproducible while it runs uninterrupted; a resume restarts the engine's
@@ -392,10 +412,10 @@ class RemoteRunner(Runner):
         - the iteration's burst is over: most of the streams (`arrived` have news already, `awaited`
           still lack it) have news and nothing came for `gather_quiet_s`. What is still missing then
           comes with a later iteration (vLLM writes one iteration's chunks within a millisecond or
-          two; a stream left out of a burst sent its token before it or sends the next one 15-70 ms
+          two; a stream left out of a burst sent its token before it or sends the next one 12-70 ms
           later), so waiting on held the burst's tokens back for nothing. While only a few have news
           a quiet spell does not end it: vLLM's API server often pauses after an iteration's first
-          chunk (3-9 ms, sometimes 20) before writing the others;
+          chunk (typically 2.5 ms, up to 9, at times 16-27) before writing the others;
         - `gather_s` has passed;
         - a first token came (pushed in this pass; the rest is read at the next step);
         - new work is announced (the pause between two slices watches the wake descriptor: an
