@@ -23,6 +23,26 @@ How a plan maps onto streams:
   engine is between iterations, and the gather's slices were a wake-up
   each; the next step's wait wakes at the first token and gathers the rest.
 
+How an iteration's tokens arrive behind vLLM (CPU build, tiny model,
+`--tokens-only`, 32 streams of 64 tokens, 2 shared cores at load 2.7-9.4; each
+chunk's kernel receive time per socket, SO_TIMESTAMPNS, in an instrumented
+daemon): one iteration's 32 chunks come within 1.0-1.2 ms (p50; p90 3.0-5.2
+ms), 0.3 ms apart at most within the burst (p50), but the API server often
+pauses after an iteration's first chunk (typically 2.5 ms, up to 9, a few
+times a run 16-27 ms) before writing the other 31; iterations come every
+22-61 ms (p50; p90 29-200 ms, the engine slowed by the load and by the
+prefills of new requests). So the gather ends when every stream already
+sending has news (most steps: 32 tokens), or, once most of them have news,
+when nothing has come for `gather_quiet_s` (3 ms: the burst is over, and a
+stream left out of it sends its next token 12-70 ms later, with a later
+iteration), or at `gather_s` (10 ms) after the wait ended: a quiet spell
+while only a few streams have sent is that pause after the first chunk, and
+the gather waits on. What keeps the daemon's average below 32 tokens a step
+there (8.6-24 in the runs measured) is mostly not the gather: 14-62% of
+the steps carry nothing (waits that ran out `max_wait_s` while
+the engine was slower than it, and steps for new work announced); the steps
+with tokens carry 23-29 on average (docs/vllm.md).
+
 Sampling: greedy output is exact across preemptions and restarts (the
 engine's next token depends only on the context). A seeded request is
 reproducible while it runs uninterrupted; a resume restarts the engine's
@@ -248,7 +268,7 @@ class RemoteRunner(Runner):
     """The Runner protocol over a remote engine's streamed completions."""
 
     def __init__(self, client: EngineClient, codec: Codec, model: str, max_wait_s: float = 0.05,
-                 gather_s: float = 0.010, gather_slice_s: float = 0.002,
+                 gather_s: float = 0.010, gather_slice_s: float = 0.002, gather_quiet_s: float = 0.003,
                  backoff_s: tuple[float, float] = (0.5, 8.0), api: EngineApi = COMPLETIONS):
         self.client = client
         self.codec = codec
@@ -257,6 +277,7 @@ class RemoteRunner(Runner):
         self.max_wait_s = max_wait_s
         self.gather_s = gather_s
         self.gather_slice_s = gather_slice_s
+        self.gather_quiet_s = gather_quiet_s
         self.backoff_s = backoff_s
         self._streams = client.streams(api.path)
         self._requests: dict[RequestId, _Request] = {}
@@ -386,26 +407,41 @@ class RemoteRunner(Runner):
                     break
         if streams.woken:
             return  # the daemon claims first; what else arrived is read at the next step
-        arrived = (requests[rid] for rid in producing if rid not in missing)
-        if self.gather_s and len(missing) < len(producing) and not any(map(_first_token_waits, arrived)):
-            self._gather({rid for rid in missing if requests[rid].flowing})
+        arrived = [requests[rid] for rid in producing if rid not in missing]
+        if self.gather_s and arrived and not any(map(_first_token_waits, arrived)):
+            self._gather({rid for rid in missing if requests[rid].flowing}, len(arrived))
 
-    def _gather(self, awaited: set[RequestId]) -> None:
+    def _gather(self, awaited: set[RequestId], arrived: int) -> None:
         """Read the rest of the iteration a slice at a time (a poll woken by each stream in turn would
-        cost a system call per token) until each `awaited` request has news, `gather_s` has passed (a
-        slice that brings nothing does not end it: a sender may pause within a burst), a first token
-        came (pushed in this pass; the rest is read at the next step) or new work is announced (the
-        pause between two slices watches the wake descriptor: an announcement ends it at once, so the
-        daemon claims the new work without waiting out the slice)."""
+        cost a system call per token) until each `awaited` request has news, or:
+        - the iteration's burst is over: most of the streams (`arrived` have news already, `awaited`
+          still lack it) have news and nothing came for `gather_quiet_s`. What is still missing then
+          comes with a later iteration (vLLM writes one iteration's chunks within a millisecond or
+          two; a stream left out of a burst sent its token before it or sends the next one 12-70 ms
+          later), so waiting on held the burst's tokens back for nothing. While only a few have news
+          a quiet spell does not end it: vLLM's API server often pauses after an iteration's first
+          chunk (typically 2.5 ms, up to 9, at times 16-27) before writing the others;
+        - `gather_s` has passed;
+        - a first token came (pushed in this pass; the rest is read at the next step);
+        - new work is announced (the pause between two slices watches the wake descriptor: an
+          announcement ends it at once, so the daemon claims the new work without waiting out the
+          slice)."""
         streams = self._streams
-        deadline = time.perf_counter() + self.gather_s
-        while awaited and not streams.woken and (left := deadline - time.perf_counter()) > 0:
+        now = last = time.perf_counter()
+        deadline = now + self.gather_s
+        flowing = len(awaited) + arrived
+        while awaited and not streams.woken and (left := deadline - now) > 0:
             if streams.pause(min(self.gather_slice_s, left)):
                 return  # new work: the daemon claims it now, not a slice later
             news = streams.poll(0.0)
             self._take(news, awaited)
-            if any(_first_token_waits(stream.owner) for stream in news):
-                return
+            now = time.perf_counter()
+            if news:
+                if any(_first_token_waits(stream.owner) for stream in news):
+                    return
+                last = now
+            elif 2 * len(awaited) < flowing and now - last >= self.gather_quiet_s:
+                return  # the burst is over; the missing few come with a later iteration
 
     def _take(self, news: list[Stream], missing: set[RequestId]) -> bool:
         """Apply the streams' news; take the requests it gives news out of `missing`; whether any."""

@@ -171,3 +171,44 @@ def test_a_wait_that_nothing_ended_does_not_gather():
     streams.script = [{"a": [8]}, {}, {"c": [9]}]
     result, _ = timed(runner, Plan(step=2, decode=("a", "c")))
     assert result.outcome.produced == {"a": 1, "c": 1}
+
+
+def test_a_burst_that_brought_most_streams_ends_after_a_quiet_spell():
+    """Three of four streams sent their token of the iteration and then nothing comes: the step ends
+    once nothing has arrived for the quiet spell (the fourth's token comes with a later iteration; vLLM
+    writes an iteration's chunks within a millisecond or two), not at the end of the gather window."""
+    runner, streams, requests = rig("a", "b", "c", "d")
+    runner.gather_quiet_s = 0.02
+    start(runner, streams, flowing=["a", "b", "c", "d"])
+    streams.script = [{"a": [8], "b": [8]}, {"c": [8]}]
+    result, took = timed(runner, Plan(step=1, decode=("a", "b", "c", "d")))
+    assert result.outcome.produced == {"a": 1, "b": 1, "c": 1, "d": 0}
+    assert took < GATHER_S / 2
+    streams.script = [{"d": [8, 9]}]
+    result, _ = timed(runner, Plan(step=2, decode=("a", "b", "c", "d")))
+    assert requests["d"].output == [7, 8, 9]
+
+
+def test_a_quiet_spell_after_an_iterations_first_chunks_does_not_end_the_gather():
+    """Only one of four streams has sent its token when the engine's server pauses (it often does
+    after an iteration's first chunk): the quiet spell passes many times over, and the gather still
+    takes the others' tokens when they come."""
+    runner, streams, requests = rig("a", "b", "c", "d")
+    runner.gather_quiet_s = 0.001
+    start(runner, streams, flowing=["a", "b", "c", "d"])
+    streams.script = [{"a": [8]}, {}, {}, {}, {}, {}, {"b": [8], "c": [8], "d": [8]}]
+    result, took = timed(runner, Plan(step=1, decode=("a", "b", "c", "d")))
+    assert result.outcome.produced == {"a": 1, "b": 1, "c": 1, "d": 1}
+    assert took < GATHER_S / 2
+
+
+def test_a_short_pause_within_a_burst_does_not_end_the_gather():
+    """Most streams have sent, a pause shorter than the quiet spell, then the last one's token: one
+    step takes them all."""
+    runner, streams, requests = rig("a", "b", "c", "d")
+    runner.gather_quiet_s = GATHER_S / 2
+    start(runner, streams, flowing=["a", "b", "c", "d"])
+    streams.script = [{"a": [8], "b": [8], "c": [8]}, {}, {"d": [8]}]
+    result, took = timed(runner, Plan(step=1, decode=("a", "b", "c", "d")))
+    assert result.outcome.produced == {"a": 1, "b": 1, "c": 1, "d": 1}
+    assert took < GATHER_S / 2
