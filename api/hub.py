@@ -7,6 +7,9 @@ on an event. Two sources wake it:
 - a daemon's link (api/link.py): the daemon pushes each step's text of a
   request it holds; such a job is then read from the table only every
   `linked_poll_s` (a check: cancels and failures reach the table first), and
+  once its daemon has pushed it, only every `pushed_poll_s` (a daemon that
+  pushes a request pushes its end too, cancels and failures included: the
+  check is then a net for a daemon that stops pushing and keeps its link);
   then its states alone (no text, no token ids), read in full only when the
   table shows it ended or ahead of the pushes.
 
@@ -43,6 +46,9 @@ Reader = Callable[[Sequence[int]], dict[int, Choices]]
 StatesReader = Callable[[Sequence[int]], dict[int, tuple[tuple[RequestStatus, int], ...]]]
 
 LINKED_POLL_S = 0.25  # a linked job's table check: cancels, failures and the record
+# The same check of a linked job its daemon has pushed (its end comes over the link): four times a second
+# for 32 streams was a quarter of an idle server's CPU.
+PUSHED_POLL_S = 1.0
 _FINISHED = RequestStatus.FINISHED_STOPPED  # this and above: finished
 
 
@@ -51,6 +57,7 @@ class _Watch:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     latest: Choices = ()
     linked_at: float | None = None  # the last push of a daemon's link (monotonic)
+    pushed: bool = False  # a daemon's link pushed it since it was (re)linked
     ticked: bool = False  # a tick of `follow` came since the last wake-up
     # Set by the handler while it waits with nothing in hand: takes a push's running progress and
     # writes it to the client itself (True), or declines it (False: the handler is woken instead).
@@ -106,17 +113,19 @@ def _ahead(new: Choices, old: Choices) -> bool:
 
 class ProgressHub:
     def __init__(self, read: Reader, interval_s: float = 0.005, linked_poll_s: float = LINKED_POLL_S,
-                 read_states: StatesReader | None = None):
+                 read_states: StatesReader | None = None, pushed_poll_s: float = PUSHED_POLL_S):
         self.read = read
         self.read_states = read_states  # None: linked jobs are checked by full reads too
         self.interval_s = interval_s
         self.linked_poll_s = linked_poll_s
+        self.pushed_poll_s = max(pushed_poll_s, linked_poll_s)
         self.closing = False
         self.on_close: Callable[[int], None] | None = None  # told when a job's last watcher leaves
         self._watches: dict[int, _Watch] = {}
         self._expected: dict[int, bool] = {}  # announced on a link before anyone watched
         self._wake = asyncio.Event()
         self._linked_polled_at = -1e18
+        self._pushed_polled_at = -1e18
 
     async def watch(self, job_id: int) -> AsyncIterator[Choices]:
         """Each change of the job's requests (its choices), until every one has ended (the last
@@ -184,6 +193,7 @@ class ProgressHub:
         if watch is None:
             return False
         watch.linked_at = now = time.monotonic()
+        watch.pushed = True
         if not _ahead(choices, _latest(watch)):
             return True
         watch.latest = choices
@@ -205,6 +215,7 @@ class ProgressHub:
         if watch.text_sink is None or not watch.waiting or watch.event.is_set() or self.closing:
             return self.push(job_id, make(source, text))
         watch.linked_at = now = time.monotonic()
+        watch.pushed = True
         shown = _shown(watch)
         if shown is None or len(text) < shown:  # behind what the handler has, or after its end: ignored
             return True
@@ -251,6 +262,7 @@ class ProgressHub:
         for job_id in job_ids:
             if (watch := self._watches.get(job_id)) is not None:
                 watch.linked_at = None
+                watch.pushed = False
         self._wake.set()
 
     def close(self) -> None:
@@ -270,16 +282,20 @@ class ProgressHub:
             watch.event.set()
 
     def _due(self, now: float) -> tuple[list[int], list[int]]:
-        """The jobs to read this tick: unlinked ones always, and linked ones together every
-        `linked_poll_s` (one read for all of them, not one a tick for whichever is due)."""
-        linked_due = now - self._linked_polled_at >= self.linked_poll_s
+        """The jobs to read this tick: unlinked ones always, linked ones not pushed yet together every
+        `linked_poll_s`, and pushed ones every `pushed_poll_s` (with the others then: one read for all,
+        not one a tick for whichever is due)."""
+        pushed_due = now - self._pushed_polled_at >= self.pushed_poll_s
+        linked_due = pushed_due or now - self._linked_polled_at >= self.linked_poll_s
         if linked_due:
             self._linked_polled_at = now
+        if pushed_due:
+            self._pushed_polled_at = now
         unlinked, linked = [], []
         for job_id, watch in self._watches.items():
             if watch.linked_at is None:
                 unlinked.append(job_id)
-            elif linked_due:
+            elif pushed_due if watch.pushed else linked_due:
                 linked.append(job_id)
         return unlinked, linked
 
@@ -305,11 +321,15 @@ class ProgressHub:
 
     def _pause(self, now: float) -> float:
         """How long the poll sleeps: a tick while any watched job is read from the table alone, else
-        until the linked ones' next read (a new watch or a dropped link wakes it sooner). A tick's
+        until the linked ones' next check (a new watch or a dropped link wakes it sooner). A tick's
         pass over every watch, 200 times a second, was most of an idle stream's cost."""
-        if any(watch.linked_at is None for watch in self._watches.values()):
-            return self.interval_s
-        return max(self.interval_s, self._linked_polled_at + self.linked_poll_s - now)
+        due = self._pushed_polled_at + self.pushed_poll_s
+        for watch in self._watches.values():
+            if watch.linked_at is None:
+                return self.interval_s
+            if not watch.pushed:
+                due = min(due, self._linked_polled_at + self.linked_poll_s)
+        return max(self.interval_s, due - now)
 
     async def run(self) -> None:
         """Poll while anyone watches; sleep otherwise. Runs for the server's life."""
