@@ -70,6 +70,8 @@ class _Watch:
     delivered_at: float = -1e18  # when (monotonic)
     # A push a text sink took, its progress not made yet: (make, source, text); `_latest` makes it.
     unmade: tuple[Callable[[Any, str], Choices], Any, str] | None = None
+    # Asked at each tick (with the monotonic time) whether the tick wakes the handler; None: every tick.
+    due: Callable[[float], bool] | None = None
 
 
 def _latest(watch: _Watch) -> Choices:
@@ -126,6 +128,8 @@ class ProgressHub:
         self._wake = asyncio.Event()
         self._linked_polled_at = -1e18
         self._pushed_polled_at = -1e18
+        self._ticking: dict[float, dict[int, _Watch]] = {}  # tick_s -> the watches ticked that often
+        self._timers: dict[float, asyncio.TimerHandle] = {}  # tick_s -> the timer that ticks them
 
     async def watch(self, job_id: int) -> AsyncIterator[Choices]:
         """Each change of the job's requests (its choices), until every one has ended (the last
@@ -134,26 +138,18 @@ class ProgressHub:
             if choices is not None:
                 yield choices
 
-    async def follow(self, job_id: int, tick_s: float | None) -> AsyncIterator[Choices | None]:
+    async def follow(self, job_id: int, tick_s: float | None,
+                     due: Callable[[float], bool] | None = None) -> AsyncIterator[Choices | None]:
         """As `watch`, and None at a tick (every `tick_s`) that brings no change (the handler's moment
-        to send a keep-alive or give up), and at once when the server starts closing."""
-        watch = self._watches[job_id] = _Watch()
+        to send a keep-alive or give up), and at once when the server starts closing. `due`, asked at
+        each tick, says whether it wakes the handler (a stream whose rules have nothing to check then
+        sleeps through it)."""
+        watch = self._watches[job_id] = _Watch(due=due)
         if self._expected.pop(job_id, False):
             watch.linked_at = time.monotonic()  # announced on a link: its daemon will push
         self._wake.set()
-        # One timer a watch, re-armed each tick, instead of a timeout around every wait: a wait per
-        # token would otherwise cost a task and a timer per token.
-        timer = None
         if tick_s is not None:
-            loop = asyncio.get_running_loop()
-
-            def tick() -> None:
-                nonlocal timer
-                watch.ticked = True
-                watch.event.set()
-                timer = loop.call_later(tick_s, tick)
-
-            timer = loop.call_later(tick_s, tick)
+            self._tick_with(job_id, watch, tick_s)
         seen = None
         try:
             while True:
@@ -181,11 +177,46 @@ class ProgressHub:
                 if choices and all(p.status.is_finished for p in choices):
                     return
         finally:
-            if timer is not None:
-                timer.cancel()
+            if tick_s is not None:
+                self._untick(job_id, watch, tick_s)
             self._watches.pop(job_id, None)
             if self.on_close is not None:
                 self.on_close(job_id)
+
+    def _tick_with(self, job_id: int, watch: _Watch, tick_s: float) -> None:
+        """Tick the watch every `tick_s` with the others of that period: one timer for all of them, not
+        one a stream (each re-armed at every tick)."""
+        group = self._ticking.get(tick_s)
+        if group is None:
+            group = self._ticking[tick_s] = {}
+            self._timers[tick_s] = asyncio.get_running_loop().call_later(tick_s, self._tick, tick_s)
+        group[job_id] = watch
+
+    def _untick(self, job_id: int, watch: _Watch, tick_s: float) -> None:
+        group = self._ticking.get(tick_s, {})
+        if group.get(job_id) is watch:
+            del group[job_id]
+        if not group and tick_s in self._ticking:  # nobody left: the timer stops with the last one
+            del self._ticking[tick_s]
+            self._timers.pop(tick_s).cancel()
+
+    def _tick(self, tick_s: float) -> None:
+        self._timers[tick_s] = asyncio.get_running_loop().call_later(tick_s, self._tick, tick_s)
+        self._ring(self._ticking[tick_s].values())
+
+    @staticmethod
+    def _ring(watches) -> None:
+        now = time.monotonic()
+        for watch in watches:
+            if watch.due is None or watch.due(now):
+                watch.ticked = True
+                watch.event.set()
+
+    def tick_now(self) -> None:
+        """A tick now, for every ticked watch whose `due` says so (a rule's state changed for many
+        streams at once: a key found revoked)."""
+        for group in list(self._ticking.values()):
+            self._ring(list(group.values()))
 
     def push(self, job_id: int, choices: Choices) -> bool:
         """A daemon's link pushed the job's progress; False when nobody here watches it."""
