@@ -314,8 +314,9 @@ class ProgressHub:
 
     def _due(self, now: float) -> tuple[list[int], list[int]]:
         """The jobs to read this tick: unlinked ones always, linked ones not pushed yet together every
-        `linked_poll_s`, and pushed ones every `pushed_poll_s` (with the others then: one read for all,
-        not one a tick for whichever is due)."""
+        `linked_poll_s` (those linked at least that long: most are pushed before, and need no read),
+        and pushed ones every `pushed_poll_s` (with the others then: one read for all, not one a tick
+        for whichever is due)."""
         pushed_due = now - self._pushed_polled_at >= self.pushed_poll_s
         linked_due = pushed_due or now - self._linked_polled_at >= self.linked_poll_s
         if linked_due:
@@ -323,10 +324,11 @@ class ProgressHub:
         if pushed_due:
             self._pushed_polled_at = now
         unlinked, linked = [], []
+        waited = now - self.linked_poll_s  # a job not pushed yet is checked once linked this long ago
         for job_id, watch in self._watches.items():
             if watch.linked_at is None:
                 unlinked.append(job_id)
-            elif pushed_due if watch.pushed else linked_due:
+            elif pushed_due if watch.pushed else linked_due and watch.linked_at <= waited:
                 linked.append(job_id)
         return unlinked, linked
 

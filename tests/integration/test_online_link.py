@@ -74,9 +74,11 @@ def test_a_linked_job_is_read_from_the_table_only_every_linked_poll():
 
 def test_a_linked_job_its_daemon_pushes_is_checked_only_every_pushed_poll():
     hub = ProgressHub(lambda ids: {}, linked_poll_s=0.25, pushed_poll_s=1.0)
-    hub._watches[1], hub._watches[2] = _Watch(linked_at=100.0), _Watch(linked_at=100.0)
+    hub._watches[1], hub._watches[2] = _Watch(linked_at=99.0), _Watch(linked_at=99.0)
+    hub._watches[3] = _Watch(linked_at=99.9)  # announced a moment ago: most are pushed before a check
     assert hub.push(2, (progress("ab"),))  # its daemon pushes it: its end will come the same way
     assert hub._due(100.0) == ([], [1, 2])
+    hub._watches.pop(3)
     assert hub._due(100.3) == ([], [1])  # not pushed yet (queued, say): a cancel must reach it soon
     assert hub._pause(100.3) == pytest.approx(0.25)
     hub._watches.pop(1)
@@ -104,7 +106,7 @@ def test_a_linked_job_is_checked_by_its_states_and_read_in_full_only_once_the_ta
     hub._watches[4].linked_at = None  # read from the table alone: in full
 
     async def run():
-        return await hub._read(*hub._due(100.0))
+        return await hub._read(*hub._due(100.3))  # linked a check ago
 
     asyncio.run(run())
     # 1 is behind its pushes (read no further), 2 is ahead of them, 3 was cancelled: in full
