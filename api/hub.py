@@ -6,12 +6,13 @@ on an event. Two sources wake it:
   (200 open streams cost one query a tick, not 200);
 - a daemon's link (api/link.py): the daemon pushes each step's text of a
   request it holds; such a job is then read from the table only every
-  `linked_poll_s` (a check: cancels and failures reach the table first), and
-  once its daemon has pushed it, only every `pushed_poll_s` (a daemon that
-  pushes a request pushes its end too, cancels and failures included: the
-  check is then a net for a daemon that stops pushing and keeps its link);
-  then its states alone (no text, no token ids), read in full only when the
-  table shows it ended or ahead of the pushes.
+  `linked_poll_s` once it has waited that long since it was linked (a
+  check: cancels and failures reach the table first; most are pushed
+  before), and once its daemon has pushed it only every `pushed_poll_s` (a
+  daemon that pushes a request pushes its end too, cancels and failures
+  included: the check is then a net for a daemon that stops pushing and
+  keeps its link); then its states alone (no text, no token ids), read in
+  full only when the table shows it ended or ahead of the pushes.
 
 What a handler sees never goes back: a read that shows less than a push
 already did is ignored until the table catches up, unless it ends the request.
@@ -46,8 +47,8 @@ Reader = Callable[[Sequence[int]], dict[int, Choices]]
 StatesReader = Callable[[Sequence[int]], dict[int, tuple[tuple[RequestStatus, int], ...]]]
 
 LINKED_POLL_S = 0.25  # a linked job's table check: cancels, failures and the record
-# The same check of a linked job its daemon has pushed (its end comes over the link): four times a second
-# for 32 streams was a quarter of an idle server's CPU.
+# The same check of a linked job its daemon has pushed (its end comes over the link): measured, four times
+# a second for 32 streams was about a quarter of a server's CPU while they waited for tokens.
 PUSHED_POLL_S = 1.0
 _FINISHED = RequestStatus.FINISHED_STOPPED  # this and above: finished
 
