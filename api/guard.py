@@ -1,7 +1,9 @@
 """What an open online request checks while it waits: keep-alives, a daemon to serve it, its key, the server.
 
 A stream's handler follows its job through the hub (`follow`); between
-updates it hears a tick every `tick_s`, and this module turns the updates and
+updates it hears a tick every `tick_s` when it has something to check (one
+timer for every stream, and a stream whose tokens flow and whose key another
+stream checks sleeps through it), and this module turns the updates and
 ticks into what the client gets: the progress, a keep-alive comment after
 `keepalive_s` of silence, or an end (`StreamEnd`, sent as an OpenAI-shaped
 error event) when
@@ -62,19 +64,50 @@ class _Checked:
 
 @dataclass(slots=True)
 class Guard:
-    """One per server: the rules and the shared, short-lived answers of the checks."""
+    """One per server: the rules and the shared, short-lived answers of the checks.
+
+    A stream's tick wakes it only when it has something to do (`due`): a
+    keep-alive, a check of its key that no other stream of the key was woken
+    for within `key_check_s`, or a count of the time without a daemon. The one
+    stream woken for a key reads it for all of them; a key found revoked, or no
+    daemon found live, wakes the others at once (the hub's `tick_now`)."""
 
     rules: StreamRules = field(default_factory=StreamRules)
     _keys: dict[str, _Checked] = field(default_factory=dict)
+    _checking: dict[str, float] = field(default_factory=dict)  # key id -> when a stream was woken to read it
+    no_daemon: bool = False  # the last look found no live daemon: every stream counts the time
 
     async def key_valid(self, key: ApiKey, read: Callable[[str], Awaitable[ApiKey | None]]) -> bool:
         """Whether the key is still unrevoked; one read a key per `key_check_s`, whatever the streams."""
         now = time.monotonic()
         checked = self._keys.get(key.id)
         if checked is None or now - checked.at >= self.rules.key_check_s:
-            stored = await read(key.id)
+            try:
+                stored = await read(key.id)
+            finally:
+                self._checking.pop(key.id, None)
             checked = self._keys[key.id] = _Checked(stored is not None and not stored.revoked, now)
         return checked.valid
+
+    def unsure(self, key_id: str, now: float) -> bool:
+        """Whether a stream of the key must ask `key_valid` now, whenever it last did: the key's last read
+        is older than `key_check_s` (or there is none), or found it revoked."""
+        checked = self._keys.get(key_id)
+        return checked is None or not checked.valid or now - checked.at >= self.rules.key_check_s
+
+    def check_due(self, key_id: str, now: float) -> bool:
+        """Whether a stream of this key has a check to make at this tick: its key read again (one stream
+        a key, the first asked: it is then the one woken), found revoked, or no daemon live."""
+        checked = self._keys.get(key_id)
+        if checked is not None and not checked.valid or self.no_daemon:
+            return True
+        if checked is not None and now - checked.at < self.rules.key_check_s:
+            return False
+        claimed = self._checking.get(key_id)
+        if claimed is not None and now - claimed < self.rules.key_check_s:  # another stream reads it
+            return False
+        self._checking[key_id] = now  # void after key_check_s: a stream woken and gone reads nothing
+        return True
 
 
 Update = Choices | KeepAlive | StreamEnd
@@ -88,18 +121,31 @@ async def guarded(hub: ProgressHub, guard: Guard, job_id: int, key: ApiKey,
     tick_s = min(rules.keepalive_s, rules.key_check_s, 1.0)
     last_event = last_check = time.monotonic()
     orphan_since: float | None = None
-    async for choices in hub.follow(job_id, tick_s):
+
+    def due(now: float) -> bool:
+        """Whether a tick wakes this stream: a keep-alive due, or a check to make (`Guard.check_due`)."""
+        if now - max(last_event, hub.delivered_at(job_id)) >= rules.keepalive_s or orphan_since is not None:
+            return True
+        return guard.check_due(key.id, now)
+
+    async for choices in hub.follow(job_id, tick_s, due):
         now = time.monotonic()
         if hub.closing:
             yield StreamEnd(503, "the server is shutting down; the request was cancelled (send it again)",
                             "server_shutdown")
             return
-        if now - last_check >= rules.key_check_s:
+        if now - last_check >= rules.key_check_s or guard.unsure(key.id, now):
             last_check = now
             if not await guard.key_valid(key, read_key):
+                hub.tick_now()  # the key's other streams end now too
                 yield StreamEnd(401, "the API key was revoked; the request was cancelled", "invalid_api_key")
                 return
-            orphan_since = None if await live_daemons() else (orphan_since or now)
+            live = await live_daemons()
+            if not live and not guard.no_daemon:
+                guard.no_daemon = True
+                hub.tick_now()  # every stream counts the time without one from now
+            guard.no_daemon = not live
+            orphan_since = None if live else (orphan_since or now)
             if orphan_since is not None and now - orphan_since >= rules.no_daemon_s:
                 yield StreamEnd(503, f"no fsched daemon has been live for {rules.no_daemon_s:g} s to serve "
                                      "this request; it was cancelled", "no_daemon")

@@ -6,9 +6,13 @@ on an event. Two sources wake it:
   (200 open streams cost one query a tick, not 200);
 - a daemon's link (api/link.py): the daemon pushes each step's text of a
   request it holds; such a job is then read from the table only every
-  `linked_poll_s` (a check: cancels and failures reach the table first), and
-  then its states alone (no text, no token ids), read in full only when the
-  table shows it ended or ahead of the pushes.
+  `linked_poll_s` once it has waited that long since it was linked (a
+  check: cancels and failures reach the table first; most are pushed
+  before), and once its daemon has pushed it only every `pushed_poll_s` (a
+  daemon that pushes a request pushes its end too, cancels and failures
+  included: the check is then a net for a daemon that stops pushing and
+  keeps its link); then its states alone (no text, no token ids), read in
+  full only when the table shows it ended or ahead of the pushes.
 
 What a handler sees never goes back: a read that shows less than a push
 already did is ignored until the table catches up, unless it ends the request.
@@ -43,6 +47,9 @@ Reader = Callable[[Sequence[int]], dict[int, Choices]]
 StatesReader = Callable[[Sequence[int]], dict[int, tuple[tuple[RequestStatus, int], ...]]]
 
 LINKED_POLL_S = 0.25  # a linked job's table check: cancels, failures and the record
+# The same check of a linked job its daemon has pushed (its end comes over the link): measured, four times
+# a second for 32 streams was about a quarter of a server's CPU while they waited for tokens.
+PUSHED_POLL_S = 1.0
 _FINISHED = RequestStatus.FINISHED_STOPPED  # this and above: finished
 
 
@@ -51,6 +58,7 @@ class _Watch:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     latest: Choices = ()
     linked_at: float | None = None  # the last push of a daemon's link (monotonic)
+    pushed: bool = False  # a daemon's link pushed it since it was (re)linked
     ticked: bool = False  # a tick of `follow` came since the last wake-up
     # Set by the handler while it waits with nothing in hand: takes a push's running progress and
     # writes it to the client itself (True), or declines it (False: the handler is woken instead).
@@ -63,6 +71,8 @@ class _Watch:
     delivered_at: float = -1e18  # when (monotonic)
     # A push a text sink took, its progress not made yet: (make, source, text); `_latest` makes it.
     unmade: tuple[Callable[[Any, str], Choices], Any, str] | None = None
+    # Asked at each tick (with the monotonic time) whether the tick wakes the handler; None: every tick.
+    due: Callable[[float], bool] | None = None
 
 
 def _latest(watch: _Watch) -> Choices:
@@ -106,17 +116,21 @@ def _ahead(new: Choices, old: Choices) -> bool:
 
 class ProgressHub:
     def __init__(self, read: Reader, interval_s: float = 0.005, linked_poll_s: float = LINKED_POLL_S,
-                 read_states: StatesReader | None = None):
+                 read_states: StatesReader | None = None, pushed_poll_s: float = PUSHED_POLL_S):
         self.read = read
         self.read_states = read_states  # None: linked jobs are checked by full reads too
         self.interval_s = interval_s
         self.linked_poll_s = linked_poll_s
+        self.pushed_poll_s = max(pushed_poll_s, linked_poll_s)
         self.closing = False
         self.on_close: Callable[[int], None] | None = None  # told when a job's last watcher leaves
         self._watches: dict[int, _Watch] = {}
         self._expected: dict[int, bool] = {}  # announced on a link before anyone watched
         self._wake = asyncio.Event()
         self._linked_polled_at = -1e18
+        self._pushed_polled_at = -1e18
+        self._ticking: dict[float, dict[int, _Watch]] = {}  # tick_s -> the watches ticked that often
+        self._timers: dict[float, asyncio.TimerHandle] = {}  # tick_s -> the timer that ticks them
 
     async def watch(self, job_id: int) -> AsyncIterator[Choices]:
         """Each change of the job's requests (its choices), until every one has ended (the last
@@ -125,26 +139,18 @@ class ProgressHub:
             if choices is not None:
                 yield choices
 
-    async def follow(self, job_id: int, tick_s: float | None) -> AsyncIterator[Choices | None]:
+    async def follow(self, job_id: int, tick_s: float | None,
+                     due: Callable[[float], bool] | None = None) -> AsyncIterator[Choices | None]:
         """As `watch`, and None at a tick (every `tick_s`) that brings no change (the handler's moment
-        to send a keep-alive or give up), and at once when the server starts closing."""
-        watch = self._watches[job_id] = _Watch()
+        to send a keep-alive or give up), and at once when the server starts closing. `due`, asked at
+        each tick, says whether it wakes the handler (a stream whose rules have nothing to check then
+        sleeps through it)."""
+        watch = self._watches[job_id] = _Watch(due=due)
         if self._expected.pop(job_id, False):
             watch.linked_at = time.monotonic()  # announced on a link: its daemon will push
         self._wake.set()
-        # One timer a watch, re-armed each tick, instead of a timeout around every wait: a wait per
-        # token would otherwise cost a task and a timer per token.
-        timer = None
         if tick_s is not None:
-            loop = asyncio.get_running_loop()
-
-            def tick() -> None:
-                nonlocal timer
-                watch.ticked = True
-                watch.event.set()
-                timer = loop.call_later(tick_s, tick)
-
-            timer = loop.call_later(tick_s, tick)
+            self._tick_with(job_id, watch, tick_s)
         seen = None
         try:
             while True:
@@ -172,11 +178,46 @@ class ProgressHub:
                 if choices and all(p.status.is_finished for p in choices):
                     return
         finally:
-            if timer is not None:
-                timer.cancel()
+            if tick_s is not None:
+                self._untick(job_id, watch, tick_s)
             self._watches.pop(job_id, None)
             if self.on_close is not None:
                 self.on_close(job_id)
+
+    def _tick_with(self, job_id: int, watch: _Watch, tick_s: float) -> None:
+        """Tick the watch every `tick_s` with the others of that period: one timer for all of them, not
+        one a stream (each re-armed at every tick)."""
+        group = self._ticking.get(tick_s)
+        if group is None:
+            group = self._ticking[tick_s] = {}
+            self._timers[tick_s] = asyncio.get_running_loop().call_later(tick_s, self._tick, tick_s)
+        group[job_id] = watch
+
+    def _untick(self, job_id: int, watch: _Watch, tick_s: float) -> None:
+        group = self._ticking.get(tick_s, {})
+        if group.get(job_id) is watch:
+            del group[job_id]
+        if not group and tick_s in self._ticking:  # nobody left: the timer stops with the last one
+            del self._ticking[tick_s]
+            self._timers.pop(tick_s).cancel()
+
+    def _tick(self, tick_s: float) -> None:
+        self._timers[tick_s] = asyncio.get_running_loop().call_later(tick_s, self._tick, tick_s)
+        self._ring(self._ticking[tick_s].values())
+
+    @staticmethod
+    def _ring(watches) -> None:
+        now = time.monotonic()
+        for watch in watches:
+            if watch.due is None or watch.due(now):
+                watch.ticked = True
+                watch.event.set()
+
+    def tick_now(self) -> None:
+        """A tick now, for every ticked watch whose `due` says so (a rule's state changed for many
+        streams at once: a key found revoked)."""
+        for group in list(self._ticking.values()):
+            self._ring(list(group.values()))
 
     def push(self, job_id: int, choices: Choices) -> bool:
         """A daemon's link pushed the job's progress; False when nobody here watches it."""
@@ -184,6 +225,7 @@ class ProgressHub:
         if watch is None:
             return False
         watch.linked_at = now = time.monotonic()
+        watch.pushed = True
         if not _ahead(choices, _latest(watch)):
             return True
         watch.latest = choices
@@ -205,6 +247,7 @@ class ProgressHub:
         if watch.text_sink is None or not watch.waiting or watch.event.is_set() or self.closing:
             return self.push(job_id, make(source, text))
         watch.linked_at = now = time.monotonic()
+        watch.pushed = True
         shown = _shown(watch)
         if shown is None or len(text) < shown:  # behind what the handler has, or after its end: ignored
             return True
@@ -251,6 +294,7 @@ class ProgressHub:
         for job_id in job_ids:
             if (watch := self._watches.get(job_id)) is not None:
                 watch.linked_at = None
+                watch.pushed = False
         self._wake.set()
 
     def close(self) -> None:
@@ -270,16 +314,22 @@ class ProgressHub:
             watch.event.set()
 
     def _due(self, now: float) -> tuple[list[int], list[int]]:
-        """The jobs to read this tick: unlinked ones always, and linked ones together every
-        `linked_poll_s` (one read for all of them, not one a tick for whichever is due)."""
-        linked_due = now - self._linked_polled_at >= self.linked_poll_s
+        """The jobs to read this tick: unlinked ones always, linked ones not pushed yet together every
+        `linked_poll_s` (those linked at least that long: most are pushed before, and need no read),
+        and pushed ones every `pushed_poll_s` (with the others then: one read for all, not one a tick
+        for whichever is due)."""
+        pushed_due = now - self._pushed_polled_at >= self.pushed_poll_s
+        linked_due = pushed_due or now - self._linked_polled_at >= self.linked_poll_s
         if linked_due:
             self._linked_polled_at = now
+        if pushed_due:
+            self._pushed_polled_at = now
         unlinked, linked = [], []
+        waited = now - self.linked_poll_s  # a job not pushed yet is checked once linked this long ago
         for job_id, watch in self._watches.items():
             if watch.linked_at is None:
                 unlinked.append(job_id)
-            elif linked_due:
+            elif pushed_due if watch.pushed else linked_due and watch.linked_at <= waited:
                 linked.append(job_id)
         return unlinked, linked
 
@@ -305,11 +355,15 @@ class ProgressHub:
 
     def _pause(self, now: float) -> float:
         """How long the poll sleeps: a tick while any watched job is read from the table alone, else
-        until the linked ones' next read (a new watch or a dropped link wakes it sooner). A tick's
+        until the linked ones' next check (a new watch or a dropped link wakes it sooner). A tick's
         pass over every watch, 200 times a second, was most of an idle stream's cost."""
-        if any(watch.linked_at is None for watch in self._watches.values()):
-            return self.interval_s
-        return max(self.interval_s, self._linked_polled_at + self.linked_poll_s - now)
+        due = self._pushed_polled_at + self.pushed_poll_s
+        for watch in self._watches.values():
+            if watch.linked_at is None:
+                return self.interval_s
+            if not watch.pushed:
+                due = min(due, self._linked_polled_at + self.linked_poll_s)
+        return max(self.interval_s, due - now)
 
     async def run(self) -> None:
         """Poll while anyone watches; sleep otherwise. Runs for the server's life."""

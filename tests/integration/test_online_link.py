@@ -17,7 +17,7 @@ from fsched.core.daemon.engine import EngineResult
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.daemon.link import LinkServer
 from fsched.core.daemon.publish import Publisher
-from fsched.core.ports.link import VERSION, Claim, Hello, Steps, StepText, Wake, encode
+from fsched.core.ports.link import VERSION, Claim, Forget, Hello, Steps, StepText, Wake, Watch, encode
 from fsched.core.ports.records import RequestProgress
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass, RequestStatus, SamplingParams
@@ -72,6 +72,25 @@ def test_a_linked_job_is_read_from_the_table_only_every_linked_poll():
     assert hub._due(100.31) == ([1, 2], [])
 
 
+def test_a_linked_job_its_daemon_pushes_is_checked_only_every_pushed_poll():
+    hub = ProgressHub(lambda ids: {}, linked_poll_s=0.25, pushed_poll_s=1.0)
+    hub._watches[1], hub._watches[2] = _Watch(linked_at=99.0), _Watch(linked_at=99.0)
+    hub._watches[3] = _Watch(linked_at=99.9)  # announced a moment ago: most are pushed before a check
+    assert hub.push(2, (progress("ab"),))  # its daemon pushes it: its end will come the same way
+    assert hub._due(100.0) == ([], [1, 2])
+    hub._watches.pop(3)
+    assert hub._due(100.3) == ([], [1])  # not pushed yet (queued, say): a cancel must reach it soon
+    assert hub._pause(100.3) == pytest.approx(0.25)
+    hub._watches.pop(1)
+    assert hub._pause(100.3) == pytest.approx(0.7)  # nothing due before the pushed ones' check
+    assert hub._due(100.6) == ([], [])
+    assert hub._due(101.0) == ([], [2])
+    hub.unlink([2])  # its link dropped: read at every tick, and checked as unpushed once linked again
+    assert hub._due(101.1) == ([2], [])
+    hub._watches[2].linked_at = 101.1
+    assert hub._due(101.5) == ([], [2])
+
+
 def test_a_linked_job_is_checked_by_its_states_and_read_in_full_only_once_the_table_is_ahead_or_ended():
     fulls: list[list[int]] = []
     states = {1: ((RequestStatus.RUNNING, 2),), 2: ((RequestStatus.RUNNING, 9),),
@@ -87,7 +106,7 @@ def test_a_linked_job_is_checked_by_its_states_and_read_in_full_only_once_the_ta
     hub._watches[4].linked_at = None  # read from the table alone: in full
 
     async def run():
-        return await hub._read(*hub._due(100.0))
+        return await hub._read(*hub._due(100.3))  # linked a check ago
 
     asyncio.run(run())
     # 1 is behind its pushes (read no further), 2 is ahead of them, 3 was cancelled: in full
@@ -213,6 +232,44 @@ def test_the_link_carries_watches_wakeups_and_pushes_over_a_socket():
 
         # Pieces joined at their offsets (updates may coalesce); any text crosses, NUL, lone surrogates.
         assert asyncio.run(run())[-1] == "hello\x00\udc80"
+    finally:
+        server.close()
+
+
+def test_a_forget_waits_for_the_next_message_that_goes_or_the_refresh():
+    """An ended job's `Forget` costs no write of its own (nor a wake-up of the daemon's link thread)."""
+    server = LinkServer("127.0.0.1", 0)
+    try:
+        async def run():
+            client = LinkClient(ProgressHub(lambda ids: {}, interval_s=0.01), refresh_s=0.3)
+            runner = asyncio.create_task(client.run(lambda: _addresses(server.address)))
+            deadline = time.monotonic() + 5
+            while not client._peers and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            (peer,) = client._peers.values()
+            writes = []
+            write = peer.writer.write
+            peer.writer.write = lambda data: writes.append(data) or write(data)
+            client.announce(7, linkable=True)
+            client.announce(8, linkable=True)
+            await asyncio.sleep(0)
+            assert writes == [encode([Watch(7), Watch(8)])]  # one write for the loop pass
+            client.closed(7)
+            await asyncio.sleep(0.05)
+            assert len(writes) == 1  # nothing written for the forget alone
+            client.announce(9, linkable=True)
+            await asyncio.sleep(0)
+            assert writes[1] == encode([Forget(7), Watch(9)])  # it went with the next message
+            client.closed(8)
+            while len(writes) < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert writes[2] == encode([Forget(8)])  # or with the refresh
+            while server.watcher(8) is not None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert server.watcher(7) is None and server.watcher(8) is None and server.watcher(9) is not None
+            runner.cancel()
+
+        asyncio.run(run())
     finally:
         server.close()
 
