@@ -74,6 +74,7 @@ class SqlCatalogStore(SqlStoreBase):
     """Submit, list, results, cancel, tenants and daemons: what the commands do."""
 
     _group_writer: KeptWriter | None = None
+    _group_refused = False  # the last group commit refused a job (storage/submit.py's `group_commit`)
 
     # -- submit ---------------------------------------------------------------
 
@@ -124,7 +125,8 @@ class SqlCatalogStore(SqlStoreBase):
             if self._group_writer is None:
                 self._group_writer = KeptWriter(self.db)
             outcomes, stored_ids, created = group_commit(self._group_writer, submissions,
-                                                         max_queued_per_tenant, now)
+                                                         max_queued_per_tenant, now, not self._group_refused)
+            self._group_refused = len(stored_ids) < len(submissions)
         else:
             with self.db.write() as conn:
                 existing, usable = tenants_and_unrevoked_keys(

@@ -303,18 +303,23 @@ STORE_GROUP_IF_ALL_FIT = _stored_group(guarded=True)
 STORE_GROUP = _stored_group(guarded=False)
 
 
-def group_commit(writer: KeptWriter, submissions: Sequence[JobSubmission], limit: int, now: float
+def group_commit(writer: KeptWriter, submissions: Sequence[JobSubmission], limit: int, now: float,
+                 one_query: bool = True
                  ) -> tuple[list[JobSubmission | QueueFull | KeyRevoked], list[int], set[str]]:
     """Store each job on its own terms (`decide`), on PostgreSQL: each one's outcome, the stored jobs'
-    ids in order, the tenants created. One round trip when every job is stored and no tenant is new,
-    else that one (which stored nothing) and then two or three."""
+    ids in order, the tenants created. With `one_query`, one round trip when every job is stored and no
+    tenant is new, else that one (which stored nothing, and still waited for its COMMIT's flush: its
+    locks) and then two or three; without, two or three. (The HTTP server asks for the one query unless
+    its last group commit refused a job: a tenant kept at its limit costs two round trips a group.)"""
     names = sorted({s.tenant for s in submissions})
     rows = _group_rows(submissions)
-    with writer.write() as tx:
-        _, stored = tx.send([(LOCK_NAMED_TENANTS, {"b_names": names}),
-                             (STORE_GROUP_IF_ALL_FIT, {**rows, "b_now": now, "b_limit": limit})], commit=True)
-    if len(stored) == len(submissions):
-        return list(submissions), [row.id for row in sorted(stored)], set()
+    if one_query:
+        with writer.write() as tx:
+            _, stored = tx.send([(LOCK_NAMED_TENANTS, {"b_names": names}),
+                                 (STORE_GROUP_IF_ALL_FIT, {**rows, "b_now": now, "b_limit": limit})],
+                                commit=True)
+        if len(stored) == len(submissions):
+            return list(submissions), [row.id for row in sorted(stored)], set()
     with writer.write() as tx:
         return _group_commit_decided(tx, submissions, names, limit, now, rows)
 

@@ -103,6 +103,14 @@ def test_a_group_commit_with_a_job_refused_is_three_round_trips(store, tmp_path)
     assert isinstance(revoked, KeyRevoked) and revoked.key_id == gone.id
     assert isinstance(first, SubmittedJob) and isinstance(last, SubmittedJob) and last.job_id > first.job_id
     assert store.list_tenants()[0].queued == 4
+    # After a refusal the next group goes straight to those two (no query storing nothing), then one again.
+    def one_more() -> None:
+        (stored,) = store.submit_each([submission(1, "carol")], max_queued_per_tenant=9)
+        assert isinstance(stored, SubmittedJob)
+
+    assert traced.round_trips(one_more) == 2
+    assert traced.round_trips(one_more) == 1
+    assert store.list_tenants()[0].queued == 6
 
 
 def test_a_group_commit_with_a_new_tenant_is_four_round_trips(store, tmp_path):
