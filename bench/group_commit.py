@@ -10,8 +10,10 @@ in a process of its own on a fresh database: `--groups` group commits
 tenant, each with an API key, one after the other. Each run prints the round
 trips of a group commit (the queries and syncs its connection sent, from
 libpq's trace, over 20 group commits before the timed ones), its wall time p50
-and p90, the CPU time of the thread that ran it (mean), and the 1-minute load
-average at its start. `--busy`: another thread of the process spins meanwhile,
+and p90, the CPU time of the thread that ran it (mean), that of the
+PostgreSQL process serving its connection (mean, from /proc: the server on
+this machine), and the 1-minute load average at its start. `--busy`: another
+thread of the process spins meanwhile,
 as a busy event loop does, so every reply waits for the interpreter's turn.
 `--refused`: one job of every group is another tenant's, over its queue
 limit (the path of a 429). `--two`: a third arm, NEW_TREE with its one-query
@@ -47,7 +49,7 @@ busy, refused = sys.argv[4] == "1", sys.argv[5] == "1"
 if os.environ.get("GC_TWO"):  # the new tree's two-round-trip path alone (its one-query attempt skipped)
     import fsched.storage.sql_catalog as sc
     import fsched.storage.submit as sm
-    def two(writer, submissions, limit, now):
+    def two(writer, submissions, limit, now, one_query=False):
         with writer.write() as tx:
             return sm._group_commit_decided(tx, submissions, sorted({s.tenant for s in submissions}), limit,
                                             now, sm._group_rows(submissions))
@@ -110,6 +112,14 @@ def spin():
 spinner = threading.Thread(target=spin, daemon=True)
 if busy:
     spinner.start()
+writer = store._group_writer  # its server process: the CPU PostgreSQL spent on the group commits
+kept = getattr(writer, "_kept", None)
+raw = kept.raw if kept is not None else writer._conn.connection.dbapi_connection
+stat = f"/proc/{raw.info.backend_pid}/stat"
+def server_cpu():
+    fields = open(stat).read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+server0 = server_cpu()
 walls, cpus = [], []
 for _ in range(groups):
     t0, c0 = time.perf_counter(), time.thread_time()
@@ -118,10 +128,11 @@ for _ in range(groups):
     walls.append(time.perf_counter() - t0)
     finish()
 stop = True
+server = server_cpu() - server0
 walls.sort()
 print(json.dumps({"trips": trips, "p50_ms": 1000 * walls[len(walls) // 2],
                   "p90_ms": 1000 * walls[int(len(walls) * 0.9)],
-                  "cpu_us": 1e6 * statistics.mean(cpus)}))
+                  "cpu_us": 1e6 * statistics.mean(cpus), "server_us": 1e6 * server / groups}))
 store.db.dispose()
 '''
 
@@ -176,13 +187,16 @@ def main() -> None:
                 r = one_run(trees[label], args, Path(tmp), two=label == "two")
                 results[label].append(r)
                 print(f"rep {rep} {label}: trips {r['trips']:.1f}  p50 {r['p50_ms']:.2f} ms  "
-                      f"p90 {r['p90_ms']:.2f} ms  cpu {r['cpu_us']:.0f} us  load {r['load']:.1f}", flush=True)
+                      f"p90 {r['p90_ms']:.2f} ms  cpu {r['cpu_us']:.0f} us  "
+                      f"server cpu {r['server_us']:.0f} us  "
+                      f"load {r['load']:.1f}", flush=True)
                 time.sleep(1)
     for label in labels:
         rs = results[label]
         print(f"{label}: trips {rs[0]['trips']:.1f}; p50 ms " + ", ".join(f"{r['p50_ms']:.2f}" for r in rs)
               + "; p90 ms " + ", ".join(f"{r['p90_ms']:.2f}" for r in rs)
               + "; cpu us " + ", ".join(f"{r['cpu_us']:.0f}" for r in rs)
+              + "; server cpu us " + ", ".join(f"{r['server_us']:.0f}" for r in rs)
               + f" (median p50 {statistics.median(r['p50_ms'] for r in rs):.2f})")
 
 
