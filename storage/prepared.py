@@ -83,11 +83,11 @@ class _Rows(TypeDecorator):
         return [{**row, **{name: process(row[name]) for name, process in processors}} for row in rows]
 
 
-def recordset(*columns: ColumnElement) -> TableValuedAlias:
-    """The rows of parameter `ROWS` as a table `v` of these columns (`column(name, type)`, each a name of
-    the rows' dicts): what a `Batched` statement reads (PostgreSQL)."""
-    rows = bindparam(ROWS, type_=_Rows(tuple((c.name, c.type) for c in columns)))
-    return func.json_to_recordset(rows).table_valued(*columns).render_derived("v", with_types=True)
+def recordset(*columns: ColumnElement, param: str = ROWS, name: str = "v") -> TableValuedAlias:
+    """The rows of parameter `param` as a table `name` of these columns (`column(name, type)`, each a name
+    of the rows' dicts): what a `Batched` statement reads (PostgreSQL)."""
+    rows = bindparam(param, type_=_Rows(tuple((c.name, c.type) for c in columns)))
+    return func.json_to_recordset(rows).table_valued(*columns).render_derived(name, with_types=True)
 
 
 class Prepared:

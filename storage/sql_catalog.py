@@ -59,9 +59,10 @@ from fsched.storage.rows import (
 from fsched.storage.submit import (
     check_queue_limit,
     create_missing_tenants,
+    decide,
+    group_commit,
     insert_job,
     insert_jobs,
-    lock_tenants,
     tenants_and_unrevoked_keys,
     unfinished_of_locked,
 )
@@ -73,6 +74,7 @@ class SqlCatalogStore(SqlStoreBase):
     """Submit, list, results, cancel, tenants and daemons: what the commands do."""
 
     _group_writer: KeptWriter | None = None
+    _group_refused = False  # the last group commit refused a job (storage/submit.py's `group_commit`)
 
     # -- submit ---------------------------------------------------------------
 
@@ -117,35 +119,26 @@ class SqlCatalogStore(SqlStoreBase):
         names = {s.tenant for s in submissions}
         for name in names:
             validate_tenant_name(name)
-        outcomes: list[JobSubmission | QueueFull | KeyRevoked] = []
-        with self._group_commit() as conn:
-            existing, usable = tenants_and_unrevoked_keys(
-                conn, names, {s.key_id for s in submissions if s.key_id is not None}, lock=True)
-            created = create_missing_tenants(conn, self.db.dialect, names, now, existing)
-            lock_tenants(conn, names - existing)  # created now, here or by another submit
-            have = unfinished_of_locked(conn, names)
-            for s in submissions:
-                if s.key_id is not None and s.key_id not in usable:
-                    outcomes.append(KeyRevoked(s.key_id))
-                    continue
-                adding = len(s.requests)
-                if have[s.tenant] + adding > max_queued_per_tenant:
-                    outcomes.append(QueueFull(s.tenant, have[s.tenant], adding, max_queued_per_tenant))
-                    continue
-                have[s.tenant] += adding
-                outcomes.append(s)
-            job_ids = iter(insert_jobs(conn, [s for s in outcomes if isinstance(s, JobSubmission)], now))
+        if not submissions:
+            return []
+        if self.db.dialect == "postgresql":
+            if self._group_writer is None:
+                self._group_writer = KeptWriter(self.db)
+            outcomes, stored_ids, created = group_commit(self._group_writer, submissions,
+                                                         max_queued_per_tenant, now, not self._group_refused)
+            self._group_refused = len(stored_ids) < len(submissions)
+        else:
+            with self.db.write() as conn:
+                existing, usable = tenants_and_unrevoked_keys(
+                    conn, names, {s.key_id for s in submissions if s.key_id is not None})
+                created = create_missing_tenants(conn, self.db.dialect, names, now, existing)
+                have = unfinished_of_locked(conn, names)
+                outcomes = decide(submissions, usable, have, max_queued_per_tenant)
+                stored_ids = insert_jobs(conn, [s for s in outcomes if isinstance(s, JobSubmission)], now)
+        job_ids = iter(stored_ids)
         return [s if isinstance(s, (QueueFull, KeyRevoked)) else SubmittedJob(
             job_id=next(job_ids), num_requests=len(s.requests), tenant=s.tenant,
             request_class=s.request_class, tenant_created=s.tenant in created) for s in outcomes]
-
-    def _group_commit(self):
-        """A group commit's transaction: on PostgreSQL on a connection kept for it (storage/kept.py)."""
-        if self.db.dialect != "postgresql":
-            return self.db.write()
-        if self._group_writer is None:
-            self._group_writer = KeptWriter(self.db)
-        return self._group_writer.write()
 
     # -- reading --------------------------------------------------------------
 

@@ -12,14 +12,31 @@ from collections.abc import Sequence
 from dataclasses import replace
 from itertools import islice
 
-from sqlalchemy import Connection, bindparam, func, literal, select, union_all
+from sqlalchemy import (
+    ARRAY,
+    Connection,
+    Float,
+    Integer,
+    String,
+    any_,
+    bindparam,
+    column,
+    func,
+    literal,
+    literal_column,
+    select,
+    union_all,
+)
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.sql.elements import ColumnElement
 
 from fsched.core.faults import crash_point
-from fsched.core.ports.records import JobSubmission, QueueFull
+from fsched.core.ports.records import JobSubmission, KeyRevoked, QueueFull
 from fsched.core.types import JobState
+from fsched.storage.kept import Batches, KeptWriter
 from fsched.storage.models import ApiKeyRow
+from fsched.storage.prepared import Prepared, recordset
 from fsched.storage.rows import FINISHED_JOB_STATES, UNFINISHED, RowState, jobs, requests, tenants
 
 INSERT_CHUNK = 5_000
@@ -39,12 +56,6 @@ _KEY_IDS = bindparam("b_key_ids", expanding=True)
 # transaction, which submits wait on one after the other, was measured adding to every one under load.
 TENANTS_AND_UNREVOKED_KEYS = union_all(
     select(tenants.c.name, literal(False).label("is_key")).where(tenants.c.name.in_(_NAMES)),
-    select(_KEYS.c.id, literal(True)).where(_KEYS.c.id.in_(_KEY_IDS), _KEYS.c.revoked_at.is_(None)))
-# The same with the tenants' rows locked as they are read (`unfinished_of`'s lock): one round trip
-# fewer again, on PostgreSQL a wait on the server less for every request of a group commit.
-_LOCKED = select(tenants.c.name).where(tenants.c.name.in_(_NAMES)).with_for_update().cte("locked")
-TENANTS_LOCKED_AND_UNREVOKED_KEYS = union_all(
-    select(_LOCKED.c.name, literal(False).label("is_key")),
     select(_KEYS.c.id, literal(True)).where(_KEYS.c.id.in_(_KEY_IDS), _KEYS.c.revoked_at.is_(None)))
 JOB_INSERT = jobs.insert().returning(jobs.c.id)
 # Several jobs in one statement (SQLAlchemy's "insertmanyvalues"), their ids in the parameters' order.
@@ -78,18 +89,12 @@ def unfinished_of_locked(conn: Connection, names: set[str]) -> Counter:
         UNFINISHED_BY_TENANT, {"b_names": sorted(names)}).all()})
 
 
-def lock_tenants(conn: Connection, names: set[str]) -> None:
-    if names:
-        conn.execute(TENANTS_LOCKED, {"b_names": sorted(names)})
-
-
-def tenants_and_unrevoked_keys(conn: Connection, names: set[str], key_ids: set[str],
-                               lock: bool = False) -> tuple[set[str], set[str]]:
+def tenants_and_unrevoked_keys(conn: Connection, names: set[str], key_ids: set[str]
+                               ) -> tuple[set[str], set[str]]:
     """Those of the tenants that exist, and those of the keys that are in the table and not revoked,
     read inside the storing transaction: a key revoked before its request's row would be stored
-    keeps the row out. With `lock`, the tenants found are locked as `unfinished_of` locks them."""
-    statement = TENANTS_LOCKED_AND_UNREVOKED_KEYS if lock else TENANTS_AND_UNREVOKED_KEYS
-    found = conn.execute(statement, {"b_names": sorted(names), "b_key_ids": sorted(key_ids)})
+    keeps the row out."""
+    found = conn.execute(TENANTS_AND_UNREVOKED_KEYS, {"b_names": sorted(names), "b_key_ids": sorted(key_ids)})
     existing, usable = set(), set()
     for name, is_key in found:
         (usable if is_key else existing).add(name)
@@ -195,3 +200,180 @@ def _request_row(job_id: int, idx: int, spec, now: float) -> dict:
 def _with_seed(params):
     """Every stored request has a seed, so its sampling replays after a restart."""
     return params if params.seed is not None else replace(params, seed=secrets.randbits(63))
+
+
+# -- PostgreSQL's group commit: statements sent together, a batch a round trip (storage/kept.py) ------------
+#
+# Every online request waits for its group's transaction, and every round trip in it is a wait on the
+# server and then for the server thread's turn again behind a busy event loop. In the common case (the
+# tenants there, every key usable, every tenant under its limit) a group commit is one round trip: BEGIN,
+# the tenants' rows locked, then one statement that stores every job and its requests only if that case
+# holds (counted after the lock: a statement sees what was committed before it began), then COMMIT. Else
+# that statement stores nothing, and the group goes again as before in a transaction of its own: the
+# tenants locked with the keys read and their counts (a round trip), the missing tenants created (another,
+# rarely), then the jobs that may be stored and COMMIT (one more).
+
+def _any(column: ColumnElement, param: str) -> ColumnElement:
+    """`column = ANY` the array parameter `param` (a list: one statement for every length)."""
+    return column == any_(bindparam(param, type_=ARRAY(String)))
+
+
+def _unfinished_jobs() -> ColumnElement:
+    return jobs.c.state.not_in([literal(s, jobs.c.state.type) for s in FINISHED_JOB_STATES])
+
+
+_LOCKED_NAMES = select(tenants.c.name).where(_any(tenants.c.name, "b_names")).with_for_update()
+LOCK_NAMED_TENANTS = Prepared(_LOCKED_NAMES)
+_LOCKED_CTE = _LOCKED_NAMES.cte("locked")
+LOCK_TENANTS_READ_KEYS = Prepared(union_all(
+    select(_LOCKED_CTE.c.name, literal(False).label("is_key")),
+    select(_KEYS.c.id, literal(True)).where(_any(_KEYS.c.id, "b_key_ids"), _KEYS.c.revoked_at.is_(None))))
+COUNT_UNFINISHED = Prepared(
+    select(jobs.c.tenant, func.sum(UNFINISHED))
+    .where(_any(jobs.c.tenant, "b_names"), _unfinished_jobs())
+    .group_by(jobs.c.tenant))
+CREATE_TENANTS = Prepared(
+    postgresql_insert(tenants)
+    .from_select(["name", "weight", "created_at"],
+                 select(func.unnest(bindparam("b_names", type_=ARRAY(String))), literal(1.0, Float),
+                        bindparam("b_now", type_=Float)))
+    .on_conflict_do_nothing(index_elements=["name"])
+    .returning(tenants.c.name))
+
+_JOB_FIELDS = ("tenant", "class", "priority", "name", "origin", "key_id", "num_requests")
+_REQUEST_FIELDS = ("idx", "custom_id", "choice", "answer", "endpoint", "prompt", "messages", "render",
+                   "params", "max_tokens", "model")
+
+
+def _stored_group(guarded: bool) -> Prepared:
+    """The jobs (`b_jobs`, each with its place `b_pos`) and their requests (`b_requests`) in one statement,
+    returning each stored job's place and id (ids ascending in place order). `guarded`: only if every
+    tenant is there, every key usable and every tenant stays within `b_limit` (else it stores nothing)."""
+    new_jobs = select(recordset(column("b_pos", Integer), *(column(c, jobs.c[c].type) for c in _JOB_FIELDS),
+                                param="b_jobs", name="j")).cte("j")
+    kept = select(new_jobs, func.nextval(func.pg_get_serial_sequence("jobs", "id")).label("id"))
+    if guarded:
+        kept = kept.where(_guard(new_jobs))
+    kept = kept.order_by(new_jobs.c.b_pos).cte("n")  # nextval after the sort: ids in place order
+    now = bindparam("b_now", type_=Float)
+    job_values = {"id": kept.c.id, **{c: kept.c[c] for c in _JOB_FIELDS}, "state": JobState.QUEUED.value,
+                  **dict.fromkeys(_JOB_ZEROS, 0), "submitted_at": now}
+    req = recordset(column("b_pos", Integer), *(column(c, requests.c[c].type) for c in _REQUEST_FIELDS),
+                    param="b_requests", name="r")
+    request_values = {"job_id": kept.c.id, **{c: req.c[c] for c in _REQUEST_FIELDS},
+                      "messages": func.coalesce(req.c.messages, literal_column("'null'::json")),
+                      "state": RowState.QUEUED.value, "output_tokens": literal_column("'[]'::json"),
+                      "output_text": "", "num_output_tokens": 0, "num_logprobs": 0, "attempts": 0,
+                      "enqueued_at": now, "lease_epoch": 0}
+    return Prepared(select(kept.c.b_pos, kept.c.id).add_cte(
+        _inserted(jobs, job_values, select().select_from(kept), "ij"),
+        _inserted(requests, request_values,
+                  select().select_from(req.join(kept, kept.c.b_pos == req.c.b_pos))
+                  .order_by(req.c.b_pos, req.c.idx), "ir")))
+
+
+_JOB_ZEROS = ("num_done", "num_failed", "num_cancelled", "num_running", "num_output_tokens",
+              "num_prompt_tokens")
+
+
+def _inserted(table, values: dict, source, name: str):
+    """`INSERT INTO table (values' keys) SELECT values' values FROM source` as a CTE called `name`."""
+    selected = source.add_columns(*(v if isinstance(v, ColumnElement) else literal(v, table.c[k].type)
+                                    for k, v in values.items()))
+    return table.insert().from_select(list(values), selected).cte(name)
+
+
+def _guard(new_jobs) -> ColumnElement:
+    """Every tenant of the jobs there and within the limit `b_limit` with all its jobs added, and every
+    job's key usable."""
+    adding = (select(new_jobs.c.tenant, func.sum(new_jobs.c.num_requests).label("adding"))
+              .group_by(new_jobs.c.tenant).subquery("a"))
+    have = (select(func.coalesce(func.sum(UNFINISHED), 0)).where(jobs.c.tenant == adding.c.tenant,
+                                                                  _unfinished_jobs())
+            .scalar_subquery())
+    there = select(tenants.c.name).where(tenants.c.name == adding.c.tenant).exists()
+    tenants_fit = ~select(adding.c.tenant).where(
+        ~there | (have + adding.c.adding > bindparam("b_limit", type_=Integer))).exists()
+    usable = select(_KEYS.c.id).where(_KEYS.c.id == new_jobs.c.key_id, _KEYS.c.revoked_at.is_(None)).exists()
+    keys_usable = ~select(new_jobs.c.b_pos).where(new_jobs.c.key_id.is_not(None), ~usable).exists()
+    return tenants_fit & keys_usable
+
+
+STORE_GROUP_IF_ALL_FIT = _stored_group(guarded=True)
+STORE_GROUP = _stored_group(guarded=False)
+
+
+def group_commit(writer: KeptWriter, submissions: Sequence[JobSubmission], limit: int, now: float,
+                 one_query: bool = True
+                 ) -> tuple[list[JobSubmission | QueueFull | KeyRevoked], list[int], set[str]]:
+    """Store each job on its own terms (`decide`), on PostgreSQL: each one's outcome, the stored jobs'
+    ids in order, the tenants created. With `one_query`, one round trip when every job is stored and no
+    tenant is new, else that one (which stored nothing, and still waited for its COMMIT's flush: its
+    locks) and then two or three; without, two or three. (The HTTP server asks for the one query unless
+    its last group commit refused a job: a tenant kept at its limit costs two round trips a group.)"""
+    names = sorted({s.tenant for s in submissions})
+    rows = _group_rows(submissions)
+    if one_query:
+        with writer.write() as tx:
+            _, stored = tx.send([(LOCK_NAMED_TENANTS, {"b_names": names}),
+                                 (STORE_GROUP_IF_ALL_FIT, {**rows, "b_now": now, "b_limit": limit})],
+                                commit=True)
+        if len(stored) == len(submissions):
+            return list(submissions), [row.id for row in sorted(stored)], set()
+    with writer.write() as tx:
+        return _group_commit_decided(tx, submissions, names, limit, now, rows)
+
+
+def _group_commit_decided(tx: Batches, submissions: Sequence[JobSubmission], names: list[str], limit: int,
+                          now: float, rows: dict) -> tuple[list, list[int], set[str]]:
+    key_ids = sorted({s.key_id for s in submissions if s.key_id is not None})
+    found, counts = tx.send([(LOCK_TENANTS_READ_KEYS, {"b_names": names, "b_key_ids": key_ids}),
+                             (COUNT_UNFINISHED, {"b_names": names})])
+    existing = {name for name, is_key in found if not is_key}
+    usable = {key for key, is_key in found if is_key}
+    created: set[str] = set()
+    if missing := sorted(set(names) - existing):  # created now, here or by another server (then locked)
+        made, _, counts = tx.send([(CREATE_TENANTS, {"b_names": missing, "b_now": now}),
+                                   (LOCK_NAMED_TENANTS, {"b_names": missing}),
+                                   (COUNT_UNFINISHED, {"b_names": names})])
+        created = {row.name for row in made}
+    outcomes = decide(submissions, usable, Counter({t: int(n or 0) for t, n in counts}), limit)
+    kept = {pos for pos, s in enumerate(outcomes) if isinstance(s, JobSubmission)}
+    if not kept:
+        tx.send([], commit=True)
+        return outcomes, [], created
+    (stored,) = tx.send([(STORE_GROUP, {
+        "b_jobs": [row for row in rows["b_jobs"] if row["b_pos"] in kept],
+        "b_requests": [row for row in rows["b_requests"] if row["b_pos"] in kept], "b_now": now})],
+        commit=True)
+    return outcomes, [row.id for row in sorted(stored)], created
+
+
+def decide(submissions: Sequence[JobSubmission], usable: set[str], have: Counter, limit: int
+           ) -> list[JobSubmission | QueueFull | KeyRevoked]:
+    """Each job, or its KeyRevoked when its key is not `usable`, or its QueueFull when its tenant's
+    unfinished requests (`have`, and those of the jobs kept before it in the list) would go over `limit`."""
+    outcomes: list[JobSubmission | QueueFull | KeyRevoked] = []
+    for s in submissions:
+        if s.key_id is not None and s.key_id not in usable:
+            outcomes.append(KeyRevoked(s.key_id))
+            continue
+        adding = len(s.requests)
+        if have[s.tenant] + adding > limit:
+            outcomes.append(QueueFull(s.tenant, have[s.tenant], adding, limit))
+            continue
+        have[s.tenant] += adding
+        outcomes.append(s)
+    return outcomes
+
+
+def _group_rows(submissions: Sequence[JobSubmission]) -> dict[str, list[dict]]:
+    """The parameters `b_jobs` and `b_requests` of `STORE_GROUP` (a job's place: `b_pos`)."""
+    job_rows, request_rows = [], []
+    for pos, s in enumerate(submissions):
+        job = _job_row(s, 0.0)
+        job_rows.append({"b_pos": pos, **{name: job[name] for name in _JOB_FIELDS}})
+        for idx, spec in enumerate(s.requests):
+            row = _request_row(0, idx, spec, 0.0)
+            request_rows.append({"b_pos": pos, **{name: row[name] for name in _REQUEST_FIELDS}})
+    return {"b_jobs": job_rows, "b_requests": request_rows}

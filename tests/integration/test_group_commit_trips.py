@@ -5,17 +5,22 @@ for it, lost, costs no request."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from psycopg import pq
 from sqlalchemy import event, text
 
 from fsched.api.submitter import Submitter
-from fsched.core.ports.records import QueueFull, StorageError, SubmittedJob
+from fsched.core.openai.batchfile import parse_job_file
+from fsched.core.ports.records import JobSubmission, KeyRevoked, QueueFull, StorageError, SubmittedJob
+from fsched.core.types import JobOrigin, RequestClass
 from fsched.storage import kept
 from fsched.storage.sql_catalog import SqlCatalogStore
+from fsched.storage.sql_keys import SqlKeyStore
 from fsched.storage.submit import TENANTS_LOCKED, insert_jobs
 from tests.support.tables import submission
 
@@ -62,16 +67,118 @@ def store(pg_url, monkeypatch):
     made.db.dispose()  # the kept connection too: the database can be dropped
 
 
-def test_a_group_commit_is_six_round_trips(store, tmp_path):
-    """BEGIN, the tenants locked with the keys read, their counts, the jobs, their requests, COMMIT:
-    no ping, no idle limit set, no separate lock."""
+def test_a_group_commit_is_one_round_trip(store, tmp_path):
+    """BEGIN, the tenants locked, the jobs and their requests stored (their counts and keys checked in
+    that statement), COMMIT: one query. No ping, no idle limit set."""
     traced = Traced(store, tmp_path / "trace")
     store.submit_each([submission(1, "carol")], max_queued_per_tenant=100)  # the tenant, a connection
-    group = [submission(1, "carol") for _ in range(5)]
+    group = [submission(1, "carol") for _ in range(5)] + [submission(2, "dave")]
+    store.submit_each([submission(1, "dave")], max_queued_per_tenant=100)
     outcomes: list = []
     trips = traced.round_trips(lambda: outcomes.extend(store.submit_each(group, max_queued_per_tenant=100)))
-    assert trips == 6
+    assert trips == 1
     assert all(isinstance(o, SubmittedJob) for o in outcomes)
+    assert [o.tenant for o in outcomes] == ["carol"] * 5 + ["dave"]
+    ids = [o.job_id for o in outcomes]
+    assert ids == sorted(ids) and len(set(ids)) == 6  # in the group's order
+    assert [store.list_jobs(job_id=i)[0].counts.num_requests for i in ids] == [1] * 5 + [2]
+
+
+def test_a_group_commit_with_a_job_refused_is_three_round_trips(store, tmp_path):
+    """The one query stores nothing when a job is over its limit or its key is not usable; then the tenants
+    locked with the keys read and their counts, and the jobs kept with COMMIT: two more."""
+    traced = Traced(store, tmp_path / "trace")
+    store.submit_each([submission(2, "carol")], max_queued_per_tenant=100)
+    keys = SqlKeyStore(store.db)
+    key, _ = keys.create_key("carol", RequestClass.REALTIME)
+    gone, _ = keys.create_key("carol", RequestClass.REALTIME)
+    keys.revoke_key(gone.id)
+    group = [replace(submission(1, "carol"), key_id=key.id), submission(2, "carol"),
+             replace(submission(1, "carol"), key_id=gone.id), submission(1, "carol")]
+    outcomes: list = []
+    trips = traced.round_trips(lambda: outcomes.extend(store.submit_each(group, max_queued_per_tenant=4)))
+    assert trips == 3
+    first, over, revoked, last = outcomes
+    assert isinstance(over, QueueFull) and "has 3 unfinished" in str(over)  # 2 + the first: 3 + 2 > 4
+    assert isinstance(revoked, KeyRevoked) and revoked.key_id == gone.id
+    assert isinstance(first, SubmittedJob) and isinstance(last, SubmittedJob) and last.job_id > first.job_id
+    assert store.list_tenants()[0].queued == 4
+    # After a refusal the next group goes straight to those two (no query storing nothing), then one again.
+    def one_more() -> None:
+        (stored,) = store.submit_each([submission(1, "carol")], max_queued_per_tenant=9)
+        assert isinstance(stored, SubmittedJob)
+
+    assert traced.round_trips(one_more) == 2
+    assert traced.round_trips(one_more) == 1
+    assert store.list_tenants()[0].queued == 6
+
+
+def test_a_group_commit_with_a_new_tenant_is_four_round_trips(store, tmp_path):
+    """The one query, the tenants locked with the keys read and their counts, the new tenant created and
+    locked and the counts again, the jobs with COMMIT."""
+    traced = Traced(store, tmp_path / "trace")
+    store.submit_each([submission(1, "carol")], max_queued_per_tenant=100)
+    group = [submission(1, "carol"), submission(1, "erin"), submission(1, "erin")]
+    outcomes: list = []
+    trips = traced.round_trips(lambda: outcomes.extend(store.submit_each(group, max_queued_per_tenant=100)))
+    assert trips == 4
+    assert [(o.tenant, o.tenant_created) for o in outcomes] == [
+        ("carol", False), ("erin", True), ("erin", True)]
+    assert {t.name: t.queued for t in store.list_tenants()} == {"carol": 2, "erin": 2}
+
+
+def _jobs_of_every_kind(key_id: str) -> list[JobSubmission]:
+    def parsed(*lines: dict) -> tuple:
+        return parse_job_file("".join(json.dumps(line) + "\n" for line in lines).encode(), "f.jsonl")
+
+    chats = parsed(
+        {"custom_id": "a\ufdd0x", "method": "POST", "url": "/v1/chat/completions", "body": {
+            "model": "m", "messages": [{"role": "user", "content": "h\u00e9 \U0001f600 %s 'q' \\"}], "n": 2,
+            "seed": 7, "max_tokens": 5, "logprobs": True, "top_logprobs": 2}},
+        {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {
+            "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], "seed": 3,
+            "max_tokens": 2, "chat_template_kwargs": {"enable_thinking": False}}})
+    prompts = parsed({"custom_id": "b", "prompt": "p'q\\ \ufdd0 %(x)s", "max_tokens": 3, "seed": 1})
+    return [JobSubmission(chats, "carol", RequestClass.REALTIME, 3, "chat", JobOrigin.ONLINE, key_id),
+            JobSubmission(prompts, "carol", RequestClass.BATCH, 5, "n\u00e4me", JobOrigin.SUBMIT, None)]
+
+
+def test_a_group_commit_stores_the_rows_a_submit_stores(store):
+    """Column for column (but ids and times), the JSON columns' very text too."""
+    (key, _) = SqlKeyStore(store.db).create_key("carol", RequestClass.REALTIME)
+    grouped = store.submit_each(_jobs_of_every_kind(key.id), max_queued_per_tenant=100)
+    submitted = store.submit(_jobs_of_every_kind(key.id))
+    assert all(isinstance(o, SubmittedJob) for o in grouped)
+
+    def rows(job_ids: list[int]) -> list:
+        with store.db.read() as conn:
+            requests = conn.execute(text(
+                "SELECT to_jsonb(r) - 'id' - 'job_id' - 'enqueued_at', messages::text, params::text, "
+                "answer::text, render::text, output_tokens::text FROM requests r WHERE job_id = ANY(:ids) "
+                "ORDER BY id"), {"ids": job_ids}).all()
+            jobs = conn.execute(text(
+                "SELECT to_jsonb(j) - 'id' - 'submitted_at' FROM jobs j WHERE id = ANY(:ids) ORDER BY id"),
+                {"ids": job_ids}).all()
+        return [tuple(r) for r in requests] + [tuple(j) for j in jobs]
+
+    stored = rows([o.job_id for o in grouped])
+    assert len(stored) == 4 + 2 and stored == rows([o.job_id for o in submitted])
+    assert stored[3][1] == "null"  # a prompt's messages: JSON's null, as SQLAlchemy stores None
+
+
+def test_a_busy_kept_connection_sends_a_group_commit_on_a_pooled_one(store):
+    """Another thread's group commit on the kept connection: this one on a pooled connection, given back
+    to the pool as the pool hands connections out."""
+    store.submit_each([submission(1, "carol")], max_queued_per_tenant=100)
+    with store._group_writer._lock:  # the kept connection busy
+        (stored,) = store.submit_each([submission(1, "carol")], max_queued_per_tenant=100)
+        over = store.submit_each([submission(1, "carol")], max_queued_per_tenant=2)
+    assert isinstance(stored, SubmittedJob) and isinstance(over[0], QueueFull)
+    with store.db.write() as conn:  # the pooled connection: a transaction as SQLAlchemy's again
+        assert not conn.connection.driver_connection.autocommit
+        insert_jobs(conn, [submission(1, "carol")], time.time())
+        conn.rollback()
+    assert store.list_tenants()[0].queued == 2
 
 
 def test_a_group_commit_waits_for_another_servers_and_counts_its_jobs(store, pg_url):
