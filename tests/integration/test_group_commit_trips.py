@@ -242,3 +242,22 @@ def test_a_kept_connection_lost_mid_use_costs_the_server_no_request(store):
 
     assert all(isinstance(o, SubmittedJob) for o in asyncio.run(serve_three()))
     assert len(store.list_jobs(tenant="carol")) == 4
+
+
+def test_a_group_commit_stores_hostile_text_as_a_submit_does(store):
+    """The group commit binds its parameters into the query's text: quotes, backslashes, dollar quotes,
+    placeholders and comments in a prompt, a custom id or a job name are stored as sent."""
+    hostile = ["q'uo\"te\\back $$ $1 %s %(x)s ;-- DROP TABLE jobs", "E'\\\\x00' /* */", "é漢字🙂\n\t\r"]
+
+    def job(prompt: str) -> JobSubmission:
+        line = json.dumps({"prompt": prompt, "custom_id": prompt[:20], "max_tokens": 4}) + "\n"
+        return JobSubmission(parse_job_file(line.encode(), "f.jsonl"), "carol", RequestClass.BATCH, 5,
+                             prompt[:30])
+
+    grouped = store.submit_each([job(p) for p in hostile], max_queued_per_tenant=100)
+    assert all(isinstance(o, SubmittedJob) for o in grouped)
+    with store.db.read() as conn:
+        stored = conn.execute(text(
+            "SELECT r.prompt, r.custom_id, j.name FROM requests r JOIN jobs j ON j.id = r.job_id "
+            "WHERE j.id = ANY(:ids) ORDER BY j.id"), {"ids": [o.job_id for o in grouped]}).all()
+    assert [tuple(row) for row in stored] == [(p, p[:20], p[:30]) for p in hostile]
