@@ -24,7 +24,7 @@ from fsched.api.errors import ApiError, error_body
 from fsched.api.guard import KeepAlive, StreamEnd, Update, guarded
 from fsched.api.hub import Choices
 from fsched.api.limits import text_of
-from fsched.api.sse import KEEPALIVE, BoundedStream, Outlet, sse
+from fsched.api.sse import KEEPALIVE, BoundedStream, LastPiece, Outlet, sse
 from fsched.api.state import ServerState, state_of
 from fsched.api.tokens import prompt_token_ids
 from fsched.core.jobs.apikeys import ApiKey
@@ -435,7 +435,7 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
             if piece := "".join(events.update(update)):
                 yield piece
         if ending := "".join(_ending(state, online, pushes.final, events)):
-            yield ending
+            yield LastPiece(ending)
         stamp("end_written", job_id)
     finally:
         pushes.idle = False

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
