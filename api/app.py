@@ -94,6 +94,7 @@ def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None
         finally:
             for task in tasks:
                 task.cancel()
+            state.close()
 
     app = _bare_app(lifespan)
     app.state.fsched = state

@@ -24,7 +24,7 @@ from fsched.api.errors import ApiError, error_body
 from fsched.api.guard import KeepAlive, StreamEnd, Update, guarded
 from fsched.api.hub import Choices
 from fsched.api.limits import text_of
-from fsched.api.sse import KEEPALIVE, BoundedStream, Outlet, sse
+from fsched.api.sse import KEEPALIVE, BoundedStream, LastPiece, Outlet, sse
 from fsched.api.state import ServerState, state_of
 from fsched.api.tokens import prompt_token_ids
 from fsched.core.jobs.apikeys import ApiKey
@@ -405,8 +405,9 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
     unstamped = stamps_on()
     pushes = _PushWriter(events, outlet)
     try:
-        for event in events.opening():
-            yield event
+        opening = "".join(events.opening())  # each step's events in one piece: one write, not one an event
+        if opening:
+            yield opening
         while True:
             if outlet is not None and not attached:
                 attached = state.hub.attach(job_id, pushes.sink, pushes.text_sink)
@@ -431,10 +432,10 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
             if unstamped:  # its first update: the first token
                 unstamped = False
                 stamp("written", job_id)
-            for event in events.update(update):
-                yield event
-        for event in _ending(state, online, pushes.final, events):
-            yield event
+            if piece := "".join(events.update(update)):
+                yield piece
+        if ending := "".join(_ending(state, online, pushes.final, events)):
+            yield LastPiece(ending)
         stamp("end_written", job_id)
     finally:
         pushes.idle = False

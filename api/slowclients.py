@@ -19,7 +19,8 @@ which a stream whose client stopped reading closes the connection;
 transport itself (each in its HTTP chunk), not through every middleware's
 `send` and h11's state machine, at each token; and `fsched.body_now`, the
 same piece written from a plain call (a daemon link's push), when the
-transport takes it without waiting.
+transport takes it without waiting; and `fsched.hold`, with which what is
+written until the end of the loop pass goes out in one system call.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ BODY = "fsched.body"  # a scope extension: write a piece of the started response
 # A scope extension: write a piece of the started response's body now, without waiting, when the
 # transport takes it at once (else False, and nothing is made or written).
 BODY_NOW = "fsched.body_now"
+# A scope extension: hold the connection's writes until the end of this loop pass, then write them as one
+# (a stream's head and first piece, its last piece and its end: one system call, not two).
+HOLD = "fsched.hold"
 
 
 @dataclass(slots=True, frozen=True)
@@ -98,6 +102,7 @@ class _Deadline:
             extensions[ABORT] = partial(self._abort, cycle)
             extensions[BODY] = partial(self._body, cycle)
             extensions[BODY_NOW] = partial(self._body_now, cycle)
+            extensions[HOLD] = self.transport.hold
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
@@ -214,6 +219,20 @@ class _Lingering:
         self._protocol = protocol
         self.lingering = False
         self.write = transport.write  # every streamed token: no lookup through __getattr__
+        self._held: list[bytes] | None = None
+
+    def hold(self) -> None:
+        """Keep what is written from now to the end of this loop pass, and write it then in one piece."""
+        if self._held is None:
+            self._held = []
+            self.write = self._held.append
+            self._protocol.loop.call_soon(self.release)
+
+    def release(self) -> None:
+        held, self._held = self._held, None
+        self.write = self._transport.write
+        if held and not self._transport.is_closing():
+            self._transport.write(b"".join(held))
 
     def __getattr__(self, name: str):
         return getattr(self._transport, name)
@@ -222,6 +241,8 @@ class _Lingering:
         return self.lingering or self._transport.is_closing()
 
     def close(self) -> None:
+        if self._held is not None:
+            self.release()
         sending = self._protocol._client_sending()
         if self.lingering or not sending or not self._transport.can_write_eof():
             self.close_now()

@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from fsched.api.slowclients import ABORT, BODY, BODY_NOW
+from fsched.api.slowclients import ABORT, BODY, BODY_NOW, HOLD
 from fsched.core.jobs.jsontext import dumps as json_text
 
 log = logging.getLogger("fsched.serve")
@@ -31,6 +31,12 @@ KEEPALIVE = ": keep-alive\n\n"
 
 def sse(obj: dict) -> str:
     return f"data: {json_text(obj, separators=(',', ':'))}\n\n"
+
+
+class LastPiece(str):
+    """A stream's last piece (its ending events): written with the response's end in one write."""
+
+    __slots__ = ()
 
 
 class ClientStalled(Exception):
@@ -62,6 +68,7 @@ class BoundedStream(StreamingResponse):
         self._write_body = None  # the server's `fsched.body` extension, when it offers it
         self._scope_now = None  # and its `fsched.body_now`
         self._streaming = False  # the stream runs and a hang-up cancels it (not once it ends or unwinds)
+        self._hold = None  # the server's `fsched.hold`, when it offers it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The stream in the handler's own task, and one task that waits for the client to hang up and
@@ -69,6 +76,7 @@ class BoundedStream(StreamingResponse):
         unfinished request either way)."""
         self._write_body = scope.get("extensions", {}).get(BODY)
         self._scope_now = scope.get("extensions", {}).get(BODY_NOW)
+        self._hold = scope.get("extensions", {}).get(HOLD)
         task = asyncio.current_task()
         hung_up = False
 
@@ -100,6 +108,12 @@ class BoundedStream(StreamingResponse):
             listener.cancel()
 
     async def stream_response(self, send: Send) -> None:
+        """The head, the pieces as they come, the end. Where the server offers `fsched.hold`, the head goes
+        out with the pieces made in the same loop pass (an opening, a first token already in), and the
+        last piece with the end: two writes a stream fewer, the same bytes."""
+        hold = self._hold
+        if hold is not None:
+            hold()
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         watchdog = _Watchdog(self.stall_s)
         write = self._write_body
@@ -107,6 +121,8 @@ class BoundedStream(StreamingResponse):
             self.outlet.now = self._scope_now
         try:
             async for chunk in self.body_iterator:
+                if hold is not None and type(chunk) is LastPiece:
+                    hold()
                 body = chunk.encode(self.charset) if isinstance(chunk, str) else chunk
                 with watchdog:
                     if write is not None:  # straight to the transport: no middleware sees a body piece

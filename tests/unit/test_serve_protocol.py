@@ -31,3 +31,73 @@ def test_serve_freezes_its_startup_heap_and_collects_young_objects_less_often():
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+class _Transport:
+    """A connection's transport that records each write (one a system call)."""
+
+    def __init__(self):
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def get_extra_info(self, name, default=None):
+        return {"peername": ("127.0.0.1", 5000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def set_protocol(self, protocol) -> None: ...
+
+
+@pytest.mark.parametrize("parser", ["auto", "h11"])
+def test_a_streams_head_goes_with_its_first_piece_and_its_last_piece_with_its_end(parser):
+    """Two writes a stream fewer, the same bytes: the head and the piece made in the same loop pass go out
+    in one write, a piece made later in its own, the last piece (its ending events) with the end."""
+    import asyncio
+
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    from fsched.api.sse import BoundedStream, LastPiece
+
+    async def app(scope, receive, send):
+        async def pieces():
+            yield "data: a\n\n"
+            await asyncio.sleep(0)  # a later loop pass: its own write
+            yield "data: b\n\n"
+            yield LastPiece("data: [DONE]\n\n")
+
+        await BoundedStream(pieces(), stall_s=5)(scope, receive, send)
+
+    async def run() -> list[bytes]:
+        config = Config(app, log_config=None)
+        config.load()
+        protocol = header_deadline_protocol(5.0, parser)(config=config, server_state=ServerState(),
+                                                         app_state={})
+        transport = _Transport()
+        protocol.connection_made(transport)
+        protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in range(50):
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return transport.writes
+
+    writes = asyncio.run(run())
+    assert len(writes) == 3, writes
+    head, middle, last = writes
+    assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n9\r\ndata: a\n\n\r\n")
+    assert middle == b"9\r\ndata: b\n\n\r\n"
+    assert last == b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"

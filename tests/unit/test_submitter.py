@@ -96,3 +96,30 @@ def test_a_handler_gone_while_its_group_is_written_does_not_stop_the_others():
 
     first, kept = asyncio.run(run())
     assert kept.tenant == "kept" and store.calls[1] == ["gone", "kept"]  # its row is stored, and runs
+
+
+def test_a_servers_group_commit_runs_in_its_own_thread_one_group_at_a_time():
+    """The server's store of a group: a plain executor hop to the group commit's own thread (not a worker
+    taken from anyio's pool), the same thread for every group; it ends with the server."""
+    import threading
+    from types import SimpleNamespace
+
+    from fsched.api.state import ServerState
+
+    threads: list[str] = []
+
+    def submit_each(group, max_queued_per_tenant):
+        threads.append(threading.current_thread().name)
+        return [_job(i + 1, tenant) for i, tenant in enumerate(group)]
+
+    state = ServerState(backend=SimpleNamespace(jobs=SimpleNamespace(submit_each=submit_each)), hub=None)
+
+    async def run():
+        first = await state.submit_online("a", 10)
+        second = await state.submit_online("b", 10)
+        return first, second
+
+    first, second = asyncio.run(run())
+    assert (first.tenant, second.tenant) == ("a", "b")
+    assert len(threads) == 2 and threads[0] == threads[1] and threads[0].startswith("fsched-submit")
+    state.close()

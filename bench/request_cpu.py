@@ -1,0 +1,105 @@
+"""serve's CPU per online request, split into its event loop's thread and the others, two trees alternately.
+
+    .venv/bin/python bench/request_cpu.py OLD_TREE NEW_TREE [--reps 2] [--tokens 4] [--rounds 40]
+        [--step-ms 20]
+
+Each rep runs both trees (`git archive REV | tar -x -C DIR`, or a worktree),
+the order flipped every rep, each on a fresh SQLite table: the paced engine
+(one token a slot every `--step-ms`), `fsched daemon` and one `fsched
+serve`, and bench/online_path.py's client (32 streamed chats at once,
+`--rounds` each, `--tokens` tokens an answer: short answers, so the request's
+own cost is most of what serve spends). Per run: serve's CPU per request in
+ns-precise run time (`/proc/PID/task/*/schedstat`), all of it, the main
+thread's (the event loop: HTTP, parsing, the stream) and the other threads'
+(the group commit's transaction, the table reads), the daemon's, and the
+1-minute load average at the start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fast_path  # noqa: E402
+import online_ab  # noqa: E402
+import online_path  # noqa: E402
+from fast_path import Engine  # noqa: E402
+
+
+def run_ns(pid: int) -> tuple[int, int]:
+    """The process's run time so far (ns): its main thread's, and its other threads' together."""
+    main = other = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            ns = int((task / "schedstat").read_text().split()[0])
+        except OSError:
+            continue
+        if task.name == str(pid):
+            main += ns
+        else:
+            other += ns
+    return main, other
+
+
+def measured(tree: str, f: online_path.Fsched, args) -> dict:
+    online_path.warm_up(f.urls, f.key, "fsched")
+    time.sleep(1.0)
+    pid, daemon = f.servers[0].pid, f.daemon.pid
+    load = os.getloadavg()[0]
+    (m0, o0), d0 = run_ns(pid), sum(run_ns(daemon))
+    got = online_path.load(f.urls, f.key, "fsched", 32, args.rounds, args.tokens)
+    (m1, o1), d1 = run_ns(pid), sum(run_ns(daemon))
+    n = max(1, got["tokens"] // args.tokens)
+    def per_request(ns: int) -> float:
+        return round(ns / 1e3 / n, 1)
+
+    return {"tree": tree, "requests": n, "errors": got["errors"],
+            "serve_us_request": per_request(m1 - m0 + o1 - o0),
+            "main_thread_us": per_request(m1 - m0), "other_threads_us": per_request(o1 - o0),
+            "daemon_us_request": per_request(d1 - d0), "wall_s": got["wall_s"], "load1": round(load, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trees", nargs="+", type=Path)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--step-ms", type=float, default=20)
+    args = parser.parse_args()
+    engine = Engine(256, args.step_ms)
+    rows: dict[str, list] = {str(t): [] for t in args.trees}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            commands = [online_ab.launcher(t, Path(tmp) / str(i)) for i, t in enumerate(args.trees)]
+            for rep in range(args.reps):
+                order = list(range(len(args.trees)))
+                if rep % 2:
+                    order.reverse()
+                for i in order:
+                    fast_path.FSCHED = online_path.FSCHED = commands[i]
+                    with tempfile.TemporaryDirectory() as folder:
+                        f = online_path.Fsched(engine, "sqlite", Path(folder), 1, link=True)
+                        try:
+                            row = measured(str(args.trees[i]), f, args)
+                        finally:
+                            f.close()
+                    rows[row["tree"]].append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        engine.__exit__()
+    for tree, runs in rows.items():
+        print(tree, "serve µs/request", [r["serve_us_request"] for r in runs], "main thread",
+              [r["main_thread_us"] for r in runs], "other threads", [r["other_threads_us"] for r in runs],
+              "load", [r["load1"] for r in runs])
+
+
+if __name__ == "__main__":
+    main()
