@@ -26,7 +26,8 @@ from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.ports.records import RequestProgress
 from fsched.core.types import RequestClass, RequestStatus
 
-KEY = ApiKey(id="k1", tenant="t", request_class=RequestClass.REALTIME, name="", secret_hash="", created_at=0.0)
+KEY = ApiKey(id="k1", tenant="t", request_class=RequestClass.REALTIME, name="", secret_hash="",
+             created_at=0.0)
 
 
 async def _read_key(key_id: str) -> ApiKey:
@@ -75,7 +76,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
     per_s = asyncio.run(run(args.streams, args.step_s, args.seconds))
-    print(f"{args.streams} streams, a token each every {args.step_s:g} s: {1e3 * per_s:.2f} ms of CPU a second")
+    print(f"{args.streams} streams, a token each every {args.step_s:g} s: "
+          f"{1e3 * per_s:.2f} ms of CPU a second")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ class _Table:
         return self.live
 
 
-async def _streams(hub: ProgressHub, guard: Guard, table: _Table, seconds: float, act=None, first: int = 0) -> list:
+async def _streams(hub: ProgressHub, guard: Guard, table: _Table, seconds: float, act=None,
+                   first: int = 0) -> list:
     """Each stream's last update after `seconds` (or its end), `act` called halfway; jobs `first` on."""
     ends: list = [None] * STREAMS
 
