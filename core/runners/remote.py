@@ -41,9 +41,11 @@ iteration), or at `gather_s` (10 ms) after the wait ended: a quiet spell
 while only a few streams have sent is that pause after the first chunk, and
 the gather waits on. What keeps the daemon's average below 32 tokens a step
 there (8.6-24 in the runs measured) is mostly not the gather: 14-62% of
-the steps carry nothing (waits that ran out `max_wait_s` while
-the engine was slower than it, and steps for new work announced); the steps
-with tokens carry 23-29 on average (docs/vllm.md).
+the steps carried nothing (waits that ran out a fixed 50 ms while the
+engine was slower than it, and steps for new work announced); the steps
+with tokens carry 23-29 on average (docs/vllm.md). The daemon now bounds a
+wait by its next timed duty instead (core/daemon/duties.py), and most of
+the empty steps left are those for new work.
 
 Sampling: greedy output is exact across preemptions and restarts (the
 engine's next token depends only on the context). A seeded request is
