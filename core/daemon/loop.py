@@ -12,7 +12,8 @@ Each turn:
    sync (the store's cheap check, made once an interval; any commit counts): apply weight changes,
    stop requests whose job was cancelled, claim new work fairly (up to
    `held_batches` batches held per tenant and class);
-2. one engine step;
+2. one engine step (over a remote engine, its wait for tokens lasts until
+   the first of these timed duties has been due `late_s`: core/daemon/duties.py);
 3. persist: the step's finished requests (output and final state), the
    realtime and streaming requests' tokens and the claim of work announced
    during the step in one transaction; batch tokens about every
