@@ -137,6 +137,7 @@ class Engine:
         # once here, not per request and per step.
         self._prepares = isinstance(runner, Preparing)
         self._redraws = isinstance(runner, Redrawing)
+        self._waits = isinstance(runner, Wakeable)
         self.scheduler = scheduler
         self.context_length = context_length
         self.clock = clock
@@ -149,9 +150,14 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.scheduler.running) or self.scheduler.waiting_count > 0 or bool(self._preparing)
 
+    @property
+    def has_waiters(self) -> bool:
+        """Whether requests wait to be admitted (the scheduler's queue, or their preparation)."""
+        return self.scheduler.waiting_count > 0 or bool(self._preparing)
+
     def wake_on(self, fd: int) -> None:
         """Where the runner's step may wait on its engine, a readable `fd` ends the wait."""
-        if isinstance(self.runner, Wakeable):
+        if self._waits:
             self.runner.wake_on(fd)
 
     def add(self, request: Request, queued_s: float = 0.0) -> EngineResult | None:
@@ -201,14 +207,20 @@ class Engine:
         self._requests.pop(request_id, None)
         return True
 
-    def step(self) -> StepReport | None:
-        """One engine step; None when there was nothing to run."""
+    def step(self, wait_s: float | None = None, decide_s: float | None = None) -> StepReport | None:
+        """One engine step; None when there was nothing to run. `wait_s`: how long the runner may wait
+        for its engine's output (where it waits: a remote engine), instead of its own bound; at most
+        `decide_s` while requests still wait after the plan (the scheduler's decisions for them depend
+        on the clock, and the next step takes them)."""
         refused = self._admit_prepared()
         plan = self.scheduler.schedule(self.clock())
         if plan.empty:
             if not refused and self._preparing:
                 wait([p.future for p in self._preparing.values()], PREPARE_WAIT_S, FIRST_COMPLETED)
             return StepReport({}, refused, 0.0, 0, self.runner.kv_tokens) if refused else None
+        if wait_s is not None and self._waits:
+            self.runner.wait_at_most(min(wait_s, decide_s) if decide_s is not None and self.has_waiters
+                                     else wait_s)
         try:
             result = self.runner.run(plan)
         except Exception as exc:

@@ -49,3 +49,13 @@ def due(pending: Iterable[tuple[RequestId, float]], last_flush_at: float, now: f
     take = math.ceil(len(waiting) * bounds.share)
     overdue = sum(1 for _, since in ripe if now - since >= bounds.overdue_s)
     return [request_id for request_id, _ in ripe[:max(take, overdue)]]
+
+
+def next_due(pending_since: Iterable[float], last_flush_at: float, bounds: FlushBounds) -> float | None:
+    """When `due` next writes something (None while nothing is pending): `gap_s` after the last flush,
+    once the longest-waiting request has waited `every_s - gap_s`. `pending_since`: when each pending
+    request's unwritten tokens began to wait."""
+    oldest = min(pending_since, default=None)
+    if oldest is None:
+        return None
+    return max(last_flush_at + bounds.gap_s, oldest + bounds.every_s - bounds.gap_s)

@@ -12,7 +12,8 @@ Each turn:
    sync (the store's cheap check, made once an interval; any commit counts): apply weight changes,
    stop requests whose job was cancelled, claim new work fairly (up to
    `held_batches` batches held per tenant and class);
-2. one engine step;
+2. one engine step (over a remote engine, its wait for tokens lasts until
+   the first of these timed duties has been due `late_s`: core/daemon/duties.py);
 3. persist: the step's finished requests (output and final state), the
    realtime and streaming requests' tokens and the claim of work announced
    during the step in one transaction; batch tokens about every
@@ -33,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fsched.core.daemon.duties import Duties, wait_bound
 from fsched.core.daemon.engine import Engine, StepFailed, StepReport
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.daemon.leases import LeaseKeeper
@@ -64,6 +66,10 @@ class DaemonConfig:
     batch_flush_s: float = 1.0
     heartbeat_s: float = 1.0
     idle_sleep_s: float = 0.02
+    # How late a step's wait for a remote engine's tokens may make the loop's timed work: a duty (sync,
+    # heartbeat, sweep, batch flush) past its due time, and, while requests wait in the scheduler, its
+    # next decision for them (aging, a preemption for a waiter) (core/daemon/duties.py).
+    late_s: float = 0.05
     # Batches of claimed work held per (tenant, class) group: enough to refill the batch between two
     # claims, no more, since what one daemon holds no other daemon can run.
     held_batches: int = 2
@@ -81,7 +87,7 @@ class DaemonConfig:
 
     def __post_init__(self) -> None:
         for name in ("sync_interval_s", "batch_flush_s", "heartbeat_s", "share_half_life_s", "lease_s",
-                     "sweep_s"):
+                     "sweep_s", "late_s"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 raise ValueError(f"{name} must be > 0")
         if self.held_batches < 1 or self.max_attempts < 1:
@@ -265,9 +271,10 @@ class Daemon:
     def turn(self) -> None:
         """One engine step and what follows it: tokens marked, finished requests written."""
         start = self.clock()
+        wait_s = step_wait(self, start)
         self.put_off.stepping()
         try:
-            report = self.engine.step()
+            report = self.engine.step(wait_s, self.config.late_s)
         except StepFailed as failure:
             self._step_failed(failure)
             return
@@ -419,6 +426,19 @@ def claim_ask(daemon: Daemon) -> ClaimAsk:
     nothing, one batch a group first: the engine starts on it sooner, and the next sync tops up the rest."""
     per_group = (daemon.config.held_batches if len(daemon.held) else 1) * daemon.engine.max_batch
     return ClaimAsk(per_group, daemon.held.per_group(), lease_s=daemon.config.lease_s)
+
+
+def step_wait(daemon: Daemon, now: float) -> float:
+    """How long the engine step starting at `now` may wait for a remote engine's tokens: until the
+    loop's next timed duty is `late_s` overdue (core/daemon/duties.py)."""
+    config = daemon.config
+    return wait_bound(Duties(
+        sync_at=daemon._last_sync + config.sync_interval_s,
+        beat_at=daemon._last_beat + config.heartbeat_s,
+        sweep_at=None if config.exclusive else daemon._last_sweep + config.sweep_s,
+        flush_at=daemon.writer.next_flush_at(),
+        put_off=daemon.put_off.hurrying,
+    ), now, config.sync_interval_s, config.late_s)
 
 
 def heartbeat_stats(daemon: Daemon, now: float) -> DaemonStats:

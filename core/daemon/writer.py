@@ -100,6 +100,11 @@ class Writer:
                 return  # the rest, now the longest waiting, go first at the next flush
             self._write(rows[start:start + ROWS_PER_WRITE])
 
+    def next_flush_at(self) -> float | None:
+        """When the next batch flush writes something (None while no tokens wait for one): a timed
+        duty of the loop (core/daemon/duties.py)."""
+        return flushplan.next_due(self._waiting_since.values(), self._last_batch_flush, self.bounds)
+
     def write_now(self, requests: list[Request]) -> None:
         """Write these requests' tokens now (those not written yet), in one transaction: before they
         are shown to anyone. Raises StorageError as a flush does (they stay dirty)."""

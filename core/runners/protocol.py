@@ -152,9 +152,12 @@ class Redrawing(Protocol):
 @runtime_checkable
 class Wakeable(Protocol):
     """A runner whose step may wait for its engine (a remote one): a readable `fd` ends that wait,
-    so that work to claim does not wait behind tokens to come."""
+    so that work to claim does not wait behind tokens to come; `wait_at_most` bounds the next step's
+    wait (its caller's next timed duty), else the runner's own bound holds."""
 
     def wake_on(self, fd: int) -> None: ...
+
+    def wait_at_most(self, seconds: float) -> None: ...
 
 
 @runtime_checkable

@@ -14,7 +14,9 @@ How a plan maps onto streams:
   it resumes later from them (the engine's prefix cache makes that cheap);
 - a step returns the tokens that arrived for the requests the plan lets
   produce (several per request when the engine ran ahead); it waits until
-  one arrives or `max_wait_s` passes, so the daemon loop never spins, then
+  one arrives or its bound passes (the daemon gives one a step: until its
+  next timed duty is 50 ms overdue, core/daemon/duties.py; else
+  `max_wait_s`), so the daemon loop never spins, then
   gathers the rest of the engine's iteration from the streams already
   sending (a new stream's first token comes at an iteration of the
   engine's choosing: waiting for it held every token of the step back the
@@ -39,9 +41,11 @@ iteration), or at `gather_s` (10 ms) after the wait ended: a quiet spell
 while only a few streams have sent is that pause after the first chunk, and
 the gather waits on. What keeps the daemon's average below 32 tokens a step
 there (8.6-24 in the runs measured) is mostly not the gather: 14-62% of
-the steps carry nothing (waits that ran out `max_wait_s` while
-the engine was slower than it, and steps for new work announced); the steps
-with tokens carry 23-29 on average (docs/vllm.md).
+the steps carried nothing (waits that ran out a fixed 50 ms while the
+engine was slower than it, and steps for new work announced); the steps
+with tokens carry 23-29 on average (docs/vllm.md). The daemon now bounds a
+wait by its next timed duty instead (core/daemon/duties.py), and most of
+the empty steps left are those for new work.
 
 Sampling: greedy output is exact across preemptions and restarts (the
 engine's next token depends only on the context). A seeded request is
@@ -281,6 +285,7 @@ class RemoteRunner(Runner):
         self.backoff_s = backoff_s
         self._streams = client.streams(api.path)
         self._requests: dict[RequestId, _Request] = {}
+        self._wait_s: float | None = None  # the next step's wait bound, when its caller gave one
         self._down_since: float | None = None
         self._backoff = backoff_s[0]
         self._next_probe = 0.0
@@ -389,9 +394,16 @@ class RemoteRunner(Runner):
         """End a step's wait for tokens when `fd` becomes readable (new work for the daemon to claim)."""
         self._streams.wake_on(fd)
 
+    def wait_at_most(self, seconds: float) -> None:
+        """Bound the next step's wait for tokens by `seconds` (the daemon's next timed duty:
+        core/daemon/duties.py) instead of `max_wait_s`."""
+        self._wait_s = seconds
+
     def _await(self, producing: set[RequestId], start: float) -> None:
-        """Apply what arrived; wait (up to `max_wait_s`) until a producing request has news, or the
-        wake descriptor says the daemon has work to take first; then, if any came, `_gather`."""
+        """Apply what arrived; wait (up to the bound the step was given, else `max_wait_s`) until a
+        producing request has news, or the wake descriptor says the daemon has work to take first;
+        then, if any came, `_gather`."""
+        bound, self._wait_s = (self.max_wait_s if self._wait_s is None else self._wait_s), None
         streams, requests = self._streams, self._requests
         self._take(streams.poll(0.0), set())
         # The producing requests without news yet: what arrives takes them out (one pass here, not one
@@ -399,7 +411,7 @@ class RemoteRunner(Runner):
         missing = {rid for rid in producing if not self._has_news(requests[rid])}
         if len(missing) == len(producing) and not streams.woken and (
                 self._down_since is not None or any(requests[rid].stream is not None for rid in producing)):
-            deadline = start + self.max_wait_s
+            deadline = start + bound
             if self._down_since is not None:
                 deadline = min(deadline, max(self._next_probe, time.perf_counter()))
             while (left := deadline - time.perf_counter()) > 0:

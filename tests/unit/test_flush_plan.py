@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from fsched.core.daemon.flushplan import FlushBounds, due
+from fsched.core.daemon.flushplan import FlushBounds, due, next_due
 
 BOUNDS = FlushBounds(every_s=1.0)  # the daemon's default: a share of 1/5, a flush every 0.2 s
 
@@ -66,3 +66,19 @@ def test_every_request_is_written_within_the_bound_and_writes_are_spread(seed: i
     assert longest <= BOUNDS.overdue_s
     assert max(n for _, n, _ in flushes) <= 0.2 * 256 + 1
     assert len(flushes) >= 0.8 * (now / BOUNDS.gap_s)  # spread: a share nearly every gap, not one lump
+
+
+def test_next_due_is_the_first_moment_a_flush_writes_something() -> None:
+    """`next_due` (a timed duty the daemon's wait for a remote engine ends at): exactly where `due`
+    turns non-empty, by the gap or by the oldest request's ripening, whichever is later."""
+    rng = random.Random(7)
+    for _ in range(200):
+        since = [rng.uniform(0.0, 3.0) for _ in range(rng.randint(1, 8))]
+        last = rng.choice([float("-inf"), rng.uniform(0.0, 3.0)])
+        at = next_due(since, last, BOUNDS)
+        pending = [(f"r{i}", s) for i, s in enumerate(since)]
+        assert due(pending, last, at + 1e-9, BOUNDS)
+        assert not due(pending, last, at - 1e-6, BOUNDS)
+    assert next_due([], 0.0, BOUNDS) is None
+    assert next_due([1.0, 0.5], last_flush_at=0.0, bounds=BOUNDS) == pytest.approx(1.3)  # ripening
+    assert next_due([0.0], last_flush_at=1.0, bounds=BOUNDS) == pytest.approx(1.2)  # the gap
