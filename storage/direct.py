@@ -111,7 +111,10 @@ class Tx:
         self._cursor.execute("RELEASE SAVEPOINT fsched_part")
 
 
-class _Kept:
+class KeptConnection:
+    """A driver connection kept out of the pool (its pool record, to close or invalidate it through),
+    and when it was last used."""
+
     __slots__ = ("proxied", "raw", "used_at")
 
     def __init__(self, proxied) -> None:
@@ -130,7 +133,7 @@ class DirectConnection:
         self._sqlite = db.dialect == "sqlite"
         self._busy_timeout_s = db.busy_timeout_ms / 1000
         self._local = threading.local()
-        self._all: list[_Kept] = []
+        self._all: list[KeptConnection] = []
         self._lock = threading.Lock()
         db.on_dispose(self.close)
 
@@ -187,8 +190,8 @@ class DirectConnection:
             if not self._sqlite or raw.in_transaction:
                 raw.execute("ROLLBACK")
 
-    def _connection(self) -> _Kept:
-        kept: _Kept | None = getattr(self._local, "kept", None)
+    def _connection(self) -> KeptConnection:
+        kept: KeptConnection | None = getattr(self._local, "kept", None)
         if kept is not None and not self._sqlite and time.monotonic() - kept.used_at > PING_IDLE_S:
             try:
                 kept.raw.execute("SELECT 1")
@@ -196,7 +199,7 @@ class DirectConnection:
                 self._drop()
                 kept = None
         if kept is None:
-            kept = self._local.kept = _Kept(self.db.engine.raw_connection())
+            kept = self._local.kept = KeptConnection(self.db.engine.raw_connection())
             if not self._sqlite:
                 # Its transactions are this module's: BEGIN and COMMIT said, not the driver's.
                 kept.raw.autocommit = True
@@ -209,7 +212,7 @@ class DirectConnection:
 
     def _drop(self) -> None:
         """Forget this thread's connection (it failed): the pool discards it."""
-        kept: _Kept | None = getattr(self._local, "kept", None)
+        kept: KeptConnection | None = getattr(self._local, "kept", None)
         self._local.kept = None
         if kept is None:
             return

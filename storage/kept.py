@@ -49,7 +49,7 @@ from psycopg.pq import TransactionStatus
 
 from fsched.storage import db as db_module
 from fsched.storage.db import Database
-from fsched.storage.direct import PING_IDLE_S
+from fsched.storage.direct import PING_IDLE_S, KeptConnection
 from fsched.storage.prepared import Prepared
 
 Statement = tuple[Prepared, Mapping[str, Any]]
@@ -90,22 +90,13 @@ class Batches:
         return out
 
 
-class _Kept:
-    __slots__ = ("proxied", "raw", "used_at")
-
-    def __init__(self, proxied) -> None:
-        self.proxied = proxied  # the pool's record of it: closed or invalidated through it
-        self.raw = proxied.driver_connection
-        self.used_at = time.monotonic()
-
-
 class KeptWriter:
     """Write transactions on one kept connection (PostgreSQL), or the pool's where that is busy."""
 
     def __init__(self, db: Database, ping_idle_s: float | None = None):
         self.db = db
         self.ping_idle_s = PING_IDLE_S if ping_idle_s is None else ping_idle_s
-        self._kept: _Kept | None = None
+        self._kept: KeptConnection | None = None
         self._lock = threading.Lock()
         self._failures = (db.engine.dialect.loaded_dbapi.OperationalError,
                           db.engine.dialect.loaded_dbapi.InterfaceError)
@@ -174,7 +165,7 @@ class KeptWriter:
         dialect = self.db.engine.dialect
         return isinstance(exc, dialect.loaded_dbapi.Error) and dialect.is_disconnect(exc, raw, None)
 
-    def _connection(self) -> _Kept:
+    def _connection(self) -> KeptConnection:
         kept = self._kept
         if kept is not None and time.monotonic() - kept.used_at > self.ping_idle_s:
             try:
@@ -184,7 +175,7 @@ class KeptWriter:
                 kept = None
         if kept is None:
             try:
-                kept = _Kept(self.db.engine.raw_connection())
+                kept = KeptConnection(self.db.engine.raw_connection())
                 # Its transactions are this module's: BEGIN and COMMIT said, not the driver's.
                 kept.raw.autocommit = True
                 kept.raw.execute(

@@ -14,6 +14,7 @@ from sqlalchemy import func, select, update
 from fsched.core.jobs.jobstate import JobSummary
 from fsched.core.jobs.limits import DEFAULT_MAX_QUEUED_PER_TENANT
 from fsched.core.jobs.tenants import validate_tenant_name, validate_weight
+from fsched.core.ports.catalog import admit_each
 from fsched.core.ports.lines import finished_lines
 from fsched.core.ports.records import (
     CancelOutcome,
@@ -59,7 +60,6 @@ from fsched.storage.rows import (
 from fsched.storage.submit import (
     check_queue_limit,
     create_missing_tenants,
-    decide,
     group_commit,
     insert_job,
     insert_jobs,
@@ -133,7 +133,7 @@ class SqlCatalogStore(SqlStoreBase):
                     conn, names, {s.key_id for s in submissions if s.key_id is not None})
                 created = create_missing_tenants(conn, self.db.dialect, names, now, existing)
                 have = unfinished_of_locked(conn, names)
-                outcomes = decide(submissions, usable, have, max_queued_per_tenant)
+                outcomes = admit_each(submissions, usable, have, max_queued_per_tenant)
                 stored_ids = insert_jobs(conn, [s for s in outcomes if isinstance(s, JobSubmission)], now)
         job_ids = iter(stored_ids)
         return [s if isinstance(s, (QueueFull, KeyRevoked)) else SubmittedJob(

@@ -32,6 +32,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.sql.elements import ColumnElement
 
 from fsched.core.faults import crash_point
+from fsched.core.ports.catalog import admit_each
 from fsched.core.ports.records import JobSubmission, KeyRevoked, QueueFull
 from fsched.core.types import JobState
 from fsched.storage.kept import Batches, KeptWriter
@@ -306,7 +307,7 @@ STORE_GROUP = _stored_group(guarded=False)
 def group_commit(writer: KeptWriter, submissions: Sequence[JobSubmission], limit: int, now: float,
                  one_query: bool = True
                  ) -> tuple[list[JobSubmission | QueueFull | KeyRevoked], list[int], set[str]]:
-    """Store each job on its own terms (`decide`), on PostgreSQL: each one's outcome, the stored jobs'
+    """Store each job on its own terms (`admit_each`), on PostgreSQL: each one's outcome, the stored jobs'
     ids in order, the tenants created. With `one_query`, one round trip when every job is stored and no
     tenant is new, else that one (which stored nothing, and still waited for its COMMIT's flush: its
     locks) and then two or three; without, two or three. (The HTTP server asks for the one query unless
@@ -337,7 +338,7 @@ def _group_commit_decided(tx: Batches, submissions: Sequence[JobSubmission], nam
                                    (LOCK_NAMED_TENANTS, {"b_names": missing}),
                                    (COUNT_UNFINISHED, {"b_names": names})])
         created = {row.name for row in made}
-    outcomes = decide(submissions, usable, Counter({t: int(n or 0) for t, n in counts}), limit)
+    outcomes = admit_each(submissions, usable, Counter({t: int(n or 0) for t, n in counts}), limit)
     kept = {pos for pos, s in enumerate(outcomes) if isinstance(s, JobSubmission)}
     if not kept:
         tx.send([], commit=True)
@@ -347,24 +348,6 @@ def _group_commit_decided(tx: Batches, submissions: Sequence[JobSubmission], nam
         "b_requests": [row for row in rows["b_requests"] if row["b_pos"] in kept], "b_now": now})],
         commit=True)
     return outcomes, [row.id for row in sorted(stored)], created
-
-
-def decide(submissions: Sequence[JobSubmission], usable: set[str], have: Counter, limit: int
-           ) -> list[JobSubmission | QueueFull | KeyRevoked]:
-    """Each job, or its KeyRevoked when its key is not `usable`, or its QueueFull when its tenant's
-    unfinished requests (`have`, and those of the jobs kept before it in the list) would go over `limit`."""
-    outcomes: list[JobSubmission | QueueFull | KeyRevoked] = []
-    for s in submissions:
-        if s.key_id is not None and s.key_id not in usable:
-            outcomes.append(KeyRevoked(s.key_id))
-            continue
-        adding = len(s.requests)
-        if have[s.tenant] + adding > limit:
-            outcomes.append(QueueFull(s.tenant, have[s.tenant], adding, limit))
-            continue
-        have[s.tenant] += adding
-        outcomes.append(s)
-    return outcomes
 
 
 def _group_rows(submissions: Sequence[JobSubmission]) -> dict[str, list[dict]]:

@@ -24,6 +24,7 @@ What every implementation must hold:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -119,3 +120,22 @@ class CatalogStore(Protocol):
     def file_owner(self) -> int | None:
         """The OS user id that owns the job table's file (its admin), or None where no file is."""
         ...
+
+
+def admit_each(submissions: Sequence[JobSubmission], usable: set[str], have: Counter, limit: int
+               ) -> list[JobSubmission | QueueFull | KeyRevoked]:
+    """`submit_each`'s terms, job by job: each job, or its KeyRevoked when its key is not `usable`, or its
+    QueueFull when its tenant's unfinished requests (`have`, counted in place with the jobs kept before
+    it in the list) would go over `limit`."""
+    outcomes: list[JobSubmission | QueueFull | KeyRevoked] = []
+    for s in submissions:
+        if s.key_id is not None and s.key_id not in usable:
+            outcomes.append(KeyRevoked(s.key_id))
+            continue
+        adding = len(s.requests)
+        if have[s.tenant] + adding > limit:
+            outcomes.append(QueueFull(s.tenant, have[s.tenant], adding, limit))
+            continue
+        have[s.tenant] += adding
+        outcomes.append(s)
+    return outcomes

@@ -15,6 +15,7 @@ from dataclasses import replace
 from fsched.core.jobs.jobstate import JobSummary
 from fsched.core.jobs.limits import DEFAULT_MAX_QUEUED_PER_TENANT
 from fsched.core.jobs.tenants import validate_tenant_name, validate_weight
+from fsched.core.ports.catalog import admit_each
 from fsched.core.ports.lines import finished_lines
 from fsched.core.ports.memory.reads import ONLINE_WINDOW_S, online_groups, result_of
 from fsched.core.ports.memory.rows import MemoryJob, MemoryRequest, MemoryRows, atomic
@@ -74,20 +75,10 @@ class MemoryCatalogStore:
             validate_tenant_name(s.tenant)
             _check_unique(s)
         created = self._create_missing({s.tenant for s in submissions})
-        have = {name: self.rows.unfinished_of(name) for name in {s.tenant for s in submissions}}
-        outcomes: list[SubmittedJob | QueueFull | KeyRevoked] = []
-        for s in submissions:
-            key = self.rows.api_keys.get(s.key_id) if s.key_id is not None else None
-            if s.key_id is not None and (key is None or key.revoked):
-                outcomes.append(KeyRevoked(s.key_id))
-                continue
-            adding = len(s.requests)
-            if have[s.tenant] + adding > max_queued_per_tenant:
-                outcomes.append(QueueFull(s.tenant, have[s.tenant], adding, max_queued_per_tenant))
-                continue
-            have[s.tenant] += adding
-            outcomes.append(self._insert(s, s.tenant in created))
-        return outcomes
+        have = Counter({name: self.rows.unfinished_of(name) for name in {s.tenant for s in submissions}})
+        usable = {key_id for key_id, key in self.rows.api_keys.items() if not key.revoked}
+        return [o if isinstance(o, (QueueFull, KeyRevoked)) else self._insert(o, o.tenant in created)
+                for o in admit_each(submissions, usable, have, max_queued_per_tenant)]
 
     def _create_missing(self, names: set[str]) -> set[str]:
         missing = names - set(self.rows.tenants)
