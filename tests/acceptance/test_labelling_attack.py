@@ -79,9 +79,9 @@ def a_share_under_attack(tmp_path, policy: str) -> float:
     enough = threading.Event()
     step = engine.step
 
-    def recording_step():
+    def recording_step(*args, **kwargs):  # the daemon passes its wait's bounds
         both = {"a", "b"} <= set(engine.scheduler.backlogged_tenants())
-        report = step()
+        report = step(*args, **kwargs)
         if report is not None and both and not enough.is_set():
             steps[0] += 1
             if steps[0] > WARM_UP_STEPS:
