@@ -97,6 +97,13 @@ def choose_victims(
     the later (larger) ones made unnecessary is spared, so no request is
     preempted for room that is not needed."""
     ordered = largest_first(*policy.victim_keys(waiter, preemptible_rows(running, config), stand))
+    return take_for_room(ordered, room, need_kv, config)
+
+
+def take_for_room(ordered: Iterable[Request], room: Room, need_kv: int, config: SchedulerConfig
+                  ) -> list[tuple[Request, Checkpoint]] | None:
+    """Victims taken from `ordered` until `room` holds one slot and `need_kv` KV slots, those the later
+    ones made unnecessary spared, each with its checkpoint; None when `ordered` cannot make the room."""
     slots, kv, host = room.slots, room.kv_tokens, room.host_tokens
     chosen: list[Request] = []
     for r in ordered:

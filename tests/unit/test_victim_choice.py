@@ -2,7 +2,8 @@
 row-by-row choice it replaced: the same victims, in the same order, with the same checkpoints, for
 every policy, on random running sets, standings and rooms (ties in every part of the key included).
 
-`_reference_*` below are the row-by-row versions, kept verbatim as the specification."""
+`_reference_*` below are the row-by-row versions of the order, kept verbatim as the specification; the
+room is then made from either order by the same `take_for_room`."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.policy import BATCH_BAND, POLICIES, Standing, make_policy
-from fsched.core.sched.preemption import Room, checkpoint_for, choose_victims, largest_first, preemptible
-from fsched.core.sched.request import Checkpoint, Request
+from fsched.core.sched.preemption import Room, choose_victims, largest_first, preemptible, take_for_room
+from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass
 
 CLASSES = list(RequestClass)
@@ -52,32 +53,7 @@ def _reference_choose_victims(name, waiter, running, room, need_kv, stand, confi
         if key is not None:
             ordered.append((key, r))
     ordered.sort(key=lambda item: item[0], reverse=True)
-    slots, kv, host = room.slots, room.kv_tokens, room.host_tokens
-    chosen = []
-    for _, r in ordered:
-        if slots >= 1 and kv >= need_kv:
-            break
-        checkpoint = checkpoint_for(r, host, config)
-        if checkpoint is None:
-            continue
-        if checkpoint is Checkpoint.PARK:
-            host -= r.computed
-        chosen.append(r)
-        slots, kv = slots + 1, kv + r.context + config.min_quantum_steps
-    if not (slots >= 1 and kv >= need_kv):
-        return None
-    for r in reversed(chosen[:-1]):
-        freed = r.context + config.min_quantum_steps
-        if slots >= 2 and kv - freed >= need_kv:
-            chosen.remove(r)
-            slots, kv = slots - 1, kv - freed
-    out, host = [], room.host_tokens
-    for r in chosen:
-        checkpoint = checkpoint_for(r, host, config) or Checkpoint.RECOMPUTE
-        if checkpoint is Checkpoint.PARK:
-            host -= r.computed
-        out.append((r, checkpoint))
-    return out
+    return take_for_room([r for _, r in ordered], room, need_kv, config)
 
 
 def _request(rng, rid, tenants):
