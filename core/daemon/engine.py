@@ -137,7 +137,7 @@ class Engine:
         # once here, not per request and per step.
         self._prepares = isinstance(runner, Preparing)
         self._redraws = isinstance(runner, Redrawing)
-        self._waits = isinstance(runner, Wakeable)
+        self.waits = isinstance(runner, Wakeable)  # its steps wait for an engine's output (remote)
         self.scheduler = scheduler
         self.context_length = context_length
         self.clock = clock
@@ -157,7 +157,7 @@ class Engine:
 
     def wake_on(self, fd: int) -> None:
         """Where the runner's step may wait on its engine, a readable `fd` ends the wait."""
-        if self._waits:
+        if self.waits:
             self.runner.wake_on(fd)
 
     def add(self, request: Request, queued_s: float = 0.0) -> EngineResult | None:
@@ -218,7 +218,7 @@ class Engine:
             if not refused and self._preparing:
                 wait([p.future for p in self._preparing.values()], PREPARE_WAIT_S, FIRST_COMPLETED)
             return StepReport({}, refused, 0.0, 0, self.runner.kv_tokens) if refused else None
-        if wait_s is not None and self._waits:
+        if wait_s is not None and self.waits:
             self.runner.wait_at_most(min(wait_s, decide_s) if decide_s is not None and self.has_waiters
                                      else wait_s)
         try:

@@ -271,7 +271,7 @@ class Daemon:
     def turn(self) -> None:
         """One engine step and what follows it: tokens marked, finished requests written."""
         start = self.clock()
-        wait_s = step_wait(self, start)
+        wait_s = step_wait(self, start) if self.engine.waits else None  # the built-in engine never waits
         self.put_off.stepping()
         try:
             report = self.engine.step(wait_s, self.config.late_s)

@@ -61,7 +61,7 @@ class Publisher:
         pushed: list[tuple[object, Request]] = []
         ends: dict[object, list[Message]] = {}
         first: list[Request] = []  # pushed ones to write first
-        get, watcher, redraws = self.holdings.get, self.link.watcher, self._redraws
+        get, watcher = self.holdings.get, self.link.watcher
         for request_id in produced:
             held = get(request_id)
             if held is None:
@@ -79,7 +79,7 @@ class Publisher:
                     stamp("end_pushed", held.job_id)
                 continue
             pushed.append((conn, held))
-            if redraws.get(request_id) if request_id in redraws else self._redraws_of(held):
+            if self._redraws_of(held):
                 first.append(held)
         if first and self.write_first is not None:
             try:

@@ -318,12 +318,7 @@ class RemoteRunner(Runner):
     @property
     def kv_tokens(self) -> int:
         """Tokens the engine holds for fsched: the context of every open stream."""
-        total = 0
-        for r in self._requests.values():  # asked every step: a loop without a property call a row
-            if r.stream is not None:
-                request = r.request
-                total += len(request.prompt) + len(request.output) + len(r.pending)
-        return total
+        return sum(r.context + len(r.pending) for r in self._requests.values() if r.stream is not None)
 
     # -- one step ------------------------------------------------------------------------
     @property
