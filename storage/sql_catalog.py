@@ -14,7 +14,6 @@ from sqlalchemy import func, select, update
 from fsched.core.jobs.jobstate import JobSummary
 from fsched.core.jobs.limits import DEFAULT_MAX_QUEUED_PER_TENANT
 from fsched.core.jobs.tenants import validate_tenant_name, validate_weight
-from fsched.core.ports.catalog import admit_each
 from fsched.core.ports.lines import finished_lines
 from fsched.core.ports.records import (
     CancelOutcome,
@@ -38,6 +37,7 @@ from fsched.core.types import JobOrigin, JobState, RequestClass
 from fsched.storage.activity import ONLINE_WINDOW_S, online_groups
 from fsched.storage.base import SqlStoreBase
 from fsched.storage.counters import lock_job, store_counts
+from fsched.storage.direct import DirectConnection
 from fsched.storage.kept import KeptWriter
 from fsched.storage.logprobs import read as read_logprobs
 from fsched.storage.rows import (
@@ -62,9 +62,7 @@ from fsched.storage.submit import (
     create_missing_tenants,
     group_commit,
     insert_job,
-    insert_jobs,
-    tenants_and_unrevoked_keys,
-    unfinished_of_locked,
+    sqlite_group_commit,
 )
 
 RESULTS_BATCH = 1_000
@@ -74,6 +72,7 @@ class SqlCatalogStore(SqlStoreBase):
     """Submit, list, results, cancel, tenants and daemons: what the commands do."""
 
     _group_writer: KeptWriter | None = None
+    _group_direct: DirectConnection | None = None
     _group_refused = False  # the last group commit refused a job (storage/submit.py's `group_commit`)
 
     # -- submit ---------------------------------------------------------------
@@ -128,13 +127,10 @@ class SqlCatalogStore(SqlStoreBase):
                                                          max_queued_per_tenant, now, not self._group_refused)
             self._group_refused = len(stored_ids) < len(submissions)
         else:
-            with self.db.write() as conn:
-                existing, usable = tenants_and_unrevoked_keys(
-                    conn, names, {s.key_id for s in submissions if s.key_id is not None})
-                created = create_missing_tenants(conn, self.db.dialect, names, now, existing)
-                have = unfinished_of_locked(conn, names)
-                outcomes = admit_each(submissions, usable, have, max_queued_per_tenant)
-                stored_ids = insert_jobs(conn, [s for s in outcomes if isinstance(s, JobSubmission)], now)
+            if self._group_direct is None:
+                self._group_direct = DirectConnection(self.db)
+            outcomes, stored_ids, created = sqlite_group_commit(self._group_direct, submissions,
+                                                                max_queued_per_tenant, now)
         job_ids = iter(stored_ids)
         return [s if isinstance(s, (QueueFull, KeyRevoked)) else SubmittedJob(
             job_id=next(job_ids), num_requests=len(s.requests), tenant=s.tenant,
