@@ -6,7 +6,6 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -17,6 +16,7 @@ from fsched.api.errors import ApiError
 from fsched.api.guard import Guard
 from fsched.api.hub import ProgressHub
 from fsched.api.keyreads import KeyReads
+from fsched.api.ownthread import OwnThread
 from fsched.api.submitter import Submitter
 from fsched.core.jobs.apikeys import ApiKey, secret_matches, split_key
 from fsched.core.jobs.limits import InputLimits, limits_in_force
@@ -99,7 +99,7 @@ class ServerState:
     tool_parser: str = "auto"  # the model family whose syntax tool calls are read in (`--tool-call-parser`)
     thinking: PromptThinking | None = None  # whether the model's template opens a chat's reasoning
     _submitter: Submitter | None = None
-    _writer: ThreadPoolExecutor | None = None  # the group commit's own thread
+    _writer: OwnThread | None = None  # the group commit's own thread
     _key_reads: KeyReads | None = None
     _daemons: Cached[list[DaemonSummary]] = field(default_factory=Cached)
     _limits: Cached[InputLimits] = field(default_factory=Cached)
@@ -117,19 +117,17 @@ class ServerState:
 
     def _store_group(self, group, limit: int) -> asyncio.Future:
         """One group's transaction in the group commit's own thread (one at a time: the submitter
-        writes one group at once): a plain executor hop, not `call`'s (anyio's capacity limiter, cancel
-        scope and checkpoint, a worker taken and put back), measured at a tenth of serve's CPU
-        with 4-token requests."""
+        writes one group at once; api/ownthread.py), not `call`'s hop (anyio's capacity limiter, cancel
+        scope and checkpoint, a worker taken and put back: a tenth of serve's CPU with 4-token requests)."""
         if self._writer is None:
-            self._writer = ThreadPoolExecutor(1, thread_name_prefix="fsched-submit")
-        submit_each = self.backend.jobs.submit_each
-        return asyncio.get_running_loop().run_in_executor(
-            self._writer, functools.partial(submit_each, group, max_queued_per_tenant=limit))
+            self._writer = OwnThread("fsched-submit")
+        return self._writer.run(functools.partial(self.backend.jobs.submit_each, group,
+                                                  max_queued_per_tenant=limit))
 
     def close(self) -> None:
         """The server stops: the group commit's thread ends once its last transaction is done."""
         if self._writer is not None:
-            self._writer.shutdown(wait=False)
+            self._writer.close()
             self._writer = None
 
     async def read_key(self, key_id: str) -> ApiKey | None:

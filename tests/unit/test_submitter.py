@@ -99,7 +99,7 @@ def test_a_handler_gone_while_its_group_is_written_does_not_stop_the_others():
 
 
 def test_a_servers_group_commit_runs_in_its_own_thread_one_group_at_a_time():
-    """The server's store of a group: a plain executor hop to the group commit's own thread (not a worker
+    """The server's store of a group: on the group commit's own thread (api/ownthread.py, not a worker
     taken from anyio's pool), the same thread for every group; it ends with the server."""
     import threading
     from types import SimpleNamespace
