@@ -1,10 +1,10 @@
 """Where `fsched daemon`'s CPU goes, part by part, in front of the paced engine (the online path).
 
     .venv/bin/python bench/daemon_parts.py [TREE ...] [--seconds 20] [--rounds 24] [--concurrency 32]
-        [--step-ms 20]
+        [--step-ms 20] [--tokens 64]
 
 For each source tree in turn (default: this one; `git archive REV | tar -x -C DIR` makes another),
-bench/online_path.py's fsched arm runs its load (32 streamed chats of 64 tokens, SQLite) and, for
+bench/online_path.py's fsched arm runs its load (32 streamed chats of `--tokens` tokens, 64 by default, SQLite) and, for
 `--seconds` in the middle of it, the daemon times its own parts: a `sitecustomize` put on the daemon's
 path (and on no other process's) wraps the loop's methods (a turn, the engine's step, the runner's
 reads, the push, the writer, the transaction, the sync...) in reads of the thread's CPU clock
@@ -43,6 +43,9 @@ PARTS = [
     ("fsched.core.daemon.link", "LinkServer", ["send", "take_wake"]),
     ("fsched.core.daemon.writer", "Writer", ["write_step", "after_step"]),
     ("fsched.storage.sql_queue", "SqlQueueStore", ["write_step", "claim", "may_have_changed", "heartbeat"]),
+    ("fsched.storage.sql_queue", None, ["write_tokens", "write_completions", "claim_requests", "move_jobs"]),
+    ("fsched.storage.direct", None, ["begin_immediate"]),
+    ("fsched.storage.direct", "Tx", ["rows", "run", "many"]),
 ]
 
 TIMERS = '''
@@ -64,12 +67,12 @@ if os.environ.get("BENCH_DAEMON_PARTS"):
 
     def _start(signum, frame):
         for module, owner, names in PARTS:
-            holder = getattr(sys.modules[module], owner)
+            holder = sys.modules[module] if owner is None else getattr(sys.modules[module], owner)
             for name in names:
                 fn = holder.__dict__.get(name)
                 if fn is not None:  # a tree without it: left out
                     _orig[(holder, name)] = fn
-                    setattr(holder, name, _wrap(f"{owner}.{name}", fn))
+                    setattr(holder, name, _wrap(f"{owner or module.rsplit('.', 1)[1]}.{name}", fn))
         _acc["cpu"] = [time.process_time_ns(), 0]
 
     def _stop(signum, frame):
@@ -106,7 +109,7 @@ def one_tree(engine: fast_path.Engine, tree: Path, args) -> dict:
             online_path.warm_up(f.urls, f.key, "fsched")
             load = os.getloadavg()[0]
             timer = _signals(f.daemon.pid, args.seconds)
-            got = online_path.load(f.urls, f.key, "fsched", args.concurrency, args.rounds, 64)
+            got = online_path.load(f.urls, f.key, "fsched", args.concurrency, args.rounds, args.tokens)
             timer.join()
             parts = json.loads(out.read_text())
         finally:
@@ -151,6 +154,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--step-ms", type=float, default=20.0)
+    parser.add_argument("--tokens", type=int, default=64, help="tokens an answer (few: the request's own cost)")
     args = parser.parse_args()
     engine = fast_path.Engine(256, args.step_ms)
     try:
