@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -28,6 +29,8 @@ from .http_server import Server, make_server
 pytestmark = pytest.mark.timeout(120)
 
 NOTE = " ".join(f"day {i} sunny and warm" for i in range(1, 25))  # the call: 276 tokens, 5.5 s
+STEP_S = 0.02  # the engine's pace until the break: slow enough that it lands inside the call
+FAST_S = 0.002  # its pace once the break is past, where no timing is under test
 ARGUMENTS = json.dumps({"city": "Paris", "note": NOTE})
 CALL_TEXT = f'Let me check.\n<tool_call>\n{{"name": "weather", "arguments": {ARGUMENTS}}}\n</tool_call>'
 WEATHER = {"name": "weather", "description": "the forecast for a city",
@@ -59,7 +62,7 @@ def engine(model_cache):
     from tests.support.fake_engine import FakeEngine
 
     tokenizer = str(ensure_tiny_model(Path(model_cache) / "fsched"))
-    fake = FakeEngine(step_s=0.02, vocab=2000, eos=2, tokenizer=tokenizer, context=2048,
+    fake = FakeEngine(step_s=STEP_S, vocab=2000, eos=2, tokenizer=tokenizer, context=2048,
                       script=script(tokenizer))
     yield fake
     fake.stop()
@@ -141,9 +144,20 @@ def in_arguments(reader: Reader) -> bool:
     return len(reader.arguments) > 20
 
 
-def killed_and_resumed(server: Server, until, inside, *daemon_args: str) -> list[Reader]:
+@contextmanager
+def fast(engine) -> Iterator[None]:
+    """The engine at FAST_S a token inside the block, at STEP_S again after it."""
+    engine.step_s = FAST_S
+    try:
+        yield
+    finally:
+        engine.step_s = STEP_S
+
+
+def killed_and_resumed(server: Server, engine, until, inside, *daemon_args: str) -> list[Reader]:
     """Open the chat and Responses calls, kill -9 the daemon once each reader is `until` and still
-    `inside` what it streams, start a successor with `daemon_args`, and read both streams to their end."""
+    `inside` what it streams, start a successor with `daemon_args`, and read both streams to their end
+    (the engine fast from the kill on)."""
     with ExitStack() as stack:
         readers = open_calls(server, stack)
         for reader in readers:
@@ -152,9 +166,10 @@ def killed_and_resumed(server: Server, until, inside, *daemon_args: str) -> list
         daemon.send_signal(signal.SIGKILL)
         daemon.wait(timeout=10)
         assert all(inside(r) for r in readers)  # killed mid-stream
-        server.start_daemon(*daemon_args)
-        for reader in readers:
-            reader.until(lambda r: r.end is not None)
+        with fast(engine):
+            server.start_daemon(*daemon_args)
+            for reader in readers:
+                reader.until(lambda r: r.end is not None)
     return readers
 
 
@@ -166,7 +181,7 @@ def resumed(engine, before: int, prompts: int) -> int:
 
 def test_a_killed_daemon_and_its_successor_stream_each_fragment_once(server, engine):
     before = len(engine.bodies)
-    readers = killed_and_resumed(server, in_arguments, lambda r: len(r.arguments) < len(ARGUMENTS),
+    readers = killed_and_resumed(server, engine, in_arguments, lambda r: len(r.arguments) < len(ARGUMENTS),
                                  "--engine", engine.url, *DAEMON)
     assert [r.whole() for r in readers] == EXPECTED
     assert resumed(engine, before, 2) >= 2
@@ -187,8 +202,9 @@ def test_a_preempted_call_streams_each_fragment_once(server, engine):
                                                          headers={"Authorization": f"Bearer {key}"}).json(),
                                     range(2)))
         assert [a["choices"][0]["message"]["content"] for a in answers] == ["Hi.", "Hi."]
-        for reader in readers:
-            reader.until(lambda r: r.end is not None)
+        with fast(engine):  # the preemptions are past
+            for reader in readers:
+                reader.until(lambda r: r.end is not None)
     assert [r.whole() for r in readers] == EXPECTED
     # Preempted mid-call, continued from prompt + generated. At least one: when the machine is slow the
     # second realtime request can arrive after the first has finished and take its freed slot.
@@ -240,7 +256,7 @@ def thinking(tmp_path_factory, model_cache):
 
     root = tmp_path_factory.mktemp("thinking")
     folder = str(thinking_folder(ensure_tiny_model(Path(model_cache) / "fsched"), root / "qwen3-ish"))
-    fake = FakeEngine(step_s=0.02, vocab=2000, eos=2, tokenizer=folder, context=2048,
+    fake = FakeEngine(step_s=STEP_S, vocab=2000, eos=2, tokenizer=folder, context=2048,
                       script=thinking_script(folder))
     s = make_server(root, model_cache)
     s.cli("limits", "show")
@@ -259,7 +275,7 @@ def in_reasoning(reader: Reader) -> bool:
 
 def test_an_opened_reasoning_streams_apart_through_a_kill(thinking):
     server, fake = thinking
-    readers = killed_and_resumed(server, in_reasoning, lambda r: len(r.reasoning) < len(THOUGHT),
+    readers = killed_and_resumed(server, fake, in_reasoning, lambda r: len(r.reasoning) < len(THOUGHT),
                                  "--engine", fake.url, "--model", server.folder, *DAEMON)
     for reader, end in zip(readers, ("tool_calls", "completed"), strict=True):
         assert reader.reasoning == THOUGHT + "\n"
@@ -267,7 +283,12 @@ def test_an_opened_reasoning_streams_apart_through_a_kill(thinking):
 
 
 def test_whole_answers_carry_the_reasoning_and_enable_thinking_false_none(thinking):
-    server, _ = thinking
+    server, fake = thinking
+    with fast(fake):  # nothing breaks here: no pace to keep
+        whole_answers(server)
+
+
+def whole_answers(server: Server) -> None:
     headers = {"Authorization": f"Bearer {server.key('agent', 'realtime')}"}
     on = httpx.post(f"{server.url}{CHAT_URL}", headers=headers, timeout=60,
                     json={"model": "m", "messages": QUESTION}).json()
