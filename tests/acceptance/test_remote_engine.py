@@ -90,6 +90,10 @@ def test_outputs_equal_the_builtin_runner_even_with_preemptions(fs, tmp_path, fa
     while time.time() < deadline and total_tokens(fs) < 60:
         time.sleep(0.05)
     fs.ok("submit", chat, "--class", "realtime")  # arrives with the batch full: preempts
+    deadline = time.time() + 60
+    while time.time() < deadline and backlog(fs)[1][1] == 0:
+        time.sleep(0.05)
+    fake.step_s = 0.002  # the realtime work is generating, so it has preempted: the rest at any pace
     _, err = d.communicate(timeout=180)
     assert d.returncode == 0, err.decode()
     assert outputs(fs) == expected
