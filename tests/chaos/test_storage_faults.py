@@ -77,13 +77,19 @@ def fill(volume: Path) -> Path:
     return filler
 
 
+def with_job(db: Path, job: Path) -> Table:
+    """A table at `db` holding `job`, submitted in this process (a second of imports saved): the commands
+    under test, and the ones that show the table works again, run as processes."""
+    Table.at(db, in_process=True).ok("submit", str(job))
+    return Table.at(db)
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     """A 300-line job file and its outputs from an undisturbed run."""
     base = tmp_path_factory.mktemp("storage-faults")
     path = write_job_file(base / "job.jsonl", 300, seed=21, max_tokens=(4, 24))
-    reference = Table.at(base / "ref" / "fsched.db")
-    reference.ok("submit", str(path))
+    reference = with_job(base / "ref" / "fsched.db", path)
     reference.ok(*STANDIN)
     return path, final_tokens(reference.path)
 
@@ -97,8 +103,7 @@ def _assert_finished_like_the_reference(table: Table, expected) -> None:
 
 def test_disk_full_fails_commands_cleanly_and_they_work_once_space_is_back(volume, job):
     path, expected = job
-    table = Table.at(volume / "db" / "fsched.db")
-    table.ok("submit", str(path))
+    table = with_job(volume / "db" / "fsched.db", path)
     before = check_table(table.path, expected)
     filler = fill(volume)
 
@@ -121,8 +126,7 @@ def test_disk_full_fails_commands_cleanly_and_they_work_once_space_is_back(volum
 
 def test_a_running_daemon_waits_out_a_full_disk_and_finishes(volume, job):
     path, expected = job
-    table = Table.at(volume / "db" / "fsched.db")
-    table.ok("submit", str(path))
+    table = with_job(volume / "db" / "fsched.db", path)
     # About 5 s of work at 8 a step (300 answers of 4-24 tokens, 10 ms a step): the disk is full
     # long before the daemon could be done, however slowly this test's polls come round.
     daemon = table.start("daemon", "--model", "standin:10ms", "--max-batch", "8")
@@ -147,8 +151,7 @@ def test_a_running_daemon_waits_out_a_full_disk_and_finishes(volume, job):
 
 def test_read_only_file_system_fails_commands_cleanly(volume, job):
     path, expected = job
-    table = Table.at(volume / "db" / "fsched.db")
-    table.ok("submit", str(path))
+    table = with_job(volume / "db" / "fsched.db", path)
     before = check_table(table.path, expected)
     proc = _mount("-o", "remount,ro", str(volume))
     assert proc.returncode == 0, proc.stderr
@@ -175,8 +178,7 @@ def test_read_only_file_system_fails_commands_cleanly(volume, job):
 def test_file_size_limit_fails_a_submit_cleanly(tmp_path, job):
     """A write past RLIMIT_FSIZE fails with EFBIG (SQLite: a disk I/O error): no mount needed."""
     path, expected = job
-    table = Table.at(tmp_path / "db" / "fsched.db")
-    table.ok("submit", str(path))
+    table = with_job(tmp_path / "db" / "fsched.db", path)
     before = check_table(table.path, expected)
     big = write_job_file(tmp_path / "big.jsonl", 5_000, seed=22)
     limit = max(p.stat().st_size for p in table.path.parent.iterdir()) + (64 << 10)
