@@ -52,6 +52,23 @@ def test_models_are_listed_and_retrieved(sdk):
         sdk.models.retrieve("gpt-none")
 
 
+def test_the_tiny_model_streams_what_it_stores_and_its_usage(server):
+    """A streamed chat of the built-in tiny model: the text equals the stored output, the usage chunk the
+    stored token counts."""
+    key = server.key("tiny", "realtime")
+    sdk = openai.OpenAI(api_key=key, base_url=f"{server.url}/v1", max_retries=0, timeout=120)
+    chunks = list(sdk.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hello there"}], max_tokens=16, temperature=0,
+        stream=True, stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    ((stored, tokens, prompt_tokens),) = server.rows(
+        "SELECT r.output_text, r.num_output_tokens, r.prompt_tokens FROM requests r JOIN jobs j "
+        "ON j.id = r.job_id WHERE j.tenant = 'tiny'")
+    assert text == stored and text.strip()
+    assert (chunks[-1].usage.completion_tokens, chunks[-1].usage.prompt_tokens) == (tokens, prompt_tokens)
+    assert prompt_tokens > 0
+
+
 def test_completions_with_two_choices_logprobs_and_penalties(sdk):
     asked = dict(model="m", prompt="Once upon a time", max_tokens=5, n=2, logprobs=3, presence_penalty=0.5,
                  frequency_penalty=0.5, seed=7, logit_bias={"5": -100})

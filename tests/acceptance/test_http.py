@@ -5,7 +5,8 @@ One server and one stand-in daemon (1 ms a step) serve the whole module; each
 test makes its own keys, so its tenants are its own. What the API answers, case
 by case, is tested in process (tests/unit/test_http_api.py, test_front_door.py):
 here, that the real processes serve it (a completion, a stream, a batch through
-the daemon process, a client's socket closing, a daemon stopping, the tiny model).
+the daemon process, a client's socket closing, a daemon stopping; the tiny model's stream and the
+usage it reports are tests/acceptance/test_clients.py's, on that module's tiny-model server).
 """
 
 from __future__ import annotations
@@ -168,23 +169,3 @@ def test_no_daemon_is_503_at_once(server):
     assert took < 5, f"503 after {took:.1f} s"  # at once: no waiting for a daemon (loose for a busy CI)
     assert server.counts() == before
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok", "daemons_alive": 0}
-
-
-def test_the_tiny_model_answers_over_http(tmp_path, model_cache):
-    s = make_server(tmp_path, model_cache)
-    key = s.key("tiny", "realtime")
-    s.start_daemon()  # the built-in tiny model
-    s.start_server()
-    try:
-        s.wait_ready(timeout=300)
-        chunks = list(client(s, key).chat.completions.create(
-            model="tiny", messages=CHAT, max_tokens=16, temperature=0, stream=True,
-            stream_options={"include_usage": True}))
-        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-        ((stored, tokens, prompt_tokens),) = s.rows(
-            "SELECT output_text, num_output_tokens, prompt_tokens FROM requests")
-        assert text == stored and text.strip()
-        assert (chunks[-1].usage.completion_tokens, chunks[-1].usage.prompt_tokens) == (tokens, prompt_tokens)
-        assert prompt_tokens > 0
-    finally:
-        s.stop()

@@ -1,8 +1,8 @@
 """`fsched serve` as clients see it, in process: the `openai` SDK through an ASGI transport against the real
 app over an in-memory job table, with the real daemon loop (the stand-in runner) stepped as the server reads.
 
-Each test has its own table, server and daemon. What needs a real process (sockets, a daemon that stops,
-the tiny model) is in tests/acceptance/test_http.py.
+Each test has its own table, server and daemon. What needs a real process (sockets, a daemon that stops)
+is in tests/acceptance/test_http.py, the tiny model over HTTP in tests/acceptance/test_clients.py.
 """
 
 from __future__ import annotations
