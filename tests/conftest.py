@@ -17,7 +17,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the long chaos loop (tests/chaos/test_long.py) for this many seconds, and the long "
              "variants of slow tests (10 kills of 100 requests in the crash-resume acceptance test, 10 "
              "kills a crash point in tests/chaos/test_kill_points.py, the real-model PostgreSQL cluster "
-             "test)",
+             "test, 1,000 fuzz cases a parser property in tests/chaos/test_fuzz.py instead of 300, and "
+             "schemathesis fuzzing for that many seconds instead of 10 cases an operation)",
     )
     group.addoption("--chaos-seed", type=int, default=None, help="seed of the long loop (default: random)")
     parser.addoption("--vllm", action="store_true", default=False,
@@ -29,43 +30,44 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "long: a slow case another test covers in short; runs with --long")
 
 
-# The slowest files, slowest first (by their summed test times, setup included, in the junit
-# reports of two whole runs on 2 cores, one quiet and one loaded, scaled to one another). Run first, so that
-# under `--dist loadfile --no-loadscope-reorder` (scripts/test.sh) the two workers end together instead
+# The slowest files, slowest first (by their summed test times, setup included, in the junit report of a
+# whole run on 2 cores, less what later changes to a file saved, measured on the file alone). Run first, so
+# that under `--dist loadfile --no-loadscope-reorder` (scripts/test.sh) the two workers end together instead
 # of one starting a long file when the other is nearly done. Files not named keep their order after.
 SLOW_FILES = (
-    "tests/acceptance/test_tool_call_resume.py",
-    "tests/chaos/test_fuzz.py",
-    "tests/acceptance/test_remote_engine.py",
-    "tests/acceptance/test_daemon.py",
     "tests/integration/test_engine.py",
-    "tests/acceptance/test_grammar_isolation.py",
-    "tests/acceptance/test_cluster.py",
-    "tests/acceptance/test_online_path.py",
+    "tests/acceptance/test_daemon.py",
     "tests/chaos/test_kill_points.py",
-    "tests/acceptance/test_schemathesis.py",
-    "tests/acceptance/test_clients.py",
+    "tests/acceptance/test_tool_call_resume.py",
+    "tests/acceptance/test_cluster.py",
     "tests/chaos/test_storage_faults.py",
+    "tests/acceptance/test_online_path.py",
+    "tests/acceptance/test_remote_engine.py",
+    "tests/acceptance/test_grammar_isolation.py",
     "tests/acceptance/test_agents.py",
-    "tests/acceptance/test_poison_pill.py",
+    "tests/chaos/test_fuzz.py",
     "tests/chaos/test_load.py",
-    "tests/acceptance/test_http.py",
+    "tests/acceptance/test_clients.py",
+    "tests/acceptance/test_poison_pill.py",
+    "tests/acceptance/test_schemathesis.py",
     "tests/acceptance/test_http_hostile.py",
-    "tests/acceptance/test_cli.py",
-    "tests/integration/test_catalog_contract.py",
     "tests/acceptance/test_packaging.py",
-    "tests/acceptance/test_dashboard.py",
-    "tests/acceptance/test_terminal.py",
-    "tests/unit/test_scheduler_fairness.py",
-    "tests/acceptance/test_replay.py",
     "tests/acceptance/test_generate_demo.py",
-    "tests/integration/test_files_contract.py",
+    "tests/unit/test_scheduler_fairness.py",
+    "tests/acceptance/test_cli.py",
+    "tests/acceptance/test_dashboard.py",
     "tests/acceptance/test_prometheus.py",
-    "tests/acceptance/test_labelling_attack.py",
-    "tests/integration/test_queue_contract.py",
-    "tests/integration/test_structured_output.py",
-    "tests/acceptance/test_client_gone.py",
+    "tests/acceptance/test_response_template.py",
     "tests/acceptance/test_access.py",
+    "tests/acceptance/test_replay.py",
+    "tests/integration/test_catalog_contract.py",
+    "tests/acceptance/test_terminal.py",
+    "tests/acceptance/test_labelling_attack.py",
+    "tests/acceptance/test_client_gone.py",
+    "tests/acceptance/test_http.py",
+    "tests/integration/test_structured_output.py",
+    "tests/integration/test_files_contract.py",
+    "tests/integration/test_queue_contract.py",
 )
 
 
