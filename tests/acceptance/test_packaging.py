@@ -8,17 +8,26 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from .conftest import REPO
 
 
-def test_wheel_holds_only_the_fsched_package(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel `pip install .` builds and installs, built once for both tests."""
+    folder = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(folder), str(REPO)],
         check=True,
         capture_output=True,
         timeout=300,
     )
-    (wheel,) = tmp_path.glob("fsched-*.whl")
+    (built,) = folder.glob("fsched-*.whl")
+    return built
+
+
+def test_wheel_holds_only_the_fsched_package(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names}
     assert tops == {"fsched", next(t for t in tops if t.endswith(".dist-info"))}, tops
@@ -30,13 +39,14 @@ def test_wheel_holds_only_the_fsched_package(tmp_path):
         assert asset in names, asset
 
 
-def test_fresh_venv_install_runs_from_another_folder(tmp_path):
+def test_fresh_venv_install_runs_from_another_folder(tmp_path, wheel):
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    # No pip of its own (ensurepip costs seconds): this environment's pip installs into it.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
     # --no-deps: nothing is downloaded; see the .pth file below.
     subprocess.run(
-        [*pip, "install", "-q", "--no-deps", str(REPO)], check=True, capture_output=True, timeout=300
+        [*pip, "install", "-q", "--no-deps", str(wheel)], check=True, capture_output=True, timeout=300
     )
     # The dependencies (torch among them) come from this test's own environment,
     # appended after the new venv's site-packages by a .pth file, so the new
