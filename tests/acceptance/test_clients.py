@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import openai
@@ -61,10 +62,15 @@ def test_the_tiny_model_streams_what_it_stores_and_its_usage(server):
         model="tiny", messages=[{"role": "user", "content": "hello there"}], max_tokens=16, temperature=0,
         stream=True, stream_options={"include_usage": True}))
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-    ((stored, tokens, prompt_tokens),) = server.rows(
-        "SELECT r.output_text, r.num_output_tokens, r.prompt_tokens FROM requests r JOIN jobs j "
-        "ON j.id = r.job_id WHERE j.tenant = 'tiny'")
-    assert text == stored and text.strip()
+    # The stream can end before the daemon has written the request's row (one run read it with no text
+    # yet): the row is compared once it is done.
+    row = "SELECT r.state, r.output_text, r.num_output_tokens, r.prompt_tokens FROM requests r JOIN jobs j " \
+          "ON j.id = r.job_id WHERE j.tenant = 'tiny'"
+    deadline = time.time() + 30
+    while server.rows(row)[0][0] != "done" and time.time() < deadline:
+        time.sleep(0.05)
+    ((state, stored, tokens, prompt_tokens),) = server.rows(row)
+    assert state == "done" and text == stored and text.strip()
     assert (chunks[-1].usage.completion_tokens, chunks[-1].usage.prompt_tokens) == (tokens, prompt_tokens)
     assert prompt_tokens > 0
 
