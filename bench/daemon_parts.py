@@ -4,15 +4,15 @@
         [--step-ms 20] [--tokens 64]
 
 For each source tree in turn (default: this one; `git archive REV | tar -x -C DIR` makes another),
-bench/online_path.py's fsched arm runs its load (32 streamed chats of `--tokens` tokens, 64 by default, SQLite) and, for
-`--seconds` in the middle of it, the daemon times its own parts: a `sitecustomize` put on the daemon's
-path (and on no other process's) wraps the loop's methods (a turn, the engine's step, the runner's
-reads, the push, the writer, the transaction, the sync...) in reads of the thread's CPU clock
-(`CLOCK_THREAD_CPUTIME_ID`), from a signal on. Printed per tree: each part's CPU a turn and a token,
-inclusive (a part's figure holds the parts it calls), and calls a turn. Each timed call costs about
-1 µs of its own, so compare trees, not the figures with an untimed run's. Thread CPU, unlike py-spy's
-samples (a thread waiting for a core counts as running there) or a `SIGPROF` sampler (whose ticks
-can fall in step with the engine's), is what the part spent.
+bench/online_path.py's fsched arm runs its load (32 streamed chats of `--tokens` tokens, 64 by default,
+SQLite) and, for `--seconds` in the middle of it, the daemon times its own parts: a `sitecustomize` put
+on the daemon's path (and on no other process's) wraps the loop's methods (a turn, the engine's step,
+the runner's reads, the push, the writer, the transaction, the sync...) in reads of the thread's CPU
+clock (`CLOCK_THREAD_CPUTIME_ID`), from a signal on. Printed per tree: each part's CPU a turn and a
+token, inclusive (a part's figure holds the parts it calls), and calls a turn. Each timed call costs
+about 1 µs of its own, so compare trees, not the figures with an untimed run's. Thread CPU, unlike
+py-spy's samples (a thread waiting for a core counts as running there) or a `SIGPROF` sampler (whose
+ticks can fall in step with the engine's), is what the part spent.
 """
 
 from __future__ import annotations
@@ -156,7 +156,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--step-ms", type=float, default=20.0)
-    parser.add_argument("--tokens", type=int, default=64, help="tokens an answer (few: the request's own cost)")
+    parser.add_argument("--tokens", type=int, default=64,
+                        help="tokens an answer (few: the request's own cost)")
     args = parser.parse_args()
     engine = fast_path.Engine(256, args.step_ms)
     try:
