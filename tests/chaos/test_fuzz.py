@@ -19,9 +19,8 @@ What must hold for each case:
   status, the stderr line and the table agree with the in-process parse.
 
 Case counts are fixed and derandomised (the same cases on every CI run):
-FSCHED_FUZZ_EXAMPLES examples for each parser property (default 300, or
-1,000 with --long), a quarter of that (at least 250) through the store, a
-200th (at least 6) through the command.
+FSCHED_FUZZ_EXAMPLES (default 1,000) examples for each parser property, a
+quarter of that through the store, a 200th (at least 6) through the command.
 Each test adds a line to a "fuzz cases" section of pytest's terminal summary:
 cases run, accepted/rejected, time, slowest parse (CPU). A long run (about
 100,000 parser cases; docs/reliability.md has its figures):
@@ -59,34 +58,9 @@ from fsched.core.types import MAX_SEED, RequestClass, RequestSpec
 from fsched.storage import submit as submit_module
 from fsched.storage.jobstore import SqlJobStore
 
-# Examples for each parser property: FSCHED_FUZZ_EXAMPLES, else QUICK_EXAMPLES in the quick suite and
-# LONG_EXAMPLES with --long (the quick figure keeps every parser property at a few seconds; 1,000 took
-# 14 s for the bent JSONL files alone).
-QUICK_EXAMPLES = 300
-LONG_EXAMPLES = 1000
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Cases per test: `parser` for each parser property, a quarter through the store (at least 250: fewer,
-    75, once drew no submit over the queue limit, an outcome the store test requires), a 200th through
-    the command."""
-
-    parser: int
-
-    @property
-    def store(self) -> int:
-        return max(250, self.parser // 4)
-
-    @property
-    def command(self) -> int:
-        return max(6, self.parser // 200)
-
-
-def budget_of(config: pytest.Config) -> Budget:
-    if "FSCHED_FUZZ_EXAMPLES" in os.environ:
-        return Budget(int(os.environ["FSCHED_FUZZ_EXAMPLES"]))
-    return Budget(LONG_EXAMPLES if config.getoption("--long", default=0.0) else QUICK_EXAMPLES)
+FUZZ_EXAMPLES = int(os.environ.get("FSCHED_FUZZ_EXAMPLES", "1000"))
+STORE_EXAMPLES = max(20, FUZZ_EXAMPLES // 4)
+CLI_EXAMPLES = max(6, FUZZ_EXAMPLES // 200)
 Parsed = tuple[RequestSpec, ...]  # a file parse_job_file accepted: its requests
 # CPU time for one parse of one case (CPU, not wall: other processes' load does not count), so a
 # hang or a blow-up fails while the largest valid file (50,000 lines, ~0.5 s) passes with room.
@@ -130,7 +104,6 @@ def fuzz_settings(examples: int):
 
 @dataclass
 class Tally:
-    budget: Budget
     rows: list[str] = field(default_factory=list)
     total: int = 0
 
@@ -140,7 +113,7 @@ class Tally:
         terminalreporter.section("fuzz cases")
         for row in self.rows:
             terminalreporter.write_line(row)
-        terminalreporter.write_line(f"total: {self.total:,} cases ({self.budget.parser:,} a parser property)")
+        terminalreporter.write_line(f"total: {self.total:,} cases (FSCHED_FUZZ_EXAMPLES={FUZZ_EXAMPLES:,})")
 
 
 @dataclass
@@ -164,14 +137,9 @@ class Run:
 
 @pytest.fixture(scope="session")
 def tally(request) -> Tally:
-    plugin = Tally(budget_of(request.config))
+    plugin = Tally()
     request.config.pluginmanager.register(plugin, "fsched-fuzz-tally")
     return plugin
-
-
-@pytest.fixture
-def budget(tally) -> Budget:
-    return tally.budget
 
 
 @pytest.fixture
@@ -500,8 +468,8 @@ def check_case(run: Run, data: bytes, limits: InputLimits, source: str = "fuzz.j
 # -- the parser ---------------------------------------------------------------------------
 
 
-def test_parser_arbitrary_bytes(run, budget):
-    @fuzz_settings(budget.parser)
+def test_parser_arbitrary_bytes(run):
+    @fuzz_settings(FUZZ_EXAMPLES)
     @given(st.binary(max_size=400) | st.binary(max_size=400).map(lambda b: b'{"prompt": "' + b), LIMITS)
     def case(data, limits):
         check_case(run, data, limits)
@@ -509,8 +477,8 @@ def test_parser_arbitrary_bytes(run, budget):
     case()
 
 
-def test_parser_bent_jsonl_files(run, budget):
-    @fuzz_settings(budget.parser)
+def test_parser_bent_jsonl_files(run):
+    @fuzz_settings(FUZZ_EXAMPLES)
     @given(job_file(), LIMITS)
     def case(data, limits):
         check_case(run, data, limits)
@@ -521,10 +489,10 @@ def test_parser_bent_jsonl_files(run, budget):
 CROSS_FIELD_RULES = ("not both", "missing", "form", "differs", "unknown field")
 
 
-def test_parser_wrong_type_in_every_field(run, budget):
+def test_parser_wrong_type_in_every_field(run):
     """One field, anywhere, replaced by any JSON value: accepted, or refused naming that field."""
 
-    @fuzz_settings(budget.parser)
+    @fuzz_settings(FUZZ_EXAMPLES)
     @given(wrong_typed(), st.booleans())
     def case(bent, ensure_ascii):
         obj, name = bent
@@ -619,7 +587,7 @@ def check_stored(path: Path, before: dict, new_ids: list[int], parsed: list[Pars
     assert len(after["requests"]) - len(before["requests"]) == added
 
 
-def test_store_takes_a_submit_whole_or_not_at_all(run, tmp_path, monkeypatch, budget):
+def test_store_takes_a_submit_whole_or_not_at_all(run, tmp_path, monkeypatch):
     path = tmp_path / "fsched.db"
     store = SqlJobStore(f"sqlite:///{path}")
     fault = {"at": None, "seen": 0}
@@ -632,7 +600,7 @@ def test_store_takes_a_submit_whole_or_not_at_all(run, tmp_path, monkeypatch, bu
 
     monkeypatch.setattr(submit_module, "crash_point", crash_point)
 
-    @fuzz_settings(budget.store)
+    @fuzz_settings(STORE_EXAMPLES)
     @given(
         st.lists(mostly_valid_file(), min_size=1, max_size=3),
         st.sampled_from(["alice", "bob", "carol", "not a tenant!"]),
@@ -668,7 +636,7 @@ def test_store_takes_a_submit_whole_or_not_at_all(run, tmp_path, monkeypatch, bu
     assert any("InjectedFault" in k for k in run.outcomes) and any("QueueFull" in k for k in run.outcomes)
 
 
-def test_command_takes_a_submit_whole_or_not_at_all(run, tmp_path, budget):
+def test_command_takes_a_submit_whole_or_not_at_all(run, tmp_path):
     """`fsched submit` in a subprocess agrees with the in-process parse, and the table with it."""
     path = tmp_path / "state" / "fsched.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FSCHED_")}
@@ -677,7 +645,7 @@ def test_command_takes_a_submit_whole_or_not_at_all(run, tmp_path, budget):
     SqlJobStore(f"sqlite:///{path}").db.dispose()
     counter = iter(range(10**9))
 
-    @fuzz_settings(budget.command)
+    @fuzz_settings(CLI_EXAMPLES)
     @given(st.lists(mostly_valid_file() | job_file(), min_size=1, max_size=2))
     def case(files):
         names = []
