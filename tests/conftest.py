@@ -17,8 +17,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the long chaos loop (tests/chaos/test_long.py) for this many seconds, and the long "
              "variants of slow tests (10 kills of 100 requests in the crash-resume acceptance test, 10 "
              "kills a crash point in tests/chaos/test_kill_points.py, the real-model PostgreSQL cluster "
-             "test, 1,000 fuzz cases a parser property in tests/chaos/test_fuzz.py instead of 300, and "
-             "schemathesis fuzzing for that many seconds instead of 10 cases an operation)",
+             "test, and schemathesis fuzzing for that many seconds instead of 10 cases an operation)",
     )
     group.addoption("--chaos-seed", type=int, default=None, help="seed of the long loop (default: random)")
     parser.addoption("--vllm", action="store_true", default=False,
