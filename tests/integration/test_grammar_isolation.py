@@ -94,17 +94,25 @@ def test_an_honest_check_waits_for_one_hostile_job_not_for_its_queue():
 
     one = WorkerPool(WorkerBudget(workers=1, waiting_per_tenant=4))
     done: list[str] = []
+    failed: list[BaseException] = []
+
+    def hostile(i: int) -> None:
+        try:
+            one.compile(source(optional(3_000 + i)), "hostile")
+        except BaseException as exc:  # noqa: BLE001 - shown by the assertion below
+            failed.append(exc)
+            raise
+        done.append(f"hostile{i}")
+
     try:
         one.compile(source({"type": "string"}), "warm")  # the worker started
-        threads = [threading.Thread(target=lambda i=i: (one.compile(source(optional(3_000 + i)), "hostile"),
-                                                       done.append(f"hostile{i}")))
-                   for i in range(5)]
+        threads = [threading.Thread(target=hostile, args=(i,)) for i in range(5)]
         for t in threads:
             t.start()
         deadline = time.monotonic() + 30
-        while one.waiting("hostile") < 4 and time.monotonic() < deadline:
+        while one.waiting("hostile") < 4 and time.monotonic() < deadline and not failed:
             time.sleep(0.01)
-        assert one.waiting("hostile") == 4 and not done  # the first still compiling
+        assert one.waiting("hostile") == 4 and not done, (done, failed)  # the first still compiling
         with pytest.raises(GrammarBusy, match="4 of this tenant's JSON schemas are already waiting"):
             one.compile(source(optional(10)), "hostile")
         one.compile(source({"type": "integer"}), "honest")
