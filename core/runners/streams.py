@@ -15,16 +15,6 @@ it ends its finish reason, or an error with its fault:
   own (a prompt over its context, a bad parameter): retrying would not help.
 `abort` closes a stream's socket; the engine sees the disconnect and frees
 the request (vLLM aborts a request whose client went away).
-
-A connection whose answer ended cleanly (a 200 stream, chunked, its last
-chunk read, the engine not saying `Connection: close`) is kept for the next
-request instead of closed: a new connection per request cost vLLM's API
-server about 5% more CPU a request than a kept one (its token interface,
-2-token answers: 4,000-4,600 against 3,950-4,250 µs). A kept connection idle for
-`IDLE_KEEP_S` is closed (servers close theirs after a few seconds: uvicorn's
-default is 5), as is one the engine closed or wrote to while idle; a request
-on a kept connection that the engine closed before answering anything goes
-again once, on a new one (the engine had not taken it).
 """
 
 from __future__ import annotations
@@ -44,9 +34,6 @@ CONNECT, SEND, HEAD, BODY = range(4)
 READ_SIZE = 1 << 16
 # Deadlines (connect, read) are checked this often: a timeout is a rare fault, not a per-read cost.
 DEADLINE_CHECK_S = 0.5
-IDLE_KEEP_S = 2.0  # a kept connection idle this long is closed (before the engine closes it: a race)
-IDLE_MAX = 256  # kept connections at most; one more is closed
-LAST_CHUNK = b"0\r\n\r\n"  # the end of a chunked body
 
 
 class Fault(enum.StrEnum):
@@ -58,7 +45,7 @@ class Fault(enum.StrEnum):
 class Stream:
     """One streamed completion: what arrived and was not taken yet, and how it ended."""
 
-    sock: socket.socket  # (None only until its connection is made)
+    sock: socket.socket
     request: bytes  # what is left to send
     owner: object = None  # whoever reads this stream (the runner's record of the request)
     tokens: list[int] = field(default_factory=list)  # arrived, not taken
@@ -77,9 +64,6 @@ class Stream:
     closed: bool = False
     plain: bool = True  # its reader wants token ids and the finish reason only (no logprobs)
     ended: bool = False  # a finish reason or an error: nothing more will come
-    keep: bool = True  # the engine keeps the connection open after the answer (HTTP/1.1, no `close`)
-    reused: bool = False  # on a kept connection, nothing received yet (a close then: send it again)
-    whole: bytes = b""  # the whole request, while it may have to go again
 
     def take(self) -> tuple[list[int], list[tuple[dict, int]]]:
         """The tokens (and logprobs objects) that arrived since the last take."""
@@ -99,8 +83,6 @@ class Streams:
         self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
         self._poller = _Poller()
         self._open: dict[int, Stream] = {}  # by socket descriptor
-        self._parked: dict[int, _Parked] = {}  # connections kept between requests, by descriptor
-        self._idle: list[int] = []  # those of them free for the next request, the latest last
         self._next_deadline_check = 0.0
         self._address: tuple | None = None
         self._wake_fd: int | None = None
@@ -135,50 +117,32 @@ class Streams:
         data = json.dumps(body, separators=(",", ":")).encode()
         request = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
                    f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-                   f"Content-Length: {len(data)}\r\n\r\n").encode() + data
-        plain = body.get("logprobs") is None if plain is None else plain
-        sock = self._kept_connection()
-        if sock is not None:
-            stream = Stream(sock, request, owner, state=SEND, plain=plain, reused=True, whole=request,
-                            deadline=time.monotonic() + self.connect_timeout_s)
-            self._open[sock.fileno()] = stream
-            self._poller.modify(sock.fileno(), select.POLLOUT)
-            self._send(stream)
-            return stream
-        stream = Stream(None, request, owner, plain=plain)
-        self._dial(stream)
-        return stream
-
-    def _dial(self, stream: Stream) -> None:
-        """Send `stream`'s request on a new connection (at once when it is up, else once `poll` finds it
-        is); a connection that cannot even start ends the stream."""
-        stream.state, stream.reused = CONNECT, False
+                   f"Connection: close\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
         try:
             family, address = self._resolve()
             sock = socket.socket(family, socket.SOCK_STREAM)
         except OSError as exc:
-            if stream.sock is None:
-                stream.sock = socket.socket()
-                stream.sock.close()
-            stream.closed = True
+            stream = Stream(socket.socket(), request, owner, closed=True)
+            stream.sock.close()
             _fail(stream, f"cannot reach the engine: {exc}", Fault.UNAVAILABLE)
-            return
+            return stream
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        stream.sock = sock
-        stream.deadline = time.monotonic() + self.connect_timeout_s
+        stream = Stream(sock, request, owner, deadline=time.monotonic() + self.connect_timeout_s,
+                        plain=body.get("logprobs") is None if plain is None else plain)
         code = sock.connect_ex(address)
         if code not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
             _fail(stream, f"cannot connect to the engine: {os.strerror(code)}", Fault.UNAVAILABLE)
             stream.closed = True
             sock.close()
-            return
+            return stream
         self._open[sock.fileno()] = stream
         self._poller.register(sock.fileno(), select.POLLOUT)
         if code == 0 or _writable(sock):
             # Connected already (an engine on this machine or near it): the request goes now, not at
             # the next poll, which may come only after a whole batch's tokens are read (a step later).
             self._send(stream)
+        return stream
 
     def _resolve(self) -> tuple[int, tuple]:
         if self._address is None:
@@ -198,90 +162,10 @@ class Streams:
     def close(self) -> None:
         for stream in list(self._open.values()):
             self.abort(stream)
-        for fd in list(self._parked):
-            self._unpark(fd)
-
-    # -- connections kept between requests ------------------------------------------------
-    def _release(self, stream: Stream, now: float) -> None:
-        """A stream that ended: its connection kept for the next request when the answer ended cleanly
-        (what is left of the body's last chunk may still be on its way), else closed."""
-        if stream.closed:
-            return
-        expect = b"\r\n" if stream.length >= 0 else LAST_CHUNK
-        if stream.error is not None or stream.status != 200 or not stream.chunked or not stream.keep \
-                or not expect.startswith(stream.buf):
-            return self.abort(stream)
-        fd = stream.sock.fileno()
-        del self._open[fd]
-        stream.closed = True
-        self._parked[fd] = _Parked(stream.sock, expect[len(stream.buf):], now + DEADLINE_CHECK_S)
-        if not self._parked[fd].expect:
-            self._free(fd, now)
-
-    def _free(self, fd: int, now: float) -> None:
-        if len(self._idle) >= IDLE_MAX:
-            return self._unpark(fd)
-        self._idle.append(fd)
-        self._parked[fd].until = now + IDLE_KEEP_S
-
-    def _kept_connection(self) -> socket.socket | None:
-        """A kept connection free for a request, open and with nothing unread on it; None if none is."""
-        while self._idle:
-            fd = self._idle[-1]
-            sock = self._parked[fd].sock
-            try:
-                sock.recv(1, socket.MSG_PEEK)  # b"": the engine closed it; bytes: it is not ours to use
-            except BlockingIOError:
-                self._idle.pop()
-                del self._parked[fd]
-                return sock
-            except OSError:
-                pass
-            self._unpark(fd)
-        return None
-
-    def _parked_ready(self, fd: int, now: float) -> None:
-        """A kept connection became readable: the rest of its body's last chunk, else it is useless (the
-        engine closed it, or wrote what no request asked for)."""
-        parked = self._parked.get(fd)
-        if parked is None:
-            return
-        try:
-            data = parked.sock.recv(READ_SIZE)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if data and parked.expect.startswith(data):
-            parked.expect = parked.expect[len(data):]
-            if not parked.expect:
-                self._free(fd, now)
-            return
-        self._unpark(fd)
-
-    def _unpark(self, fd: int) -> None:
-        parked = self._parked.pop(fd)
-        if fd in self._idle:
-            self._idle.remove(fd)
-        self._poller.unregister(fd)
-        parked.sock.close()
-
-    def _again(self, stream: Stream) -> bool:
-        """Whether `stream`'s request goes again on a new connection: its kept one was closed by the engine
-        before anything of an answer came (the engine had not taken it)."""
-        if not stream.reused or stream.state not in (SEND, HEAD) or stream.buf:
-            return False
-        fd = stream.sock.fileno()
-        self._poller.unregister(fd)
-        del self._open[fd]
-        stream.sock.close()
-        stream.request = stream.whole
-        self._dial(stream)
-        return True
 
     def poll(self, timeout: float) -> list[Stream]:
         """Read what has arrived, waiting up to `timeout` s for something; the streams with news."""
-        if not self._open and not self._parked and self._wake_fd is None:
+        if not self._open and self._wake_fd is None:
             if timeout > 0:
                 time.sleep(timeout)
             return []
@@ -294,18 +178,14 @@ class Streams:
             if fd == self._wake_fd:
                 self.woken = True
                 continue
-            stream = streams.get(fd)
-            if stream is None:
-                self._parked_ready(fd, now)
-            elif mask & select.POLLOUT:
+            stream = streams[fd]
+            if mask & select.POLLOUT:
                 self._send(stream)
             elif self._read(stream, now):
                 news.append(stream)
         if now >= self._next_deadline_check:
             self._next_deadline_check = now + DEADLINE_CHECK_S
             news += self._expired(now)
-            for fd in [fd for fd, parked in self._parked.items() if parked.until < now]:
-                self._unpark(fd)
         return news
 
     # -- writing the request ---------------------------------------------------------------
@@ -320,8 +200,6 @@ class Streams:
         try:
             sent = sock.send(stream.request)
         except OSError as exc:
-            if self._again(stream):
-                return None
             return self._end(stream, f"{type(exc).__name__}: {exc}", Fault.UNAVAILABLE)
         stream.request = stream.request[sent:]
         if not stream.request:
@@ -338,16 +216,11 @@ class Streams:
         except BlockingIOError:
             return False
         except OSError as exc:
-            if self._again(stream):
-                return stream.ended
             self._end(stream, f"{type(exc).__name__}: {exc}", Fault.UNAVAILABLE)
             return True
-        if not data and self._again(stream):
-            return stream.ended
-        stream.reused = False
         received(stream, data)
         if stream.ended and not stream.closed:
-            self._release(stream, now)
+            self.abort(stream)
         stream.deadline = 0.0 if stream.ended else now + self.read_timeout_s
         return bool(stream.tokens) or stream.ended
 
@@ -361,15 +234,6 @@ class Streams:
     def _end(self, stream: Stream, error: str, fault: Fault) -> None:
         _fail(stream, error, fault)
         self.abort(stream)
-
-
-@dataclass(slots=True, eq=False)
-class _Parked:
-    """A connection kept between requests."""
-
-    sock: socket.socket
-    expect: bytes  # what is still to come of the last answer's body (its last chunk); b"": free
-    until: float  # closed after this (monotonic)
 
 
 class _Poller:
@@ -412,8 +276,8 @@ def received(stream: Stream, data: bytes) -> None:
             _chunks(stream, stream.buf + data if stream.buf else data)
     elif data:
         _events(stream, stream.sse + data if stream.sse else data)
-    if not stream.ended and (not data or stream.chunked and stream.length >= 0 and stream.status == 200):
-        _eof(stream)  # closed, or (a kept connection) the whole body read without its end event
+    if not data and not stream.ended:
+        _eof(stream)
 
 
 def _one_plain_event(stream: Stream, data: bytes) -> bool:
@@ -477,7 +341,6 @@ def _head(stream: Stream, head: bytes) -> None:
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ", 2)
     stream.status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-    stream.keep = parts[0] == b"HTTP/1.1"
     for line in lines[1:]:
         name, _, value = line.partition(b":")
         name, value = name.strip().lower(), value.strip().lower()
@@ -485,8 +348,6 @@ def _head(stream: Stream, head: bytes) -> None:
             stream.chunked = True
         elif name == b"content-length" and value.isdigit():
             stream.length = int(value)
-        elif name == b"connection" and b"close" in value:
-            stream.keep = False
 
 
 def _dechunk(stream: Stream, buf: bytes) -> bytes:
@@ -495,9 +356,9 @@ def _dechunk(stream: Stream, buf: bytes) -> bytes:
     pos, out = 0, []
     while (eol := buf.find(b"\r\n", pos)) >= 0:
         size = int(buf[pos:eol].split(b";", 1)[0] or b"0", 16)
-        if size == 0:  # the last chunk: what follows its size line waits in `stream.buf` (its CRLF)
+        if size == 0:
             stream.length = len(stream.sse) + sum(len(x) for x in out)
-            pos = eol + 2
+            pos = len(buf)
             break
         if len(buf) < eol + 4 + size:
             break
