@@ -13,16 +13,14 @@ benchmarks); the daemon drives `step()` itself.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
-from itertools import repeat
 
 from fsched.core.runners.protocol import Preparing, Redrawing, RequestRefused, Runner, Wakeable
 from fsched.core.sched.accounting import WorkTally
 from fsched.core.sched.attainment import FirstTokenTally
 from fsched.core.sched.explain import RequestStanding, explain
-from fsched.core.sched.plan import Outcome
 from fsched.core.sched.request import Request
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sched.usage import TenantCharge, peer_totals
@@ -78,13 +76,6 @@ class _Preparing:
     future: Future
     arrival: float
     waiting_since: float  # since when its first token is awaited (its time in the table included)
-
-
-def produced_tokens(outcome: Outcome, tokens: Collection[RequestId]) -> int:
-    """The tokens the requests that produced in a step produced (`Outcome.tokens_of` of each, summed)."""
-    if outcome.produced is None:
-        return outcome.steps * len(tokens)
-    return sum(map(outcome.produced.get, tokens, repeat(0)))
 
 
 class StepFailed(Exception):
@@ -257,7 +248,7 @@ class Engine:
             batch_size=len(plan.decode) + len(plan.prefill),
             kv_tokens=kv,
             charges=post.charges,
-            produced=produced_tokens(result.outcome, result.tokens),
+            produced=result.outcome.tokens_of_all(result.tokens),
             at=now,
         )
 

@@ -8,8 +8,9 @@ and every prefill chunk with `produces_token` yields one token.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from itertools import repeat
 
 from fsched.core.sched.request import Checkpoint
 from fsched.core.types import RequestId
@@ -79,4 +80,10 @@ class Outcome:
         if self.produced is None:
             return self.steps
         return self.produced.get(request_id, 0)
+
+    def tokens_of_all(self, request_ids: Collection[RequestId]) -> int:
+        """Tokens these producing rows yielded together (`tokens_of` of each, summed in one pass)."""
+        if self.produced is None:
+            return self.steps * len(request_ids)
+        return sum(map(self.produced.get, request_ids, repeat(0)))
 

@@ -105,3 +105,12 @@ def test_the_decode_rows_are_the_requests_with_no_prefill_pending(spec):
         running.append(r)
     decode, _ = split_rows(running, lambda r: (r.id,), budget=10_000, min_quantum=16)
     assert decode == [r.id for r in running if r.pending_prefill == 0]
+
+
+def test_tokens_of_all_is_the_sum_of_tokens_of():
+    from fsched.core.sched.plan import Outcome
+
+    ids = ["a", "b", "c"]
+    for outcome in (Outcome(0.1, steps=3), Outcome(0.1, produced={"a": 2, "c": 5})):
+        assert outcome.tokens_of_all(ids) == sum(outcome.tokens_of(i) for i in ids)
+    assert Outcome(0.1, produced={"a": 2}).tokens_of_all([]) == 0
