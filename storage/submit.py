@@ -54,8 +54,6 @@ UNFINISHED_BY_TENANT = (
 )
 _KEYS = ApiKeyRow.__table__
 JOB_INSERT = jobs.insert().returning(jobs.c.id)
-# Several jobs in one statement (SQLAlchemy's "insertmanyvalues"), their ids in the parameters' order.
-JOBS_INSERT = jobs.insert().returning(jobs.c.id, sort_by_parameter_order=True)
 REQUESTS_INSERT = requests.insert()
 
 
@@ -74,23 +72,14 @@ def unfinished_of(conn: Connection, names: set[str]) -> Counter:
     """Each tenant's unfinished requests, its row locked: concurrent submits of one tenant take turns
     on PostgreSQL (SQLite's BEGIN IMMEDIATE already serialises writers)."""
     conn.execute(TENANTS_LOCKED, {"b_names": sorted(names)})
-    return unfinished_of_locked(conn, names)
-
-
-def unfinished_of_locked(conn: Connection, names: set[str]) -> Counter:
-    """Each tenant's unfinished requests, the tenants' rows locked by an earlier statement of the
-    transaction (on PostgreSQL a statement sees what was committed before it began: the count must
-    come after the lock, not with it)."""
+    # On PostgreSQL a statement sees what was committed before it began: the count comes after the lock.
     return Counter({tenant: int(n or 0) for tenant, n in conn.execute(
         UNFINISHED_BY_TENANT, {"b_names": sorted(names)}).all()})
 
 
-def create_missing_tenants(conn: Connection, dialect: str, names: set[str], now: float,
-                           existing: set[str] | None = None) -> set[str]:
-    """Create the tenants not there yet (weight 1; `existing`: those there, read when not given);
-    return those this call created."""
-    if existing is None:
-        existing = set(conn.execute(EXISTING_TENANTS, {"b_names": sorted(names)}).scalars())
+def create_missing_tenants(conn: Connection, dialect: str, names: set[str], now: float) -> set[str]:
+    """Create the tenants not there yet (weight 1); return those this call created."""
+    existing = set(conn.execute(EXISTING_TENANTS, {"b_names": sorted(names)}).scalars())
     missing = names - existing
     if not missing:
         return set()
@@ -114,27 +103,6 @@ def insert_job(conn: Connection, submission: JobSubmission, now: float) -> int:
         conn.execute(REQUESTS_INSERT, chunk)
         crash_point("mid_submit")
     return job_id
-
-
-def insert_jobs(conn: Connection, submissions: Sequence[JobSubmission], now: float) -> list[int]:
-    """Small jobs (a group commit's online requests) in two statements whatever their number, not two
-    each: their rows, then all their requests; return their ids, in order. Measured at 1,024 streams
-    of 8-token requests, the statements one job each were an eighth of serve's CPU."""
-    if not submissions:
-        return []
-    rows = [_job_row(s, now) for s in submissions]
-    if conn.dialect.name == "sqlite":
-        # SQLite numbers a statement's rows in the order of its VALUES (each one more than the largest
-        # id before it); SQLAlchemy does not assume it, and asked for that order inserts them one a
-        # statement. Ascending ids are the submissions' order.
-        job_ids = sorted(conn.execute(JOB_INSERT, rows).scalars())
-    else:
-        job_ids = list(conn.execute(JOBS_INSERT, rows).scalars())
-    conn.execute(REQUESTS_INSERT, [_request_row(job_id, idx, spec, now)
-                                   for job_id, s in zip(job_ids, submissions, strict=True)
-                                   for idx, spec in enumerate(s.requests)])
-    crash_point("mid_submit")
-    return job_ids
 
 
 def _job_row(submission: JobSubmission, now: float) -> dict:

@@ -21,7 +21,7 @@ from fsched.core.types import JobOrigin, RequestClass
 from fsched.storage import kept
 from fsched.storage.sql_catalog import SqlCatalogStore
 from fsched.storage.sql_keys import SqlKeyStore
-from fsched.storage.submit import TENANTS_LOCKED, insert_jobs
+from fsched.storage.submit import TENANTS_LOCKED, insert_job
 from tests.support.tables import submission
 
 
@@ -176,7 +176,7 @@ def test_a_busy_kept_connection_sends_a_group_commit_on_a_pooled_one(store):
     assert isinstance(stored, SubmittedJob) and isinstance(over[0], QueueFull)
     with store.db.write() as conn:  # the pooled connection: a transaction as SQLAlchemy's again
         assert not conn.connection.driver_connection.autocommit
-        insert_jobs(conn, [submission(1, "carol")], time.time())
+        insert_job(conn, submission(1, "carol"), time.time())
         conn.rollback()
     assert store.list_tenants()[0].queued == 2
 
@@ -192,7 +192,7 @@ def test_a_group_commit_waits_for_another_servers_and_counts_its_jobs(store, pg_
     try:
         with other.db.write() as conn:  # the other server's group commit: carol locked, a job added
             conn.execute(TENANTS_LOCKED, {"b_names": ["carol"]})
-            insert_jobs(conn, [submission(1, "carol")], time.time())
+            insert_job(conn, submission(1, "carol"), time.time())
             submitting.start()
             deadline = time.monotonic() + 30
             while not _waits_on_a_lock(other):
