@@ -111,6 +111,11 @@ class Tx:
         self._cursor.execute("RELEASE SAVEPOINT fsched_part")
 
 
+def connection_lost(dialect, exc: BaseException, raw) -> bool:
+    """Whether the driver's error left the connection closed (the server ended the session)."""
+    return isinstance(exc, dialect.loaded_dbapi.Error) and dialect.is_disconnect(exc, raw, None)
+
+
 class KeptConnection:
     """A driver connection kept out of the pool (its pool record, to close or invalidate it through),
     and when it was last used."""
@@ -174,16 +179,13 @@ class DirectConnection:
         except BaseException as exc:
             if write:
                 self._rollback(raw)
-            if isinstance(exc, failures) or self._lost(exc, raw):
+            if isinstance(exc, failures) or connection_lost(self._dialect, exc, raw):
                 self._drop()
                 raise self.db.failure(exc) from exc
             raise
         finally:
             kept.used_at = time.monotonic()
 
-    def _lost(self, exc: BaseException, raw) -> bool:
-        """Whether the driver's error left the connection closed (the server ended the session)."""
-        return isinstance(exc, self._dbapi.Error) and self._dialect.is_disconnect(exc, raw, None)
 
     def _rollback(self, raw) -> None:
         with contextlib.suppress(Exception):  # a connection that failed may not even roll back

@@ -49,7 +49,7 @@ from psycopg.pq import TransactionStatus
 
 from fsched.storage import db as db_module
 from fsched.storage.db import Database
-from fsched.storage.direct import PING_IDLE_S, KeptConnection
+from fsched.storage.direct import PING_IDLE_S, KeptConnection, connection_lost
 from fsched.storage.prepared import Prepared
 
 Statement = tuple[Prepared, Mapping[str, Any]]
@@ -115,7 +115,7 @@ class KeptWriter:
                 with self._transaction(kept.raw, ("BEGIN",)) as batches:
                     yield batches
             except BaseException as exc:
-                if isinstance(exc, self._failures) or self._lost(exc, kept.raw):
+                if isinstance(exc, self._failures) or connection_lost(self.db.engine.dialect, exc, kept.raw):
                     self._drop()
                     raise self.db.failure(exc) from exc
                 raise
@@ -137,7 +137,7 @@ class KeptWriter:
             with self._transaction(raw, ("BEGIN", limit)) as batches:
                 yield batches
         except BaseException as exc:
-            if isinstance(exc, self._failures) or self._lost(exc, raw):
+            if isinstance(exc, self._failures) or connection_lost(self.db.engine.dialect, exc, raw):
                 with contextlib.suppress(Exception):
                     proxied.invalidate()
                 raise self.db.failure(exc) from exc
@@ -159,11 +159,6 @@ class KeptWriter:
                 if raw.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
                     raw.execute("ROLLBACK")
             raise
-
-    def _lost(self, exc: BaseException, raw) -> bool:
-        """Whether the driver's error left the connection closed (the server ended the session)."""
-        dialect = self.db.engine.dialect
-        return isinstance(exc, dialect.loaded_dbapi.Error) and dialect.is_disconnect(exc, raw, None)
 
     def _connection(self) -> KeptConnection:
         kept = self._kept
