@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from fsched.api import batch, dashboard, errors, expiry, online, responses, tokens
+from fsched.api import batch, dashboard, errors, expiry, facts, online, responses, tokens
 from fsched.api.guard import Guard, StreamRules
 from fsched.api.hotpath import HotPath
 from fsched.api.hub import ProgressHub
@@ -87,7 +87,8 @@ def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(hub.run()), asyncio.create_task(dashboard.sample_forever(state)),
                  asyncio.create_task(expiry.expire_forever(state)),
-                 asyncio.create_task(expiry.reclaim_forever(state))]
+                 asyncio.create_task(expiry.reclaim_forever(state)),
+                 asyncio.create_task(facts.keep_fresh_forever(state.refresh_ahead))]
         tasks += _link_tasks(state)
         try:
             yield

@@ -1,6 +1,6 @@
 """Per-key rate limits at the door: 429 with Retry-After, in OpenAI's error shape.
 
-The limits on a key are read from the table and kept for LIMITS_TTL_S (an
+The limits on a key are read from the table and kept for LIMITS_TTL_S (api/state.py; an
 admin's change applies within it); the counting is the table's
 (`KeyStore.take_rate`), shared by every replica of `fsched serve`. A key with
 no limit costs no write. What a request costs: one request, and the tokens
@@ -14,17 +14,11 @@ from __future__ import annotations
 import math
 
 from fsched.api.errors import ApiError
-from fsched.api.state import LIMITS_TTL_S, Cached, ServerState, refreshed
+from fsched.api.state import ServerState
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.ratelimit import charged_tokens, never_fits
 from fsched.core.openai.online import OnlineRequest
 from fsched.core.types import SamplingParams
-
-# key id -> its rate limits, as read when. Key ids are random and never reused, so one cache serves
-# every app of a process.
-_LIMITS: dict[str, Cached[dict[str, int]]] = {}
-_KEPT = 10_000
-
 
 UNSIZED_COST = 1024  # the tokens counted for a choice without max_tokens (the server knows no context)
 
@@ -40,7 +34,7 @@ def _sized(params: SamplingParams) -> int:
 
 async def admit(state: ServerState, key: ApiKey, online: OnlineRequest) -> None:
     """Let the request through, or refuse it: 429 (Retry-After) over a limit, 400 for one that never fits."""
-    limits = await _limits(state, key.id)
+    limits = await state.rate_limits(key.id)
     if not limits:
         return
     costs = costs_of(online, (await state.limits()).logprobs_per_charged_token)
@@ -56,12 +50,3 @@ async def admit(state: ServerState, key: ApiKey, online: OnlineRequest) -> None:
         raise ApiError(429, f"rate limit reached for key {key.id}: {limits[name]:,} "
                             f"{name.removesuffix('_per_minute')} per minute ({name}); retry in {wait} s",
                        code="rate_limit_exceeded", headers={"Retry-After": str(wait)})
-
-
-async def _limits(state: ServerState, key_id: str) -> dict[str, int]:
-    found = _LIMITS.get(key_id)
-    if found is None:
-        if len(_LIMITS) > _KEPT:
-            _LIMITS.clear()
-        found = _LIMITS[key_id] = Cached()
-    return await refreshed(found, LIMITS_TTL_S, lambda: state.call(state.backend.keys.rate_limits, key_id))

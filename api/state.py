@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING
 
 import anyio.to_thread
 from fastapi import Request
 
 from fsched.api.errors import ApiError
+from fsched.api.facts import KEEP_WARM_S, Cached, due, note_failed_read, refreshed, start_read
 from fsched.api.guard import Guard
 from fsched.api.hub import ProgressHub
 from fsched.api.keyreads import KeyReads
@@ -56,36 +57,6 @@ class Backend:
         return cls(jobs=table.catalog, keys=table.keys, files=table.files, serving=table.serving)
 
 
-T = TypeVar("T")
-
-
-@dataclass(slots=True)
-class Cached(Generic[T]):
-    value: T | None = None
-    at: float = -1e18
-    reading: asyncio.Future | None = None  # the read under way: requests meanwhile wait for it
-
-
-async def refreshed(cached: Cached[T], ttl_s: float, read: Callable[[], Awaitable[T]]) -> T:
-    """The cached value, read again once older than `ttl_s`: one read at a time, whatever the
-    requests arriving while it runs (each would otherwise read too, all of them at every expiry)."""
-    now = time.monotonic()
-    if now - cached.at <= ttl_s:
-        return cached.value
-    if cached.reading is None:
-        cached.reading = asyncio.ensure_future(_fill(cached, read))
-    return await asyncio.shield(cached.reading)
-
-
-async def _fill(cached: Cached[T], read: Callable[[], Awaitable[T]]) -> T:
-    try:
-        value = await read()
-        cached.value, cached.at = value, time.monotonic()
-        return value
-    finally:
-        cached.reading = None
-
-
 @dataclass(slots=True)
 class ServerState:
     backend: Backend
@@ -103,6 +74,8 @@ class ServerState:
     _key_reads: KeyReads | None = None
     _daemons: Cached[list[DaemonSummary]] = field(default_factory=Cached)
     _limits: Cached[InputLimits] = field(default_factory=Cached)
+    # each key's rate limits, the key asked for last at the end
+    _rate_limits: OrderedDict[str, Cached[dict[str, int]]] = field(default_factory=OrderedDict)
     _known_keys: dict[str, ApiKey] = field(default_factory=dict)  # unrevoked when read, by id
 
     async def call(self, fn, *args, **kwargs):
@@ -138,12 +111,12 @@ class ServerState:
         return await self._key_reads.get(key_id)
 
     async def live_daemons(self) -> list[DaemonSummary]:
-        async def read() -> list[DaemonSummary]:
-            daemons = await self.call(self.backend.jobs.list_daemons)
-            wall = time.time()
-            return [d for d in daemons if d.alive(wall)]
+        return await refreshed(self._daemons, DAEMONS_TTL_S, self._read_live_daemons)
 
-        return await refreshed(self._daemons, DAEMONS_TTL_S, read)
+    async def _read_live_daemons(self) -> list[DaemonSummary]:
+        daemons = await self.call(self.backend.jobs.list_daemons)
+        wall = time.time()
+        return [d for d in daemons if d.alive(wall)]
 
     async def require_daemon(self) -> None:
         if not await self.live_daemons():
@@ -151,10 +124,42 @@ class ServerState:
                            code="no_daemon")
 
     async def limits(self) -> InputLimits:
-        async def read() -> InputLimits:
-            return limits_in_force(await self.call(self.backend.keys.stored_limits))
+        return await refreshed(self._limits, LIMITS_TTL_S, self._read_limits)
 
-        return await refreshed(self._limits, LIMITS_TTL_S, read)
+    async def _read_limits(self) -> InputLimits:
+        return limits_in_force(await self.call(self.backend.keys.stored_limits))
+
+    async def rate_limits(self, key_id: str) -> dict[str, int]:
+        """The rate limits on a key (api/ratelimit.py), as read within LIMITS_TTL_S."""
+        found = self._rate_limits.get(key_id)
+        if found is None:
+            if len(self._rate_limits) >= KNOWN_KEYS:
+                self._rate_limits.clear()
+            found = self._rate_limits[key_id] = Cached()
+        else:
+            self._rate_limits.move_to_end(key_id)
+        return await refreshed(found, LIMITS_TTL_S,
+                               functools.partial(self.call, self.backend.keys.rate_limits, key_id))
+
+    def refresh_ahead(self, now: float) -> None:
+        """Start the reads of the facts requests keep asking for that near their TTL (api/facts.py):
+        the live daemons, the limits, and the rate limits of every key asked for lately, in one read."""
+        if due(self._daemons, DAEMONS_TTL_S, now):
+            start_read(self._daemons, self._read_live_daemons)
+        if due(self._limits, LIMITS_TTL_S, now):
+            start_read(self._limits, self._read_limits)
+        keys = []
+        for key_id in reversed(self._rate_limits):  # the keys asked for lately are last
+            cached = self._rate_limits[key_id]
+            if now - cached.asked > KEEP_WARM_S:
+                break
+            if due(cached, LIMITS_TTL_S, now):
+                keys.append(key_id)
+        if keys:
+            read = asyncio.ensure_future(self.call(self.backend.keys.rate_limits_of_keys, keys))
+            read.add_done_callback(note_failed_read)
+            for key_id in keys:
+                start_read(self._rate_limits[key_id], functools.partial(_one_of, read, key_id))
 
     async def authenticate(self, request: Request) -> ApiKey:
         """The key of `Authorization: Bearer <key>`; 401 for none, a malformed, unknown or revoked one."""
@@ -181,6 +186,10 @@ class ServerState:
 
     def forget_key(self, key_id: str) -> None:
         self._known_keys.pop(key_id, None)
+
+
+async def _one_of(read: asyncio.Future, key_id: str) -> dict[str, int]:
+    return (await asyncio.shield(read))[key_id]
 
 
 def _bearer(request: Request) -> tuple[str, str]:

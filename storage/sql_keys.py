@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from sqlalchemy import select, update
 
@@ -90,6 +90,11 @@ class SqlKeyStore:
     def rate_limits(self, key_id: str) -> dict[str, int]:
         """The rate limits on a key: its own, else the table-wide ones (none: unlimited)."""
         return rate_limits_of(self.stored_limits(), self.key_limits(key_id))
+
+    def rate_limits_of_keys(self, key_ids: Collection[str]) -> dict[str, dict[str, int]]:
+        """`rate_limits` of each key: two reads, whatever the number of keys."""
+        table_wide, own = self.stored_limits(), sql_limits.limits_of_keys(self.db, key_ids)
+        return {k: rate_limits_of(table_wide, own.get(k, {})) for k in key_ids}
 
     def take_rate(self, key_id: str, limits: Mapping[str, int], costs: Mapping[str, int]) -> RateDecision:
         """Admit a request of `costs` under `limits` (moving the key's rate), or say how long to wait."""

@@ -10,7 +10,7 @@ still agree. A key without a limit costs no write.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from sqlalchemy import bindparam, delete, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -22,6 +22,7 @@ from fsched.storage.models import KeyLimit, KeyRate
 
 key_limits = KeyLimit.__table__
 key_rates = KeyRate.__table__
+IDS_A_STATEMENT = 500  # keys in one IN list (SQLite bounds the parameters of a statement)
 
 
 def limits_of_key(db: Database, key_id: str) -> dict[str, int]:
@@ -29,6 +30,18 @@ def limits_of_key(db: Database, key_id: str) -> dict[str, int]:
         rows = conn.execute(select(key_limits.c.name, key_limits.c.value)
                             .where(key_limits.c.key_id == key_id)).all()
     return {row.name: int(row.value) for row in rows}
+
+
+def limits_of_keys(db: Database, key_ids: Collection[str]) -> dict[str, dict[str, int]]:
+    """`limits_of_key` of several keys in one transaction (only the keys with limits of their own)."""
+    ids, found = sorted(set(key_ids)), {}
+    with db.read() as conn:
+        for at in range(0, len(ids), IDS_A_STATEMENT):
+            rows = conn.execute(select(key_limits.c.key_id, key_limits.c.name, key_limits.c.value)
+                                .where(key_limits.c.key_id.in_(ids[at:at + IDS_A_STATEMENT]))).all()
+            for row in rows:
+                found.setdefault(row.key_id, {})[row.name] = int(row.value)
+    return found
 
 
 def set_key_limit(db: Database, key_id: str, name: str, value: int | None) -> None:

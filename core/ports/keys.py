@@ -25,7 +25,7 @@ What every implementation must hold:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Protocol, runtime_checkable
 
 from fsched.core.jobs.apikeys import ApiKey
@@ -74,6 +74,10 @@ class KeyStore(Protocol):
 
     def rate_limits(self, key_id: str) -> dict[str, int]:
         """The rate limits on a key, by name: its own, else the table-wide ones; none: unlimited."""
+        ...
+
+    def rate_limits_of_keys(self, key_ids: Collection[str]) -> dict[str, dict[str, int]]:
+        """`rate_limits` of each key, read at once (a server refreshing the keys in use)."""
         ...
 
     def take_rate(self, key_id: str, limits: Mapping[str, int], costs: Mapping[str, int]) -> RateDecision:

@@ -14,6 +14,7 @@ from fsched.core.jobs.apikeys import secret_matches, split_key
 from fsched.core.ports.keys import KeyStore
 from fsched.core.ports.records import UnknownKey
 from fsched.core.types import RequestClass
+from fsched.storage import sql_limits
 from tests.support.tables import KINDS, open_table
 
 
@@ -78,10 +79,24 @@ def test_the_store_counts_for_every_replica_at_the_limit_and_one_past(table):
     table.keys.set_key_limit(kid, "requests_per_minute", 9)
     assert table.keys.rate_limits(kid) == {"requests_per_minute": 9, "tokens_per_minute": 100}
     assert table.keys.rate_limits(other) == {"tokens_per_minute": 100}
+    assert table.keys.rate_limits_of_keys([kid, other, "nokey"]) == {
+        kid: {"requests_per_minute": 9, "tokens_per_minute": 100}, other: {"tokens_per_minute": 100},
+        "nokey": {"tokens_per_minute": 100}}
     table.keys.set_key_limit(kid, "requests_per_minute", None)
     assert table.keys.key_limits(kid) == {}
     with pytest.raises(UnknownKey):
         table.keys.set_key_limit("nokey", "requests_per_minute", 1)
+
+
+def test_the_rate_limits_of_many_keys_are_read_in_pieces_and_match_each_keys_own(table, monkeypatch):
+    monkeypatch.setattr(sql_limits, "IDS_A_STATEMENT", 2)  # five keys: three IN lists on SQL tables
+    ids = [table.keys.create_key("alice", RequestClass.STREAMING)[0].id for _ in range(5)]
+    for n, kid in enumerate(ids[::2]):
+        table.keys.set_key_limit(kid, "requests_per_minute", n + 1)
+    table.keys.set_limit("tokens_per_minute", 50)
+    assert table.keys.rate_limits_of_keys(ids) == {kid: table.keys.rate_limits(kid) for kid in ids}
+    assert table.keys.rate_limits_of_keys(ids)[ids[4]] == {"requests_per_minute": 3, "tokens_per_minute": 50}
+    assert table.keys.rate_limits_of_keys([]) == {}
 
 
 def test_replicas_racing_on_a_new_key_let_exactly_the_limit_through(table):

@@ -1,13 +1,18 @@
-"""A server's cached table facts (api/state.py `refreshed`): read once at a time when expired, whatever
-the requests waiting on them."""
+"""A server's cached table facts (api/facts.py): read once at a time when expired, whatever the requests
+waiting on them, and read again before they expire while requests keep asking for them."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
 import pytest
 
-from fsched.api.state import Cached, refreshed
+from fsched.api.facts import AHEAD, KEEP_WARM_S, Cached, due, refreshed
+from fsched.api.state import LIMITS_TTL_S, Backend, ServerState
+from fsched.core.ports.memory.table import MemoryTable
+from fsched.core.types import RequestClass
 
 
 class Reads:
@@ -61,3 +66,86 @@ def test_a_waiter_cancelled_leaves_the_read_to_the_others():
         return await second, read.calls
 
     assert asyncio.run(run()) == (1, 1)
+
+
+# -- read ahead of need (api/facts.py `due`, ServerState.refresh_ahead) ------------------------------------
+def test_a_fact_is_due_once_most_of_its_ttl_has_passed_while_requests_ask_for_it():
+    cached = Cached(value=1, at=100.0, asked=100.0)
+    assert not due(cached, 1.0, 100.0 + 0.5 * AHEAD)  # still young
+    assert due(cached, 1.0, 100.0 + AHEAD + 1e-9)
+    assert due(cached, 1.0, 100.0 + KEEP_WARM_S)  # asked for lately enough
+    assert not due(cached, 1.0, 100.0 + KEEP_WARM_S + 0.1)  # nobody asked: left to expire
+    cached.reading = object()  # any read under way
+    assert not due(cached, 1.0, 100.0 + AHEAD + 1e-9)  # a read is under way already
+
+
+class CountingKeys:
+    """A memory table's key store whose batch read of rate limits is counted (and can fail)."""
+
+    def __init__(self, keys):
+        self.keys, self.batches, self.fail = keys, [], False
+
+    def __getattr__(self, name):
+        return getattr(self.keys, name)
+
+    def rate_limits_of_keys(self, key_ids):
+        self.batches.append(sorted(key_ids))
+        if self.fail:
+            raise RuntimeError("database busy")
+        return self.keys.rate_limits_of_keys(key_ids)
+
+
+def _server() -> tuple[ServerState, CountingKeys, list[str]]:
+    table = MemoryTable()
+    keys = CountingKeys(table.keys)
+    backend = Backend(jobs=table.catalog, keys=keys, files=table.files, serving=table.serving)
+    ids = [table.keys.create_key(t, RequestClass.REALTIME)[0].id for t in ("alice", "bob", "carol")]
+    table.keys.set_key_limit(ids[0], "requests_per_minute", 5)
+    return ServerState(backend=backend, hub=None), keys, ids
+
+
+def test_the_facts_requests_ask_for_are_read_again_before_they_expire_the_keys_in_one_read():
+    async def run():
+        state, keys, (alice, bob, carol) = _server()
+        await state.live_daemons(), await state.limits()
+        assert await state.rate_limits(alice) == {"requests_per_minute": 5}
+        await state.rate_limits(bob)
+        read_at = state._limits.at
+        now = time.monotonic()
+        state.refresh_ahead(now)  # nothing due yet
+        await asyncio.sleep(0.05)
+        assert keys.batches == [] and state._limits.at == read_at
+        keys.keys.set_key_limit(bob, "requests_per_minute", 7)  # an admin's change meanwhile
+        state.refresh_ahead(now + AHEAD * LIMITS_TTL_S)
+        for _ in range(50):
+            if keys.batches and state._rate_limits[bob].reading is None:
+                break
+            await asyncio.sleep(0.01)
+        assert keys.batches == [sorted([alice, bob])]  # one read for every key asked for lately; carol never was
+        assert state._limits.at > read_at and state._daemons.at > read_at
+        # within the TTL the request path reads nothing, and sees the change read ahead
+        assert await state.rate_limits(bob) == {"requests_per_minute": 7}
+        state.refresh_ahead(time.monotonic() + KEEP_WARM_S + 1)  # nobody asked since: nothing read
+        await asyncio.sleep(0.05)
+        assert len(keys.batches) == 1
+
+    asyncio.run(run())
+
+
+def test_a_read_ahead_that_fails_is_read_again_on_demand_by_the_next_request(caplog):
+    async def run():
+        state, keys, (alice, _, _) = _server()
+        await state.rate_limits(alice)
+        keys.fail = True
+        state.refresh_ahead(time.monotonic() + LIMITS_TTL_S + 0.1)
+        for _ in range(50):
+            if keys.batches and state._rate_limits[alice].reading is None:
+                break
+            await asyncio.sleep(0.01)
+        keys.fail = False
+        state._rate_limits[alice].at -= LIMITS_TTL_S + 0.1  # expired: the request reads it itself
+        return await state.rate_limits(alice)
+
+    with caplog.at_level(logging.DEBUG, "fsched.serve"):
+        assert asyncio.run(run()) == {"requests_per_minute": 5}
+    assert "database busy" in caplog.text

@@ -7,7 +7,7 @@ rows' clock, and only when the request is let through.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from fsched.core.jobs.apikeys import ApiKey, new_key, validate_key_name
 from fsched.core.jobs.ratelimit import RATE_KINDS, RateDecision, decide, rate_limits_of
@@ -75,6 +75,10 @@ class MemoryKeyStore:
     @atomic
     def rate_limits(self, key_id: str) -> dict[str, int]:
         return rate_limits_of(self.rows.limits, self.rows.key_limits.get(key_id, {}))
+
+    @atomic
+    def rate_limits_of_keys(self, key_ids: Collection[str]) -> dict[str, dict[str, int]]:
+        return {k: rate_limits_of(self.rows.limits, self.rows.key_limits.get(k, {})) for k in key_ids}
 
     @atomic
     def take_rate(self, key_id: str, limits: Mapping[str, int], costs: Mapping[str, int]) -> RateDecision:
