@@ -43,7 +43,7 @@ from fsched.core.openai.online import (
 from fsched.core.openai.results import DEFAULT_MODEL_NAME
 from fsched.core.openai.streams import StreamRelay
 from fsched.core.ports.records import KeyRevoked, QueueFull, RequestProgress
-from fsched.core.stamps import ARRIVED, stamp
+from fsched.core.stamps import ARRIVED, TAG_HEADER, stamp, tag
 from fsched.core.stamps import enabled as stamps_on
 from fsched.core.types import Endpoint, RequestStatus
 
@@ -123,6 +123,8 @@ async def _serve(request: Request, endpoint: Endpoint, body: bytes):
         job_id = await submit(state, key, online)
         stamp("handler", job_id, began)
         stamp("arrived", job_id, request.scope.get(ARRIVED, began))
+        if stamps_on():
+            tag(job_id, request.headers.get(TAG_HEADER))
     except ApiError:
         if known is not None:
             await state.authenticate(request)  # a revoked key answers 401 before anything, as read

@@ -17,9 +17,10 @@ one table, the clients alternating between them. `--loaded`: another
 tenant's batch job fills the engine first and the client's key is
 realtime; its TTFT is compared with the idle direct engine's.
 `--no-link`: the daemons publish no link (servers read the table only): the
-path as it was. `--stamps`: each online request's stages timed (core/stamps.py: request
-read, handler start, row stored, claimed, its engine request sent, first token read, pushed,
-received, written), a row per concurrency of each stage's p50 / p99. `--profile DIR`: py-spy
+path as it was. `--stamps`: each online request's stages timed (core/stamps.py: the client's
+send, request read, handler start, row stored, claimed, its engine request sent, first token read,
+pushed, received, written, the client's first content read), a row per concurrency of each stage's
+p50 / p99. `--profile DIR`: py-spy
 records serve and daemon during the highest concurrency (top frames printed); environment:
 SPY_RATE (samples a second, 200), SPY_SECONDS (8), SPY_ALL=1 (threads not holding the GIL too).
 
@@ -52,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import resource
@@ -69,7 +71,10 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from fast_path import FSCHED, TICK, Engine, Table, cpu_s, postgres_cpu_s  # noqa: E402
 
+from fsched.core.stamps import TAG_HEADER  # noqa: E402
+
 MESSAGES = [{"role": "user", "content": "tell me about fair scheduling"}]
+TAGS = itertools.count()  # the client's numbers for its requests (--stamps), unique in a run
 
 
 def free_port() -> int:
@@ -79,24 +84,34 @@ def free_port() -> int:
 
 
 # -- the client --------------------------------------------------------------------------------
-async def _one(client, model: str, tokens: int, ttfts: list[float]) -> int:
+async def _one(client, model: str, tokens: int, ttfts: list[float], times: list | None = None) -> int:
+    """One streamed chat; with `times`, its (tag, wall time sent, wall time of its first content) added,
+    the tag sent in core/stamps.py's header for the server to stamp with its job."""
+    headers = mine = None
+    if times is not None:
+        mine = [next(TAGS), time.time(), None]
+        headers = {TAG_HEADER: str(mine[0])}
+        times.append(mine)
     start = time.perf_counter()
     got = 0
     stream = await client.chat.completions.create(
         model=model, messages=MESSAGES, max_tokens=tokens, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}, extra_headers=headers)
     usage = None
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             if not got:
                 ttfts.append(time.perf_counter() - start)
+                if mine is not None:
+                    mine[2] = time.time()
             got += 1
         if chunk.usage is not None:
             usage = chunk.usage.completion_tokens
     return usage if usage is not None else got  # a chunk may carry several tokens
 
 
-async def _load(urls: list[str], key: str, model: str, concurrency: int, requests: int, tokens: int) -> dict:
+async def _load(urls: list[str], key: str, model: str, concurrency: int, requests: int, tokens: int,
+                stamps: Path | None = None) -> dict:
     import httpx
     from openai import AsyncOpenAI
 
@@ -104,13 +119,14 @@ async def _load(urls: list[str], key: str, model: str, concurrency: int, request
     clients = [AsyncOpenAI(base_url=f"{u}/v1", api_key=key, max_retries=0, timeout=120,
                            http_client=httpx.AsyncClient(limits=limits, timeout=120)) for u in urls]
     ttfts: list[float] = []
+    times = [] if stamps is not None else None
     queue = list(range(requests))
 
     async def worker(index: int) -> int:
         got = 0
         while queue:
             queue.pop()
-            got += await _one(clients[index % len(clients)], model, tokens, ttfts)
+            got += await _one(clients[index % len(clients)], model, tokens, ttfts, times)
         return got
 
     start = time.perf_counter()
@@ -120,6 +136,11 @@ async def _load(urls: list[str], key: str, model: str, concurrency: int, request
     total = sum(r for r in results if isinstance(r, int))
     for c in clients:
         await c.close()
+    if stamps is not None:  # the client's own stages, by tag (stage_figures joins them to the jobs)
+        with open(stamps / f"client-{os.getpid()}.txt", "a") as out:
+            for n, sent, first in times:
+                first_line = f"client_first {n} {first:.6f}\n" if first else ""
+                out.write(f"client_sent {n} {sent:.6f}\n" + first_line)
     ttfts.sort()
     return {"tokens": total, "errors": len(errors), "error": repr(errors[0])[:200] if errors else None,
             "wall_s": round(wall, 2), "tok_s": round(total / wall, 1),
@@ -128,8 +149,8 @@ async def _load(urls: list[str], key: str, model: str, concurrency: int, request
             if ttfts else None}
 
 
-def load(urls, key, model, concurrency, rounds, tokens) -> dict:
-    return asyncio.run(_load(urls, key, model, concurrency, max(16, rounds * concurrency), tokens))
+def load(urls, key, model, concurrency, rounds, tokens, stamps: Path | None = None) -> dict:
+    return asyncio.run(_load(urls, key, model, concurrency, max(16, rounds * concurrency), tokens, stamps))
 
 
 # -- fsched ----------------------------------------------------------------------------------------
@@ -301,13 +322,13 @@ def warm_up(urls: list[str], key: str, model: str) -> None:
 
 
 def measured(engine, urls: list[str], key: str, model: str, concurrency: int, rounds: int,
-             tokens: int) -> dict:
+             tokens: int, stamps: Path | None = None) -> dict:
     """load(), with vLLM's CPU per token over it (its whole session) when the engine is vLLM."""
     if not isinstance(engine, Vllm):
-        return load(urls, key, model, concurrency, rounds, tokens)
+        return load(urls, key, model, concurrency, rounds, tokens, stamps)
     before, client, db, busy = engine.cpu_s(), own_cpu_s(), postgres_cpu_s(), machine_busy_s()
     api = engine.api_cpu_s()
-    got = load(urls, key, model, concurrency, rounds, tokens)
+    got = load(urls, key, model, concurrency, rounds, tokens, stamps)
     n = max(1, got["tokens"])
     got["engine_us_per_token"] = round(1e6 * (engine.cpu_s() - before) / n, 1)
     got["api_server_us_per_token"] = round(1e6 * (engine.api_cpu_s() - api) / n, 1)
@@ -361,7 +382,7 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
                 if args.profile and c == max(args.concurrency):
                     spies = profile(pids, 8, Path(args.profile) / f"{backend}-x{replicas}")
                 began = time.time()
-                through = measured(engine, f.urls, f.key, model, c, args.rounds, args.tokens)
+                through = measured(engine, f.urls, f.key, model, c, args.rounds, args.tokens, stamps)
                 if stamps is not None:
                     print(json.dumps({"arm": "stages", "backend": backend, "concurrency": c,
                                       **stage_figures(stamps, began, time.time())}), flush=True)
@@ -387,23 +408,33 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
     return rows
 
 
-STAGES = ("arrived", "handler", "grouped", "stored", "announced", "claimed", "opened", "sent", "read",
-          "pushed", "received", "written")
+STAGES = ("client_sent", "arrived", "handler", "grouped", "stored", "announced", "claimed", "opened", "sent",
+          "read", "pushed", "received", "written", "client_first")
 ENDS = ("end_read", "finished", "end_pushed", "end_received", "end_written")
 
 
 def stage_figures(folder: Path, began: float, ended: float) -> dict:
     """From the stamps of core/stamps.py: for the online requests whose handler started between `began`
     and `ended`, each stage's time since the one before (ms, p50 / p99), and their end's way back (from
-    the engine's last token read to the server's reading of the end)."""
+    the engine's last token read to the server's reading of the end). The client's own times (its request
+    sent, its first content read) join a job by the tag the server stamped with it."""
     seen: dict[int, dict[str, float]] = {}
+    client: dict[int, dict[str, float]] = {}
+    tags: dict[int, int] = {}
     for path in folder.glob("*.txt"):
         for line in path.read_text().splitlines():
             parts = line.split()
             if len(parts) != 3:
                 continue
-            stages = seen.setdefault(int(parts[1]), {})
+            if parts[0] == "tag":
+                tags[int(parts[1])] = int(parts[2])
+                continue
+            into = client if parts[0].startswith("client_") else seen
+            stages = into.setdefault(int(parts[1]), {})
             stages.setdefault(parts[0], float(parts[2]))  # the first time it reached the stage
+    for job, number in tags.items():
+        if job in seen:
+            seen[job].update(client.get(number, {}))
     jobs = [s for s in seen.values() if began <= s.get("arrived", -1.0) <= ended]
 
     def spans(order: tuple[str, ...]) -> dict[str, str]:
@@ -422,7 +453,7 @@ def stage_figures(folder: Path, began: float, ended: float) -> dict:
         return out
 
     return {"requests": len(jobs), "p50/p99 ms": spans(STAGES), "end": spans(ENDS),
-            "whole": spans(("arrived", "written"))}
+            "whole": spans(("arrived", "written")), "client": spans(("client_sent", "client_first"))}
 
 
 def table_lines(rows: list[dict]) -> list[str]:

@@ -12,7 +12,11 @@ begins its transaction), `stored` (its row is in the table), `announced`
 and `sent` (its stream to the engine opened, its request written), `read`
 (its first token read from the engine), `pushed` (its first text queued on
 the daemon's link), `received` (the server read that push), `written` (the
-server wrote its first chunk). Its end's way back: `end_read` (the engine's
+server wrote its first chunk). A client that tags its request (the
+`TAG_HEADER` header, a number of its own) gets a `tag` line whose time is
+that number: bench/online_path.py joins its own times (`client_sent`,
+`client_first`: its request sent, its first content read) to the job by it.
+Its end's way back: `end_read` (the engine's
 last token read), `finished` (the step that ends it), `end_pushed` (its end
 pushed), `end_received`, `end_written` (the server wrote the stream's last
 bytes).
@@ -25,6 +29,7 @@ import os
 import time
 
 ARRIVED = "fsched.arrived"  # a server's request scope: when its head was read (stamps on)
+TAG_HEADER = "x-fsched-stamp-tag"  # a client's number for its request, stamped with the job (stamps on)
 
 _file = None
 if folder := os.environ.get("FSCHED_STAMPS"):
@@ -34,6 +39,12 @@ if folder := os.environ.get("FSCHED_STAMPS"):
 
 def enabled() -> bool:
     return _file is not None
+
+
+def tag(job_id: int, value: str | None) -> None:
+    """The client's tag of the request stored as `job_id` (a `tag` line; none when it sent no number)."""
+    if _file is not None and value is not None and value.isdigit():
+        _file.write(f"tag {job_id} {value}\n")
 
 
 def stamp(stage: str, job_id: int, at: float | None = None) -> None:

@@ -20,3 +20,14 @@ def test_a_stamp_is_one_line_of_stage_job_and_time_when_on_and_nothing_when_off(
     assert first == "stored 7 12.500000"
     stage, job, at = second.split()
     assert (stage, job) == ("claimed", "7") and float(at) > 12.5
+
+
+def test_a_clients_tag_is_stamped_with_its_job_only_when_on_and_only_a_number(monkeypatch):
+    monkeypatch.setattr(stamps, "_file", None)
+    stamps.tag(7, "12")  # off: nothing, no error
+    out = io.StringIO()
+    monkeypatch.setattr(stamps, "_file", out)
+    stamps.tag(7, "12")
+    stamps.tag(8, None)  # the client sent no tag
+    stamps.tag(9, "12\n34 5")  # not a number: nothing a reader could misparse
+    assert out.getvalue().splitlines() == ["tag 7 12"]
