@@ -137,7 +137,7 @@ async def _load(urls: list[str], key: str, model: str, concurrency: int, request
     for c in clients:
         await c.close()
     if stamps is not None:  # the client's own stages, by tag (stage_figures joins them to the jobs)
-        with open(stamps / f"client-{os.getpid()}.txt", "a") as out:
+        with open(stamps / f"client-{os.getpid()}-{times[0][0] if times else 0}.txt", "w") as out:
             for n, sent, first in times:
                 first_line = f"client_first {n} {first:.6f}\n" if first else ""
                 out.write(f"client_sent {n} {sent:.6f}\n" + first_line)
@@ -350,15 +350,40 @@ def machine_busy_s() -> float:
     return (sum(fields[:8]) - fields[3] - fields[4]) / TICK  # less idle and iowait
 
 
-def direct_arm(engine, args) -> dict[int, dict]:
+def direct_arm(engine, args, stamps: Path | None = None) -> dict[int, dict]:
+    """The client straight to the engine at each concurrency; with `stamps` (the paced engine's folder),
+    its way there and back timed too (a row per concurrency)."""
     model = engine.model if isinstance(engine, Vllm) else "paced-engine"
     if isinstance(engine, Vllm):
         warm_up([engine.url], "none", model)
     direct = {}
     for c in args.concurrency:
-        direct[c] = measured(engine, [engine.url], "none", model, c, args.rounds, args.tokens)
+        before = set(stamps.glob("*.txt")) if stamps is not None else set()
+        direct[c] = measured(engine, [engine.url], "none", model, c, args.rounds, args.tokens, stamps)
         print(json.dumps({"arm": "direct", "concurrency": c, **direct[c]}), flush=True)
+        if stamps is not None:
+            print(json.dumps({"arm": "direct stages", "concurrency": c,
+                              **client_figures(stamps, set(stamps.glob("*.txt")) - before)}), flush=True)
     return direct
+
+
+def client_figures(folder: Path, new_files: set[Path]) -> dict:
+    """A direct client's requests (this load's client file among `new_files`): sent → at the engine → its
+    first content read, ms p50 / p99."""
+    times: dict[str, dict[str, float]] = {}
+    for path in folder.glob("*.txt"):
+        for line in path.read_text().splitlines():
+            stage, number, at = line.split()
+            times.setdefault(number, {})[stage] = float(at)
+    mine = {line.split()[1] for path in new_files if path.name.startswith("client-")
+            for line in path.read_text().splitlines()}
+    order = ("client_sent", "client_engine_arrived", "client_first")
+    return {"requests": len(mine), "p50/p99 ms": spans([times[n] for n in mine], order)}
+
+
+def _p50_p99(found: list[float]) -> str:
+    found.sort()
+    return f"{statistics.median(found):.1f}/{found[min(len(found) - 1, int(0.99 * len(found)))]:.1f}"
 
 
 # -- the run -----------------------------------------------------------------------------------------
@@ -437,23 +462,20 @@ def stage_figures(folder: Path, began: float, ended: float) -> dict:
             seen[job].update(client.get(number, {}))
     jobs = [s for s in seen.values() if began <= s.get("arrived", -1.0) <= ended]
 
-    def spans(order: tuple[str, ...]) -> dict[str, str]:
-        """Each stage's time since the one before it that the request reached (a tree that stamps fewer
-        stages gives fewer, longer spans)."""
-        gaps: dict[str, list[float]] = {}
-        for s in jobs:
-            reached = [stage for stage in order if stage in s]
-            for before, after in zip(reached, reached[1:], strict=False):
-                gaps.setdefault(f"{before}>{after}", []).append(1000 * (s[after] - s[before]))
-        out = {}
-        for name, found in gaps.items():
-            found.sort()
-            p99 = found[min(len(found) - 1, int(0.99 * len(found)))]
-            out[name] = f"{statistics.median(found):.1f}/{p99:.1f}"
-        return out
+    return {"requests": len(jobs), "p50/p99 ms": spans(jobs, STAGES), "end": spans(jobs, ENDS),
+            "whole": spans(jobs, ("arrived", "written")),
+            "client": spans(jobs, ("client_sent", "client_first"))}
 
-    return {"requests": len(jobs), "p50/p99 ms": spans(STAGES), "end": spans(ENDS),
-            "whole": spans(("arrived", "written")), "client": spans(("client_sent", "client_first"))}
+
+def spans(requests: list[dict[str, float]], order: tuple[str, ...]) -> dict[str, str]:
+    """Each stage's time since the one before it that the request reached, ms p50 / p99 (a tree that
+    stamps fewer stages gives fewer, longer spans)."""
+    gaps: dict[str, list[float]] = {}
+    for s in requests:
+        reached = [stage for stage in order if stage in s]
+        for before, after in zip(reached, reached[1:], strict=False):
+            gaps.setdefault(f"{before}>{after}", []).append(1000 * (s[after] - s[before]))
+    return {name: _p50_p99(found) for name, found in gaps.items()}
 
 
 def table_lines(rows: list[dict]) -> list[str]:
@@ -548,8 +570,12 @@ def main() -> None:
         if "tokens" in args.engine_apis:
             rows += token_interface_arm(args, directs)
     else:
-        with Engine(args.slots, args.step_ms) as engine:
-            direct = direct_arm(engine, args)
+        engine_stamps = None
+        if args.stamps is not None:
+            engine_stamps = Path(args.stamps or tempfile.mkdtemp()) / f"direct-{os.getpid()}"
+            engine_stamps.mkdir(parents=True)
+        with Engine(args.slots, args.step_ms, engine_stamps) as engine:
+            direct = direct_arm(engine, args, engine_stamps)
             for backend in args.backends:
                 for replicas in args.replicas:
                     rows += fsched_arm(engine, args, backend, replicas, direct)

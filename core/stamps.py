@@ -47,6 +47,13 @@ def tag(job_id: int, value: str | None) -> None:
         _file.write(f"tag {job_id} {value}\n")
 
 
+def stamp_tagged(stage: str, value: str | None) -> None:
+    """Note that the request a client tagged `value` reached `stage` now (a stage of the client's: the
+    paced stand-in engine notes when a tagged request reached it, a direct client's way there)."""
+    if _file is not None and value is not None and value.isdigit():
+        _file.write(f"{stage} {value} {time.time():.6f}\n")
+
+
 def stamp(stage: str, job_id: int, at: float | None = None) -> None:
     """Note that `job_id` reached `stage` now (or at `at`, a wall time)."""
     if _file is not None:

@@ -34,6 +34,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from fsched.core import stamps
 from fsched.core.runners.standin import STANDIN_EOS, standin_encode
 from tests.support.fake_engine import draw_seed, fake_token
 
@@ -89,6 +90,8 @@ class _Conn(asyncio.Protocol):
                 return
             body, self.buf = self.buf[end + 4 : end + 4 + length], self.buf[end + 4 + length :]
             method, path = (head[0].split(" ") + ["", ""])[:2]
+            if stamps.enabled():  # a benchmark's client tagged its request: when it got here
+                stamps.stamp_tagged("client_engine_arrived", headers.get(stamps.TAG_HEADER))
             self.engine.handle(self, method, path, body)
 
     def reply(self, status: int, payload, content_type: str = "application/json") -> None:
