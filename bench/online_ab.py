@@ -1,12 +1,12 @@
 """fsched's CPU per streamed token, two source trees alternately, one engine for every run.
 
     .venv/bin/python bench/online_ab.py OLD_TREE NEW_TREE [--reps 3] [--concurrency 32] [--rounds 4]
-        [--tokens 64] [--step-ms 20] [--vllm]
+        [--tokens 64] [--step-ms 20] [--vllm] [--backend sqlite] [--stamps]
 
 A tree is a folder of fsched's sources (`git archive REV | tar -x -C DIR`,
 or a worktree); its `fsched daemon` and `fsched serve` run from it, with
 this environment's packages. Each rep runs both trees, in turn, the order
-flipped every rep (ABBA...), each on a fresh SQLite table: bench/online_path.py's
+flipped every rep (ABBA...), each on a fresh table (SQLite, or `--backend postgresql`): bench/online_path.py's
 fsched arm (its client, 32 streamed chats by default, warm-up first) in
 front of the paced engine, or with `--vllm` vLLM's CPU build started once
 with `--tokens-only` (the daemon on `--engine-api tokens`). Each run prints
@@ -16,7 +16,9 @@ of the engine's API server process, the daemon's tokens per step (from its
 heartbeat's step count) and the 1-minute load average at the start; then
 each tree's figures side by side. CPU per token falls as tokens per step
 and tok/s rise (per-step and per-second costs): compare rows at like
-figures.
+figures. `--stamps`: each run's requests also timed stage by stage (bench/online_path.py's
+`--stamps`: the client's call, the server's handler, the group commit, the claim, the engine...),
+each stage's p50 / p99 printed for each tree.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ def one_run(engine, command: str, args) -> dict:
     fast_path.FSCHED = online_path.FSCHED = command
     vllm = isinstance(engine, online_path.Vllm)
     with tempfile.TemporaryDirectory() as tmp:
-        f = online_path.Fsched(engine, "sqlite", Path(tmp), 1, link=True)
+        stamps = Path(tmp) / "stamps" if args.stamps else None
+        f = online_path.Fsched(engine, args.backend, Path(tmp), 1, link=True, stamps=stamps)
         try:
             model = f.served_model() if vllm else "fsched"
             online_path.warm_up(f.urls, f.key, model)
@@ -83,7 +86,9 @@ def one_run(engine, command: str, args) -> dict:
             steps0, load = steps(), os.getloadavg()[0]
             before = {name: figures(pid) for name, pid in pids.items()}
             api0 = engine.api_cpu_s() if vllm else cpu_s(engine.proc.pid)
-            got = online_path.load(f.urls, f.key, model, args.concurrency, args.rounds, args.tokens)
+            began = time.time()
+            got = online_path.load(f.urls, f.key, model, args.concurrency, args.rounds, args.tokens, stamps)
+            ended = time.time()
             n = max(1, got["tokens"])
             api = engine.api_cpu_s() if vllm else cpu_s(engine.proc.pid)
             row = {"tokens": got["tokens"], "errors": got["errors"], "tok_s": got["tok_s"],
@@ -97,6 +102,8 @@ def one_run(engine, command: str, args) -> dict:
                              "vcsw": round((b[2] - a[2]) / n, 3), "icsw": round((b[3] - a[3]) / n, 3)}
             time.sleep(1.2)  # the load's last steps in a heartbeat
             row["tok_per_step"] = round(n / max(1, steps() - steps0), 2)
+            if stamps is not None:
+                row["stages"] = online_path.stage_figures(stamps, began, ended)["p50/p99 ms"]
             return row
         finally:
             f.close()
@@ -112,6 +119,9 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=20.0)
     parser.add_argument("--vllm", action="store_true")
     parser.add_argument("--engine-nice", type=int, default=10)
+    parser.add_argument("--backend", default="sqlite", choices=["sqlite", "postgresql"])
+    parser.add_argument("--stamps", action="store_true",
+                        help="each run's online requests timed stage by stage (core/stamps.py), p50 / p99 ms")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         commands = [launcher(tree, Path(tmp) / str(i)) for i, tree in enumerate(args.trees)]
@@ -137,6 +147,9 @@ def main() -> None:
         print(f"{tree}: daemon {[r['daemon']['us'] for r in mine]} serve {[r['serve']['us'] for r in mine]} "
               f"µs/token; tok/s {[r['tok_s'] for r in mine]}; tok/step {[r['tok_per_step'] for r in mine]}; "
               f"load {[r['load1'] for r in mine]}")
+        if args.stamps:
+            for stage in mine[0]["stages"]:
+                print(f"  {stage} p50 / p99 ms: {[r['stages'].get(stage) for r in mine]}")
 
 
 if __name__ == "__main__":

@@ -37,9 +37,11 @@ from fsched.core.types import JobOrigin, JobState, RequestClass
 from fsched.storage.activity import ONLINE_WINDOW_S, online_groups
 from fsched.storage.base import SqlStoreBase
 from fsched.storage.counters import lock_job, store_counts
+from fsched.storage.db import database_clock
 from fsched.storage.direct import DirectConnection
 from fsched.storage.kept import KeptWriter
 from fsched.storage.logprobs import read as read_logprobs
+from fsched.storage.prepared import Prepared
 from fsched.storage.rows import (
     FINISHED_JOB_STATES,
     PROGRESS_COLUMNS,
@@ -66,6 +68,8 @@ from fsched.storage.submit import (
 )
 
 RESULTS_BATCH = 1_000
+DAEMONS_NEWEST_FIRST = Prepared(select(daemons, (database_clock() - daemons.c.heartbeat_at).label("age_s"))
+                                .order_by(daemons.c.heartbeat_at.desc()))
 
 
 class SqlCatalogStore(SqlStoreBase):
@@ -204,11 +208,7 @@ class SqlCatalogStore(SqlStoreBase):
         ]
 
     def list_daemons(self) -> list[DaemonSummary]:
-        with self.db.read() as conn:
-            rows = conn.execute(
-                select(daemons, (self.db.now() - daemons.c.heartbeat_at).label("age_s"))
-                .order_by(daemons.c.heartbeat_at.desc())
-            ).all()
+        rows = self.db.rows(DAEMONS_NEWEST_FIRST)  # the HTTP server's check, several times a second
         return [
             DaemonSummary(
                 id=row.id, host=row.host, pid=row.pid, device=row.device, model=row.model,

@@ -19,10 +19,13 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from fsched.core.jobs.ratelimit import RATE_KINDS, RateDecision, decide
 from fsched.storage.db import Database
 from fsched.storage.models import KeyLimit, KeyRate
+from fsched.storage.prepared import Prepared, listed
 
 key_limits = KeyLimit.__table__
 key_rates = KeyRate.__table__
-IDS_A_STATEMENT = 500  # keys in one IN list (SQLite bounds the parameters of a statement)
+IDS_A_STATEMENT = 256  # keys in one IN list (SQLite bounds the parameters of a statement)
+LIMITS_OF_KEYS = Prepared(lambda n: select(key_limits.c.key_id, key_limits.c.name, key_limits.c.value)
+                          .where(listed(key_limits.c.key_id, "b_keys", n)), listed="b_keys")
 
 
 def limits_of_key(db: Database, key_id: str) -> dict[str, int]:
@@ -33,14 +36,12 @@ def limits_of_key(db: Database, key_id: str) -> dict[str, int]:
 
 
 def limits_of_keys(db: Database, key_ids: Collection[str]) -> dict[str, dict[str, int]]:
-    """`limits_of_key` of several keys in one transaction (only the keys with limits of their own)."""
+    """`limits_of_key` of several keys (only the keys with limits of their own), IDS_A_STATEMENT at a
+    time, each a read of its own (a consistent whole is not needed: each key's limits are its rows)."""
     ids, found = sorted(set(key_ids)), {}
-    with db.read() as conn:
-        for at in range(0, len(ids), IDS_A_STATEMENT):
-            rows = conn.execute(select(key_limits.c.key_id, key_limits.c.name, key_limits.c.value)
-                                .where(key_limits.c.key_id.in_(ids[at:at + IDS_A_STATEMENT]))).all()
-            for row in rows:
-                found.setdefault(row.key_id, {})[row.name] = int(row.value)
+    for at in range(0, len(ids), IDS_A_STATEMENT):
+        for row in db.rows(LIMITS_OF_KEYS, {"b_keys": ids[at:at + IDS_A_STATEMENT]}):
+            found.setdefault(row.key_id, {})[row.name] = int(row.value)
     return found
 
 
