@@ -20,7 +20,8 @@ realtime; its TTFT is compared with the idle direct engine's.
 path as it was. `--stamps`: each online request's stages timed (core/stamps.py: the client's
 send, request read, handler start, row stored, claimed, its engine request sent, first token read,
 pushed, received, written, the client's first content read), a row per concurrency of each stage's
-p50 / p99. `--profile DIR`: py-spy
+p50 / p99, and at the end a table of where the first token's time went (ms p50: the client's way in,
+direct and through fsched; fsched's stages in; the engine's first token; the way out). `--profile DIR`: py-spy
 records serve and daemon during the highest concurrency (top frames printed); environment:
 SPY_RATE (samples a second, 200), SPY_SECONDS (8), SPY_ALL=1 (threads not holding the GIL too).
 
@@ -362,8 +363,8 @@ def direct_arm(engine, args, stamps: Path | None = None) -> dict[int, dict]:
         direct[c] = measured(engine, [engine.url], "none", model, c, args.rounds, args.tokens, stamps)
         print(json.dumps({"arm": "direct", "concurrency": c, **direct[c]}), flush=True)
         if stamps is not None:
-            print(json.dumps({"arm": "direct stages", "concurrency": c,
-                              **client_figures(stamps, set(stamps.glob("*.txt")) - before)}), flush=True)
+            direct[c]["stages"] = client_figures(stamps, set(stamps.glob("*.txt")) - before)
+            print(json.dumps({"arm": "direct stages", "concurrency": c, **direct[c]["stages"]}), flush=True)
     return direct
 
 
@@ -408,9 +409,11 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
                     spies = profile(pids, 8, Path(args.profile) / f"{backend}-x{replicas}")
                 began = time.time()
                 through = measured(engine, f.urls, f.key, model, c, args.rounds, args.tokens, stamps)
+                stages = None
                 if stamps is not None:
-                    print(json.dumps({"arm": "stages", "backend": backend, "concurrency": c,
-                                      **stage_figures(stamps, began, time.time())}), flush=True)
+                    stages = stage_figures(stamps, began, time.time())
+                    print(json.dumps({"arm": "stages", "backend": backend, "concurrency": c, **stages}),
+                          flush=True)
                 for spy in spies:
                     spy.wait()
                 cpu = {n: round(1e6 * (cpu_s(p) - cpu0[n]) / max(1, through["tokens"]), 1)
@@ -421,6 +424,8 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
                        "us_per_token": cpu, "ratio": round(through["tok_s"] / base["tok_s"], 3),
                        "ttft_p50_extra_ms": round(through["ttft_p50_ms"] - base["ttft_p50_ms"], 1),
                        "ttft_p99_extra_ms": round(through["ttft_p99_ms"] - base["ttft_p99_ms"], 1)}
+                if stages is not None:
+                    row["stages"] = stages
                 if isinstance(engine, Vllm):
                     row["engine"] = "vllm"
                     row["engine_api"] = engine.engine_api
@@ -498,6 +503,37 @@ def table_lines(rows: list[dict]) -> list[str]:
                       f"{d['engine_us_per_token']}, {f['engine_us_per_token']} | "
                       f"{d['client_us_per_token']}, {f['client_us_per_token']} | "
                       f"{d['machine_busy_cores']}, {f['machine_busy_cores']} |" if vllm else ""))
+    return out
+
+
+IN_STAGES = ("arrived>handler", "handler>grouped", "grouped>stored", "stored>announced", "announced>claimed",
+             "claimed>opened", "opened>sent")
+
+
+def stage_lines(rows: list[dict]) -> list[str]:
+    """Where the first token's time went (--stamps), ms p50: the client's way in (its call to the engine
+    direct, to the server's handler through fsched), fsched's stages from the head read to the engine,
+    the engine's first token, the way back to the client's read; and fsched's whole part."""
+    out = ["| backend | c | client's way in, direct → fsched | fsched in (head → engine) "
+           "| engine's first token | fsched out → client's read "
+           "| fsched head → first chunk written, p50 / p99 |",
+           "|---|---|---|---|---|---|---|"]
+
+    def p50(figures: dict, name: str) -> float | None:
+        found = figures.get(name)
+        return None if found is None else float(found.split("/")[0])
+
+    for r in rows:
+        if "stages" not in r:
+            continue
+        mine, direct = r["stages"]["p50/p99 ms"], r["direct"].get("stages", {}).get("p50/p99 ms", {})
+        within = sum(p50(mine, name) or 0.0 for name in IN_STAGES)
+        back = sum(p50(mine, name) or 0.0 for name in ("read>pushed", "pushed>received", "received>written",
+                                                         "written>client_first"))
+        way_in = f"{p50(direct, 'client_sent>client_engine_arrived')} → {p50(mine, 'client_sent>arrived')}"
+        engine = p50(mine, "sent>read")
+        out.append(f"| {r['backend']} | {r['concurrency']} | {way_in} | {within:.1f} | {engine} | {back:.1f} "
+                   f"| {r['stages']['whole'].get('arrived>written')} |")
     return out
 
 
@@ -580,6 +616,8 @@ def main() -> None:
                 for replicas in args.replicas:
                     rows += fsched_arm(engine, args, backend, replicas, direct)
     print("\n".join(table_lines(rows)))
+    if any("stages" in r for r in rows):
+        print("\n" + "\n".join(stage_lines(rows)))
     if args.vllm:
         print("\n" + "\n".join(stack_lines(rows)))
     if args.profile:
