@@ -43,15 +43,20 @@ def enabled() -> bool:
 
 def tag(job_id: int, value: str | None) -> None:
     """The client's tag of the request stored as `job_id` (a `tag` line; none when it sent no number)."""
-    if _file is not None and value is not None and value.isdigit():
+    if _file is not None and _a_number(value):
         _file.write(f"tag {job_id} {value}\n")
 
 
 def stamp_tagged(stage: str, value: str | None) -> None:
     """Note that the request a client tagged `value` reached `stage` now (a stage of the client's: the
     paced stand-in engine notes when a tagged request reached it, a direct client's way there)."""
-    if _file is not None and value is not None and value.isdigit():
+    if _file is not None and _a_number(value):
         _file.write(f"{stage} {value} {time.time():.6f}\n")
+
+
+def _a_number(value: str | None) -> bool:
+    """Digits only (ASCII: a header's other digits would not read back as a number)."""
+    return value is not None and value.isascii() and value.isdigit()
 
 
 def stamp(stage: str, job_id: int, at: float | None = None) -> None:

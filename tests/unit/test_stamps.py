@@ -30,4 +30,8 @@ def test_a_clients_tag_is_stamped_with_its_job_only_when_on_and_only_a_number(mo
     stamps.tag(7, "12")
     stamps.tag(8, None)  # the client sent no tag
     stamps.tag(9, "12\n34 5")  # not a number: nothing a reader could misparse
-    assert out.getvalue().splitlines() == ["tag 7 12"]
+    stamps.tag(10, "\u00b2")  # a digit, not an ASCII one
+    stamps.stamp_tagged("client_engine_arrived", "12")
+    stamps.stamp_tagged("client_engine_arrived", "x")
+    first, second = out.getvalue().splitlines()
+    assert first == "tag 7 12" and second.startswith("client_engine_arrived 12 ")
