@@ -121,7 +121,7 @@ def test_the_facts_requests_ask_for_are_read_again_before_they_expire_the_keys_i
             if keys.batches and state._rate_limits[bob].reading is None:
                 break
             await asyncio.sleep(0.01)
-        assert keys.batches == [sorted([alice, bob])]  # one read for every key asked for lately; carol never was
+        assert keys.batches == [sorted([alice, bob])]  # every key asked for lately in one read; not carol
         assert state._limits.at > read_at and state._daemons.at > read_at
         # within the TTL the request path reads nothing, and sees the change read ahead
         assert await state.rate_limits(bob) == {"requests_per_minute": 7}
