@@ -262,15 +262,16 @@ class Database:
         no COMMIT, which cost more than a short read itself (a single SELECT sees one snapshot on its
         own). For a check the server makes several times a second; the pool returns the connection
         rolled back."""
-        return self._on_driver(lambda cursor: (cursor.execute(sql, args), cursor.fetchall())[1])
+        return self._on_driver(sql, args, lambda cursor: cursor.fetchall())
 
     def rows(self, prepared: Prepared, params: Mapping[str, object] | None = None) -> list:
         """A `Prepared` read's rows (named tuples of its columns, values read as SQLAlchemy reads them),
         run as `statement` runs its SQL: about 40% of a read through `read()` on PostgreSQL, measured."""
         compiled, bound = prepared.bound(self.engine.dialect, params)
-        return self._on_driver(lambda cursor: (cursor.execute(compiled.sql, bound), compiled.rows(cursor))[1])
+        return self._on_driver(compiled.sql, bound, compiled.rows)
 
-    def _on_driver(self, use: Callable):
+    def _on_driver(self, sql: str, args, read: Callable):
+        """`read(cursor)` after the statement ran on a pooled driver connection (`statement`'s way)."""
         dbapi = self.engine.dialect.loaded_dbapi
         try:
             raw = self.engine.raw_connection()
@@ -279,7 +280,8 @@ class Database:
         try:
             cursor = raw.cursor()
             try:
-                return use(cursor)
+                cursor.execute(sql, args)
+                return read(cursor)
             finally:
                 cursor.close()
         except dbapi.Error as exc:

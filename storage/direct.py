@@ -186,7 +186,6 @@ class DirectConnection:
         finally:
             kept.used_at = time.monotonic()
 
-
     def _rollback(self, raw) -> None:
         with contextlib.suppress(Exception):  # a connection that failed may not even roll back
             if not self._sqlite or raw.in_transaction:

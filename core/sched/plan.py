@@ -86,4 +86,3 @@ class Outcome:
         if self.produced is None:
             return self.steps * len(request_ids)
         return sum(map(self.produced.get, request_ids, repeat(0)))
-

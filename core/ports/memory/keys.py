@@ -72,9 +72,8 @@ class MemoryKeyStore:
             raise UnknownKey(key_id)
         _set(self.rows.key_limits.setdefault(key_id, {}), name, value)
 
-    @atomic
     def rate_limits(self, key_id: str) -> dict[str, int]:
-        return rate_limits_of(self.rows.limits, self.rows.key_limits.get(key_id, {}))
+        return self.rate_limits_of_keys([key_id])[key_id]
 
     @atomic
     def rate_limits_of_keys(self, key_ids: Collection[str]) -> dict[str, dict[str, int]]:
