@@ -87,8 +87,10 @@ def one_run(engine, command: str, args) -> dict:
             before = {name: figures(pid) for name, pid in pids.items()}
             api0 = engine.api_cpu_s() if vllm else cpu_s(engine.proc.pid)
             began = time.time()
-            got = online_path.load(f.urls, f.key, model, args.concurrency, args.rounds, args.tokens, stamps)
+            got = online_path.load(f.urls, f.key, model, args.concurrency, args.rounds, args.tokens,
+                                   tagged=stamps is not None)
             ended = time.time()
+            times = got.pop("client_times", None)
             n = max(1, got["tokens"])
             api = engine.api_cpu_s() if vllm else cpu_s(engine.proc.pid)
             row = {"tokens": got["tokens"], "errors": got["errors"], "tok_s": got["tok_s"],
@@ -103,7 +105,7 @@ def one_run(engine, command: str, args) -> dict:
             time.sleep(1.2)  # the load's last steps in a heartbeat
             row["tok_per_step"] = round(n / max(1, steps() - steps0), 2)
             if stamps is not None:
-                row["stages"] = online_path.stage_figures(stamps, began, ended)["p50/p99 ms"]
+                row["stages"] = online_path.stage_figures(stamps, began, ended, times)["p50/p99 ms"]
             return row
         finally:
             f.close()

@@ -112,7 +112,7 @@ async def _one(client, model: str, tokens: int, ttfts: list[float], times: list 
 
 
 async def _load(urls: list[str], key: str, model: str, concurrency: int, requests: int, tokens: int,
-                stamps: Path | None = None) -> dict:
+                tagged: bool = False) -> dict:
     import httpx
     from openai import AsyncOpenAI
 
@@ -120,7 +120,7 @@ async def _load(urls: list[str], key: str, model: str, concurrency: int, request
     clients = [AsyncOpenAI(base_url=f"{u}/v1", api_key=key, max_retries=0, timeout=120,
                            http_client=httpx.AsyncClient(limits=limits, timeout=120)) for u in urls]
     ttfts: list[float] = []
-    times = [] if stamps is not None else None
+    times = [] if tagged else None
     queue = list(range(requests))
 
     async def worker(index: int) -> int:
@@ -137,21 +137,18 @@ async def _load(urls: list[str], key: str, model: str, concurrency: int, request
     total = sum(r for r in results if isinstance(r, int))
     for c in clients:
         await c.close()
-    if stamps is not None:  # the client's own stages, by tag (stage_figures joins them to the jobs)
-        with open(stamps / f"client-{os.getpid()}-{times[0][0] if times else 0}.txt", "w") as out:
-            for n, sent, first in times:
-                first_line = f"client_first {n} {first:.6f}\n" if first else ""
-                out.write(f"client_sent {n} {sent:.6f}\n" + first_line)
     ttfts.sort()
     return {"tokens": total, "errors": len(errors), "error": repr(errors[0])[:200] if errors else None,
             "wall_s": round(wall, 2), "tok_s": round(total / wall, 1),
             "ttft_p50_ms": round(1000 * statistics.median(ttfts), 1) if ttfts else None,
             "ttft_p99_ms": round(1000 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 1)
-            if ttfts else None}
+            if ttfts else None, **({"client_times": times} if tagged else {})}
 
 
-def load(urls, key, model, concurrency, rounds, tokens, stamps: Path | None = None) -> dict:
-    return asyncio.run(_load(urls, key, model, concurrency, max(16, rounds * concurrency), tokens, stamps))
+def load(urls, key, model, concurrency, rounds, tokens, tagged: bool = False) -> dict:
+    """The load's figures; `tagged`: its requests tagged for the stamps, and `client_times` added (each
+    request's tag, wall time sent, wall time of its first content)."""
+    return asyncio.run(_load(urls, key, model, concurrency, max(16, rounds * concurrency), tokens, tagged))
 
 
 # -- fsched ----------------------------------------------------------------------------------------
@@ -323,13 +320,13 @@ def warm_up(urls: list[str], key: str, model: str) -> None:
 
 
 def measured(engine, urls: list[str], key: str, model: str, concurrency: int, rounds: int,
-             tokens: int, stamps: Path | None = None) -> dict:
+             tokens: int, tagged: bool = False) -> dict:
     """load(), with vLLM's CPU per token over it (its whole session) when the engine is vLLM."""
     if not isinstance(engine, Vllm):
-        return load(urls, key, model, concurrency, rounds, tokens, stamps)
+        return load(urls, key, model, concurrency, rounds, tokens, tagged)
     before, client, db, busy = engine.cpu_s(), own_cpu_s(), postgres_cpu_s(), machine_busy_s()
     api = engine.api_cpu_s()
-    got = load(urls, key, model, concurrency, rounds, tokens, stamps)
+    got = load(urls, key, model, concurrency, rounds, tokens, tagged)
     n = max(1, got["tokens"])
     got["engine_us_per_token"] = round(1e6 * (engine.cpu_s() - before) / n, 1)
     got["api_server_us_per_token"] = round(1e6 * (engine.api_cpu_s() - api) / n, 1)
@@ -359,27 +356,37 @@ def direct_arm(engine, args, stamps: Path | None = None) -> dict[int, dict]:
         warm_up([engine.url], "none", model)
     direct = {}
     for c in args.concurrency:
-        before = set(stamps.glob("*.txt")) if stamps is not None else set()
-        direct[c] = measured(engine, [engine.url], "none", model, c, args.rounds, args.tokens, stamps)
+        direct[c] = measured(engine, [engine.url], "none", model, c, args.rounds, args.tokens,
+                             tagged=stamps is not None)
+        times = direct[c].pop("client_times", None)
         print(json.dumps({"arm": "direct", "concurrency": c, **direct[c]}), flush=True)
         if stamps is not None:
-            direct[c]["stages"] = client_figures(stamps, set(stamps.glob("*.txt")) - before)
+            direct[c]["stages"] = client_figures(stamps, times)
             print(json.dumps({"arm": "direct stages", "concurrency": c, **direct[c]["stages"]}), flush=True)
     return direct
 
 
-def client_figures(folder: Path, new_files: set[Path]) -> dict:
-    """A direct client's requests (this load's client file among `new_files`): sent → at the engine → its
-    first content read, ms p50 / p99."""
-    times: dict[str, dict[str, float]] = {}
+def client_figures(folder: Path, times: list) -> dict:
+    """A direct client's requests (`times`: the load's `client_times`): sent → at the engine (the paced
+    engine's stamps in `folder`) → its first content read, ms p50 / p99."""
+    arrived = {}
     for path in folder.glob("*.txt"):
         for line in path.read_text().splitlines():
             stage, number, at = line.split()
-            times.setdefault(number, {})[stage] = float(at)
-    mine = {line.split()[1] for path in new_files if path.name.startswith("client-")
-            for line in path.read_text().splitlines()}
+            if stage == "client_engine_arrived":
+                arrived[int(number)] = float(at)
+    requests = client_stages(times)
+    for number, stages in requests.items():
+        if number in arrived:
+            stages["client_engine_arrived"] = arrived[number]
     order = ("client_sent", "client_engine_arrived", "client_first")
-    return {"requests": len(mine), "p50/p99 ms": spans([times[n] for n in mine], order)}
+    return {"requests": len(requests), "p50/p99 ms": spans(list(requests.values()), order)}
+
+
+def client_stages(times: list) -> dict[int, dict[str, float]]:
+    """The client's own stages of each request it tagged, by tag."""
+    return {number: {"client_sent": sent, **({"client_first": first} if first else {})}
+            for number, sent, first in times}
 
 
 def _p50_p99(found: list[float]) -> str:
@@ -408,10 +415,12 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
                 if args.profile and c == max(args.concurrency):
                     spies = profile(pids, 8, Path(args.profile) / f"{backend}-x{replicas}")
                 began = time.time()
-                through = measured(engine, f.urls, f.key, model, c, args.rounds, args.tokens, stamps)
+                through = measured(engine, f.urls, f.key, model, c, args.rounds, args.tokens,
+                                   tagged=stamps is not None)
+                times = through.pop("client_times", None)
                 stages = None
                 if stamps is not None:
-                    stages = stage_figures(stamps, began, time.time())
+                    stages = stage_figures(stamps, began, time.time(), times)
                     print(json.dumps({"arm": "stages", "backend": backend, "concurrency": c, **stages}),
                           flush=True)
                 for spy in spies:
@@ -443,13 +452,14 @@ STAGES = ("client_sent", "arrived", "handler", "grouped", "stored", "announced",
 ENDS = ("end_read", "finished", "end_pushed", "end_received", "end_written")
 
 
-def stage_figures(folder: Path, began: float, ended: float) -> dict:
+def stage_figures(folder: Path, began: float, ended: float, client_times: list | None = None) -> dict:
     """From the stamps of core/stamps.py: for the online requests whose handler started between `began`
     and `ended`, each stage's time since the one before (ms, p50 / p99), and their end's way back (from
     the engine's last token read to the server's reading of the end). The client's own times (its request
-    sent, its first content read) join a job by the tag the server stamped with it."""
+    sent, its first content read: `client_times` of the load) join a job by the tag the server stamped
+    with it."""
     seen: dict[int, dict[str, float]] = {}
-    client: dict[int, dict[str, float]] = {}
+    client = client_stages(client_times or [])
     tags: dict[int, int] = {}
     for path in folder.glob("*.txt"):
         for line in path.read_text().splitlines():
@@ -459,8 +469,7 @@ def stage_figures(folder: Path, began: float, ended: float) -> dict:
             if parts[0] == "tag":
                 tags[int(parts[1])] = int(parts[2])
                 continue
-            into = client if parts[0].startswith("client_") else seen
-            stages = into.setdefault(int(parts[1]), {})
+            stages = seen.setdefault(int(parts[1]), {})
             stages.setdefault(parts[0], float(parts[2]))  # the first time it reached the stage
     for job, number in tags.items():
         if job in seen:
