@@ -80,7 +80,7 @@ class SqlKeyStore:
     # -- rate limits ------------------------------------------------------------------------
 
     def key_limits(self, key_id: str) -> dict[str, int]:
-        return sql_limits.limits_of_key(self.db, key_id)
+        return sql_limits.limits_of_keys(self.db, [key_id]).get(key_id, {})
 
     def set_key_limit(self, key_id: str, name: str, value: int | None) -> None:
         """Store a rate limit on one key (None: back to the table-wide one); UnknownKey for none."""

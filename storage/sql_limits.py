@@ -28,16 +28,9 @@ LIMITS_OF_KEYS = Prepared(lambda n: select(key_limits.c.key_id, key_limits.c.nam
                           .where(listed(key_limits.c.key_id, "b_keys", n)), listed="b_keys")
 
 
-def limits_of_key(db: Database, key_id: str) -> dict[str, int]:
-    with db.read() as conn:
-        rows = conn.execute(select(key_limits.c.name, key_limits.c.value)
-                            .where(key_limits.c.key_id == key_id)).all()
-    return {row.name: int(row.value) for row in rows}
-
-
 def limits_of_keys(db: Database, key_ids: Collection[str]) -> dict[str, dict[str, int]]:
-    """`limits_of_key` of several keys (only the keys with limits of their own), IDS_A_STATEMENT at a
-    time, each a read of its own (a consistent whole is not needed: each key's limits are its rows)."""
+    """The limits an admin set on each key, by name (only the keys with limits of their own),
+    IDS_A_STATEMENT keys a read (a consistent whole is not needed: each key's limits are its rows)."""
     ids, found = sorted(set(key_ids)), {}
     for at in range(0, len(ids), IDS_A_STATEMENT):
         for row in db.rows(LIMITS_OF_KEYS, {"b_keys": ids[at:at + IDS_A_STATEMENT]}):
