@@ -94,10 +94,6 @@ class LinkServer:
         """Sleep up to `timeout`, less if a server asks for a sync or a claim."""
         select.select([self._wake_r], [], [], timeout)
 
-    def asked(self) -> bool:
-        """Whether a server asked for something that `take_wake` has not taken yet."""
-        return bool(self._wants)
-
     def take_wake(self) -> Wants:
         """What servers asked for since the last call."""
         with self._lock:

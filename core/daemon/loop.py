@@ -293,7 +293,7 @@ class Daemon:
         if self.put_off.puts_off(now):
             self.writer.after_step(now, batch=False)  # a table-only realtime stream's tokens still go
             return
-        self.writer.after_step(now, asked=self.link.asked if self.link is not None else None)
+        self.writer.after_step(now)
         self._beat()
 
     def _claim_announced(self) -> bool:

@@ -13,6 +13,7 @@ completions stay in `unwritten`, tokens stay dirty.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from fsched.core.daemon import flushplan
@@ -22,16 +23,16 @@ from fsched.core.faults import crash_point
 from fsched.core.ports.queue import ClaimAsk, QueueStore
 from fsched.core.ports.records import Completion, TokenUpdate
 from fsched.core.sched.request import Request
-from fsched.core.types import RequestClass, RequestId, RequestStatus
+from fsched.core.types import RequestId, RequestStatus
 
 Text = Callable[[Request], str]  # a live request's output text so far (its tokens are on the record)
-Asked = Callable[[], bool]  # whether new work was announced and waits for the daemon's loop
 
-# While the daemon holds realtime or streaming work and new work may be announced, a batch flush goes
-# in transactions of at most this many rows (at a few thousand tokens a row, a few milliseconds on
-# SQLite each), and an announcement between two of them leaves the rest to the next flush: its claim
-# and the step that starts it go first. One transaction of a flush's whole share (52 rows at 256
-# slots) took 40-90 ms on SQLite, and every realtime request arriving meanwhile waited for it.
+# A due share of batch rows goes out over the daemon's next turns, in transactions of at least this
+# many rows (at a few thousand tokens a row, a few milliseconds on SQLite each), the engine's wait for
+# tokens between two of them. One transaction of a whole share (52 rows at 256 slots) took 40-90 ms on
+# SQLite, and the same share in back-to-back transactions of 16 left SQLite's write lock free for
+# microseconds at a time: a server's group commit, retrying every millisecond, waited for all of it
+# (34-40 ms at p90 under a full batch, measured), and so did every realtime request it held.
 ROWS_PER_WRITE = 16
 
 
@@ -48,6 +49,8 @@ class Writer:
         self.fenced = 0  # writes the queue refused: leases this daemon had lost
         self._last_batch_flush = float("-inf")
         self._waiting_since: dict[RequestId, float] = {}  # less urgent dirty requests: since when
+        self._spread: list[RequestId] = []  # the due share's rows not written yet, oldest first
+        self._last_turn_at: float | None = None
 
     def write_step(self, claim: ClaimAsk | None = None) -> list[Request]:
         """One transaction: the pending completions, the latency classes' dirty tokens and, given, a
@@ -56,53 +59,78 @@ class Writer:
         urgent = [held for held in self.holdings.requests() if held.dirty and held.latency_sensitive]
         return self._write(urgent, claim)
 
-    def after_step(self, now: float, batch: bool = True, asked: Asked | None = None) -> None:
+    def after_step(self, now: float, batch: bool = True) -> None:
         """Latency classes' tokens every step; the others a share at a time (core/daemon/flushplan),
-        unless `batch` is False (they wait for a later step); `asked` as in `flush`."""
-        self.flush(everything=False, now=now, batch=batch, asked=asked)
+        spread over the turns, unless `batch` is False (they wait for a later step)."""
+        self.flush(everything=False, now=now, batch=batch)
 
-    def flush(self, everything: bool, now: float, batch: bool = True, asked: Asked | None = None) -> None:
+    def flush(self, everything: bool, now: float, batch: bool = True) -> None:
         """Persist dirty tokens: latency-sensitive requests' always, the others' when the flush plan
-        says so (and `batch`), or all of them when `everything`. `asked`: while latency work is held,
-        the batch rows go `ROWS_PER_WRITE` a transaction, and stop when it says new work waits (the
-        overdue ones and the first transaction always go: the flush plan's bound holds)."""
+        says so (and `batch`), or all of them when `everything`.
+
+        A due share is written over the turns until the next share is due, a part a turn
+        (`_part`): each transaction short, SQLite's write lock free between them while the engine
+        is awaited. The overdue rows always go at once: the flush plan's bound holds."""
+        # The turns' pace, from the last one: after a quiet spell (or none yet), a quarter of the gap
+        # between shares (the deadline, not this guess, makes the last part take all that is left).
+        longest = self.bounds.gap_s / 4
+        turn_s = longest if self._last_turn_at is None else min(now - self._last_turn_at, longest)
+        self._last_turn_at = now
         urgent = []
-        latency_held = False
         waiting = self._waiting_since  # kept from step to step: a request joins when it turns dirty
         for held in self.holdings.requests():
-            latency_held = latency_held or held.request_class is not RequestClass.BATCH
             if held.dirty:
                 if held.latency_sensitive:
                     urgent.append(held)
                 elif held.id not in waiting:
                     waiting[held.id] = now
         if everything:
-            chosen = list(waiting)
-        else:
-            chosen = flushplan.due(waiting.items(), self._last_batch_flush, now, self.bounds) if batch else []
-        if chosen:
+            self._spread = []
+            self._write(urgent + self._still_dirty(list(waiting)))
+            return
+        if not batch:
+            self._write(urgent)
+            return
+        due = flushplan.due(waiting.items(), self._last_batch_flush, now, self.bounds)
+        if due:
             self._last_batch_flush = now
-        rows, overdue = [], 0
-        for rid in chosen:
+            spread = set(self._spread)
+            self._spread += [rid for rid in due if rid not in spread]
+            self._spread.sort(key=waiting.__getitem__)  # oldest first: the overdue ones lead
+        rows = self._still_dirty(self._spread)
+        overdue = sum(now - waiting[held.id] >= self.bounds.overdue_s for held in rows)
+        take = max(overdue, self._part(len(rows), now, turn_s))
+        self._spread = [held.id for held in rows[take:]]
+        self._write(urgent + rows[:take])
+
+    def _still_dirty(self, ids: list[RequestId]) -> list[Request]:
+        """The held requests of `ids` whose tokens still wait, in order (the others leave the waiting:
+        ended, or written with the urgent ones, since they began to wait)."""
+        rows = []
+        for rid in ids:
             held = self.holdings.get(rid)
             if held is None or not held.dirty:
-                del waiting[rid]  # ended (or written with the urgent ones) since it began to wait
+                self._waiting_since.pop(rid, None)
             else:
                 rows.append(held)
-                overdue += now - waiting[rid] >= self.bounds.overdue_s
-        if everything or asked is None or not latency_held:
-            self._write(urgent + rows)
-            return
-        first = max(overdue, ROWS_PER_WRITE)
-        self._write(urgent + rows[:first])
-        for start in range(first, len(rows), ROWS_PER_WRITE):
-            if asked():
-                return  # the rest, now the longest waiting, go first at the next flush
-            self._write(rows[start:start + ROWS_PER_WRITE])
+        return rows
+
+    def _part(self, left: int, now: float, turn_s: float) -> int:
+        """How many of the share's `left` rows this turn writes: enough that the rest is written by
+        the time the next share is due (at the turns' pace), at least ROWS_PER_WRITE."""
+        if not left:
+            return 0
+        remaining_s = self._last_batch_flush + self.bounds.gap_s - now
+        if turn_s <= 0 or remaining_s <= turn_s:
+            return left
+        turns = remaining_s / turn_s
+        return min(left, max(ROWS_PER_WRITE, math.ceil(left / turns)))
 
     def next_flush_at(self) -> float | None:
         """When the next batch flush writes something (None while no tokens wait for one): a timed
-        duty of the loop (core/daemon/duties.py)."""
+        duty of the loop (core/daemon/duties.py); while a share is being written, the next turn."""
+        if self._spread:
+            return self._last_turn_at
         return flushplan.next_due(self._waiting_since.values(), self._last_batch_flush, self.bounds)
 
     def write_now(self, requests: list[Request]) -> None:

@@ -1,5 +1,5 @@
-"""The writer's batch flush beside latency work: in short transactions that yield to announced work,
-within the flush plan's bound."""
+"""The writer's batch flush: a due share spread over the daemon's turns in short transactions (SQLite's
+write lock free between them), within the flush plan's bound."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class CountingStore:
         return StepWritten(written=len(updates))
 
 
-def _writer(batch_rows: int, realtime_held: bool) -> tuple[Writer, CountingStore]:
+def _writer(batch_rows: int, realtime_held: bool = False) -> tuple[Writer, CountingStore]:
     held = Holdings()
     for i in range(batch_rows):
         r = Request(f"b{i}", "t", RequestClass.BATCH, 10, 100, 0.0)
@@ -38,24 +38,53 @@ def _writer(batch_rows: int, realtime_held: bool) -> tuple[Writer, CountingStore
     return writer, store
 
 
-def test_a_flush_beside_latency_work_goes_in_short_transactions_and_stops_for_announced_work():
-    writer, store = _writer(100, realtime_held=True)
-    writer.flush(everything=False, now=1.0, asked=lambda: True)  # a share (20 rows) is due
-    assert store.writes == [ROWS_PER_WRITE]  # the rest waits for the announced work
-    writer.flush(everything=False, now=1.3, asked=lambda: False)  # the next flush: oldest first
-    assert store.writes[1:] == [ROWS_PER_WRITE, math.ceil(84 * 0.2) - ROWS_PER_WRITE]  # a share of 84
+def _turns(writer: Writer, start: float, end: float, turn_s: float) -> None:
+    steps = round((end - start) / turn_s)
+    for i in range(steps + 1):
+        writer.after_step(start + i * turn_s)
 
 
-def test_without_latency_work_or_announcements_a_flush_is_one_transaction():
-    writer, store = _writer(100, realtime_held=False)
-    writer.flush(everything=False, now=1.0, asked=lambda: True)
-    assert store.writes == [20]
-    writer, store = _writer(100, realtime_held=True)
-    writer.flush(everything=False, now=1.0)
-    assert store.writes == [20]
+def test_a_due_share_goes_out_over_the_turns_in_short_transactions():
+    for realtime_held in (False, True):
+        writer, store = _writer(100, realtime_held)
+        _turns(writer, 1.0, 1.18, 0.02)  # a share (20 rows) is due at 1.0; turns every 20 ms
+        assert store.writes == [ROWS_PER_WRITE, 20 - ROWS_PER_WRITE]  # not one transaction of 20
 
 
-def test_overdue_rows_are_written_whatever_is_announced():
-    writer, store = _writer(100, realtime_held=True)
-    writer.flush(everything=False, now=2.5, asked=lambda: True)  # every row waited past the bound
+def test_a_large_share_is_written_before_the_next_is_due_at_the_turns_pace():
+    writer, store = _writer(1000)
+    _turns(writer, 0.70, 0.78, 0.02)  # turns every 20 ms; no row has waited long enough yet
+    assert store.writes == []
+    _turns(writer, 0.80, 0.98, 0.02)  # a share of 200 due at 0.8, the next at 1.0
+    assert sum(store.writes) == 200
+    assert max(store.writes) <= math.ceil(200 / 10) + 1  # about a tenth a turn, not all at once
+    assert len(store.writes) >= 9
+
+
+def test_each_row_is_written_once_a_period_however_the_share_is_spread():
+    writer, store = _writer(100)
+    _turns(writer, 0.02, 3.0, 0.02)
+    assert sum(store.writes) == 100  # every row once by 1.8 s (every_s 1 s, rows all dirty once)
+
+
+def test_overdue_rows_are_written_at_once():
+    writer, store = _writer(100)
+    writer.flush(everything=False, now=2.5)  # every row waited past the bound
     assert store.writes == [100]
+
+
+def test_a_final_flush_writes_everything_at_once():
+    writer, store = _writer(100)
+    writer.after_step(1.0)
+    writer.flush(everything=True, now=1.01)
+    assert sum(store.writes) == 100
+    assert store.writes[-1] == 100 - store.writes[0]
+
+
+def test_the_share_being_written_is_the_loops_next_duty():
+    writer, store = _writer(100)
+    writer.after_step(1.0)
+    assert store.writes == [ROWS_PER_WRITE]
+    assert writer.next_flush_at() == 1.0  # the rest of the share goes at the next turn
+    _turns(writer, 1.02, 1.1, 0.02)
+    assert writer.next_flush_at() >= 1.2  # the share written: the plan's next flush
