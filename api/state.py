@@ -110,8 +110,9 @@ class ServerState:
             self._key_reads = KeyReads(lambda ids: self.call(lambda: {i: get_key(i) for i in ids}))
         return await self._key_reads.get(key_id)
 
-    async def live_daemons(self) -> list[DaemonSummary]:
-        return await refreshed(self._daemons, DAEMONS_TTL_S, self._read_live_daemons)
+    async def live_daemons(self, ask: bool = True) -> list[DaemonSummary]:
+        """The daemons alive as read within DAEMONS_TTL_S (`ask`: api/facts.py's `refreshed`)."""
+        return await refreshed(self._daemons, DAEMONS_TTL_S, self._read_live_daemons, ask)
 
     async def _read_live_daemons(self) -> list[DaemonSummary]:
         daemons = await self.call(self.backend.jobs.list_daemons)
@@ -123,8 +124,9 @@ class ServerState:
             raise ApiError(503, "no fsched daemon is serving this job table; start one with `fsched daemon`",
                            code="no_daemon")
 
-    async def limits(self) -> InputLimits:
-        return await refreshed(self._limits, LIMITS_TTL_S, self._read_limits)
+    async def limits(self, ask: bool = True) -> InputLimits:
+        """The limits in force as read within LIMITS_TTL_S (`ask`: api/facts.py's `refreshed`)."""
+        return await refreshed(self._limits, LIMITS_TTL_S, self._read_limits, ask)
 
     async def _read_limits(self) -> InputLimits:
         return limits_in_force(await self.call(self.backend.keys.stored_limits))

@@ -218,3 +218,35 @@ def test_while_requests_keep_coming_the_limits_and_the_keys_rate_limits_are_one_
     after = [(queued, bobs) for when, *_, queued, bobs in seen if when >= change_at + LIMITS_TTL_S]
     assert after and all(queued == 3 and bobs == {"requests_per_minute": 7, "tokens_per_minute": 100}
                          for queued, bobs in after), seen
+
+
+def test_the_server_s_own_looks_at_a_fact_keep_nothing_read_ahead(monkeypatch):
+    """The links' refresh looks at the live daemons every 0.5 s for the server's life, the retention
+    sweep at the limits: reading on demand what expired, they leave the read-ahead to requests."""
+    clock = SimpleNamespace(now=1_000.0)
+    monkeypatch.setattr(facts, "time", SimpleNamespace(monotonic=lambda: clock.now))
+
+    async def run():
+        state, keys, jobs, _ = _counted_server()
+        await state.live_daemons(), await state.limits()  # a request, then none
+        ahead, looked = [], []  # reads a tick: started by refresh_ahead, by the server's own looks
+
+        def reads() -> int:
+            return jobs.calls["list_daemons"] + keys.calls["stored_limits"]
+
+        for tick in range(1, round(2 * KEEP_WARM_S / CHECK_S) + 1):
+            clock.now = 1_000.0 + tick * CHECK_S
+            before = reads()
+            state.refresh_ahead(clock.now)
+            await _settled(state)
+            ahead.append(reads() - before)
+            before = reads()
+            if tick % 5 == 0:
+                await state.live_daemons(ask=False), await state.limits(ask=False)
+            looked.append(reads() - before)
+        later = round(KEEP_WARM_S / CHECK_S) + 1  # the ticks past KEEP_WARM_S after the request
+        return ahead[:later], ahead[later:], looked[later:]
+
+    kept_warm, ahead, looked = asyncio.run(run())
+    assert sum(kept_warm) > 0  # within KEEP_WARM_S of the request: read ahead
+    assert sum(ahead) == 0 and sum(looked) > 0  # then, however often the server looks: on demand
