@@ -37,7 +37,12 @@ if TYPE_CHECKING:
 
 # How long a server trusts what it read of the table: daemons come and go, and
 # an admin's new limits apply, within these; a revoked key is refused at once.
-DAEMONS_TTL_S = 0.5
+# A daemon's row changes once a heartbeat (1 s) and one killed reads dead only
+# after its lease (10 s): a list read more often sees a crash no sooner. What
+# shows at once, a daemon's goodbye or its first row, shows here within the
+# TTL: until then a request after the last daemon stopped is stored (it waits
+# for one, `--no-daemon-s`) and one after the first started is refused (503).
+DAEMONS_TTL_S = 1.0
 LIMITS_TTL_S = 1.0
 KNOWN_KEYS = 10_000  # keys remembered at most (api/online.py's requests skip reading them)
 
