@@ -39,8 +39,8 @@ def _link_tasks(state: ServerState) -> list[asyncio.Task]:
     if state.link is None:
         return []
 
-    async def addresses() -> set[str]:
-        return {d.stats.link for d in await state.live_daemons() if d.stats.link}
+    async def addresses() -> set[str]:  # no request waits on it: not asked for (keeps nothing read ahead)
+        return {d.stats.link for d in await state.live_daemons(ask=False) if d.stats.link}
 
     state.hub.on_close = state.link.closed
     return [asyncio.create_task(state.link.run(addresses))]

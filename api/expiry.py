@@ -57,7 +57,7 @@ async def reclaim_forever(state: ServerState, sweep_s: float = RECLAIM_SWEEP_S) 
     while True:
         await asyncio.sleep(sweep_s)
         try:
-            retention_s = (await state.limits()).batch_retention_s
+            retention_s = (await state.limits(ask=False)).batch_retention_s
             reclaimed = await state.call(reclaim_ended, state, time.time(), retention_s)
         except Exception:  # noqa: BLE001 - the next sweep tries again
             log.warning("the batch retention sweep could not reclaim rows", exc_info=True)

@@ -36,11 +36,14 @@ class Cached(Generic[T]):
     asked: float = -1e18  # when a request last asked for it
 
 
-async def refreshed(cached: Cached[T], ttl_s: float, read: Callable[[], Awaitable[T]]) -> T:
+async def refreshed(cached: Cached[T], ttl_s: float, read: Callable[[], Awaitable[T]], ask: bool = True) -> T:
     """The cached value, read again once older than `ttl_s`: one read at a time, whatever the
-    requests arriving while it runs (each would otherwise read too, all of them at every expiry)."""
+    requests arriving while it runs (each would otherwise read too, all of them at every expiry).
+    Without `ask` (a task of the server's own that may wait for a read: the links' refresh, a sweep)
+    the look does not keep the fact read ahead (`due`): it would, for the server's life."""
     now = time.monotonic()
-    cached.asked = now
+    if ask:
+        cached.asked = now
     if now - cached.at <= ttl_s:
         return cached.value
     return await asyncio.shield(start_read(cached, read))

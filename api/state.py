@@ -37,7 +37,12 @@ if TYPE_CHECKING:
 
 # How long a server trusts what it read of the table: daemons come and go, and
 # an admin's new limits apply, within these; a revoked key is refused at once.
-DAEMONS_TTL_S = 0.5
+# A daemon's row changes once a heartbeat (1 s) and one killed reads dead only
+# after its lease (10 s): a list read more often sees a crash no sooner. What
+# shows at once, a daemon's goodbye or its first row, shows here within the
+# TTL: until then a request after the last daemon stopped is stored (it waits
+# for one, `--no-daemon-s`) and one after the first started is refused (503).
+DAEMONS_TTL_S = 1.0
 LIMITS_TTL_S = 1.0
 KNOWN_KEYS = 10_000  # keys remembered at most (api/online.py's requests skip reading them)
 
@@ -110,8 +115,9 @@ class ServerState:
             self._key_reads = KeyReads(lambda ids: self.call(lambda: {i: get_key(i) for i in ids}))
         return await self._key_reads.get(key_id)
 
-    async def live_daemons(self) -> list[DaemonSummary]:
-        return await refreshed(self._daemons, DAEMONS_TTL_S, self._read_live_daemons)
+    async def live_daemons(self, ask: bool = True) -> list[DaemonSummary]:
+        """The daemons alive as read within DAEMONS_TTL_S (`ask`: api/facts.py's `refreshed`)."""
+        return await refreshed(self._daemons, DAEMONS_TTL_S, self._read_live_daemons, ask)
 
     async def _read_live_daemons(self) -> list[DaemonSummary]:
         daemons = await self.call(self.backend.jobs.list_daemons)
@@ -123,8 +129,9 @@ class ServerState:
             raise ApiError(503, "no fsched daemon is serving this job table; start one with `fsched daemon`",
                            code="no_daemon")
 
-    async def limits(self) -> InputLimits:
-        return await refreshed(self._limits, LIMITS_TTL_S, self._read_limits)
+    async def limits(self, ask: bool = True) -> InputLimits:
+        """The limits in force as read within LIMITS_TTL_S (`ask`: api/facts.py's `refreshed`)."""
+        return await refreshed(self._limits, LIMITS_TTL_S, self._read_limits, ask)
 
     async def _read_limits(self) -> InputLimits:
         return limits_in_force(await self.call(self.backend.keys.stored_limits))
@@ -142,24 +149,33 @@ class ServerState:
                                functools.partial(self.call, self.backend.keys.rate_limits, key_id))
 
     def refresh_ahead(self, now: float) -> None:
-        """Start the reads of the facts requests keep asking for that near their TTL (api/facts.py):
-        the live daemons, the limits, and the rate limits of every key asked for lately, in one read."""
+        """Start the reads of the facts requests keep asking for that near their TTL (api/facts.py): the
+        live daemons; the limits and the rate limits of every key asked for lately, all in one read once
+        any of them is due (a key's rate limits are, but for its own, stored limits: read together, they
+        come due together, one read a TTL)."""
         if due(self._daemons, DAEMONS_TTL_S, now):
             start_read(self._daemons, self._read_live_daemons)
-        if due(self._limits, LIMITS_TTL_S, now):
-            start_read(self._limits, self._read_limits)
-        keys = []
+        lately = self._keys_asked_lately(now)
+        if due(self._limits, LIMITS_TTL_S, now) or any(due(self._rate_limits[k], LIMITS_TTL_S, now)
+                                                        for k in lately):
+            self._read_limits_ahead([k for k in lately if self._rate_limits[k].reading is None])
+
+    def _keys_asked_lately(self, now: float) -> list[str]:
+        lately = []
         for key_id in reversed(self._rate_limits):  # the keys asked for lately are last
-            cached = self._rate_limits[key_id]
-            if now - cached.asked > KEEP_WARM_S:
+            if now - self._rate_limits[key_id].asked > KEEP_WARM_S:
                 break
-            if due(cached, LIMITS_TTL_S, now):
-                keys.append(key_id)
-        if keys:
-            read = asyncio.ensure_future(self.call(self.backend.keys.rate_limits_of_keys, keys))
-            read.add_done_callback(note_failed_read)
-            for key_id in keys:
-                start_read(self._rate_limits[key_id], functools.partial(_one_of, read, key_id))
+            lately.append(key_id)
+        return lately
+
+    def _read_limits_ahead(self, keys: list[str]) -> None:
+        """One read of the stored limits and these keys' rate limits, for each of their caches."""
+        read = asyncio.ensure_future(self.call(self.backend.keys.stored_and_rate_limits, keys))
+        read.add_done_callback(note_failed_read)
+        if self._limits.reading is None:
+            start_read(self._limits, functools.partial(_limits_of, read))
+        for key_id in keys:
+            start_read(self._rate_limits[key_id], functools.partial(_one_of, read, key_id))
 
     async def authenticate(self, request: Request) -> ApiKey:
         """The key of `Authorization: Bearer <key>`; 401 for none, a malformed, unknown or revoked one."""
@@ -189,7 +205,11 @@ class ServerState:
 
 
 async def _one_of(read: asyncio.Future, key_id: str) -> dict[str, int]:
-    return (await asyncio.shield(read))[key_id]
+    return (await asyncio.shield(read)).rate_limits[key_id]
+
+
+async def _limits_of(read: asyncio.Future) -> InputLimits:
+    return limits_in_force((await asyncio.shield(read)).stored)
 
 
 def _bearer(request: Request) -> tuple[str, str]:

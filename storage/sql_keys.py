@@ -10,18 +10,15 @@ from sqlalchemy import select, update
 from fsched.core.jobs.apikeys import ApiKey, new_key, validate_key_name
 from fsched.core.jobs.ratelimit import RateDecision, rate_limits_of
 from fsched.core.jobs.tenants import validate_tenant_name
-from fsched.core.ports.records import UnknownKey
+from fsched.core.ports.records import LimitsRead, UnknownKey
 from fsched.core.types import RequestClass
 from fsched.storage import sql_limits
 from fsched.storage.db import Database
 from fsched.storage.models import ApiKeyRow, Meta
-from fsched.storage.prepared import Prepared
 from fsched.storage.schema import ensure_schema
 
 keys = ApiKeyRow.__table__
 meta = Meta.__table__
-LIMIT_PREFIX = "limit."
-STORED_LIMITS = Prepared(select(meta.c.key, meta.c.value).where(meta.c.key.like(f"{LIMIT_PREFIX}%")))
 
 
 class SqlKeyStore:
@@ -66,12 +63,11 @@ class SqlKeyStore:
     # -- limits set by an admin -------------------------------------------------------------
 
     def stored_limits(self) -> dict[str, int]:
-        rows = self.db.rows(STORED_LIMITS)  # the HTTP server's, every second
-        return {row.key[len(LIMIT_PREFIX):]: int(row.value) for row in rows}
+        return sql_limits.stored_limits(self.db)
 
     def set_limit(self, name: str, value: int | None) -> None:
         """Store a limit (None: back to its default)."""
-        key = LIMIT_PREFIX + name
+        key = sql_limits.LIMIT_PREFIX + name
         with self.db.write() as conn:
             conn.execute(meta.delete().where(meta.c.key == key))
             if value is not None:
@@ -90,12 +86,12 @@ class SqlKeyStore:
 
     def rate_limits(self, key_id: str) -> dict[str, int]:
         """The rate limits on a key: its own, else the table-wide ones (none: unlimited)."""
-        return self.rate_limits_of_keys([key_id])[key_id]
+        return self.stored_and_rate_limits([key_id]).rate_limits[key_id]
 
-    def rate_limits_of_keys(self, key_ids: Collection[str]) -> dict[str, dict[str, int]]:
-        """`rate_limits` of each key: two reads (a few more past hundreds of keys)."""
-        table_wide, own = self.stored_limits(), sql_limits.limits_of_keys(self.db, key_ids)
-        return {k: rate_limits_of(table_wide, own.get(k, {})) for k in key_ids}
+    def stored_and_rate_limits(self, key_ids: Collection[str]) -> LimitsRead:
+        """`stored_limits`, and `rate_limits` of each key: one statement (more past hundreds of keys)."""
+        table_wide, own = sql_limits.stored_and_of_keys(self.db, key_ids)
+        return LimitsRead(table_wide, {k: rate_limits_of(table_wide, own.get(k, {})) for k in key_ids})
 
     def take_rate(self, key_id: str, limits: Mapping[str, int], costs: Mapping[str, int]) -> RateDecision:
         """Admit a request of `costs` under `limits` (moving the key's rate), or say how long to wait."""

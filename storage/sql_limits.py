@@ -1,4 +1,5 @@
-"""Rate limits in the job table: those an admin set on keys, and each key's rate so far.
+"""Limits in the job table: those an admin stored (table-wide, and rate limits on keys), and each key's
+rate so far.
 
 A key's rate is one row a kind (requests, tokens) holding GCRA's theoretical
 arrival time on the database's clock. Every `fsched serve` replica admits a
@@ -12,23 +13,54 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from sqlalchemy import bindparam, delete, select, text, update
+from sqlalchemy import String, bindparam, cast, delete, null, select, text, union_all, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from fsched.core.jobs.ratelimit import RATE_KINDS, RateDecision, decide
 from fsched.storage.db import Database
-from fsched.storage.models import KeyLimit, KeyRate
+from fsched.storage.models import KeyLimit, KeyRate, Meta
 from fsched.storage.prepared import Prepared, listed
 
 key_limits = KeyLimit.__table__
 key_rates = KeyRate.__table__
+meta = Meta.__table__
+ByKey = dict[str, dict[str, int]]  # limits (name -> value) by key id
+LIMIT_PREFIX = "limit."  # a table-wide limit is the meta row limit.<name>
 IDS_A_STATEMENT = 256  # keys in one IN list (SQLite bounds the parameters of a statement)
+STORED_LIMITS = Prepared(select(meta.c.key, meta.c.value).where(meta.c.key.like(f"{LIMIT_PREFIX}%")))
 LIMITS_OF_KEYS = Prepared(lambda n: select(key_limits.c.key_id, key_limits.c.name, key_limits.c.value)
                           .where(listed(key_limits.c.key_id, "b_keys", n)), listed="b_keys")
+# Both in one statement: the table-wide limits' rows (key_id NULL), then the listed keys' own.
+STORED_AND_OF_KEYS = Prepared(lambda n: union_all(
+    select(cast(null(), String).label("key_id"), meta.c.key.label("name"), meta.c.value)
+    .where(meta.c.key.like(f"{LIMIT_PREFIX}%")),
+    select(key_limits.c.key_id, key_limits.c.name, cast(key_limits.c.value, String))
+    .where(listed(key_limits.c.key_id, "b_keys", n))), listed="b_keys")
 
 
-def limits_of_keys(db: Database, key_ids: Collection[str]) -> dict[str, dict[str, int]]:
+def stored_limits(db: Database) -> dict[str, int]:
+    """The table-wide limits an admin stored, by name."""
+    return {row.key[len(LIMIT_PREFIX):]: int(row.value) for row in db.rows(STORED_LIMITS)}
+
+
+def stored_and_of_keys(db: Database, key_ids: Collection[str]) -> tuple[dict[str, int], ByKey]:
+    """`stored_limits` and `limits_of_keys` in one statement (a few more past IDS_A_STATEMENT keys): a
+    server keeping its limits and its keys' rate limits fresh reads both every second."""
+    ids = sorted(set(key_ids))
+    if not ids:
+        return stored_limits(db), {}
+    table_wide: dict[str, int] = {}
+    own = limits_of_keys(db, ids[IDS_A_STATEMENT:])
+    for row in db.rows(STORED_AND_OF_KEYS, {"b_keys": ids[:IDS_A_STATEMENT]}):
+        if row.key_id is None:
+            table_wide[row.name[len(LIMIT_PREFIX):]] = int(row.value)
+        else:
+            own.setdefault(row.key_id, {})[row.name] = int(row.value)
+    return table_wide, own
+
+
+def limits_of_keys(db: Database, key_ids: Collection[str]) -> ByKey:
     """The limits an admin set on each key, by name (only the keys with limits of their own),
     IDS_A_STATEMENT keys a read (a consistent whole is not needed: each key's limits are its rows)."""
     ids, found = sorted(set(key_ids)), {}

@@ -16,10 +16,11 @@ What every implementation must hold:
    None puts one back to its default. Names and values are checked by the
    caller (`core.jobs.limits.validate_limit`).
 4. **Rate limits per key.** `rate_limits` gives a key's own limits where an
-   admin set them, else the table-wide ones. `take_rate` admits a request or
-   refuses it, atomically for every caller of every process: N requests at a
-   limit of N a minute pass at once, the next is refused with the wait (a
-   refusal changes nothing).
+   admin set them, else the table-wide ones (stored limits too:
+   `stored_and_rate_limits` reads both, for many keys at once). `take_rate`
+   admits a request or refuses it, atomically for every caller of every
+   process: N requests at a limit of N a minute pass at once, the next is
+   refused with the wait (a refusal changes nothing).
 5. **Short transactions.** Each call is one transaction.
 """
 
@@ -30,6 +31,7 @@ from typing import Protocol, runtime_checkable
 
 from fsched.core.jobs.apikeys import ApiKey
 from fsched.core.jobs.ratelimit import RateDecision
+from fsched.core.ports.records import LimitsRead
 from fsched.core.types import RequestClass
 
 
@@ -76,8 +78,9 @@ class KeyStore(Protocol):
         """The rate limits on a key, by name: its own, else the table-wide ones; none: unlimited."""
         ...
 
-    def rate_limits_of_keys(self, key_ids: Collection[str]) -> dict[str, dict[str, int]]:
-        """`rate_limits` of each key, read at once (a server refreshing the keys in use)."""
+    def stored_and_rate_limits(self, key_ids: Collection[str]) -> LimitsRead:
+        """`stored_limits`, and `rate_limits` of each key, read at once (a server keeping its limits and
+        the rate limits of the keys in use fresh: the table-wide rate limits are stored limits too)."""
         ...
 
     def take_rate(self, key_id: str, limits: Mapping[str, int], costs: Mapping[str, int]) -> RateDecision:

@@ -137,6 +137,15 @@ class SubmittedJob:
 
 
 @dataclass(slots=True, frozen=True)
+class LimitsRead:
+    """The limits an admin stored and the rate limits on some keys, read at once
+    (`KeyStore.stored_and_rate_limits`)."""
+
+    stored: dict[str, int]  # as `stored_limits`
+    rate_limits: dict[str, dict[str, int]]  # each key asked for -> as `rate_limits`
+
+
+@dataclass(slots=True, frozen=True)
 class TenantSummary:
     name: str
     weight: float

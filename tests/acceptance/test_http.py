@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from fsched.api.state import DAEMONS_TTL_S
 from tests.support.seeds import long_seed, runs_long
 
 from .http_server import Server, make_server
@@ -159,7 +160,7 @@ def test_no_daemon_is_503_at_once(server):
     daemon = server.procs[0]
     daemon.terminate()  # a stopped daemon says goodbye in the table: no longer alive
     daemon.wait(timeout=30)
-    time.sleep(0.6)  # a server trusts what it read of the daemons for half a second
+    time.sleep(DAEMONS_TTL_S + 0.1)  # what a server read of the daemons, it trusts this long
     before = server.counts()
     start = time.monotonic()
     with pytest.raises(openai.InternalServerError) as unavailable:

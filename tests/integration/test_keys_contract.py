@@ -79,9 +79,13 @@ def test_the_store_counts_for_every_replica_at_the_limit_and_one_past(table):
     table.keys.set_key_limit(kid, "requests_per_minute", 9)
     assert table.keys.rate_limits(kid) == {"requests_per_minute": 9, "tokens_per_minute": 100}
     assert table.keys.rate_limits(other) == {"tokens_per_minute": 100}
-    assert table.keys.rate_limits_of_keys([kid, other, "nokey"]) == {
+    table.keys.set_limit("max_queued_per_tenant", 12)  # a stored limit that is no rate limit
+    read = table.keys.stored_and_rate_limits([kid, other, "nokey"])
+    assert read.rate_limits == {
         kid: {"requests_per_minute": 9, "tokens_per_minute": 100}, other: {"tokens_per_minute": 100},
         "nokey": {"tokens_per_minute": 100}}
+    assert read.stored == table.keys.stored_limits() == {"tokens_per_minute": 100,
+                                                        "max_queued_per_tenant": 12}
     table.keys.set_key_limit(kid, "requests_per_minute", None)
     assert table.keys.key_limits(kid) == {}
     with pytest.raises(UnknownKey):
@@ -94,9 +98,28 @@ def test_the_rate_limits_of_many_keys_are_read_in_pieces_and_match_each_keys_own
     for n, kid in enumerate(ids[::2]):
         table.keys.set_key_limit(kid, "requests_per_minute", n + 1)
     table.keys.set_limit("tokens_per_minute", 50)
-    assert table.keys.rate_limits_of_keys(ids) == {kid: table.keys.rate_limits(kid) for kid in ids}
-    assert table.keys.rate_limits_of_keys(ids)[ids[4]] == {"requests_per_minute": 3, "tokens_per_minute": 50}
-    assert table.keys.rate_limits_of_keys([]) == {}
+    read = table.keys.stored_and_rate_limits(ids)
+    assert read.rate_limits == {kid: table.keys.rate_limits(kid) for kid in ids}
+    assert read.rate_limits[ids[4]] == {"requests_per_minute": 3, "tokens_per_minute": 50}
+    assert read.stored == {"tokens_per_minute": 50}
+    none = table.keys.stored_and_rate_limits([])  # no key: the stored limits alone
+    assert none.rate_limits == {} and none.stored == {"tokens_per_minute": 50}
+
+
+def test_a_sql_table_reads_the_stored_limits_and_a_few_keys_rate_limits_in_one_statement(table, monkeypatch):
+    if table.kind == "memory":
+        pytest.skip("statements are a SQL table's")
+    ids = [table.keys.create_key("alice", RequestClass.STREAMING)[0].id for _ in range(3)]
+    table.keys.set_key_limit(ids[0], "requests_per_minute", 4)
+    table.keys.set_limit("tokens_per_minute", 50)
+    statements, rows = [], table.db.rows
+    monkeypatch.setattr(table.db, "rows", lambda *args: statements.append(args) or rows(*args))
+    read = table.keys.stored_and_rate_limits(ids)
+    assert read.rate_limits[ids[0]] == {"requests_per_minute": 4, "tokens_per_minute": 50}
+    assert table.keys.rate_limits(ids[1]) == {"tokens_per_minute": 50}
+    assert len(statements) == 2  # one each
+    table.keys.stored_and_rate_limits([])
+    assert len(statements) == 3
 
 
 def test_replicas_racing_on_a_new_key_let_exactly_the_limit_through(table):

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 
-from fsched.api.facts import AHEAD, KEEP_WARM_S, Cached, due, refreshed
-from fsched.api.state import LIMITS_TTL_S, Backend, ServerState
+from fsched.api import facts
+from fsched.api.facts import AHEAD, CHECK_S, KEEP_WARM_S, Cached, due, refreshed
+from fsched.api.state import DAEMONS_TTL_S, LIMITS_TTL_S, Backend, ServerState
 from fsched.core.ports.memory.table import MemoryTable
 from fsched.core.types import RequestClass
 
@@ -79,29 +82,39 @@ def test_a_fact_is_due_once_most_of_its_ttl_has_passed_while_requests_ask_for_it
     assert not due(cached, 1.0, 100.0 + AHEAD + 1e-9)  # a read is under way already
 
 
-class CountingKeys:
-    """A memory table's key store whose batch read of rate limits is counted (and can fail)."""
+class Counted:
+    """A store whose calls are counted by name (and can fail); `batches`: the keys of each
+    `stored_and_rate_limits` read."""
 
-    def __init__(self, keys):
-        self.keys, self.batches, self.fail = keys, [], False
+    def __init__(self, store):
+        self.store, self.calls, self.batches, self.fail = store, Counter(), [], False
 
     def __getattr__(self, name):
-        return getattr(self.keys, name)
+        found = getattr(self.store, name)
 
-    def rate_limits_of_keys(self, key_ids):
-        self.batches.append(sorted(key_ids))
-        if self.fail:
-            raise RuntimeError("database busy")
-        return self.keys.rate_limits_of_keys(key_ids)
+        def counted(*args):
+            self.calls[name] += 1
+            if name == "stored_and_rate_limits":
+                self.batches.append(sorted(args[0]))
+            if self.fail:
+                raise RuntimeError("database busy")
+            return found(*args)
+
+        return counted
 
 
-def _server() -> tuple[ServerState, CountingKeys, list[str]]:
+def _server() -> tuple[ServerState, Counted, list[str]]:
+    state, keys, _, ids = _counted_server()
+    return state, keys, ids
+
+
+def _counted_server() -> tuple[ServerState, Counted, Counted, list[str]]:
     table = MemoryTable()
-    keys = CountingKeys(table.keys)
-    backend = Backend(jobs=table.catalog, keys=keys, files=table.files, serving=table.serving)
+    keys, jobs = Counted(table.keys), Counted(table.catalog)
+    backend = Backend(jobs=jobs, keys=keys, files=table.files, serving=table.serving)
     ids = [table.keys.create_key(t, RequestClass.REALTIME)[0].id for t in ("alice", "bob", "carol")]
     table.keys.set_key_limit(ids[0], "requests_per_minute", 5)
-    return ServerState(backend=backend, hub=None), keys, ids
+    return ServerState(backend=backend, hub=None), keys, jobs, ids
 
 
 def test_the_facts_requests_ask_for_are_read_again_before_they_expire_the_keys_in_one_read():
@@ -115,7 +128,7 @@ def test_the_facts_requests_ask_for_are_read_again_before_they_expire_the_keys_i
         state.refresh_ahead(now)  # nothing due yet
         await asyncio.sleep(0.05)
         assert keys.batches == [] and state._limits.at == read_at
-        keys.keys.set_key_limit(bob, "requests_per_minute", 7)  # an admin's change meanwhile
+        keys.store.set_key_limit(bob, "requests_per_minute", 7)  # an admin's change meanwhile
         state.refresh_ahead(now + AHEAD * LIMITS_TTL_S)
         for _ in range(50):
             if keys.batches and state._rate_limits[bob].reading is None:
@@ -123,6 +136,7 @@ def test_the_facts_requests_ask_for_are_read_again_before_they_expire_the_keys_i
             await asyncio.sleep(0.01)
         assert keys.batches == [sorted([alice, bob])]  # every key asked for lately in one read; not carol
         assert state._limits.at > read_at and state._daemons.at > read_at
+        assert keys.calls["stored_limits"] == 1  # the limits came with the keys' read, not one of their own
         # within the TTL the request path reads nothing, and sees the change read ahead
         assert await state.rate_limits(bob) == {"requests_per_minute": 7}
         state.refresh_ahead(time.monotonic() + KEEP_WARM_S + 1)  # nobody asked since: nothing read
@@ -149,3 +163,90 @@ def test_a_read_ahead_that_fails_is_read_again_on_demand_by_the_next_request(cap
     with caplog.at_level(logging.DEBUG, "fsched.serve"):
         assert asyncio.run(run()) == {"requests_per_minute": 5}
     assert "database busy" in caplog.text
+
+
+# -- a period of requests on a simulated clock: how many reads, and how old what the requests use ---------
+async def _settled(state: ServerState) -> None:
+    """Every read under way done (they run in worker threads: the simulated clock stands still meanwhile)."""
+    cached = [state._daemons, state._limits, *state._rate_limits.values()]
+    for _ in range(500):
+        if all(c.reading is None for c in cached):
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("a read never ended")
+
+
+def test_while_requests_keep_coming_the_limits_and_the_keys_rate_limits_are_one_read_a_ttl(monkeypatch):
+    """Over 10 s of requests every 0.3 s, with the server's look every CHECK_S: the limits and every key's
+    rate limits are read together, once every AHEAD of their TTL at most (they were two reads each time,
+    a key's rate limits two statements); no request reads on demand, none uses a value older than its TTL,
+    and an admin's changes reach the requests within LIMITS_TTL_S."""
+    clock = SimpleNamespace(now=1_000.0)
+    monkeypatch.setattr(facts, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    seconds, change_at = 10.0, 1_005.0
+
+    async def run():
+        state, keys, jobs, (alice, bob, _) = _counted_server()
+        keys.store.set_limit("tokens_per_minute", 100)
+        await state.live_daemons(), await state.limits(), await state.rate_limits(alice)
+        await state.rate_limits(bob)
+        keys.calls.clear(), jobs.calls.clear()
+        seen = []  # (when, how old the limits, bob's rate limits and the daemons were, what they read)
+        for tick in range(1, round(seconds / CHECK_S) + 1):
+            clock.now = 1_000.0 + tick * CHECK_S
+            if clock.now >= change_at and not keys.store.stored_limits().get("max_queued_per_tenant"):
+                keys.store.set_limit("max_queued_per_tenant", 3)  # an admin's changes, at 5 s
+                keys.store.set_key_limit(bob, "requests_per_minute", 7)
+            state.refresh_ahead(clock.now)
+            await _settled(state)
+            if tick % 3 == 0:  # a request
+                limits, _ = await state.limits(), await state.live_daemons()
+                bobs = await state.rate_limits(bob)
+                await state.rate_limits(alice)
+                seen.append((clock.now, clock.now - state._limits.at, clock.now - state._rate_limits[bob].at,
+                             clock.now - state._daemons.at, limits.max_queued_per_tenant, bobs))
+        return keys, jobs, seen
+
+    keys, jobs, seen = asyncio.run(run())
+    reads = seconds / (AHEAD * LIMITS_TTL_S)
+    assert set(keys.calls) == {"stored_and_rate_limits"}, keys.calls  # nothing read on demand, nor apart
+    assert keys.calls["stored_and_rate_limits"] <= reads + 1, keys.calls
+    assert set(jobs.calls) == {"list_daemons"} and jobs.calls["list_daemons"] <= seconds / (
+        AHEAD * DAEMONS_TTL_S) + 1, jobs.calls
+    assert all(limits_age <= LIMITS_TTL_S and key_age <= LIMITS_TTL_S and daemons_age <= DAEMONS_TTL_S
+               for _, limits_age, key_age, daemons_age, _, _ in seen), seen
+    after = [(queued, bobs) for when, *_, queued, bobs in seen if when >= change_at + LIMITS_TTL_S]
+    assert after and all(queued == 3 and bobs == {"requests_per_minute": 7, "tokens_per_minute": 100}
+                         for queued, bobs in after), seen
+
+
+def test_the_server_s_own_looks_at_a_fact_keep_nothing_read_ahead(monkeypatch):
+    """The links' refresh looks at the live daemons every 0.5 s for the server's life, the retention
+    sweep at the limits: reading on demand what expired, they leave the read-ahead to requests."""
+    clock = SimpleNamespace(now=1_000.0)
+    monkeypatch.setattr(facts, "time", SimpleNamespace(monotonic=lambda: clock.now))
+
+    async def run():
+        state, keys, jobs, _ = _counted_server()
+        await state.live_daemons(), await state.limits()  # a request, then none
+        ahead, looked = [], []  # reads a tick: started by refresh_ahead, by the server's own looks
+
+        def reads() -> int:
+            return jobs.calls["list_daemons"] + keys.calls["stored_limits"]
+
+        for tick in range(1, round(2 * KEEP_WARM_S / CHECK_S) + 1):
+            clock.now = 1_000.0 + tick * CHECK_S
+            before = reads()
+            state.refresh_ahead(clock.now)
+            await _settled(state)
+            ahead.append(reads() - before)
+            before = reads()
+            if tick % 5 == 0:
+                await state.live_daemons(ask=False), await state.limits(ask=False)
+            looked.append(reads() - before)
+        later = round(KEEP_WARM_S / CHECK_S) + 1  # the ticks past KEEP_WARM_S after the request
+        return ahead[:later], ahead[later:], looked[later:]
+
+    kept_warm, ahead, looked = asyncio.run(run())
+    assert sum(kept_warm) > 0  # within KEEP_WARM_S of the request: read ahead
+    assert sum(ahead) == 0 and sum(looked) > 0  # then, however often the server looks: on demand

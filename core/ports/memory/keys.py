@@ -13,7 +13,7 @@ from fsched.core.jobs.apikeys import ApiKey, new_key, validate_key_name
 from fsched.core.jobs.ratelimit import RATE_KINDS, RateDecision, decide, rate_limits_of
 from fsched.core.jobs.tenants import validate_tenant_name
 from fsched.core.ports.memory.rows import MemoryRows, atomic
-from fsched.core.ports.records import UnknownKey
+from fsched.core.ports.records import LimitsRead, UnknownKey
 from fsched.core.types import RequestClass
 
 
@@ -73,11 +73,13 @@ class MemoryKeyStore:
         _set(self.rows.key_limits.setdefault(key_id, {}), name, value)
 
     def rate_limits(self, key_id: str) -> dict[str, int]:
-        return self.rate_limits_of_keys([key_id])[key_id]
+        return self.stored_and_rate_limits([key_id]).rate_limits[key_id]
 
     @atomic
-    def rate_limits_of_keys(self, key_ids: Collection[str]) -> dict[str, dict[str, int]]:
-        return {k: rate_limits_of(self.rows.limits, self.rows.key_limits.get(k, {})) for k in key_ids}
+    def stored_and_rate_limits(self, key_ids: Collection[str]) -> LimitsRead:
+        limits = self.rows.limits
+        return LimitsRead(dict(limits), {k: rate_limits_of(limits, self.rows.key_limits.get(k, {}))
+                                         for k in key_ids})
 
     @atomic
     def take_rate(self, key_id: str, limits: Mapping[str, int], costs: Mapping[str, int]) -> RateDecision:
