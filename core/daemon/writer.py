@@ -96,9 +96,12 @@ class Writer:
             self._last_batch_flush = now
             spread = set(self._spread)
             self._spread += [rid for rid in due if rid not in spread]
-            self._spread.sort(key=waiting.__getitem__)  # oldest first: the overdue ones lead
+        # A row of the share may have been written meanwhile (`write_now`) or have ended: only those still
+        # dirty stay, each waiting since it turned dirty again.
         rows = self._still_dirty(self._spread)
-        overdue = sum(now - waiting[held.id] >= self.bounds.overdue_s for held in rows)
+        if due:
+            rows.sort(key=lambda held: waiting.get(held.id, now))  # oldest first: the overdue ones lead
+        overdue = sum(now - waiting.get(held.id, now) >= self.bounds.overdue_s for held in rows)
         take = max(overdue, self._part(len(rows), now, turn_s))
         self._spread = [held.id for held in rows[take:]]
         self._write(urgent + rows[:take])

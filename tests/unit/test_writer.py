@@ -76,7 +76,7 @@ def test_overdue_rows_are_written_at_once():
 def test_a_final_flush_writes_everything_at_once():
     writer, store = _writer(100)
     writer.after_step(1.0)
-    writer.flush(everything=True, now=1.01)
+    writer.flush(everything=True, now=1.06)
     assert sum(store.writes) == 100
     assert store.writes[-1] == 100 - store.writes[0]
 
@@ -88,3 +88,17 @@ def test_the_share_being_written_is_the_loops_next_duty():
     assert writer.next_flush_at() == 1.0  # the rest of the share goes at the next turn
     _turns(writer, 1.02, 1.1, 0.02)
     assert writer.next_flush_at() >= 1.2  # the share written: the plan's next flush
+
+
+def test_a_row_of_the_share_written_or_ended_meanwhile_is_left_out():
+    writer, store = _writer(1000)
+    _turns(writer, 0.70, 0.82, 0.02)  # a share of 200 due at 0.8: its first parts written
+    first = sum(store.writes)
+    rest = [writer.holdings.get(rid) for rid in writer._spread]
+    assert first and len(rest) == 200 - first
+    writer.write_now(rest[:2])  # shown to someone: written at once
+    writer.holdings.pop(rest[2].id)  # ended
+    writer.after_step(1.05)  # the next share comes due while the last one is being written
+    assert store.writes[-2] == 2
+    writer.flush(everything=True, now=1.06)
+    assert sum(store.writes) == 1000 - 1  # each row once, the ended one not at all
