@@ -65,6 +65,12 @@ class Tx:
         self._dialect = dialect
         self._synced = dialect.name == "postgresql"  # `many`: a row at a time (the module's docstring)
 
+    @property
+    def locks_rows(self) -> bool:
+        """Whether other writers run beside this transaction (PostgreSQL: row locks; SQLite has one
+        writer at a time)."""
+        return self._synced
+
     def rows(self, prepared: Prepared, params: Mapping[str, Any] | None = None) -> list:
         """The statement's rows, named tuples of its columns."""
         compiled, bound = prepared.bound(self._dialect, params)

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from fsched.core.ports.queue import ClaimAsk
 from fsched.core.ports.records import Completion, TokenUpdate
 from fsched.core.types import RequestStatus
-from fsched.storage import sql_queue, textcodec
+from fsched.storage import direct, sql_queue, textcodec
 from fsched.storage.refusals import REFUSED_PREFIX
 from tests.support.tables import InSql, submission
 
@@ -117,3 +117,40 @@ def test_a_refused_output_in_a_step_fails_its_request_alone_and_the_claim_is_mad
         why = conn.execute(text("SELECT error FROM requests WHERE id = 2")).scalar()
     assert why.startswith(REFUSED_PREFIX)
     assert _jobs(table) == [(1, "in_progress", 1, 0, 3, 1), (2, "in_progress", 2, 0, 0, 1)]
+
+
+class _CountedCursor:
+    """A driver cursor whose executes are counted (every statement sent, BEGIN and COMMIT aside)."""
+
+    def __init__(self, cursor, counted: list[str]):
+        self._cursor, self._counted = cursor, counted
+
+    def execute(self, sql, *args, **kwargs):
+        self._counted.append(sql)
+        return self._cursor.execute(sql, *args, **kwargs)
+
+    def executemany(self, sql, *args, **kwargs):
+        self._counted.append(sql)
+        return self._cursor.executemany(sql, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._cursor, name)
+
+
+def test_a_tokens_only_step_moves_its_jobs_counters_in_a_fixed_number_of_statements(table, monkeypatch):
+    """32 online requests (a job each) add tokens in one step: each job's counter moves by its own
+    tokens, in two statements for the counters on PostgreSQL (its jobs locked in id order, then one
+    update), not one statement a job."""
+    table.catalog.submit([submission(1) for _ in range(32)])
+    held = table.queue.claim("d1", per_group=64)
+    assert len(held) == 32
+    counted: list[str] = []
+    made = direct.Tx.__init__
+    monkeypatch.setattr(direct.Tx, "__init__",
+                        lambda tx, cursor, dialect: made(tx, _CountedCursor(cursor, counted), dialect))
+    updates = [TokenUpdate(r.id, tuple(range(1 + i % 3)), "x" * (1 + i % 3), lease_epoch=r.lease_epoch)
+               for i, r in enumerate(held)]
+    assert table.queue.write_step("d1", updates, ()).written == 32
+    counters = [sql for sql in counted if sql.lstrip().upper().startswith(("UPDATE JOBS", "SELECT JOBS"))]
+    assert len(counters) == (2 if table.kind == "postgresql" else 1)
+    assert sorted(row[4] for row in _jobs(table)) == sorted(1 + i % 3 for i in range(32))
