@@ -115,10 +115,11 @@ MOVED_JOB = Batched(
 JOB_LOCKS = Prepared(lambda n: select(jobs.c.id).where(listed(jobs.c.id, "b_jobs", n))
                      .order_by(jobs.c.id).with_for_update(), listed="b_jobs")
 _MORE = recordset(column("b_id", jobs.c.id.type), column("b_more", BigInteger))
+_MORE_ONE = (update(jobs).where(jobs.c.id == bindparam("b_id"))
+             .values(num_output_tokens=jobs.c.num_output_tokens + bindparam("b_more")))
+MORE_ONE_JOB_TOKENS = Prepared(_MORE_ONE)  # a step of one job: one lock, one statement
 MORE_JOB_TOKENS = Batched(
-    update(jobs)
-    .where(jobs.c.id == bindparam("b_id"))
-    .values(num_output_tokens=jobs.c.num_output_tokens + bindparam("b_more")),
+    _MORE_ONE,
     update(jobs)
     .where(jobs.c.id == _MORE.c.b_id)
     .values(num_output_tokens=jobs.c.num_output_tokens + _MORE.c.b_more),
@@ -133,8 +134,8 @@ def move_jobs(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
     if all(delta.tokens_only for delta in deltas.values()):
         more = [{"b_id": job_id, "b_more": deltas[job_id].output_tokens}
                 for job_id in sorted(deltas) if deltas[job_id].output_tokens]
-        if len(more) == 1:  # one lock, one statement
-            tx.run(MORE_JOB_TOKENS, more[0])
+        if len(more) == 1:
+            tx.run(MORE_ONE_JOB_TOKENS, more[0])
             return
         if tx.locks_rows:
             for i in range(0, len(more), LOCK_CHUNK):

@@ -101,8 +101,8 @@ def test_an_honest_check_waits_for_one_hostile_job_not_for_its_queue():
     failed: list[BaseException] = []
 
     def hostile(i: int) -> None:
-        try:
-            one.compile(source(optional(3_000 + i)), "hostile")
+        try:  # the first takes the worker for seconds (8,000 properties: 2 s quiet), long enough for the rest
+            one.compile(source(optional(8_000 if i == 0 else 3_000 + i)), "hostile")
         except BaseException as exc:  # noqa: BLE001 - shown by the assertion below
             failed.append(exc)
             raise
@@ -111,7 +111,11 @@ def test_an_honest_check_waits_for_one_hostile_job_not_for_its_queue():
     try:
         one.compile(source({"type": "string"}), "warm")  # the worker started
         threads = [threading.Thread(target=hostile, args=(i,)) for i in range(5)]
-        for t in threads:
+        # The first at the worker before the others queue: five compiles of 0.3 s each, started together,
+        # drained the queue before it filled on a quick machine.
+        threads[0].start()
+        time.sleep(0.2)
+        for t in threads[1:]:
             t.start()
         deadline = time.monotonic() + 30
         while one.waiting("hostile") < 4 and time.monotonic() < deadline and not failed:
