@@ -85,6 +85,8 @@ class Reader:
     call's id and name as often as they came, its arguments as the fragments joined."""
 
     def __init__(self, response: httpx.Response):
+        if response.status_code != 200:  # an answer that is not a stream: say what it was
+            raise AssertionError(f"{response.status_code}: {response.read()[:500]!r}")
         self.lines = response.iter_lines()
         self.content, self.ids, self.names, self.arguments, self.end = "", [], [], "", None
         self.reasoning = ""
