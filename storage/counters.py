@@ -109,11 +109,9 @@ MOVED_JOB = Batched(
             finished_at=func.coalesce(jobs.c.finished_at, _MOVED.c.b_finished)),
 )
 # A step that only adds tokens: its jobs' locks taken in id order (two daemons' writes never deadlock on
-# jobs), then the additions. On PostgreSQL the locks in one select (JOB_LOCKS) and the additions in one
+# jobs), then the additions. On PostgreSQL the locks in one select (`_locked`) and the additions in one
 # statement: a synced statement a job cost a round trip each, 32 a step at 32 online streams (each
 # request a job of its own). SQLite has one writer at a time: an executemany, no locks.
-JOB_LOCKS = Prepared(lambda n: select(jobs.c.id).where(listed(jobs.c.id, "b_jobs", n))
-                     .order_by(jobs.c.id).with_for_update(), listed="b_jobs")
 _MORE = recordset(column("b_id", jobs.c.id.type), column("b_more", BigInteger))
 _MORE_ONE = (update(jobs).where(jobs.c.id == bindparam("b_id"))
              .values(num_output_tokens=jobs.c.num_output_tokens + bindparam("b_more")))
@@ -138,36 +136,41 @@ def move_jobs(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
             tx.run(MORE_ONE_JOB_TOKENS, more[0])
             return
         if tx.locks_rows:
-            for i in range(0, len(more), LOCK_CHUNK):
-                tx.rows(JOB_LOCKS, {"b_jobs": [m["b_id"] for m in more[i:i + LOCK_CHUNK]]})
+            _locked(tx, [m["b_id"] for m in more])
         tx.many(MORE_JOB_TOKENS, more)
         return
     apply_deltas(tx, deltas, now)
 
 
+def _locked(tx: Tx, ids: list[int]) -> list:
+    """The jobs `ids` (sorted), locked in id order, LOCK_CHUNK a statement; UnknownJob for one missing."""
+    found = []
+    for i in range(0, len(ids), LOCK_CHUNK):
+        part = ids[i:i + LOCK_CHUNK]
+        rows = tx.rows(JOBS_TO_MOVE, {"b_jobs": part})
+        if len(rows) != len(part):
+            raise UnknownJob(min(set(part) - {job.id for job in rows}))
+        found += rows
+    return found
+
+
 def apply_deltas(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
     """Lock the jobs (in id order: two writers never deadlock on jobs) and move each one's counters by
     its delta: one select, one statement (PostgreSQL) or executemany."""
-    ids = sorted(deltas)
     writes = []
-    for i in range(0, len(ids), LOCK_CHUNK):
-        part = ids[i:i + LOCK_CHUNK]
-        found = tx.rows(JOBS_TO_MOVE, {"b_jobs": part})
-        if len(found) != len(part):
-            raise UnknownJob(min(set(part) - {job.id for job in found}))
-        for job in found:
-            delta = deltas[job.id]
-            counts = replace(job_counts(job), num_running=job.num_running + delta.running + delta.claimed,
-                             num_done=job.num_done + delta.done, num_failed=job.num_failed + delta.failed,
-                             num_cancelled=job.num_cancelled + delta.cancelled)
-            state = derive_job_state(counts, started=job.started_at is not None or delta.claimed > 0,
-                                     cancel_requested=job.cancel_requested_at is not None)
-            writes.append({"b_id": job.id, "b_running": counts.num_running, "b_done": counts.num_done,
-                           "b_failed": counts.num_failed, "b_cancelled": counts.num_cancelled,
-                           "b_state": state.value, "b_output": job.num_output_tokens + delta.output_tokens,
-                           "b_prompt": job.num_prompt_tokens + delta.prompt_tokens,
-                           "b_started": now if delta.claimed else None,
-                           "b_finished": now if state.finished else None})
+    for job in _locked(tx, sorted(deltas)):
+        delta = deltas[job.id]
+        counts = replace(job_counts(job), num_running=job.num_running + delta.running + delta.claimed,
+                         num_done=job.num_done + delta.done, num_failed=job.num_failed + delta.failed,
+                         num_cancelled=job.num_cancelled + delta.cancelled)
+        state = derive_job_state(counts, started=job.started_at is not None or delta.claimed > 0,
+                                 cancel_requested=job.cancel_requested_at is not None)
+        writes.append({"b_id": job.id, "b_running": counts.num_running, "b_done": counts.num_done,
+                       "b_failed": counts.num_failed, "b_cancelled": counts.num_cancelled,
+                       "b_state": state.value, "b_output": job.num_output_tokens + delta.output_tokens,
+                       "b_prompt": job.num_prompt_tokens + delta.prompt_tokens,
+                       "b_started": now if delta.claimed else None,
+                       "b_finished": now if state.finished else None})
     tx.many(MOVED_JOB, writes)
 
 
