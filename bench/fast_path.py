@@ -145,7 +145,10 @@ class Table:
         raise TimeoutError(sql)
 
     def daemon(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen([FSCHED, "daemon", "--quiet", *args], env=self.env,
+        """`fsched daemon` on this table, with `args` and then BENCH_DAEMON_ARGS (the environment's, split on
+        spaces: an A/B of a daemon option across the benchmarks built on this table)."""
+        extra = os.environ.get("BENCH_DAEMON_ARGS", "").split()
+        return subprocess.Popen([FSCHED, "daemon", "--quiet", *args, *extra], env=self.env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 

@@ -27,7 +27,7 @@ OPTIONS = {
     "model": "--model", "device": "--device", "dtype": "--dtype", "policy": "--policy",
     "max_batch": "--max-batch", "kv_tokens": "--kv-tokens", "step_tokens": "--step-tokens",
     "threads": "--threads", "until_idle": "--until-idle", "lease_s": "--lease-ttl", "engine": "--engine",
-    "link": "--link", "engine_api": "--engine-api",
+    "link": "--link", "engine_api": "--engine-api", "batch_stream_interval": "--batch-stream-interval",
 }
 
 
@@ -70,6 +70,13 @@ EngineApiOption = Annotated[str, typer.Option(
     "with --tokens-only), completions (/v1/completions with token-id prompts, any OpenAI-compatible "
     "engine), or auto: tokens where the engine serves it, else completions.")]
 
+BatchStreamIntervalOption = Annotated[int, typer.Option(
+    "--batch-stream-interval", help="With --engine URL, how many of a batch-class request's tokens "
+    "the engine sends a chunk (vLLM's stream_interval; the first and the last come at once): a "
+    "batch's tokens reach the table about once a second, and each chunk costs the engine's API "
+    "server and the daemon; a preempted batch request recomputes at most that many less one. 1: "
+    "every token on its own. Realtime and streaming requests always get every token on its own.")]
+
 
 @handle_errors
 def daemon(
@@ -78,6 +85,7 @@ def daemon(
     dtype: DtypeOption = DEFAULTS.dtype,
     engine: EngineOption = DEFAULTS.engine,
     engine_api: EngineApiOption = DEFAULTS.engine_api,
+    batch_stream_interval: BatchStreamIntervalOption = DEFAULTS.batch_stream_interval,
     policy: PolicyOption = DEFAULTS.policy,
     max_batch: MaxBatchOption = DEFAULTS.max_batch,
     kv_tokens: KvTokensOption = DEFAULTS.kv_tokens,
@@ -95,6 +103,7 @@ def daemon(
             model=model, device=device, dtype=dtype, policy=policy, max_batch=max_batch,
             kv_tokens=kv_tokens, step_tokens=step_tokens, threads=threads, until_idle=until_idle,
             lease_s=lease_ttl, engine=engine, link=link, engine_api=engine_api,
+            batch_stream_interval=batch_stream_interval,
         )
     except SettingsError as exc:
         raise UserError(f"{OPTIONS[exc.setting]}: {exc}") from None

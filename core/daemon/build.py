@@ -98,6 +98,10 @@ class DaemonSettings:
     # With a remote engine: how the daemon asks it for tokens ("auto", "tokens" or "completions";
     # core/runners/connect.py): auto takes the engine's token interface where it serves one.
     engine_api: str = "auto"
+    # With a remote engine: a batch request's tokens come from it this many a chunk (the first at once).
+    # Nobody reads them one at a time (the table gets them about once a second), and every chunk costs
+    # the engine's front end and the daemon alike; 1 asks for each token on its own.
+    batch_stream_interval: int = 8
 
     def __post_init__(self) -> None:
         if self.link != "off":
@@ -110,7 +114,7 @@ class DaemonSettings:
             parse_standin(self.model)
         except StandInError as exc:
             raise SettingsError("model", str(exc)) from None
-        for name in ("max_batch", "kv_tokens", "step_tokens", "threads"):
+        for name in ("max_batch", "kv_tokens", "step_tokens", "threads", "batch_stream_interval"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise SettingsError(name, f"must be a positive integer, got {value!r}")
@@ -214,7 +218,8 @@ def _remote_runner(settings: DaemonSettings) -> RunnerChoice:
     from fsched.core.runners.connect import connect_remote_engine
 
     try:
-        remote = connect_remote_engine(settings.engine, settings.model, settings.engine_api)
+        remote = connect_remote_engine(settings.engine, settings.model, settings.engine_api,
+                                       settings.batch_stream_interval)
     except ValueError as exc:
         raise RunnerUnavailable(f"--engine {settings.engine}: {exc}") from None
     return RunnerChoice(

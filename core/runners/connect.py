@@ -98,8 +98,10 @@ def engine_api(client: EngineClient, asked: str, codec: Codec) -> EngineApi:
     return COMPLETIONS
 
 
-def connect_remote_engine(url: str, model: str | None, api: str = "auto") -> RemoteEngine:
-    """A runner over the engine at `url`; raises ValueError when it cannot be reached or used."""
+def connect_remote_engine(url: str, model: str | None, api: str = "auto", batch_stream_interval: int = 1
+                          ) -> RemoteEngine:
+    """A runner over the engine at `url` (a batch request's tokens asked for `batch_stream_interval` a
+    chunk); raises ValueError when it cannot be reached or used."""
     try:
         client = EngineClient(url)
         info = client.info()
@@ -112,7 +114,9 @@ def connect_remote_engine(url: str, model: str | None, api: str = "auto") -> Rem
     log.info("engine %s serves %s (context %d, KV %s tokens, batch %s) over %s", client.url, info.model,
              context, info.kv_tokens or "unknown", info.max_num_seqs or "unknown", chosen.path)
     return RemoteEngine(
-        runner=RemoteRunner(client, codec, info.model, api=chosen), name=name,
+        runner=RemoteRunner(client, codec, info.model, api=chosen,
+                            batch_stream_interval=batch_stream_interval),
+        name=name,
         description=f"{name} on {client.url} ({info.model}, {chosen.name} API)", url=client.url,
         max_batch=info.max_num_seqs or DEFAULT_ENGINE_BATCH, kv_tokens=info.kv_tokens,
         step_tokens=ENGINE_STEP_TOKENS, min_quantum_steps=ENGINE_MIN_QUANTUM_STEPS, api=chosen.name,

@@ -81,6 +81,7 @@ from fsched.core.types import (
     LOGIT_BIAS_RANGE,
     LOGPROB_FLOOR,
     Logprob,
+    RequestClass,
     RequestId,
     RequestStatus,
     ResponseFormat,
@@ -241,11 +242,18 @@ class EngineApi:
     path: str
     body: Callable[..., dict]
     logprobs: Callable[[Sequence[tuple[dict, int]], Callable[[list[int]], str], int], list[TokenLogprobs]]
+    chunked: Callable[[dict, int], dict]  # the body asking for `n` tokens a chunk after the first
+
+
+def chunked_completion(body: dict, n: int) -> dict:
+    """A completions body whose stream sends `n` tokens a chunk after the first (vLLM's `stream_interval`;
+    the first and the last chunk come at once). An engine that does not know the field ignores it."""
+    return {**body, "stream_interval": n}
 
 
 # vLLM's OpenAI completions, with token-id prompts and `return_token_ids`: what any OpenAI-compatible
 # engine that takes token ids serves (the engine detokenizes every token it streams, unused here).
-COMPLETIONS = EngineApi("completions", "/v1/completions", completion_body, chunk_logprobs)
+COMPLETIONS = EngineApi("completions", "/v1/completions", completion_body, chunk_logprobs, chunked_completion)
 
 
 @dataclass(slots=True, eq=False)
@@ -260,6 +268,7 @@ class _Request(Registered):
     replay: list[int] = field(default_factory=list)  # tokens the open stream must regenerate first
     stops: frozenset[int] = frozenset()  # the tokens that end it (past min_tokens)
     flowing: bool = False  # its open stream has sent tokens: each engine iteration brings it one
+    interval: int = 1  # tokens its stream's chunks carry (after the first): a batch stream's are several
 
 
 def _first_token_waits(r: _Request) -> bool:
@@ -273,8 +282,12 @@ class RemoteRunner(Runner):
 
     def __init__(self, client: EngineClient, codec: Codec, model: str, max_wait_s: float = 0.05,
                  gather_s: float = 0.010, gather_slice_s: float = 0.002, gather_quiet_s: float = 0.003,
-                 backoff_s: tuple[float, float] = (0.5, 8.0), api: EngineApi = COMPLETIONS):
+                 backoff_s: tuple[float, float] = (0.5, 8.0), api: EngineApi = COMPLETIONS,
+                 batch_stream_interval: int = 1):
+        if batch_stream_interval < 1:
+            raise ValueError("batch_stream_interval must be >= 1")
         self.client = client
+        self.batch_stream_interval = batch_stream_interval
         self.codec = codec
         self.model = model
         self.api = api
@@ -297,6 +310,8 @@ class RemoteRunner(Runner):
     def add(self, request: LiveRequest) -> None:
         r = register(self._requests, _Request, request, self.codec.decode)
         r.stops = r.rules.stop_token_ids | (frozenset() if r.rules.ignore_eos else self.codec.eos_token_ids)
+        if getattr(request, "request_class", None) is RequestClass.BATCH:
+            r.interval = self.batch_stream_interval
 
     def release(self, request_id: RequestId) -> None:
         r = self._requests.pop(request_id, None)
@@ -317,8 +332,10 @@ class RemoteRunner(Runner):
 
     @property
     def kv_tokens(self) -> int:
-        """Tokens the engine holds for fsched: the context of every open stream."""
-        return sum(r.context + len(r.pending) for r in self._requests.values() if r.stream is not None)
+        """Tokens the engine holds for fsched: the context of every open stream (a chunked stream's up to
+        a chunk ahead of what it sent)."""
+        return sum(r.context + len(r.pending) + r.interval - 1 for r in self._requests.values()
+                   if r.stream is not None)
 
     # -- one step ------------------------------------------------------------------------
     @property
@@ -367,6 +384,8 @@ class RemoteRunner(Runner):
             r.replay = []
             body = self.api.body(self.model, r.tokens(), request.params, generated, self.context_length,
                                    request.output)
+        if r.interval > 1:
+            body = self.api.chunked(body, r.interval)
         r.pending.clear()
         r.pending_logprobs.clear()
         r.flowing = False
@@ -473,7 +492,8 @@ class RemoteRunner(Runner):
         top = r.request.params.logprobs
         logprobs = self.api.logprobs(chunks, self.codec.decode, top) if top is not None else []
         if tokens:
-            r.flowing = True
+            # A chunked stream sends at an iteration of its own count's choosing: a gather never waits for it.
+            r.flowing = r.interval == 1
             if r.replay and not self._replayed(r, tokens, logprobs):
                 return
             if not r.pending and not r.request.output:

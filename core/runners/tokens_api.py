@@ -46,7 +46,12 @@ _REQUEST_FIELDS = ("model", "prompt", "stream", "return_token_ids", "return_toke
 def tokens_api(eos_token_ids: Iterable[int] = ()) -> EngineApi:
     """The token interface for a model whose end-of-sequence ids are `eos_token_ids`."""
     return EngineApi("tokens", GENERATE_PATH, partial(generate_body, eos=tuple(sorted(eos_token_ids))),
-                     generate_logprobs)
+                     generate_logprobs, chunked_generate)
+
+
+def chunked_generate(body: dict, n: int) -> dict:
+    """A generate body whose stream sends `n` tokens a chunk after the first (a sampling parameter here)."""
+    return {**body, "sampling_params": {**body["sampling_params"], "stream_interval": n}}
 
 
 def generate_body(model: str, context: list[int], params: SamplingParams, generated: int,

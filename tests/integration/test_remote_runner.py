@@ -205,6 +205,44 @@ def test_forced_preemptions_keep_greedy_outputs_exact(fake, api):
 
 
 @both_apis
+def test_batch_streams_come_in_chunks_and_keep_greedy_outputs_exact_through_preemptions(fake, api):
+    """A batch request's stream asks for its tokens `batch_stream_interval` to a chunk; realtime ones each
+    on its own. The realtime requests preempt the batch (whose tokens made but not sent are made again on
+    resume) and every output is still the built-in stand-in's."""
+    fake.step_s = 0.002
+    cfg = config(max_batch=4, preempt_grace_steps=0, min_quantum_steps=1)
+    runner = remote_runner(fake, api, batch_stream_interval=4)
+    engine, remote = run_with_late_realtime(runner, requests(12), late_realtime(), cfg)
+    local = run(StandInRunner(), requests(12) + late_realtime())
+    assert engine.scheduler.preemptions > 0 and runner.resumes > 0
+    assert {k: v.tokens for k, v in remote.items()} == {k: v.tokens for k, v in local.items()}
+    for body in fake.bodies:  # the realtime requests' seeds are from 100 on (greedy: sent unchanged)
+        assert body.get("stream_interval") == (None if body["seed"] >= 100 else 4), body
+    assert max(fake.chunk_sizes) == 4 and 1 in fake.chunk_sizes
+
+
+def test_a_chunked_stream_is_not_waited_for_by_the_gather(fake):
+    """A step's gather waits for the streams that send every iteration; a chunked one sends every few,
+    and waiting for it would hold each step's tokens to the gather's bound."""
+    fake.step_s = 0.02
+    runner = remote_runner(fake, batch_stream_interval=1000, gather_s=0.5)
+    realtime = Request.to_run("rt", [5, 6, 7], SamplingParams(max_tokens=30, temperature=0),
+                              request_class=RequestClass.REALTIME)
+    batch = Request.to_run("b", [1, 2, 3], SamplingParams(max_tokens=30, temperature=0))
+    for r in (realtime, batch):
+        runner.add(r)
+    runner.run(Plan(step=0, prefill=(PrefillChunk("rt", 0, 3, True), PrefillChunk("b", 0, 3, True))))
+    steps = []
+    for step in range(1, 6):
+        started = time.perf_counter()
+        runner.run(Plan(step=step, decode=("rt", "b")))
+        steps.append(time.perf_counter() - started)
+    assert len(batch.output) == 1  # its first token alone: the rest comes in one chunk at its end
+    assert len(realtime.output) >= 5
+    assert max(steps) < 0.25, steps  # never the gather's 0.5 s
+
+
+@both_apis
 def test_engine_restart_mid_run_loses_nothing(fake, caplog, api):
     fake.step_s = 0.003
     runner = remote_runner(fake, api, backoff_s=(0.1, 0.4))

@@ -35,6 +35,9 @@ every request in the completions shape (the token interface's
 `sampling_params` at the top, `token_ids` as `prompt`, `structured_outputs`
 as `response_format`), `apis` which interface each came by. With
 `token_interface=False` that path answers 404, as an engine without it does.
+A request's `stream_interval` (vLLM's: in the body, or in `sampling_params`)
+sends its tokens that many to an event, the first and the last at once;
+`chunk_sizes` records how many tokens each event carried.
 
 Run alone: `python -m tests.support.fake_engine --port 8011`.
 """
@@ -96,6 +99,7 @@ class FakeEngine:
         self.in_flight = 0
         self.max_in_flight = 0
         self.tokens_sent = 0
+        self.chunk_sizes: list[int] = []  # tokens in each event sent
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._server: ThreadingHTTPServer | None = None
@@ -184,6 +188,8 @@ class FakeEngine:
         grammar = self._grammar(body.get("response_format"))
         answer = self._answer(prompt) if grammar is None and self.script is not None else None
         stops = set(body.get("stop_token_ids") or ()) | ({self.eos} if not body.get("ignore_eos") else set())
+        interval = int(body.get("stream_interval") or 1)
+        unsent: list[tuple[int, dict | None]] = []  # tokens made and their logprobs, not yet sent
         while n < max_tokens:
             if self.step_s and select.select([handler.connection], [], [], self.step_s)[0]:
                 raise ConnectionAbortedError("the client went away")  # EOF while it waited: abort
@@ -201,26 +207,41 @@ class FakeEngine:
             ended = token in stops or (grammar is not None and grammar.done)
             done = ended or n >= max_tokens
             finish = "stop" if ended else "length"
-            if tokens_api:
-                choice = {"index": 0, "finish_reason": finish if done else None, "stop_reason": None,
-                          "token_ids": [token], "logprobs": None}
-                if body.get("logprobs") is not None:
-                    choice["logprobs"] = fake_generate_logprobs(token, context, int(body["logprobs"]))
-                handler.event({"request_id": "generate-tokens-fake", "usage": None, "output_mode": "tokens",
-                               "choices": [choice]})
-            else:
-                choice = {"index": 0, "text": f" w{token}", "token_ids": [token],
-                          "finish_reason": finish if done else None}
-                if body.get("logprobs") is not None:
-                    choice["logprobs"] = fake_logprobs(token, context, int(body["logprobs"]))
-                handler.event({"id": "cmpl-fake", "object": "text_completion", "model": self.model,
-                               "choices": [choice]})
+            logprobs = None
+            if body.get("logprobs") is not None:
+                logprobs = (fake_generate_logprobs if tokens_api else fake_logprobs)(token, context,
+                                                                                     int(body["logprobs"]))
+            unsent.append((token, logprobs))
             with self._lock:
                 self.tokens_sent += 1
+            if done or n == 1 or len(unsent) >= interval:
+                self._send(handler, unsent, finish if done else None, tokens_api)
+                unsent = []
             if done:
                 break
         handler.wfile.write(b"data: [DONE]\n\n")
         handler.wfile.flush()
+
+    def _send(self, handler, made: list[tuple[int, dict | None]], finish: str | None, tokens_api: bool
+              ) -> None:
+        """One event carrying the tokens `made` (and their logprobs, the lists of each joined)."""
+        tokens = [token for token, _ in made]
+        logprobs = None
+        if made[0][1] is not None:
+            logprobs = {key: [x for _, lp in made for x in lp[key]] for key in made[0][1]}
+        if tokens_api:
+            handler.event({"request_id": "generate-tokens-fake", "usage": None, "output_mode": "tokens",
+                           "choices": [{"index": 0, "finish_reason": finish, "stop_reason": None,
+                                        "token_ids": tokens, "logprobs": logprobs}]})
+        else:
+            choice = {"index": 0, "text": "".join(f" w{t}" for t in tokens), "token_ids": tokens,
+                      "finish_reason": finish}
+            if logprobs is not None:
+                choice["logprobs"] = logprobs
+            handler.event({"id": "cmpl-fake", "object": "text_completion", "model": self.model,
+                           "choices": [choice]})
+        with self._lock:
+            self.chunk_sizes.append(len(tokens))
 
     def _answer(self, prompt: list[int]) -> tuple[int, list[int]] | None:
         """(where the answer starts in `prompt`'s context, its ids) for a scripted prompt or its resume."""

@@ -14,7 +14,9 @@ ending with `data: [DONE]`, as vLLM sends them), streamed and whole
 and `/metrics` (its batch as `max_num_seqs`). Its tokens are the fake
 engine's (`fake_token`, greedy or sampled), so outputs are checkable with
 `expected_tokens`; a stream stops at EOS (unless `ignore_eos`), at a stop
-token or at max_tokens; a client that goes away frees its slot.
+token or at max_tokens; a client that goes away frees its slot. A request's
+`stream_interval` (vLLM's, in the body) sends its
+tokens that many to a chunk, the first and the last at once.
 
 One asyncio loop serves every connection and writes every stream's token
 in one pass per iteration; nothing runs per stream but its own bytes, so
@@ -53,8 +55,10 @@ class _Stream:
     head: bytes  # the event's JSON up to the choice's fields
     include_usage: bool = False
     prompt_tokens: int = 0
+    interval: int = 1  # tokens a chunk carries (vLLM's `stream_interval`): the first and last go at once
     n: int = 0
     out: list[int] = field(default_factory=list)  # a whole (not streamed) answer's tokens
+    unsent: list[int] = field(default_factory=list)  # made, waiting for its interval's chunk
     gone: bool = False
 
 
@@ -216,10 +220,13 @@ class PacedEngine:
                 f'"model":{json.dumps(self.model)},"choices":[{{"index":0,').encode()
         stops = frozenset(body.get("stop_token_ids") or ()) | (
             frozenset() if body.get("ignore_eos") else frozenset({self.eos}))
+        interval = body.get("stream_interval") or 1
+        if not isinstance(interval, int) or interval < 1:
+            return "stream_interval must be an integer >= 1"
         return _Stream(conn, list(prompt), max_tokens, body.get("seed"),
                        float(body.get("temperature", 1.0)) == 0, stops, int(body.get("min_tokens") or 0),
                        chat, bool(body.get("stream")), head,
-                       bool((body.get("stream_options") or {}).get("include_usage")), len(prompt))
+                       bool((body.get("stream_options") or {}).get("include_usage")), len(prompt), interval)
 
     # -- iterations ------------------------------------------------------------------
     def _tick(self, due: float) -> None:
@@ -255,6 +262,16 @@ class PacedEngine:
         finish = (b'"stop"' if ended else b'"length"') if done else b"null"
         if not s.streamed:
             s.out.append(token)
+        elif s.interval > 1:
+            s.unsent.append(token)
+            if done or s.n == 1 or len(s.unsent) >= s.interval:
+                tokens, s.unsent = s.unsent, []
+                text = b"".join(b" w%d" % t for t in tokens)
+                ids = b",".join(b"%d" % t for t in tokens)
+                key = (b'"delta":{"content":"%s"}' % text if s.chat
+                       else b'"text":"%s","token_ids":[%s]' % (text, ids))
+                s.conn.transport.write(_chunk(b'data: %s%s,"finish_reason":%s}]}\n\n'
+                                              % (s.head, key, finish)))
         elif s.chat:
             s.conn.transport.write(_chunk(b'data: %s"delta":{"content":" w%d"},"finish_reason":%s}]}\n\n'
                                           % (s.head, token, finish)))

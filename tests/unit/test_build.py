@@ -89,6 +89,7 @@ def test_build_daemon_wires_settings_runner_scheduler_and_store():
     (["--lease-ttl", "1"], "--lease-ttl: 1 s is refused"),
     (["--model", "standin:fast", "--max-batch", "4"], "--model: 'standin:fast'"),
     (["--max-batch", "0"], "--max-batch: must be a positive integer"),
+    (["--batch-stream-interval", "0"], "--batch-stream-interval: must be a positive integer"),
 ])
 def test_the_command_names_the_option_of_a_bad_setting(args, message, tmp_path):
     db = tmp_path / "never.db"
