@@ -384,6 +384,7 @@ class RemoteRunner(Runner):
             r.replay = []
             body = self.api.body(self.model, r.tokens(), request.params, generated, self.context_length,
                                    request.output)
+        r.interval = min(r.interval, self.batch_stream_interval)
         if r.interval > 1:
             body = self.api.chunked(body, r.interval)
         r.pending.clear()
@@ -508,6 +509,10 @@ class RemoteRunner(Runner):
             r.error, r.stream = "the engine ended the output earlier than before the interruption", None
         elif stream.finish is not None:
             r.ended, r.stream = stream.finish, None
+        elif stream.fault is Fault.REFUSED and r.interval > 1 and "stream_interval" in (stream.error or ""):
+            self._unchunked(stream.error)
+            r.stream = None  # opened again, a token a chunk, at its next step
+            r.pending.clear()
         elif stream.fault is Fault.REFUSED:
             r.error, r.stream = stream.error, None
             r.pending.clear()
@@ -515,6 +520,15 @@ class RemoteRunner(Runner):
             r.stream = None
             r.pending.clear()
             self._engine_lost(stream.error or "unavailable")
+
+    def _unchunked(self, error: str | None) -> None:
+        """The engine refused the field that asks for several tokens a chunk (an engine other than
+        vLLM, or one older than the field, that checks its fields): every stream asks for single
+        tokens from now on."""
+        if self.batch_stream_interval > 1:
+            log.warning("engine %s refuses stream_interval (%s); batch requests get their tokens one a "
+                        "chunk from now on", self.client.url, error)
+        self.batch_stream_interval = 1  # each request's own interval falls at its next open
 
     def _replayed(self, r: _Request, tokens: list[int], logprobs: list[TokenLogprobs]) -> bool:
         """Check a replayed stream's tokens against those generated before (consumed from `tokens`);

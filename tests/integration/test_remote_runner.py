@@ -221,6 +221,21 @@ def test_batch_streams_come_in_chunks_and_keep_greedy_outputs_exact_through_pree
     assert max(fake.chunk_sizes) == 4 and 1 in fake.chunk_sizes
 
 
+@both_apis
+def test_an_engine_that_refuses_the_chunk_field_streams_single_tokens_and_fails_nothing(fake, api, caplog):
+    fake.refuse = lambda body: "unknown field: stream_interval" if "stream_interval" in body else None
+    runner = remote_runner(fake, api, batch_stream_interval=4)
+    with caplog.at_level(logging.WARNING, logger="fsched.daemon"):
+        remote = run(runner, requests(6))
+    local = run(StandInRunner(), requests(6))
+    assert {k: (v.status, v.tokens) for k, v in remote.items()} == {
+        k: (v.status, v.tokens) for k, v in local.items()}
+    # the refused streams are not recorded: every body the engine took asked for single tokens
+    assert len(fake.bodies) == 6 and not any("stream_interval" in b for b in fake.bodies)
+    assert sum("refuses stream_interval" in r.getMessage() for r in caplog.records) == 1
+    assert runner.batch_stream_interval == 1
+
+
 def test_a_chunked_stream_is_not_waited_for_by_the_gather(fake):
     """A step's gather waits for the streams that send every iteration; a chunked one sends every few,
     and waiting for it would hold each step's tokens to the gather's bound."""
