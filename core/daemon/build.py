@@ -300,5 +300,5 @@ def runner_summary(daemon: Daemon) -> str | None:
         return None
     return (
         f"engine streams: {runner.streams_opened} opened, {runner.resumes} resumed, "
-        f"{runner.outages} outage(s)"
+        f"{runner.outage.count} outage(s)"
     )

@@ -71,6 +71,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from fsched.core.runners.openai_http import EngineClient, Fault
+from fsched.core.runners.outage import Outage
 from fsched.core.runners.protocol import LiveRequest, Runner, RunResult
 from fsched.core.runners.registered import Registered, output_text, register
 from fsched.core.runners.stopping import check_stop
@@ -295,16 +296,12 @@ class RemoteRunner(Runner):
         self.gather_s = gather_s
         self.gather_slice_s = gather_slice_s
         self.gather_quiet_s = gather_quiet_s
-        self.backoff_s = backoff_s
         self._streams = client.streams(api.path)
         self._requests: dict[RequestId, _Request] = {}
         self._wait_s: float | None = None  # the next step's wait bound, when its caller gave one
-        self._down_since: float | None = None
-        self._backoff = backoff_s[0]
-        self._next_probe = 0.0
+        self.outage = Outage(backoff_s)  # the engine's absences (its requests keep their tokens meanwhile)
         self.streams_opened = 0
         self.resumes = 0  # streams opened after tokens were generated (preemption, outage, restart)
-        self.outages = 0
 
     # -- requests ----------------------------------------------------------------------
     def add(self, request: LiveRequest) -> None:
@@ -374,7 +371,7 @@ class RemoteRunner(Runner):
 
     def _open(self, r: _Request) -> None:
         request = r.request
-        if r.stream is not None or r.ended or request.stop or r.error or self._down_since is not None:
+        if r.stream is not None or r.ended or request.stop or r.error or self.outage.down_since is not None:
             return
         generated = len(request.output)
         if generated and replays(request.params):
@@ -424,11 +421,12 @@ class RemoteRunner(Runner):
         # The producing requests without news yet: what arrives takes them out (one pass here, not one
         # over all of them at every poll).
         missing = {rid for rid in producing if not self._has_news(requests[rid])}
+        down = self.outage.down_since is not None
         if len(missing) == len(producing) and not streams.woken and (
-                self._down_since is not None or any(requests[rid].stream is not None for rid in producing)):
+                down or any(requests[rid].stream is not None for rid in producing)):
             deadline = start + bound
-            if self._down_since is not None:
-                deadline = min(deadline, max(self._next_probe, time.perf_counter()))
+            if down:
+                deadline = min(deadline, max(self.outage.next_probe, time.perf_counter()))
             while (left := deadline - time.perf_counter()) > 0:
                 if self._take(streams.poll(left), missing) or streams.woken:
                     break
@@ -564,12 +562,8 @@ class RemoteRunner(Runner):
 
     # -- the engine going away and coming back ----------------------------------------------
     def _engine_lost(self, error: str) -> None:
-        if self._down_since is not None:
+        if not self.outage.began(time.perf_counter()):
             return
-        self._down_since = time.perf_counter()
-        self._backoff = self.backoff_s[0]
-        self._next_probe = self._down_since + self._backoff
-        self.outages += 1
         for r in self._requests.values():
             if r.stream is not None:  # a stream that ended keeps its tokens
                 self._close(r)
@@ -577,15 +571,10 @@ class RemoteRunner(Runner):
                     self.client.url, error, len(self._requests))
 
     def _probe_if_down(self) -> None:
-        if self._down_since is None or time.perf_counter() < self._next_probe:
-            return
-        if self.client.healthy():
-            log.warning("engine %s is back after %.1f s; resuming %d request(s)", self.client.url,
-                        time.perf_counter() - self._down_since, len(self._requests))
-            self._down_since = None
-            return
-        self._backoff = min(self._backoff * 2, self.backoff_s[1])
-        self._next_probe = time.perf_counter() + self._backoff
+        if self.outage.probe_due(time.perf_counter()) and (
+                length := self.outage.probed(self.client.healthy(), time.perf_counter())) is not None:
+            log.warning("engine %s is back after %.1f s; resuming %d request(s)", self.client.url, length,
+                        len(self._requests))
 
 
 def take_tokens(r: _Request, context_length: int, eos_token_ids: frozenset[int]) -> int:

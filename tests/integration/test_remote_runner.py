@@ -273,7 +273,7 @@ def test_engine_restart_mid_run_loses_nothing(fake, caplog, api):
         remote = run(runner, running, on_step=on_step)
     local = run(StandInRunner(), requests(12))
     assert not [v.error for v in remote.values() if v.error]
-    assert crashed and runner.outages == 1
+    assert crashed and runner.outage.count == 1
     assert {k: v.tokens for k, v in remote.items()} == {k: v.tokens for k, v in local.items()}
     lines = [r.message for r in caplog.records]
     assert sum("unavailable" in m for m in lines) == 1 and sum("is back after" in m for m in lines) == 1
