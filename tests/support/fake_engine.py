@@ -212,8 +212,6 @@ class FakeEngine:
                 logprobs = (fake_generate_logprobs if tokens_api else fake_logprobs)(token, context,
                                                                                      int(body["logprobs"]))
             unsent.append((token, logprobs))
-            with self._lock:
-                self.tokens_sent += 1
             if done or n == 1 or len(unsent) >= interval:
                 self._send(handler, unsent, finish if done else None, tokens_api)
                 unsent = []
@@ -240,7 +238,8 @@ class FakeEngine:
                 choice["logprobs"] = logprobs
             handler.event({"id": "cmpl-fake", "object": "text_completion", "model": self.model,
                            "choices": [choice]})
-        with self._lock:
+        with self._lock:  # counted once written: a test that sees the count can read the tokens
+            self.tokens_sent += len(tokens)
             self.chunk_sizes.append(len(tokens))
 
     def _answer(self, prompt: list[int]) -> tuple[int, list[int]] | None:
