@@ -78,9 +78,10 @@ class LiveRequest(Protocol):
     """What a runner reads and writes of a request's live record (core/sched/request.py `Request`;
     a test may hand it any object with these attributes).
 
-    It reads `id`, `prompt` (token ids, at least one) and `params`; `output`
-    and `output_logprobs` hold what the request produced before it came (a
-    resume after a restart), and the runner's steps append each token it
+    It reads `id`, `prompt` (token ids, at least one), `params` and, where
+    the record has one, `request_class` (a remote engine's batch streams come
+    in chunks); `output` and `output_logprobs` hold what the request produced
+    before it came (a resume after a restart), and the runner's steps append each token it
     produces (and its logprobs, when `params.logprobs` is not None) and set
     `stop` to the check that ended the output. Nothing else writes these
     while the runner holds the request.

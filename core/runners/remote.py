@@ -248,7 +248,8 @@ class EngineApi:
 
 def chunked_completion(body: dict, n: int) -> dict:
     """A completions body whose stream sends `n` tokens a chunk after the first (vLLM's `stream_interval`;
-    the first and the last chunk come at once). An engine that does not know the field ignores it."""
+    the first and the last chunk come at once). vLLM ignores fields it does not know; an engine that refuses
+    this one is asked for single tokens from then on (`RemoteRunner._unchunked`)."""
     return {**body, "stream_interval": n}
 
 
@@ -491,7 +492,7 @@ class RemoteRunner(Runner):
         top = r.request.params.logprobs
         logprobs = self.api.logprobs(chunks, self.codec.decode, top) if top is not None else []
         if tokens:
-            # A chunked stream sends at an iteration of its own count's choosing: a gather never waits for it.
+            # A chunked stream sends only every few iterations: a gather never waits for it.
             r.flowing = r.interval == 1
             if r.replay and not self._replayed(r, tokens, logprobs):
                 return
