@@ -15,8 +15,8 @@ and `/metrics` (its batch as `max_num_seqs`). Its tokens are the fake
 engine's (`fake_token`, greedy or sampled), so outputs are checkable with
 `expected_tokens`; a stream stops at EOS (unless `ignore_eos`), at a stop
 token or at max_tokens; a client that goes away frees its slot. A request's
-`stream_interval` (vLLM's, in the body) sends its
-tokens that many to a chunk, the first and the last at once.
+`stream_interval` (vLLM's, in the body) sends its tokens that many to a
+chunk, the first and the last at once.
 
 One asyncio loop serves every connection and writes every stream's token
 in one pass per iteration; nothing runs per stream but its own bytes, so
