@@ -101,6 +101,9 @@ def test_outputs_equal_the_builtin_runner_even_with_preemptions(fs, tmp_path, fa
     assert fake.max_in_flight <= 4 + 1
     assert resumed(fake, 50) > 0  # preempted requests resumed from prompt + generated
     assert set(fake.apis) == {api}
+    # By default a batch request's stream asks for 8 tokens a chunk, a realtime one for single tokens
+    # (greedy requests send their seed unchanged: the realtime file's are from 1000 on).
+    assert all(b.get("stream_interval") == (None if b["seed"] >= 1000 else 8) for b in fake.bodies)
     counters_consistent(fs)
 
 
@@ -112,7 +115,7 @@ def test_kill_9_twice_resumes_and_outputs_are_identical(fs, tmp_path, fake, api)
     fake.step_s = 0.01
     for _ in range(2):
         before = total_tokens(fs)
-        d = daemon(fs, fake, api=api)
+        d = daemon(fs, fake, "--batch-stream-interval", "3", api=api)
         deadline = time.time() + 60
         while time.time() < deadline and total_tokens(fs) < before + 100:
             time.sleep(0.05)
@@ -125,6 +128,7 @@ def test_kill_9_twice_resumes_and_outputs_are_identical(fs, tmp_path, fake, api)
           "--quiet", timeout=120)
     assert outputs(fs) == expected
     assert set(fake.apis) == {api}
+    assert {b.get("stream_interval") for b in fake.bodies} == {3, 8}  # the killed daemons', the last one's
 
 
 def test_engine_restart_mid_run_logs_once_and_loses_nothing(fs, tmp_path, fake):
