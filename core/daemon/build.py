@@ -219,7 +219,7 @@ def _remote_runner(settings: DaemonSettings) -> RunnerChoice:
 
     try:
         remote = connect_remote_engine(settings.engine, settings.model, settings.engine_api,
-                                       settings.batch_stream_interval)
+                                       batch_stream_interval=settings.batch_stream_interval)
     except ValueError as exc:
         raise RunnerUnavailable(f"--engine {settings.engine}: {exc}") from None
     return RunnerChoice(

@@ -98,7 +98,7 @@ def engine_api(client: EngineClient, asked: str, codec: Codec) -> EngineApi:
     return COMPLETIONS
 
 
-def connect_remote_engine(url: str, model: str | None, api: str = "auto", batch_stream_interval: int = 1
+def connect_remote_engine(url: str, model: str | None, api: str = "auto", *, batch_stream_interval: int
                           ) -> RemoteEngine:
     """A runner over the engine at `url` (a batch request's tokens asked for `batch_stream_interval` a
     chunk); raises ValueError when it cannot be reached or used."""

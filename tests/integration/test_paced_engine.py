@@ -74,6 +74,21 @@ def test_streamed_chat_sends_a_role_then_content_then_done():
     assert b"data: [DONE]" in data
 
 
+def test_a_stream_interval_sends_the_first_token_alone_then_that_many_a_chunk():
+    with PacedEngine(slots=4, step_s=0.002) as engine:
+        body = json.dumps(_body([5, 6], 10, ignore_eos=True, stream_interval=4)).encode()
+        data = _raw(engine.url, b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(body), body))
+    events = [line for line in data.split(b"\n") if line.startswith(b"data: {")]
+    choices = [json.loads(line[6:])["choices"][0] for line in events]
+    assert [len(c["token_ids"]) for c in choices] == [1, 4, 4, 1]  # the last chunk at once: the end
+    tokens = [t for c in choices for t in c["token_ids"]]
+    assert "".join(c["text"] for c in choices) == "".join(f" w{t}" for t in tokens)
+    expected = expected_tokens([5, 6], 10, 3)
+    assert tokens[: len(expected)] == expected
+    assert [c["finish_reason"] for c in choices] == [None, None, None, "length"]
+
+
 def test_a_client_that_leaves_frees_its_slot():
     with PacedEngine(slots=1, step_s=0.005) as engine:
         host, port = engine.url.removeprefix("http://").split(":")

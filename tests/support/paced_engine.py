@@ -116,6 +116,16 @@ def _chunk(data: bytes) -> bytes:
 _DONE = _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
 
 
+def _event(s: _Stream, tokens: list[int], finish: bytes) -> bytes:
+    """The HTTP chunk of one event carrying `tokens` (chat's delta, or completions' text and ids)."""
+    text = b"".join([b" w%d" % t for t in tokens])
+    if s.chat:
+        choice = b'"delta":{"content":"%s"}' % text
+    else:
+        choice = b'"text":"%s","token_ids":[%s]' % (text, b",".join([b"%d" % t for t in tokens]))
+    return _chunk(b'data: %s%s,"finish_reason":%s}]}\n\n' % (s.head, choice, finish))
+
+
 class PacedEngine:
     """The server, on its own thread and event loop; `close()` stops it."""
 
@@ -262,22 +272,11 @@ class PacedEngine:
         finish = (b'"stop"' if ended else b'"length"') if done else b"null"
         if not s.streamed:
             s.out.append(token)
-        elif s.interval > 1:
+        else:
             s.unsent.append(token)
             if done or s.n == 1 or len(s.unsent) >= s.interval:
-                tokens, s.unsent = s.unsent, []
-                text = b"".join(b" w%d" % t for t in tokens)
-                ids = b",".join(b"%d" % t for t in tokens)
-                key = (b'"delta":{"content":"%s"}' % text if s.chat
-                       else b'"text":"%s","token_ids":[%s]' % (text, ids))
-                s.conn.transport.write(_chunk(b'data: %s%s,"finish_reason":%s}]}\n\n'
-                                              % (s.head, key, finish)))
-        elif s.chat:
-            s.conn.transport.write(_chunk(b'data: %s"delta":{"content":" w%d"},"finish_reason":%s}]}\n\n'
-                                          % (s.head, token, finish)))
-        else:
-            s.conn.transport.write(_chunk(b'data: %s"text":" w%d","token_ids":[%d],"finish_reason":%s}]}\n\n'
-                                          % (s.head, token, token, finish)))
+                s.conn.transport.write(_event(s, s.unsent, finish))
+                s.unsent = []
         if done:
             self._end(s, finish)
         return not done
