@@ -75,6 +75,7 @@ from fast_path import FSCHED, TICK, Engine, Table, cpu_s, postgres_cpu_s  # noqa
 from fsched.core.stamps import TAG_HEADER  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "tell me about fair scheduling"}]
+BATCH_TOKENS_MAX = 8_000  # a --loaded batch request's tokens at most (the paced engine's context: 8,192)
 TAGS = itertools.count()  # the client's numbers for its requests (--stamps), unique in a run
 
 
@@ -402,7 +403,8 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
         f = Fsched(engine, backend, Path(tmp), replicas, link=not args.no_link, stamps=stamps)
         try:
             if args.loaded:
-                f.fill_with_batch(engine.slots, int(100_000 // args.step_ms))
+                # about 100 s of tokens, within the paced engine's context (8,192) at a faster pace
+                f.fill_with_batch(engine.slots, min(int(100_000 // args.step_ms), BATCH_TOKENS_MAX))
             model = "fsched"
             if isinstance(engine, Vllm):
                 model = f.served_model()

@@ -9,9 +9,12 @@ then age and each job's requests in input order. So one tenant's
 50,000-line file never hides another tenant's work from the scheduler.
 
 A claim costs a fixed number of statements however many jobs it takes from:
-the jobs it takes whole (every online request is a job of one) are read in
-one select, their rows moved in one update; only a job it takes part of is
-read with a limit of its own. Its jobs' counters move with the rest of its
+the jobs of one request (every online request, `fsched generate`) are leased
+in one update that returns their rows; the other jobs it takes whole are read
+in one select, their rows moved in one update; only a job it takes part of is
+read with a limit of its own. (A job of one cannot hold more queued rows than
+its counters say, so its update needs no limit: a bigger job's read keeps
+its own, since its counters may lag a requeue another transaction committed.) Its jobs' counters move with the rest of its
 transaction's (storage/counters.py `move_jobs`: one locking select, one
 executemany), which a daemon's step shares with its tokens and completions
 (`SqlQueueStore.write_step`).
@@ -19,7 +22,7 @@ executemany), which a daemon's step shares with its tokens and completions
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from sqlalchemy import Float, bindparam, select, update
 
@@ -45,7 +48,8 @@ IN_CHUNK = 400  # ids a statement names at once (SQLite's older builds bind at m
 # cancelling job's mark excluding it as any cancelled job's does.
 UNFINISHED_JOB_STATES = [s.value for s in JobState if not s.finished]
 CANDIDATE_JOBS = Prepared(
-    select(jobs.c.id, jobs.c.tenant, jobs.c["class"].label("request_class"), WAITING.label("waiting"))
+    select(jobs.c.id, jobs.c.tenant, jobs.c["class"].label("request_class"), jobs.c.priority,
+           jobs.c.num_requests, WAITING.label("waiting"))
     .where(one_of(jobs.c.state, UNFINISHED_JOB_STATES), jobs.c.cancel_requested_at.is_(None), WAITING > 0)
     .order_by(jobs.c.priority, jobs.c.id)
 )
@@ -62,13 +66,27 @@ ROWS_OF_JOBS = Prepared(lambda n: _QUEUED_ROWS.where(listed(requests.c.job_id, "
 ROWS_OF_JOB = Prepared(_QUEUED_ROWS.where(requests.c.job_id == bindparam("b_job")).order_by(requests.c.idx)
                        .limit(bindparam("b_want")).with_for_update(of=requests, skip_locked=True))
 # Rows to `running`, leased to an owner until the database's clock plus the lease.
-LEASE = Prepared(lambda n: update(requests).where(listed(requests.c.id, "b_ids", n)).values(
+_LEASED = dict(
     state=RowState.RUNNING.value,
     lease_owner=bindparam("b_owner"),
     lease_epoch=requests.c.lease_epoch + 1,
     lease_expires_at=database_clock() + bindparam("b_lease_s", type_=Float),
     attempts=requests.c.attempts + 1,
-), listed="b_ids")
+)
+LEASE = Prepared(lambda n: update(requests).where(listed(requests.c.id, "b_ids", n)).values(**_LEASED),
+                 listed="b_ids")
+# The queued row of each job of one, leased, as the lease left it (skipping, on PostgreSQL, a row another
+# daemon is claiming, as the reads above do).
+def _queued_of_jobs(n: int):
+    return (listed(requests.c.job_id, "b_jobs", n), requests.c.state == RowState.QUEUED.value)
+
+
+LEASE_SINGLES = Prepared(lambda n: update(requests).where(requests.c.id.in_(
+    select(requests.c.id).where(*_queued_of_jobs(n)).with_for_update(skip_locked=True)
+)).values(**_LEASED).returning(*requests.c), listed="b_jobs")
+# SQLite's writers take turns: the update names the rows itself.
+LEASE_SINGLES_ALONE = Prepared(lambda n: update(requests).where(*_queued_of_jobs(n)).values(**_LEASED)
+                               .returning(*requests.c), listed="b_jobs")
 
 
 def nothing_to_take(direct: DirectConnection, per_group: int, held: Mapping[Group, int]) -> bool:
@@ -91,21 +109,30 @@ def claim_requests(
     """Claim for `owner` in this write transaction; see the module's docstring. The claimed rows' jobs
     are counted in `deltas` (the transaction moves its jobs' counters once, at its end:
     counters.move_jobs)."""
-    wants = _wants(tx.rows(CANDIDATE_JOBS), per_group, held, limit)
+    candidates = {job.id: job for job in tx.rows(CANDIDATE_JOBS)}
+    wants = _wants(candidates.values(), per_group, held, limit)
     if not wants:
         return []
-    rows = _queued_rows(tx, wants)
-    if not rows:
-        return []
+    lease = {"b_owner": owner, "b_lease_s": lease_s}
+    singles = {job_id for job_id, (_, everything) in wants.items()
+               if everything and candidates[job_id].num_requests == 1}
+    leased = [row for part in _chunks(sorted(singles))
+              for row in tx.rows(LEASE_SINGLES if tx.locks_rows else LEASE_SINGLES_ALONE, {"b_jobs": part, **lease})]
+    rows = _queued_rows(tx, {job_id: want for job_id, want in wants.items() if job_id not in singles})
     for part in _chunks([row.id for row in rows]):
-        tx.run(LEASE, {"b_ids": part, "b_owner": owner, "b_lease_s": lease_s})
-    for row in rows:
+        tx.run(LEASE, {"b_ids": part, **lease})
+    for row in (*leased, *rows):
         deltas.setdefault(row.job_id, CountDelta()).claimed += 1
-    stored = read_logprobs(tx, [row.id for row in rows if row.num_logprobs])  # resumes
-    return [claimed_request(row, stored.get(row.id, ())) for row in rows]
+    stored = read_logprobs(tx, [row.id for row in (*leased, *rows) if row.num_logprobs])  # resumes
+    by_job: dict[int, list[Request]] = {}
+    for row in leased:
+        by_job[row.job_id] = [claimed_request(row, stored.get(row.id, ()), job=candidates[row.job_id])]
+    for row in rows:
+        by_job.setdefault(row.job_id, []).append(claimed_request(row, stored.get(row.id, ())))
+    return [request for job_id in wants for request in by_job.get(job_id, ())]
 
 
-def _wants(candidates: Sequence, per_group: int, held: Mapping[Group, int], limit: int | None
+def _wants(candidates: Iterable, per_group: int, held: Mapping[Group, int], limit: int | None
            ) -> dict[int, tuple[int, bool]]:
     """job id -> (how many of its queued requests to take, whether that is all of them), in the
     claim's order: each group's room shared out among its jobs by priority then age."""

@@ -163,13 +163,17 @@ def request_result(row, logprobs: tuple[TokenLogprobs, ...] = ()) -> RequestResu
     )
 
 
-def claimed_request(row, logprobs: tuple[TokenLogprobs, ...] = ()) -> Request:
+def claimed_request(row, logprobs: tuple[TokenLogprobs, ...] = (), job=None) -> Request:
     """A request row (and its logprobs) as its claim returns it: its live record, with the lease epoch
-    and attempts after the claim and its prompt as stored (the daemon encodes it)."""
+    and attempts after the claim and its prompt as stored (the daemon encodes it). The row as read
+    before its lease, with its job's tenant, class and priority; or, given its `job` (those three), the
+    row as its lease left it."""
+    raised = 1 if job is None else 0  # the lease's increments, not yet in a row read before it
+    job = row if job is None else job
     return Request.to_run(
-        core_id(row.id), (), SamplingParams.from_json(row.params), row.tenant,
-        RequestClass(row.request_class), row.priority, list(row.output_tokens or ()), logprobs,
+        core_id(row.id), (), SamplingParams.from_json(row.params), job.tenant,
+        RequestClass(job.request_class), job.priority, list(row.output_tokens or ()), logprobs,
         prompt_text=row.prompt, messages=row.messages, render=row.render, job_id=row.job_id,
-        custom_id=row.custom_id, enqueued_at=row.enqueued_at, lease_epoch=row.lease_epoch + 1,
-        attempts=row.attempts + 1,
+        custom_id=row.custom_id, enqueued_at=row.enqueued_at, lease_epoch=row.lease_epoch + raised,
+        attempts=row.attempts + raised,
     )

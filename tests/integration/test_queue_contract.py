@@ -72,6 +72,33 @@ def test_a_claim_raises_the_epoch_and_stale_epochs_write_nothing(table):
     assert table.view(job)[first.id] == (RequestStatus.FINISHED_STOPPED, "abc", 3)
 
 
+def test_jobs_of_one_come_in_the_claims_order_with_their_job_and_their_tokens(table):
+    """A job of one request (every online request) is leased by one statement that returns its row: it
+    comes in the claim's order among a bigger job's requests (priority, then age), with its job's
+    tenant, class and priority, the lease's epoch and attempts, and on a resume its tokens."""
+    from dataclasses import replace
+
+    from tests.support.tables import submission
+
+    q = table.queue
+    urgent = table.catalog.submit([replace(submission(1, "bob", RequestClass.STREAMING), priority=2)])[0].job_id
+    first = table.submit(1, "alice", RequestClass.REALTIME)
+    big = table.submit(3, "alice", RequestClass.REALTIME)
+    last = table.submit(1, "alice", RequestClass.REALTIME)
+    claimed = q.claim("d1", per_group=10)
+    assert [c.job_id for c in claimed] == [urgent, first, big, big, big, last]
+    assert [(c.tenant, c.request_class, c.priority) for c in claimed[:2]] == [
+        ("bob", RequestClass.STREAMING, 2), ("alice", RequestClass.REALTIME, 5)]
+    assert [(c.lease_epoch, c.attempts) for c in claimed] == [(1, 1)] * 6
+    assert q.flush_tokens("d1", [TokenUpdate(claimed[1].id, (5, 6), "xy", lease_epoch=1)]) == 1
+    assert q.release("d1") == 6
+    again = q.claim("d2", per_group=10)
+    assert [(c.id, c.lease_epoch, c.attempts) for c in again] == [(c.id, 2, 2) for c in claimed]
+    assert (again[1].resumed, again[0].resumed) == ([5, 6], [])
+    assert q.flush_tokens("d1", [TokenUpdate(again[1].id, (7,), "z", lease_epoch=1)]) == 0
+    assert q.flush_tokens("d2", [TokenUpdate(again[1].id, (7,), "z", lease_epoch=2)]) == 1
+
+
 def test_another_owner_writes_nothing_and_nothing_ends_twice(table):
     q = table.queue
     job = table.submit(2)
