@@ -102,11 +102,12 @@ def main() -> None:
     rows = [row for backend in args.backends for row in run(backend, args.steps, args.held)]
     for row in rows:
         print(json.dumps(row))
-    print("\n| backend | way | µs CPU per request (mean) | median | wall µs a step (median) | statements a step (SQLite) |")
+    print("\n| backend | way | µs CPU per request (mean) | median | wall µs a step (median) "
+          "| statements a step (SQLite) |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['backend']} | {r['way']} | {r['us_per_request']} | {r['median_us']} | {r['wall_median_us']} | "
-              f"{r['statements'] if r['statements'] is not None else '-'} |")
+        print(f"| {r['backend']} | {r['way']} | {r['us_per_request']} | {r['median_us']} "
+              f"| {r['wall_median_us']} | {r['statements'] if r['statements'] is not None else '-'} |")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,10 @@ in one update that returns their rows; the other jobs it takes whole are read
 in one select, their rows moved in one update; only a job it takes part of is
 read with a limit of its own. (A job of one cannot hold more queued rows than
 its counters say, so its update needs no limit: a bigger job's read keeps
-its own, since its counters may lag a requeue another transaction committed.) Its jobs' counters move with the rest of its
-transaction's (storage/counters.py `move_jobs`: one locking select, one
-executemany), which a daemon's step shares with its tokens and completions
+its own, since its counters may lag a requeue another transaction committed.)
+Its jobs' counters move with the rest of its transaction's
+(storage/counters.py `move_jobs`: one locking select, one executemany),
+which a daemon's step shares with its tokens and completions
 (`SqlQueueStore.write_step`).
 """
 
@@ -116,8 +117,9 @@ def claim_requests(
     lease = {"b_owner": owner, "b_lease_s": lease_s}
     singles = {job_id for job_id, (_, everything) in wants.items()
                if everything and candidates[job_id].num_requests == 1}
+    lease_singles = LEASE_SINGLES if tx.locks_rows else LEASE_SINGLES_ALONE
     leased = [row for part in _chunks(sorted(singles))
-              for row in tx.rows(LEASE_SINGLES if tx.locks_rows else LEASE_SINGLES_ALONE, {"b_jobs": part, **lease})]
+              for row in tx.rows(lease_singles, {"b_jobs": part, **lease})]
     rows = _queued_rows(tx, {job_id: want for job_id, want in wants.items() if job_id not in singles})
     for part in _chunks([row.id for row in rows]):
         tx.run(LEASE, {"b_ids": part, **lease})

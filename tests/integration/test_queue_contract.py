@@ -81,7 +81,8 @@ def test_jobs_of_one_come_in_the_claims_order_with_their_job_and_their_tokens(ta
     from tests.support.tables import submission
 
     q = table.queue
-    urgent = table.catalog.submit([replace(submission(1, "bob", RequestClass.STREAMING), priority=2)])[0].job_id
+    (stored,) = table.catalog.submit([replace(submission(1, "bob", RequestClass.STREAMING), priority=2)])
+    urgent = stored.job_id
     first = table.submit(1, "alice", RequestClass.REALTIME)
     big = table.submit(3, "alice", RequestClass.REALTIME)
     last = table.submit(1, "alice", RequestClass.REALTIME)
