@@ -152,6 +152,14 @@ class Batched(Prepared):
         return self._variant(dialect, _ALL)
 
 
+def parameter_types(prepared: Prepared, dialect: Dialect) -> dict[str, str]:
+    """Each parameter of the statement (not a listed one) by its name in the SQL: the type the database
+    takes it as ("unknown" for one SQLAlchemy leaves untyped, inferred then from its place)."""
+    compiled = prepared._build(0).compile(dialect=dialect)
+    return {name: "unknown" if bind.type._isnull else bind.type.dialect_impl(dialect).compile(dialect=dialect)
+            for bind, name in compiled.bind_names.items()}
+
+
 def statements_of(*modules: ModuleType) -> list[Prepared]:
     """The statements these modules define (at module level: compiled once for the process's life)."""
     return [value for module in modules for value in vars(module).values() if isinstance(value, Prepared)]

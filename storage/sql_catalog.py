@@ -60,6 +60,7 @@ from fsched.storage.rows import (
     tenants,
 )
 from fsched.storage.submit import (
+    GROUP_COMMIT_STATEMENTS,
     check_queue_limit,
     create_missing_tenants,
     group_commit,
@@ -126,7 +127,7 @@ class SqlCatalogStore(SqlStoreBase):
             return []
         if self.db.dialect == "postgresql":
             if self._group_writer is None:
-                self._group_writer = KeptWriter(self.db)
+                self._group_writer = KeptWriter(self.db, statements=GROUP_COMMIT_STATEMENTS)
             outcomes, stored_ids, created = group_commit(self._group_writer, submissions,
                                                          max_queued_per_tenant, now, not self._group_refused)
             self._group_refused = len(stored_ids) < len(submissions)

@@ -254,6 +254,9 @@ def _guard(new_jobs) -> ColumnElement:
 
 STORE_GROUP_IF_ALL_FIT = _stored_group(guarded=True)
 STORE_GROUP = _stored_group(guarded=False)
+# What a group commit sends (PostgreSQL): prepared for the kept connection's session (storage/kept.py).
+GROUP_COMMIT_STATEMENTS = (LOCK_NAMED_TENANTS, STORE_GROUP_IF_ALL_FIT, LOCK_TENANTS_READ_KEYS,
+                           COUNT_UNFINISHED, CREATE_TENANTS, STORE_GROUP)
 
 
 def group_commit(writer: KeptWriter, submissions: Sequence[JobSubmission], limit: int, now: float,

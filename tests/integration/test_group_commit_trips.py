@@ -21,7 +21,7 @@ from fsched.core.types import JobOrigin, RequestClass
 from fsched.storage import kept
 from fsched.storage.sql_catalog import SqlCatalogStore
 from fsched.storage.sql_keys import SqlKeyStore
-from fsched.storage.submit import TENANTS_LOCKED, insert_job
+from fsched.storage.submit import GROUP_COMMIT_STATEMENTS, LOCK_NAMED_TENANTS, TENANTS_LOCKED, insert_job
 from tests.support.tables import submission
 
 
@@ -125,6 +125,36 @@ def test_a_group_commit_with_a_new_tenant_is_four_round_trips(store, tmp_path):
     assert [(o.tenant, o.tenant_created) for o in outcomes] == [
         ("carol", False), ("erin", True), ("erin", True)]
     assert {t.name: t.queued for t in store.list_tenants()} == {"carol": 2, "erin": 2}
+
+
+def test_a_group_commits_statements_are_planned_once_for_the_kept_connection(store, tmp_path):
+    """Prepared (SQL's PREPARE) when the kept connection is made, its parameters typed as the driver binds
+    them, then run by name in the one query; a statement the server cannot prepare goes as text."""
+    traced = Traced(store, tmp_path / "trace")
+    store.submit_each([submission(1, "carol")], max_queued_per_tenant=100)  # the connection: prepared
+    start = traced.path.stat().st_size
+    one = [submission(1, "carol")]
+    assert traced.round_trips(lambda: store.submit_each(one, max_queued_per_tenant=100)) == 1
+    with open(traced.path) as f:
+        f.seek(start)
+        (query,) = [line for line in f if line.startswith("F\t") and "\tQuery\t" in line]
+    assert "EXECUTE fsched_" in query and "PREPARE" not in query and "INSERT" not in query
+    prepared = store._group_writer._kept.raw.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+    assert prepared[0] == len(GROUP_COMMIT_STATEMENTS)
+
+    from sqlalchemy import bindparam, select
+
+    from fsched.storage.prepared import Prepared
+
+    ambiguous = Prepared(select(bindparam("b_x") + bindparam("b_y")))  # unknown + unknown: no plan
+    fresh = store.db.engine.raw_connection()
+    try:
+        fresh.driver_connection.autocommit = True
+        made = kept.SessionStatements([ambiguous, LOCK_NAMED_TENANTS], store.db.engine.dialect).made(
+            fresh.driver_connection)
+    finally:
+        fresh.invalidate()
+    assert list(made.ready) == [LOCK_NAMED_TENANTS.compiled(store.db.engine.dialect).sql]
 
 
 def _jobs_of_every_kind(key_id: str) -> list[JobSubmission]:
