@@ -38,87 +38,22 @@ idle ping interval it shares).
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import re
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import psycopg
 from psycopg import ClientCursor
 from psycopg.pq import TransactionStatus
 
 from fsched.storage import db as db_module
 from fsched.storage.db import Database
 from fsched.storage.direct import PING_IDLE_S, KeptConnection, connection_lost
-from fsched.storage.prepared import Prepared, parameter_types
+from fsched.storage.prepared import Prepared
+from fsched.storage.session import SessionStatements
 
 Statement = tuple[Prepared, Mapping[str, Any]]
-
-
-class SessionStatements:
-    """The statements a kept connection prepares for its session (SQL's PREPARE), to run by name.
-
-    A batch is sent in the simple protocol, whose statements the server parses
-    and plans every time: for a group commit of one online request that was
-    0.4 ms for the tenants' lock and 0.6 for the store, beside 1 ms of work
-    (EXPLAIN ANALYZE). A statement prepared once for the session and then
-    `EXECUTE`d with its parameters as literals is planned once; the batch stays
-    one message of the simple protocol. The statements the writer was given
-    are prepared when its connection is made (one round trip, outside any
-    transaction); one the server cannot prepare (a parameter whose type it
-    cannot tell) and any other statement are sent as text, as before."""
-
-    _forms: dict[str, tuple[str, str]] = {}  # a statement's SQL -> (its PREPARE, its EXECUTE)
-
-    def __init__(self, statements: Sequence[Prepared] = (), dialect=None) -> None:
-        self.statements = statements
-        self.dialect = dialect
-        self.ready: dict[str, str] = {}  # the SQL of a statement this session prepared -> its EXECUTE
-
-    def made(self, raw) -> SessionStatements:
-        """The same statements for a connection just made: prepared on it now."""
-        session = SessionStatements(self.statements, self.dialect)
-        forms = {prepared.compiled(self.dialect).sql: self._form(prepared) for prepared in self.statements}
-        if not forms:
-            return session
-        try:
-            raw.execute("; ".join(prepare for prepare, _ in forms.values()))
-            made = list(forms)
-        except psycopg.errors.ProgrammingError:  # one the server cannot prepare: the others one by one
-            made = []
-            for sql, (prepare, _) in forms.items():
-                with contextlib.suppress(psycopg.errors.ProgrammingError):
-                    raw.execute(prepare)
-                    made.append(sql)
-        session.ready = {sql: forms[sql][1] for sql in made}
-        return session
-
-    def _form(self, prepared: Prepared) -> tuple[str, str]:
-        """A statement's PREPARE, its parameters typed as the driver would bind them (a literal's type
-        otherwise comes from where it stands: `SELECT $1 AS flag` would take a boolean as text), and its
-        EXECUTE with its parameters as placeholders."""
-        sql = prepared.compiled(self.dialect).sql
-        if sql not in self._forms:
-            types = parameter_types(prepared, self.dialect)
-            names: list[str] = []
-
-            def number(match: re.Match) -> str:
-                if match.group(1) not in names:
-                    names.append(match.group(1))
-                return f"${names.index(match.group(1)) + 1}"
-
-            name = "fsched_" + hashlib.sha1(sql.encode()).hexdigest()[:16]
-            body = _PLACEHOLDER.sub(number, sql).replace("%%", "%")
-            typed = f" ({', '.join(types[n] for n in names)})" if names else ""
-            arguments = f"({', '.join(f'%({n})s' for n in names)})" if names else ""
-            self._forms[sql] = (f"PREPARE {name}{typed} AS {body}", f"EXECUTE {name}{arguments}")
-        return self._forms[sql]
-
-
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
 class Batches:
@@ -143,8 +78,8 @@ class Batches:
         compiled = []
         for prepared, params in statements:
             one, bound = prepared.bound(self._dialect, params)
-            execute = self._session.ready.get(one.sql) if self._session is not None else None  # by name
-            commands.append(cursor.mogrify(execute or one.sql, bound))
+            by_name = self._session.by_name(one, bound) if self._session is not None else None
+            commands.append(by_name or cursor.mogrify(one.sql, bound))
             compiled.append(one)
         if commit:
             commands.append("COMMIT")
@@ -166,8 +101,9 @@ class KeptWriter:
         self.db = db
         self.ping_idle_s = PING_IDLE_S if ping_idle_s is None else ping_idle_s
         self._kept: KeptConnection | None = None
-        # the statements its kept connection prepares for its session (SessionStatements)
-        self._session = SessionStatements(statements, db.engine.dialect)
+        # what its kept connection prepares for its session (storage/session.py)
+        self.statements = [prepared.compiled(db.engine.dialect) for prepared in statements]
+        self._session: SessionStatements | None = None
         self._lock = threading.Lock()
         self._failures = (db.engine.dialect.loaded_dbapi.OperationalError,
                           db.engine.dialect.loaded_dbapi.InterfaceError)
@@ -183,6 +119,8 @@ class KeptWriter:
         try:
             kept = self._connection()
             try:
+                if self._session.stale:
+                    self._session.prepare_all(self.statements)
                 with self._transaction(kept.raw, ("BEGIN",), self._session) as batches:
                     yield batches
             except BaseException as exc:
@@ -230,6 +168,8 @@ class KeptWriter:
             with contextlib.suppress(Exception):  # a connection that failed may not even roll back
                 if raw.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
                     raw.execute("ROLLBACK")
+            if session is not None:
+                session.forget()  # (the driver's cache of prepared statements: storage/session.py)
             raise
 
     def _connection(self) -> KeptConnection:
@@ -247,7 +187,7 @@ class KeptWriter:
                 kept.raw.autocommit = True
                 kept.raw.execute(
                     f"SET idle_in_transaction_session_timeout = {int(db_module.PG_IDLE_IN_TRANSACTION_MS)}")
-                self._session = self._session.made(kept.raw)
+                self._session = SessionStatements(kept.raw)
             except self._failures as exc:
                 if kept is not None:
                     with contextlib.suppress(Exception):

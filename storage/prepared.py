@@ -152,14 +152,6 @@ class Batched(Prepared):
         return self._variant(dialect, _ALL)
 
 
-def parameter_types(prepared: Prepared, dialect: Dialect) -> dict[str, str]:
-    """Each parameter of the statement (not a listed one) by its name in the SQL: the type the database
-    takes it as ("unknown" for one SQLAlchemy leaves untyped, inferred then from its place)."""
-    compiled = prepared._build(0).compile(dialect=dialect)
-    return {name: "unknown" if bind.type._isnull else bind.type.dialect_impl(dialect).compile(dialect=dialect)
-            for bind, name in compiled.bind_names.items()}
-
-
 def statements_of(*modules: ModuleType) -> list[Prepared]:
     """The statements these modules define (at module level: compiled once for the process's life)."""
     return [value for module in modules for value in vars(module).values() if isinstance(value, Prepared)]
@@ -181,7 +173,7 @@ class _Compiled:
     """One compiled statement: its SQL, its parameters' order and processing, its result's shape."""
 
     __slots__ = ("sql", "dialect", "_order", "_defaults", "_processors", "_columns", "_row", "_readers",
-                 "_positional")
+                 "_positional", "_binds")
 
     def __init__(self, statement: Any, dialect: Dialect):
         compiled = statement.compile(dialect=dialect)
@@ -192,6 +184,7 @@ class _Compiled:
         self.dialect = dialect
         self._positional = compiled.positional
         names = compiled.bind_names  # each bound parameter -> its name in the SQL
+        self._binds = names
         self._order = tuple(compiled.positiontup) if compiled.positional else tuple(names.values())
         self._defaults = {name: bind.effective_value for bind, name in names.items()
                           if not bind.required and bind.callable is None}
@@ -205,6 +198,13 @@ class _Compiled:
         self._columns = list(returned)
         self._row = namedtuple("Row", returned.keys(), rename=True) if self._columns else None
         self._readers: list[tuple[int, Callable]] | None = None
+
+    def parameter_types(self) -> dict[str, str]:
+        """Each parameter by its name in the SQL: the database's type for it, as the statement binds it
+        ("unknown" for one SQLAlchemy leaves untyped: the database infers it from its place)."""
+        d = self.dialect
+        return {name: "unknown" if bind.type._isnull else bind.type.dialect_impl(d).compile(dialect=d)
+                for bind, name in self._binds.items()}
 
     def driver_params(self, params: Mapping[str, Any]) -> Any:
         """The statement's parameters, processed, in the form its driver takes (a tuple or a dict)."""

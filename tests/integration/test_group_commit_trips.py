@@ -19,6 +19,7 @@ from fsched.core.openai.batchfile import parse_job_file
 from fsched.core.ports.records import JobSubmission, KeyRevoked, QueueFull, StorageError, SubmittedJob
 from fsched.core.types import JobOrigin, RequestClass
 from fsched.storage import kept
+from fsched.storage.session import SessionStatements
 from fsched.storage.sql_catalog import SqlCatalogStore
 from fsched.storage.sql_keys import SqlKeyStore
 from fsched.storage.submit import GROUP_COMMIT_STATEMENTS, LOCK_NAMED_TENANTS, TENANTS_LOCKED, insert_job
@@ -141,20 +142,31 @@ def test_a_group_commits_statements_are_planned_once_for_the_kept_connection(sto
     assert "EXECUTE fsched_" in query and "PREPARE" not in query and "INSERT" not in query
     prepared = store._group_writer._kept.raw.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
     assert prepared[0] == len(GROUP_COMMIT_STATEMENTS)
+    # After a rollback (the driver may have deallocated them) they are prepared again; those still there
+    # are taken as they are, and the group commit runs them by name.
+    store._group_writer._session.forget()
+    assert traced.round_trips(lambda: store.submit_each(one, max_queued_per_tenant=100)) > 1
+    assert traced.round_trips(lambda: store.submit_each(one, max_queued_per_tenant=100)) == 1
+    assert store._group_writer._session.by_name(*LOCK_NAMED_TENANTS.bound(
+        store.db.engine.dialect, {"b_names": ["carol"]})) is not None
 
     from sqlalchemy import bindparam, select
 
     from fsched.storage.prepared import Prepared
 
     ambiguous = Prepared(select(bindparam("b_x") + bindparam("b_y")))  # unknown + unknown: no plan
+    dialect = store.db.engine.dialect
     fresh = store.db.engine.raw_connection()
     try:
         fresh.driver_connection.autocommit = True
-        made = kept.SessionStatements([ambiguous, LOCK_NAMED_TENANTS], store.db.engine.dialect).made(
-            fresh.driver_connection)
+        session = SessionStatements(fresh.driver_connection)
+        session.prepare_all([ambiguous.compiled(dialect), LOCK_NAMED_TENANTS.compiled(dialect)])
+        lock = session.by_name(*LOCK_NAMED_TENANTS.bound(dialect, {"b_names": ["carol"]}))
+        assert lock is not None and lock.startswith("EXECUTE fsched_") and "carol" in lock
+        assert session.by_name(*ambiguous.bound(dialect, {"b_x": 1, "b_y": 2})) is None  # sent as text
+        assert fresh.driver_connection.execute(lock).fetchall() == [("carol",)]
     finally:
         fresh.invalidate()
-    assert list(made.ready) == [LOCK_NAMED_TENANTS.compiled(store.db.engine.dialect).sql]
 
 
 def _jobs_of_every_kind(key_id: str) -> list[JobSubmission]:
