@@ -14,7 +14,8 @@ arm: tok/s (content chunks / wall time), TTFT p50 and p99 (request sent to
 first content chunk). fsched: serve and daemon in separate processes, over
 a fresh table on each backend; `--replicas 2` puts two `fsched serve` behind
 one table, the clients alternating between them. `--loaded`: another
-tenant's batch job fills the engine first and the client's key is
+tenant's batch job fills the engine first (twice its slots in requests of
+about 100 s of tokens each, at most 8,000) and the client's key is
 realtime; its TTFT is compared with the idle direct engine's.
 `--no-link`: the daemons publish no link (servers read the table only): the
 path as it was. `--stamps`: each online request's stages timed (core/stamps.py: the client's

@@ -128,6 +128,7 @@ class Reader:
 
 
 def open_calls(server: Server, stack: ExitStack, **extra) -> list[Reader]:
+    server.wait_ready()  # a killed daemon's successor (an earlier test's) seen live by the server
     key = server.key("agent", "streaming")
     bodies = {CHAT_URL: {"model": "m", "messages": QUESTION, "stream": True,
                          "tools": [{"type": "function", "function": WEATHER}], **extra},
