@@ -8,8 +8,7 @@ them ends (its completion written, fenced by its lease) and one new request, sub
 step, is claimed in its place. The two ways alternate step by step on the same table, so the
 machine's load weighs on both alike. Printed per way: the CPU of this process (the daemon's side; on
 PostgreSQL the server's is not counted) per request, mean and median, the step's wall time (median), and
-the statements a step runs
-(SQLite's trace: BEGIN and COMMIT included).
+the statements a step runs (SQLite's trace: BEGIN and COMMIT included).
 """
 
 from __future__ import annotations

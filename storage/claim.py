@@ -76,12 +76,14 @@ _LEASED = dict(
 )
 LEASE = Prepared(lambda n: update(requests).where(listed(requests.c.id, "b_ids", n)).values(**_LEASED),
                  listed="b_ids")
-# The queued row of each job of one, leased, as the lease left it (skipping, on PostgreSQL, a row another
-# daemon is claiming, as the reads above do).
+
+
 def _queued_of_jobs(n: int):
     return (listed(requests.c.job_id, "b_jobs", n), requests.c.state == RowState.QUEUED.value)
 
 
+# The queued row of each job of one, leased, returned as the lease left it (skipping, on PostgreSQL, a row
+# another daemon is claiming, as the reads above do).
 LEASE_SINGLES = Prepared(lambda n: update(requests).where(requests.c.id.in_(
     select(requests.c.id).where(*_queued_of_jobs(n)).with_for_update(skip_locked=True)
 )).values(**_LEASED).returning(*requests.c), listed="b_jobs")
