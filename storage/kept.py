@@ -38,12 +38,14 @@ idle ping interval it shares).
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 from psycopg import ClientCursor
 from psycopg.pq import TransactionStatus
 
@@ -54,6 +56,7 @@ from fsched.storage.prepared import Prepared
 from fsched.storage.session import SessionStatements
 
 Statement = tuple[Prepared, Mapping[str, Any]]
+log = logging.getLogger("fsched.serve")
 
 
 class Batches:
@@ -164,12 +167,16 @@ class KeptWriter:
             yield batches
             if raw.info.transaction_status != TransactionStatus.IDLE:  # its last batch did not commit
                 raw.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(Exception):  # a connection that failed may not even roll back
                 if raw.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
                     raw.execute("ROLLBACK")
             if session is not None:
                 session.forget()  # (the driver's cache of prepared statements: storage/session.py)
+                if isinstance(exc, psycopg.errors.InvalidSqlStatementName):
+                    log.warning("prepared statements do not last on this connection's session (a pooler in "
+                                "transaction mode?): the group commit sends its statements as text")
+                    session.give_up()
             raise
 
     def _connection(self) -> KeptConnection:

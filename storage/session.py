@@ -17,7 +17,10 @@ parameter whose type it cannot tell) is sent as text. A PREPARE outlives a
 rolled-back transaction, but psycopg answers a ROLLBACK with DEALLOCATE ALL
 when it has prepared statements of its own on the connection: after a
 rollback the statements are prepared again (one still there is taken as it
-is).
+is). Where a prepared statement is gone in a later transaction although no
+rollback came between (a pooler in transaction mode, such as PgBouncer's,
+gives each transaction another server session), the connection gives up
+and sends every statement as text.
 """
 
 from __future__ import annotations
@@ -74,6 +77,13 @@ class SessionStatements:
     def forget(self) -> None:
         """After a rollback (see the module's docstring)."""
         self.stale = True
+
+    def give_up(self) -> None:
+        """A prepared statement was gone in a later transaction (a pooler in transaction mode between the
+        server and its database hands each transaction another session): every statement as text from
+        now on."""
+        self._ready.clear()
+        self.stale = False
 
 
 def _form(compiled: _Compiled) -> tuple[str, str]:

@@ -169,6 +169,25 @@ def test_a_group_commits_statements_are_planned_once_for_the_kept_connection(sto
         fresh.invalidate()
 
 
+def test_a_group_commit_behind_a_pooler_in_transaction_mode_goes_as_text(store, caplog):
+    """Prepared statements gone between two transactions with no rollback between (a pooler such as
+    PgBouncer's in transaction mode gives each transaction another server session): that group commit
+    fails (its server's group writer stores its requests again one by one), and from then on the
+    statements go as text, with one warning."""
+    import psycopg
+
+    store.submit_each([submission(1, "carol")], max_queued_per_tenant=100)  # prepared
+    store._group_writer._kept.raw.execute("DEALLOCATE ALL")  # what another server session looks like
+    with pytest.raises(psycopg.errors.InvalidSqlStatementName):
+        store.submit_each([submission(1, "carol")], max_queued_per_tenant=100)
+    assert "prepared statements do not last" in caplog.text
+    (stored,) = store.submit_each([submission(1, "carol")], max_queued_per_tenant=100)
+    assert isinstance(stored, SubmittedJob)
+    assert store._group_writer._session.by_name(*LOCK_NAMED_TENANTS.bound(
+        store.db.engine.dialect, {"b_names": ["carol"]})) is None
+    assert [t.queued for t in store.list_tenants()] == [2]
+
+
 def _jobs_of_every_kind(key_id: str) -> list[JobSubmission]:
     def parsed(*lines: dict) -> tuple:
         return parse_job_file("".join(json.dumps(line) + "\n" for line in lines).encode(), "f.jsonl")
