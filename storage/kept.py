@@ -173,10 +173,10 @@ class KeptWriter:
                     raw.execute("ROLLBACK")
             if session is not None:
                 session.forget()  # (the driver's cache of prepared statements: storage/session.py)
-                if isinstance(exc, psycopg.errors.InvalidSqlStatementName):
+                if isinstance(exc, psycopg.errors.InvalidSqlStatementName):  # (a pooler: storage/session.py)
                     log.warning("prepared statements do not last on this connection's session (a pooler in "
                                 "transaction mode?): the group commit sends its statements as text")
-                    session.give_up()
+                    self.statements = []  # for good: a reconnect or a rollback prepares nothing again
             raise
 
     def _connection(self) -> KeptConnection:

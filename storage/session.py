@@ -19,8 +19,8 @@ when it has prepared statements of its own on the connection: after a
 rollback the statements are prepared again (one still there is taken as it
 is). Where a prepared statement is gone in a later transaction although no
 rollback came between (a pooler in transaction mode, such as PgBouncer's,
-gives each transaction another server session), the connection gives up
-and sends every statement as text.
+gives each transaction another server session), its writer
+(storage/kept.py) prepares nothing more and sends every statement as text.
 """
 
 from __future__ import annotations
@@ -53,20 +53,23 @@ class SessionStatements:
         others one by one)."""
         forms = {c.sql: _form(c) for c in statements}
         self._ready.clear()
+        self.stale = False
+        if not forms:
+            return
         try:
             self._raw.execute("; ".join(prepare for prepare, _ in forms.values()))
             self._ready = {sql: execute for sql, (_, execute) in forms.items()}
+            return
         except psycopg.errors.ProgrammingError:
-            for sql, (prepare, execute) in forms.items():
-                try:
-                    self._raw.execute(prepare)
-                except psycopg.errors.DuplicatePreparedStatement:  # still there (a rollback kept it)
-                    self._ready[sql] = execute
-                except psycopg.errors.ProgrammingError:  # sent as text
-                    continue
-                else:
-                    self._ready[sql] = execute
-        self.stale = False
+            pass
+        for sql, (prepare, execute) in forms.items():
+            try:
+                self._raw.execute(prepare)
+            except psycopg.errors.DuplicatePreparedStatement:  # still there (a rollback kept it)
+                pass
+            except psycopg.errors.ProgrammingError:  # sent as text
+                continue
+            self._ready[sql] = execute
 
     def by_name(self, compiled: _Compiled, bound: Any) -> str | None:
         """The statement with these (driver's) parameters as one EXECUTE, for a query of the simple
@@ -77,13 +80,6 @@ class SessionStatements:
     def forget(self) -> None:
         """After a rollback (see the module's docstring)."""
         self.stale = True
-
-    def give_up(self) -> None:
-        """A prepared statement was gone in a later transaction (a pooler in transaction mode between the
-        server and its database hands each transaction another session): every statement as text from
-        now on."""
-        self._ready.clear()
-        self.stale = False
 
 
 def _form(compiled: _Compiled) -> tuple[str, str]:

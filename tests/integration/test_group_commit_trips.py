@@ -183,9 +183,13 @@ def test_a_group_commit_behind_a_pooler_in_transaction_mode_goes_as_text(store, 
     assert "prepared statements do not last" in caplog.text
     (stored,) = store.submit_each([submission(1, "carol")], max_queued_per_tenant=100)
     assert isinstance(stored, SubmittedJob)
-    assert store._group_writer._session.by_name(*LOCK_NAMED_TENANTS.bound(
-        store.db.engine.dialect, {"b_names": ["carol"]})) is None
+    lock = LOCK_NAMED_TENANTS.bound(store.db.engine.dialect, {"b_names": ["carol"]})
+    assert store._group_writer._session.by_name(*lock) is None
     assert [t.queued for t in store.list_tenants()] == [2]
+    store._group_writer._session.forget()  # a later rollback prepares nothing again
+    (stored,) = store.submit_each([submission(1, "carol")], max_queued_per_tenant=100)
+    assert isinstance(stored, SubmittedJob) and store._group_writer._session.by_name(*lock) is None
+    assert [t.queued for t in store.list_tenants()] == [3]
 
 
 def _jobs_of_every_kind(key_id: str) -> list[JobSubmission]:
