@@ -3,7 +3,7 @@ the same client through `fsched serve` + `fsched daemon --engine URL`, in one ru
 
     .venv/bin/python bench/online_path.py [--concurrency 1 8 32 128 256] [--backends sqlite postgresql]
         [--replicas 1 2] [--loaded] [--no-link] [--profile DIR] [--stamps [DIR]]
-        [--vllm [--engine-nice 10]]
+        [--vllm [--engine-nice 10]] [--arrivals closed|poisson [--seed 0]]
 
 The engine is the paced stand-in (tests/support/paced_engine.py, its own
 process: `--slots` streams at once, one token each every `--step-ms`). The
@@ -17,6 +17,16 @@ one table, the clients alternating between them. `--loaded`: another
 tenant's batch job fills the engine first (twice its slots in requests of
 about 100 s of tokens each, at most 8,000) and the client's key is
 realtime; its TTFT is compared with the idle direct engine's.
+`--arrivals poisson`: an open loop instead of `concurrency` clients each
+sending its next request when its last one ends: the `rounds` x concurrency
+requests are sent at the times of a Poisson process (seeded by `--seed` and
+the concurrency, the same times in every arm) whose rate keeps `concurrency`
+requests open on average (Little's law: `concurrency` over a request's
+`tokens` + 1.5 engine iterations), as requests from many users arrive. A
+closed loop locks each client's next request to the engine iteration that
+ended its last one, so a few milliseconds more on the way round decide
+whether it waits for the next iteration (a whole `--step-ms`) or not;
+arrivals at random times meet the iterations at random phases either way.
 `--no-link`: the daemons publish no link (servers read the table only): the
 path as it was. `--stamps`: each online request's stages timed (core/stamps.py: the client's
 send, request read, handler start, row stored, claimed, its engine request sent, first token read,
@@ -114,7 +124,7 @@ async def _one(client, model: str, tokens: int, ttfts: list[float], times: list 
 
 
 async def _load(urls: list[str], key: str, model: str, concurrency: int, requests: int, tokens: int,
-                tagged: bool = False) -> dict:
+                tagged: bool = False, offsets: list[float] | None = None) -> dict:
     import httpx
     from openai import AsyncOpenAI
 
@@ -132,8 +142,14 @@ async def _load(urls: list[str], key: str, model: str, concurrency: int, request
             got += await _one(clients[index % len(clients)], model, tokens, ttfts, times)
         return got
 
+    async def sent_at(index: int, offset: float) -> int:  # an open loop's request, at its time
+        await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
+        return await _one(clients[index % len(clients)], model, tokens, ttfts, times)
+
     start = time.perf_counter()
-    results = await asyncio.gather(*(worker(i) for i in range(concurrency)), return_exceptions=True)
+    calls = (worker(i) for i in range(concurrency)) if offsets is None else (
+        sent_at(i, offset) for i, offset in enumerate(offsets))
+    results = await asyncio.gather(*calls, return_exceptions=True)
     wall = time.perf_counter() - start
     errors = [r for r in results if isinstance(r, BaseException)]
     total = sum(r for r in results if isinstance(r, int))
@@ -147,10 +163,29 @@ async def _load(urls: list[str], key: str, model: str, concurrency: int, request
             if ttfts else None, **({"client_times": times} if tagged else {})}
 
 
-def load(urls, key, model, concurrency, rounds, tokens, tagged: bool = False) -> dict:
+def load(urls, key, model, concurrency, rounds, tokens, tagged: bool = False,
+         offsets: list[float] | None = None) -> dict:
     """The load's figures; `tagged`: its requests tagged for the stamps, and `client_times` added (each
-    request's tag, wall time sent, wall time of its first content)."""
-    return asyncio.run(_load(urls, key, model, concurrency, max(16, rounds * concurrency), tokens, tagged))
+    request's tag, wall time sent, wall time of its first content); `offsets`: an open loop, each
+    request sent at its offset (s) from the start (`poisson_offsets`)."""
+    requests = len(offsets) if offsets is not None else max(16, rounds * concurrency)
+    return asyncio.run(_load(urls, key, model, concurrency, requests, tokens, tagged, offsets))
+
+
+def poisson_offsets(args, concurrency: int) -> list[float] | None:
+    """An open loop's send times (`--arrivals poisson`), None for the closed loop: `rounds` x concurrency
+    requests at the rate that keeps `concurrency` of them open on average, the same for every arm."""
+    if args.arrivals == "closed":
+        return None
+    import random
+
+    draw = random.Random(args.seed * 1_000_003 + concurrency)
+    rate = concurrency / ((args.tokens + 1.5) * args.step_ms / 1000)
+    at, offsets = 0.0, []
+    for _ in range(max(16, args.rounds * concurrency)):
+        offsets.append(at)
+        at += draw.expovariate(rate)
+    return offsets
 
 
 # -- fsched ----------------------------------------------------------------------------------------
@@ -322,13 +357,13 @@ def warm_up(urls: list[str], key: str, model: str) -> None:
 
 
 def measured(engine, urls: list[str], key: str, model: str, concurrency: int, rounds: int,
-             tokens: int, tagged: bool = False) -> dict:
+             tokens: int, tagged: bool = False, offsets: list[float] | None = None) -> dict:
     """load(), with vLLM's CPU per token over it (its whole session) when the engine is vLLM."""
     if not isinstance(engine, Vllm):
-        return load(urls, key, model, concurrency, rounds, tokens, tagged)
+        return load(urls, key, model, concurrency, rounds, tokens, tagged, offsets)
     before, client, db, busy = engine.cpu_s(), own_cpu_s(), postgres_cpu_s(), machine_busy_s()
     api = engine.api_cpu_s()
-    got = load(urls, key, model, concurrency, rounds, tokens, tagged)
+    got = load(urls, key, model, concurrency, rounds, tokens, tagged, offsets)
     n = max(1, got["tokens"])
     got["engine_us_per_token"] = round(1e6 * (engine.cpu_s() - before) / n, 1)
     got["api_server_us_per_token"] = round(1e6 * (engine.api_cpu_s() - api) / n, 1)
@@ -359,7 +394,7 @@ def direct_arm(engine, args, stamps: Path | None = None) -> dict[int, dict]:
     direct = {}
     for c in args.concurrency:
         direct[c] = measured(engine, [engine.url], "none", model, c, args.rounds, args.tokens,
-                             tagged=stamps is not None)
+                             tagged=stamps is not None, offsets=poisson_offsets(args, c))
         times = direct[c].pop("client_times", None)
         print(json.dumps({"arm": "direct", "concurrency": c, **direct[c]}), flush=True)
         if stamps is not None:
@@ -419,7 +454,7 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
                     spies = profile(pids, 8, Path(args.profile) / f"{backend}-x{replicas}")
                 began = time.time()
                 through = measured(engine, f.urls, f.key, model, c, args.rounds, args.tokens,
-                                   tagged=stamps is not None)
+                                   tagged=stamps is not None, offsets=poisson_offsets(args, c))
                 times = through.pop("client_times", None)
                 stages = None
                 if stamps is not None:
@@ -432,7 +467,8 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
                        for n, p in pids.items()}
                 base = direct[c]
                 row = {"arm": "online", "backend": backend, "replicas": replicas, "loaded": args.loaded,
-                       "link": not args.no_link, "concurrency": c, "direct": base, "fsched": through,
+                       "link": not args.no_link, "concurrency": c, "arrivals": args.arrivals,
+                       "direct": base, "fsched": through,
                        "us_per_token": cpu, "ratio": round(through["tok_s"] / base["tok_s"], 3),
                        "ttft_p50_extra_ms": round(through["ttft_p50_ms"] - base["ttft_p50_ms"], 1),
                        "ttft_p99_extra_ms": round(through["ttft_p99_ms"] - base["ttft_p99_ms"], 1)}
@@ -507,7 +543,7 @@ def table_lines(rows: list[dict]) -> list[str]:
         serve = sum(v for k, v in r["us_per_token"].items() if k.startswith("serve"))
         api = " (tokens)" if r.get("engine_api") == "tokens" else ""
         out.append(f"| {r['backend']}{api} | {r['replicas']} | {'batch-filled' if r['loaded'] else 'idle'} | "
-                   f"{r['concurrency']} | {d['tok_s']:,.0f} | {f['tok_s']:,.0f} | {r['ratio']:.2f}x | "
+                   f"{_streams(r)} | {d['tok_s']:,.0f} | {f['tok_s']:,.0f} | {r['ratio']:.2f}x | "
                    f"{d['ttft_p50_ms']} → {f['ttft_p50_ms']} ms | "
                    f"{d['ttft_p99_ms']} → {f['ttft_p99_ms']} ms | "
                    f"{r['us_per_token']['daemon']}, {serve:.1f} |"
@@ -516,6 +552,11 @@ def table_lines(rows: list[dict]) -> list[str]:
                       f"{d['client_us_per_token']}, {f['client_us_per_token']} | "
                       f"{d['machine_busy_cores']}, {f['machine_busy_cores']} |" if vllm else ""))
     return out
+
+
+def _streams(row: dict) -> str:
+    """A row's concurrency, marked when its requests came by an open loop's Poisson arrivals."""
+    return f"{row['concurrency']}" + (" (Poisson)" if row.get("arrivals") == "poisson" else "")
 
 
 IN_STAGES = ("arrived>handler", "handler>grouped", "grouped>stored", "stored>announced", "announced>claimed",
@@ -544,7 +585,7 @@ def stage_lines(rows: list[dict]) -> list[str]:
                                                          "written>client_first"))
         way_in = f"{p50(direct, 'client_sent>client_engine_arrived')} → {p50(mine, 'client_sent>arrived')}"
         engine = p50(mine, "sent>read")
-        out.append(f"| {r['backend']} | {r['concurrency']} | {way_in} | {within:.1f} | {engine} | {back:.1f} "
+        out.append(f"| {r['backend']} | {_streams(r)} | {way_in} | {within:.1f} | {engine} | {back:.1f} "
                    f"| {r['stages']['whole'].get('arrived>written')} |")
     return out
 
@@ -601,9 +642,15 @@ def main() -> None:
     parser.add_argument("--engine-apis", nargs="+", default=["completions", "tokens"],
                         choices=["completions", "tokens"],
                         help="--vllm: the daemon's engine interfaces measured (tokens: vLLM --tokens-only)")
+    parser.add_argument("--arrivals", choices=["closed", "poisson"], default="closed",
+                        help="closed: `concurrency` clients, each sending its next request as its last "
+                             "ends; poisson: an open loop at the rate that keeps `concurrency` open")
+    parser.add_argument("--seed", type=int, default=0, help="--arrivals poisson: the arrival times' seed")
     args = parser.parse_args()
     if args.vllm and args.loaded:
         parser.error("--loaded is for the paced engine only")
+    if args.vllm and args.arrivals != "closed":
+        parser.error("--arrivals poisson needs the paced engine's pace (--step-ms) for its rate")
     rows = []
     if args.vllm:
         log = Path(tempfile.gettempdir()) / f"online_path-vllm-{os.getpid()}.log"
