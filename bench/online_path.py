@@ -3,7 +3,7 @@ the same client through `fsched serve` + `fsched daemon --engine URL`, in one ru
 
     .venv/bin/python bench/online_path.py [--concurrency 1 8 32 128 256] [--backends sqlite postgresql]
         [--replicas 1 2] [--loaded] [--no-link] [--profile DIR] [--stamps [DIR]]
-        [--vllm [--engine-nice 10]] [--arrivals closed|poisson [--seed 0]]
+        [--vllm [--engine-nice 10]] [--arrivals closed|poisson [--seed 0]] [--repeat N]
 
 The engine is the paced stand-in (tests/support/paced_engine.py, its own
 process: `--slots` streams at once, one token each every `--step-ms`). The
@@ -27,6 +27,11 @@ closed loop locks each client's next request to the engine iteration that
 ended its last one, so a few milliseconds more on the way round decide
 whether it waits for the next iteration (a whole `--step-ms`) or not;
 arrivals at random times meet the iterations at random phases either way.
+`--repeat N`: every arm measured N times in turn (the direct arm, then
+fsched's; vLLM started again each time), each row printed, and at the end
+each arm's median and range over the repeats: one run on a shared 2-core
+machine moves by tens of percent (the direct arm in front of vLLM ran at
+1,396 and 1,718 tok/s in one run's two turns).
 `--no-link`: the daemons publish no link (servers read the table only): the
 path as it was. `--stamps`: each online request's stages timed (core/stamps.py: the client's
 send, request read, handler start, row stored, claimed, its engine request sent, first token read,
@@ -619,6 +624,36 @@ def stack_lines(rows: list[dict]) -> list[str]:
     return out
 
 
+def summary_lines(rows: list[dict]) -> list[str]:
+    """--repeat: each arm's figures over the repeats, median (lowest-highest): the ratio of throughput,
+    the first token's p50 and p99 over direct (ms; with vLLM the p50's ratio), fsched's CPU per token and,
+    in front of vLLM, the whole stack's ratio to vLLM alone."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        key = (r["backend"], r.get("engine_api", ""), r["replicas"], r["loaded"], _streams(r))
+        groups.setdefault(key, []).append(r)
+
+    def spread(values: list[float], unit: str = "", digits: int = 1) -> str:
+        return (f"{statistics.median(values):.{digits}f}{unit} "
+                f"({min(values):.{digits}f} to {max(values):.{digits}f})")
+
+    out = ["| backend | engine API | serve x | load | c | repeats | tok/s ratio | TTFT p50 extra ms "
+           "(vLLM: ratio) | TTFT p99 extra ms | fsched µs/token | stack / vLLM alone |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (backend, api, replicas, loaded, streams), found in groups.items():
+        vllm = found[0].get("engine") == "vllm"
+        p50 = [r["ttft_p50_ratio"] if vllm else r["ttft_p50_extra_ms"] for r in found]
+        cpu = [sum(r["us_per_token"].values()) for r in found]
+        stack = [(sum(r["us_per_token"].values()) + r["fsched"]["api_server_us_per_token"])
+                 / max(r["direct"]["api_server_us_per_token"], 1e-9) for r in found] if vllm else None
+        out.append(f"| {backend} | {api or '-'} | {replicas} | {'batch-filled' if loaded else 'idle'} | "
+                   f"{streams} | {len(found)} | {spread([r['ratio'] for r in found], 'x', 2)} | "
+                   f"{spread(p50, 'x', 2) if vllm else spread(p50)} | "
+                   f"{spread([r['ttft_p99_extra_ms'] for r in found])} | "
+                   f"{spread(cpu)} | {spread(stack, 'x', 2) if stack else '-'} |")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128, 256])
@@ -646,11 +681,34 @@ def main() -> None:
                         help="closed: `concurrency` clients, each sending its next request as its last "
                              "ends; poisson: an open loop at the rate that keeps `concurrency` open")
     parser.add_argument("--seed", type=int, default=0, help="--arrivals poisson: the arrival times' seed")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="measure every arm this many times in turn (direct, then fsched; with "
+                             "--arrivals poisson the seed plus the repeat's number) and end with each "
+                             "arm's medians")
     args = parser.parse_args()
     if args.vllm and args.loaded:
         parser.error("--loaded is for the paced engine only")
     if args.vllm and args.arrivals != "closed":
         parser.error("--arrivals poisson needs the paced engine's pace (--step-ms) for its rate")
+    rows = []
+    for round_ in range(args.repeat):
+        seeded = argparse.Namespace(**{**vars(args), "seed": args.seed + round_})
+        mine = measure(seeded)
+        rows += [{**r, "repeat": round_} for r in mine]
+    print("\n".join(table_lines(rows)))
+    if any("stages" in r for r in rows):
+        print("\n" + "\n".join(stage_lines(rows)))
+    if args.vllm:
+        print("\n" + "\n".join(stack_lines(rows)))
+    if args.repeat > 1:
+        print("\n" + "\n".join(summary_lines(rows)))
+    if args.profile:
+        for path in sorted(Path(args.profile).rglob("*.txt")):
+            print(f"\n{path.relative_to(args.profile)}:\n" + "\n".join(top_frames(path)))
+
+
+def measure(args) -> list[dict]:
+    """One measurement of every arm: the direct one, then fsched's (on each backend, each interface)."""
     rows = []
     if args.vllm:
         log = Path(tempfile.gettempdir()) / f"online_path-vllm-{os.getpid()}.log"
@@ -674,14 +732,7 @@ def main() -> None:
             for backend in args.backends:
                 for replicas in args.replicas:
                     rows += fsched_arm(engine, args, backend, replicas, direct)
-    print("\n".join(table_lines(rows)))
-    if any("stages" in r for r in rows):
-        print("\n" + "\n".join(stage_lines(rows)))
-    if args.vllm:
-        print("\n" + "\n".join(stack_lines(rows)))
-    if args.profile:
-        for path in sorted(Path(args.profile).rglob("*.txt")):
-            print(f"\n{path.relative_to(args.profile)}:\n" + "\n".join(top_frames(path)))
+    return rows
 
 
 if __name__ == "__main__":
