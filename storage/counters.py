@@ -2,7 +2,11 @@
 
 Every writer that changes request states locks the job's row, adjusts its
 counters in the same transaction, and derives the job's state with the
-core's pure `derive_job_state`, so there is one rule for it.
+core's pure `derive_job_state`, so there is one rule for it. On PostgreSQL a
+transaction that moves one job (a claim or a completion of an online
+request, each a job of its own) does it in one statement, its lock taken by
+that update: the rule is then `job_state_sql`, the same rule written as SQL,
+held to `derive_job_state` case by case by tests/integration/test_job_state_sql.py.
 """
 
 from __future__ import annotations
@@ -10,7 +14,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from sqlalchemy import BigInteger, Connection, Float, Integer, bindparam, column, func, select, update
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Connection,
+    Float,
+    Integer,
+    and_,
+    bindparam,
+    case,
+    column,
+    func,
+    literal,
+    or_,
+    select,
+    update,
+)
 
 from fsched.core.jobs.jobstate import JobCounts, derive_job_state
 from fsched.core.ports.records import UnknownJob
@@ -125,6 +144,47 @@ MORE_JOB_TOKENS = Batched(
 LOCK_CHUNK = 400  # job ids a statement names at once
 
 
+def job_state_sql(num_requests: ColumnElement, done: ColumnElement, failed: ColumnElement,
+                  cancelled: ColumnElement, running: ColumnElement, started: ColumnElement,
+                  cancel_requested: ColumnElement) -> ColumnElement:
+    """`derive_job_state` as an SQL expression of the counters (and two conditions) it is given."""
+    finished = done + failed + cancelled
+    ended = case((cancel_requested, literal(JobState.CANCELLED.value)),
+                 (and_(done == 0, failed > 0), literal(JobState.FAILED.value)),
+                 else_=literal(JobState.COMPLETED.value))
+    return case((finished >= num_requests, ended),
+                (cancel_requested, literal(JobState.CANCELLING.value)),
+                (or_(started, running != 0, finished != 0), literal(JobState.IN_PROGRESS.value)),
+                else_=literal(JobState.QUEUED.value))
+
+
+def _moved_one_job() -> Prepared:
+    """One job's counters moved by a delta and its state derived, in one update that takes its row's
+    lock (PostgreSQL: a transaction that moves one job needs no locking select first)."""
+    def by(name: str) -> ColumnElement:
+        return bindparam(name, type_=Integer)
+
+    done, failed = jobs.c.num_done + by("b_done"), jobs.c.num_failed + by("b_failed")
+    cancelled, running = jobs.c.num_cancelled + by("b_cancelled"), jobs.c.num_running + by("b_running")
+    started = or_(jobs.c.started_at.is_not(None), by("b_claimed") > 0)
+    cancel_requested = jobs.c.cancel_requested_at.is_not(None)
+    now = bindparam("b_now", type_=Float)
+    return Prepared(
+        update(jobs).where(jobs.c.id == bindparam("b_id"))
+        .values(num_done=done, num_failed=failed, num_cancelled=cancelled, num_running=running,
+                state=job_state_sql(jobs.c.num_requests, done, failed, cancelled, running, started,
+                                    cancel_requested),
+                num_output_tokens=jobs.c.num_output_tokens + bindparam("b_output", type_=BigInteger),
+                num_prompt_tokens=jobs.c.num_prompt_tokens + bindparam("b_prompt", type_=BigInteger),
+                started_at=func.coalesce(jobs.c.started_at, case((by("b_claimed") > 0, now))),
+                finished_at=func.coalesce(jobs.c.finished_at,
+                                          case((done + failed + cancelled >= jobs.c.num_requests, now))))
+        .returning(jobs.c.id))
+
+
+MOVE_ONE_JOB = _moved_one_job()
+
+
 def move_jobs(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
     """Every job counter a transaction moves, at its end and in one pass: its jobs locked in id order
     (so two daemons' transactions, whatever they write, never deadlock on jobs), then moved; when it only
@@ -156,7 +216,17 @@ def _locked(tx: Tx, ids: list[int]) -> list:
 
 def apply_deltas(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
     """Lock the jobs (in id order: two writers never deadlock on jobs) and move each one's counters by
-    its delta: one select, one statement (PostgreSQL) or executemany."""
+    its delta: one select, one statement (PostgreSQL) or executemany; one job on PostgreSQL, one update
+    (MOVE_ONE_JOB)."""
+    if tx.locks_rows and len(deltas) == 1:
+        ((job_id, delta),) = deltas.items()
+        moved = tx.rows(MOVE_ONE_JOB, {
+            "b_id": job_id, "b_done": delta.done, "b_failed": delta.failed, "b_cancelled": delta.cancelled,
+            "b_running": delta.running + delta.claimed, "b_claimed": delta.claimed,
+            "b_output": delta.output_tokens, "b_prompt": delta.prompt_tokens, "b_now": now})
+        if not moved:
+            raise UnknownJob(job_id)
+        return
     writes = []
     for job in _locked(tx, sorted(deltas)):
         delta = deltas[job.id]
