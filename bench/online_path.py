@@ -30,8 +30,8 @@ arrivals at random times meet the iterations at random phases either way.
 `--repeat N`: every arm measured N times in turn (the direct arm, then
 fsched's; vLLM started again each time), each row printed, and at the end
 each arm's median and range over the repeats: one run on a shared 2-core
-machine moves by tens of percent (the direct arm in front of vLLM ran at
-1,396 and 1,718 tok/s in one run's two turns).
+machine moves by tens of percent (in one run the direct arm in front of vLLM
+streamed 1,396 tok/s before one table's arms and 1,718 before the other's).
 `--no-link`: the daemons publish no link (servers read the table only): the
 path as it was. `--stamps`: each online request's stages timed (core/stamps.py: the client's
 send, request read, handler start, row stored, claimed, its engine request sent, first token read,
@@ -625,7 +625,7 @@ def stack_lines(rows: list[dict]) -> list[str]:
 
 
 def summary_lines(rows: list[dict]) -> list[str]:
-    """--repeat: each arm's figures over the repeats, median (lowest-highest): the ratio of throughput,
+    """--repeat: each arm's figures over the repeats, median (lowest to highest): the ratio of throughput,
     the first token's p50 and p99 over direct (ms; with vLLM the p50's ratio), fsched's CPU per token and,
     in front of vLLM, the whole stack's ratio to vLLM alone."""
     groups: dict[tuple, list[dict]] = {}
@@ -688,6 +688,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.vllm and args.loaded:
         parser.error("--loaded is for the paced engine only")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     if args.vllm and args.arrivals != "closed":
         parser.error("--arrivals poisson needs the paced engine's pace (--step-ms) for its rate")
     rows = []
@@ -726,7 +728,7 @@ def measure(args) -> list[dict]:
         engine_stamps = None
         if args.stamps is not None:
             engine_stamps = Path(args.stamps or tempfile.mkdtemp()) / f"direct-{os.getpid()}"
-            engine_stamps.mkdir(parents=True)
+            engine_stamps.mkdir(parents=True, exist_ok=True)  # (a --repeat's turns: tags stay unique)
         with Engine(args.slots, args.step_ms, engine_stamps) as engine:
             direct = direct_arm(engine, args, engine_stamps)
             for backend in args.backends:
