@@ -59,7 +59,7 @@ def job_row(db: Database, job_id: int) -> tuple:
     [CountDelta(claimed=2), CountDelta(running=-1, failed=1), CountDelta(running=-1, failed=1)],
     [CountDelta(claimed=1), CountDelta(running=-1, cancelled=1)],
 ])
-def test_one_job_moved_in_one_statement_as_in_two(db_url, db, steps):
+def test_one_job_moved_in_one_statement_as_in_two(db, steps):
     """The same deltas through the one-job update (PostgreSQL) and through the locking select and its
     update (two jobs in each transaction, the path of many): the same rows, step by step."""
     from fsched.core.openai.batchfile import parse_job_file
