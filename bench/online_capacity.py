@@ -5,7 +5,7 @@
 
 The engine is the paced stand-in (tests/support/paced_engine.py, its own
 process; `--slots` streams at once, one token each every `--step-ms`, 51,200
-tok/s at 1,024 x 20 ms). The clients are light: `--client-procs` processes of
+tok/s at 1,024 x 20 ms). The clients are light (bench/light_client.py): `--client-procs` processes of
 raw asyncio protocols (no SDK, no JSON decoded but the usage chunk), one
 keep-alive connection per stream, `--streams` streams at once, each sending
 `--rounds` streamed chat requests of `--tokens` tokens (greedy, ignore_eos,
@@ -38,77 +38,25 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from fast_path import Engine, cpu_s  # noqa: E402
-
-from tests.support.ideal_client import ChunkedEvents  # noqa: E402
-
-MESSAGES = [{"role": "user", "content": "tell me about fair scheduling"}]
+from light_client import LightStream, chat_request, connect  # noqa: E402
 
 
-# -- the light client ------------------------------------------------------------------------------
-class _Stream(ChunkedEvents):
-    """One keep-alive connection: a request at a time, its chunked SSE response read from bytes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.done: asyncio.Future | None = None
-        self.sent_at = 0.0
-        self.first: float | None = None
-        self.usage = 0
-        self.transport = None
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def start(self, request: bytes) -> asyncio.Future:
-        self.buf, self.head, self.first, self.usage = b"", False, None, 0
-        self.done = asyncio.get_running_loop().create_future()
-        self.sent_at = time.perf_counter()
-        self.transport.write(request)
-        return self.done
-
-    def _ended(self) -> None:
-        if not self.done.done():
-            self.done.set_result((self.usage, self.first))
-
-    def _events(self, payload: bytes) -> None:
-        for line in payload.split(b"\n"):
-            if self.first is None and b'"content":"' in line and b'"content":""' not in line:
-                self.first = time.perf_counter() - self.sent_at
-            elif line.startswith(b"data: {") and b'"usage":{' in line:
-                self.usage = json.loads(line[6:])["usage"]["completion_tokens"]
-
-    def _fail(self, exc: Exception) -> None:
-        if self.done is not None and not self.done.done():
-            self.done.set_exception(exc)
-
-    def connection_lost(self, exc) -> None:
-        self._fail(ConnectionError("the server closed the connection"))
-
-
+# -- the load ----------------------------------------------------------------------------------------
 async def _client(url: str, key: str, model: str, streams: int, rounds: int, tokens: int) -> dict:
-    parts = urlsplit(url)
-    loop = asyncio.get_running_loop()
-    body = json.dumps({"model": model, "messages": MESSAGES, "max_tokens": tokens, "temperature": 0,
-                       "stream": True, "stream_options": {"include_usage": True},
-                       "ignore_eos": True}).encode()
-    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"
-               b"Content-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
-               % (parts.netloc.encode(), key.encode(), len(body), body))
+    request = chat_request(url, key, model, tokens)
     conns = []
     for _ in range(streams):
-        _, proto = await loop.create_connection(_Stream, parts.hostname, parts.port)
-        conns.append(proto)
+        conns.append(await connect(url))
     ttfts: list[float] = []
     errors: list[str] = []
 
-    async def run(proto: _Stream) -> int:
+    async def run(proto: LightStream) -> int:
         got = 0
         for _ in range(rounds):
             try:

@@ -3,7 +3,7 @@ the same client through `fsched serve` + `fsched daemon --engine URL`, in one ru
 
     .venv/bin/python bench/online_path.py [--concurrency 1 8 32 128 256] [--backends sqlite postgresql]
         [--replicas 1 2] [--loaded] [--no-link] [--profile DIR] [--stamps [DIR]]
-        [--vllm [--engine-nice 10]] [--arrivals closed|poisson [--seed 0]] [--repeat N]
+        [--vllm [--engine-nice 10]] [--arrivals closed|poisson [--seed 0]] [--repeat N] [--client sdk|light]
 
 The engine is the paced stand-in (tests/support/paced_engine.py, its own
 process: `--slots` streams at once, one token each every `--step-ms`). The
@@ -32,6 +32,10 @@ fsched's; vLLM started again each time), each row printed, and at the end
 each arm's median and range over the repeats: one run on a shared 2-core
 machine moves by tens of percent (in one run the direct arm in front of vLLM
 streamed 1,396 tok/s before one table's arms and 1,718 before the other's).
+`--client light`: bench/light_client.py's raw asyncio client instead of the SDK, in every arm (a
+keep-alive connection a stream, no JSON decoded but the usage chunk): the SDK spends 220-265 µs of the
+client's CPU a chunk, so at 128 streams of a 20 ms engine (6,400 chunks a second) the one SDK process
+needs more than the machine's two cores and the load measures the client, with or without fsched.
 `--no-link`: the daemons publish no link (servers read the table only): the
 path as it was. `--stamps`: each online request's stages timed (core/stamps.py: the client's
 send, request read, handler start, row stored, claimed, its engine request sent, first token read,
@@ -156,25 +160,82 @@ async def _load(urls: list[str], key: str, model: str, concurrency: int, request
         sent_at(i, offset) for i, offset in enumerate(offsets))
     results = await asyncio.gather(*calls, return_exceptions=True)
     wall = time.perf_counter() - start
-    errors = [r for r in results if isinstance(r, BaseException)]
-    total = sum(r for r in results if isinstance(r, int))
     for c in clients:
         await c.close()
+    return _figures(results, wall, ttfts, times)
+
+
+async def _light_load(urls: list[str], key: str, model: str, concurrency: int, requests: int, tokens: int,
+                      tagged: bool = False, offsets: list[float] | None = None) -> dict:
+    """`_load` with bench/light_client.py's client: a keep-alive connection a stream (closed loop) or an
+    idle one taken from a pool, else a new one (open loop); the same figures."""
+    from light_client import chat_request, connect
+
+    ttfts: list[float] = []
+    times = [] if tagged else None
+    idle: dict[str, list] = {u: [] for u in urls}
+    plain = {u: chat_request(u, key, model, tokens) for u in urls}
+    queue = list(range(requests))
+
+    async def one(url: str) -> int:
+        while idle[url] and idle[url][-1].closed:  # past the server's keep-alive timeout
+            idle[url].pop()
+        stream = idle[url].pop() if idle[url] else await connect(url)
+        request = plain[url]
+        if times is not None:
+            mine = [next(TAGS), time.time(), None]
+            times.append(mine)
+            request = chat_request(url, key, model, tokens, {TAG_HEADER: str(mine[0])})
+        got, first = await stream.start(request)
+        idle[url].append(stream)
+        if first is not None:
+            ttfts.append(first)
+            if times is not None:
+                mine[2] = mine[1] + first
+        return got
+
+    async def worker(index: int) -> int:
+        got = 0
+        while queue:
+            queue.pop()
+            got += await one(urls[index % len(urls)])
+        return got
+
+    async def sent_at(index: int, offset: float) -> int:
+        await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
+        return await one(urls[index % len(urls)])
+
+    start = time.perf_counter()
+    calls = (worker(i) for i in range(concurrency)) if offsets is None else (
+        sent_at(i, offset) for i, offset in enumerate(offsets))
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    wall = time.perf_counter() - start
+    for streams in idle.values():
+        for stream in streams:
+            stream.transport.close()
+    return _figures(results, wall, ttfts, times)
+
+
+def _figures(results: list, wall: float, ttfts: list[float], times: list | None) -> dict:
+    errors = [r for r in results if isinstance(r, BaseException)]
+    total = sum(r for r in results if isinstance(r, int))
     ttfts.sort()
     return {"tokens": total, "errors": len(errors), "error": repr(errors[0])[:200] if errors else None,
             "wall_s": round(wall, 2), "tok_s": round(total / wall, 1),
             "ttft_p50_ms": round(1000 * statistics.median(ttfts), 1) if ttfts else None,
             "ttft_p99_ms": round(1000 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 1)
-            if ttfts else None, **({"client_times": times} if tagged else {})}
+            if ttfts else None, **({"client_times": times} if times is not None else {})}
 
 
 def load(urls, key, model, concurrency, rounds, tokens, tagged: bool = False,
-         offsets: list[float] | None = None) -> dict:
+         offsets: list[float] | None = None, client: str = "sdk") -> dict:
     """The load's figures; `tagged`: its requests tagged for the stamps, and `client_times` added (each
     request's tag, wall time sent, wall time of its first content); `offsets`: an open loop, each
-    request sent at its offset (s) from the start (`poisson_offsets`)."""
+    request sent at its offset (s) from the start (`poisson_offsets`); `client`: "sdk" (the `openai`
+    SDK) or "light" (bench/light_client.py)."""
     requests = len(offsets) if offsets is not None else max(16, rounds * concurrency)
-    return asyncio.run(_load(urls, key, model, concurrency, requests, tokens, tagged, offsets))
+    run = _light_load if client == "light" else _load
+    return asyncio.run(run(urls, key, model, concurrency, requests, tokens, tagged, offsets))
 
 
 def poisson_offsets(args, concurrency: int) -> list[float] | None:
@@ -361,14 +422,14 @@ def warm_up(urls: list[str], key: str, model: str) -> None:
     asyncio.run(_load(urls, key, model, 4, 8, 8))
 
 
-def measured(engine, urls: list[str], key: str, model: str, concurrency: int, rounds: int,
-             tokens: int, tagged: bool = False, offsets: list[float] | None = None) -> dict:
+def measured(engine, urls: list[str], key: str, model: str, concurrency: int, rounds: int, tokens: int,
+             tagged: bool = False, offsets: list[float] | None = None, client: str = "sdk") -> dict:
     """load(), with vLLM's CPU per token over it (its whole session) when the engine is vLLM."""
     if not isinstance(engine, Vllm):
-        return load(urls, key, model, concurrency, rounds, tokens, tagged, offsets)
+        return load(urls, key, model, concurrency, rounds, tokens, tagged, offsets, client)
     before, client, db, busy = engine.cpu_s(), own_cpu_s(), postgres_cpu_s(), machine_busy_s()
     api = engine.api_cpu_s()
-    got = load(urls, key, model, concurrency, rounds, tokens, tagged, offsets)
+    got = load(urls, key, model, concurrency, rounds, tokens, tagged, offsets, client)
     n = max(1, got["tokens"])
     got["engine_us_per_token"] = round(1e6 * (engine.cpu_s() - before) / n, 1)
     got["api_server_us_per_token"] = round(1e6 * (engine.api_cpu_s() - api) / n, 1)
@@ -399,7 +460,7 @@ def direct_arm(engine, args, stamps: Path | None = None) -> dict[int, dict]:
     direct = {}
     for c in args.concurrency:
         direct[c] = measured(engine, [engine.url], "none", model, c, args.rounds, args.tokens,
-                             tagged=stamps is not None, offsets=poisson_offsets(args, c))
+                             tagged=stamps is not None, offsets=poisson_offsets(args, c), client=args.client)
         times = direct[c].pop("client_times", None)
         print(json.dumps({"arm": "direct", "concurrency": c, **direct[c]}), flush=True)
         if stamps is not None:
@@ -459,7 +520,8 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
                     spies = profile(pids, 8, Path(args.profile) / f"{backend}-x{replicas}")
                 began = time.time()
                 through = measured(engine, f.urls, f.key, model, c, args.rounds, args.tokens,
-                                   tagged=stamps is not None, offsets=poisson_offsets(args, c))
+                                   tagged=stamps is not None, offsets=poisson_offsets(args, c),
+                                   client=args.client)
                 times = through.pop("client_times", None)
                 stages = None
                 if stamps is not None:
@@ -681,6 +743,9 @@ def main() -> None:
                         help="closed: `concurrency` clients, each sending its next request as its last "
                              "ends; poisson: an open loop at the rate that keeps `concurrency` open")
     parser.add_argument("--seed", type=int, default=0, help="--arrivals poisson: the arrival times' seed")
+    parser.add_argument("--client", choices=["sdk", "light"], default="sdk",
+                        help="sdk: the openai SDK; light: bench/light_client.py's raw asyncio client, "
+                             "which leaves the cores to the servers at high stream counts")
     parser.add_argument("--repeat", type=int, default=1,
                         help="measure every arm this many times in turn (direct, then fsched; with "
                              "--arrivals poisson the seed plus the repeat's number) and end with each "
