@@ -15,6 +15,16 @@ it ends its finish reason, or an error with its fault:
   own (a prompt over its context, a bad parameter): retrying would not help.
 `abort` closes a stream's socket; the engine sees the disconnect and frees
 the request (vLLM aborts a request whose client went away).
+
+Connections are kept alive: a stream that ended whole (its answer's last
+chunk read) leaves its connection idle for the next `open`, which saves the
+engine's server a connection's set-up and tear-down a request (measured on
+uvicorn: 180-185 µs of its CPU a request on a new connection, 75-135 on a
+kept one) and this side the socket, connect and close. An idle connection
+is used again only while it is young (`IDLE_KEEP_S`, well inside the
+keep-alive timeouts servers use, 5 s for uvicorn's default) and still open;
+should the server have closed it all the same before it answered anything,
+the request goes again on a new connection, once.
 """
 
 from __future__ import annotations
@@ -34,6 +44,9 @@ CONNECT, SEND, HEAD, BODY = range(4)
 READ_SIZE = 1 << 16
 # Deadlines (connect, read) are checked this often: a timeout is a rare fault, not a per-read cost.
 DEADLINE_CHECK_S = 0.5
+IDLE_KEEP_S = 2.0  # an idle connection is used again this long at most (servers close theirs after ~5 s)
+IDLE_MAX = 1024  # idle connections kept at most
+DRAIN_S = 1.0  # an ended stream's last chunk waited for this long at most before its connection is closed
 
 
 class Fault(enum.StrEnum):
@@ -64,6 +77,9 @@ class Stream:
     closed: bool = False
     plain: bool = True  # its reader wants token ids and the finish reason only (no logprobs)
     ended: bool = False  # a finish reason or an error: nothing more will come
+    keep_alive: bool = False  # the answer's head lets the connection serve another request
+    reused: bool = False  # sent on a connection kept from an earlier stream, nothing read back yet
+    payload: bytes = b""  # the whole request (sent again on a new connection if a kept one was dead)
 
     def take(self) -> tuple[list[int], list[tuple[dict, int]]]:
         """The tokens (and logprobs objects) that arrived since the last take."""
@@ -83,6 +99,9 @@ class Streams:
         self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
         self._poller = _Poller()
         self._open: dict[int, Stream] = {}  # by socket descriptor
+        self._draining: dict[int, Stream] = {}  # ended whole but for the answer's last chunk
+        self._idle: list[tuple[socket.socket, float]] = []  # kept connections, when each fell idle
+        self.connections_reused = 0  # answers read on a kept connection
         self._next_deadline_check = 0.0
         self._address: tuple | None = None
         self._wake_fd: int | None = None
@@ -117,32 +136,68 @@ class Streams:
         data = json.dumps(body, separators=(",", ":")).encode()
         request = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
                    f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-                   f"Connection: close\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
+                   f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+        plain = body.get("logprobs") is None if plain is None else plain
+        kept = self._kept()
+        if kept is not None:
+            stream = Stream(kept, request, owner, state=SEND, plain=plain, reused=True, payload=request,
+                            deadline=time.monotonic() + self.connect_timeout_s)
+            self._open[kept.fileno()] = stream
+            self._poller.register(kept.fileno(), select.POLLOUT)
+            self._send(stream)
+            return stream
+        stream = Stream(None, request, owner, plain=plain, payload=request)  # type: ignore[arg-type]
+        self._connect(stream)
+        return stream
+
+    def _connect(self, stream: Stream) -> None:
+        """`stream`'s request on a new connection: sent at once when it is up, else at a later poll."""
         try:
             family, address = self._resolve()
             sock = socket.socket(family, socket.SOCK_STREAM)
         except OSError as exc:
-            stream = Stream(socket.socket(), request, owner, closed=True)
+            stream.sock, stream.closed = socket.socket(), True
             stream.sock.close()
             _fail(stream, f"cannot reach the engine: {exc}", Fault.UNAVAILABLE)
-            return stream
+            return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        stream = Stream(sock, request, owner, deadline=time.monotonic() + self.connect_timeout_s,
-                        plain=body.get("logprobs") is None if plain is None else plain)
+        stream.sock, stream.state = sock, CONNECT
+        stream.deadline = time.monotonic() + self.connect_timeout_s
         code = sock.connect_ex(address)
         if code not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
             _fail(stream, f"cannot connect to the engine: {os.strerror(code)}", Fault.UNAVAILABLE)
             stream.closed = True
             sock.close()
-            return stream
+            return
         self._open[sock.fileno()] = stream
         self._poller.register(sock.fileno(), select.POLLOUT)
         if code == 0 or _writable(sock):
             # Connected already (an engine on this machine or near it): the request goes now, not at
             # the next poll, which may come only after a whole batch's tokens are read (a step later).
             self._send(stream)
-        return stream
+
+    def _kept(self) -> socket.socket | None:
+        """The youngest idle connection still fit to use, if any (the older ones are closed)."""
+        now = time.monotonic()
+        while self._idle:
+            sock, since = self._idle.pop()
+            if now - since <= IDLE_KEEP_S and _quiet(sock):
+                return sock
+            sock.close()
+            if now - since > IDLE_KEEP_S:  # the rest are older still
+                for older, _ in self._idle:
+                    older.close()
+                self._idle.clear()
+        return None
+
+    def _keep(self, stream: Stream) -> None:
+        """An ended stream's connection, its answer read whole, kept idle for the next request."""
+        stream.closed = True  # to its reader it is done: an `abort` now must not close the kept socket
+        if len(self._idle) >= IDLE_MAX:
+            stream.sock.close()
+        else:
+            self._idle.append((stream.sock, time.monotonic()))
 
     def _resolve(self) -> tuple[int, tuple]:
         if self._address is None:
@@ -162,10 +217,17 @@ class Streams:
     def close(self) -> None:
         for stream in list(self._open.values()):
             self.abort(stream)
+        for fd, stream in list(self._draining.items()):
+            self._poller.unregister(fd)
+            stream.sock.close()
+        self._draining.clear()
+        for sock, _ in self._idle:
+            sock.close()
+        self._idle.clear()
 
     def poll(self, timeout: float) -> list[Stream]:
         """Read what has arrived, waiting up to `timeout` s for something; the streams with news."""
-        if not self._open and self._wake_fd is None:
+        if not self._open and not self._draining and self._wake_fd is None:
             if timeout > 0:
                 time.sleep(timeout)
             return []
@@ -178,7 +240,10 @@ class Streams:
             if fd == self._wake_fd:
                 self.woken = True
                 continue
-            stream = streams[fd]
+            stream = streams.get(fd)
+            if stream is None:
+                self._drain(self._draining[fd], now)
+                continue
             if mask & select.POLLOUT:
                 self._send(stream)
             elif self._read(stream, now):
@@ -186,6 +251,9 @@ class Streams:
         if now >= self._next_deadline_check:
             self._next_deadline_check = now + DEADLINE_CHECK_S
             news += self._expired(now)
+            for fd, stream in list(self._draining.items()):
+                if stream.deadline < now:
+                    self._drop_draining(fd)
         return news
 
     # -- writing the request ---------------------------------------------------------------
@@ -200,6 +268,8 @@ class Streams:
         try:
             sent = sock.send(stream.request)
         except OSError as exc:
+            if stream.reused:
+                return self._again(stream)
             return self._end(stream, f"{type(exc).__name__}: {exc}", Fault.UNAVAILABLE)
         stream.request = stream.request[sent:]
         if not stream.request:
@@ -216,13 +286,69 @@ class Streams:
         except BlockingIOError:
             return False
         except OSError as exc:
+            if stream.reused:  # a kept connection the server had closed: nothing of the answer came
+                self._again(stream)
+                return stream.ended
             self._end(stream, f"{type(exc).__name__}: {exc}", Fault.UNAVAILABLE)
             return True
+        if stream.reused:
+            if not data:
+                self._again(stream)
+                return stream.ended
+            stream.reused = False
+            self.connections_reused += 1
         received(stream, data)
-        if stream.ended and not stream.closed:
-            self.abort(stream)
         stream.deadline = 0.0 if stream.ended else now + self.read_timeout_s
+        if stream.ended and not stream.closed:
+            self._ended(stream, now)
         return bool(stream.tokens) or stream.ended
+
+    def _again(self, stream: Stream) -> None:
+        """A kept connection was dead before it answered: the whole request again on a new one."""
+        fd = stream.sock.fileno()
+        self._poller.unregister(fd)
+        del self._open[fd]
+        stream.sock.close()
+        stream.request, stream.reused = stream.payload, False
+        self._connect(stream)
+
+    def _ended(self, stream: Stream, now: float) -> None:
+        """A stream ended: its connection kept when its answer is whole and reusable, waited for when
+        only the answer's last chunk is still to come, else closed."""
+        if not (stream.keep_alive and stream.error is None and stream.finish is not None):
+            return self.abort(stream)
+        fd = stream.sock.fileno()
+        if stream.length >= 0 and not stream.buf:  # the last chunk read: the answer is whole
+            self._poller.unregister(fd)
+            del self._open[fd]
+            return self._keep(stream)
+        del self._open[fd]
+        stream.closed, stream.deadline = True, now + DRAIN_S
+        self._draining[fd] = stream
+
+    def _drain(self, stream: Stream, now: float) -> None:
+        """What comes on an ended stream's connection: the answer's last chunk (then kept), or
+        anything else (then closed)."""
+        fd = stream.sock.fileno()
+        try:
+            data = stream.sock.recv(READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            _dechunk(stream, stream.buf + data)
+        if data and stream.length >= 0 and not stream.buf:
+            self._poller.unregister(fd)
+            del self._draining[fd]
+            self._keep(stream)
+        elif not data or stream.length >= 0:
+            self._drop_draining(fd)
+
+    def _drop_draining(self, fd: int) -> None:
+        stream = self._draining.pop(fd)
+        self._poller.unregister(fd)
+        stream.sock.close()
 
     def _expired(self, now: float) -> list[Stream]:
         late = [stream for stream in self._open.values() if 0 < stream.deadline < now]
@@ -257,6 +383,18 @@ class _Poller:
         if self._epoll is not None:
             return self._epoll.poll(timeout_s)
         return self._poll.poll(timeout_s * 1000)
+
+
+def _quiet(sock: socket.socket) -> bool:
+    """Whether an idle kept connection is still open with nothing unread (a server that closed it, or
+    sent anything, makes it readable)."""
+    try:
+        sock.recv(1, socket.MSG_PEEK)  # b"": closed; a byte: something no request asked for
+    except BlockingIOError:
+        return True
+    except OSError:
+        pass
+    return False
 
 
 def _writable(sock: socket.socket) -> bool:
@@ -341,6 +479,7 @@ def _head(stream: Stream, head: bytes) -> None:
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ", 2)
     stream.status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    close = False
     for line in lines[1:]:
         name, _, value = line.partition(b":")
         name, value = name.strip().lower(), value.strip().lower()
@@ -348,6 +487,10 @@ def _head(stream: Stream, head: bytes) -> None:
             stream.chunked = True
         elif name == b"content-length" and value.isdigit():
             stream.length = int(value)
+        elif name == b"connection" and b"close" in value:
+            close = True
+    # Kept only for a chunked answer of HTTP/1.1, read to its last chunk (`_ended`).
+    stream.keep_alive = parts[0] == b"HTTP/1.1" and stream.chunked and stream.status == 200 and not close
 
 
 def _dechunk(stream: Stream, buf: bytes) -> bytes:
