@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from unittest import mock
 
 from fsched.core.runners.streams import Fault, Streams
@@ -140,6 +142,18 @@ def _request_length(data: bytes) -> int:
     return head + int(data.split(b"Content-Length: ")[1].split(b"\r\n")[0])
 
 
+@contextlib.contextmanager
+def _kept_alive(**server_args) -> Iterator[tuple[_KeepAliveServer, Streams]]:
+    """A keep-alive server and the streams to it, both closed at the end."""
+    server = _KeepAliveServer(**server_args)
+    streams = Streams("127.0.0.1", server.port, "/v1/completions")
+    try:
+        yield server, streams
+    finally:
+        streams.close()
+        server.close()
+
+
 def _run(streams: Streams, body: dict) -> list[int]:
     stream = streams.open(body)
     tokens = []
@@ -151,9 +165,7 @@ def _run(streams: Streams, body: dict) -> list[int]:
 
 
 def test_streams_one_after_another_share_one_kept_connection():
-    server = _KeepAliveServer()
-    streams = Streams("127.0.0.1", server.port, "/v1/completions")
-    try:
+    with _kept_alive() as (server, streams):
         for n in range(3):
             assert _run(streams, {"prompt": [n], "stream": True}) == [5, 6, 7, 8]
         assert len(server.connections) == 1 and len(server.connections[0]) == 3
@@ -161,30 +173,20 @@ def test_streams_one_after_another_share_one_kept_connection():
         assert prompts == [[0], [1], [2]]
         assert b"connection: close" not in server.connections[0][0].lower()
         assert streams.connections_reused == 2 and len(streams) == 0
-    finally:
-        streams.close()
-        server.close()
 
 
 def test_an_answer_whose_last_chunk_comes_later_still_leaves_its_connection_kept():
-    server = _KeepAliveServer(split_last=True)
-    streams = Streams("127.0.0.1", server.port, "/v1/completions")
-    try:
+    with _kept_alive(split_last=True) as (server, streams):
         assert _run(streams, {"prompt": [1], "stream": True}) == [5, 6, 7, 8]
         deadline = time.monotonic() + 2
         while streams._draining and time.monotonic() < deadline:  # the last chunk read at a later poll
             streams.poll(0.1)
         assert _run(streams, {"prompt": [2], "stream": True}) == [5, 6, 7, 8]
         assert len(server.connections) == 1 and streams.connections_reused == 1
-    finally:
-        streams.close()
-        server.close()
 
 
 def test_a_kept_connection_the_server_closed_sends_the_request_again_on_a_new_one():
-    server = _KeepAliveServer(close_after=1)  # the server ends every connection after one answer
-    streams = Streams("127.0.0.1", server.port, "/v1/completions")
-    try:
+    with _kept_alive(close_after=1) as (server, streams):  # the server ends every connection after one answer
         assert _run(streams, {"prompt": [1], "stream": True}) == [5, 6, 7, 8]
         time.sleep(0.1)  # the server has closed it (a close the idle check does not see yet: below)
         kept = streams._idle[-1][0]
@@ -195,15 +197,10 @@ def test_a_kept_connection_the_server_closed_sends_the_request_again_on_a_new_on
         # the idle check sees the server's close, or the request finds the connection dead: a new one
         assert _run(streams, {"prompt": [3], "stream": True}) == [5, 6, 7, 8]
         assert len(server.connections) == 3 and streams.connections_reused == 0
-    finally:
-        streams.close()
-        server.close()
 
 
 def test_an_aborted_stream_closes_its_connection_and_an_old_idle_one_is_not_used():
-    server = _KeepAliveServer()
-    streams = Streams("127.0.0.1", server.port, "/v1/completions")
-    try:
+    with _kept_alive() as (server, streams):
         stream = streams.open({"prompt": [1], "stream": True})
         streams.abort(stream)  # the engine must see the disconnect: it aborts the request
         assert server.ended.wait(2) and streams._idle == []
@@ -212,19 +209,11 @@ def test_an_aborted_stream_closes_its_connection_and_an_old_idle_one_is_not_used
             time.sleep(0.01)
             assert _run(streams, {"prompt": [3], "stream": True}) == [5, 6, 7, 8]
         assert len(server.connections) == 3 and streams.connections_reused == 0
-    finally:
-        streams.close()
-        server.close()
 
 
 def test_an_answer_that_says_connection_close_is_not_kept():
     closing = CHUNKED.replace(b"Transfer-Encoding: chunked\r\n",
                               b"Transfer-Encoding: chunked\r\nConnection: close\r\n")
-    server = _KeepAliveServer(answer=closing)
-    streams = Streams("127.0.0.1", server.port, "/v1/completions")
-    try:
+    with _kept_alive(answer=closing) as (server, streams):
         assert _run(streams, {"prompt": [1], "stream": True}) == [5, 6, 7, 8]
         assert server.ended.wait(2) and streams._idle == []
-    finally:
-        streams.close()
-        server.close()
