@@ -427,13 +427,13 @@ def measured(engine, urls: list[str], key: str, model: str, concurrency: int, ro
     """load(), with vLLM's CPU per token over it (its whole session) when the engine is vLLM."""
     if not isinstance(engine, Vllm):
         return load(urls, key, model, concurrency, rounds, tokens, tagged, offsets, client)
-    before, client, db, busy = engine.cpu_s(), own_cpu_s(), postgres_cpu_s(), machine_busy_s()
+    before, client_cpu, db, busy = engine.cpu_s(), own_cpu_s(), postgres_cpu_s(), machine_busy_s()
     api = engine.api_cpu_s()
     got = load(urls, key, model, concurrency, rounds, tokens, tagged, offsets, client)
     n = max(1, got["tokens"])
     got["engine_us_per_token"] = round(1e6 * (engine.cpu_s() - before) / n, 1)
     got["api_server_us_per_token"] = round(1e6 * (engine.api_cpu_s() - api) / n, 1)
-    got["client_us_per_token"] = round(1e6 * (own_cpu_s() - client) / n, 1)
+    got["client_us_per_token"] = round(1e6 * (own_cpu_s() - client_cpu) / n, 1)
     got["postgres_us_per_token"] = round(1e6 * (postgres_cpu_s() - db) / n, 1)
     got["machine_busy_cores"] = round((machine_busy_s() - busy) / got["wall_s"], 2)
     return got
