@@ -134,6 +134,8 @@ class _KeepAliveServer:
                     return
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)  # wakes the accept blocked in its thread: it ends
         self.server.close()
 
 
@@ -217,3 +219,16 @@ def test_an_answer_that_says_connection_close_is_not_kept():
     with _kept_alive(answer=closing) as (server, streams):
         assert _run(streams, {"prompt": [1], "stream": True}) == [5, 6, 7, 8]
         assert server.ended.wait(2) and streams._idle == []
+
+
+def test_kept_connections_to_an_engine_that_went_away_are_not_used_and_the_fault_is_unavailable():
+    with _kept_alive(close_after=1) as (server, streams):
+        assert _run(streams, {"prompt": [1], "stream": True}) == [5, 6, 7, 8]
+        assert len(streams._idle) == 1
+        server.close()  # the engine is gone: its connection closed, nothing listening any more
+        time.sleep(0.1)
+        stream = streams.open({"prompt": [2], "stream": True})
+        while not stream.ended:
+            streams.poll(1.0)
+        assert stream.fault is Fault.UNAVAILABLE and "refused" in stream.error.lower()
+        assert streams._idle == [] and len(streams) == 0
