@@ -142,27 +142,38 @@ async def _load(urls: list[str], key: str, model: str, concurrency: int, request
                            http_client=httpx.AsyncClient(limits=limits, timeout=120)) for u in urls]
     ttfts: list[float] = []
     times = [] if tagged else None
+
+    async def one(index: int) -> int:
+        return await _one(clients[index % len(clients)], model, tokens, ttfts, times)
+
+    results, wall = await _driven(one, concurrency, requests, offsets)
+    for c in clients:
+        await c.close()
+    return _figures(results, wall, ttfts, times)
+
+
+async def _driven(one, concurrency: int, requests: int, offsets: list[float] | None) -> tuple[list, float]:
+    """`requests` calls of `one(index)` (index: the caller's stream, which picks its server): by
+    `concurrency` streams, each sending its next as its last ends (closed loop), or each at its offset
+    from the start (open loop); their results (or exceptions) and the wall time."""
     queue = list(range(requests))
 
     async def worker(index: int) -> int:
         got = 0
         while queue:
             queue.pop()
-            got += await _one(clients[index % len(clients)], model, tokens, ttfts, times)
+            got += await one(index)
         return got
 
     async def sent_at(index: int, offset: float) -> int:  # an open loop's request, at its time
         await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
-        return await _one(clients[index % len(clients)], model, tokens, ttfts, times)
+        return await one(index)
 
     start = time.perf_counter()
     calls = (worker(i) for i in range(concurrency)) if offsets is None else (
         sent_at(i, offset) for i, offset in enumerate(offsets))
     results = await asyncio.gather(*calls, return_exceptions=True)
-    wall = time.perf_counter() - start
-    for c in clients:
-        await c.close()
-    return _figures(results, wall, ttfts, times)
+    return results, time.perf_counter() - start
 
 
 async def _light_load(urls: list[str], key: str, model: str, concurrency: int, requests: int, tokens: int,
@@ -175,9 +186,9 @@ async def _light_load(urls: list[str], key: str, model: str, concurrency: int, r
     times = [] if tagged else None
     idle: dict[str, list] = {u: [] for u in urls}
     plain = {u: chat_request(u, key, model, tokens) for u in urls}
-    queue = list(range(requests))
 
-    async def one(url: str) -> int:
+    async def one(index: int) -> int:
+        url = urls[index % len(urls)]
         while idle[url] and idle[url][-1].closed:  # past the server's keep-alive timeout
             idle[url].pop()
         stream = idle[url].pop() if idle[url] else await connect(url)
@@ -194,22 +205,7 @@ async def _light_load(urls: list[str], key: str, model: str, concurrency: int, r
                 mine[2] = mine[1] + first
         return got
 
-    async def worker(index: int) -> int:
-        got = 0
-        while queue:
-            queue.pop()
-            got += await one(urls[index % len(urls)])
-        return got
-
-    async def sent_at(index: int, offset: float) -> int:
-        await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
-        return await one(urls[index % len(urls)])
-
-    start = time.perf_counter()
-    calls = (worker(i) for i in range(concurrency)) if offsets is None else (
-        sent_at(i, offset) for i, offset in enumerate(offsets))
-    results = await asyncio.gather(*calls, return_exceptions=True)
-    wall = time.perf_counter() - start
+    results, wall = await _driven(one, concurrency, requests, offsets)
     for streams in idle.values():
         for stream in streams:
             stream.transport.close()
