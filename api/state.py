@@ -17,7 +17,6 @@ from fsched.api.facts import KEEP_WARM_S, Cached, due, note_failed_read, refresh
 from fsched.api.guard import Guard
 from fsched.api.hub import ProgressHub
 from fsched.api.keyreads import KeyReads
-from fsched.api.ownthread import OwnThread
 from fsched.api.submitter import Submitter
 from fsched.core.jobs.apikeys import ApiKey, secret_matches, split_key
 from fsched.core.jobs.limits import InputLimits, limits_in_force
@@ -74,8 +73,7 @@ class ServerState:
     batch_creations: dict[str, int] = field(default_factory=dict)  # in progress, by tenant
     tool_parser: str = "auto"  # the model family whose syntax tool calls are read in (`--tool-call-parser`)
     thinking: PromptThinking | None = None  # whether the model's template opens a chat's reasoning
-    _submitter: Submitter | None = None
-    _writer: OwnThread | None = None  # the group commit's own thread
+    _submitter: Submitter | None = None  # the group commit, on a thread of its own
     _key_reads: KeyReads | None = None
     _daemons: Cached[list[DaemonSummary]] = field(default_factory=Cached)
     _limits: Cached[InputLimits] = field(default_factory=Cached)
@@ -90,23 +88,18 @@ class ServerState:
     async def submit_online(self, submission: JobSubmission, max_queued_per_tenant: int) -> SubmittedJob:
         """Store one online request's job, in a group commit with those arriving meanwhile."""
         if self._submitter is None:
+            # Its own thread, not `call`'s hop (anyio's capacity limiter, cancel scope and checkpoint,
+            # a worker taken and put back: a tenth of serve's CPU with 4-token requests).
             self._submitter = Submitter(self._store_group)
         return await self._submitter.submit(submission, max_queued_per_tenant)
 
-    def _store_group(self, group, limit: int) -> asyncio.Future:
-        """One group's transaction in the group commit's own thread (one at a time: the submitter
-        writes one group at once; api/ownthread.py), not `call`'s hop (anyio's capacity limiter, cancel
-        scope and checkpoint, a worker taken and put back: a tenth of serve's CPU with 4-token requests)."""
-        if self._writer is None:
-            self._writer = OwnThread("fsched-submit")
-        return self._writer.run(functools.partial(self.backend.jobs.submit_each, group,
-                                                  max_queued_per_tenant=limit))
+    def _store_group(self, group, limit: int):
+        return self.backend.jobs.submit_each(group, max_queued_per_tenant=limit)
 
     def close(self) -> None:
         """The server stops: the group commit's thread ends once its last transaction is done."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        if self._submitter is not None:
+            self._submitter.close()
 
     async def read_key(self, key_id: str) -> ApiKey | None:
         """The key as stored now, read together with the lookups arriving meanwhile (api/keyreads.py)."""

@@ -5,18 +5,30 @@ requests that come together (a batch of streams ending in one engine step,
 and their clients sending the next ones) queue for the table's write lock,
 and the last waits for all the others: measured on SQLite with 8 streams,
 submits waited up to 128 ms for the lock. Here the handlers hand their
-submissions to one writer: while it stores one group, the next gathers, and
-goes in one transaction (`CatalogStore.submit_each`) as soon as that one is done.
-A request over its tenant's queue limit gets its own QueueFull, one whose key
-was revoked its KeyRevoked; a group whose transaction fails is stored again
-one by one, so that a failure is only its own.
+submissions to one writer thread: while it stores one group, the next
+gathers, and goes in one transaction (`CatalogStore.submit_each`) as soon as
+that one is done. A request over its tenant's queue limit gets its own
+QueueFull, one whose key was revoked its KeyRevoked; a group whose
+transaction fails is stored again one by one, so that a failure is only its own.
+
+The writer thread takes the next group itself, the moment a transaction
+ends: it does not wait for the event loop to hear of the last one first.
+When many requests come at once, the loop is busy reading and parsing them
+for tens of milliseconds, and a writer driven from the loop started its
+next transaction only after the loop had worked through them all (a burst
+of 128 requests went in two transactions, the first of one request and the
+second of the rest, 12 ms later). Each group's outcomes go back to the loop
+in one wake-up (`call_soon_threadsafe`): a future for each waiting handler,
+set there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from fsched.core.ports.records import JobSubmission, KeyRevoked, QueueFull, SubmittedJob
 from fsched.core.stamps import stamp
@@ -24,58 +36,87 @@ from fsched.core.stamps import stamp
 MAX_GROUP = 256  # submissions a transaction stores at most
 
 Outcome = SubmittedJob | QueueFull | KeyRevoked
-Store = Callable[[Sequence[JobSubmission], int], Awaitable[list[Outcome]]]
+Store = Callable[[Sequence[JobSubmission], int], list[Outcome]]
+_Waiting = tuple[JobSubmission, int, asyncio.AbstractEventLoop, asyncio.Future]
 
 
 class Submitter:
-    def __init__(self, store: Store):
-        self.store = store  # submissions, the queue limit -> each one's outcome (off the event loop)
-        self._pending: list[tuple[JobSubmission, int, asyncio.Future]] = []
-        self._writing = False
-        self._task: asyncio.Future | None = None  # the writer, while it runs (kept: tasks are weak)
+    """The group commit: `submit` from handlers on an event loop, the stores on a thread of its own
+    (started by the first submit, ended by `close` once what was queued before is stored)."""
+
+    def __init__(self, store: Store, name: str = "fsched-submit"):
+        self.store = store  # submissions, the queue limit -> each one's outcome (run on the writer thread)
+        self.name = name
+        self._queue: queue.SimpleQueue[_Waiting | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
 
     async def submit(self, submission: JobSubmission, max_queued_per_tenant: int) -> SubmittedJob:
         """Store one job (raises QueueFull over its tenant's limit, KeyRevoked for a revoked key)."""
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append((submission, max_queued_per_tenant, future))
-        if not self._writing:
-            self._writing = True
-            self._task = asyncio.ensure_future(self._write())
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name=self.name, daemon=True)
+            self._thread.start()
+        self._queue.put((submission, max_queued_per_tenant, loop, future))
         return await future
 
-    async def _write(self) -> None:
-        group: list = []
-        try:
-            while self._pending:
-                group, self._pending = self._pending[:MAX_GROUP], self._pending[MAX_GROUP:]
-                limit = min(limit for _, limit, _ in group)
-                began = time.time()
-                try:
-                    outcomes = await self.store([s for s, _, _ in group], limit)
-                except Exception:  # noqa: BLE001 - each alone: a failure is then only its own
-                    outcomes = [await self._alone(s, limit) for s, _, _ in group]
-                for (_, _, future), outcome in zip(group, outcomes, strict=True):
-                    if isinstance(outcome, SubmittedJob):
-                        stamp("grouped", outcome.job_id, began)  # its group's transaction began
-                    if future.done():  # its handler is gone (the row stays, and is run)
-                        continue
-                    if isinstance(outcome, BaseException):
-                        future.set_exception(outcome)
-                    else:
-                        future.set_result(outcome)
-                group = []
-        except BaseException as exc:  # the writer itself stopped (the server is stopping): nobody waits
-            for _, _, future in group + self._pending:
-                if not future.done():
-                    future.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
-            self._pending = []
-            raise
-        finally:
-            self._writing = False
+    def close(self) -> None:
+        """The writer ends once the submissions queued before are stored (nobody waits for it)."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread = None
 
-    async def _alone(self, submission: JobSubmission, limit: int) -> Outcome | BaseException:
+    def _work(self) -> None:
+        while (first := self._queue.get()) is not None:
+            group, ending = self._gathered(first)
+            began = time.time()
+            outcomes = self._stored(group)
+            for loop in {loop for _, _, loop, _ in group}:
+                mine = [(w, o) for w, o in zip(group, outcomes, strict=True) if w[2] is loop]
+                try:
+                    loop.call_soon_threadsafe(_settle, mine, began)
+                except RuntimeError:  # its loop is closed: nobody waits for the answers
+                    pass
+            if ending:
+                return
+
+    def _gathered(self, first: _Waiting) -> tuple[list[_Waiting], bool]:
+        """`first` and what else is queued, up to MAX_GROUP; whether `close` came among them."""
+        group = [first]
+        while len(group) < MAX_GROUP:
+            try:
+                waiting = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if waiting is None:
+                return group, True
+            group.append(waiting)
+        return group, False
+
+    def _stored(self, group: list[_Waiting]) -> list[Outcome | BaseException]:
+        submissions = [s for s, _, _, _ in group]
+        limit = min(limit for _, limit, _, _ in group)
         try:
-            (outcome,) = await self.store([submission], limit)
+            return self.store(submissions, limit)
+        except Exception:  # noqa: BLE001 - each alone: a failure is then only its own
+            return [self._alone(s, limit) for s in submissions]
+
+    def _alone(self, submission: JobSubmission, limit: int) -> Outcome | BaseException:
+        try:
+            (outcome,) = self.store([submission], limit)
             return outcome
         except Exception as exc:  # noqa: BLE001 - handed to its own handler
             return exc
+
+
+def _settle(settled: list[tuple[_Waiting, Outcome | BaseException]], began: float) -> None:
+    """On the loop: each handler's outcome (a handler gone meanwhile: its row stays, and is run)."""
+    for (_, _, _, future), outcome in settled:
+        if isinstance(outcome, SubmittedJob):
+            stamp("grouped", outcome.job_id, began)  # its group's transaction began
+        if future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)

@@ -302,7 +302,7 @@ def test_a_kept_connection_lost_mid_use_costs_the_server_no_request(store):
     _end_other_sessions(store)
 
     async def serve_three() -> list:
-        submitter = Submitter(lambda group, limit: asyncio.to_thread(store.submit_each, group, limit))
+        submitter = Submitter(store.submit_each)
         return await asyncio.gather(*(submitter.submit(submission(1, "carol"), 100) for _ in range(3)))
 
     assert all(isinstance(o, SubmittedJob) for o in asyncio.run(serve_three()))

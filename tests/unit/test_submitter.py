@@ -1,14 +1,17 @@
-"""The online requests' group commit (api/submitter.py), over a stand-in store."""
+"""The online requests' group commit (api/submitter.py), over a stand-in store on the writer's thread."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
 from fsched.api.submitter import Submitter
 from fsched.core.ports.records import QueueFull, SubmittedJob
 from fsched.core.types import RequestClass
+
+WAIT_S = 10.0  # the most a test waits for the writer thread (it never should)
 
 
 def _job(job_id: int, tenant: str) -> SubmittedJob:
@@ -17,23 +20,28 @@ def _job(job_id: int, tenant: str) -> SubmittedJob:
 
 
 class Store:
-    """Records each call's group; `fail_groups` makes a group of more than one fail whole.
+    """Records each call's group and thread; `full` tenants are over their limit, a group of more than
+    one fails whole under `fail_groups`, and "bad" always fails. With `gated`, each call waits until
+    the test lets it end (`release`): what is submitted meanwhile is queued for the next group."""
 
-    A write holds the event loop's other tasks for a few turns (the transaction), not for wall time:
-    what arrives meanwhile is what the loop ran in those turns, the same on any machine.
-    """
-
-    TURNS = 5
-
-    def __init__(self, full: set[str] = frozenset(), fail_groups: bool = False):
+    def __init__(self, full: set[str] = frozenset(), fail_groups: bool = False, gated: bool = False):
         self.calls: list[list[str]] = []
-        self.full, self.fail_groups = full, fail_groups
+        self.threads: list[str] = []
+        self.full, self.fail_groups, self.gated = full, fail_groups, gated
         self.next_id = 0
+        self.began = threading.Semaphore(0)
+        self._go = threading.Semaphore(0)
 
-    async def __call__(self, group, limit):
+    def release(self, n: int = 1) -> None:
+        for _ in range(n):
+            self._go.release()
+
+    def __call__(self, group, limit):
         self.calls.append(list(group))
-        for _ in range(self.TURNS):  # the transaction: others arrive meanwhile
-            await asyncio.sleep(0)
+        self.threads.append(threading.current_thread().name)
+        self.began.release()
+        if self.gated:
+            assert self._go.acquire(timeout=WAIT_S)
         if self.fail_groups and len(group) > 1:
             raise RuntimeError("one of them cannot be stored")
         if "bad" in group:
@@ -46,30 +54,69 @@ class Store:
         return out
 
 
+async def _began(store: Store) -> None:
+    """The writer's current call has begun."""
+    assert await asyncio.to_thread(store.began.acquire, timeout=WAIT_S)
+
+
+async def _queued(submitter: Submitter, tenants, limit: int = 10) -> list[asyncio.Task]:
+    """Handlers submitting `tenants`, run until each has queued its submission."""
+    tasks = [asyncio.ensure_future(submitter.submit(t, limit)) for t in tenants]
+    await asyncio.sleep(0)  # each task runs to its await: its submission is queued
+    return tasks
+
+
 def test_requests_arriving_during_a_write_go_together_in_the_next_one():
-    store = Store()
+    store = Store(gated=True)
 
     async def run():
         submitter = Submitter(store)
-        first = asyncio.ensure_future(submitter.submit("a", 10))
-        await asyncio.sleep(0)  # the first write starts alone
-        rest = [asyncio.ensure_future(submitter.submit(t, 10)) for t in "bcde"]
-        return await asyncio.gather(first, *rest)
+        (first,) = await _queued(submitter, "a")
+        await _began(store)  # the first write starts alone
+        rest = await _queued(submitter, "bcde")
+        store.release(2)
+        jobs = await asyncio.gather(first, *rest)
+        submitter.close()
+        return jobs
 
     jobs = asyncio.run(run())
     assert store.calls == [["a"], ["b", "c", "d", "e"]]
     assert [j.tenant for j in jobs] == list("abcde") and len({j.job_id for j in jobs}) == 5
 
 
-def test_a_request_over_its_limit_is_refused_alone_and_a_failed_group_is_stored_one_by_one():
-    store = Store(full={"full"})
+def test_the_next_group_starts_when_a_write_ends_while_the_event_loop_is_busy():
+    """The writer takes what is queued the moment a transaction ends, not when the loop next runs: a
+    loop that never yields while the first write ends and the second runs still has both groups
+    stored."""
+    store = Store(gated=True)
 
     async def run():
         submitter = Submitter(store)
-        first = asyncio.ensure_future(submitter.submit("a", 10))
-        await asyncio.sleep(0)
-        rest = [asyncio.ensure_future(submitter.submit(t, 10)) for t in ("full", "bad", "b")]
-        return await asyncio.gather(first, *rest, return_exceptions=True)
+        (first,) = await _queued(submitter, "a")
+        await _began(store)
+        rest = await _queued(submitter, "bc")
+        store.release(2)
+        assert store.began.acquire(timeout=WAIT_S)  # the second group began, the loop held here
+        assert store.calls == [["a"], ["b", "c"]]
+        jobs = await asyncio.gather(first, *rest)
+        submitter.close()
+        return jobs
+
+    assert [j.tenant for j in asyncio.run(run())] == ["a", "b", "c"]
+
+
+def test_a_request_over_its_limit_is_refused_alone_and_a_failed_group_is_stored_one_by_one():
+    store = Store(full={"full"}, gated=True)
+
+    async def run():
+        submitter = Submitter(store)
+        (first,) = await _queued(submitter, ["a"])
+        await _began(store)
+        rest = await _queued(submitter, ["full", "bad", "b"])
+        store.release(6)
+        found = await asyncio.gather(first, *rest, return_exceptions=True)
+        submitter.close()
+        return found
 
     a, full, bad, b = asyncio.run(run())
     assert isinstance(a, SubmittedJob) and isinstance(b, SubmittedJob) and b.tenant == "b"
@@ -79,29 +126,47 @@ def test_a_request_over_its_limit_is_refused_alone_and_a_failed_group_is_stored_
 
 
 def test_a_handler_gone_while_its_group_is_written_does_not_stop_the_others():
-    store = Store()
+    store = Store(gated=True)
 
     async def run():
         submitter = Submitter(store)
-        first = asyncio.ensure_future(submitter.submit("a", 10))
-        await asyncio.sleep(0)
-        gone = asyncio.ensure_future(submitter.submit("gone", 10))
-        kept = asyncio.ensure_future(submitter.submit("kept", 10))
-        while len(store.calls) < 2:  # the second group's write has begun
-            await asyncio.sleep(0)
+        (first,) = await _queued(submitter, ["a"])
+        await _began(store)
+        gone, kept = await _queued(submitter, ["gone", "kept"])
+        store.release()
+        await _began(store)  # the second group's write has begun
         gone.cancel()
         with pytest.raises(asyncio.CancelledError):
             await gone
-        return await first, await kept
+        store.release()
+        found = await first, await kept
+        submitter.close()
+        return found
 
     first, kept = asyncio.run(run())
     assert kept.tenant == "kept" and store.calls[1] == ["gone", "kept"]  # its row is stored, and runs
 
 
+def test_close_ends_the_writer_once_what_was_queued_is_stored_and_a_later_submit_starts_another():
+    store = Store()
+    submitter = Submitter(store, name="fsched-test")
+
+    async def one(tenant: str):
+        return await submitter.submit(tenant, 10)
+
+    assert asyncio.run(one("a")).tenant == "a"
+    (writer,) = [t for t in threading.enumerate() if t.name == "fsched-test"]
+    submitter.close()
+    writer.join(timeout=WAIT_S)
+    assert not writer.is_alive()
+    assert asyncio.run(one("b")).tenant == "b"
+    submitter.close()
+    assert store.threads == ["fsched-test", "fsched-test"]
+
+
 def test_a_servers_group_commit_runs_in_its_own_thread_one_group_at_a_time():
-    """The server's store of a group: on the group commit's own thread (api/ownthread.py, not a worker
-    taken from anyio's pool), the same thread for every group; it ends with the server."""
-    import threading
+    """The server's store of a group: on the group commit's own thread, not a worker taken from anyio's
+    pool, the same thread for every group; it ends with the server."""
     from types import SimpleNamespace
 
     from fsched.api.state import ServerState
