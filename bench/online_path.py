@@ -2,7 +2,7 @@
 the same client through `fsched serve` + `fsched daemon --engine URL`, in one run.
 
     .venv/bin/python bench/online_path.py [--concurrency 1 8 32 128 256] [--backends sqlite postgresql]
-        [--replicas 1 2] [--loaded] [--no-link] [--profile DIR] [--stamps [DIR]]
+        [--replicas 1 2] [--workers N] [--loaded] [--no-link] [--profile DIR] [--stamps [DIR]]
         [--vllm [--engine-nice 10]] [--arrivals closed|poisson [--seed 0]] [--repeat N] [--client sdk|light]
 
 The engine is the paced stand-in (tests/support/paced_engine.py, its own
@@ -13,7 +13,9 @@ requests at each concurrency, `concurrency` of them open at a time. Per
 arm: tok/s (content chunks / wall time), TTFT p50 and p99 (request sent to
 first content chunk). fsched: serve and daemon in separate processes, over
 a fresh table on each backend; `--replicas 2` puts two `fsched serve` behind
-one table, the clients alternating between them. `--loaded`: another
+one table, the clients alternating between them; `--workers N`: each server
+runs N worker processes on its one port (`fsched serve --workers N`; serve's
+CPU is then its workers'). `--loaded`: another
 tenant's batch job fills the engine first (twice its slots in requests of
 about 100 s of tokens each, at most 8,000) and the client's key is
 realtime; its TTFT is compared with the idle direct engine's.
@@ -90,7 +92,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from fast_path import FSCHED, TICK, Engine, Table, cpu_s, postgres_cpu_s  # noqa: E402
+from fast_path import FSCHED, TICK, Engine, Table, children, cpu_s, postgres_cpu_s  # noqa: E402
 
 from fsched.core.stamps import TAG_HEADER  # noqa: E402
 
@@ -255,7 +257,7 @@ class Fsched:
     """A table, a daemon in front of the engine, and `replicas` servers."""
 
     def __init__(self, engine: Engine | Vllm, backend: str, folder: Path, replicas: int, link: bool,
-                 stamps: Path | None = None):
+                 stamps: Path | None = None, workers: int = 1):
         self.table = Table(backend, folder)
         if stamps is not None:  # every process notes each online request's stages (core/stamps.py)
             stamps.mkdir(parents=True, exist_ok=True)
@@ -269,7 +271,9 @@ class Fsched:
                                         str(engine.slots), *api, *([] if link else ["--link", "off"]))
         self.procs.append(self.daemon)
         self.ports = [free_port() for _ in range(replicas)]
-        self.servers = [subprocess.Popen([FSCHED, "serve", "--port", str(p), "--no-access-log"],
+        self.workers = workers
+        self.servers = [subprocess.Popen([FSCHED, "serve", "--port", str(p), "--no-access-log",
+                                          "--workers", str(workers)],
                                          env=self.table.env, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL) for p in self.ports]
         self.procs += self.servers
@@ -278,6 +282,13 @@ class Fsched:
     @property
     def urls(self) -> list[str]:
         return [f"http://127.0.0.1:{p}" for p in self.ports]
+
+    def server_pids(self) -> dict[str, int]:
+        """Each server's process, or with `--workers` each of its workers (the supervisor does no work)."""
+        if self.workers == 1:
+            return {f"serve{i}": s.pid for i, s in enumerate(self.servers)}
+        return {f"serve{i}.w{j}": pid for i, s in enumerate(self.servers)
+                for j, pid in enumerate(sorted(children(s.pid)))}
 
     def _key(self, tenant: str) -> str:
         from fsched.core.types import RequestClass
@@ -498,7 +509,8 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         stamps = None if args.stamps is None else Path(args.stamps or tmp) / f"stamps-{backend}-{os.getpid()}"
-        f = Fsched(engine, backend, Path(tmp), replicas, link=not args.no_link, stamps=stamps)
+        f = Fsched(engine, backend, Path(tmp), replicas, link=not args.no_link, stamps=stamps,
+                   workers=args.workers)
         try:
             if args.loaded:
                 # about 100 s of tokens, within the paced engine's context (8,192) at a faster pace
@@ -508,7 +520,7 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
                 model = f.served_model()
                 warm_up(f.urls, f.key, model)
             for c in args.concurrency:
-                pids = {"daemon": f.daemon.pid, **{f"serve{i}": s.pid for i, s in enumerate(f.servers)}}
+                pids = {"daemon": f.daemon.pid, **f.server_pids()}
                 idle = idle_cpu(pids) if isinstance(engine, Vllm) else None
                 cpu0 = {n: cpu_s(p) for n, p in pids.items()}
                 spies = []
@@ -529,7 +541,8 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
                 cpu = {n: round(1e6 * (cpu_s(p) - cpu0[n]) / max(1, through["tokens"]), 1)
                        for n, p in pids.items()}
                 base = direct[c]
-                row = {"arm": "online", "backend": backend, "replicas": replicas, "loaded": args.loaded,
+                row = {"arm": "online", "backend": backend, "replicas": replicas, "workers": args.workers,
+                       "loaded": args.loaded,
                        "link": not args.no_link, "concurrency": c, "arrivals": args.arrivals,
                        "direct": base, "fsched": through,
                        "us_per_token": cpu, "ratio": round(through["tok_s"] / base["tok_s"], 3),
@@ -605,7 +618,7 @@ def table_lines(rows: list[dict]) -> list[str]:
         d, f = r["direct"], r["fsched"]
         serve = sum(v for k, v in r["us_per_token"].items() if k.startswith("serve"))
         api = " (tokens)" if r.get("engine_api") == "tokens" else ""
-        out.append(f"| {r['backend']}{api} | {r['replicas']} | {'batch-filled' if r['loaded'] else 'idle'} | "
+        out.append(f"| {r['backend']}{api} | {_servers(r)} | {'batch-filled' if r['loaded'] else 'idle'} | "
                    f"{_streams(r)} | {d['tok_s']:,.0f} | {f['tok_s']:,.0f} | {r['ratio']:.2f}x | "
                    f"{d['ttft_p50_ms']} → {f['ttft_p50_ms']} ms | "
                    f"{d['ttft_p99_ms']} → {f['ttft_p99_ms']} ms | "
@@ -615,6 +628,12 @@ def table_lines(rows: list[dict]) -> list[str]:
                       f"{d['client_us_per_token']}, {f['client_us_per_token']} | "
                       f"{d['machine_busy_cores']}, {f['machine_busy_cores']} |" if vllm else ""))
     return out
+
+
+def _servers(row: dict) -> str:
+    """A row's servers: replicas, and each one's workers when more than one."""
+    workers = row.get("workers", 1)
+    return f"{row['replicas']}" + (f" x {workers} workers" if workers > 1 else "")
 
 
 def _streams(row: dict) -> str:
@@ -722,6 +741,7 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["sqlite", "postgresql"],
                         choices=["sqlite", "postgresql"])
     parser.add_argument("--replicas", type=int, nargs="+", default=[1])
+    parser.add_argument("--workers", type=int, default=1, help="each server's processes (its --workers)")
     parser.add_argument("--loaded", action="store_true")
     parser.add_argument("--no-link", action="store_true")
     parser.add_argument("--profile", default=None)

@@ -18,13 +18,12 @@ POLL_MS = 5.0
 YOUNG_GC_THRESHOLD = 20_000
 HEADER_TIMEOUT_S = 10.0  # as api/slowclients.py's ClientDeadlines (api/ is imported only once serving)
 BODY_TIMEOUT_S = 120.0
+MAX_WORKERS = 64
 
 
-def build_backend(db: str | None):
-    """The stores a server needs, all over one database connection pool."""
-    from fsched.api.state import Backend
-
-    return Backend.of(open_table_to_serve(db, "serving the HTTP API (fsched serve)"))
+def open_table_for_serving(db: str | None):
+    """The job table a server serves (its stores all over one database connection pool)."""
+    return open_table_to_serve(db, "serving the HTTP API (fsched serve)")
 
 
 NoDaemonOption = Annotated[float, typer.Option(
@@ -37,6 +36,9 @@ SendBufferOption = Annotated[int | None, typer.Option(
     "--send-buffer-kb", help="Each connection's kernel send buffer (default: the kernel's, which grows to "
     "megabytes): the most a client that stops reading makes the server hold for it, before --stall-s "
     "counts.")]
+WorkersOption = Annotated[int, typer.Option(
+    "--workers", help="Server processes sharing the port: several event loops read a burst of requests at "
+    "once (each costs its own CPU a token). With --metrics-port P, worker i serves its /metrics on P+i.")]
 LinkOption = Annotated[bool, typer.Option(
     "--link/--no-link", help="Hear the daemons' links (pushed wake-ups and tokens); without, progress is "
     "read from the table only.")]
@@ -81,6 +83,7 @@ def serve(
     stall_s: StallOption = 30.0,
     send_buffer_kb: SendBufferOption = None,
     link: LinkOption = True,
+    workers: WorkersOption = 1,
     db: DbOption = None,
 ) -> None:
     """Serve the OpenAI API (completions, chat, the Batch API) over the job table.
@@ -88,29 +91,76 @@ def serve(
     Each API key (`fsched keys create`) is a tenant. Any number of servers may
     share one job table; the daemons do the generating (`fsched daemon`).
     """
+    uvicorn = _serving_extra()
+    _check(poll_ms, port, metrics_port, send_buffer_kb, workers)
+    from fsched.api.app import create_app
+    from fsched.api.slowclients import header_deadline_protocol
+    from fsched.api.tokens import Tokenizers
+    from fsched.core.runners.connect import codec_for_served
+
+    deadlines = _deadlines(header_timeout, body_timeout)
+    rules, parser, thinking = _rules(no_daemon_s, stall_s), _tool_parser(tool_call_parser, tokenizer), \
+        _thinking(tokenizer)
+
+    def app_for(backend, metrics_at: int | None):
+        return create_app(backend, poll_s=poll_ms / 1000, metrics_port=metrics_at,
+                          tokenizers=Tokenizers(tokenizer, load=codec_for_served),
+                          body_timeout_s=deadlines.body_timeout_s, rules=rules, link=link, tool_parser=parser,
+                          thinking=thinking)
+
+    protocol = header_deadline_protocol(deadlines.header_timeout_s)
+    config = uvicorn.Config(None, host=host, port=port, access_log=access_log, log_level="info",
+                            timeout_graceful_shutdown=5, http=protocol)
+    _serve_on(uvicorn, config, db, app_for, metrics_port, workers, send_buffer_kb)
+
+
+def _serving_extra():
+    """uvicorn, once the serve extra is known to be installed."""
     try:
         import uvicorn
 
-        from fsched.api.app import create_app
-        from fsched.api.tokens import Tokenizers
+        import fsched.api.app  # noqa: F401 - its imports are the extra's
     except ImportError as exc:
         missing = exc.name
         raise UserError(f"fsched serve needs its extra: pip install 'fsched[serve]' ({missing} is missing)") \
             from None
-    _check(poll_ms, port, metrics_port, send_buffer_kb)
-    from fsched.api.slowclients import ClientDeadlines, header_deadline_protocol
-    from fsched.core.runners.connect import codec_for_served
+    return uvicorn
+
+
+def _deadlines(header_timeout: float, body_timeout: float):
+    from fsched.api.slowclients import ClientDeadlines
 
     try:
-        deadlines = ClientDeadlines(header_timeout, body_timeout)
+        return ClientDeadlines(header_timeout, body_timeout)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    app = create_app(build_backend(db), poll_s=poll_ms / 1000,
-                     tokenizers=Tokenizers(tokenizer, load=codec_for_served), metrics_port=metrics_port,
-                     body_timeout_s=deadlines.body_timeout_s, rules=_rules(no_daemon_s, stall_s), link=link,
-                     tool_parser=_tool_parser(tool_call_parser, tokenizer), thinking=_thinking(tokenizer))
-    protocol = header_deadline_protocol(deadlines.header_timeout_s)
-    _run(uvicorn, app, host, port, metrics_port, access_log, protocol, send_buffer_kb)
+
+
+def _serve_on(uvicorn, config, db: str | None, app_for, metrics_port: int | None, workers: int,
+              send_buffer_kb: int | None) -> None:
+    """The sockets bound, then one server in this process, or `workers` of them in worker processes
+    (api/workers.py), each with its own connections to the table."""
+    from fsched.api.state import Backend
+    from fsched.storage.db import MEMORY_SCHEME
+
+    table = open_table_for_serving(db)  # checked (and its errors said) once, before any worker starts
+    if workers > 1 and table.display_url.startswith(MEMORY_SCHEME):
+        raise UserError("--workers: an in-memory table lives in one process; serve a database's table")
+    listening = _bind(uvicorn, config, metrics_port, workers, send_buffer_kb)
+    if workers == 1:
+        _run(uvicorn, app_for(Backend.of(table), metrics_port), config, listening[0])
+        return
+    table.dispose()  # none of its connections may cross a fork
+
+    def work(index: int, ready) -> None:
+        for other, sockets in enumerate(listening):
+            if other != index:
+                for sock in sockets[1:]:  # the other workers' metrics ports
+                    sock.close()
+        at = None if metrics_port is None else metrics_port + index
+        _run(uvicorn, app_for(Backend.of(open_table_for_serving(db)), at), config, listening[index], ready)
+
+    _supervise(workers, work, config.host, config.port)
 
 
 def _tool_parser(name: str, tokenizer: str | None = None) -> str:
@@ -159,11 +209,19 @@ def _thinking(tokenizer: str | None):
     return lambda messages, render: prompt_opens_reasoning(rendered(messages, render))
 
 
-def _check(poll_ms: float, port: int, metrics_port: int | None, send_buffer_kb: int | None) -> None:
+def _check(poll_ms: float, port: int, metrics_port: int | None, send_buffer_kb: int | None,
+           workers: int = 1) -> None:
     if not 0.1 <= poll_ms <= 1000:
         raise UserError(f"--poll-ms must be within 0.1..1000, got {poll_ms:g}")
-    if metrics_port is not None and metrics_port == port:
-        raise UserError("--metrics-port must differ from --port (the API port never serves /metrics)")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise UserError(f"--workers must be within 1..{MAX_WORKERS}, got {workers}")
+    if metrics_port is not None and metrics_port <= port < metrics_port + workers:
+        raise UserError("--metrics-port must differ from --port (the API port never serves /metrics)"
+                        + (f"; with --workers {workers}, ports {metrics_port}..{metrics_port + workers - 1} "
+                           "serve the workers' /metrics" if workers > 1 else ""))
+    if metrics_port is not None and metrics_port + workers - 1 > 65535:
+        raise UserError(f"--metrics-port {metrics_port}: with --workers {workers} the last worker's would be "
+                        f"{metrics_port + workers - 1}, past 65535")
     if send_buffer_kb is not None and not 4 <= send_buffer_kb <= 65536:
         raise UserError(f"--send-buffer-kb must be within 4..65536, got {send_buffer_kb}")
 
@@ -177,13 +235,32 @@ def _rules(no_daemon_s: float, stall_s: float):
         raise UserError(f"--no-daemon-s and --stall-s: {exc}") from None
 
 
-def _run(uvicorn, app, host: str, port: int, metrics_port: int | None, access_log: bool, protocol,
-         send_buffer_kb: int | None = None) -> None:
-    """One uvicorn server on the API's socket and, if asked, the metrics port's (loopback only: the
-    scraper runs on this machine, or tunnels in). On SIGTERM or SIGINT, open online requests end at
-    once (cancelled, their streams told why), so the graceful shutdown has nothing left to wait for."""
-    import asyncio
+def _bind(uvicorn, config, metrics_port: int | None, workers: int, send_buffer_kb: int | None
+          ) -> list[list]:
+    """The listening sockets, bound before any worker starts: per worker, the API's (one socket, shared
+    by every worker) then its own metrics port's (loopback only: the scraper runs on this machine, or
+    tunnels in), if asked."""
     import socket
+
+    api = config.bind_socket()
+    if send_buffer_kb is not None:  # connections inherit it: the most a stalled client makes us hold
+        api.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_kb * 1024)
+    listening = []
+    for index in range(workers):
+        sockets = [api]
+        if metrics_port is not None:
+            # log_config=None: a second logging setup would undo --no-access-log
+            metrics = uvicorn.Config(None, host="127.0.0.1", port=metrics_port + index, log_config=None)
+            sockets.append(metrics.bind_socket())
+        listening.append(sockets)
+    return listening
+
+
+def _run(uvicorn, app, config, sockets: list, ready=None) -> None:
+    """One uvicorn server on these sockets (`ready()` once it accepts connections). On SIGTERM or
+    SIGINT, open online requests end at once (cancelled, their streams told why), so the graceful
+    shutdown has nothing left to wait for."""
+    import asyncio
 
     hub = app.state.fsched.hub
 
@@ -195,19 +272,30 @@ def _run(uvicorn, app, host: str, port: int, metrics_port: int | None, access_lo
                 hub.close()
             super().handle_exit(sig, frame)
 
-    # Logs name methods, paths and statuses only: never a prompt or an output.
-    config = uvicorn.Config(app, host=host, port=port, access_log=access_log, log_level="info",
-                            timeout_graceful_shutdown=5, http=protocol)
-    sockets = [config.bind_socket()]
-    if send_buffer_kb is not None:  # connections inherit it: the most a stalled client makes us hold
-        sockets[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_kb * 1024)
-    if metrics_port is not None:
-        # log_config=None: a second logging setup would undo --no-access-log
-        metrics = uvicorn.Config(app, host="127.0.0.1", port=metrics_port, log_config=None)
-        sockets.append(metrics.bind_socket())
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and ready is not None:
+                ready()
+
+    config.app = app
     _log_fsched_lines()
     quiet_gc()
     Server(config).run(sockets=sockets)
+
+
+def _supervise(workers: int, work, host: str, port: int) -> None:
+    """Run the workers until stopped; a worker that could not start ends the command with its status."""
+    import os
+
+    from fsched.api.workers import Supervisor
+
+    def say(line: str) -> None:
+        typer.echo(f"fsched serve: {line}", err=True)
+
+    say(f"{workers} workers on http://{host}:{port} (supervisor pid {os.getpid()})")
+    status = Supervisor(workers, work, say).run()
+    if status:
+        raise typer.Exit(status)
 
 
 def quiet_gc() -> None:
