@@ -97,9 +97,13 @@ class Submitter:
         submissions = [s for s, _, _, _ in group]
         limit = min(limit for _, limit, _, _ in group)
         try:
-            return self.store(submissions, limit)
-        except Exception:  # noqa: BLE001 - each alone: a failure is then only its own
-            return [self._alone(s, limit) for s in submissions]
+            try:
+                return self.store(submissions, limit)
+            except Exception:  # noqa: BLE001 - each alone: a failure is then only its own
+                return [self._alone(s, limit) for s in submissions]
+        except BaseException as exc:  # noqa: BLE001 - the writer goes on: its handlers hear why, none hangs
+            failed = RuntimeError(f"the group commit stopped: {exc!r}")  # an error its handlers answer
+            return [failed] * len(group)
 
     def _alone(self, submission: JobSubmission, limit: int) -> Outcome | BaseException:
         try:

@@ -188,3 +188,24 @@ def test_a_servers_group_commit_runs_in_its_own_thread_one_group_at_a_time():
     assert (first.tenant, second.tenant) == ("a", "b")
     assert len(threads) == 2 and threads[0] == threads[1] and threads[0].startswith("fsched-submit")
     state.close()
+
+
+def test_a_store_that_raises_past_exception_fails_its_group_and_the_writer_goes_on():
+    """Whatever a store raises reaches its handlers; the writer thread stays, so no later request hangs."""
+    calls: list[list[str]] = []
+
+    def store(group, limit):
+        calls.append(list(group))
+        if "stop" in group:
+            raise SystemExit("not an Exception")
+        return [_job(len(calls), tenant) for tenant in group]
+
+    async def run():
+        submitter = Submitter(store)
+        with pytest.raises(RuntimeError, match="SystemExit"):
+            await submitter.submit("stop", 10)
+        after = await submitter.submit("after", 10)
+        submitter.close()
+        return after
+
+    assert asyncio.run(run()).tenant == "after" and calls == [["stop"], ["after"]]
