@@ -109,6 +109,7 @@ def serve(
                           thinking=thinking)
 
     protocol = header_deadline_protocol(deadlines.header_timeout_s)
+    # Logs name methods, paths and statuses only: never a prompt or an output.
     config = uvicorn.Config(None, host=host, port=port, access_log=access_log, log_level="info",
                             timeout_graceful_shutdown=5, http=protocol)
     _serve_on(uvicorn, config, db, app_for, metrics_port, workers, send_buffer_kb)
