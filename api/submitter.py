@@ -71,6 +71,9 @@ class Submitter:
             group, ending = self._gathered(first)
             began = time.time()
             outcomes = self._stored(group)
+            if len(outcomes) != len(group):  # a store that broke its word: every handler hears it
+                broken = RuntimeError(f"the group commit answered {len(outcomes)} of {len(group)} jobs")
+                outcomes = [broken] * len(group)
             for loop in {loop for _, _, loop, _ in group}:
                 mine = [(w, o) for w, o in zip(group, outcomes, strict=True) if w[2] is loop]
                 try:

@@ -97,16 +97,17 @@ class Supervisor:
                 waiting[fd].ready = os.read(fd, 1) != b""  # nothing: it exited without serving
         else:
             time.sleep(POLL_S)
-        while self.workers:
-            pid, wait_status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            self._ended(pid, os.waitstatus_to_exitcode(wait_status))
+        for pid in list(self.workers):  # its own workers only: no other child's status is taken
+            done, wait_status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                self._ended(pid, os.waitstatus_to_exitcode(wait_status))
         if self.stopping_since is not None and time.monotonic() - self.stopping_since > STOP_GRACE_S:
             self._signal_all(signal.SIGKILL)
 
     def _ended(self, pid: int, code: int) -> None:
         worker = self.workers.pop(pid)
+        if not worker.ready:  # its byte may have come after the last look (nothing blocks: it is gone)
+            worker.ready = os.read(worker.ready_fd, 1) != b""
         os.close(worker.ready_fd)
         if self.stopping_since is not None:
             return

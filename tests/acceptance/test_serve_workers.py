@@ -53,6 +53,19 @@ def _streamed_chat(server: Server, key: str) -> str:
     return events[-1]
 
 
+def _both_serving(server: Server, timeout: float = 60) -> None:
+    """Both workers have started: each one's own metrics port answers."""
+    deadline = time.monotonic() + timeout
+    for worker in (0, 1):
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{server.metrics_port + worker}/metrics", timeout=5)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, f"worker {worker} did not start"
+                time.sleep(0.1)
+
+
 def _served(server: Server, worker: int) -> int:
     """The requests worker `worker` answered, by its own /metrics (its end-to-end latency histogram)."""
     text = httpx.get(f"http://127.0.0.1:{server.metrics_port + worker}/metrics", timeout=10).text
@@ -76,6 +89,7 @@ def test_two_workers_share_the_port_each_with_its_own_metrics(server):
 def test_a_killed_worker_is_replaced_and_a_stop_ends_them_all(server):
     key = server.key("bob", "realtime")
     supervisor = server.procs[-1]
+    _both_serving(server)  # one killed while it starts would count as a worker that cannot start
     first = _workers(supervisor.pid)
     assert len(first) == 2
     killed = min(first)
