@@ -209,3 +209,21 @@ def test_a_store_that_raises_past_exception_fails_its_group_and_the_writer_goes_
         return after
 
     assert asyncio.run(run()).tenant == "after" and calls == [["stop"], ["after"]]
+
+
+def test_a_store_that_answers_fewer_outcomes_than_jobs_fails_each_handler_and_the_writer_goes_on():
+    answers = iter([[], None])
+
+    def store(group, limit):
+        found = next(answers)
+        return found if found is not None else [_job(1, tenant) for tenant in group]
+
+    async def run():
+        submitter = Submitter(store)
+        with pytest.raises(RuntimeError, match="answered 0 of 1"):
+            await submitter.submit("a", 10)
+        after = await submitter.submit("b", 10)
+        submitter.close()
+        return after
+
+    assert asyncio.run(run()).tenant == "b"
