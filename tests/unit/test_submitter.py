@@ -190,6 +190,20 @@ def test_a_servers_group_commit_runs_in_its_own_thread_one_group_at_a_time():
     state.close()
 
 
+def _fails_then_goes_on(store, first: str, then: str, why: str):
+    """`first` submitted to a writer over `store`, refused with a RuntimeError saying `why`; then `then`,
+    stored by the same writer (none hangs); the outcome of `then`."""
+    async def run():
+        submitter = Submitter(store)
+        with pytest.raises(RuntimeError, match=why):
+            await submitter.submit(first, 10)
+        after = await submitter.submit(then, 10)
+        submitter.close()
+        return after
+
+    return asyncio.run(run())
+
+
 def test_a_store_that_raises_past_exception_fails_its_group_and_the_writer_goes_on():
     """Whatever a store raises reaches its handlers; the writer thread stays, so no later request hangs."""
     calls: list[list[str]] = []
@@ -200,15 +214,8 @@ def test_a_store_that_raises_past_exception_fails_its_group_and_the_writer_goes_
             raise SystemExit("not an Exception")
         return [_job(len(calls), tenant) for tenant in group]
 
-    async def run():
-        submitter = Submitter(store)
-        with pytest.raises(RuntimeError, match="SystemExit"):
-            await submitter.submit("stop", 10)
-        after = await submitter.submit("after", 10)
-        submitter.close()
-        return after
-
-    assert asyncio.run(run()).tenant == "after" and calls == [["stop"], ["after"]]
+    assert _fails_then_goes_on(store, "stop", "after", "SystemExit").tenant == "after"
+    assert calls == [["stop"], ["after"]]
 
 
 def test_a_store_that_answers_fewer_outcomes_than_jobs_fails_each_handler_and_the_writer_goes_on():
@@ -218,12 +225,4 @@ def test_a_store_that_answers_fewer_outcomes_than_jobs_fails_each_handler_and_th
         found = next(answers)
         return found if found is not None else [_job(1, tenant) for tenant in group]
 
-    async def run():
-        submitter = Submitter(store)
-        with pytest.raises(RuntimeError, match="answered 0 of 1"):
-            await submitter.submit("a", 10)
-        after = await submitter.submit("b", 10)
-        submitter.close()
-        return after
-
-    assert asyncio.run(run()).tenant == "b"
+    assert _fails_then_goes_on(store, "a", "b", "answered 0 of 1").tenant == "b"
