@@ -90,11 +90,8 @@ class ServerState:
         if self._submitter is None:
             # Its own thread, not `call`'s hop (anyio's capacity limiter, cancel scope and checkpoint,
             # a worker taken and put back: a tenth of serve's CPU with 4-token requests).
-            self._submitter = Submitter(self._store_group)
+            self._submitter = Submitter(self.backend.jobs.submit_each)
         return await self._submitter.submit(submission, max_queued_per_tenant)
-
-    def _store_group(self, group, limit: int):
-        return self.backend.jobs.submit_each(group, max_queued_per_tenant=limit)
 
     def close(self) -> None:
         """The server stops: the group commit's thread ends once its last transaction is done."""

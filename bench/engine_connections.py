@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import sys
 import tempfile
@@ -36,15 +35,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from fast_path import Engine, cpu_s  # noqa: E402
+from fast_path import Engine, cpu_s, own_cpu_s  # noqa: E402
 
 from fsched.core.runners import streams as streams_module  # noqa: E402
 from fsched.core.runners.streams import Streams  # noqa: E402
-
-
-def own_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def body(engine: str, model: str, n: int, tokens: int) -> dict:

@@ -79,7 +79,6 @@ import asyncio
 import itertools
 import json
 import os
-import resource
 import socket
 import statistics
 import subprocess
@@ -92,7 +91,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from fast_path import FSCHED, TICK, Engine, Table, children, cpu_s, postgres_cpu_s  # noqa: E402
+from fast_path import FSCHED, TICK, Engine, Table, children, cpu_s, own_cpu_s, postgres_cpu_s  # noqa: E402
 
 from fsched.core.stamps import TAG_HEADER  # noqa: E402
 
@@ -444,12 +443,6 @@ def measured(engine, urls: list[str], key: str, model: str, concurrency: int, ro
     got["postgres_us_per_token"] = round(1e6 * (postgres_cpu_s() - db) / n, 1)
     got["machine_busy_cores"] = round((machine_busy_s() - busy) / got["wall_s"], 2)
     return got
-
-
-def own_cpu_s() -> float:
-    """CPU seconds this process (the client) has used so far."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def machine_busy_s() -> float:
