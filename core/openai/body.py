@@ -63,8 +63,8 @@ def parse_body(
     `tenant`: whose body it is (grammars are checked for the tenants in turn)."""
     values = checked_values(endpoint, body, limits, online)
     params = _sampling(endpoint, values, limits, default_max_tokens, tenant)
-    answer = _answer(endpoint, values)
-    params, answer, render = _tools(values, params, replace(answer, tool_parser=tool_parser), tenant)
+    answer = _answer(endpoint, values, tool_parser)
+    params, answer, render = _tools(values, params, answer, tenant)
     # A grammar (response_format, a required or named call) holds the answer from its first token, so
     # the answer never starts inside the reasoning block a template may have opened: it is read as
     # content (or calls), not as reasoning that never closes.
@@ -193,7 +193,7 @@ def _response_format(value: dict | None, tenant: str = "") -> ResponseFormat | N
     return chosen
 
 
-def _answer(endpoint: Endpoint, values: dict) -> AnswerOptions:
+def _answer(endpoint: Endpoint, values: dict, tool_parser: str) -> AnswerOptions:
     logprobs = values.get("logprobs") is not None if endpoint is Endpoint.COMPLETIONS \
         else bool(values.get("logprobs"))
     return AnswerOptions(
@@ -203,6 +203,7 @@ def _answer(endpoint: Endpoint, values: dict) -> AnswerOptions:
         logprobs=logprobs,
         token_ids=bool(values.get("return_token_ids")),
         tokens_as_ids=bool(values.get("return_tokens_as_token_ids")),
+        tool_parser=tool_parser,
     )
 
 
@@ -218,8 +219,9 @@ def _tools(values: dict, params: SamplingParams, answer: AnswerOptions, tenant: 
     render = ChatRender(tuple(tools), tuple(sorted(kwargs.items())))
     if choice == "none" or (choice == "auto" and not tools):
         # a model's own response template reads its reasoning with or without tools
-        parser = answer.tool_parser if is_template(answer.tool_parser) else AUTO
-        return params, replace(answer, tool_parser=parser), render
+        if is_template(answer.tool_parser) or answer.tool_parser == AUTO:
+            return params, answer, render  # unchanged: no `replace` (17 µs of a 95 µs parse)
+        return params, replace(answer, tool_parser=AUTO), render
     if not tools:
         raise InputError("needs tools (there is no function to call)", "tool_choice")
     named = choice["function"]["name"] if isinstance(choice, dict) else None
