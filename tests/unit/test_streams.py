@@ -53,6 +53,16 @@ def test_plain_chunks_read_without_json_equal_the_json_reading():
     assert _plain_chunk(tricky.encode()) == ([1], None)  # a key's bytes inside a string are escaped
     two = {"choices": [{"token_ids": [1], "finish_reason": None}, {"token_ids": [2], "finish_reason": None}]}
     assert _plain_chunk(json.dumps(two).encode()) is None
+    for choice in ({"finish_reason": "length", "token_ids": [12, 7, 0]},  # the keys in either order
+                   {"token_ids": [3], "stop_reason": "x", "finish_reason": "stop"},
+                   {"token_ids": [], "finish_reason": None},
+                   {"finish_reason": None, "token_ids": [4], "text": "] [5] null"}):
+        for separators in ((",", ":"), (", ", ": ")):
+            data = json.dumps({"choices": [choice]}, separators=separators).encode()
+            assert _plain_chunk(data) == (choice["token_ids"], choice["finish_reason"]), data
+    for odd in ({"token_ids": None, "finish_reason": None}, {"token_ids": [1], "finish_reason": 'st"op'},
+                {"token_ids": [1]}, {"token_ids": [1.5], "finish_reason": None}):
+        assert _plain_chunk(json.dumps({"choices": [odd]}).encode()) is None, odd  # the general path reads it
     assert _parsed(b"HTTP/1.0 200 OK\r\n\r\ndata: " + tricky.encode() + b"\n\ndata: [DONE]\n\n").tokens == [1]
 
 
