@@ -30,7 +30,7 @@ def fast(split_special_tokens: bool = False) -> PreTrainedTokenizerFast:
     return tok
 
 
-def transformers_only(monkeypatch) -> list[int]:
+def calls_through_transformers(monkeypatch) -> list[int]:
     """Count the calls that go through transformers' encoding."""
     calls: list[int] = []
     original = TokenizersBackend._encode_plus
@@ -47,7 +47,7 @@ def transformers_only(monkeypatch) -> list[int]:
 def test_the_backend_encodes_as_transformers_does(monkeypatch, special: bool) -> None:
     tok = fast()
     expected = [tok(text, add_special_tokens=special)["input_ids"] for text in TEXTS]
-    calls = transformers_only(monkeypatch)
+    calls = calls_through_transformers(monkeypatch)
     assert [encode_text(tok, text, special) for text in TEXTS] == expected
     assert calls == []
 
@@ -57,7 +57,7 @@ def test_a_chat_prompt_is_what_apply_chat_template_tokenizes(monkeypatch) -> Non
     expected = list(tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)["input_ids"])
     plain = tok("plain words")["input_ids"]
     only = TokenizerOnly(tok, "t", "/nowhere", 512, frozenset())
-    calls = transformers_only(monkeypatch)
+    calls = calls_through_transformers(monkeypatch)
     assert encode_prompt(only, None, MESSAGES) == expected
     assert encode_prompt(only, "plain words") == plain
     assert calls == []
@@ -66,7 +66,7 @@ def test_a_chat_prompt_is_what_apply_chat_template_tokenizes(monkeypatch) -> Non
 def test_a_backend_left_truncating_encodes_through_transformers(monkeypatch) -> None:
     tok = fast()
     tok._tokenizer.enable_truncation(max_length=3)
-    calls = transformers_only(monkeypatch)
+    calls = calls_through_transformers(monkeypatch)
     ids = encode_text(tok, "plain words and more words", True)
     assert calls == [1]
     assert len(ids) > 3  # transformers turns the backend's truncation off for a call that asks none
@@ -77,7 +77,7 @@ def test_a_tokenizer_splitting_special_tokens_encodes_as_it_says(monkeypatch) ->
     expected = fast(split_special_tokens=True)(TEXTS[3], add_special_tokens=False)["input_ids"]
     assert 1 not in expected and 2 not in expected  # the markers are split as text
     tok = fast(split_special_tokens=True)
-    calls = transformers_only(monkeypatch)
+    calls = calls_through_transformers(monkeypatch)
     assert encode_text(tok, TEXTS[3], False) == expected
     assert calls == []
     tok._tokenizer.encode_special_tokens = False  # a backend told otherwise: through transformers
