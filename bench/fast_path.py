@@ -64,16 +64,23 @@ def own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (from /proc)."""
+def processes_with(field: int, value: int) -> list[int]:
+    """The processes whose `field` of /proc/PID/stat (counted after the command's name: 1 the parent,
+    3 the session) is `value`."""
     found = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+            stat = (proc / "stat").read_text() if proc.name.isdigit() else None
+            if stat is not None and int(stat.rsplit(")", 1)[1].split()[field]) == value:
                 found.append(int(proc.name))
         except (OSError, ValueError, IndexError):
             continue
     return found
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    return processes_with(1, pid)
 
 
 def postgres_cpu_s() -> float:

@@ -39,11 +39,17 @@ import online_path  # noqa: E402
 from fast_path import TICK, Engine, cpu_s  # noqa: E402
 
 
-def launcher(tree: Path, folder: Path) -> str:
-    """An `fsched` command running the sources in `tree` (as package `fsched`) with this interpreter."""
+def package_of(tree: Path, folder: Path) -> Path:
+    """A folder, made in `folder`, that holds the sources in `tree` as package `fsched` (for PYTHONPATH)."""
     package = folder / "pkg"
     package.mkdir(parents=True)
     (package / "fsched").symlink_to(tree.resolve())
+    return package
+
+
+def launcher(tree: Path, folder: Path) -> str:
+    """An `fsched` command running the sources in `tree` (as package `fsched`) with this interpreter."""
+    package = package_of(tree, folder)
     path = folder / "fsched"
     code = 'import sys; sys.argv[0] = "fsched"; from fsched.cli.main import app; sys.exit(app())'
     path.write_text(f"#!/bin/sh\nPYTHONPATH={package} exec {sys.executable} -c '{code}' \"$@\"\n")

@@ -91,7 +91,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from fast_path import FSCHED, TICK, Engine, Table, children, cpu_s, own_cpu_s, postgres_cpu_s  # noqa: E402
+from fast_path import (  # noqa: E402
+    FSCHED,
+    TICK,
+    Engine,
+    Table,
+    children,
+    cpu_s,
+    own_cpu_s,
+    postgres_cpu_s,
+    processes_with,  # noqa: E402
+)
 
 from fsched.core.stamps import TAG_HEADER  # noqa: E402
 
@@ -393,14 +403,11 @@ class Vllm:
 
     def cpu_s(self) -> float:
         """CPU seconds used so far by the server's whole session (API server and engine core)."""
-        sid, total = self.server.proc.pid, 0.0
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
+        total = 0.0
+        for pid in processes_with(3, self.server.proc.pid):  # its session
             try:
-                if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3]) == sid:  # its session
-                    total += cpu_s(int(proc.name))
-            except (OSError, ValueError, IndexError):
+                total += cpu_s(pid)
+            except (OSError, ValueError, IndexError):  # ended meanwhile
                 continue
         return total
 

@@ -29,6 +29,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from online_ab import package_of  # noqa: E402
 
 PROBE = r'''
 import json, sys, time
@@ -79,14 +82,11 @@ print(json.dumps({
 '''
 
 
-def run_tree(tree: Path, folder: Path, calls: int) -> dict[str, float]:
-    package = folder / str(abs(hash(tree)))
-    if not package.exists():
-        package.mkdir(parents=True)
-        (package / "fsched").symlink_to(tree.resolve())
+def run_tree(tree: Path, package: Path, calls: int) -> dict[str, float]:
+    """The probe's figures for the sources in `package` (a folder holding them as package `fsched`)."""
     out = subprocess.run([sys.executable, "-c", PROBE, str(calls)], capture_output=True, text=True,
                          env={"PYTHONPATH": str(package), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
-                         cwd=folder)
+                         cwd=package)
     if out.returncode:
         raise SystemExit(f"{tree}: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -100,9 +100,10 @@ def main() -> None:
     args = parser.parse_args()
     got: dict[Path, list[dict]] = {tree: [] for tree in args.trees}
     with tempfile.TemporaryDirectory() as tmp:
+        packages = [package_of(tree, Path(tmp) / str(i)) for i, tree in enumerate(args.trees)]
         for _ in range(args.rounds):
-            for tree in args.trees:
-                got[tree].append(run_tree(tree, Path(tmp), args.calls))
+            for tree, package in zip(args.trees, packages, strict=True):
+                got[tree].append(run_tree(tree, package, args.calls))
     parts = list(got[args.trees[0]][0])
     print(f"| part | {' | '.join(str(t) for t in args.trees)} |")
     print(f"|---|{'---|' * len(args.trees)}")
