@@ -9,7 +9,6 @@ from __future__ import annotations
 import secrets
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import replace
 from itertools import islice
 
 from sqlalchemy import (
@@ -136,7 +135,7 @@ def _request_row(job_id: int, idx: int, spec, now: float) -> dict:
         "prompt": spec.prompt,
         "messages": [m.to_json() for m in spec.messages] if spec.messages else None,
         "render": spec.render.to_json(),
-        "params": _with_seed(spec.params).to_json(),
+        "params": _seeded(spec.params.to_json()),
         "max_tokens": spec.params.max_tokens,
         "model": spec.model,
         "state": RowState.QUEUED.value,
@@ -150,9 +149,14 @@ def _request_row(job_id: int, idx: int, spec, now: float) -> dict:
     }
 
 
-def _with_seed(params):
-    """Every stored request has a seed, so its sampling replays after a restart."""
-    return params if params.seed is not None else replace(params, seed=secrets.randbits(63))
+def _seeded(params: dict) -> dict:
+    """Every stored request has a seed, so its sampling replays after a restart: `params` (a request's
+    sampling parameters as stored) with one drawn where the request named none. The seed goes into the
+    stored form itself: a copy of the parameters with it would check every field again, which cost more
+    than the rest of the row's making."""
+    if params["seed"] is None:
+        params["seed"] = secrets.randbits(63)
+    return params
 
 
 # -- PostgreSQL's group commit: statements sent together, a batch a round trip (storage/kept.py) ------------
