@@ -230,9 +230,10 @@ def apply_deltas(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
     writes = []
     for job in _locked(tx, sorted(deltas)):
         delta = deltas[job.id]
-        counts = replace(job_counts(job), num_running=job.num_running + delta.running + delta.claimed,
-                         num_done=job.num_done + delta.done, num_failed=job.num_failed + delta.failed,
-                         num_cancelled=job.num_cancelled + delta.cancelled)
+        counts = JobCounts(num_requests=job.num_requests,
+                           num_running=job.num_running + delta.running + delta.claimed,
+                           num_done=job.num_done + delta.done, num_failed=job.num_failed + delta.failed,
+                           num_cancelled=job.num_cancelled + delta.cancelled)
         state = derive_job_state(counts, started=job.started_at is not None or delta.claimed > 0,
                                  cancel_requested=job.cancel_requested_at is not None)
         writes.append({"b_id": job.id, "b_running": counts.num_running, "b_done": counts.num_done,

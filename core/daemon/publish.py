@@ -17,7 +17,6 @@ is not held back by the write (a transaction, 4-10 ms p50 on PostgreSQL under lo
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Protocol
 
 from fsched.core.daemon.engine import EngineResult
@@ -75,7 +74,7 @@ class Publisher:
                 if self._redraws_of(held):
                     self._ending.append((conn, self._end(held, result)))  # pushed once written
                 else:
-                    ends.setdefault(conn, []).append(replace(self._end(held, result), finished_at=now))
+                    ends.setdefault(conn, []).append(self._end(held, result, finished_at=now))
                     stamp("end_pushed", held.job_id)
                 continue
             pushed.append((conn, held))
@@ -120,7 +119,8 @@ class Publisher:
         """The step's completions are in the table: push the ends that waited for it."""
         lines: dict[object, list[Message]] = {}
         for conn, end in self._ending:
-            lines.setdefault(conn, []).append(replace(end, finished_at=now))
+            end.finished_at = now  # this publisher's own message, not sent before
+            lines.setdefault(conn, []).append(end)
             stamp("end_pushed", end.job)
         self._ending = []
         self.link.send(lines)
@@ -128,14 +128,15 @@ class Publisher:
             for request_id in [rid for rid in self._settled if rid not in self.holdings]:
                 self.forget(request_id)
 
-    def _end(self, held, result: EngineResult) -> End:
+    def _end(self, held, result: EngineResult, finished_at: float | None = None) -> End:
         self.forget(result.id)
         done = result.status.succeeded
         return End(held.job_id, str(result.id), result.status,
                    text=result.text if done else "", tokens=len(result.tokens),
                    prompt_tokens=result.prompt_tokens,
                    error=None if done else result.error, model=self.model,
-                   first_token_at=self.holdings.first_token_at(held), enqueued_at=held.enqueued_at)
+                   first_token_at=self.holdings.first_token_at(held), enqueued_at=held.enqueued_at,
+                   finished_at=finished_at)
 
     def forget(self, request_id: RequestId) -> None:
         self._settled.pop(request_id, None)
