@@ -29,13 +29,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from sqlalchemy import Float, bindparam, select, update
 
 from fsched.core.sched.request import Request
-from fsched.core.types import JobState, RequestClass
+from fsched.core.types import RequestClass
 from fsched.storage.counters import CountDelta
 from fsched.storage.db import database_clock
 from fsched.storage.direct import DirectConnection, Tx
 from fsched.storage.logprobs import read_whole as read_logprobs
 from fsched.storage.prepared import Prepared, listed, one_of
 from fsched.storage.rows import (
+    UNFINISHED_JOB_STATES,
     WAITING,
     RowState,
     claimed_request,
@@ -48,7 +49,6 @@ IN_CHUNK = 400  # ids a statement names at once (SQLite's older builds bind at m
 
 # Jobs with work to take: by the state's index (a table of many finished online jobs is not read), a
 # cancelling job's mark excluding it as any cancelled job's does.
-UNFINISHED_JOB_STATES = [s.value for s in JobState if not s.finished]
 CANDIDATE_JOBS = Prepared(
     select(jobs.c.id, jobs.c.tenant, jobs.c["class"].label("request_class"), jobs.c.priority,
            jobs.c.num_requests, WAITING.label("waiting"))

@@ -71,6 +71,9 @@ def status_of_row(state: str, finish_reason: str | None = None) -> RequestStatus
 
 
 FINISHED_JOB_STATES = [s.value for s in JobState if s.finished]
+# A filter of unfinished jobs names these states (`state IN`): the state's indexes then read the unfinished
+# jobs alone, where `state NOT IN` the finished ones read every job ever submitted (one a streamed chat).
+UNFINISHED_JOB_STATES = [s.value for s in JobState if not s.finished]
 WAITING_REQUEST_STATES = [RowState.QUEUED.value, RowState.PREEMPTED.value]
 
 # A job's requests not yet ended (waiting or running), and those of them waiting:

@@ -45,6 +45,7 @@ from fsched.storage.prepared import Prepared
 from fsched.storage.rows import (
     FINISHED_JOB_STATES,
     PROGRESS_COLUMNS,
+    UNFINISHED_JOB_STATES,
     WAITING,
     WAITING_REQUEST_STATES,
     RowState,
@@ -163,7 +164,7 @@ class SqlCatalogStore(SqlStoreBase):
             query = query.where(jobs.c.origin.in_(doors) if interactive else jobs.c.origin.not_in(doors))
         with self.db.read() as conn:
             active = conn.execute(
-                query.where(jobs.c.state.not_in(FINISHED_JOB_STATES)).order_by(jobs.c.id)
+                query.where(jobs.c.state.in_(UNFINISHED_JOB_STATES)).order_by(jobs.c.id)
             ).all()
             finished = []
             if include_finished or job_id is not None:
@@ -191,7 +192,7 @@ class SqlCatalogStore(SqlStoreBase):
                 func.sum(WAITING).label("queued"),
                 func.sum(jobs.c.num_running).label("running"),
             )
-            .where(jobs.c.state.not_in(FINISHED_JOB_STATES))
+            .where(jobs.c.state.in_(UNFINISHED_JOB_STATES))
             .group_by(jobs.c.tenant)
             .subquery()
         )
@@ -331,7 +332,7 @@ class SqlCatalogStore(SqlStoreBase):
             if not conn.execute(select(tenants.c.name).where(tenants.c.name == name)).first():
                 raise UnknownTenant(name)
             unfinished = conn.execute(
-                select(func.count()).where(jobs.c.tenant == name, jobs.c.state.not_in(FINISHED_JOB_STATES))
+                select(func.count()).where(jobs.c.tenant == name, jobs.c.state.in_(UNFINISHED_JOB_STATES))
             ).scalar_one()
             if unfinished:
                 raise TenantBusy(

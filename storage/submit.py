@@ -37,8 +37,8 @@ from fsched.core.types import JobState
 from fsched.storage.direct import DirectConnection, Tx
 from fsched.storage.kept import Batches, KeptWriter
 from fsched.storage.models import ApiKeyRow
-from fsched.storage.prepared import Prepared, listed, recordset
-from fsched.storage.rows import FINISHED_JOB_STATES, UNFINISHED, RowState, jobs, requests, tenants
+from fsched.storage.prepared import Prepared, listed, one_of, recordset
+from fsched.storage.rows import UNFINISHED, UNFINISHED_JOB_STATES, RowState, jobs, requests, tenants
 
 INSERT_CHUNK = 5_000
 
@@ -48,7 +48,7 @@ TENANTS_LOCKED = select(tenants.c.name).where(tenants.c.name.in_(_NAMES)).with_f
 EXISTING_TENANTS = select(tenants.c.name).where(tenants.c.name.in_(_NAMES))
 UNFINISHED_BY_TENANT = (
     select(jobs.c.tenant, func.sum(UNFINISHED))
-    .where(jobs.c.tenant.in_(_NAMES), jobs.c.state.not_in(FINISHED_JOB_STATES))
+    .where(jobs.c.tenant.in_(_NAMES), one_of(jobs.c.state, UNFINISHED_JOB_STATES))
     .group_by(jobs.c.tenant)
 )
 _KEYS = ApiKeyRow.__table__
@@ -176,7 +176,7 @@ def _any(column: ColumnElement, param: str) -> ColumnElement:
 
 
 def _unfinished_jobs() -> ColumnElement:
-    return jobs.c.state.not_in([literal(s, jobs.c.state.type) for s in FINISHED_JOB_STATES])
+    return one_of(jobs.c.state, UNFINISHED_JOB_STATES)
 
 
 _LOCKED_NAMES = select(tenants.c.name).where(_any(tenants.c.name, "b_names")).with_for_update()
