@@ -128,7 +128,8 @@ def main() -> None:
     print(f"\n| tree | backend | {' | '.join(f'{name} fresh → aged' for name in FIGURES)} |")
     print("|---|---|" + "---|" * len(FIGURES))
     for r in rows:
-        cells = [f"{r['fresh'][k]} → {r['aged'][k]} ({r['aged'][k] / max(r['fresh'][k], 1e-9):.2f}x)"
+        fresh, aged = r["fresh"], r["aged"]
+        cells = [f"{fresh[k]} → {aged[k]} ({aged[k] / fresh[k]:.2f}x)" if fresh[k] > 0 else "-"
                  for k in FIGURES]
         print(f"| {r['tree']} | {r['backend']} | {' | '.join(cells)} |")
 
