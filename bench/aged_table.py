@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fast_path  # noqa: E402
 import online_ab  # noqa: E402
 import online_path  # noqa: E402
-from fast_path import Engine, postgres_cpu_s  # noqa: E402
-from request_cpu import run_ns  # noqa: E402
+import request_cpu  # noqa: E402
+from fast_path import Engine  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 FILL_CHUNK = 20_000
@@ -71,22 +71,13 @@ def age(table: fast_path.Table, finished: int) -> float:
     return time.time() - began
 
 
-def measured(f: online_path.Fsched, args) -> dict:
-    """The load once (after a warm-up): CPU per request of serve, the daemon and PostgreSQL; first tokens."""
-    online_path.warm_up(f.urls, f.key, "fsched")
-    time.sleep(1.0)
-    serve, daemon = f.servers[0].pid, f.daemon.pid
-    s0, d0, p0 = sum(run_ns(serve)), sum(run_ns(daemon)), postgres_cpu_s()
-    got = online_path.load(f.urls, f.key, "fsched", args.concurrency, args.rounds, args.tokens,
-                           client="light")
-    s1, d1, p1 = sum(run_ns(serve)), sum(run_ns(daemon)), postgres_cpu_s()
-    n = max(1, got["tokens"] // args.tokens)
-    return {"requests": n, "errors": got["errors"], "serve_us": round((s1 - s0) / 1e3 / n, 1),
-            "daemon_us": round((d1 - d0) / 1e3 / n, 1), "postgres_us": round((p1 - p0) * 1e6 / n, 1),
-            "ttft_p50_ms": got["ttft_p50_ms"], "ttft_p99_ms": got["ttft_p99_ms"], "wall_s": got["wall_s"]}
+def measured(tree: Path, f: online_path.Fsched, args) -> dict:
+    """The load once (bench/request_cpu.py's measure, with the light client)."""
+    return request_cpu.measured(str(tree), f, args, args.concurrency, client="light")
 
 
-FIGURES = ("serve_us", "daemon_us", "postgres_us", "ttft_p50_ms", "ttft_p99_ms", "wall_s")
+FIGURES = ("serve_us_request", "daemon_us_request", "postgres_us_request", "ttft_p50_ms", "ttft_p99_ms",
+           "wall_s")
 
 
 def main() -> None:
@@ -114,9 +105,9 @@ def main() -> None:
                         with tempfile.TemporaryDirectory() as folder:
                             f = online_path.Fsched(engine, backend, Path(folder), 1, link=True)
                             try:
-                                fresh = measured(f, args)
+                                fresh = measured(args.trees[i], f, args)
                                 filled_s = age(f.table, args.finished)
-                                aged = measured(f, args)
+                                aged = measured(args.trees[i], f, args)
                             finally:
                                 f.close()
                         row = {"tree": str(args.trees[i]), "backend": backend, "finished": args.finished,

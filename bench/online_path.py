@@ -100,7 +100,7 @@ from fast_path import (  # noqa: E402
     cpu_s,
     own_cpu_s,
     postgres_cpu_s,
-    processes_with,  # noqa: E402
+    processes_with,
 )
 
 from fsched.core.stamps import TAG_HEADER  # noqa: E402

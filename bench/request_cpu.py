@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fast_path  # noqa: E402
 import online_ab  # noqa: E402
 import online_path  # noqa: E402
-from fast_path import Engine  # noqa: E402
+from fast_path import Engine, postgres_cpu_s  # noqa: E402
 
 
 def run_ns(pid: int) -> tuple[int, int]:
@@ -48,22 +48,27 @@ def run_ns(pid: int) -> tuple[int, int]:
     return main, other
 
 
-def measured(tree: str, f: online_path.Fsched, args) -> dict:
+def measured(tree: str, f: online_path.Fsched, args, concurrency: int = 32, client: str = "sdk") -> dict:
+    """The load once, after a warm-up (`concurrency` streams, `client` as online_path.load takes it): CPU
+    per request of serve (all of it, its main thread's, the others'), of the daemon and of PostgreSQL's
+    server processes; the first token's p50 and p99."""
     online_path.warm_up(f.urls, f.key, "fsched")
     time.sleep(1.0)
     pid, daemon = f.servers[0].pid, f.daemon.pid
     load = os.getloadavg()[0]
-    (m0, o0), d0 = run_ns(pid), sum(run_ns(daemon))
-    got = online_path.load(f.urls, f.key, "fsched", 32, args.rounds, args.tokens)
-    (m1, o1), d1 = run_ns(pid), sum(run_ns(daemon))
+    (m0, o0), d0, p0 = run_ns(pid), sum(run_ns(daemon)), postgres_cpu_s()
+    got = online_path.load(f.urls, f.key, "fsched", concurrency, args.rounds, args.tokens, client=client)
+    (m1, o1), d1, p1 = run_ns(pid), sum(run_ns(daemon)), postgres_cpu_s()
     n = max(1, got["tokens"] // args.tokens)
-    def per_request(ns: int) -> float:
+    def per_request(ns: float) -> float:
         return round(ns / 1e3 / n, 1)
 
     return {"tree": tree, "requests": n, "errors": got["errors"],
             "serve_us_request": per_request(m1 - m0 + o1 - o0),
             "main_thread_us": per_request(m1 - m0), "other_threads_us": per_request(o1 - o0),
-            "daemon_us_request": per_request(d1 - d0), "wall_s": got["wall_s"], "load1": round(load, 2)}
+            "daemon_us_request": per_request(d1 - d0), "postgres_us_request": per_request((p1 - p0) * 1e9),
+            "ttft_p50_ms": got["ttft_p50_ms"], "ttft_p99_ms": got["ttft_p99_ms"],
+            "wall_s": got["wall_s"], "load1": round(load, 2)}
 
 
 def main() -> None:

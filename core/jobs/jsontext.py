@@ -33,8 +33,7 @@ _ENCODERS = {None: _encoder(None), (",", ":"): _encoder((",", ":"))}
 
 def dumps(obj, separators: tuple[str, str] | None = None) -> str:
     """`json.dumps(obj, ensure_ascii=False)`, with lone surrogates escaped."""
-    encode = _ENCODERS.get(separators if separators is None else tuple(separators)) or _encoder(separators)
-    text = encode(obj)
+    text = (_ENCODERS.get(separators) or _encoder(separators))(obj)
     if _SURROGATE.search(text) is None:
         return text
     return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
