@@ -43,6 +43,8 @@ from fsched.storage.rows import (
     jobs,
     requests,
 )
+from fsched.storage.tokens import in_pieces, whole_tokens
+from fsched.storage.tokens import read_whole as read_token_pieces
 
 Group = tuple[str, RequestClass]
 IN_CHUNK = 400  # ids a statement names at once (SQLite's older builds bind at most 999 parameters)
@@ -129,11 +131,14 @@ def claim_requests(
     for row in (*leased, *rows):
         deltas.setdefault(row.job_id, CountDelta()).claimed += 1
     stored = read_logprobs(tx, [row.id for row in (*leased, *rows) if row.num_logprobs])  # resumes
+    pieces = read_token_pieces(tx, in_pieces((*leased, *rows)))  # resumes of requests that ran before
     by_job: dict[int, list[Request]] = {}
     for row in leased:
-        by_job[row.job_id] = [claimed_request(row, stored.get(row.id, ()), job=candidates[row.job_id])]
+        by_job[row.job_id] = [claimed_request(row, stored.get(row.id, ()), job=candidates[row.job_id],
+                                              tokens=whole_tokens(row, pieces))]
     for row in rows:
-        by_job.setdefault(row.job_id, []).append(claimed_request(row, stored.get(row.id, ())))
+        by_job.setdefault(row.job_id, []).append(
+            claimed_request(row, stored.get(row.id, ()), tokens=whole_tokens(row, pieces)))
     return [request for job_id in wants for request in by_job.get(job_id, ())]
 
 

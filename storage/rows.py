@@ -6,6 +6,7 @@ request id changes type (the core's text id, the table's integer key).
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 from fsched.core.jobs.jobstate import JobCounts, JobSummary
 from fsched.core.ports.records import RequestProgress, RequestResult, StoreError
@@ -132,20 +133,23 @@ PROGRESS_COLUMNS = (
 )
 
 
-def request_progress(row, logprobs: tuple[TokenLogprobs, ...] = ()) -> RequestProgress:
+def request_progress(row, logprobs: tuple[TokenLogprobs, ...] = (), tokens: Sequence[int] | None = None
+                     ) -> RequestProgress:
     """A row of `PROGRESS_COLUMNS` and its logprobs as their readers see them (the HTTP answers,
-    `fsched generate`)."""
+    `fsched generate`); `tokens`: its token ids, where its row holds only part of them."""
     return RequestProgress(
         id=core_id(row.id), job_id=row.job_id, status=status_of_row(row.state, row.finish_reason),
         output_text=row.output_text,
         num_output_tokens=row.num_output_tokens, enqueued_at=row.enqueued_at,
         first_token_at=row.first_token_at, finished_at=row.finished_at,
         error=row.error, prompt_tokens=row.prompt_tokens, model=row.model,
-        logprobs=logprobs, choice=row.choice, tokens=tuple(row.output_tokens or ()),
+        logprobs=logprobs, choice=row.choice, tokens=_tokens(row, tokens),
     )
 
 
-def request_result(row, logprobs: tuple[TokenLogprobs, ...] = ()) -> RequestResult:
+def request_result(row, logprobs: tuple[TokenLogprobs, ...] = (), tokens: Sequence[int] | None = None
+                   ) -> RequestResult:
+    """A request's row as results show it; `tokens`: its token ids, where its row holds only part of them."""
     return RequestResult(
         id=core_id(row.id),
         idx=row.idx,
@@ -162,20 +166,26 @@ def request_result(row, logprobs: tuple[TokenLogprobs, ...] = ()) -> RequestResu
         choice=row.choice,
         answer=AnswerOptions.from_json(row.answer),
         prompt=row.prompt,
-        output_tokens=tuple(row.output_tokens or ()),
+        output_tokens=_tokens(row, tokens),
     )
 
 
-def claimed_request(row, logprobs: tuple[TokenLogprobs, ...] = (), job=None) -> Request:
+def _tokens(row, tokens: Sequence[int] | None) -> tuple[int, ...]:
+    """A request's token ids: `tokens` where given (its row and its pieces), else its row's."""
+    return tuple(row.output_tokens or ()) if tokens is None else tuple(tokens)
+
+
+def claimed_request(row, logprobs: tuple[TokenLogprobs, ...] = (), job=None,
+                    tokens: Sequence[int] | None = None) -> Request:
     """A request row (and its logprobs) as its claim returns it: its live record, with the lease epoch
     and attempts after the claim and its prompt as stored (the daemon encodes it). The row as read
     before its lease, with its job's tenant, class and priority; or, given its `job` (those three), the
-    row as its lease left it."""
+    row as its lease left it. `tokens`: its token ids, where its row holds only part of them."""
     raised = 1 if job is None else 0  # the lease's increments, not yet in a row read before it
     job = row if job is None else job
     return Request.to_run(
         core_id(row.id), (), SamplingParams.from_json(row.params), job.tenant,
-        RequestClass(job.request_class), job.priority, list(row.output_tokens or ()), logprobs,
+        RequestClass(job.request_class), job.priority, list(_tokens(row, tokens)), logprobs,
         prompt_text=row.prompt, messages=row.messages, render=row.render, job_id=row.job_id,
         custom_id=row.custom_id, enqueued_at=row.enqueued_at, lease_epoch=row.lease_epoch + raised,
         attempts=row.attempts + raised,

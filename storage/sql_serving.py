@@ -21,6 +21,7 @@ from fsched.storage.activity import first_tokens
 from fsched.storage.db import Database
 from fsched.storage.logprobs import read as read_logprobs
 from fsched.storage.rows import PROGRESS_COLUMNS, RowState, jobs, request_progress, requests, status_of_row
+from fsched.storage.tokens import read as read_token_pieces
 
 FORGET_S = 60.0  # what the poll read of a request nobody polls for this long is dropped
 
@@ -38,6 +39,13 @@ class _Read:
     records: tuple[TokenLogprobs, ...] = ()
 
 
+@dataclass(slots=True)
+class _TokensRead:
+    at: float  # when last polled
+    in_row: int  # the tokens its row held when these were read
+    pieces: list[int]  # the tokens of its pieces read so far (those after the row's)
+
+
 class SqlServingStore:
     def __init__(self, db: Database, clock: Callable[[], float] = time.monotonic):
         self.db = db
@@ -45,6 +53,7 @@ class SqlServingStore:
         # Logprobs read so far of the requests being polled: each poll reads only the pieces
         # appended since (the server polls its open requests every few ms).
         self._logprobs: dict[int, _Read] = {}
+        self._tokens: dict[int, _TokensRead] = {}  # and the token ids of running requests' pieces, alike
         self._swept_at = clock()
         self._lock = threading.Lock()  # polls may come from more than one thread
         self._states_sql: dict[int, tuple[str, list[str], list[str] | None]] = {}  # by ids, a power of two
@@ -58,9 +67,11 @@ class SqlServingStore:
             rows = conn.execute(PROGRESS, {"b_job_ids": list(job_ids)}).all()
             with self._lock:
                 logprobs = self._read_logprobs(conn, rows)
+                tokens = self._read_tokens(conn, rows)
         out: dict[int, list[RequestProgress]] = {}
         for row in rows:
-            out.setdefault(row.job_id, []).append(request_progress(row, logprobs.get(row.id, ())))
+            out.setdefault(row.job_id, []).append(
+                request_progress(row, logprobs.get(row.id, ()), tokens.get(row.id)))
         return {job_id: tuple(choices) for job_id, choices in out.items()}
 
     def progress_states(self, job_ids: Sequence[int]) -> dict[int, tuple[tuple[RequestStatus, int], ...]]:
@@ -109,6 +120,29 @@ class SqlServingStore:
         self._sweep(now)
         return out
 
+    def _read_tokens(self, conn, rows) -> dict[int, tuple[int, ...]]:
+        """The token ids of the rows whose row holds only part of them: what earlier polls read of their
+        pieces, and the pieces appended since (a row that holds them all again is read from the row)."""
+        now = self.clock()
+        partial = {row.id: row for row in rows if row.num_output_tokens > len(row.output_tokens or ())}
+        for key in [k for k in partial if k in self._tokens
+                    and self._tokens[k].in_row != len(partial[k].output_tokens or ())]:
+            del self._tokens[key]  # its row was written whole meanwhile: read its pieces again
+        since = {}
+        for key, row in partial.items():
+            read = self._tokens.setdefault(key, _TokensRead(now, len(row.output_tokens or ()), []))
+            read.at = now
+            if read.in_row + len(read.pieces) < row.num_output_tokens and read.pieces:
+                since[key] = read.in_row + len(read.pieces)
+        behind = [k for k, row in partial.items()
+                  if self._tokens[k].in_row + len(self._tokens[k].pieces) < row.num_output_tokens]
+        for key, new in (read_token_pieces(conn, behind, since) if behind else {}).items():
+            self._tokens[key].pieces += new
+        for row in rows:
+            if row.id not in partial:
+                self._tokens.pop(row.id, None)  # ended (its row holds them all) or none yet
+        return {key: (*(row.output_tokens or ()), *self._tokens[key].pieces) for key, row in partial.items()}
+
     def _sweep(self, now: float) -> None:
         """Forget what requests nobody polled for a while (their readers went away)."""
         if now - self._swept_at < FORGET_S:
@@ -116,6 +150,8 @@ class SqlServingStore:
         self._swept_at = now
         for key in [k for k, read in self._logprobs.items() if now - read.at > FORGET_S]:
             del self._logprobs[key]
+        for key in [k for k, read in self._tokens.items() if now - read.at > FORGET_S]:
+            del self._tokens[key]
 
     def tenant_totals(self) -> list[TenantTotals]:
         """What each tenant used, by class, over every job the table holds (chargeback): from the

@@ -151,13 +151,17 @@ def outputs(path: Path) -> dict[tuple[str, str], list[tuple[str, list[int], str]
     conn = _connect(path)
     try:
         rows = conn.execute(
-            "SELECT j.name, r.custom_id, r.state, r.output_tokens, r.output_text "
+            "SELECT j.name, r.custom_id, r.state, r.output_tokens, r.output_text, r.id "
             "FROM requests r JOIN jobs j ON j.id = r.job_id ORDER BY r.job_id, r.idx").fetchall()
+        pieces: dict[int, list[int]] = {}  # a running (or requeued) request's tokens after its row's
+        for key, tokens in conn.execute(
+                "SELECT request_id, tokens FROM request_tokens ORDER BY request_id, start"):
+            pieces.setdefault(key, []).extend(json.loads(tokens))
     finally:
         conn.close()
     found: dict[tuple[str, str], list] = {}
-    for name, cid, state, tokens, text in rows:
-        found.setdefault((name, cid), []).append((state, json.loads(tokens), text))
+    for name, cid, state, tokens, text, key in rows:
+        found.setdefault((name, cid), []).append((state, json.loads(tokens) + pieces.get(key, []), text))
     return found
 
 

@@ -1,0 +1,135 @@
+"""A running request's token ids in the SQL job table: each write appends only the tokens not stored yet, in
+a piece of their own, so a step's write does not grow with the output so far (a realtime or streaming
+request's tokens are written at every step; a reasoning model's answer runs to thousands of tokens). Every
+reader (a claim that resumes, the server's polls, results, progress) reads a request's row and its pieces
+as one output; the write that ends a request puts them all in its row."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import select, text
+
+from fsched.core.ports.records import Completion, JobSubmission, TokenUpdate
+from fsched.core.types import Endpoint, RequestClass, RequestSpec, RequestStatus, SamplingParams
+from fsched.storage import schema
+from fsched.storage.jobstore import SqlJobStore
+from fsched.storage.sql_serving import SqlServingStore
+from fsched.storage.tokens import request_tokens
+
+LONG = 3_000
+
+
+@pytest.fixture
+def store(db_url):
+    store = SqlJobStore(db_url)
+    yield store
+    store.db.dispose()
+
+
+def streamed(n: int = 1) -> JobSubmission:
+    specs = tuple(RequestSpec(custom_id=f"c{i}", endpoint=Endpoint.COMPLETIONS, prompt="p",
+                              params=SamplingParams(max_tokens=100_000)) for i in range(n))
+    return JobSubmission(specs, "alice", RequestClass.STREAMING, 5, "chat")
+
+
+def grow(store, request, tokens: list[int], owner: str = "d1") -> None:
+    """One step's write of a held request whose output is now `tokens`."""
+    update = TokenUpdate(request.id, tuple(tokens), text_of(tokens), 1.0, request.lease_epoch)
+    assert store.flush_tokens(owner, [update]) == 1
+
+
+def text_of(tokens: list[int]) -> str:
+    return "".join(f"w{t} " for t in tokens)
+
+
+def stored(store, key) -> tuple[list, list[tuple[int, list]]]:
+    """The request's row's tokens and its pieces (start, tokens), as the table holds them."""
+    with store.db.read() as conn:
+        row = conn.execute(text("SELECT output_tokens FROM requests WHERE id = :id"), {"id": int(key)}).one()
+        pieces = conn.execute(select(request_tokens.c.start, request_tokens.c.tokens)
+                              .where(request_tokens.c.request_id == int(key))
+                              .order_by(request_tokens.c.start)).all()
+    tokens = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    return tokens, [(start, list(piece)) for start, piece in pieces]
+
+
+def test_each_write_appends_only_the_tokens_not_stored_yet(store):
+    (job,) = store.submit([streamed()])
+    (held,) = store.claim("d1", per_group=5)
+    output = list(range(LONG))
+    grow(store, held, output)
+    for more in range(3):
+        output.append(50_000 + more)
+        grow(store, held, output)
+    grow(store, held, output)  # nothing new: no piece
+    row, pieces = stored(store, held.id)
+    assert row == []
+    assert pieces == [(0, list(range(LONG))), (LONG, [50_000]), (LONG + 1, [50_001]), (LONG + 2, [50_002])]
+    (progress,) = store.request_progress(job.job_id)
+    assert list(progress.tokens) == output and progress.num_output_tokens == len(output)
+    assert progress.output_text == text_of(output)
+
+
+def test_a_resume_a_result_and_the_servers_polls_read_the_row_and_its_pieces_as_one(store):
+    (job,) = store.submit([streamed(2)])
+    a, b = sorted(store.claim("d1", per_group=5), key=lambda r: r.custom_id)
+    serving = SqlServingStore(store.db)
+    output = [7, 8, 9]
+    grow(store, a, output)
+    seen = []
+    for step in range(5):  # the server polls between writes: each poll reads only the pieces it lacks
+        output.append(100 + step)
+        grow(store, a, output)
+        (first, _) = serving.progress([job.job_id])[job.job_id]
+        seen.append(list(first.tokens))
+    assert seen == [output[:4 + i] for i in range(5)]
+    store.release("d1")  # the daemon stops: the next claim resumes from the table
+    again = {r.custom_id: r for r in store.claim("d2", per_group=5)}
+    assert list(again["c0"].output) == output and list(again["c1"].output) == []
+    ended = [*output, 555]
+    assert store.finish_requests([Completion(again["c0"].id, RequestStatus.FINISHED_STOPPED, tuple(ended),
+                                             text_of(ended), 1, lease_epoch=again["c0"].lease_epoch)], "d2")
+    assert stored(store, again["c0"].id) == (ended, [])  # its row holds them all, its pieces are gone
+    (first, _) = serving.progress([job.job_id])[job.job_id]
+    assert list(first.tokens) == ended and first.status.is_finished
+    assert list({r.custom_id: r for r in store.iter_results(job.job_id)}["c0"].output_tokens) == ended
+
+
+def test_a_holder_with_fewer_tokens_than_stored_writes_them_whole(store):
+    (job,) = store.submit([streamed()])
+    (held,) = store.claim("d1", per_group=5)
+    grow(store, held, [1, 2, 3, 4])
+    grow(store, held, [1, 2])
+    assert stored(store, held.id) == ([1, 2], [])
+    grow(store, held, [1, 2, 5])
+    (progress,) = store.request_progress(job.job_id)
+    assert list(progress.tokens) == [1, 2, 5] and progress.num_output_tokens == 3
+
+
+def test_a_cancelled_request_keeps_the_tokens_of_its_pieces(store):
+    (job,) = store.submit([streamed()])
+    (held,) = store.claim("d1", per_group=5)
+    grow(store, held, [4, 5, 6])
+    store.release("d1")  # back in the queue with its tokens, then cancelled there
+    store.cancel_job(job.job_id)
+    (result,) = store.iter_results(job.job_id, errors=True)
+    assert result.status.is_finished and list(result.output_tokens) == [4, 5, 6]
+
+
+def test_a_version_12_table_gains_the_pieces_and_keeps_its_rows(store):
+    (job,) = store.submit([streamed()])
+    (held,) = store.claim("d1", per_group=5)
+    assert store.finish_requests([Completion(held.id, RequestStatus.FINISHED_STOPPED, (3, 4), "w3 w4 ", 1,
+                                             lease_epoch=held.lease_epoch)], "d1")
+    with store.db.write() as conn:  # as a version-12 table: no pieces
+        conn.execute(text("DROP TABLE request_tokens"))
+        conn.execute(text("UPDATE fsched_meta SET value = '12' WHERE key = 'schema_version'"))
+    assert schema.ensure_schema(store.db) == 12
+    (result,) = store.iter_results(job.job_id)
+    assert list(result.output_tokens) == [3, 4]
+    (more,) = store.submit([streamed()])
+    (again,) = store.claim("d1", per_group=5)
+    grow(store, again, [9, 9, 9])
+    assert stored(store, again.id) == ([], [(0, [9, 9, 9])])
