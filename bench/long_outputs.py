@@ -14,7 +14,9 @@ fresh PostgreSQL schema (on postgresql+psycopg://postgres@127.0.0.1:5432/test,
 dropped afterwards): `--streams` realtime requests are submitted and claimed,
 one `QueueStore.write_step` brings every output to `--lengths` tokens (not
 timed), then `--steps` more, each adding one token to every request, are
-timed. Each run prints a JSON line: the step write's wall time (p50, ms) and
+timed, each saying (as a daemon's writer does) how much of the text its
+last write left in the table, where the tree's `TokenUpdate` can say it.
+Each run prints a JSON line: the step write's wall time (p50, ms) and
 its thread's CPU (p50, µs), both also per request; on PostgreSQL the server's
 CPU per step (µs: the run time, from /proc/PID/schedstat, of every process
 whose command line starts with "postgres:", over the timed steps: any other
@@ -66,9 +68,14 @@ def postgres_ns():
             continue
     return found
 
-def updates(held, n):
+# As a daemon's writer writes them: saying how much of the text its last write left in the table, where
+# the tree's updates can say it (a tree that has no such field writes the text whole).
+SAYS_KEPT = "text_kept" in getattr(TokenUpdate, "__dataclass_fields__", {})
+
+def updates(held, n, written=None):
     toks, words = tuple(range(1000, 1000 + n)), "word " * n
-    return [TokenUpdate(r.id, toks, words, 1.0, r.lease_epoch) for r in held]
+    kept = {"text_kept": len(written)} if SAYS_KEPT and written is not None else {}
+    return [TokenUpdate(r.id, toks, words, 1.0, r.lease_epoch, **kept) for r in held]
 
 spec = parse_job_file(b'{"prompt": "p", "max_tokens": 100000}\n', "x.jsonl")
 cat, q = SqlCatalogStore(url), SqlQueueStore(url)
@@ -79,7 +86,7 @@ q.write_step("d", updates(held, length), ())
 cpu, wall = [], []
 before = postgres_ns()
 for step in range(steps):
-    ups = updates(held, length + 1 + step)
+    ups = updates(held, length + 1 + step, "word " * (length + step))
     c0, w0 = time.thread_time(), time.perf_counter()
     q.write_step("d", ups, ())
     cpu.append(time.thread_time() - c0)

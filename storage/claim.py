@@ -34,6 +34,7 @@ from fsched.storage.counters import CountDelta
 from fsched.storage.db import database_clock
 from fsched.storage.direct import DirectConnection, Tx
 from fsched.storage.logprobs import read_whole as read_logprobs
+from fsched.storage.output import read_whole as read_outputs
 from fsched.storage.prepared import Prepared, listed, one_of
 from fsched.storage.rows import (
     UNFINISHED_JOB_STATES,
@@ -43,8 +44,6 @@ from fsched.storage.rows import (
     jobs,
     requests,
 )
-from fsched.storage.tokens import in_pieces, whole_tokens
-from fsched.storage.tokens import read_whole as read_token_pieces
 
 Group = tuple[str, RequestClass]
 IN_CHUNK = 400  # ids a statement names at once (SQLite's older builds bind at most 999 parameters)
@@ -131,14 +130,14 @@ def claim_requests(
     for row in (*leased, *rows):
         deltas.setdefault(row.job_id, CountDelta()).claimed += 1
     stored = read_logprobs(tx, [row.id for row in (*leased, *rows) if row.num_logprobs])  # resumes
-    pieces = read_token_pieces(tx, in_pieces((*leased, *rows)))  # resumes of requests that ran before
+    outputs = read_outputs(tx, (*leased, *rows))  # resumes of requests that ran before: their pieces
     by_job: dict[int, list[Request]] = {}
     for row in leased:
         by_job[row.job_id] = [claimed_request(row, stored.get(row.id, ()), job=candidates[row.job_id],
-                                              tokens=whole_tokens(row, pieces))]
+                                              output=outputs.get(row.id))]
     for row in rows:
         by_job.setdefault(row.job_id, []).append(
-            claimed_request(row, stored.get(row.id, ()), tokens=whole_tokens(row, pieces)))
+            claimed_request(row, stored.get(row.id, ()), output=outputs.get(row.id)))
     return [request for job_id in wants for request in by_job.get(job_id, ())]
 
 

@@ -103,8 +103,8 @@ class RequestRow(Base):
     model: Mapped[str | None] = mapped_column(String(256), nullable=True)
     state: Mapped[str] = mapped_column(String(16))
     # Generated so far: token ids are the truth (resume recomputes from them),
-    # the text is what results print. A running request's ids after those here are in request_tokens
-    # (num_output_tokens counts them all); the write that ends it puts them all here.
+    # the text is what results print. A running request's output after what is here is in request_output
+    # (num_output_tokens counts all its tokens); the write that ends it puts it all here.
     output_tokens: Mapped[list] = mapped_column(JSON, default=list)
     output_text: Mapped[str] = mapped_column(SafeText, default="")
     # Logprobs of the output tokens stored so far (their records are in request_logprobs).
@@ -229,15 +229,18 @@ class RequestLogprobs(Base):
     records: Mapped[list] = mapped_column(JSON)
 
 
-class RequestTokens(Base):
-    """A running request's output token ids, appended a piece at each write of its tokens: tokens `start`,
-    `start` + 1, ... after those its row holds (storage/tokens.py). The write that ends the request moves
-    them all into its row and drops its pieces."""
+class RequestOutput(Base):
+    """A running request's output, appended a piece at each write of it (storage/output.py): tokens
+    `start`, `start` + 1, ... after those its row and earlier pieces hold, and the text that follows the
+    first `text_kept` characters of its text so far. The write that ends the request puts its whole
+    output in its row and drops its pieces."""
 
-    __tablename__ = "request_tokens"
+    __tablename__ = "request_output"
     request_id: Mapped[int] = mapped_column(ForeignKey("requests.id", ondelete="CASCADE"), primary_key=True)
     start: Mapped[int] = mapped_column(Integer, primary_key=True)
     tokens: Mapped[list] = mapped_column(JSON)
+    text_kept: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(SafeText)
 
 
 class KeyLimit(Base):

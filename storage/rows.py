@@ -6,7 +6,7 @@ request id changes type (the core's text id, the table's integer key).
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from fsched.core.jobs.jobstate import JobCounts, JobSummary
 from fsched.core.ports.records import RequestProgress, RequestResult, StoreError
@@ -22,6 +22,9 @@ from fsched.core.types import (
     TokenLogprobs,
 )
 from fsched.storage.models import DaemonHeartbeat, DaemonUsage, Job, RequestRow, Tenant
+
+if TYPE_CHECKING:
+    from fsched.storage.output import Output
 
 jobs = Job.__table__
 requests = RequestRow.__table__
@@ -133,23 +136,26 @@ PROGRESS_COLUMNS = (
 )
 
 
-def request_progress(row, logprobs: tuple[TokenLogprobs, ...] = (), tokens: Sequence[int] | None = None
+def request_progress(row, logprobs: tuple[TokenLogprobs, ...] = (), output: Output | None = None
                      ) -> RequestProgress:
     """A row of `PROGRESS_COLUMNS` and its logprobs as their readers see them (the HTTP answers,
-    `fsched generate`); `tokens`: its token ids, where its row holds only part of them."""
+    `fsched generate`); `output`: its token ids and text, where its row holds only part of them."""
+    tokens, text = _output(row, output)
     return RequestProgress(
         id=core_id(row.id), job_id=row.job_id, status=status_of_row(row.state, row.finish_reason),
-        output_text=row.output_text,
+        output_text=text,
         num_output_tokens=row.num_output_tokens, enqueued_at=row.enqueued_at,
         first_token_at=row.first_token_at, finished_at=row.finished_at,
         error=row.error, prompt_tokens=row.prompt_tokens, model=row.model,
-        logprobs=logprobs, choice=row.choice, tokens=_tokens(row, tokens),
+        logprobs=logprobs, choice=row.choice, tokens=tokens,
     )
 
 
-def request_result(row, logprobs: tuple[TokenLogprobs, ...] = (), tokens: Sequence[int] | None = None
+def request_result(row, logprobs: tuple[TokenLogprobs, ...] = (), output: Output | None = None
                    ) -> RequestResult:
-    """A request's row as results show it; `tokens`: its token ids, where its row holds only part of them."""
+    """A request's row as results show it; `output`: its token ids and text, where its row holds only part
+    of them."""
+    tokens, text = _output(row, output)
     return RequestResult(
         id=core_id(row.id),
         idx=row.idx,
@@ -157,7 +163,7 @@ def request_result(row, logprobs: tuple[TokenLogprobs, ...] = (), tokens: Sequen
         endpoint=row.endpoint,
         status=status_of_row(row.state, row.finish_reason),
         model=row.model,
-        output_text=row.output_text,
+        output_text=text,
         num_output_tokens=row.num_output_tokens,
         prompt_tokens=row.prompt_tokens,
         error=row.error,
@@ -166,26 +172,28 @@ def request_result(row, logprobs: tuple[TokenLogprobs, ...] = (), tokens: Sequen
         choice=row.choice,
         answer=AnswerOptions.from_json(row.answer),
         prompt=row.prompt,
-        output_tokens=_tokens(row, tokens),
+        output_tokens=tokens,
     )
 
 
-def _tokens(row, tokens: Sequence[int] | None) -> tuple[int, ...]:
-    """A request's token ids: `tokens` where given (its row and its pieces), else its row's."""
-    return tuple(row.output_tokens or ()) if tokens is None else tuple(tokens)
+def _output(row, output: Output | None) -> tuple[tuple[int, ...], str]:
+    """A request's token ids and text: `output`'s where given (its row and its pieces), else its row's."""
+    if output is None:
+        return tuple(row.output_tokens or ()), row.output_text
+    return tuple(output.tokens), output.text
 
 
 def claimed_request(row, logprobs: tuple[TokenLogprobs, ...] = (), job=None,
-                    tokens: Sequence[int] | None = None) -> Request:
+                    output: Output | None = None) -> Request:
     """A request row (and its logprobs) as its claim returns it: its live record, with the lease epoch
     and attempts after the claim and its prompt as stored (the daemon encodes it). The row as read
     before its lease, with its job's tenant, class and priority; or, given its `job` (those three), the
-    row as its lease left it. `tokens`: its token ids, where its row holds only part of them."""
+    row as its lease left it. `output`: its output, where its row holds only part of it."""
     raised = 1 if job is None else 0  # the lease's increments, not yet in a row read before it
     job = row if job is None else job
     return Request.to_run(
         core_id(row.id), (), SamplingParams.from_json(row.params), job.tenant,
-        RequestClass(job.request_class), job.priority, list(_tokens(row, tokens)), logprobs,
+        RequestClass(job.request_class), job.priority, list(_output(row, output)[0]), logprobs,
         prompt_text=row.prompt, messages=row.messages, render=row.render, job_id=row.job_id,
         custom_id=row.custom_id, enqueued_at=row.enqueued_at, lease_epoch=row.lease_epoch + raised,
         attempts=row.attempts + raised,

@@ -213,10 +213,10 @@ def _add_batch_storage(conn: Connection) -> None:
     _add_column(conn, "batches", "reclaimed_at", "FLOAT")
 
 
-def _tokens_in_pieces(conn: Connection) -> None:
-    """A running request's token ids appended in pieces (request_tokens) instead of rewritten whole at every
-    write: every row already holds all its tokens, so nothing moves."""
-    Base.metadata.tables["request_tokens"].create(conn, checkfirst=True)
+def _output_in_pieces(conn: Connection) -> None:
+    """A running request's output appended in pieces (request_output) instead of rewritten whole at every
+    write: every row already holds all its output, so nothing moves."""
+    Base.metadata.tables["request_output"].create(conn, checkfirst=True)
 
 
 # MIGRATIONS[v] upgrades a database from version v to v + 1.
@@ -224,7 +224,7 @@ MIGRATIONS: dict[int, Migration] = {
     1: _v1_to_v2, 2: _v2_to_v3, 3: _drop_mlfq_level, 4: _job_origins_and_chargeback,
     5: _add_output_logprobs, 6: _add_choices, 7: _chunked_files_and_rates, 8: _add_batch_expiry,
     9: _logprobs_in_pieces,
-    10: _add_render, 11: _add_batch_storage, 12: _tokens_in_pieces,
+    10: _add_render, 11: _add_batch_storage, 12: _output_in_pieces,
 }
 
 

@@ -41,6 +41,7 @@ from fsched.storage.db import database_clock
 from fsched.storage.direct import DirectConnection
 from fsched.storage.kept import KeptWriter
 from fsched.storage.logprobs import read as read_logprobs
+from fsched.storage.output import read as read_outputs
 from fsched.storage.prepared import Prepared
 from fsched.storage.rows import (
     FINISHED_JOB_STATES,
@@ -68,8 +69,6 @@ from fsched.storage.submit import (
     insert_job,
     sqlite_group_commit,
 )
-from fsched.storage.tokens import in_pieces, whole_tokens
-from fsched.storage.tokens import read as read_token_pieces
 
 RESULTS_BATCH = 1_000
 DAEMONS_NEWEST_FIRST = Prepared(select(daemons, (database_clock() - daemons.c.heartbeat_at).label("age_s"))
@@ -247,11 +246,11 @@ class SqlCatalogStore(SqlStoreBase):
                     .limit(RESULTS_BATCH)
                 ).all()
                 stored = read_logprobs(conn, [row.id for row in page if row.num_logprobs])
-                pieces = read_token_pieces(conn, in_pieces(page))
+                outputs = read_outputs(conn, page)
             if not page:
                 return
             for row in page:
-                yield request_result(row, stored.get(row.id, ()), whole_tokens(row, pieces))
+                yield request_result(row, stored.get(row.id, ()), outputs.get(row.id))
             last_idx = page[-1].idx
 
     def request_progress(self, job_id: int) -> list[RequestProgress]:
@@ -262,8 +261,8 @@ class SqlCatalogStore(SqlStoreBase):
                 select(*PROGRESS_COLUMNS).where(requests.c.job_id == job_id).order_by(requests.c.idx)
             ).all()
             stored = read_logprobs(conn, [row.id for row in rows if row.num_logprobs])
-            pieces = read_token_pieces(conn, in_pieces(rows))
-        return [request_progress(row, stored.get(row.id, ()), whole_tokens(row, pieces)) for row in rows]
+            outputs = read_outputs(conn, rows)
+        return [request_progress(row, stored.get(row.id, ()), outputs.get(row.id)) for row in rows]
 
     def request_timings(self, job_ids: Sequence[int]) -> list[RequestTiming]:
         """The given jobs' requests (by id) with tenant, class and timestamps: one read."""

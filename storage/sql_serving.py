@@ -20,8 +20,9 @@ from fsched.core.types import RequestClass, RequestStatus, TokenLogprobs
 from fsched.storage.activity import first_tokens
 from fsched.storage.db import Database
 from fsched.storage.logprobs import read as read_logprobs
+from fsched.storage.output import Output
+from fsched.storage.output import read as read_outputs
 from fsched.storage.rows import PROGRESS_COLUMNS, RowState, jobs, request_progress, requests, status_of_row
-from fsched.storage.tokens import read as read_token_pieces
 
 FORGET_S = 60.0  # what the poll read of a request nobody polls for this long is dropped
 
@@ -40,10 +41,10 @@ class _Read:
 
 
 @dataclass(slots=True)
-class _TokensRead:
+class _OutputRead:
     at: float  # when last polled
-    in_row: int  # the tokens its row held when these were read
-    pieces: list[int]  # the tokens of its pieces read so far (those after the row's)
+    in_row: int  # the tokens its row held when it was read (another count: the row was written whole since)
+    output: Output  # its row's output with the pieces read so far applied
 
 
 class SqlServingStore:
@@ -53,7 +54,7 @@ class SqlServingStore:
         # Logprobs read so far of the requests being polled: each poll reads only the pieces
         # appended since (the server polls its open requests every few ms).
         self._logprobs: dict[int, _Read] = {}
-        self._tokens: dict[int, _TokensRead] = {}  # and the token ids of running requests' pieces, alike
+        self._outputs: dict[int, _OutputRead] = {}  # and running requests' output pieces, alike
         self._swept_at = clock()
         self._lock = threading.Lock()  # polls may come from more than one thread
         self._states_sql: dict[int, tuple[str, list[str], list[str] | None]] = {}  # by ids, a power of two
@@ -67,11 +68,11 @@ class SqlServingStore:
             rows = conn.execute(PROGRESS, {"b_job_ids": list(job_ids)}).all()
             with self._lock:
                 logprobs = self._read_logprobs(conn, rows)
-                tokens = self._read_tokens(conn, rows)
+                outputs = self._read_outputs(conn, rows)
         out: dict[int, list[RequestProgress]] = {}
         for row in rows:
             out.setdefault(row.job_id, []).append(
-                request_progress(row, logprobs.get(row.id, ()), tokens.get(row.id)))
+                request_progress(row, logprobs.get(row.id, ()), outputs.get(row.id)))
         return {job_id: tuple(choices) for job_id, choices in out.items()}
 
     def progress_states(self, job_ids: Sequence[int]) -> dict[int, tuple[tuple[RequestStatus, int], ...]]:
@@ -120,28 +121,24 @@ class SqlServingStore:
         self._sweep(now)
         return out
 
-    def _read_tokens(self, conn, rows) -> dict[int, tuple[int, ...]]:
-        """The token ids of the rows whose row holds only part of them: what earlier polls read of their
-        pieces, and the pieces appended since (a row that holds them all again is read from the row)."""
+    def _read_outputs(self, conn, rows) -> dict[int, Output]:
+        """The output of the rows whose row holds only part of it: what earlier polls read of their pieces
+        and the pieces appended since (a row that holds it all again is read from the row alone)."""
         now = self.clock()
         partial = {row.id: row for row in rows if row.num_output_tokens > len(row.output_tokens or ())}
-        for key in [k for k in partial if k in self._tokens
-                    and self._tokens[k].in_row != len(partial[k].output_tokens or ())]:
-            del self._tokens[key]  # its row was written whole meanwhile: read its pieces again
-        since = {}
-        for key, row in partial.items():
-            read = self._tokens.setdefault(key, _TokensRead(now, len(row.output_tokens or ()), []))
-            read.at = now
-            if read.in_row + len(read.pieces) < row.num_output_tokens and read.pieces:
-                since[key] = read.in_row + len(read.pieces)
-        behind = [k for k, row in partial.items()
-                  if self._tokens[k].in_row + len(self._tokens[k].pieces) < row.num_output_tokens]
-        for key, new in (read_token_pieces(conn, behind, since) if behind else {}).items():
-            self._tokens[key].pieces += new
         for row in rows:
-            if row.id not in partial:
-                self._tokens.pop(row.id, None)  # ended (its row holds them all) or none yet
-        return {key: (*(row.output_tokens or ()), *self._tokens[key].pieces) for key, row in partial.items()}
+            read = self._outputs.get(row.id)
+            if read is not None and (row.id not in partial or read.in_row != len(row.output_tokens or ())):
+                del self._outputs[row.id]  # ended, or its row was written whole since: read from the row on
+        since = {key: self._outputs[key].output for key in partial if key in self._outputs}
+        behind = [row for key, row in partial.items()
+                  if key not in since or since[key].end < row.num_output_tokens]
+        for key, output in (read_outputs(conn, behind, since) if behind else {}).items():
+            self._outputs[key] = _OutputRead(now, len(partial[key].output_tokens or ()), output)
+        for key in partial:
+            if key in self._outputs:
+                self._outputs[key].at = now
+        return {key: self._outputs[key].output for key in partial if key in self._outputs}
 
     def _sweep(self, now: float) -> None:
         """Forget what requests nobody polled for a while (their readers went away)."""
@@ -150,8 +147,8 @@ class SqlServingStore:
         self._swept_at = now
         for key in [k for k, read in self._logprobs.items() if now - read.at > FORGET_S]:
             del self._logprobs[key]
-        for key in [k for k, read in self._tokens.items() if now - read.at > FORGET_S]:
-            del self._tokens[key]
+        for key in [k for k, read in self._outputs.items() if now - read.at > FORGET_S]:
+            del self._outputs[key]
 
     def tenant_totals(self) -> list[TenantTotals]:
         """What each tenant used, by class, over every job the table holds (chargeback): from the

@@ -24,12 +24,12 @@ from fsched.storage.counters import CountDelta
 from fsched.storage.direct import Tx
 from fsched.storage.logprobs import append as append_logprobs
 from fsched.storage.logprobs import new_piece
+from fsched.storage.output import append as append_output
+from fsched.storage.output import drop as drop_output_pieces
+from fsched.storage.output import new_piece as new_output_piece
 from fsched.storage.prepared import Batched, Prepared, listed, recordset
 from fsched.storage.refusals import write_each
 from fsched.storage.rows import RowState, requests, row_id, row_state
-from fsched.storage.tokens import append as append_tokens
-from fsched.storage.tokens import drop as drop_token_pieces
-from fsched.storage.tokens import new_piece as new_token_piece
 
 Deltas = dict[int, CountDelta]
 
@@ -46,17 +46,21 @@ def _row_updates(rows: TableValuedAlias, values: Callable[[Callable[[str], Any]]
 
 _TOKENS = column("b_tokens", requests.c.output_tokens.type)
 _TEXT = column("b_text", requests.c.output_text.type)
-# A running request's tokens go in pieces (storage/tokens.py): its row's write names only their count.
-_FLUSHED = recordset(column("b_id", requests.c.id.type), _TEXT, column("b_logprobs", Integer),
+# A running request's output goes in pieces (storage/output.py): its row's write names only its counts.
+_FLUSHED = recordset(column("b_id", requests.c.id.type), column("b_logprobs", Integer),
                      column("b_num", Integer), column("b_first", Float))
 FLUSH_TOKENS = _row_updates(_FLUSHED, lambda v: dict(
-    output_text=v("b_text"), num_logprobs=v("b_logprobs"),
+    num_logprobs=v("b_logprobs"), num_output_tokens=v("b_num"),
+    first_token_at=func.coalesce(requests.c.first_token_at, v("b_first")),
+))
+# A writer that does not know what the table holds (its first write after a claim), or whose output is not
+# what the table holds followed by more tokens, writes the output whole into the row (its pieces go).
+_FLUSHED_WHOLE = recordset(column("b_id", requests.c.id.type), _TOKENS, _TEXT, column("b_logprobs", Integer),
+                           column("b_num", Integer), column("b_first", Float))
+FLUSH_WHOLE = _row_updates(_FLUSHED_WHOLE, lambda v: dict(
+    output_tokens=v("b_tokens"), output_text=v("b_text"), num_logprobs=v("b_logprobs"),
     num_output_tokens=v("b_num"), first_token_at=func.coalesce(requests.c.first_token_at, v("b_first")),
 ))
-# A holder whose tokens are fewer than those stored (never seen: a request's tokens only grow while it is
-# held) writes them whole, as every write once did: its pieces go, its row holds them.
-REWRITE_TOKENS = Prepared(update(requests).where(requests.c.id == bindparam("b_id"))
-                          .values(output_tokens=bindparam("b_tokens", type_=requests.c.output_tokens.type)))
 _FINISHED = recordset(column("b_id", requests.c.id.type), column("b_state", requests.c.state.type),
                       _TOKENS, _TEXT, column("b_logprobs", Integer), column("b_num", Integer),
                       column("b_reason", requests.c.finish_reason.type), column("b_prompt", Integer),
@@ -96,27 +100,33 @@ def write_tokens(tx: Tx, owner: str, updates: Sequence[TokenUpdate], careful: bo
         return 0
     keys = [row_id(u.request_id) for u in updates]
     rows = {row.id: row for row in tx.rows(HELD_ROWS, {"b_ids": keys, "b_owner": owner})}
-    writes, pieces, token_pieces, rewrites = [], {}, {}, []
+    counted, whole, pieces, outputs = [], [], {}, {}
     for u in updates:
         row = rows.get(row_id(u.request_id))
         if row is None or (u.lease_epoch is not None and row.lease_epoch != u.lease_epoch):
             continue  # fenced: the lease was lost (reclaimed, cancelled, requeued)
         pieces[row.id] = new_piece(row.id, row.num_logprobs, u.logprobs)
-        if len(u.tokens) < row.num_output_tokens:
-            rewrites.append({"b_id": row.id, "b_tokens": list(u.tokens)})
+        write = {"b_id": row.id, "b_logprobs": max(row.num_logprobs, len(u.logprobs)), "b_num": len(u.tokens),
+                 "b_first": u.first_token_at}
+        if _appends(row.num_output_tokens, u):
+            outputs[row.id] = new_output_piece(row.id, row.num_output_tokens, u.tokens, u.text, u.text_kept)
+            counted.append(write)
+        elif _unchanged(row.num_output_tokens, u):
+            counted.append(write)
         else:
-            token_pieces[row.id] = new_token_piece(row.id, row.num_output_tokens, u.tokens)
-        writes.append({"b_id": row.id, "b_text": u.text,
-                       "b_logprobs": max(row.num_logprobs, len(u.logprobs)), "b_num": len(u.tokens),
-                       "b_first": u.first_token_at})
-    if rewrites:
-        drop_token_pieces(tx, [w["b_id"] for w in rewrites])
-        tx.many(REWRITE_TOKENS, rewrites)
-    refused = write_each(tx, FLUSH_TOKENS, writes, _piece_of(pieces, token_pieces)) if careful else {}
-    if not careful:
-        tx.many(FLUSH_TOKENS, writes)  # one statement (PostgreSQL) or executemany, not a statement per row
+            whole.append(write | {"b_tokens": list(u.tokens), "b_text": u.text})
+    if whole:
+        drop_output_pieces(tx, [w["b_id"] for w in whole])
+    refused = {}
+    if careful:
+        refused = write_each(tx, FLUSH_TOKENS, counted, _piece_of(pieces, outputs))
+        refused |= write_each(tx, FLUSH_WHOLE, whole, _piece_of(pieces))
+    else:  # one statement (PostgreSQL) or executemany of each kind, not a statement per row
+        tx.many(FLUSH_TOKENS, counted)
+        tx.many(FLUSH_WHOLE, whole)
         append_logprobs(tx, pieces.values())
-        append_tokens(tx, token_pieces.values())
+        append_output(tx, outputs.values())
+    writes = counted + whole
     for w in writes:
         row = rows[w["b_id"]]
         delta = deltas.setdefault(row.job_id, CountDelta())
@@ -135,7 +145,7 @@ def write_completions(tx: Tx, completions: Sequence[Completion], owner: str | No
     if not completions:
         return []
     outcome, writes, ends, pieces = _completion_writes(tx, completions, owner, now)
-    drop_token_pieces(tx, [w["b_id"] for w in writes])  # the row holds them all now (failed: its own)
+    drop_output_pieces(tx, [w["b_id"] for w in writes])  # the row holds it all now (failed: its tokens)
     if careful:
         refused = write_each(tx, FINISH_REQUEST, writes, _piece_of(pieces))
         writes = [_failed_write(w, refused[w["b_id"]], pieces.get(w["b_id"])) if w["b_id"] in refused
@@ -189,10 +199,21 @@ def _failed_write(write: dict, why: str, piece: dict | None) -> dict:
             "b_reason": None, "b_error": why}
 
 
-def _piece_of(pieces: Mapping[int, dict | None], token_pieces: Mapping[int, dict | None] | None = None):
-    """What a write of one request appends besides its row: its new logprobs (and token ids)."""
+def _piece_of(pieces: Mapping[int, dict | None], outputs: Mapping[int, dict] | None = None):
+    """What a write of one request appends besides its row: its new logprobs (and its output's piece)."""
     def appended(tx: Tx, write: dict) -> None:
         append_logprobs(tx, [pieces.get(write["b_id"])])
-        if token_pieces is not None:
-            append_tokens(tx, [token_pieces.get(write["b_id"])])
+        if outputs is not None:
+            append_output(tx, [outputs.get(write["b_id"])])
     return appended
+
+
+def _appends(stored: int, update: TokenUpdate) -> bool:
+    """Whether a flush writes the request's output as a piece (storage/output.py): the writer knows what the
+    table holds and has more tokens than it."""
+    return update.text_kept is not None and len(update.tokens) > stored
+
+
+def _unchanged(stored: int, update: TokenUpdate) -> bool:
+    """Whether the writer's output is the one the table holds (nothing of it to write)."""
+    return update.text_kept == len(update.text) and len(update.tokens) == stored

@@ -14,6 +14,7 @@ completions stay in `unwritten`, tokens stay dirty.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 from fsched.core.daemon import flushplan
@@ -148,10 +149,12 @@ class Writer:
         if not (dirty or self.unwritten or claim):
             return []
         done = self.unwritten
-        result = self.store.write_step(self.owner, [self._update(held) for held in dirty], done, claim)
+        updates = [self._update(held) for held in dirty]
+        result = self.store.write_step(self.owner, updates, done, claim)
         self.unwritten = []
-        for held in dirty:
+        for held, update in zip(dirty, updates, strict=True):
             held.dirty = False
+            held.written_text = update.text
             self._waiting_since.pop(held.id, None)
         # A refused write: the request already ended, or this daemon lost its lease.
         self.fenced += len(dirty) - result.written + result.finished.count(False)
@@ -191,8 +194,9 @@ class Writer:
         self.fenced += not written
 
     def _update(self, held: Request) -> TokenUpdate:
-        return TokenUpdate(held.id, tuple(held.output), self.text(held), self.holdings.first_token_at(held),
-                           held.lease_epoch, tuple(held.output_logprobs))
+        text = self.text(held)
+        return TokenUpdate(held.id, tuple(held.output), text, self.holdings.first_token_at(held),
+                           held.lease_epoch, tuple(held.output_logprobs), kept_of(held.written_text, text))
 
     def _completion(self, result: EngineResult, held: Request) -> Completion:
         if not result.status.succeeded:
@@ -203,3 +207,14 @@ class Writer:
             model=self.model, first_token_at=self.holdings.first_token_at(held), lease_epoch=held.lease_epoch,
             logprobs=tuple(result.logprobs),
         )
+
+
+def kept_of(written: str | None, text: str) -> int | None:
+    """How many leading characters of `text` equal the text last written (`written`; None: none this
+    daemon wrote, so the table's is not known): most writes only add to the text, but a character held
+    back whole can change the last one written."""
+    if written is None:
+        return None
+    if text.startswith(written):
+        return len(written)
+    return len(os.path.commonprefix((written, text)))

@@ -339,6 +339,9 @@ class TokenUpdate:
     first_token_at: float | None = None
     lease_epoch: int | None = None  # the writer's lease epoch (None: not fenced by epoch)
     logprobs: tuple[TokenLogprobs, ...] = ()  # one per token, when the request asks for them
+    # How many leading characters of `text` the table holds already, as the writer's last write left them
+    # (the store then writes only the rest); None: the writer does not know, and the text goes whole.
+    text_kept: int | None = None
 
 
 @dataclass(slots=True, frozen=True)

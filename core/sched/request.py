@@ -106,6 +106,7 @@ class Request:
     attempts: int = 1
     dirty: bool = False
     linked: bool = False
+    written_text: str | None = None  # the output text the table holds, as this daemon last wrote it
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1 and not self.to_encode:

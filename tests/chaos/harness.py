@@ -153,16 +153,29 @@ def outputs(path: Path) -> dict[tuple[str, str], list[tuple[str, list[int], str]
         rows = conn.execute(
             "SELECT j.name, r.custom_id, r.state, r.output_tokens, r.output_text, r.id "
             "FROM requests r JOIN jobs j ON j.id = r.job_id ORDER BY r.job_id, r.idx").fetchall()
-        pieces: dict[int, list[int]] = {}  # a running (or requeued) request's tokens after its row's
-        for key, tokens in conn.execute(
-                "SELECT request_id, tokens FROM request_tokens ORDER BY request_id, start"):
-            pieces.setdefault(key, []).extend(json.loads(tokens))
+        pieces = _pieces(conn)
     finally:
         conn.close()
     found: dict[tuple[str, str], list] = {}
     for name, cid, state, tokens, text, key in rows:
-        found.setdefault((name, cid), []).append((state, json.loads(tokens) + pieces.get(key, []), text))
+        found.setdefault((name, cid), []).append((state, *_whole(key, json.loads(tokens), text, pieces)))
     return found
+
+
+def _pieces(conn: sqlite3.Connection) -> dict[int, list]:
+    """Each running (or requeued) request's output pieces, in order: (tokens, text kept, text)."""
+    pieces: dict[int, list] = {}
+    for key, tokens, kept, text in conn.execute(
+            "SELECT request_id, tokens, text_kept, text FROM request_output ORDER BY request_id, start"):
+        pieces.setdefault(key, []).append((json.loads(tokens), kept, text))
+    return pieces
+
+
+def _whole(key: int, tokens: list[int], text: str, pieces: dict[int, list]) -> tuple[list[int], str]:
+    """A request's output: its row's tokens and text with its pieces applied."""
+    for more, kept, piece in pieces.get(key, []):
+        tokens, text = tokens + more, text[:kept] + piece
+    return tokens, text
 
 
 def final_tokens(path: Path) -> dict[tuple[str, str], list[int]]:
@@ -228,6 +241,7 @@ def check_table(path: Path, expected: dict[tuple[str, str], list[int]] | None = 
         rows = conn.execute(
             "SELECT id, job_id, idx, custom_id, state, output_tokens, output_text, num_output_tokens, "
             "finish_reason, finished_at, lease_owner FROM requests ORDER BY job_id, idx").fetchall()
+        pieces = _pieces(conn)
         conn.execute("COMMIT")
     finally:
         conn.close()
@@ -253,7 +267,7 @@ def check_table(path: Path, expected: dict[tuple[str, str], list[int]] | None = 
             assert not waiting, f"job {job_id} ({job_state}) was cancelled but {waiting} request(s) wait"
         snap.states.update(states)
         for rid, _, _, cid, state, tokens_json, text, num_tokens, reason, finished_at, owner in mine:
-            tokens = json.loads(tokens_json)
+            tokens, text = _whole(rid, json.loads(tokens_json), text, pieces)
             where = f"request {rid} ({name}/{cid}, {state})"
             assert len(tokens) == num_tokens, f"{where}: {num_tokens} counted, {len(tokens)} stored"
             if standin:

@@ -56,7 +56,7 @@ def test_a_schema_4_table_gains_the_columns_and_keeps_its_rows(store):
 
 
 def _to_schema_4(conn) -> None:
-    for later in ("request_tokens", "request_logprobs"):  # tables a later version adds (SQLite's rebuild
+    for later in ("request_output", "request_logprobs"):  # tables a later version adds (SQLite's rebuild
         conn.execute(text(f"DROP TABLE {later}"))        # of `requests` would take their keys with it)
     if conn.dialect.name == "postgresql":
         conn.execute(text("ALTER TABLE requests DROP CONSTRAINT uq_requests_job_custom_id_choice"))

@@ -20,10 +20,10 @@ from fsched.core.ports.records import StorageError
 from fsched.storage.claim import CANDIDATE_JOBS
 from fsched.storage.db import Database
 from fsched.storage.direct import DirectConnection
+from fsched.storage.output import read as read_outputs
+from fsched.storage.output import whole_output
 from fsched.storage.prepared import Prepared, listed
 from fsched.storage.rows import requests
-from fsched.storage.tokens import in_pieces, whole_tokens
-from fsched.storage.tokens import read as read_token_pieces
 from tests.support.tables import InSql, submission
 
 COLUMNS = (requests.c.id, requests.c.custom_id, requests.c.params, requests.c.output_tokens)
@@ -264,16 +264,20 @@ def test_a_prepared_store_compiles_nothing_while_it_claims_and_writes(table):
 
 
 def _stored(table, ids) -> dict:
-    """The rows as stored, each with its token ids as the table's readers read them (a running request's
-    row and its pieces)."""
+    """The rows as stored, each with its output as the table's readers read it (a running request's row
+    and its pieces)."""
     with table.db.read() as conn:
         columns = ("id", "state", "output_tokens", "output_text", "num_output_tokens", "first_token_at",
                    "error", "model", "prompt_tokens", "finish_reason", "lease_owner", "finished_at")
         rows = conn.execute(select(*(requests.c[name] for name in columns))
                             .where(requests.c.id.in_([int(i) for i in ids]))).all()
-        pieces = read_token_pieces(conn, in_pieces(rows))
-    return {str(row.id): SimpleNamespace(**{**row._mapping, "output_tokens": list(whole_tokens(row, pieces))})
-            for row in rows}
+        outputs = read_outputs(conn, rows)
+    return {str(row.id): SimpleNamespace(**{**row._mapping, **_output(row, outputs)}) for row in rows}
+
+
+def _output(row, outputs) -> dict:
+    tokens, text = whole_output(row, outputs)
+    return {"output_tokens": list(tokens), "output_text": text}
 
 
 ODD_TEXT = "a\x00b\udc80c\ufdd0d ✓"  # NUL, a lone surrogate, the codec's escape: stored through it

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from fsched.core.daemon.holdings import Holdings
-from fsched.core.daemon.writer import ROWS_PER_WRITE, Writer
+from fsched.core.daemon.writer import ROWS_PER_WRITE, Writer, kept_of
 from fsched.core.ports.queue import StepWritten
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass
@@ -102,3 +102,10 @@ def test_a_row_of_the_share_written_or_ended_meanwhile_is_left_out():
     assert store.writes[-2] == 2
     writer.flush(everything=True, now=1.06)
     assert sum(store.writes) == 1000 - 1  # each row once, the ended one not at all
+
+
+def test_a_write_says_how_much_of_its_text_the_table_holds_already():
+    assert kept_of(None, "abc") is None  # the first write after a claim: the table's text is not known
+    assert kept_of("ab", "abc") == 2
+    assert kept_of("ab\ufffd", "ab\u00e9!") == 2  # a character whose bytes had not all come, now whole
+    assert kept_of("abc", "abc") == 3
