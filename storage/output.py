@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, and_, bindparam, column, delete, or_, select
+from sqlalchemy.sql.elements import ColumnElement
 
 from fsched.storage.direct import Tx
 from fsched.storage.models import RequestOutput
@@ -54,13 +55,20 @@ DROP_PIECES = Prepared(lambda n: delete(request_output)
                        .where(listed(request_output.c.request_id, "b_keys", n)), listed="b_keys")
 
 
+def has_pieces(key: ColumnElement) -> ColumnElement:
+    """Whether the request `key` names has pieces (a column of a read of its row: its pieces are dropped
+    only where there are some, a statement fewer for most writes that end a request)."""
+    return select(request_output.c.request_id).where(request_output.c.request_id == key).exists() \
+        .label("has_pieces")
+
+
 def append(tx: Tx, pieces: Iterable[dict | None]) -> None:
     """Store the pieces (one statement on PostgreSQL, one executemany elsewhere)."""
     tx.many(APPEND, [p for p in pieces if p is not None])
 
 
 def drop(tx: Tx, keys: Sequence[int]) -> None:
-    """Drop these requests' pieces (their rows now hold all their output)."""
+    """Drop these requests' pieces (their rows now hold all their output); none: nothing is sent."""
     for at in range(0, len(keys), READ_KEYS):
         tx.run(DROP_PIECES, {"b_keys": list(keys[at : at + READ_KEYS])})
 

@@ -26,6 +26,7 @@ from fsched.storage.logprobs import append as append_logprobs
 from fsched.storage.logprobs import new_piece
 from fsched.storage.output import append as append_output
 from fsched.storage.output import drop as drop_output_pieces
+from fsched.storage.output import has_pieces
 from fsched.storage.output import new_piece as new_output_piece
 from fsched.storage.prepared import Batched, Prepared, listed, recordset
 from fsched.storage.refusals import write_each
@@ -80,7 +81,7 @@ FAIL_REFUSED = Prepared(
 )
 HELD_ROWS = Prepared(lambda n: select(
     requests.c.id, requests.c.job_id, requests.c.num_output_tokens, requests.c.lease_epoch,
-    requests.c.num_logprobs,
+    requests.c.num_logprobs, has_pieces(requests.c.id),
 ).where(
     listed(requests.c.id, "b_ids", n),
     requests.c.lease_owner == bindparam("b_owner"),
@@ -88,7 +89,7 @@ HELD_ROWS = Prepared(lambda n: select(
 ), listed="b_ids")
 ENDING_ROWS = Prepared(lambda n: select(
     requests.c.id, requests.c.job_id, requests.c.state, requests.c.num_output_tokens, requests.c.lease_owner,
-    requests.c.lease_epoch, requests.c.num_logprobs,
+    requests.c.lease_epoch, requests.c.num_logprobs, has_pieces(requests.c.id),
 ).where(listed(requests.c.id, "b_ids", n)), listed="b_ids")
 
 
@@ -115,8 +116,7 @@ def write_tokens(tx: Tx, owner: str, updates: Sequence[TokenUpdate], careful: bo
             counted.append(write)
         else:
             whole.append(write | {"b_tokens": list(u.tokens), "b_text": u.text})
-    if whole:
-        drop_output_pieces(tx, [w["b_id"] for w in whole])
+    drop_output_pieces(tx, [w["b_id"] for w in whole if rows[w["b_id"]].has_pieces])
     refused = {}
     if careful:
         refused = write_each(tx, FLUSH_TOKENS, counted, _piece_of(pieces, outputs))
@@ -144,8 +144,8 @@ def write_completions(tx: Tx, completions: Sequence[Completion], owner: str | No
     output the table refuses (careful only) ends `failed` instead, with why."""
     if not completions:
         return []
-    outcome, writes, ends, pieces = _completion_writes(tx, completions, owner, now)
-    drop_output_pieces(tx, [w["b_id"] for w in writes])  # the row holds it all now (failed: its tokens)
+    outcome, writes, ends, pieces, with_pieces = _completion_writes(tx, completions, owner, now)
+    drop_output_pieces(tx, with_pieces)  # their rows hold it all now (a failed one: its tokens)
     if careful:
         refused = write_each(tx, FINISH_REQUEST, writes, _piece_of(pieces))
         writes = [_failed_write(w, refused[w["b_id"]], pieces.get(w["b_id"])) if w["b_id"] in refused
@@ -162,9 +162,9 @@ def write_completions(tx: Tx, completions: Sequence[Completion], owner: str | No
 
 def _completion_writes(
     tx: Tx, completions: Sequence[Completion], owner: str | None, now: float
-) -> tuple[list[bool], list[dict], list[tuple[int, RowState, int]], dict[int, dict | None]]:
+) -> tuple[list[bool], list[dict], list[tuple[int, RowState, int]], dict[int, dict | None], list[int]]:
     """Which completions may be written (fencing), their rows, for each row its job, state
-    and tokens before, and the logprobs each appends."""
+    and tokens before, the logprobs each appends, and those of them whose output has pieces."""
     keys = [row_id(c.request_id) for c in completions]
     rows = {row.id: row for row in tx.rows(ENDING_ROWS, {"b_ids": keys})}
     outcome, writes, ends, pieces = [], [], [], {}
@@ -188,7 +188,7 @@ def _completion_writes(
             "b_first": c.first_token_at,
         })
         ends.append((row.job_id, previous, row.num_output_tokens))
-    return outcome, writes, ends, pieces
+    return outcome, writes, ends, pieces, [w["b_id"] for w in writes if rows[w["b_id"]].has_pieces]
 
 
 def _failed_write(write: dict, why: str, piece: dict | None) -> dict:
