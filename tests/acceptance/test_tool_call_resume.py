@@ -298,6 +298,7 @@ def whole_answers(server: Server) -> None:
     headers = {"Authorization": f"Bearer {server.key('agent', 'realtime')}"}
     on = httpx.post(f"{server.url}{CHAT_URL}", headers=headers, timeout=60,
                     json={"model": "m", "messages": QUESTION}).json()
+    assert "choices" in on, on
     message = on["choices"][0]["message"]
     assert (message["reasoning_content"], message["content"]) == (THOUGHT + "\n", THINKING_TEXT.split(
         "</think>\n\n")[1])  # no tools given: the call's text is the answer's
