@@ -81,8 +81,15 @@ class Output:
     tokens: list[int]
     text: str
     end: int = 0
+    broken: bool = False  # a piece did not follow on: read at two moments (below)
 
     def apply(self, start: int, tokens: Sequence[int], text_kept: int, text: str) -> None:
+        """Apply the next piece. On PostgreSQL a reader's statements each see what was committed when
+        they began: a row read before a daemon wrote the output whole, and its pieces after, do not
+        follow on, and such an output is not used (its row is read again at the next poll)."""
+        if start != self.end or text_kept > len(self.text):
+            self.broken = True
+            return
         self.tokens.extend(tokens)
         self.text = self.text[:text_kept] + text if text_kept < len(self.text) else self.text + text
         self.end = start + len(tokens)
@@ -107,12 +114,13 @@ def read_whole(tx: Tx, rows: Sequence) -> dict[int, Output]:
     for at in range(0, len(keys), READ_KEYS):
         for key, start, tokens, kept, text in tx.rows(PIECES_OF, {"b_keys": list(keys[at : at + READ_KEYS])}):
             out.setdefault(key, _from_row(by_key[key])).apply(start, tokens, kept, text)
-    return out
+    return _whole(out)
 
 
 def read(conn: Connection, rows: Sequence, since: Mapping[int, Output] | None = None) -> dict[int, Output]:
     """The output of each of `rows` that has pieces: the row's with its pieces applied; for a key `since`
-    names, that output (read before) with the pieces from its `end` on applied."""
+    names, that output (read before, and changed in place) with the pieces from its `end` on applied. An
+    output whose pieces do not follow on is left out."""
     since = since or {}
     by_key = {row.id: row for row in rows}
     out = {key: since[key] for key in by_key if key in since}
@@ -127,7 +135,12 @@ def read(conn: Connection, rows: Sequence, since: Mapping[int, Output] | None = 
                               .order_by(request_output.c.request_id, request_output.c.start))
         for key, start, tokens, kept, text in pieces:
             out.setdefault(key, _from_row(by_key[key])).apply(start, tokens, kept, text)
-    return out
+    return _whole(out)
+
+
+def _whole(outputs: dict[int, Output]) -> dict[int, Output]:
+    """The outputs whose pieces followed on."""
+    return {key: output for key, output in outputs.items() if not output.broken}
 
 
 def whole_output(row, outputs: Mapping[int, Output]) -> tuple[tuple[int, ...], str]:

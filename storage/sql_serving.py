@@ -133,8 +133,12 @@ class SqlServingStore:
         since = {key: self._outputs[key].output for key in partial if key in self._outputs}
         behind = [row for key, row in partial.items()
                   if key not in since or since[key].end < row.num_output_tokens]
-        for key, output in (read_outputs(conn, behind, since) if behind else {}).items():
-            self._outputs[key] = _OutputRead(now, len(partial[key].output_tokens or ()), output)
+        read = read_outputs(conn, behind, since) if behind else {}
+        for row in behind:
+            if row.id in read:
+                self._outputs[row.id] = _OutputRead(now, len(row.output_tokens or ()), read[row.id])
+            else:  # its pieces did not follow on (read at two moments): its row alone this time
+                self._outputs.pop(row.id, None)
         for key in partial:
             if key in self._outputs:
                 self._outputs[key].at = now

@@ -162,3 +162,27 @@ def test_a_version_12_table_gains_the_pieces_and_keeps_its_rows(store):
     grow(store, again, [9])
     grow(store, again, [9, 9, 9])
     assert stored(store, again.id) == ([9], "w9 ", [(1, [9, 9], 3, "w9 w9 ")])
+
+
+def test_pieces_that_do_not_follow_on_are_not_applied(store):
+    """On PostgreSQL a reader's row and pieces are two statements: a row read before a daemon wrote the
+    output whole, and the pieces after, do not follow on; the reader shows the row alone until it reads
+    the row again."""
+    from fsched.storage.output import Output
+
+    read = Output([1, 2], "ab", end=2)
+    read.apply(5, [6], 5, "f")  # tokens 2-4 are missing: written whole into the row since
+    assert read.broken
+    (job,) = store.submit([streamed()])
+    (held,) = store.claim("d1", per_group=5)
+    serving = SqlServingStore(store.db)
+    grow(store, held, [1])
+    grow(store, held, [1, 2])
+    (progress,) = serving.progress([job.job_id])[job.job_id]
+    assert list(progress.tokens) == [1, 2]
+    store.release("d1")
+    (again,) = store.claim("d2", per_group=5)  # another daemon: its first write is whole, then a piece
+    grow(store, again, [1, 2, 3, 4], owner="d2")
+    grow(store, again, [1, 2, 3, 4, 5], owner="d2")
+    (progress,) = serving.progress([job.job_id])[job.job_id]
+    assert list(progress.tokens) == [1, 2, 3, 4, 5] and progress.output_text == text_of([1, 2, 3, 4, 5])
