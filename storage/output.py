@@ -114,7 +114,7 @@ def read_whole(tx: Tx, rows: Sequence) -> dict[int, Output]:
     for at in range(0, len(keys), READ_KEYS):
         for key, start, tokens, kept, text in tx.rows(PIECES_OF, {"b_keys": list(keys[at : at + READ_KEYS])}):
             out.setdefault(key, _from_row(by_key[key])).apply(start, tokens, kept, text)
-    return _whole(out)
+    return _followed_on(out)
 
 
 def read(conn: Connection, rows: Sequence, since: Mapping[int, Output] | None = None) -> dict[int, Output]:
@@ -135,10 +135,10 @@ def read(conn: Connection, rows: Sequence, since: Mapping[int, Output] | None = 
                               .order_by(request_output.c.request_id, request_output.c.start))
         for key, start, tokens, kept, text in pieces:
             out.setdefault(key, _from_row(by_key[key])).apply(start, tokens, kept, text)
-    return _whole(out)
+    return _followed_on(out)
 
 
-def _whole(outputs: dict[int, Output]) -> dict[int, Output]:
+def _followed_on(outputs: dict[int, Output]) -> dict[int, Output]:
     """The outputs whose pieces followed on."""
     return {key: output for key, output in outputs.items() if not output.broken}
 
