@@ -143,9 +143,9 @@ def _followed_on(outputs: dict[int, Output]) -> dict[int, Output]:
     return {key: output for key, output in outputs.items() if not output.broken}
 
 
-def whole_output(row, outputs: Mapping[int, Output]) -> tuple[tuple[int, ...], str]:
-    """A request's token ids and text: its row's, with its pieces applied (`outputs`, as read)."""
-    read = outputs.get(row.id)
-    if read is None:
+def whole_output(row, output: Output | None) -> tuple[tuple[int, ...], str]:
+    """A request's token ids and text: `output`'s where given (its row with its pieces applied, as read),
+    else its row's."""
+    if output is None:
         return tuple(row.output_tokens or ()), row.output_text or ""
-    return tuple(read.tokens), read.text
+    return tuple(output.tokens), output.text

@@ -6,7 +6,6 @@ request id changes type (the core's text id, the table's integer key).
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
 
 from fsched.core.jobs.jobstate import JobCounts, JobSummary
 from fsched.core.ports.records import RequestProgress, RequestResult, StoreError
@@ -22,9 +21,7 @@ from fsched.core.types import (
     TokenLogprobs,
 )
 from fsched.storage.models import DaemonHeartbeat, DaemonUsage, Job, RequestRow, Tenant
-
-if TYPE_CHECKING:
-    from fsched.storage.output import Output
+from fsched.storage.output import Output, whole_output
 
 jobs = Job.__table__
 requests = RequestRow.__table__
@@ -140,7 +137,7 @@ def request_progress(row, logprobs: tuple[TokenLogprobs, ...] = (), output: Outp
                      ) -> RequestProgress:
     """A row of `PROGRESS_COLUMNS` and its logprobs as their readers see them (the HTTP answers,
     `fsched generate`); `output`: its token ids and text, where its row holds only part of them."""
-    tokens, text = _output(row, output)
+    tokens, text = whole_output(row, output)
     return RequestProgress(
         id=core_id(row.id), job_id=row.job_id, status=status_of_row(row.state, row.finish_reason),
         output_text=text,
@@ -155,7 +152,7 @@ def request_result(row, logprobs: tuple[TokenLogprobs, ...] = (), output: Output
                    ) -> RequestResult:
     """A request's row as results show it; `output`: its token ids and text, where its row holds only part
     of them."""
-    tokens, text = _output(row, output)
+    tokens, text = whole_output(row, output)
     return RequestResult(
         id=core_id(row.id),
         idx=row.idx,
@@ -176,13 +173,6 @@ def request_result(row, logprobs: tuple[TokenLogprobs, ...] = (), output: Output
     )
 
 
-def _output(row, output: Output | None) -> tuple[tuple[int, ...], str]:
-    """A request's token ids and text: `output`'s where given (its row and its pieces), else its row's."""
-    if output is None:
-        return tuple(row.output_tokens or ()), row.output_text
-    return tuple(output.tokens), output.text
-
-
 def claimed_request(row, logprobs: tuple[TokenLogprobs, ...] = (), job=None,
                     output: Output | None = None) -> Request:
     """A request row (and its logprobs) as its claim returns it: its live record, with the lease epoch
@@ -193,7 +183,7 @@ def claimed_request(row, logprobs: tuple[TokenLogprobs, ...] = (), job=None,
     job = row if job is None else job
     return Request.to_run(
         core_id(row.id), (), SamplingParams.from_json(row.params), job.tenant,
-        RequestClass(job.request_class), job.priority, list(_output(row, output)[0]), logprobs,
+        RequestClass(job.request_class), job.priority, list(whole_output(row, output)[0]), logprobs,
         prompt_text=row.prompt, messages=row.messages, render=row.render, job_id=row.job_id,
         custom_id=row.custom_id, enqueued_at=row.enqueued_at, lease_epoch=row.lease_epoch + raised,
         attempts=row.attempts + raised,

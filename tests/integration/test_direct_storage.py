@@ -276,7 +276,7 @@ def _stored(table, ids) -> dict:
 
 
 def _output(row, outputs) -> dict:
-    tokens, text = whole_output(row, outputs)
+    tokens, text = whole_output(row, outputs.get(row.id))
     return {"output_tokens": list(tokens), "output_text": text}
 
 
