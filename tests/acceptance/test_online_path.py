@@ -69,17 +69,20 @@ def engine(request) -> Iterator[FakeEngine | None]:
     fake.stop()
 
 
-def body(url: str, greedy: bool = False) -> dict:
+def body(url: str, greedy: bool = False, on_engine: bool = False) -> dict:
     sampling = {"temperature": 0} if greedy else {}
     if url == CHAT_URL:
-        return {"model": "m", "messages": CHAT, "max_tokens": TOKENS, "stream": True,
-                "seed": long_seed(TOKENS, messages=CHAT), **sampling}
+        seed = long_seed(TOKENS, messages=CHAT, engine_sampled=on_engine and not greedy)
+        return {"model": "m", "messages": CHAT, "max_tokens": TOKENS, "stream": True, "seed": seed,
+                **sampling}
     return {"model": "m", "input": CHAT, "max_output_tokens": TOKENS, "stream": True, **sampling}
 
 
-def long_draw(server: Server, tenant: str, n: int, attempt: Callable[[], tuple[T, Callable]], **encoded):
+def long_draw(server: Server, tenant: str, n: int, attempt: Callable[[], tuple[T, Callable]],
+              engine_sampled: bool = False, **encoded):
     """(what `attempt()` opened, its job id), of the first request of the tenant's it opens whose stored
-    seed has the stand-in generate `n` tokens without its end token (`encoded`: the prompt or messages).
+    seed has the stand-in generate `n` tokens without its end token (`encoded`: the prompt or messages;
+    `engine_sampled`: the stand-in engine server's sampled draws, which differ from the stand-in's).
     The Responses API takes no seed: the server draws one, so a test that needs a long request opens
     it again (`close`s the short one) until a draw is long; a request with a long seed (long_seed) is
     kept at once."""
@@ -92,7 +95,7 @@ def long_draw(server: Server, tenant: str, n: int, attempt: Callable[[], tuple[T
             assert time.time() < deadline, "the request was not stored"
             time.sleep(0.02)
         ((last, params),) = found  # one request opened at a time: its job is the tenant's newest
-        if runs_long(n, json.loads(params)["seed"], **encoded):
+        if runs_long(n, json.loads(params)["seed"], engine_sampled=engine_sampled, **encoded):
             return opened, last
         close()
 
@@ -144,24 +147,28 @@ class Reader:
 
 
 @contextmanager
-def streams(server: Server, tenant: str, greedy: bool = False) -> Iterator[list[Reader]]:
+def streams(server: Server, tenant: str, greedy: bool = False, on_engine: bool = False
+            ) -> Iterator[list[Reader]]:
     """A chat stream, then a Responses stream, of a new key of `tenant`, both open and each running to
-    TOKENS tokens unless stopped: their readers, in that order."""
+    TOKENS tokens unless stopped (`on_engine`: as the stand-in engine server draws them): their readers,
+    in that order."""
     key = server.key(tenant)
     with ExitStack() as stack:
         readers = []
         for url in (CHAT_URL, RESPONSES_URL):
-            attempt = partial(open_stream, server, key, url, greedy)
-            (one, response), job_id = long_draw(server, tenant, TOKENS, attempt, messages=CHAT)
+            attempt = partial(open_stream, server, key, url, greedy, on_engine)
+            (one, response), job_id = long_draw(server, tenant, TOKENS, attempt, on_engine and not greedy,
+                                                messages=CHAT)
             stack.push(one.pop_all())
             readers.append(Reader(response, job_id))
         yield readers
 
 
-def open_stream(server: Server, key: str, url: str, greedy: bool = False
+def open_stream(server: Server, key: str, url: str, greedy: bool = False, on_engine: bool = False
                 ) -> tuple[tuple[ExitStack, httpx.Response], Callable]:
     one = ExitStack()
-    response = one.enter_context(httpx.stream("POST", f"{server.url}{url}", json=body(url, greedy),
+    payload = body(url, greedy, on_engine)
+    response = one.enter_context(httpx.stream("POST", f"{server.url}{url}", json=payload,
                                               timeout=30, headers={"Authorization": f"Bearer {key}"}))
     return (one, response), one.close
 
@@ -174,7 +181,7 @@ def each_until(readers: list[Reader], stop) -> None:
 def test_a_killed_daemon_keeps_the_streams_alive_and_a_new_one_resumes_them_without_repeats(server, engine):
     # ample time for the successor to start on a loaded machine
     start(server, "--no-daemon-s", "30", engine=engine)
-    with streams(server, "kept") as readers:
+    with streams(server, "kept", on_engine=engine is not None) as readers:
         each_until(readers, lambda r: len(r.content) > 40)
         server.procs[0].send_signal(signal.SIGKILL)
         each_until(readers, lambda r: r.keepalives >= 1)  # no bytes of text come, but the streams are alive
