@@ -142,3 +142,27 @@ def iso_time(at: float | None) -> str | None:
     if at is None:
         return None
     return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+# The collector's first generation runs once this many objects are allocated and not freed (Python's
+# default: 700). Each request allocates thousands for a few ms and a thousand streams hold theirs for
+# seconds, so at 700 the young collections ran every few requests and promoted the live streams'
+# objects to be traversed again and again: measured at 1,024 streams of 8-token requests, serve's
+# CPU per token went from 126 µs (the heap frozen, 700) to 112 (20,000). The memory it may hold
+# meanwhile is what 20,000 small objects take (a few MB).
+YOUNG_GC_THRESHOLD = 20_000
+
+
+def quiet_gc() -> None:
+    """What the collector traverses kept to what requests make, in a long-running process (serve, the
+    daemon) once it has started: the heap built at startup (its imports, the app or the tokenizer:
+    hundreds of thousands of objects that live as long as the process) is frozen out of every
+    collection, and young collections wait for YOUNG_GC_THRESHOLD objects. Measured at 1,024 streams
+    of 8-token requests: serve's CPU per token 157-168 µs before, 112-115 after (a third of a
+    request's fixed cost was the collector traversing the same long-lived objects)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_GC_THRESHOLD, older, oldest)

@@ -6,16 +6,16 @@ from typing import Annotated
 
 import typer
 
-from fsched.cli.common import DbOption, UserError, handle_errors, known_tool_parser, open_table_to_serve
+from fsched.cli.common import (
+    DbOption,
+    UserError,
+    handle_errors,
+    known_tool_parser,
+    open_table_to_serve,
+    quiet_gc,
+)
 
 POLL_MS = 5.0
-# The collector's first generation runs once this many objects are allocated and not freed (Python's
-# default: 700). Each request allocates thousands for a few ms and a thousand streams hold theirs for
-# seconds, so at 700 the young collections ran every few requests and promoted the live streams'
-# objects to be traversed again and again: measured at 1,024 streams of 8-token requests, serve's
-# CPU per token went from 126 µs (the heap frozen, 700) to 112 (20,000). The memory it may hold
-# meanwhile is what 20,000 small objects take (a few MB).
-YOUNG_GC_THRESHOLD = 20_000
 HEADER_TIMEOUT_S = 10.0  # as api/slowclients.py's ClientDeadlines (api/ is imported only once serving)
 BODY_TIMEOUT_S = 120.0
 MAX_WORKERS = 64
@@ -297,20 +297,6 @@ def _supervise(workers: int, work, host: str, port: int) -> None:
     status = Supervisor(workers, work, say).run()
     if status:
         raise typer.Exit(status)
-
-
-def quiet_gc() -> None:
-    """What the collector traverses kept to what requests make: the heap built at startup (the app, its
-    imports: hundreds of thousands of objects that live as long as the server) is frozen out of every
-    collection, and young collections wait for YOUNG_GC_THRESHOLD objects. Measured at 1,024 streams of
-    8-token requests: serve's CPU per token 157-168 µs before, 112-115 after (a third of a request's
-    fixed cost was the collector traversing the same long-lived objects)."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(YOUNG_GC_THRESHOLD, older, oldest)
 
 
 def _log_fsched_lines() -> None:

@@ -21,7 +21,7 @@ def test_httptools_where_installed_and_h11_when_asked():
 def test_serve_freezes_its_startup_heap_and_collects_young_objects_less_often():
     import gc
 
-    from fsched.cli.serve import YOUNG_GC_THRESHOLD, quiet_gc
+    from fsched.cli.common import YOUNG_GC_THRESHOLD, quiet_gc
 
     before = gc.get_threshold()
     try:
