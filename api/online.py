@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar, Protocol
 
 import anyio
@@ -233,8 +234,12 @@ def parsed(text: str, endpoint: Endpoint, key: ApiKey, limits: InputLimits,
 async def submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
     await ratelimit.admit(state, key, online)
     limits = await state.limits()
+    link = state.link
+    # Announced to the daemons the moment its group is stored (api/submitter.py), before this resumes.
+    announce = None if link is None else partial(link.announce, linkable=_linkable(online))
     try:
-        job = await state.submit_online(online.job, limits.max_queued_per_tenant)
+        job = await state.submit_online(online.job, limits.max_queued_per_tenant, announce,
+                                        None if link is None else link.closed)
         stamp("stored", job.job_id)
     except QueueFull:
         raise ApiError(429, f"tenant {key.tenant!r} has too many unfinished requests "
@@ -243,8 +248,6 @@ async def submit(state: ServerState, key: ApiKey, online: OnlineRequest) -> int:
     except KeyRevoked:
         state.forget_key(key.id)
         raise ApiError(401, "invalid or revoked API key", code="invalid_api_key") from None
-    if state.link is not None:
-        state.link.announce(job.job_id, linkable=_linkable(online))
     return job.job_id
 
 

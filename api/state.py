@@ -17,7 +17,7 @@ from fsched.api.facts import KEEP_WARM_S, Cached, due, note_failed_read, refresh
 from fsched.api.guard import Guard
 from fsched.api.hub import ProgressHub
 from fsched.api.keyreads import KeyReads
-from fsched.api.submitter import Submitter
+from fsched.api.submitter import JobCall, Submitter
 from fsched.core.jobs.apikeys import ApiKey, secret_matches, split_key
 from fsched.core.jobs.limits import InputLimits, limits_in_force
 from fsched.core.openai.body import PromptThinking
@@ -85,13 +85,15 @@ class ServerState:
         """A store call in a worker thread: the event loop never waits on the database."""
         return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
 
-    async def submit_online(self, submission: JobSubmission, max_queued_per_tenant: int) -> SubmittedJob:
-        """Store one online request's job, in a group commit with those arriving meanwhile."""
+    async def submit_online(self, submission: JobSubmission, max_queued_per_tenant: int,
+                            stored: JobCall | None = None, abandoned: JobCall | None = None) -> SubmittedJob:
+        """Store one online request's job, in a group commit with those arriving meanwhile (`stored` and
+        `abandoned`: api/submitter.py's)."""
         if self._submitter is None:
             # Its own thread, not `call`'s hop (anyio's capacity limiter, cancel scope and checkpoint,
             # a worker taken and put back: a tenth of serve's CPU with 4-token requests).
             self._submitter = Submitter(self.backend.jobs.submit_each)
-        return await self._submitter.submit(submission, max_queued_per_tenant)
+        return await self._submitter.submit(submission, max_queued_per_tenant, stored, abandoned)
 
     def close(self) -> None:
         """The server stops: the group commit's thread ends once its last transaction is done."""

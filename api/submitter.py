@@ -20,11 +20,20 @@ of 128 requests went in two transactions, the first of one request and the
 second of the rest, 12 ms later). Each group's outcomes go back to the loop
 in one wake-up (`call_soon_threadsafe`): a future for each waiting handler,
 set there.
+
+A handler may pass a `stored` call with its submission: it runs there too,
+for every job of the group, before any handler resumes (the server announces
+its jobs to the daemons with it: a burst's announcements go out in one write
+the moment its transaction is known, not one by one as each handler gets
+its turn on the loop; measured, that wait was most of a burst's time from
+the row to the daemon's claim). A handler cancelled after that call, before
+it resumed, has its `abandoned` called with the job's id.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
@@ -33,11 +42,15 @@ from collections.abc import Callable, Sequence
 from fsched.core.ports.records import JobSubmission, KeyRevoked, QueueFull, SubmittedJob
 from fsched.core.stamps import stamp
 
+log = logging.getLogger("fsched.serve")
+
 MAX_GROUP = 256  # submissions a transaction stores at most
 
 Outcome = SubmittedJob | QueueFull | KeyRevoked
 Store = Callable[[Sequence[JobSubmission], int], list[Outcome]]
-_Waiting = tuple[JobSubmission, int, asyncio.AbstractEventLoop, asyncio.Future]
+JobCall = Callable[[int], None]
+# A submission, its queue limit, its handler's loop and future, and its `stored` call (or None).
+_Waiting = tuple[JobSubmission, int, asyncio.AbstractEventLoop, asyncio.Future, JobCall | None]
 
 
 class Submitter:
@@ -50,15 +63,24 @@ class Submitter:
         self._queue: queue.SimpleQueue[_Waiting | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    async def submit(self, submission: JobSubmission, max_queued_per_tenant: int) -> SubmittedJob:
-        """Store one job (raises QueueFull over its tenant's limit, KeyRevoked for a revoked key)."""
+    async def submit(self, submission: JobSubmission, max_queued_per_tenant: int,
+                     stored: JobCall | None = None, abandoned: JobCall | None = None) -> SubmittedJob:
+        """Store one job (raises QueueFull over its tenant's limit, KeyRevoked for a revoked key).
+        `stored(job_id)` runs on this loop as soon as the job is stored, before this call returns;
+        `abandoned(job_id)` where this call was cancelled after that."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name=self.name, daemon=True)
             self._thread.start()
-        self._queue.put((submission, max_queued_per_tenant, loop, future))
-        return await future
+        self._queue.put((submission, max_queued_per_tenant, loop, future, stored))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if (stored is not None and abandoned is not None and future.done() and not future.cancelled()
+                    and isinstance(outcome := future.result(), SubmittedJob)):
+                abandoned(outcome.job_id)
+            raise
 
     def close(self) -> None:
         """The writer ends once the submissions queued before are stored (nobody waits for it)."""
@@ -74,7 +96,7 @@ class Submitter:
             if len(outcomes) != len(group):  # a store that broke its word: every handler hears it
                 broken = RuntimeError(f"the group commit answered {len(outcomes)} of {len(group)} jobs")
                 outcomes = [broken] * len(group)
-            for loop in {loop for _, _, loop, _ in group}:
+            for loop in {w[2] for w in group}:
                 mine = [(w, o) for w, o in zip(group, outcomes, strict=True) if w[2] is loop]
                 try:
                     loop.call_soon_threadsafe(_settle, mine, began)
@@ -97,8 +119,8 @@ class Submitter:
         return group, False
 
     def _stored(self, group: list[_Waiting]) -> list[Outcome | BaseException]:
-        submissions = [s for s, _, _, _ in group]
-        limit = min(limit for _, limit, _, _ in group)
+        submissions = [w[0] for w in group]
+        limit = min(w[1] for w in group)
         try:
             try:
                 return self.store(submissions, limit)
@@ -117,10 +139,17 @@ class Submitter:
 
 
 def _settle(settled: list[tuple[_Waiting, Outcome | BaseException]], began: float) -> None:
-    """On the loop: each handler's outcome (a handler gone meanwhile: its row stays, and is run)."""
-    for (_, _, _, future), outcome in settled:
+    """On the loop: each stored job's `stored` call, then each handler's outcome (a handler gone
+    meanwhile: its row stays, and is run)."""
+    for (_, _, _, future, stored), outcome in settled:
         if isinstance(outcome, SubmittedJob):
             stamp("grouped", outcome.job_id, began)  # its group's transaction began
+            if stored is not None and not future.done():
+                try:
+                    stored(outcome.job_id)
+                except Exception:  # noqa: BLE001 - its handler's outcome is set all the same
+                    log.exception("a stored job's call failed (job %d)", outcome.job_id)
+    for (_, _, _, future, _), outcome in settled:
         if future.done():
             continue
         if isinstance(outcome, BaseException):

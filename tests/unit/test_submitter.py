@@ -147,6 +147,67 @@ def test_a_handler_gone_while_its_group_is_written_does_not_stop_the_others():
     assert kept.tenant == "kept" and store.calls[1] == ["gone", "kept"]  # its row is stored, and runs
 
 
+def test_a_groups_stored_calls_all_run_before_any_of_its_handlers_resumes():
+    """The server announces each job with its `stored` call: a burst's announcements all go before the
+    first of its handlers takes its turn on the loop."""
+    store = Store(gated=True)
+    events: list[str] = []
+
+    async def handler(submitter: Submitter, tenant: str) -> None:
+        job = await submitter.submit(tenant, 10, stored=lambda job_id: events.append(f"stored {job_id}"))
+        events.append(f"resumed {job.job_id}")
+
+    async def run():
+        submitter = Submitter(store)
+        first = asyncio.ensure_future(handler(submitter, "a"))
+        await _began(store)
+        rest = [asyncio.ensure_future(handler(submitter, t)) for t in "bcd"]
+        await asyncio.sleep(0)  # queued behind the first group
+        store.release(2)
+        await asyncio.gather(first, *rest)
+        submitter.close()
+
+    asyncio.run(run())
+    assert store.calls == [["a"], ["b", "c", "d"]]
+    burst = [e for e in events if not e.endswith(" 1")]
+    assert burst == ["stored 2", "stored 3", "stored 4", "resumed 2", "resumed 3", "resumed 4"]
+    assert events.index("stored 1") < events.index("resumed 1")
+
+
+def test_a_handler_cancelled_after_its_stored_call_has_its_abandoned_call_and_one_gone_before_has_none():
+    store = Store(gated=True)
+    stored: list[int] = []
+    abandoned: list[int] = []
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        submitter = Submitter(store)
+        (first,) = await _queued(submitter, ["a"])
+        await _began(store)
+        tasks: dict[str, asyncio.Task] = {}
+
+        def stored_then_cancelled(job_id: int) -> None:
+            stored.append(job_id)
+            # Its client goes away once the job is stored, before its handler resumes.
+            loop.call_soon(tasks["after"].cancel)
+
+        for tenant in ("before", "after"):
+            tasks[tenant] = asyncio.ensure_future(submitter.submit(tenant, 10, stored_then_cancelled,
+                                                                   abandoned.append))
+        await asyncio.sleep(0)
+        tasks["before"].cancel()  # gone while its group waits: no call at all
+        store.release(2)
+        for task in tasks.values():
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        await first
+        submitter.close()
+
+    asyncio.run(run())
+    assert store.calls[1] == ["before", "after"]
+    assert stored == [3] and abandoned == [3]
+
+
 def test_close_ends_the_writer_once_what_was_queued_is_stored_and_a_later_submit_starts_another():
     store = Store()
     submitter = Submitter(store, name="fsched-test")
