@@ -289,6 +289,11 @@ class ProgressHub:
         from the start (the link's drop reverts that)."""
         self._expected[job_id] = True
 
+    def unexpect(self, job_id: int) -> None:
+        """The job's handler is done with it, maybe before it ever watched (it went away right after
+        the announcement)."""
+        self._expected.pop(job_id, None)
+
     def unlink(self, job_ids: Sequence[int]) -> None:
         """A link went down: read these jobs from the table at every tick again."""
         for job_id in job_ids:

@@ -72,6 +72,7 @@ class LinkClient:
         if self._open.pop(job_id, None):
             for peer in self._peers.values():
                 self._send(peer, [wire.Forget(job_id)], later=True)
+        self.hub.unexpect(job_id)
         self._text.pop(job_id, None)
         self._times.pop(job_id, None)
 

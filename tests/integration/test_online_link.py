@@ -274,6 +274,29 @@ def test_a_forget_waits_for_the_next_message_that_goes_or_the_refresh():
         server.close()
 
 
+def test_a_job_closed_before_its_handler_watched_leaves_no_expectation_behind():
+    """A handler that goes away between its job's announcement and its watch (the group commit announces
+    a job before its handler resumes): the hub does not keep the job as expected for ever."""
+    server = LinkServer("127.0.0.1", 0)
+    try:
+        async def run():
+            hub = ProgressHub(lambda ids: {}, interval_s=0.01)
+            client = LinkClient(hub, refresh_s=0.3)
+            runner = asyncio.create_task(client.run(lambda: _addresses(server.address)))
+            deadline = time.monotonic() + 5
+            while not client._peers and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            client.announce(7, linkable=True)
+            client.announce(8, linkable=True)
+            client.closed(7)  # its handler gone before it watched
+            assert 7 not in hub._expected and 8 in hub._expected
+            runner.cancel()
+
+        asyncio.run(run())
+    finally:
+        server.close()
+
+
 def test_a_steps_line_for_a_thousand_requests_crosses_whole():
     """One line carries a step's texts for every request a server watches: past asyncio's 64 KiB line."""
     server = LinkServer("127.0.0.1", 0)
