@@ -194,6 +194,40 @@ def test_a_group_commit_stores_each_job_on_its_own_terms(table):
     assert len([j for j in store.list_jobs() if j.tenant == "alice"]) == 3
 
 
+def test_group_commits_of_two_servers_at_once_give_each_job_its_own_id_and_rows(table):
+    """Each outcome's job id names that job: its tenant and its requests (SQLite gives the ids itself,
+    after the highest, in the transaction that holds the write lock)."""
+    handles = [table.another() for _ in range(2)]
+    barrier = threading.Barrier(len(handles))
+    stored, errors = [], []
+
+    def serve(handle, tenant: str) -> None:
+        barrier.wait()
+        try:
+            for size in (1, 3, 8, 2, 5):
+                group = [submission(1 + i % 2, tenant=tenant) for i in range(size)]
+                for s, outcome in zip(group, handle.catalog.submit_each(group, max_queued_per_tenant=1_000),
+                                      strict=True):
+                    stored.append((outcome.job_id, tenant, len(s.requests)))
+        except Exception as exc:  # noqa: BLE001 - any failure is the finding
+            errors.append(exc)
+
+    threads = [threading.Thread(target=serve, args=(h, tenant))
+               for h, tenant in zip(handles, ("ann", "ben"), strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(stored) == 2 * 19
+    assert len({job_id for job_id, _, _ in stored}) == len(stored)
+    jobs = {job.id: job for job in table.catalog.list_jobs()}
+    for job_id, tenant, n in stored:  # the job and its own requests' rows
+        assert (jobs[job_id].tenant, jobs[job_id].counts.num_requests) == (tenant, n)
+        assert [p.job_id for p in table.catalog.request_progress(job_id)] == [job_id] * n
+    for h in handles:
+        h.close()
+
+
 def test_a_group_commit_stores_no_job_of_a_revoked_or_unknown_key(table):
     kept, _ = table.keys.create_key("alice", RequestClass.REALTIME)
     gone, _ = table.keys.create_key("alice", RequestClass.REALTIME)
