@@ -101,3 +101,48 @@ def test_a_streams_head_goes_with_its_first_piece_and_its_last_piece_with_its_en
     assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n9\r\ndata: a\n\n\r\n")
     assert middle == b"9\r\ndata: b\n\n\r\n"
     assert last == b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+
+
+@pytest.mark.parametrize("parser", ["auto", "h11"])
+def test_a_streams_first_progress_and_its_end_go_out_as_soon_as_written_not_at_the_end_of_the_pass(parser):
+    """A push wakes a burst's streams in one loop pass: each one's head, opening and first token go out
+    when that stream has written them, not after every other stream of the burst has had its turn; its
+    end likewise."""
+    import asyncio
+
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    from fsched.api.sse import BoundedStream, FirstPiece, LastPiece
+
+    transport = _Transport()
+    seen: dict[str, int] = {}
+
+    async def app(scope, receive, send):
+        async def pieces():
+            yield "data: opening\n\n"
+            yield FirstPiece("data: a\n\n")
+            seen["after the first piece"] = len(transport.writes)
+            yield LastPiece("data: [DONE]\n\n")
+
+        await BoundedStream(pieces(), stall_s=5)(scope, receive, send)
+        seen["after the end"] = len(transport.writes)
+
+    async def run() -> list[bytes]:
+        config = Config(app, log_config=None)
+        config.load()
+        protocol = header_deadline_protocol(5.0, parser)(config=config, server_state=ServerState(),
+                                                         app_state={})
+        protocol.connection_made(transport)
+        protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in range(50):
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return transport.writes
+
+    writes = asyncio.run(run())
+    assert seen == {"after the first piece": 1, "after the end": 2}, (seen, writes)
+    head, last = writes
+    assert head.startswith(b"HTTP/1.1 200")
+    assert head.endswith(b"\r\n\r\nf\r\ndata: opening\n\n\r\n9\r\ndata: a\n\n\r\n")
+    assert last == b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
