@@ -439,10 +439,8 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
                 unstamped = False
                 stamp("written", job_id)
             if piece := "".join(events.update(update)):
-                if first:
-                    first = False
-                    piece = FirstPiece(piece)
-                yield piece
+                yield FirstPiece(piece) if first else piece
+                first = False
         if ending := "".join(_ending(state, online, pushes.final, events)):
             yield LastPiece(ending)
         stamp("end_written", job_id)
