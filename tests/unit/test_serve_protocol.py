@@ -62,14 +62,35 @@ class _Transport:
     def set_protocol(self, protocol) -> None: ...
 
 
+def _served(app, parser: str, transport: _Transport | None = None) -> list[bytes]:
+    """What serve's protocol (`parser`'s) writes to `transport` for one GET answered by `app`."""
+    import asyncio
+
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    transport = transport or _Transport()
+
+    async def run() -> list[bytes]:
+        config = Config(app, log_config=None)
+        config.load()
+        protocol = header_deadline_protocol(5.0, parser)(config=config, server_state=ServerState(),
+                                                         app_state={})
+        protocol.connection_made(transport)
+        protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in range(50):
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return transport.writes
+
+    return asyncio.run(run())
+
+
 @pytest.mark.parametrize("parser", ["auto", "h11"])
 def test_a_streams_head_goes_with_its_first_piece_and_its_last_piece_with_its_end(parser):
     """Two writes a stream fewer, the same bytes: the head and the piece made in the same loop pass go out
     in one write, a piece made later in its own, the last piece (its ending events) with the end."""
     import asyncio
-
-    from uvicorn.config import Config
-    from uvicorn.server import ServerState
 
     from fsched.api.sse import BoundedStream, LastPiece
 
@@ -82,20 +103,7 @@ def test_a_streams_head_goes_with_its_first_piece_and_its_last_piece_with_its_en
 
         await BoundedStream(pieces(), stall_s=5)(scope, receive, send)
 
-    async def run() -> list[bytes]:
-        config = Config(app, log_config=None)
-        config.load()
-        protocol = header_deadline_protocol(5.0, parser)(config=config, server_state=ServerState(),
-                                                         app_state={})
-        transport = _Transport()
-        protocol.connection_made(transport)
-        protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        for _ in range(50):
-            await asyncio.sleep(0)
-        protocol.connection_lost(None)
-        return transport.writes
-
-    writes = asyncio.run(run())
+    writes = _served(app, parser)
     assert len(writes) == 3, writes
     head, middle, last = writes
     assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n9\r\ndata: a\n\n\r\n")
@@ -108,11 +116,6 @@ def test_a_streams_first_progress_and_its_end_go_out_as_soon_as_written_not_at_t
     """A push wakes a burst's streams in one loop pass: each one's head, opening and first token go out
     when that stream has written them, not after every other stream of the burst has had its turn; its
     end likewise."""
-    import asyncio
-
-    from uvicorn.config import Config
-    from uvicorn.server import ServerState
-
     from fsched.api.sse import BoundedStream, FirstPiece, LastPiece
 
     transport = _Transport()
@@ -128,19 +131,7 @@ def test_a_streams_first_progress_and_its_end_go_out_as_soon_as_written_not_at_t
         await BoundedStream(pieces(), stall_s=5)(scope, receive, send)
         seen["after the end"] = len(transport.writes)
 
-    async def run() -> list[bytes]:
-        config = Config(app, log_config=None)
-        config.load()
-        protocol = header_deadline_protocol(5.0, parser)(config=config, server_state=ServerState(),
-                                                         app_state={})
-        protocol.connection_made(transport)
-        protocol.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        for _ in range(50):
-            await asyncio.sleep(0)
-        protocol.connection_lost(None)
-        return transport.writes
-
-    writes = asyncio.run(run())
+    writes = _served(app, parser, transport)
     assert seen == {"after the first piece": 1, "after the end": 2}, (seen, writes)
     head, last = writes
     assert head.startswith(b"HTTP/1.1 200")
