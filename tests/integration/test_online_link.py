@@ -241,11 +241,8 @@ def test_a_forget_waits_for_the_next_message_that_goes_or_the_refresh():
     server = LinkServer("127.0.0.1", 0)
     try:
         async def run():
-            client = LinkClient(ProgressHub(lambda ids: {}, interval_s=0.01), refresh_s=0.3)
-            runner = asyncio.create_task(client.run(lambda: _addresses(server.address)))
+            client, runner = await _linked(ProgressHub(lambda ids: {}, interval_s=0.01), server)
             deadline = time.monotonic() + 5
-            while not client._peers and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
             (peer,) = client._peers.values()
             writes = []
             write = peer.writer.write
@@ -281,11 +278,7 @@ def test_a_job_closed_before_its_handler_watched_leaves_no_expectation_behind():
     try:
         async def run():
             hub = ProgressHub(lambda ids: {}, interval_s=0.01)
-            client = LinkClient(hub, refresh_s=0.3)
-            runner = asyncio.create_task(client.run(lambda: _addresses(server.address)))
-            deadline = time.monotonic() + 5
-            while not client._peers and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
+            client, runner = await _linked(hub, server)
             client.announce(7, linkable=True)
             client.announce(8, linkable=True)
             client.closed(7)  # its handler gone before it watched
@@ -327,6 +320,17 @@ def test_a_steps_line_for_a_thousand_requests_crosses_whole():
 
 async def _addresses(address: str) -> set[str]:
     return {address}
+
+
+async def _linked(hub: ProgressHub, server: LinkServer, refresh_s: float = 0.3
+                  ) -> tuple[LinkClient, asyncio.Task]:
+    """A link client of `hub`, its refresh loop running, once it has linked to `server` (within 5 s)."""
+    client = LinkClient(hub, refresh_s=refresh_s)
+    runner = asyncio.create_task(client.run(lambda: _addresses(server.address)))
+    deadline = time.monotonic() + 5
+    while not client._peers and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return client, runner
 
 
 def test_a_client_that_takes_no_bytes_for_the_bound_is_cut_off_and_the_stream_closed():
