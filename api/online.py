@@ -25,7 +25,7 @@ from fsched.api.errors import ApiError, error_body
 from fsched.api.guard import KeepAlive, StreamEnd, Update, guarded
 from fsched.api.hub import Choices
 from fsched.api.limits import text_of
-from fsched.api.sse import KEEPALIVE, BoundedStream, FirstPiece, LastPiece, Outlet, sse
+from fsched.api.sse import KEEPALIVE, BoundedStream, LastPiece, Outlet, sse
 from fsched.api.state import ServerState, state_of
 from fsched.api.tokens import prompt_token_ids
 from fsched.core.jobs.apikeys import ApiKey
@@ -407,7 +407,6 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
     written by the push itself (the hub's sink): the same events, no task woken per token.
     """
     ended = attached = False
-    first = True  # no progress sent yet
     unstamped = stamps_on()
     pushes = _PushWriter(events, outlet)
     try:
@@ -439,8 +438,7 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
                 unstamped = False
                 stamp("written", job_id)
             if piece := "".join(events.update(update)):
-                yield FirstPiece(piece) if first else piece
-                first = False
+                yield piece
         if ending := "".join(_ending(state, online, pushes.final, events)):
             yield LastPiece(ending)
         stamp("end_written", job_id)

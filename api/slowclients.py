@@ -13,15 +13,14 @@ nginx's `client_header_timeout` and `client_body_timeout` (60 s there):
   `body_timeout_s`, or the request is answered 408 in OpenAI's error shape
   and the connection closed (`BodyDeadline`, ASGI middleware).
 
-The protocol also offers each request these extensions: `fsched.abort`, with
+The protocol also offers each request three extensions: `fsched.abort`, with
 which a stream whose client stopped reading closes the connection;
 `fsched.body`, with which a stream writes its body's pieces to the
 transport itself (each in its HTTP chunk), not through every middleware's
-`send` and h11's state machine, at each token; `fsched.body_now`, the
+`send` and h11's state machine, at each token; and `fsched.body_now`, the
 same piece written from a plain call (a daemon link's push), when the
-transport takes it without waiting; `fsched.hold`, with which what is
-written until the end of the loop pass goes out in one system call; and
-`fsched.release`, which writes what is held at once.
+transport takes it without waiting; and `fsched.hold`, with which what is
+written until the end of the loop pass goes out in one system call.
 """
 
 from __future__ import annotations
@@ -52,8 +51,6 @@ BODY_NOW = "fsched.body_now"
 # A scope extension: hold the connection's writes until the end of this loop pass, then write them as one
 # (a stream's head and first piece, its last piece and its end: one system call, not two).
 HOLD = "fsched.hold"
-# A scope extension: write what is held now (the stream has written the pieces it held them for).
-RELEASE = "fsched.release"
 
 
 @dataclass(slots=True, frozen=True)
@@ -106,7 +103,6 @@ class _Deadline:
             extensions[BODY] = partial(self._body, cycle)
             extensions[BODY_NOW] = partial(self._body_now, cycle)
             extensions[HOLD] = self.transport.hold
-            extensions[RELEASE] = self.transport.release
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
@@ -233,7 +229,6 @@ class _Lingering:
             self._protocol.loop.call_soon(self.release)
 
     def release(self) -> None:
-        """Write what is held, now (and nothing more is held: `hold` again for that)."""
         held, self._held = self._held, None
         self.write = self._transport.write
         if held and not self._transport.is_closing():

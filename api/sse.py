@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from fsched.api.slowclients import ABORT, BODY, BODY_NOW, HOLD, RELEASE
+from fsched.api.slowclients import ABORT, BODY, BODY_NOW, HOLD
 from fsched.core.jobs.jsontext import dumps as json_text
 
 log = logging.getLogger("fsched.serve")
@@ -35,14 +35,6 @@ def sse(obj: dict) -> str:
 
 class LastPiece(str):
     """A stream's last piece (its ending events): written with the response's end in one write."""
-
-    __slots__ = ()
-
-
-class FirstPiece(str):
-    """A stream's first piece of progress (its first token): what the response's head was held for. It goes
-    out with the head the moment it is written, not at the end of the loop pass (where a burst's other
-    streams, woken by the same push, would each have had their turn first)."""
 
     __slots__ = ()
 
@@ -77,7 +69,6 @@ class BoundedStream(StreamingResponse):
         self._scope_now = None  # and its `fsched.body_now`
         self._streaming = False  # the stream runs and a hang-up cancels it (not once it ends or unwinds)
         self._hold = None  # the server's `fsched.hold`, when it offers it
-        self._release = None  # and its `fsched.release`
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The stream in the handler's own task, and one task that waits for the client to hang up and
@@ -86,7 +77,6 @@ class BoundedStream(StreamingResponse):
         self._write_body = scope.get("extensions", {}).get(BODY)
         self._scope_now = scope.get("extensions", {}).get(BODY_NOW)
         self._hold = scope.get("extensions", {}).get(HOLD)
-        self._release = scope.get("extensions", {}).get(RELEASE)
         task = asyncio.current_task()
         hung_up = False
 
@@ -120,10 +110,8 @@ class BoundedStream(StreamingResponse):
     async def stream_response(self, send: Send) -> None:
         """The head, the pieces as they come, the end. Where the server offers `fsched.hold`, the head goes
         out with the pieces made in the same loop pass (an opening, a first token already in), and the
-        last piece with the end: two writes a stream fewer, the same bytes. Where it offers
-        `fsched.release` too, each goes out as soon as its last piece is written: the first progress,
-        the end."""
-        hold, release = self._hold, self._release
+        last piece with the end: two writes a stream fewer, the same bytes."""
+        hold = self._hold
         if hold is not None:
             hold()
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -141,12 +129,8 @@ class BoundedStream(StreamingResponse):
                         await write(body)
                     else:
                         await send({"type": "http.response.body", "body": body, "more_body": True})
-                if release is not None and type(chunk) is FirstPiece:
-                    release()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             self.ended = True
-            if release is not None:
-                release()
         finally:
             self._streaming = False  # a hang-up from here on cancels nothing: the `finally` below is the end
             if self.outlet is not None:

@@ -62,14 +62,14 @@ class _Transport:
     def set_protocol(self, protocol) -> None: ...
 
 
-def _served(app, parser: str, transport: _Transport | None = None) -> list[bytes]:
-    """What serve's protocol (`parser`'s) writes to `transport` for one GET answered by `app`."""
+def _served(app, parser: str) -> list[bytes]:
+    """What serve's protocol (`parser`'s) writes to its transport for one GET answered by `app`."""
     import asyncio
 
     from uvicorn.config import Config
     from uvicorn.server import ServerState
 
-    transport = transport or _Transport()
+    transport = _Transport()
 
     async def run() -> list[bytes]:
         config = Config(app, log_config=None)
@@ -110,30 +110,3 @@ def test_a_streams_head_goes_with_its_first_piece_and_its_last_piece_with_its_en
     assert middle == b"9\r\ndata: b\n\n\r\n"
     assert last == b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
 
-
-@pytest.mark.parametrize("parser", ["auto", "h11"])
-def test_a_streams_first_progress_and_its_end_go_out_as_soon_as_written_not_at_the_end_of_the_pass(parser):
-    """A push wakes a burst's streams in one loop pass: each one's head, opening and first token go out
-    when that stream has written them, not after every other stream of the burst has had its turn; its
-    end likewise."""
-    from fsched.api.sse import BoundedStream, FirstPiece, LastPiece
-
-    transport = _Transport()
-    seen: dict[str, int] = {}
-
-    async def app(scope, receive, send):
-        async def pieces():
-            yield "data: opening\n\n"
-            yield FirstPiece("data: a\n\n")
-            seen["after the first piece"] = len(transport.writes)
-            yield LastPiece("data: [DONE]\n\n")
-
-        await BoundedStream(pieces(), stall_s=5)(scope, receive, send)
-        seen["after the end"] = len(transport.writes)
-
-    writes = _served(app, parser, transport)
-    assert seen == {"after the first piece": 1, "after the end": 2}, (seen, writes)
-    head, last = writes
-    assert head.startswith(b"HTTP/1.1 200")
-    assert head.endswith(b"\r\n\r\nf\r\ndata: opening\n\n\r\n9\r\ndata: a\n\n\r\n")
-    assert last == b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
