@@ -66,11 +66,17 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
     return obj
 
 
+# Made once: `json.loads` with hooks builds a decoder at every call (a few µs of every online request).
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+
+
 def loads_object(text: str, max_depth: int) -> dict:
     """One JSON object by fsched's rules for any input (finite numbers, unique keys, bounded depth,
     no lone surrogate), or InputError (naming the offending key when known)."""
+    if text.startswith("\ufeff"):  # as `json.loads` refuses it
+        raise InputError("invalid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig) (column 1)")
     try:
-        obj = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+        obj = _DECODER.decode(text)
     except InputError:  # a key twice or a constant such as NaN, named by the hooks
         raise
     except RecursionError:
@@ -81,7 +87,9 @@ def loads_object(text: str, max_depth: int) -> dict:
         raise InputError(f"invalid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise InputError(f"each line must be a JSON object, got {json_type(obj)}")
-    if _depth(obj) > max_depth:
+    # Every container opens with a bracket of the text: with no more brackets than the bound (any body
+    # but a long conversation's) it cannot be nested deeper, and the walk is not needed.
+    if text.count("{") + text.count("[") > max_depth and _depth(obj) > max_depth:
         raise InputError(f"JSON nested deeper than {max_depth} levels")
     if _SURROGATE_ESCAPE.search(text):
         _no_lone_surrogate(obj)
