@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from fsched.api import ratelimit
 from fsched.api.errors import ApiError, error_body
 from fsched.api.guard import KeepAlive, StreamEnd, Update, guarded
+from fsched.api.hangup import HangUp
 from fsched.api.hub import Choices
 from fsched.api.limits import text_of
 from fsched.api.sse import KEEPALIVE, BoundedStream, LastPiece, Outlet, sse
@@ -131,27 +132,42 @@ async def _serve(request: Request, endpoint: Endpoint, body: bytes):
             await state.authenticate(request)  # a revoked key answers 401 before anything, as read
         raise
     if online.stream:
-        opened = await first_news(request, state, job_id, online, key)
-        if opened is None:
-            return JSONResponse(error_body(499, "client closed the request"), 499)
-        return await stream_response(request, state, endpoint, job_id, online, opened)
+        return await streamed(request, state, job_id, online, key, partial(stream_response, endpoint))
     return await _answer(request, state, endpoint, job_id, online)
 
 
-async def stream_response(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
-                          online: OnlineRequest, progress: AsyncIterator[Update]) -> Response:
+async def streamed(request: Request, state: ServerState, job_id: int, online: OnlineRequest, key: ApiKey,
+                   respond: Callable[..., Awaitable[Response]]) -> Response:
+    """A streamed request's response, `respond(request, state, job_id, online, progress, hang_up)` once its
+    first news is in, or 499 when its client went away first. One watcher of the client (api/hangup.py)
+    serves the wait and the stream, whose response stops it (any other end here stops it)."""
+    hang_up = HangUp(request.receive)
+    try:
+        opened = await first_news(request, state, job_id, online, key, hang_up)
+        if opened is None:
+            hang_up.stop()
+            return JSONResponse(error_body(499, "client closed the request"), 499)
+        return await respond(request, state, job_id, online, opened, hang_up)
+    except BaseException:
+        hang_up.stop()
+        raise
+
+
+async def stream_response(endpoint: Endpoint, request: Request, state: ServerState, job_id: int,
+                          online: OnlineRequest, progress: AsyncIterator[Update],
+                          hang_up: HangUp) -> Response:
     """A chat or completions stream's response, its progress followed from `progress` on."""
     outlet = Outlet()
     return BoundedStream(await _stream(request, state, endpoint, job_id, online, progress, outlet),
-                         state.guard.rules.stall_s, outlet)
+                         state.guard.rules.stall_s, outlet, hang_up)
 
 
 async def first_news(request: Request, state: ServerState, job_id: int, online: OnlineRequest,
-                     key: ApiKey) -> AsyncIterator[Update] | None:
+                     key: ApiKey, hang_up: HangUp) -> AsyncIterator[Update] | None:
     """The job's progress under the stream rules of api/guard.py (keep-alives, ends), its stream held
     back until its first output token or its end (at most STREAM_OPEN_WAIT_S): a request the engine
     refuses (a prompt over the context) answers its error status before any stream starts, as
-    unstreamed. None when the client went away first (the request is cancelled)."""
+    unstreamed. None when the client went away first (`hang_up` says; the request is cancelled)."""
     watch = _updates(state, job_id, key)
 
     async def first() -> Update | None:
@@ -164,7 +180,7 @@ async def first_news(request: Request, state: ServerState, job_id: int, online: 
         return None
 
     waiting = asyncio.ensure_future(first())
-    if await gone_first(request, waiting, STREAM_OPEN_WAIT_S):
+    if await hang_up.before(waiting, STREAM_OPEN_WAIT_S):
         waiting.cancel()
         await watch.aclose()
         await cancel(state, job_id)
@@ -306,29 +322,14 @@ async def final_or_disconnect(request: Request, state: ServerState, job_id: int)
         return last
 
     waiting = asyncio.ensure_future(final())
+    hang_up = HangUp(request.receive)
     try:
-        await gone_first(request, waiting)
+        await hang_up.before(waiting)
     finally:
+        hang_up.stop()
         if not waiting.done():
             waiting.cancel()
     return waiting.result() if waiting.done() and not waiting.cancelled() else None
-
-
-async def disconnected(request: Request) -> None:
-    """Returns once the client has hung up: the one way a handler learns it (the server does not fail a
-    write to a closed connection)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def gone_first(request: Request, work: asyncio.Future, timeout: float | None = None) -> bool:
-    """Wait for `work` (at most `timeout`), unless the client hangs up first: True when it did."""
-    gone = asyncio.ensure_future(disconnected(request))
-    try:
-        await asyncio.wait({work, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        return gone.done() and not work.done()
-    finally:
-        gone.cancel()
 
 
 async def _stream(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,

@@ -53,14 +53,15 @@ async def responses(request: Request):
     model = chat.spec.model or DEFAULT_MODEL_NAME
     logprobs = chat.spec.answer.logprobs
     if chat.stream:
-        opened = await online.first_news(request, state, job_id, chat, key)
-        if opened is None:
-            return JSONResponse(error_body(499, "client closed the request"), 499)
         events = _ResponsesEvents(ResponsesRelay(response_id, time.time(), model, asked.echo, logprobs,
                                                  chat.stream_options.obfuscation, chat.spec.answer))
-        outlet = Outlet()
-        return BoundedStream(online.relayed(request, state, job_id, chat, opened, events, outlet),
-                             state.guard.rules.stall_s, outlet)
+
+        async def respond(request, state, job_id, chat, opened, hang_up) -> Response:
+            outlet = Outlet()
+            return BoundedStream(online.relayed(request, state, job_id, chat, opened, events, outlet),
+                                 state.guard.rules.stall_s, outlet, hang_up)
+
+        return await online.streamed(request, state, job_id, chat, key, respond)
     final = await online.final_or_disconnect(request, state, job_id)
     if final is None:
         await online.cancel(state, job_id)

@@ -21,6 +21,7 @@ from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+from fsched.api.hangup import HangUp
 from fsched.api.slowclients import ABORT, BODY, BODY_NOW, HOLD
 from fsched.core.jobs.jsontext import dumps as json_text
 
@@ -59,7 +60,8 @@ class Outlet:
 
 
 class BoundedStream(StreamingResponse):
-    def __init__(self, content, stall_s: float, outlet: Outlet | None = None, **kwargs):
+    def __init__(self, content, stall_s: float, outlet: Outlet | None = None, hang_up: HangUp | None = None,
+                 **kwargs):
         super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
                          **kwargs)
         self.stall_s = stall_s
@@ -67,33 +69,25 @@ class BoundedStream(StreamingResponse):
         self.ended = False  # the last byte of the stream was sent
         self._write_body = None  # the server's `fsched.body` extension, when it offers it
         self._scope_now = None  # and its `fsched.body_now`
-        self._streaming = False  # the stream runs and a hang-up cancels it (not once it ends or unwinds)
+        self.hang_up = hang_up  # the request's watcher of its client (one of its own if not given)
         self._hold = None  # the server's `fsched.hold`, when it offers it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The stream in the handler's own task, and one task that waits for the client to hang up and
-        then cancels it (Starlette's way is a task group of two tasks; its `finally` cancels an
-        unfinished request either way)."""
+        """The stream in the handler's own task, cancelled if the client hangs up while it runs (by the
+        request's watcher, api/hangup.py: Starlette's way is a task group of two tasks); its `finally`
+        cancels an unfinished request either way."""
         self._write_body = scope.get("extensions", {}).get(BODY)
         self._scope_now = scope.get("extensions", {}).get(BODY_NOW)
         self._hold = scope.get("extensions", {}).get(HOLD)
         task = asyncio.current_task()
-        hung_up = False
-
-        async def listen() -> None:
-            nonlocal hung_up
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            if self._streaming:
-                hung_up = True
-                task.cancel()
-
-        self._streaming = True
-        listener = asyncio.ensure_future(listen())
+        if self.hang_up is None:
+            self.hang_up = HangUp(receive)
+        hang_up = self.hang_up
+        hang_up.arm(task)
         try:
             await self.stream_response(send)
         except asyncio.CancelledError:
-            if not hung_up or task.uncancel() > 0:  # not the hang-up's alone (the server stopping)
+            if not hang_up.cancelled or task.uncancel() > 0:  # not the hang-up's alone (the server stopping)
                 raise
             _gone(scope, "disconnected")
         except ClientStalled:
@@ -104,8 +98,8 @@ class BoundedStream(StreamingResponse):
         except (ClientDisconnect, OSError):
             _gone(scope, "disconnected")
         finally:
-            self._streaming = False
-            listener.cancel()
+            hang_up.disarm()
+            hang_up.stop()
 
     async def stream_response(self, send: Send) -> None:
         """The head, the pieces as they come, the end. Where the server offers `fsched.hold`, the head goes
@@ -132,7 +126,8 @@ class BoundedStream(StreamingResponse):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             self.ended = True
         finally:
-            self._streaming = False  # a hang-up from here on cancels nothing: the `finally` below is the end
+            if self.hang_up is not None:  # a hang-up from here on cancels nothing: the `finally` is the end
+                self.hang_up.disarm()
             if self.outlet is not None:
                 self.outlet.now = None
             watchdog.stop()
