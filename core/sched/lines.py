@@ -222,8 +222,18 @@ class DeadlineLine:
                 self._late.push(arrival_key(r), r)
 
     def head(self, now: float) -> Request | None:
-        found = self.first(1, now)
-        return found[0] if found else None
+        """`first(1, now)`'s one, from the three heaps' tops (the scheduler asks at every admission: no
+        walk and no merge of lists)."""
+        self._move_late(now)
+        config, shortest = self._config, self._shortest_first
+        best, best_key = None, None
+        for h in (self._first, self._on_time, self._late):
+            r = h.top()
+            if r is not None:
+                key = deadline_key(r, now, config, shortest)
+                if best is None or key < best_key:
+                    best, best_key = r, key
+        return best
 
     def first(self, k: int, now: float) -> list[Request]:
         self._move_late(now)

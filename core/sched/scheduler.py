@@ -40,7 +40,7 @@ from fsched.core.sched.policy import Policy, Standing, make_policy, standings
 from fsched.core.sched.preemption import Room, checkpoint_for, choose_victims, memory_victim, slot_frees_soon
 from fsched.core.sched.request import Checkpoint, Request
 from fsched.core.sched.shares import entitled_shares
-from fsched.core.sched.usage import PrecedenceUsage, TenantCharge
+from fsched.core.sched.usage import PrecedenceUsage, TenantCharge, TenantMeter
 from fsched.core.sched.waitqueue import WaitQueue
 from fsched.core.types import RequestId, RequestStatus
 
@@ -212,24 +212,24 @@ class Scheduler:
                now: float) -> dict[str, Standing]:
         """Admit waiting requests in rank order while they fit or may make room;
         the standings after the admissions."""
+        stale = False  # admissions since `stand` was made, none of which could change a pick
         while self._waiting:
             _, cand = self._waiting.best(now, stand)
             if cand.id in b.touched:
                 break  # preempted this very step: nothing better fits
-            if not self._fits(cand) and not self._make_room(cand, stand, b, now):
-                if self.policy.backfills and not self.policy.may_preempt(cand, now, stand):
-                    stand = self._backfill(cand, scores, stand, b, now)
-                break
+            if not self._fits(cand):
+                stand, stale = self.standings(now, scores) if stale else stand, False
+                if not self._make_room(cand, stand, b, now):
+                    if self.policy.backfills and not self.policy.may_preempt(cand, now, stand):
+                        stand = self._backfill(cand, scores, stand, b, now)
+                    break
             self._start(cand, b)
-            stand = self._charge_admission(cand, scores, now)
-        return stand
-
-    def _charge_admission(self, r: Request, scores: dict[str, float], now: float) -> dict[str, Standing]:
-        """Reserve an admitted request's work in its tenant's score; the standings after it."""
-        prefill = r.pending_prefill
-        r.res_gpu, r.res_kv = self.meter.reserve(r.tenant, r.context, prefill, expected_decode(r))
-        scores[r.tenant] = self.meter.provisional(scores[r.tenant], r.tenant, prefill, now)
-        return self.standings(now, scores)
+            reserve(self.meter, cand, scores, now)
+            # One tenant's work alone waiting, its standing orders none of it (`Policy.compose`): the
+            # standings are made again when a decision reads them, not at each admission of a burst.
+            stale = self._waiting.one_standing()
+            stand = stand if stale else self.standings(now, scores)
+        return self.standings(now, scores) if stale else stand
 
     def _backfill(self, head: Request, scores: dict[str, float], stand: dict[str, Standing],
                   b: _StepBuilder, now: float) -> dict[str, Standing]:
@@ -244,7 +244,8 @@ class Scheduler:
         for cand in backfills(head, ranked, reservation, stand, self.config, self._room):
             self._start(cand, b)
             self.backfilled += 1
-            stand = self._charge_admission(cand, scores, now)
+            reserve(self.meter, cand, scores, now)
+            stand = self.standings(now, scores)
         return stand
 
     def _room(self) -> Room:
@@ -361,3 +362,10 @@ class Scheduler:
                 else RequestStatus.FINISHED_STOPPED
         del self._live[r.id]
         self._tenant_live[r.tenant] -= 1
+
+
+def reserve(meter: TenantMeter, r: Request, scores: dict[str, float], now: float) -> None:
+    """Reserve an admitted request's work in its tenant's score (`scores` moved to it)."""
+    prefill = r.pending_prefill
+    r.res_gpu, r.res_kv = meter.reserve(r.tenant, r.context, prefill, expected_decode(r))
+    scores[r.tenant] = meter.provisional(scores[r.tenant], r.tenant, prefill, now)

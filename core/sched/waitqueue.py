@@ -111,6 +111,13 @@ class WaitQueue:
         return version == g.version and self._groups.get(g.key) is g
 
     # ------------------------------------------------------------- queries
+    def one_standing(self) -> bool:
+        """Whether every waiting request's rank reads one standing (its partitions share their tenant):
+        `best` then picks the same under any standing of it."""
+        parts = iter(self._parts)
+        first = next(parts, None)
+        return first is None or all(key[0] == first[0] for key in parts)
+
     def best(self, now: float, stand: Mapping[str, Standing]) -> tuple[tuple, Request] | None:
         """The best waiting request and its rank, or None when there is none."""
         compose, static_rank = self._policy.compose, self._policy.static_rank

@@ -138,6 +138,7 @@ def test_the_line_is_a_brute_force_sort_by_deadline_key_at_every_moment(ops, sho
             now += op[1]
         expected = sorted(live, key=lambda r: deadline_key(r, now, CFG, shortest_first))
         assert line.first(4, now) == expected[:4]
+        assert line.head(now) is (expected[0] if expected else None)
         assert len(line) == len(live) and set(line) == set(live)
 
 

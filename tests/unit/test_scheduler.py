@@ -18,6 +18,7 @@ from fsched.core.sched.plan import Outcome
 from fsched.core.sched.request import Checkpoint, Request
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.sched.usage import TenantCharge
+from fsched.core.sched.waitqueue import WaitQueue
 from fsched.core.types import RequestClass, RequestStatus
 
 CLASSES = list(RequestClass)
@@ -141,6 +142,55 @@ def test_budgets_min_quantum_and_drain(specs, policy, max_batch, kv_tokens, step
         assert steps < 20_000, "did not drain"
     assert eng.violations == []
     assert set(eng.first_token) == set(outputs)
+
+
+class _StandingsRemade(WaitQueue):
+    """A wait queue that never lets the scheduler keep its standings across an admission."""
+
+    __slots__ = ()
+
+    def one_standing(self) -> bool:
+        return False
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs=request_specs, policy=st.sampled_from(["fcfs", "priority", "vtc", "fsched"]),
+       one_tenant=st.booleans(), max_batch=st.integers(1, 32), host=st.integers(0, 3000))
+def test_standings_kept_while_one_tenant_waits_make_the_plans_remaking_them_at_each_admission_makes(
+        specs, policy, one_tenant, max_batch, host):
+    """A burst of one tenant's work is admitted without the standings made again at each admission:
+    the plans are, step by step, those of a scheduler that makes them every time."""
+    cfg = SchedulerConfig(max_batch=max_batch, kv_tokens=4_000, step_tokens=300, host_kv_tokens=host)
+    kept, remade = Scheduler(cfg, policy, {"a": 3, "b": 1}), Scheduler(cfg, policy, {"a": 3, "b": 1})
+    remade._waiting.__class__ = _StandingsRemade
+    engines = []
+    for sched in (kept, remade):
+        outputs = {}
+        pending = [req(str(i), "a" if one_tenant else t, c, min(p, 3_000), o, float(at // 8), pr)
+                   for i, (at, t, c, p, o, pr) in enumerate(sorted(specs))]  # bursts: 8 steps' at once
+        outputs.update((r.id, r.max_tokens) for r in pending)
+        engines.append((FakeEngine(sched, outputs), pending))
+    for _ in range(2_000):
+        plans = []
+        for eng, pending in engines:
+            while pending and pending[0].arrival <= eng.now:
+                eng.sched.add(pending.pop(0))
+            plans.append(eng.step())
+        assert plans[0] == plans[1]
+        if not any(pending or eng.sched.running or eng.sched.waiting_count for eng, pending in engines):
+            return
+    raise AssertionError("did not drain")
+
+
+def test_a_burst_of_two_tenants_is_admitted_by_their_standings_after_each_admission():
+    """With two tenants' work waiting, each admission moves its tenant's score and the next pick reads
+    it: equal weights, room for four of eight, two each."""
+    sched = Scheduler(SchedulerConfig(max_batch=4, kv_tokens=40_000, step_tokens=4_000), "fsched")
+    for i in range(4):
+        for tenant in ("a", "b"):
+            sched.add(req(f"{tenant}{i}", tenant, RequestClass.BATCH, prompt=500, output=50))
+    plan = sched.schedule(0.0)
+    assert sorted(rid[0] for rid in plan.admitted) == ["a", "a", "b", "b"]
 
 
 def _full_batch_of_batch(cfg: SchedulerConfig, n_steps: int):
