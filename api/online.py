@@ -370,7 +370,7 @@ class _ChatEvents:
     trailer: ClassVar[str] = "data: [DONE]\n\n"
 
     def opening(self) -> Iterable[str]:
-        return map(sse, self.relay.opening())
+        return [f"data: {text}\n\n" for text in self.relay.opening_json()]
 
     def update(self, choices: Choices) -> Iterable[str]:
         return [f"data: {text}\n\n" for text in self.relay.update_json(choices)]

@@ -49,6 +49,8 @@ class StreamRelay:
         self.latest: Sequence[RequestProgress] = ()
         self.prompt_ids = prompt_ids  # vLLM's prompt_token_ids: sent with the first chunk
         self._template = self._text_template()
+        # A finishing chunk's JSON around its finish reason (after the index; after the reason).
+        self._finish = None if self._template is None else self._finish_template()
 
     def _text_template(self) -> tuple[str, str, str] | None:
         """A text chunk's JSON as (before the index, between the index and the text, after the text),
@@ -61,8 +63,14 @@ class StreamRelay:
         head = (f'{{"id":{json_text(self.answer_id)},"object":"{kind}","created":{int(self.created)},'
                 f'"model":{json_text(self.model)},"choices":[{{"index":')
         close = "}" if self.endpoint is Endpoint.CHAT else ""
-        usage_null = ',"usage":null' if options.include_usage else ""
-        return head, "," + text_key, f'{close},"logprobs":null,"finish_reason":null}}]{usage_null}}}'
+        return head, "," + text_key, f'{close},"logprobs":null,"finish_reason":null}}]{self._usage_null()}}}'
+
+    def _usage_null(self) -> str:
+        return ',"usage":null' if self.online.stream_options.include_usage else ""
+
+    def _finish_template(self) -> tuple[str, str]:
+        empty = ',"delta":{}' if self.endpoint is Endpoint.CHAT else ',"text":""'
+        return f'{empty},"logprobs":null,"finish_reason":', f"}}]{self._usage_null()}}}"
 
     def opening(self) -> Iterator[dict]:
         """Chat: each choice's first chunk, with the assistant's role (as OpenAI sends it at once)."""
@@ -70,6 +78,16 @@ class StreamRelay:
             for index, sent in enumerate(self.sent):
                 sent.started = True
                 yield self._chunk(Delta(index, first=True))
+
+    def opening_json(self) -> Iterator[str]:
+        """`opening`'s chunks as JSON text (from the template, where the stream has one)."""
+        if self._template is None or self.prompt_ids is not None or self.endpoint is not Endpoint.CHAT:
+            yield from (json_text(c, separators=(",", ":")) for c in self.opening())
+            return
+        head, _, tail = self._template
+        for index, sent in enumerate(self.sent):
+            sent.started = True
+            yield f'{head}{index},"delta":{{"role":"assistant","content":""{tail}'
 
     def update(self, choices: Sequence[RequestProgress]) -> Iterator[dict]:
         """The chunks a new read of the choices calls for (none when nothing visible changed)."""
@@ -132,8 +150,13 @@ class StreamRelay:
         return _templated(self._template, 0, new_text)
 
     def _json(self, delta: Delta, template: tuple[str, str, str]) -> str:
-        if not delta.first and delta.finish_reason is None and not delta.reasoning and not delta.tool_calls:
+        if delta.first or delta.reasoning or delta.tool_calls:
+            return json_text(self._chunk(delta), separators=(",", ":"))
+        if delta.finish_reason is None:
             return _templated(template, delta.index, delta.text)
+        if not delta.text:  # a choice's last chunk (`_choice_deltas`'s: its reason alone)
+            after_index, after_reason = self._finish
+            return f"{template[0]}{delta.index}{after_index}{json_text(delta.finish_reason)}{after_reason}"
         return json_text(self._chunk(delta), separators=(",", ":"))
 
     def _deltas(self, choices: Sequence[RequestProgress]) -> Iterator[Delta]:

@@ -54,6 +54,31 @@ def test_update_json_writes_what_encoding_the_chunks_writes(endpoint, extra):
             json.loads(line)
 
 
+@pytest.mark.parametrize("endpoint", [Endpoint.CHAT, Endpoint.COMPLETIONS])
+@pytest.mark.parametrize("extra", [
+    {}, {"stream_options": {"include_usage": True}}, {"n": 3}, {"logprobs": True},
+    {"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+])
+@pytest.mark.parametrize("end", [RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH])
+def test_a_streams_opening_and_finishing_chunks_are_what_encoding_them_writes(endpoint, extra, end):
+    body = {"model": 'm "x"', "stream": True, **extra}
+    if endpoint is Endpoint.CHAT:
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    else:
+        body["prompt"] = "A"
+        if "logprobs" in extra:
+            body["logprobs"] = 1
+    online = parse_online(json.dumps(body), endpoint, _key())
+    relays = [StreamRelay(endpoint, 'id-"1"', 1700000000, 'm "x"', online) for _ in range(2)]
+    expected = [json_text(c, separators=(",", ":")) for c in relays[0].opening()]
+    assert list(relays[1].opening_json()) == expected and len(expected) == (
+        len(online.specs) if endpoint is Endpoint.CHAT else 0)
+    ended = [_progress("done", end, c) for c in range(len(online.specs))]
+    expected = [json_text(c, separators=(",", ":")) for c in relays[0].update(ended)]
+    assert list(relays[1].update_json(ended)) == expected
+    assert [json.loads(c)["choices"][0]["finish_reason"] for c in expected][-1] == end.finish_reason
+
+
 @pytest.mark.parametrize("pieces", [
     ["<think>", "why", " so</think>", "Hel", "lo"],
     ["Sure", "<tool_call>", '{"name": "get', '_weather", "arguments": {"city": "P', 'aris"}}',
