@@ -168,7 +168,15 @@ def test_metrics_read_the_table_and_the_daemons_figures():
     done = RequestProgress(1, 1, RequestStatus.FINISHED_STOPPED, "x", 1, 10.0, 10.2, 11.0, None,
                            prompt_tokens=1)
     metrics.observe(RequestClass.REALTIME, done)
+    metrics.observe(RequestClass.REALTIME, done)
+    # Failed before its first token: its finish counts, no first token does.
+    metrics.observe(RequestClass.STREAMING, RequestProgress(2, 2, RequestStatus.FINISHED_FAILED, "", 0, 10.0,
+                                                            None, 12.0, "boom"))
     text = metrics.render().decode()
+    assert 'fsched:time_to_first_token_seconds_count{class="realtime"} 2.0' in text
+    assert 'fsched:e2e_request_latency_seconds_count{class="streaming"} 1.0' in text
+    assert 'time_to_first_token_seconds_count{class="streaming"}' not in text  # a series only once observed
+    assert 'class="batch"' not in "".join(line for line in text.splitlines() if "latency_seconds" in line)
     for line in ('fsched:num_requests_waiting{class="batch",tenant="a"} 2.0',
                  'fsched:num_requests_running{class="batch",tenant="a"} 2.0',
                  'fsched:generation_tokens_total{class="batch",tenant="a"} 9.0',
@@ -179,8 +187,8 @@ def test_metrics_read_the_table_and_the_daemons_figures():
                  'fsched:tenant_entitled_share{tenant="b"} 0.25',
                  'fsched:tenant_served_share{tenant="a"} 1.0', 'fsched:kv_cache_usage_perc{daemon="d1"} 0.25',
                  'fsched:num_preemptions_total{daemon="d1"} 4.0', "fsched:daemons_alive 1.0",
-                 'fsched:time_to_first_token_seconds_bucket{class="realtime",le="0.25"} 1.0',
-                 'fsched:e2e_request_latency_seconds_count{class="realtime"} 1.0',
+                 'fsched:time_to_first_token_seconds_bucket{class="realtime",le="0.25"} 2.0',
+                 'fsched:e2e_request_latency_seconds_count{class="realtime"} 2.0',
                  # live attainment per tenant and class: divide the two counters' rates
                  'fsched:first_tokens_total{class="realtime",daemon="d1",tenant="a"} 10.0',
                  'fsched:first_tokens_on_target_total{class="realtime",daemon="d1",tenant="a"} 9.0',
