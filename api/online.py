@@ -182,6 +182,8 @@ async def first_news(request: Request, state: ServerState, job_id: int, online: 
     waiting = asyncio.ensure_future(first())
     if await hang_up.before(waiting, STREAM_OPEN_WAIT_S):
         waiting.cancel()
+        # Its read of `watch` unwound first: a generator that a task still waits inside cannot be closed.
+        await asyncio.wait({waiting})
         await watch.aclose()
         await cancel(state, job_id)
         return None

@@ -244,6 +244,41 @@ async def test_a_client_that_disconnects_cancels_its_request(rig):
     assert [state for state, _ in state_of(rig, "quitter")] == [RequestStatus.FINISHED_CANCELLED] * 2
 
 
+async def test_a_streamed_request_whose_client_leaves_before_its_first_token_is_cancelled(rig):
+    """The stream's headers wait for its first news: a client gone meanwhile ends that wait, and its request
+    is cancelled before a token is made (the watcher of the client that the stream would have used)."""
+    key = rig.key("early")
+    body = {"model": "m", "messages": CHAT, "max_tokens": 2000, "stream": True,
+            "seed": long_seed(2000, messages=CHAT)}
+    streaming = rig.server.call("POST", CHAT_URL, key, body)
+    await streaming.hang_up()  # before its head: the handler hears it in its wait for the first news
+    assert await streaming.status() == 499
+    rig.daemon.run_until_idle()
+    ((state, tokens),) = state_of(rig, "early")
+    assert state is RequestStatus.FINISHED_CANCELLED and tokens < 2000
+
+
+async def test_a_stream_opened_before_its_first_news_and_left_then_is_cancelled_cleanly(rig, monkeypatch):
+    """A stream whose head went out before its first news (the wait's bound passed) and whose client then
+    leaves: the stream, waiting for that news, is cancelled by the request's watcher of its client, and
+    so is the request."""
+    from fsched.api import online
+
+    monkeypatch.setattr(online, "STREAM_OPEN_WAIT_S", 0.0)
+    key = rig.key("opened")
+    body = {"model": "m", "messages": CHAT, "max_tokens": 2000, "stream": True,
+            "seed": long_seed(2000, messages=CHAT)}
+    step = rig.daemon.step
+    monkeypatch.setattr(rig.daemon, "step", lambda: False)  # the daemon makes nothing until the client left
+    streaming = rig.server.call("POST", CHAT_URL, key, body)
+    assert await streaming.status() == 200
+    await streaming.hang_up()  # raises whatever the app raised
+    monkeypatch.setattr(rig.daemon, "step", step)
+    rig.daemon.run_until_idle()
+    ((state, tokens),) = state_of(rig, "opened")
+    assert state is RequestStatus.FINISHED_CANCELLED and tokens < 2000
+
+
 async def test_metrics_and_health(rig):
     c = rig.server.openai(rig.key("measured", "realtime"))
     await c.completions.create(model="m", prompt="p", max_tokens=3)
