@@ -77,3 +77,38 @@ def test_a_client_that_hangs_up_or_stops_reading_is_one_info_line(server):
     while states(server, "leaver") != ["cancelled", "cancelled"] and time.time() < deadline:
         time.sleep(0.1)
     assert states(server, "leaver") == ["cancelled", "cancelled"]
+
+
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory) -> Server:
+    """A daemon whose every step takes half a second: a stream's first token comes that long after it runs."""
+    s = make_server(tmp_path_factory.mktemp("gone-early"))
+    s.start_daemon("--model", "standin:500ms")
+    s.start_server(log=s.root / "serve.log")
+    s.wait_ready()
+    yield s
+    s.stop()
+
+
+def test_a_client_that_hangs_up_before_its_first_token_is_no_error_and_its_request_is_cancelled(slow_server):
+    """The stream's head waits for its first token; a client gone meanwhile ends that wait: no error in the
+    log, and the request is cancelled, not run to its end."""
+    key = slow_server.key("early")
+    body = json.dumps(long_stream(20)).encode()
+    client = socket.create_connection(("127.0.0.1", slow_server.port))
+    client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Authorization: Bearer " + key.encode() + b"\r\nContent-Length: "
+                   + str(len(body)).encode() + b"\r\n\r\n" + body)
+    deadline = time.time() + 10
+    while not states(slow_server, "early") and time.time() < deadline:
+        time.sleep(0.02)
+    client.close()  # stored, its first token half a second away at least
+    while states(slow_server, "early") != ["cancelled"] and time.time() < deadline + 10:
+        time.sleep(0.1)
+    assert states(slow_server, "early") == ["cancelled"]
+    (made,) = [n for (n,) in slow_server.rows("SELECT r.num_output_tokens FROM requests r JOIN jobs j ON "
+                                              "j.id = r.job_id WHERE j.tenant = ?", "early")]
+    assert made < 20  # at most the step that ran while the cancel came
+    lines = (slow_server.root / "serve.log").read_text().splitlines()
+    assert not [line for line in lines if "Traceback" in line or line.startswith("ERROR")], lines
+
