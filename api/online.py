@@ -132,28 +132,29 @@ async def _serve(request: Request, endpoint: Endpoint, body: bytes):
             await state.authenticate(request)  # a revoked key answers 401 before anything, as read
         raise
     if online.stream:
-        return await streamed(request, state, job_id, online, key, partial(stream_response, endpoint))
+        return await streamed(request, state, job_id, online, key,
+                              partial(stream_response, request, state, endpoint, job_id, online))
     return await _answer(request, state, endpoint, job_id, online)
 
 
 async def streamed(request: Request, state: ServerState, job_id: int, online: OnlineRequest, key: ApiKey,
-                   respond: Callable[..., Awaitable[Response]]) -> Response:
-    """A streamed request's response, `respond(request, state, job_id, online, progress, hang_up)` once its
-    first news is in, or 499 when its client went away first. One watcher of the client (api/hangup.py)
-    serves the wait and the stream, whose response stops it (any other end here stops it)."""
+                   respond: Callable[[AsyncIterator[Update], HangUp], Awaitable[Response]]) -> Response:
+    """A streamed request's response, `respond(progress, hang_up)` once its first news is in, or 499 when
+    its client went away first. One watcher of the client (api/hangup.py) serves the wait and the stream,
+    whose response stops it (any other end here stops it)."""
     hang_up = HangUp(request.receive)
     try:
         opened = await first_news(request, state, job_id, online, key, hang_up)
         if opened is None:
             hang_up.stop()
             return JSONResponse(error_body(499, "client closed the request"), 499)
-        return await respond(request, state, job_id, online, opened, hang_up)
+        return await respond(opened, hang_up)
     except BaseException:
         hang_up.stop()
         raise
 
 
-async def stream_response(endpoint: Endpoint, request: Request, state: ServerState, job_id: int,
+async def stream_response(request: Request, state: ServerState, endpoint: Endpoint, job_id: int,
                           online: OnlineRequest, progress: AsyncIterator[Update],
                           hang_up: HangUp) -> Response:
     """A chat or completions stream's response, its progress followed from `progress` on."""

@@ -56,7 +56,7 @@ async def responses(request: Request):
         events = _ResponsesEvents(ResponsesRelay(response_id, time.time(), model, asked.echo, logprobs,
                                                  chat.stream_options.obfuscation, chat.spec.answer))
 
-        async def respond(request, state, job_id, chat, opened, hang_up) -> Response:
+        async def respond(opened, hang_up) -> Response:
             outlet = Outlet()
             return BoundedStream(online.relayed(request, state, job_id, chat, opened, events, outlet),
                                  state.guard.rules.stall_s, outlet, hang_up)

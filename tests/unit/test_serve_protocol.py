@@ -109,4 +109,3 @@ def test_a_streams_head_goes_with_its_first_piece_and_its_last_piece_with_its_en
     assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n9\r\ndata: a\n\n\r\n")
     assert middle == b"9\r\ndata: b\n\n\r\n"
     assert last == b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
-
