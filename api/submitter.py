@@ -93,13 +93,14 @@ class Submitter:
             group, ending = self._gathered(first)
             began = time.time()
             outcomes = self._stored(group)
+            committed = time.time()
             if len(outcomes) != len(group):  # a store that broke its word: every handler hears it
                 broken = RuntimeError(f"the group commit answered {len(outcomes)} of {len(group)} jobs")
                 outcomes = [broken] * len(group)
             for loop in {w[2] for w in group}:
                 mine = [(w, o) for w, o in zip(group, outcomes, strict=True) if w[2] is loop]
                 try:
-                    loop.call_soon_threadsafe(_settle, mine, began)
+                    loop.call_soon_threadsafe(_settle, mine, began, committed)
                 except RuntimeError:  # its loop is closed: nobody waits for the answers
                     pass
             if ending:
@@ -138,12 +139,13 @@ class Submitter:
             return exc
 
 
-def _settle(settled: list[tuple[_Waiting, Outcome | BaseException]], began: float) -> None:
+def _settle(settled: list[tuple[_Waiting, Outcome | BaseException]], began: float, committed: float) -> None:
     """On the loop: each stored job's `stored` call, then each handler's outcome (a handler gone
     meanwhile: its row stays, and is run)."""
     for (_, _, _, future, stored), outcome in settled:
         if isinstance(outcome, SubmittedJob):
             stamp("grouped", outcome.job_id, began)  # its group's transaction began
+            stamp("committed", outcome.job_id, committed)  # and ended
             if stored is not None and not future.done():
                 try:
                     stored(outcome.job_id)

@@ -40,7 +40,8 @@ client's CPU a chunk, so at 128 streams of a 20 ms engine (6,400 chunks a second
 needs more than the machine's two cores and the load measures the client, with or without fsched.
 `--no-link`: the daemons publish no link (servers read the table only): the
 path as it was. `--stamps`: each online request's stages timed (core/stamps.py: the client's
-send, request read, handler start, row stored, claimed, its engine request sent, first token read,
+send, request read, handler start, its group commit's transaction begun and ended, row stored, announced,
+the claim's transaction begun, claimed, its engine request sent, first token read,
 pushed, received, written, the client's first content read), a row per concurrency of each stage's
 p50 / p99, and at the end a table of where the first token's time went (ms p50: the client's way in,
 direct and through fsched; fsched's stages in; the engine's first token; the way out). `--profile DIR`: py-spy
@@ -562,8 +563,8 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
     return rows
 
 
-STAGES = ("client_sent", "arrived", "handler", "grouped", "stored", "announced", "claimed", "opened", "sent",
-          "read", "pushed", "received", "written", "client_first")
+STAGES = ("client_sent", "arrived", "handler", "grouped", "committed", "stored", "announced", "claim_began",
+          "claimed", "opened", "sent", "read", "pushed", "received", "written", "client_first")
 ENDS = ("end_read", "finished", "end_pushed", "end_received", "end_written")
 
 
@@ -641,8 +642,9 @@ def _streams(row: dict) -> str:
     return f"{row['concurrency']}" + (" (Poisson)" if row.get("arrivals") == "poisson" else "")
 
 
-IN_STAGES = ("arrived>handler", "handler>grouped", "grouped>stored", "stored>announced", "announced>claimed",
-             "claimed>opened", "opened>sent")
+IN_STAGES = ("arrived>handler", "handler>grouped", "grouped>committed", "committed>stored",
+             "stored>announced", "announced>claim_began", "claim_began>claimed", "claimed>opened",
+             "opened>sent")
 
 
 def stage_lines(rows: list[dict]) -> list[str]:

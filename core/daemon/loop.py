@@ -305,9 +305,10 @@ class Daemon:
     def _write_step(self, claim: bool) -> None:
         """The step's completions, latency tokens and announced claim in one transaction."""
         self._claim_asked = claim  # until it is in (one the table fails: the writer keeps its writes)
+        began = time.time()
         claimed = self.writer.write_step(claim_ask(self) if claim else None)
         self._claim_asked = False
-        self.claim(claimed=claimed)
+        self.claim(claimed=claimed, began=began)
 
     def sync(self, announced: bool = False) -> None:
         """Weights, cancels and new work from the job table."""
@@ -323,16 +324,19 @@ class Daemon:
         self.claim(announced)
         self._unsynced = False  # only once the sync is in: one the table fails is done again when due
 
-    def claim(self, announced: bool = False, claimed: list[Request] | None = None) -> None:
+    def claim(self, announced: bool = False, claimed: list[Request] | None = None, began: float = 0) -> None:
         """New work from the job table, fairly (up to `held_batches` batches held per group; `announced`:
-        a server told of new work), or, given, the work a step's transaction claimed."""
+        a server told of new work), or, given, the work a step's transaction claimed (`began`: its
+        wall time, for the stamps)."""
         if claimed is None:
+            began = time.time()
             ask = claim_ask(self)
             claimed = self.store.claim(self.config.owner, ask.per_group, ask.held, lease_s=ask.lease_s,
                                        announced=announced)
         if claimed:
             crash_point("after_claim")
         for request in claimed:
+            stamp("claim_began", request.job_id, began)  # the transaction that claimed it
             stamp("claimed", request.job_id)
             self._admit(request)
         self.put_off.claimed(claimed)
