@@ -8,6 +8,7 @@ run over both engine interfaces: `/v1/completions` and the token interface.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
@@ -75,6 +76,35 @@ def test_greedy_outputs_equal_the_builtin_standin(fake, api):
         assert all(b["return_token_ids"] for b in fake.bodies)
     else:  # the token interface: nothing to detokenize, the end token named
         assert all(b["detokenize"] is False and STANDIN_EOS in b["stop_token_ids"] for b in fake.bodies)
+
+
+def test_a_stream_leaves_the_engines_count_before_its_last_event_goes_out(fake):
+    """What the batch bound above counts on: the stand-in engine frees a stream's place once its last token
+    is made, as an engine frees a sequence, so a client that opens its next stream on reading that event
+    never overlaps the two. (Counted until the stream's thread ended, the bound failed now and then: here
+    that thread is held after its last event until the count is read.)"""
+    released, send = threading.Event(), fake._send
+
+    def send_then_hold(handler, made, finish, tokens_api):
+        send(handler, made, finish, tokens_api)
+        if finish is not None:
+            released.wait(10)
+
+    fake._send = send_then_hold
+    body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 3, "stream": True, "ignore_eos": True,
+                       "temperature": 0}).encode()
+    try:
+        with socket.create_connection(("127.0.0.1", fake.port), timeout=10) as conn:
+            head = b"POST /v1/completions HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\n"
+            conn.sendall(head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            read = b""
+            while b'"finish_reason": "length"' not in read:
+                piece = conn.recv(65536)
+                assert piece, f"the stream ended before its last event: {read!r}"
+                read += piece
+            assert fake.in_flight == 0 and fake.max_in_flight == 1
+    finally:
+        released.set()
 
 
 def test_the_token_interface_is_chosen_where_the_engine_serves_it(fake):

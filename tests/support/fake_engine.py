@@ -81,6 +81,22 @@ def expected_tokens(prompt: list[int], max_tokens: int, seed: int | None, vocab:
     return out
 
 
+class _Flight:
+    """A stream counted in flight (`FakeEngine.in_flight`) until its last token is made, as an engine frees
+    a sequence's slot: the client reads the last event and may open its next stream before this thread
+    has written the rest and ended (counted until then, the two overlapped by one)."""
+
+    def __init__(self, engine: FakeEngine):
+        self.engine = engine
+        self.landed = False
+
+    def land(self) -> None:
+        if not self.landed:
+            self.landed = True
+            with self.engine._lock:
+                self.engine.in_flight -= 1
+
+
 class FakeEngine:
     def __init__(self, port: int = 0, model: str = "fake-engine", context: int = 8192,
                  vocab: int | None = None,
@@ -169,16 +185,17 @@ class FakeEngine:
             self.apis.append(api)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        flight = _Flight(self)
         try:
-            self._stream(handler, prompt, max_tokens, body, api == "tokens")
+            self._stream(handler, prompt, max_tokens, body, api == "tokens", flight)
         except OSError:
             with self._lock:
                 self.aborted += 1
         finally:
-            with self._lock:
-                self.in_flight -= 1
+            flight.land()
 
-    def _stream(self, handler, prompt: list[int], max_tokens: int, body: dict, tokens_api: bool) -> None:
+    def _stream(self, handler, prompt: list[int], max_tokens: int, body: dict, tokens_api: bool,
+                flight: _Flight) -> None:
         handler.send_response(200)
         handler.send_header("Content-Type", "text/event-stream")
         handler.send_header("Connection", "close")
@@ -212,6 +229,8 @@ class FakeEngine:
                 logprobs = (fake_generate_logprobs if tokens_api else fake_logprobs)(token, context,
                                                                                      int(body["logprobs"]))
             unsent.append((token, logprobs))
+            if done:
+                flight.land()  # its last token made: the client that reads it may open its next stream
             if done or n == 1 or len(unsent) >= interval:
                 self._send(handler, unsent, finish if done else None, tokens_api)
                 unsent = []
