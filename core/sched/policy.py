@@ -109,6 +109,13 @@ class Policy(Protocol):
                      stand: Mapping[str, Standing]) -> tuple | None: ...
     def victim_keys(self, waiter: Request, rows: Iterable[Request],
                     stand: Mapping[str, Standing]) -> tuple[list[tuple], list[Request]]: ...
+    # Policies whose `victim_keys` put some rows first whatever the waiter (`outside_victims`): a row is
+    # there when `outside_key` says it always is, or its tenant's `outside_rank` says its other rows are
+    # too, with the key (1, that rank's part, *the row's tail). preemption.OutsideOrder keeps them in
+    # that order through a scheduling pass.
+    outside_victims: bool
+    def outside_key(self, r: Request) -> tuple[bool, tuple]: ...
+    def outside_rank(self, standing: Standing) -> tuple[float, bool]: ...
 
 
 class Fcfs:
@@ -116,6 +123,7 @@ class Fcfs:
 
     name = "fcfs"
     preemptive = False
+    outside_victims = False  # no rows its victim keys put first whatever the waiter (see Policy)
     grace_steps = 0  # preemptive policies: steps a waiter waits for a slot instead of preempting
     backfills = False  # admits behind a blocked head (backfill.py); the baselines stop at it, as engines do
 
@@ -234,6 +242,7 @@ class FschedPolicy(Fcfs):
 
     name = "fsched"
     preemptive = True
+    outside_victims = True
 
     def __init__(self, config: SchedulerConfig, weights: Mapping[str, float]) -> None:
         super().__init__(config, weights)
@@ -340,6 +349,19 @@ class FschedPolicy(Fcfs):
             keys.append((1, standing.score, -victim.computed / context, victim.arrival, victim.seq))
             victims.append(victim)
         return keys, victims
+
+    @staticmethod
+    def outside_key(r: Request) -> tuple[bool, tuple]:
+        """Whether `r` is outside the precedence tier whatever its tenant's standing (batch work), and
+        its key's tail there (`victim_keys`: the cheapest to checkpoint, then the youngest)."""
+        return (r.request_class is RequestClass.BATCH,
+                (-r.computed / (r.prompt_tokens + r.generated), r.arrival, r.seq))
+
+    @staticmethod
+    def outside_rank(standing: Standing) -> tuple[float, bool]:
+        """A tenant's part of its outside rows' keys (the furthest over its share first), and whether
+        its realtime and streaming rows are outside too (it lacks precedence)."""
+        return standing.score, not standing.precedence
 
 
 POLICIES: dict[str, type] = {

@@ -17,12 +17,15 @@ A preemption pays or is not taken:
 
 from __future__ import annotations
 
+import heapq
+from bisect import insort
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.policy import Policy, Standing
 from fsched.core.sched.request import Checkpoint, Request
+from fsched.core.types import RequestId
 
 LAZY_PICKS = 8  # victims found by a `max` each before the rest are sorted (largest_first)
 
@@ -81,6 +84,55 @@ def largest_first(keys: list[tuple], rows: list[Request], picks: int = LAZY_PICK
     yield from (rows[i] for i in rest)
 
 
+class OutsideOrder:
+    """The running rows a policy with `outside_victims` puts first as victims whatever the waiter, in its
+    `victim_keys` order, kept through one scheduling pass. Each tenant's rows are sorted once (their
+    tails do not move within a pass), and a waiter's order is their merge under the standings of its
+    turn, read lazily: a burst of realtime waiters under a full batch costs each its tenants and its
+    victims, not a key for every running row (each waiter's standings may differ, so it is no cache
+    of keys). Rows admitted during the pass join as `admitted` (the pass's list of their ids) grows;
+    rows that left the running set are passed over. Equal keys keep the running set's order, as the
+    stable sort behind `largest_first` does."""
+
+    def __init__(self, policy: Policy, running: Mapping[RequestId, Request], admitted: list[RequestId],
+                 config: SchedulerConfig) -> None:
+        self._policy, self._running, self._admitted, self._config = policy, running, admitted, config
+        self._seen = len(admitted)  # those admitted before are in `running` already
+        self._tenants: dict[str, tuple[list, list]] = {}  # its rows outside always, and the others
+        self._joined = 0
+        for r in preemptible_rows(running.values(), config):
+            self._join(r)
+
+    def _join(self, r: Request) -> None:
+        always, tail = self._policy.outside_key(r)
+        rows = self._tenants.setdefault(r.tenant, ([], []))[0 if always else 1]
+        insort(rows, (tuple(-x for x in tail), self._joined, r))  # largest key first, then running order
+        self._joined += 1
+
+    def ordered(self, stand: Mapping[str, Standing]) -> Iterator[Request]:
+        """The rows outside under `stand`, largest key first."""
+        for request_id in self._admitted[self._seen:]:
+            self._join_admitted(self._running.get(request_id))
+        self._seen = len(self._admitted)
+        parts = []
+        for tenant, (always, others) in self._tenants.items():
+            rank, others_too = self._policy.outside_rank(stand[tenant])
+            parts += [_ranked(-rank, rows) for rows in (always, others if others_too else ()) if rows]
+        running = self._running
+        for _, (_, _, r) in heapq.merge(*parts):
+            if running.get(r.id) is r:
+                yield r
+
+    def _join_admitted(self, r: Request | None) -> None:
+        if r is not None and preemptible_rows((r,), self._config):  # None: preempted since
+            self._join(r)
+
+
+def _ranked(rank: float, rows: list[tuple]) -> Iterator[tuple]:
+    """A tenant's sorted rows, each behind its tenant's part of the key (for `heapq.merge`)."""
+    return ((rank, entry) for entry in rows)
+
+
 def choose_victims(
     waiter: Request,
     running: Iterable[Request],
@@ -89,13 +141,18 @@ def choose_victims(
     policy: Policy,
     stand: Mapping[str, Standing],
     config: SchedulerConfig,
+    outside: OutsideOrder | None = None,
 ) -> list[tuple[Request, Checkpoint]] | None:
     """Victims that make room for `waiter` (one slot and `need_kv` KV slots), in
     the policy's order, or None when no such set exists.
 
     Taken in the policy's order until the room suffices; then every victim that
     the later (larger) ones made unnecessary is spared, so no request is
-    preempted for room that is not needed."""
+    preempted for room that is not needed. With the pass's `outside` order, its
+    rows are tried first: they lead the policy's order, so a room they make is
+    the room the whole order makes; only when they cannot is every row's key read."""
+    if outside is not None and (chosen := take_for_room(outside.ordered(stand), room, need_kv, config)):
+        return chosen
     ordered = largest_first(*policy.victim_keys(waiter, preemptible_rows(running, config), stand))
     return take_for_room(ordered, room, need_kv, config)
 

@@ -37,7 +37,14 @@ from fsched.core.sched.lines import restamp_running, stamp
 from fsched.core.sched.plan import Outcome, Plan, Preemption
 from fsched.core.sched.planning import compose_plan
 from fsched.core.sched.policy import Policy, Standing, make_policy, standings
-from fsched.core.sched.preemption import Room, checkpoint_for, choose_victims, memory_victim, slot_frees_soon
+from fsched.core.sched.preemption import (
+    OutsideOrder,
+    Room,
+    checkpoint_for,
+    choose_victims,
+    memory_victim,
+    slot_frees_soon,
+)
 from fsched.core.sched.request import Checkpoint, Request
 from fsched.core.sched.shares import entitled_shares
 from fsched.core.sched.usage import PrecedenceUsage, TenantCharge, TenantMeter
@@ -60,6 +67,15 @@ class _StepBuilder:
     admitted: list[RequestId] = field(default_factory=list)
     swap_tokens: int = 0
     touched: set[RequestId] = field(default_factory=set)  # preempted or admitted this step
+    outside: OutsideOrder | None = None
+
+    def outside_order(self, policy: Policy, running: Mapping[RequestId, Request],
+                      config: SchedulerConfig) -> OutsideOrder | None:
+        """The pass's victims outside the precedence tier in order (preemption.OutsideOrder), made when
+        the pass first preempts; None for a policy without `outside_victims`."""
+        if self.outside is None and policy.outside_victims:
+            self.outside = OutsideOrder(policy, running, self.admitted, config)
+        return self.outside
 
 
 class Scheduler:
@@ -272,7 +288,7 @@ class Scheduler:
         if slot_frees_soon(self._running.values(), policy.grace(cand, now), cand.context, room.kv_tokens):
             return False  # a running request leaves within the grace: wait for its slot
         victims = choose_victims(cand, self._running.values(), room, cand.context, policy, stand,
-                                 self.config)
+                                 self.config, b.outside_order(policy, self._running, self.config))
         if not victims:
             return False
         for victim, checkpoint in victims:

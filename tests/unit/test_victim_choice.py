@@ -13,7 +13,14 @@ import pytest
 
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.policy import BATCH_BAND, POLICIES, Standing, make_policy
-from fsched.core.sched.preemption import Room, choose_victims, largest_first, preemptible, take_for_room
+from fsched.core.sched.preemption import (
+    OutsideOrder,
+    Room,
+    choose_victims,
+    largest_first,
+    preemptible,
+    take_for_room,
+)
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass
 
@@ -104,6 +111,42 @@ def test_choose_victims_decides_as_the_row_by_row_choice(name):
         assert chose > 100  # the states do exercise the choice
 
 
+def test_the_outside_order_decides_as_the_row_by_row_choice_through_a_pass():
+    """fsched's victims outside the precedence tier, kept in order through a pass (`OutsideOrder`) while
+    rows leave (preempted) and join (admitted) and the standings move: at every turn the row-by-row order's
+    outside rows (key 1) in its order, equal keys included, and the same decisions."""
+    chose = 0
+    for seed in range(300):
+        config, rows, _, _, _, _ = _state(seed)
+        rng = random.Random(seed)
+        tenants = sorted({r.tenant for r in rows}) or ["a"]
+        running = {r.id: r for r in rows}
+        admitted: list[str] = []
+        policy = make_policy("fsched", config, {})
+        order = OutsideOrder(policy, running, admitted, config)
+        for turn in range(8):
+            if running and rng.random() < 0.7:
+                del running[rng.choice(list(running))]
+            if rng.random() < 0.7:
+                joining = _request(rng, f"j{turn}", tenants)
+                running[joining.id] = joining
+                admitted.append(joining.id)
+            stand = {t: Standing(rng.choice([0.5, 1.0, 2.0]), True, rng.random() < 0.6) for t in tenants}
+            waiter = _request(rng, "w", tenants)
+            keyed = [(key, r) for r in running.values() if _reference_preemptible(r, config)
+                     if (key := _reference_victim_order("fsched", waiter, r, stand)) is not None]
+            keyed.sort(key=lambda item: item[0], reverse=True)
+            assert list(order.ordered(stand)) == [r for key, r in keyed if key[0] == 1], (seed, turn)
+            room = Room(rng.choice([0, 0, 1]), rng.choice([-500, 0, 200]), rng.choice([0, 1000, 100_000]))
+            need_kv = rng.choice([1, 100, 1000, 4000])
+            new = choose_victims(waiter, running.values(), room, need_kv, policy, stand, config, order)
+            old = _reference_choose_victims("fsched", waiter, list(running.values()), room, need_kv, stand,
+                                            config)
+            assert _decisions(new) == _decisions(old), (seed, turn)
+            chose += bool(new)
+    assert chose > 200  # the turns do choose victims
+
+
 def test_largest_first_is_the_stable_descending_sort_lazily():
     rng = random.Random(3)
     for _ in range(500):
@@ -113,7 +156,7 @@ def test_largest_first_is_the_stable_descending_sort_lazily():
             assert list(largest_first([k for k, _ in keyed], [r for _, r in keyed], picks)) == expected
 
 
-def _plans(name, seed, choose=None, monkeypatch=None):
+def _plans(name, seed, choose=None, monkeypatch=None, tenants="ab", batches=(4, 16)):
     """Every plan of a random run of `name` (bursts of every class over a full batch), with `choose` in
     place of the scheduler's victim choice when given."""
     from fsched.core.sched import scheduler as scheduler_module
@@ -123,13 +166,13 @@ def _plans(name, seed, choose=None, monkeypatch=None):
     if choose is not None:
         monkeypatch.setattr(scheduler_module, "choose_victims", choose)
     rng = random.Random(seed)
-    scheduler = Scheduler(SchedulerConfig(max_batch=rng.choice([4, 16]), kv_tokens=6000, host_kv_tokens=2000,
+    scheduler = Scheduler(SchedulerConfig(max_batch=rng.choice(batches), kv_tokens=6000, host_kv_tokens=2000,
                                           min_quantum_steps=rng.choice([2, 16])), name)
     plans, now = [], 0.0
     for step in range(80):
         now += 0.05
         for i in range(rng.choice([0, 0, 0, 1, 6])):
-            scheduler.add(Request(f"s{step}-{i}", rng.choice("ab"), rng.choice(CLASSES),
+            scheduler.add(Request(f"s{step}-{i}", rng.choice(tenants), rng.choice(CLASSES),
                                   rng.randint(1, 400), rng.randint(1, 60), now, priority=rng.randint(4, 6)))
         plan = scheduler.schedule(now)
         plans.append(repr(plan))
@@ -138,16 +181,19 @@ def _plans(name, seed, choose=None, monkeypatch=None):
     return plans
 
 
-@pytest.mark.parametrize("name", ["priority", "fsched"])
-def test_scheduler_plans_as_with_the_row_by_row_choice(name, monkeypatch):
-    def reference(waiter, running, room, need_kv, policy, stand, config):
+@pytest.mark.parametrize(("name", "tenants", "batches"), [
+    ("priority", "ab", (4, 16)), ("fsched", "ab", (4, 16)), ("fsched", "abcd", (8, 32))])
+def test_scheduler_plans_as_with_the_row_by_row_choice(name, tenants, batches, monkeypatch):
+    """fsched's pass keeps the order of its victims outside the precedence tier (`OutsideOrder`) across
+    its waiters; the row-by-row reference reads every row's key for each one. Same plans."""
+    def reference(waiter, running, room, need_kv, policy, stand, config, outside=None):
         return _reference_choose_victims(name, waiter, list(running), room, need_kv, stand, config)
 
     preempted = 0
     for seed in range(12):
-        new = _plans(name, seed)
+        new = _plans(name, seed, tenants=tenants, batches=batches)
         with monkeypatch.context() as m:
-            old = _plans(name, seed, reference, m)
+            old = _plans(name, seed, reference, m, tenants=tenants, batches=batches)
         assert new == old, seed
         preempted += sum("Preemption(" in p for p in new)
     assert preempted > 20  # the runs do preempt
