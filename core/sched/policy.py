@@ -111,8 +111,8 @@ class Policy(Protocol):
                     stand: Mapping[str, Standing]) -> tuple[list[tuple], list[Request]]: ...
     # Policies whose `victim_keys` put some rows first whatever the waiter (`outside_victims`): a row is
     # there when `outside_key` says it always is, or its tenant's `outside_rank` says its other rows are
-    # too, with the key (1, that rank's part, *the row's tail). preemption.OutsideOrder keeps them in
-    # that order through a scheduling pass.
+    # too, with the key (1, that rank's part, *the row's tail: numbers that do not move within a scheduling
+    # pass). preemption.OutsideOrder keeps them in that order through a pass.
     outside_victims: bool
     def outside_key(self, r: Request) -> tuple[bool, tuple]: ...
     def outside_rank(self, standing: Standing) -> tuple[float, bool]: ...

@@ -13,6 +13,10 @@ A preemption pays or is not taken:
   dropped and recomputed, but only when it holds at most
   `max_recompute_tokens`: a long context is never re-prefilled to save a
   short wait. A victim that can be neither is not a victim.
+
+`OutsideOrder` is the one piece with state: one pass's order of the victims
+every waiter of that pass takes first (fsched's rows outside its precedence
+tier), so that a burst of waiters does not read every running row each.
 """
 
 from __future__ import annotations
