@@ -328,8 +328,8 @@ class FschedPolicy(Fcfs):
         # tenant's when that tenant's score is above the waiter's tenant's. A
         # label never displaces the work of a tenant that is not ahead of it.
         # The waiter enters only through its tenant, band and priority, each read once. A row's
-        # band (below BATCH_BAND: not batch) and context are spelled out: a property call a row
-        # was much of this loop's cost.
+        # band is spelled out: a property call a row was much of this loop's cost. Its key outside the
+        # tier is `outside_key`'s, the one preemption.OutsideOrder keeps through a pass.
         waiter_tenant, waiter_priority = waiter.tenant, waiter.priority
         waiter_band = waiter.request_class.band
         keys, victims = [], []
@@ -345,8 +345,7 @@ class FschedPolicy(Fcfs):
                     keys.append((0, victim_band, victim.priority, victim.arrival, victim.seq))
                     victims.append(victim)
                 continue
-            context = victim.prompt_tokens + victim.generated
-            keys.append((1, standing.score, -victim.computed / context, victim.arrival, victim.seq))
+            keys.append((1, standing.score, *self.outside_key(victim)[1]))
             victims.append(victim)
         return keys, victims
 

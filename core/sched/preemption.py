@@ -105,18 +105,26 @@ class OutsideOrder:
         self._tenants: dict[str, tuple[list, list]] = {}  # its rows outside always, and the others
         self._joined = 0
         for r in preemptible_rows(running.values(), config):
-            self._join(r)
+            rows, entry = self._place(r)
+            rows.append(entry)
+        for lists in self._tenants.values():
+            for rows in lists:
+                rows.sort()
 
-    def _join(self, r: Request) -> None:
+    def _place(self, r: Request) -> tuple[list[tuple], tuple]:
+        """`r`'s tenant's list for it, and its entry there (sorted: largest key first, then running
+        order)."""
         always, tail = self._policy.outside_key(r)
-        rows = self._tenants.setdefault(r.tenant, ([], []))[0 if always else 1]
-        insort(rows, (tuple(-x for x in tail), self._joined, r))  # largest key first, then running order
         self._joined += 1
+        return (self._tenants.setdefault(r.tenant, ([], []))[0 if always else 1],
+                (tuple(-x for x in tail), self._joined, r))
 
     def ordered(self, stand: Mapping[str, Standing]) -> Iterator[Request]:
         """The rows outside under `stand`, largest key first."""
         for request_id in self._admitted[self._seen:]:
-            self._join_admitted(self._running.get(request_id))
+            r = self._running.get(request_id)  # None: preempted since
+            if r is not None and preemptible(r, self._config):
+                insort(*self._place(r))
         self._seen = len(self._admitted)
         parts = []
         for tenant, (always, others) in self._tenants.items():
@@ -126,10 +134,6 @@ class OutsideOrder:
         for _, (_, _, r) in heapq.merge(*parts):
             if running.get(r.id) is r:
                 yield r
-
-    def _join_admitted(self, r: Request | None) -> None:
-        if r is not None and preemptible_rows((r,), self._config):  # None: preempted since
-            self._join(r)
 
 
 def _ranked(rank: float, rows: list[tuple]) -> Iterator[tuple]:
