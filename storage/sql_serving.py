@@ -22,6 +22,7 @@ from fsched.storage.db import Database
 from fsched.storage.logprobs import read as read_logprobs
 from fsched.storage.output import Output
 from fsched.storage.output import read as read_outputs
+from fsched.storage.prepared import Prepared, listed
 from fsched.storage.rows import PROGRESS_COLUMNS, RowState, jobs, request_progress, requests, status_of_row
 
 FORGET_S = 60.0  # what the poll read of a request nobody polls for this long is dropped
@@ -30,8 +31,10 @@ FORGET_S = 60.0  # what the poll read of a request nobody polls for this long is
 _JOB_IDS = bindparam("b_job_ids", expanding=True)
 PROGRESS = (select(*PROGRESS_COLUMNS).where(requests.c.job_id.in_(_JOB_IDS))
             .order_by(requests.c.job_id, requests.c.choice))
-STATES = (select(requests.c.job_id, requests.c.state, requests.c.finish_reason, requests.c.num_output_tokens)
-          .where(requests.c.job_id.in_(_JOB_IDS)).order_by(requests.c.job_id, requests.c.choice))
+STATES = Prepared(lambda n: select(requests.c.job_id, requests.c.state, requests.c.finish_reason,
+                                   requests.c.num_output_tokens)
+                  .where(listed(requests.c.job_id, "b_job_ids", n))
+                  .order_by(requests.c.job_id, requests.c.choice), listed="b_job_ids")
 
 
 @dataclass(slots=True)
@@ -57,7 +60,6 @@ class SqlServingStore:
         self._outputs: dict[int, _OutputRead] = {}  # and running requests' output pieces, alike
         self._swept_at = clock()
         self._lock = threading.Lock()  # polls may come from more than one thread
-        self._states_sql: dict[int, tuple[str, list[str], list[str] | None]] = {}  # by ids, a power of two
 
     def progress(self, job_ids: Sequence[int]) -> dict[int, tuple[RequestProgress, ...]]:
         """Each given job's requests (an online request is a job of one row a choice), by job id,
@@ -80,28 +82,14 @@ class SqlServingStore:
         (what a request's texts and ids would cost to read and decode grows with its length)."""
         if not job_ids:
             return {}
-        # The server's check of its linked streams, several times a second: the dialect's SQL, made once
-        # for each power of two of ids (the last id repeated up to it), run on a driver connection (what
-        # SQLAlchemy's Connection, statement and transaction cost around it was most of an idle server's CPU).
-        ids = list(job_ids)
-        size = 1 << (len(ids) - 1).bit_length()
-        sql, names, positional = self._states_sql.get(size) or self._compile_states(size)
-        by_name = dict(zip(names, ids + ids[-1:] * (size - len(ids)), strict=True))
-        rows = self.db.statement(sql, [by_name[name] for name in positional] if positional else by_name)
+        # The server's check of its linked streams, several times a second: a statement compiled once
+        # (storage/prepared.py), run on a driver connection (what SQLAlchemy's Connection, statement and
+        # transaction cost around it was most of an idle server's CPU).
+        rows = self.db.rows(STATES, {"b_job_ids": list(job_ids)})
         out: dict[int, list[tuple[RequestStatus, int]]] = {}
         for job_id, state, finish_reason, num_output_tokens in rows:
             out.setdefault(job_id, []).append((status_of_row(state, finish_reason), num_output_tokens))
         return {job_id: tuple(states) for job_id, states in out.items()}
-
-    def _compile_states(self, n: int) -> tuple[str, list[str], list[str] | None]:
-        """STATES for `n` ids in the database's own SQL: (text, the ids' parameter names in order, the
-        order the driver takes parameters in when it takes them by position, else None)."""
-        compiled = STATES.params(b_job_ids=list(range(n))).compile(
-            dialect=self.db.engine.dialect, compile_kwargs={"render_postcompile": True})
-        names = [f"b_job_ids_{i + 1}" for i in range(n)]
-        positional = list(compiled.positiontup) if compiled.positional else None
-        made = self._states_sql[n] = (compiled.string, names, positional)
-        return made
 
     def _read_logprobs(self, conn, rows) -> dict[int, tuple[TokenLogprobs, ...]]:
         """The rows' logprobs: what earlier polls read, and the pieces appended since."""
