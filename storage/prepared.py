@@ -16,9 +16,9 @@ variants serve every length. On PostgreSQL the list is one array parameter
 (`= ANY`), one variant for every length: the driver rewrites a statement's
 parameters into the server's form at every execution, and keeps that work
 only for statements of at most 50 parameters, so an `IN` list of 64 ids or
-more was rewritten afresh each time (12.5% of a daemon's CPU on PostgreSQL
-at 256 online streams of 2 tokens, measured with py-spy, most of it the
-step's read of its held rows and the claim's lease).
+more was rewritten afresh each time (5-8% of a daemon's CPU on PostgreSQL at
+256 online streams of 2 tokens, measured with py-spy: the step's read of
+the rows it holds, the claim's lease, the lock of the jobs it moves).
 
 A statement run for many rows in a write (`Batched`) is, on PostgreSQL, one
 statement that reads its rows from one parameter, a JSON array of them
