@@ -42,6 +42,23 @@ def note(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def read_trace(path, **options) -> list:
+    """`load_trace`'s requests, what it left out (its TraceWarnings) told as one note each."""
+    import warnings
+
+    from fsched.core.sim.trace import TraceWarning, load_trace
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TraceWarning)
+        requests = load_trace(path, **options)
+    for warning in caught:
+        if issubclass(warning.category, TraceWarning):
+            note(f"fsched: note: {warning.message}")
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return requests
+
+
 def handle_errors(command: Callable) -> Callable:
     """Turn the errors a user can act on into one stderr line and a non-zero exit."""
     from fsched.core.jobs.jobfile import JobFileError

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fsched.cli.common import fail
+from fsched.cli.common import fail, read_trace
 from fsched.cli.simulate import _DEFAULT_MIX_TEXT, _Limit, _Mix, _RateScale, _Seed, _Trace, comparison_table
-from fsched.core.sim.trace import TraceError, load_trace, parse_assignments, parse_mix
+from fsched.core.sim.trace import TraceError, parse_assignments, parse_mix
 
 if TYPE_CHECKING:
     from fsched.core.replay.driver import Observed
@@ -77,7 +77,7 @@ def replay(
             raise ValueError("--rate-scale must be > 0")
         if limit is not None and limit < 1:
             raise ValueError("--limit must be >= 1")
-        requests = load_trace(trace, tenants=sorted(weights), mix=parse_mix(mix), rate_scale=rate_scale,
+        requests = read_trace(trace, tenants=sorted(weights), mix=parse_mix(mix), rate_scale=rate_scale,
                               limit=limit, seed=seed)
         unkeyed = sorted({r.tenant for r in requests} - set(keys))
         if unkeyed:

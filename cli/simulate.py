@@ -12,20 +12,21 @@ from typing import Annotated
 
 import typer
 
-from fsched.cli.common import fail
+from fsched.cli.common import fail, read_trace
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.policy import POLICIES
 from fsched.core.sim.costmodel import DEFAULT_PROFILE, PROFILES
 from fsched.core.sim.simulator import PolicyReport
 from fsched.core.sim.simulator import simulate as run_simulation
-from fsched.core.sim.trace import DEFAULT_MIX, TraceError, load_trace, parse_assignments, parse_mix
+from fsched.core.sim.trace import DEFAULT_MIX, TraceError, parse_assignments, parse_mix
 
 _DEFAULT_MIX_TEXT = ",".join(f"{c.value}={p:g}" for c, p in DEFAULT_MIX.items())
 
 
 _Trace = Annotated[
     Path,
-    typer.Argument(help="Azure LLM trace CSV, Mooncake JSONL or fsched JSONL trace.", show_default=False),
+    typer.Argument(help="Azure LLM trace or BurstGPT CSV, Mooncake JSONL or fsched JSONL trace.",
+                   show_default=False),
 ]
 _Policy = Annotated[
     list[str] | None,
@@ -97,7 +98,7 @@ def simulate(
         if limit is not None and limit < 1:
             raise ValueError("--limit must be >= 1")
         config = _config(max_batch, kv_tokens)
-        requests = load_trace(trace, tenants=sorted(weights), mix=classes, rate_scale=rate_scale, limit=limit,
+        requests = read_trace(trace, tenants=sorted(weights), mix=classes, rate_scale=rate_scale, limit=limit,
                               seed=seed)
         if cost_model not in PROFILES:
             raise ValueError(f"--cost-model must be one of {', '.join(PROFILES)}, got {cost_model!r}")

@@ -1,13 +1,22 @@
-"""Request traces for the simulator: the Azure LLM CSV, the Mooncake JSONL and fsched's JSONL.
+"""Request traces for the simulator: public CSV traces, the Mooncake JSONL and fsched's JSONL.
 
-Azure (`TIMESTAMP,ContextTokens,GeneratedTokens`, CRLF): arrival times are
-made relative to the first request. fsched JSONL: one object a line with
+CSV, recognised by its header's column names (case and surrounding spaces
+aside, other columns ignored): Azure's LLM inference traces
+(`TIMESTAMP,ContextTokens,GeneratedTokens`, CRLF; the 2025 multimodal one
+adds `NumImages`) and BurstGPT's (`Timestamp`, `Request tokens`, `Response
+tokens`). A timestamp is seconds (a number) or a date and time (ISO 8601, a
+space or a `T` between them, any digits of fraction, an offset or `Z`; one
+without an offset is read as UTC). Arrival times are made relative to the
+first request. fsched JSONL: one object a line with
 `arrival_s`, `prompt_tokens`, `output_tokens` and optionally `tenant`,
 `class`, `priority`. Mooncake JSONL (the FAST'25 trace release): one object
 a line with `timestamp` (milliseconds), `input_length`, `output_length`
 (other fields, such as `hash_ids`, are ignored); recognised line by line by
 its `timestamp` field. Requests longer than an engine can hold are kept:
-the simulator refuses them one by one and counts them.
+the simulator refuses them one by one and counts them. A public trace's row
+with no prompt or no output tokens (BurstGPT logs its failed requests so)
+is skipped, and their number given in one `TraceWarning`; in fsched's own
+JSONL such a row is an error.
 
 Tenants and classes a trace lacks are drawn from a `random.Random(seed)`
 in file order: tenants uniformly (so the offered load is equal and the
@@ -19,10 +28,12 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import random
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date
+from datetime import UTC, datetime
 from pathlib import Path
 
 from fsched.core.types import RequestClass
@@ -36,6 +47,15 @@ DEFAULT_MIX: dict[RequestClass, float] = {
 
 class TraceError(ValueError):
     """A trace file that cannot be read; the message names the file and line."""
+
+
+class TraceWarning(UserWarning):
+    """A trace read with rows left out (the message says how many, and why)."""
+
+
+# A public CSV trace's columns by its header's names (lower case): the arrival, the prompt, the output.
+CSV_COLUMNS = (("timestamp", "contexttokens", "generatedtokens"),  # Azure LLM inference traces
+               ("timestamp", "request tokens", "response tokens"))  # BurstGPT
 
 
 @dataclass(slots=True, frozen=True)
@@ -76,7 +96,7 @@ def load_trace(
     if any(p < 0 for p in mix.values()) or sum(mix.values()) <= 0:
         raise ValueError("class mix needs non-negative probabilities with a positive sum")
     path = Path(path)
-    raws = _read_jsonl(path, limit) if path.suffix in (".jsonl", ".json") else _read_azure(path, limit)
+    raws = _read_jsonl(path, limit) if path.suffix in (".jsonl", ".json") else _read_csv(path, limit)
     if not raws:
         raise TraceError(f"{path}: no requests")
     rng = random.Random(seed)
@@ -101,40 +121,63 @@ def load_trace(
     return out
 
 
-def _read_azure(path: Path, limit: int | None) -> list[_Raw]:
+def _read_csv(path: Path, limit: int | None) -> list[_Raw]:
     raws: list[_Raw] = []
+    skipped = 0
     try:
         with path.open(newline="") as f:
             reader = csv.reader(f)
-            header = next(reader, None)
-            if header is None or [h.strip() for h in header[:3]] != [
-                "TIMESTAMP",
-                "ContextTokens",
-                "GeneratedTokens",
-            ]:
-                raise TraceError(
-                    f"{path}: line 1: expected header TIMESTAMP,ContextTokens,GeneratedTokens"
-                )
+            at, prompt, output = _csv_columns(path, next(reader, None))
             for lineno, row in enumerate(reader, start=2):
                 if limit is not None and len(raws) >= limit:
                     break
                 if not row:
                     continue
                 try:
-                    raws.append(_Raw(_seconds(row[0]), _tokens(row[1], 1), _tokens(row[2], 1)))
+                    raw = _Raw(_seconds(row[at]), _tokens(row[prompt], 0), _tokens(row[output], 0))
                 except (ValueError, IndexError) as exc:
                     raise TraceError(f"{path}: line {lineno}: {exc}") from None
+                if raw.prompt_tokens and raw.output_tokens:
+                    raws.append(raw)
+                else:
+                    skipped += 1
     except OSError as exc:
         raise TraceError(f"{path}: {exc.strerror or exc}") from None
+    _warn_skipped(path, skipped)
     return raws
 
 
+def _csv_columns(path: Path, header: list[str] | None) -> tuple[int, int, int]:
+    """The places of the arrival, prompt and output columns, by the header's names."""
+    names = [name.strip().lower() for name in header or ()]
+    for wanted in CSV_COLUMNS:
+        if all(name in names for name in wanted):
+            at, prompt, output = (names.index(name) for name in wanted)
+            return at, prompt, output
+    raise TraceError(f"{path}: line 1: expected header TIMESTAMP,ContextTokens,GeneratedTokens (Azure) or "
+                     "Timestamp,...,Request tokens,Response tokens (BurstGPT), in any order")
+
+
+def _warn_skipped(path: Path, skipped: int) -> None:
+    if skipped:
+        warnings.warn(TraceWarning(f"{path}: {skipped:,} rows with no prompt or no output tokens skipped"),
+                      stacklevel=4)
+
+
 def _seconds(stamp: str) -> float:
-    """'2023-11-16 18:15:46.6805900' -> seconds since 0001-01-01 (any digits of fraction)."""
-    day, _, clock = stamp.strip().partition(" ")
-    hh, mm, ss = clock.split(":")
-    days = date.fromisoformat(day).toordinal()
-    return days * 86400.0 + int(hh) * 3600 + int(mm) * 60 + float(ss)
+    """A timestamp as seconds: a number as it is; a date and time (ISO 8601, any digits of fraction, an
+    offset or none for UTC) as seconds since the epoch."""
+    text = stamp.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(seconds):
+            raise ValueError(f"timestamp {text!r} is not a time")
+        return seconds
+    at = datetime.fromisoformat(text)
+    return (at if at.tzinfo is not None else at.replace(tzinfo=UTC)).timestamp()
 
 
 def _tokens(text: str, minimum: int) -> int:
@@ -146,6 +189,7 @@ def _tokens(text: str, minimum: int) -> int:
 
 def _read_jsonl(path: Path, limit: int | None) -> list[_Raw]:
     raws: list[_Raw] = []
+    skipped = 0
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
@@ -160,7 +204,11 @@ def _read_jsonl(path: Path, limit: int | None) -> list[_Raw]:
             if not isinstance(obj, dict):
                 raise ValueError("expected a JSON object")
             if "timestamp" in obj and "arrival_s" not in obj:
-                raws.append(_mooncake(obj))
+                raw = _mooncake(obj)
+                if raw is None:
+                    skipped += 1
+                else:
+                    raws.append(raw)
                 continue
             arrival = float(obj["arrival_s"])
             if not arrival >= 0:
@@ -183,15 +231,18 @@ def _read_jsonl(path: Path, limit: int | None) -> list[_Raw]:
             raise TraceError(f"{path}: line {lineno}: missing field {exc.args[0]!r}") from None
         except (ValueError, TypeError) as exc:
             raise TraceError(f"{path}: line {lineno}: {exc}") from None
+    _warn_skipped(path, skipped)
     return raws
 
 
-def _mooncake(obj: dict) -> _Raw:
-    """One Mooncake record: `timestamp` in ms, `input_length`, `output_length`."""
+def _mooncake(obj: dict) -> _Raw | None:
+    """One Mooncake record: `timestamp` in ms, `input_length`, `output_length`; None for one with no
+    prompt or no output tokens."""
     arrival = float(obj["timestamp"]) / 1000.0
-    if not arrival >= 0:
+    if not 0 <= arrival < math.inf:
         raise ValueError("timestamp must be >= 0")
-    return _Raw(arrival, _tokens(obj["input_length"], 1), _tokens(obj["output_length"], 1))
+    prompt, output = _tokens(obj["input_length"], 0), _tokens(obj["output_length"], 0)
+    return _Raw(arrival, prompt, output) if prompt and output else None
 
 
 def parse_assignments(text: str, what: str) -> dict[str, float]:

@@ -210,6 +210,19 @@ def test_simulate_command_table_and_errors(small_trace):
     assert missing.exit_code == 2 and "nope.csv" in missing.stderr
 
 
+def test_simulate_says_what_rows_of_a_public_trace_it_skipped(tmp_path):
+    from fsched.cli.main import app
+
+    burst = tmp_path / "burst.csv"
+    burst.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                     "5,ChatGPT,472,18,490,Conversation log\n7,ChatGPT,0,20,20,Conversation log\n"
+                     "45,GPT-4,1087,230,1317,Conversation log\n120,GPT-4,300,0,300,API log\n")
+    result = CliRunner().invoke(app, ["simulate", str(burst), "--policy", "fsched", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["requests"] == 2
+    assert result.stderr == f"fsched: note: {burst}: 2 rows with no prompt or no output tokens skipped\n"
+
+
 
 @pytest.mark.parametrize("policy", ["priority", "fsched"])
 def test_minimum_quantum_expiry_is_a_decision_point(policy):

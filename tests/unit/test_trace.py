@@ -1,4 +1,5 @@
-"""Trace reading: Azure CSV (CRLF), Mooncake JSONL, fsched JSONL, deterministic assignment."""
+"""Trace reading: Azure CSV (CRLF; 2023-2025), BurstGPT CSV, Mooncake JSONL, fsched JSONL, deterministic
+assignment."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fsched.core.sim.trace import TraceError, load_trace, parse_assignments, parse_mix
+from fsched.core.sim.trace import TraceError, TraceWarning, load_trace, parse_assignments, parse_mix
 from fsched.core.types import RequestClass
 
 AZURE = (
@@ -96,9 +97,46 @@ def test_mooncake_records_timestamp_ms_and_lengths(tmp_path):
     reqs = load_trace(p, tenants=["a"])
     assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in reqs] == [(0.0, 200_000, 5),
                                                                              (1.0, 9000, 70)]
-    p.write_text(json.dumps({"timestamp": 1, "input_length": 0, "output_length": 5}) + "\n")
-    with pytest.raises(TraceError, match="line 1: token count"):
+    p.write_text(json.dumps({"timestamp": 1, "input_length": 0, "output_length": 5}) + "\n"
+                 + json.dumps({"timestamp": 2, "input_length": 7, "output_length": 0}) + "\n")
+    with pytest.warns(TraceWarning, match="2 rows with no prompt or no output tokens skipped"):
+        with pytest.raises(TraceError, match="no requests"):
+            load_trace(p)
+    p.write_text(json.dumps({"timestamp": 1, "input_length": -3, "output_length": 5}) + "\n")
+    with pytest.raises(TraceError, match="line 1: token count -3 < 0"):
         load_trace(p)
+
+
+def test_azure_traces_of_other_years_by_their_header_and_timestamps(tmp_path):
+    """2024's timestamps carry an offset; 2025's multimodal trace adds a column."""
+    p = tmp_path / "azure2024.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2024-05-10 00:00:00.0097170+00:00,4808,10\n"
+                 "2024-05-10T00:00:01.5Z,3180,8\n"
+                 "2024-05-10 02:00:02.0097170+02:00,110,27\n")
+    reqs = load_trace(p)
+    assert [r.arrival_s for r in reqs] == pytest.approx([0.0, 1.4902830, 2.0])
+    assert [(r.prompt_tokens, r.output_tokens) for r in reqs] == [(4808, 10), (3180, 8), (110, 27)]
+    p.write_text("TIMESTAMP,NumImages,ContextTokens,GeneratedTokens\r\n"
+                 "2024-10-15 00:00:00.5000000,2,1024,64\r\n2024-10-15 00:00:03.0000000,0,300,5\r\n")
+    reqs = load_trace(p)
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in reqs] == [(0.0, 1024, 64), (2.5, 300, 5)]
+
+
+def test_burstgpt_seconds_and_its_failed_requests_skipped(tmp_path):
+    p = tmp_path / "BurstGPT_1.csv"
+    p.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                 "5,ChatGPT,472,18,490,Conversation log\n"
+                 "7,ChatGPT,0,20,20,Conversation log\n"
+                 "45,GPT-4,1087,230,1317,Conversation log\n"
+                 "120,GPT-4,300,0,300,API log\n")
+    with pytest.warns(TraceWarning, match="_1.csv: 2 rows with no prompt or no output tokens skipped"):
+        reqs = load_trace(p)
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in reqs] == [(0.0, 472, 18),
+                                                                             (40.0, 1087, 230)]
+    p.write_text("Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,"
+                 "Log Type\n0.5,s1,0,ChatGPT,10,3,13,Conversation log\n")
+    assert [(r.prompt_tokens, r.output_tokens) for r in load_trace(p)] == [(10, 3)]
 
 
 def test_the_shared_mooncake_trace_loads_whole(mooncake):
@@ -131,6 +169,10 @@ def test_csv_errors(tmp_path):
     bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,x,3\n")
     with pytest.raises(TraceError, match="line 2"):
         load_trace(bad)
+    for row in ("nan,5,3", "yesterday,5,3", "2023-11-16 18:15:46,5,-1"):
+        bad.write_text(f"timestamp, contexttokens, generatedtokens\n1,2,3\n{row}\n")  # names in any case
+        with pytest.raises(TraceError, match="line 3"):
+            load_trace(bad)
     with pytest.raises(TraceError, match="No such file"):
         load_trace(tmp_path / "missing.csv")
 
