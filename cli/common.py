@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from fsched.core.jobs.limits import InputLimits
     from fsched.core.ports.catalog import CatalogStore
     from fsched.core.ports.table import Table
+    from fsched.core.sim.trace import TraceRequest
 
 DbOption = Annotated[
     str | None,
@@ -42,7 +44,7 @@ def note(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def read_trace(path, **options) -> list:
+def read_trace(path: str | Path, **options: Any) -> list[TraceRequest]:
     """`load_trace`'s requests, what it left out (its TraceWarnings) told as one note each."""
     import warnings
 
