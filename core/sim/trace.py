@@ -125,7 +125,7 @@ def _read_csv(path: Path, limit: int | None) -> list[_Raw]:
     raws: list[_Raw] = []
     skipped = 0
     try:
-        with path.open(newline="") as f:
+        with path.open(newline="", encoding="utf-8-sig") as f:  # past a byte order mark (a spreadsheet's)
             reader = csv.reader(f)
             at, prompt, output = _csv_columns(path, next(reader, None))
             for lineno, row in enumerate(reader, start=2):
@@ -191,7 +191,7 @@ def _read_jsonl(path: Path, limit: int | None) -> list[_Raw]:
     raws: list[_Raw] = []
     skipped = 0
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
     except OSError as exc:
         raise TraceError(f"{path}: {exc.strerror or exc}") from None
     for lineno, line in enumerate(lines, start=1):

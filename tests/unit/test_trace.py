@@ -123,6 +123,15 @@ def test_azure_traces_of_other_years_by_their_header_and_timestamps(tmp_path):
     assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in reqs] == [(0.0, 1024, 64), (2.5, 300, 5)]
 
 
+def test_a_byte_order_mark_before_the_header_or_first_line_is_read_past(tmp_path):
+    csv_trace, jsonl_trace = tmp_path / "bom.csv", tmp_path / "bom.jsonl"
+    csv_trace.write_bytes(b"\xef\xbb\xbf" + AZURE.encode())
+    jsonl_trace.write_bytes(b"\xef\xbb\xbf" + json.dumps({"timestamp": 5, "input_length": 9,
+                                                          "output_length": 2}).encode() + b"\n")
+    assert len(load_trace(csv_trace)) == 5
+    assert [(r.prompt_tokens, r.output_tokens) for r in load_trace(jsonl_trace)] == [(9, 2)]
+
+
 def test_burstgpt_seconds_and_its_failed_requests_skipped(tmp_path):
     p = tmp_path / "BurstGPT_1.csv"
     p.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
