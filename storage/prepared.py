@@ -130,10 +130,9 @@ class Prepared:
         n = 0
         if self._listed is not None:
             values = params[self._listed]
-            n = _size(len(values))
+            n = _size(len(values))  # (an empty list is refused on both dialects)
             if dialect.name == "postgresql":
-                n = _ARRAY
-                params = {**params, self._listed: list(values)}
+                n, params = _ARRAY, {**params, self._listed: list(values)}
             else:
                 params = {**params, **_spread(self._listed, values, n)}
         compiled = self._variant(dialect, n)
