@@ -124,6 +124,7 @@ def _keys_and_weights(key: list[str], tenants: str | None) -> tuple[dict[str, st
 
 def _run(target: ServerAddress, keys: dict[str, str], weights: dict[str, float], sends: list[Send],
          model: str | None, chat: bool, seed: int, label: str) -> tuple[LiveRun, list[Observed]]:
+    from fsched.cli.progress import StderrProgress
     from fsched.core.replay.driver import ReplayError, connect
     from fsched.core.replay.driver import replay as send_all
     from fsched.core.replay.report import live_report
@@ -133,7 +134,13 @@ def _run(target: ServerAddress, keys: dict[str, str], weights: dict[str, float],
         return found, await send_all(found, sends, on_progress)
 
     try:
-        with _progress(len(sends)) as on_progress:
+        with StderrProgress() as bar:  # while requests are out (none when stderr is no terminal)
+            task = bar.add("replay", len(sends))
+
+            def on_progress(p) -> None:
+                bar.update(task, p.done, f"sent {p.sent:,}/{p.total:,}  done {p.done:,}  "
+                                         f"failed {p.failed:,}  tokens {p.tokens:,}")
+
             found, observed = asyncio.run(both(on_progress))
     except ReplayError as exc:
         fail(str(exc))
@@ -141,32 +148,6 @@ def _run(target: ServerAddress, keys: dict[str, str], weights: dict[str, float],
         fail("interrupted: no report (the requests already sent may still run at the endpoint)", 130)
     return live_report(label, observed, weights, url=target.url, model=found.model,
                        prompt_sizing=found.shape.describe(), forcing=found.forcing.describe()), observed
-
-
-class _progress:
-    """A rich progress bar on stderr while requests are out (none when stderr is no terminal)."""
-
-    def __init__(self, total: int):
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        console = Console(stderr=True)
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[line]}"),
-                            TimeElapsedColumn(), console=console, transient=True,
-                            disable=not console.is_terminal)
-        self.task = self.bar.add_task("replay", total=total, line="")
-
-    def __enter__(self):
-        self.bar.start()
-        return self.update
-
-    def __exit__(self, *exc) -> None:
-        self.bar.stop()
-
-    def update(self, p) -> None:
-        self.bar.update(self.task, completed=p.done,
-                        line=f"sent {p.sent:,}/{p.total:,}  done {p.done:,}  failed {p.failed:,}  "
-                             f"tokens {p.tokens:,}")
 
 
 def replay_table(trace: str, run: LiveRun):

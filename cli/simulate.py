@@ -103,7 +103,7 @@ def simulate(
         if cost_model not in PROFILES:
             raise ValueError(f"--cost-model must be one of {', '.join(PROFILES)}, got {cost_model!r}")
         cost = PROFILES[cost_model]
-        reports = [run_simulation(requests, p, weights=weights, config=config, cost=cost) for p in policies]
+        reports = _simulated(requests, policies, weights, config, cost)
     except (TraceError, ValueError) as exc:
         fail(str(exc), 2)
     if plot is not None:
@@ -117,6 +117,25 @@ def simulate(
     from rich.console import Console
 
     Console().print(comparison_table(str(trace), len(requests), reports))
+
+
+def _simulated(requests, policies: list[str], weights: dict[str, float], config: SchedulerConfig,
+               cost) -> list[PolicyReport]:
+    """Each policy's run, with a bar a policy on stderr while they run (none when stderr is no terminal)."""
+    from fsched.cli.progress import StderrProgress
+
+    total = len(requests)
+    reports = []
+    with StderrProgress() as bar:
+        for name in policies:
+            task = bar.add(name, total)
+
+            def settled(n: int, task=task) -> None:
+                bar.update(task, n, f"{n:,}/{total:,} requests")
+
+            reports.append(run_simulation(requests, name, weights=weights, config=config, cost=cost,
+                                          progress=settled))
+    return reports
 
 
 def _check_plot(path: Path) -> None:

@@ -30,6 +30,8 @@ from fsched.core.types import RequestClass
 
 __all__ = ["PolicyReport", "simulate"]
 
+PROGRESS_EVERY = 1024  # decisions between reports: about 0.1 s apart (14,000 decisions/s on Azure 2023 here)
+
 
 @dataclass(slots=True)
 class _Run:
@@ -46,6 +48,7 @@ class _Run:
     backlog: UsageWindow = field(default_factory=UsageWindow)  # while every tenant had work waiting
     whole: UsageWindow = field(default_factory=UsageWindow)
     rejected: int = 0
+    finished: int = 0
     now: float = 0.0
     next_i: int = 0
     decisions: int = 0
@@ -103,6 +106,7 @@ class _Run:
             window.add(elapsed, result.charges)
         for rid in result.finished:
             self.tracks[rid].finish_s = end
+        self.finished += len(result.finished)
         active = {t for t, n in self.waiting_by_tenant.items() if n > 0}
         active.update(r.tenant for r in self.sched.running.values())
         self.timeline.record(end, result.charges, self.waiting_by_class, len(self.sched.running), active)
@@ -119,12 +123,15 @@ def simulate(
     cost: CostModel | None = None,
     jump: bool = True,
     observer: Callable[[float, Plan, Scheduler], None] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> PolicyReport:
     """Replay `trace` (sorted by arrival) under `policy`; simulated time only.
 
     `jump=False` runs every engine step on its own (the reference the
     event-driven skipping is tested against); `observer(now, plan, sched)`
-    sees every plan before it runs (tests check budgets with it).
+    sees every plan before it runs (tests check budgets with it);
+    `progress(settled)` hears how many requests have finished or been
+    refused, every PROGRESS_EVERY decisions and once at the end.
     """
     config = config or SchedulerConfig()
     weights = dict(weights or {})
@@ -138,6 +145,8 @@ def simulate(
         run.arrive()
         plan = run.sched.schedule(run.now)
         run.decisions += 1
+        if progress is not None and run.decisions % PROGRESS_EVERY == 0:
+            progress(run.finished + run.rejected)
         if observer is not None:
             observer(run.now, plan, run.sched)
         run.note_plan(plan)
@@ -149,6 +158,8 @@ def simulate(
             raise RuntimeError("simulation stuck: work left but nothing schedulable")
         else:
             break
+    if progress is not None:
+        progress(run.finished + run.rejected)
     usage = run.backlog if run.backlog.seconds > 0 else run.whole
     report = build_report(policy, run.tracks, tenants, weights, usage, config, run.now)
     report.preemptions = run.sched.preemptions

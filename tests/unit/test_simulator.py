@@ -223,6 +223,32 @@ def test_simulate_says_what_rows_of_a_public_trace_it_skipped(tmp_path):
     assert result.stderr == f"fsched: note: {burst}: 2 rows with no prompt or no output tokens skipped\n"
 
 
+def test_progress_counts_the_requests_settled_up_to_all_of_them(monkeypatch):
+    import fsched.core.sim.simulator as simulator
+
+    monkeypatch.setattr(simulator, "PROGRESS_EVERY", 2)
+    cfg = SchedulerConfig(max_batch=2, kv_tokens=2_000, step_tokens=600, min_quantum_steps=2)
+    trace = [TraceRequest(i * 0.05, "ab"[i % 2], RequestClass.BATCH, 100, 20) for i in range(12)]
+    trace.insert(3, TraceRequest(0.12, "a", RequestClass.REALTIME, 5_000, 20))  # refused: settled too
+    heard: list[int] = []
+    report = simulator.simulate(trace, "fsched", config=cfg, progress=heard.append)
+    assert report.rejected == 1
+    assert len(heard) > 3 and heard == sorted(heard) and heard[0] < len(trace)
+    assert heard[-1] == len(trace)
+
+
+def test_simulate_shows_progress_on_a_terminal_only(small_trace):
+    """A bar a policy on stderr when it is a terminal; stdout's JSON the same either way."""
+    from fsched.cli.main import app
+
+    args = ["simulate", str(small_trace), "--policy", "fcfs", "--policy", "fsched", "--json"]
+    plain = CliRunner().invoke(app, args)
+    shown = CliRunner().invoke(app, args, env={"TTY_COMPATIBLE": "1"})
+    assert plain.exit_code == 0 and shown.exit_code == 0, shown.output
+    assert plain.stderr == ""
+    assert "fcfs" in shown.stderr and "fsched" in shown.stderr and "120/120 requests" in shown.stderr
+    assert json.loads(shown.stdout)["requests"] == json.loads(plain.stdout)["requests"] == 120
+
 
 @pytest.mark.parametrize("policy", ["priority", "fsched"])
 def test_minimum_quantum_expiry_is_a_decision_point(policy):
