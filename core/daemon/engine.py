@@ -46,7 +46,6 @@ class StepReport:
     finished: list[EngineResult]
     elapsed_s: float
     batch_size: int
-    kv_tokens: int
     charges: Mapping[str, TenantCharge] = field(default_factory=dict)  # what each tenant consumed
     produced: int = 0  # tokens produced: one per entry of `tokens`, more where a remote engine ran ahead
     at: float | None = None  # the step's end on the engine's clock: its first tokens' time
@@ -57,6 +56,7 @@ class EngineSnapshot:
     running: int
     waiting: int
     kv_budget: int  # KV cache budget in tokens
+    kv_tokens: int  # KV cache in use now (read when asked: a sum over the open requests, not kept a step)
     preemptions: int  # since the engine started
     requests: list[RequestStanding]  # running ones first, then waiting in admission order
     first_tokens: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # FirstTokenTally.to_json
@@ -208,7 +208,7 @@ class Engine:
         if plan.empty:
             if not refused and self._preparing:
                 wait([p.future for p in self._preparing.values()], PREPARE_WAIT_S, FIRST_COMPLETED)
-            return StepReport({}, refused, 0.0, 0, self.runner.kv_tokens) if refused else None
+            return StepReport({}, refused, 0.0, 0) if refused else None
         if wait_s is not None and self.waits:
             self.runner.wait_at_most(min(wait_s, decide_s) if decide_s is not None and self.has_waiters
                                      else wait_s)
@@ -227,7 +227,6 @@ class Engine:
                 self._requests[rid].status = check.finished
         post = self.scheduler.postprocess(plan, result.outcome, now)
         self.steps += 1
-        kv = self.runner.kv_tokens
         requests = self._requests
         for rid in result.tokens:
             if (request := requests.get(rid)) is not None and request.first_token_at is None:
@@ -246,7 +245,6 @@ class Engine:
             finished=finished,
             elapsed_s=result.outcome.elapsed_s,
             batch_size=len(plan.decode) + len(plan.prefill),
-            kv_tokens=kv,
             charges=post.charges,
             produced=result.outcome.tokens_of_all(result.tokens),
             at=now,
@@ -306,6 +304,7 @@ class Engine:
             running=len(self.scheduler.running),
             waiting=self.scheduler.waiting_count,
             kv_budget=self.scheduler.config.kv_tokens,
+            kv_tokens=self.runner.kv_tokens,
             preemptions=self.scheduler.preemptions,
             requests=explain(self.scheduler, self.clock()),
             first_tokens=self.first_tokens.to_json(),

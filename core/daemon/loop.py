@@ -100,10 +100,10 @@ class StepFigures:
     """The engine figures a heartbeat publishes, kept step by step (decayed averages, so they
     follow the load; the served use decays on the share figures' half-life)."""
 
-    __slots__ = ("steps", "tokens", "tok_s", "step_ms", "batch", "kv_tokens", "served")
+    __slots__ = ("steps", "tokens", "tok_s", "step_ms", "batch", "served")
 
     def __init__(self, share_half_life_s: float) -> None:
-        self.steps = self.tokens = self.batch = self.kv_tokens = 0
+        self.steps = self.tokens = self.batch = 0
         self.tok_s = self.step_ms = 0.0
         self.served = TenantUsage(share_half_life_s)
 
@@ -114,7 +114,7 @@ class StepFigures:
         self.step_ms += alpha * (report.elapsed_s * 1000 - self.step_ms)
         rate = report.produced / wall_s if wall_s > 0 else 0.0
         self.tok_s += alpha * (rate - self.tok_s)
-        self.batch, self.kv_tokens = report.batch_size, report.kv_tokens
+        self.batch = report.batch_size
         self.served.charge(report.charges, now)
 
     def served_shares(self, kv_capacity: int, now: float) -> dict[str, float]:
@@ -458,7 +458,7 @@ def heartbeat_stats(daemon: Daemon, now: float) -> DaemonStats:
         running=engine.running,
         waiting=engine.waiting,
         held=len(daemon.held),
-        kv_tokens=f.kv_tokens,
+        kv_tokens=engine.kv_tokens,
         kv_budget=engine.kv_budget,
         served_share={t: round(v, 4) for t, v in f.served_shares(engine.kv_budget, now).items()},
         weights=dict(daemon._weights),

@@ -173,7 +173,7 @@ class DaemonStats:
     running: int = 0
     waiting: int = 0
     held: int = 0  # requests claimed from the table and not yet written back whole
-    kv_tokens: int = 0  # KV cache in use after the last step
+    kv_tokens: int = 0  # KV cache in use when the heartbeat was made
     kv_budget: int = 0
     served_share: Mapping[str, float] = field(default_factory=dict)  # recent, sums to 1
     weights: Mapping[str, float] = field(default_factory=dict)  # as last applied

@@ -228,14 +228,9 @@ def test_seeded_sampling_is_the_same_with_and_without_preemption(tiny64, greedy_
 def test_kv_budget_is_never_exceeded(tiny):
     budget = 1_200
     seen = []
-    engine, results = run(
-        tiny,
-        workload(tiny, n=32),
-        max_batch=16,
-        kv_tokens=budget,
-        step_tokens=256,
-        on_step=lambda report: seen.append(report.kv_tokens),
-    )
+    scheduler = Scheduler(SchedulerConfig(max_batch=16, kv_tokens=budget, step_tokens=256), "fcfs")
+    engine = Engine(ModelRunner(tiny), scheduler, tiny.context_length)
+    results = engine.run_all(workload(tiny, n=32), on_step=lambda _: seen.append(engine.runner.kv_tokens))
     assert len(results) == 32 and all(r.error is None for r in results.values())
     assert max(seen) <= budget
     assert max(seen) > budget // 2  # the budget was actually the limit

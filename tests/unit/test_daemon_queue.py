@@ -142,6 +142,24 @@ def test_a_plain_run_ends_every_request_with_the_reference_output(store, clock):
     assert goodbye.stopped_at is not None and goodbye.stats.steps == rig.daemon.figures.steps > 0
 
 
+def test_a_heartbeat_publishes_the_kv_the_runner_holds_when_it_is_made(store, clock):
+    beats: list[tuple[int, int, int]] = []  # (published, the runner's then, running)
+    rigs: list[Rig] = []
+    heartbeat = store.heartbeat
+
+    def recorded(summary):
+        beats.append((summary.stats.kv_tokens, rigs[0].engine.runner.kv_tokens, summary.stats.running))
+        return heartbeat(summary)
+
+    store.heartbeat = recorded
+    store.submit([job(12, seed=1), job(5, seed=2, tenant="bob")])
+    rigs.append(Rig(store, clock, heartbeat_s=0.005))
+    rigs[0].run()
+    assert all(published == held for published, held, _ in beats)
+    assert any(published > 0 for published, _, running in beats if running)
+    assert beats[-1][0] == 0  # the goodbye: nothing held
+
+
 def test_a_request_whose_lease_was_taken_is_dropped_without_writing(store, clock):
     store.submit([job(4, seed=3)])
     rig = Rig(store, clock, exclusive=False, lease_s=3.0)
