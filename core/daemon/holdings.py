@@ -20,6 +20,7 @@ class Holdings:
 
     def __init__(self) -> None:
         self._held: dict[RequestId, Request] = {}
+        self._fresh: dict[RequestId, Request] = {}  # turned dirty since the writer last took them
         self.wall_offset = 0.0  # the daemon's wall clock minus the engine's, at the last step's end
 
     def __len__(self) -> int:
@@ -52,10 +53,18 @@ class Holdings:
     def produced(self, request_ids: Iterable[RequestId]) -> None:
         """A step produced tokens for these requests (those still held): their output waits to be
         written."""
-        held = self._held
+        held, fresh = self._held, self._fresh
         for request_id in request_ids:
             if (request := held.get(request_id)) is not None:
                 request.dirty = True
+                fresh[request_id] = request
+
+    def take_fresh(self) -> list[Request]:
+        """The requests that produced since the last call (still held), in that order: the writer
+        files each once, not every held request every step."""
+        fresh, self._fresh = self._fresh, {}
+        held = self._held
+        return [request for request_id, request in fresh.items() if held.get(request_id) is request]
 
     def first_token_at(self, request: Request) -> float | None:
         """The request's first token's time on the daemon's wall clock (None before it came)."""

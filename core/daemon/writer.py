@@ -50,6 +50,11 @@ class Writer:
         self.fenced = 0  # writes the queue refused: leases this daemon had lost
         self._last_batch_flush = float("-inf")
         self._waiting_since: dict[RequestId, float] = {}  # less urgent dirty requests: since when
+        # Requests filed as they turn dirty (Holdings.take_fresh), so that a step's writes visit those,
+        # not every held request: the latency classes' (written every step) and the others not yet
+        # in `_waiting_since` (they join it at the next flush, at its time).
+        self._urgent: dict[RequestId, Request] = {}
+        self._unfiled: list[Request] = []
         self._spread: list[RequestId] = []  # the due share's rows not written yet, oldest first
         self._last_turn_at: float | None = None
 
@@ -57,8 +62,24 @@ class Writer:
         """One transaction: the pending completions, the latency classes' dirty tokens and, given, a
         claim; the requests it claimed. A failure (StorageError) writes and claims nothing: the
         completions stay pending, the tokens dirty."""
-        urgent = [held for held in self.holdings.requests() if held.dirty and held.latency_sensitive]
-        return self._write(urgent, claim)
+        return self._write(self._urgent_rows(), claim)
+
+    def _urgent_rows(self) -> list[Request]:
+        """The latency classes' requests whose tokens wait (`latency_sensitive` read as the step left it:
+        the publisher sets `linked` for the requests that produced, and a request that produced is filed
+        again here)."""
+        urgent, unfiled = self._urgent, self._unfiled
+        for held in self.holdings.take_fresh():
+            if held.latency_sensitive:
+                urgent[held.id] = held
+            else:
+                unfiled.append(held)
+        get = self.holdings.get
+        rows = [held for rid, held in urgent.items()
+                if held.dirty and held.latency_sensitive and get(rid) is held]
+        if len(rows) != len(urgent):  # written (or no more urgent, or ended) since: filed no longer
+            self._urgent = {held.id: held for held in rows}
+        return rows
 
     def after_step(self, now: float, batch: bool = True) -> None:
         """Latency classes' tokens every step; the others a share at a time (core/daemon/flushplan),
@@ -77,14 +98,12 @@ class Writer:
         longest = self.bounds.gap_s / 4
         turn_s = longest if self._last_turn_at is None else min(now - self._last_turn_at, longest)
         self._last_turn_at = now
-        urgent = []
+        urgent = self._urgent_rows()
         waiting = self._waiting_since  # kept from step to step: a request joins when it turns dirty
-        for held in self.holdings.requests():
-            if held.dirty:
-                if held.latency_sensitive:
-                    urgent.append(held)
-                elif held.id not in waiting:
-                    waiting[held.id] = now
+        for held in self._unfiled:
+            if held.dirty and held.id not in waiting:
+                waiting[held.id] = now
+        self._unfiled = []
         if everything:
             self._spread = []
             self._write(urgent + self._still_dirty(list(waiting)))

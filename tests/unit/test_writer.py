@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.daemon.writer import ROWS_PER_WRITE, Writer, kept_of
 from fsched.core.ports.queue import StepWritten
+from fsched.core.ports.records import StorageError
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass
 
@@ -26,9 +29,8 @@ class CountingStore:
 def _writer(batch_rows: int, realtime_held: bool = False) -> tuple[Writer, CountingStore]:
     held = Holdings()
     for i in range(batch_rows):
-        r = Request(f"b{i}", "t", RequestClass.BATCH, 10, 100, 0.0)
-        r.dirty = True
-        held.add(r)
+        held.add(Request(f"b{i}", "t", RequestClass.BATCH, 10, 100, 0.0))
+    held.produced([f"b{i}" for i in range(batch_rows)])  # a step's tokens: their output waits
     if realtime_held:
         held.add(Request("rt", "u", RequestClass.REALTIME, 10, 100, 0.0))
     store = CountingStore()
@@ -109,3 +111,78 @@ def test_a_write_says_how_much_of_its_text_the_table_holds_already():
     assert kept_of("ab", "abc") == 2
     assert kept_of("ab\ufffd", "ab\u00e9!") == 2  # a character whose bytes had not all come, now whole
     assert kept_of("abc", "abc") == 3
+
+
+class RowsStore:
+    """Keeps the request ids of each transaction's token rows; fails the next one when told to."""
+
+    def __init__(self) -> None:
+        self.writes: list[list[str]] = []
+        self.fail_next = False
+
+    def write_step(self, owner, updates, completions, claim=None) -> StepWritten:
+        if self.fail_next:
+            self.fail_next = False
+            raise StorageError("the table is locked")
+        self.writes.append([u.request_id for u in updates])
+        return StepWritten(written=len(updates))
+
+
+def _stepping(*requests: Request) -> tuple[Holdings, Writer, RowsStore]:
+    held = Holdings()
+    for r in requests:
+        held.add(r)
+    store = RowsStore()
+    return held, Writer(store, "d1", "m", held, lambda r: "", batch_flush_s=1.0), store
+
+
+def test_a_latency_class_request_is_written_the_step_it_produced_and_not_again_until_it_does():
+    rt, batch = Request("rt", "u", RequestClass.REALTIME, 10, 100, 0.0), Request("b", "t", RequestClass.BATCH,
+                                                                                 10, 100, 0.0)
+    held, writer, store = _stepping(rt, batch)
+    held.produced(["rt", "b"])
+    writer.write_step()
+    writer.after_step(0.0)
+    assert store.writes == [["rt"]]  # the batch row waits for its share
+    writer.write_step()
+    writer.after_step(0.02)
+    assert store.writes == [["rt"]]  # nothing new: nothing written
+    held.produced(["rt"])
+    writer.write_step()
+    assert store.writes == [["rt"], ["rt"]]
+
+
+def test_a_failed_write_is_tried_again_at_the_next_step_without_new_tokens():
+    rt = Request("rt", "u", RequestClass.REALTIME, 10, 100, 0.0)
+    held, writer, store = _stepping(rt)
+    held.produced(["rt"])
+    store.fail_next = True
+    with pytest.raises(StorageError):
+        writer.write_step()
+    assert rt.dirty
+    writer.write_step()
+    assert store.writes == [["rt"]] and not rt.dirty
+
+
+def test_a_request_linked_or_unlinked_as_it_produces_is_filed_by_what_it_is_then():
+    rt = Request("rt", "u", RequestClass.REALTIME, 10, 100, 0.0)
+    held, writer, store = _stepping(rt)
+    rt.linked = True  # a server hears it over the link: its tokens go with the batch writes
+    held.produced(["rt"])
+    writer.write_step()
+    writer.after_step(0.0)
+    assert store.writes == []
+    rt.linked = False  # the server went away: the table is how its client hears it again
+    held.produced(["rt"])
+    writer.write_step()
+    assert store.writes == [["rt"]]
+
+
+def test_a_request_that_ended_before_its_write_is_not_written():
+    rt = Request("rt", "u", RequestClass.REALTIME, 10, 100, 0.0)
+    held, writer, store = _stepping(rt)
+    held.produced(["rt"])
+    held.pop("rt")
+    writer.write_step()
+    writer.flush(everything=True, now=0.0)
+    assert store.writes == []
