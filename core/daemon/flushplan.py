@@ -44,10 +44,10 @@ def due(pending: Iterable[tuple[RequestId, float]], last_flush_at: float, now: f
     if now - last_flush_at < bounds.gap_s:
         return []
     waiting = list(pending)
-    ripe = sorted((item for item in waiting if now - item[1] >= bounds.every_s - bounds.gap_s),
-                  key=lambda item: item[1])
+    ripe_after, overdue_after = bounds.every_s - bounds.gap_s, bounds.overdue_s  # not a property call a row
+    ripe = sorted((item for item in waiting if now - item[1] >= ripe_after), key=lambda item: item[1])
     take = math.ceil(len(waiting) * bounds.share)
-    overdue = sum(1 for _, since in ripe if now - since >= bounds.overdue_s)
+    overdue = sum(1 for _, since in ripe if now - since >= overdue_after)
     return [request_id for request_id, _ in ripe[:max(take, overdue)]]
 
 
