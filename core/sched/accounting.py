@@ -82,32 +82,34 @@ def expected_decode(r: Request) -> int:
 
 
 def apply_step(running: Iterable[Request], plan: Plan, outcome: Outcome) -> dict[str, TenantStep]:
-    """Advance every running request by what the step did; per-tenant totals.
-
-    Updates `computed`, `generated`, the step counters and the unused
-    reservation of each request.
-    """
+    """Advance every running request by what the step did (`computed`, `generated`, the step counters,
+    the unused reservation); per-tenant totals. One pass over the running rows, the common ones (decoding)
+    inline, a tenant's totals looked up when the tenant changes from the row before; the sums in the order
+    of a row at a time, so the charges are the same to the last bit."""
     steps, elapsed = outcome.steps, outcome.elapsed_s
-    # Tokens each decode row yielded: one a step, or what the runner reports (a remote engine may have
-    # run several tokens ahead between two steps). Looked up once a row, not asked of the outcome twice.
-    decoded = decode_tokens(plan.decode, outcome)
-    processed = sum(c.tokens for c in plan.prefill) + sum(decoded.values())
-    per_token = elapsed / processed if processed else 0.0
+    decoded, per_token = _decoded(plan, outcome)
     chunks = {c.request_id: c for c in plan.prefill}
-    half = (steps - 1) / 2
-    batch = RequestClass.BATCH
+    half, batch = (steps - 1) / 2, RequestClass.BATCH
     totals: dict[str, TenantStep] = {}
-    tenant, t = None, TenantStep()
-    charge = precedence = t.charge
-    # One pass a step over every running row: the common row (decoding) is advanced inline, and the
-    # tenant's totals are looked up only when the tenant changes from the row before. The sums are
-    # made in the same order as a row at a time, so the charges are the same to the last bit.
+    tenant, t, charge, precedence = None, None, None, None  # set by the first row
     for r in running:
         if r.tenant != tenant:
             tenant = r.tenant
             t = totals.get(tenant) or totals.setdefault(tenant, TenantStep())
             charge, precedence = t.charge, t.precedence
         n = decoded.get(r.id)
+        if n == 0:  # a decode row with nothing reported (most, over streams of chunks): its KV alone
+            r.idle_steps += steps
+            kv = (r.computed - half) * elapsed
+            charge.kv_token_s += kv
+            if r.request_class is not batch:
+                precedence.kv_token_s += kv
+            res_kv = r.res_kv
+            if res_kv or r.res_gpu:  # the general path's condition (its GPU part uses nothing: 0 s)
+                used_kv = res_kv if res_kv < kv else kv
+                r.res_kv = res_kv - used_kv
+                t.reserved_kv_token_s += used_kv
+            continue
         if n is not None:
             r.computed += n
             r.generated += n
@@ -131,8 +133,7 @@ def apply_step(running: Iterable[Request], plan: Plan, outcome: Outcome) -> dict
             precedence.gpu_s += gpu
             precedence.kv_token_s += kv
         res_gpu, res_kv = r.res_gpu, r.res_kv
-        if res_gpu or res_kv:
-            # min(gpu, res_gpu), min(kv, res_kv), without two calls a row
+        if res_gpu or res_kv:  # min(gpu, res_gpu), min(kv, res_kv), without two calls a row
             used_gpu = res_gpu if res_gpu < gpu else gpu
             used_kv = res_kv if res_kv < kv else kv
             r.res_gpu = res_gpu - used_gpu
@@ -140,6 +141,15 @@ def apply_step(running: Iterable[Request], plan: Plan, outcome: Outcome) -> dict
             t.reserved_gpu_s += used_gpu
             t.reserved_kv_token_s += used_kv
     return totals
+
+
+def _decoded(plan: Plan, outcome: Outcome) -> tuple[dict[RequestId, int], float]:
+    """The tokens each decode row yielded (one a step, or what the runner reports: a remote engine may
+    have run several tokens ahead between two steps; looked up once a row, not asked of the outcome
+    twice), and the step's seconds a token processed."""
+    decoded = decode_tokens(plan.decode, outcome)
+    processed = sum(c.tokens for c in plan.prefill) + sum(decoded.values())
+    return decoded, outcome.elapsed_s / processed if processed else 0.0
 
 
 def decode_tokens(decode: Iterable[RequestId], outcome: Outcome) -> dict[RequestId, int]:
