@@ -21,6 +21,7 @@ class Holdings:
     def __init__(self) -> None:
         self._held: dict[RequestId, Request] = {}
         self._fresh: dict[RequestId, Request] = {}  # turned dirty since the writer last took them
+        self._groups: dict[tuple[str, RequestClass], int] = {}  # held by (tenant, class), kept as they come
         self.wall_offset = 0.0  # the daemon's wall clock minus the engine's, at the last step's end
 
     def __len__(self) -> int:
@@ -37,13 +38,28 @@ class Holdings:
         return self._held.values()
 
     def add(self, request: Request) -> None:
+        self._uncount(self._held.get(request.id))
         self._held[request.id] = request
+        group = (request.tenant, request.request_class)
+        self._groups[group] = self._groups.get(group, 0) + 1
 
     def get(self, request_id: RequestId) -> Request | None:
         return self._held.get(request_id)
 
     def pop(self, request_id: RequestId) -> Request | None:
-        return self._held.pop(request_id, None)
+        request = self._held.pop(request_id, None)
+        self._uncount(request)
+        return request
+
+    def _uncount(self, request: Request | None) -> None:
+        if request is None:
+            return
+        group = (request.tenant, request.request_class)
+        left = self._groups[group] - 1
+        if left:
+            self._groups[group] = left
+        else:
+            del self._groups[group]
 
     def stepped(self, wall_now: float, engine_now: float | None) -> None:
         """A step ended at `engine_now` on the engine's clock, `wall_now` on the daemon's."""
@@ -72,12 +88,10 @@ class Holdings:
         return None if at is None else at + self.wall_offset
 
     def per_group(self) -> dict[tuple[str, RequestClass], int]:
-        """How many this daemon holds of each (tenant, class) group: a claim tops each up."""
-        counts: dict[tuple[str, RequestClass], int] = {}
-        for request in self._held.values():
-            group = (request.tenant, request.request_class)
-            counts[group] = counts.get(group, 0) + 1
-        return counts
+        """How many this daemon holds of each (tenant, class) group: a claim tops each up. (Counted as
+        requests come and go: a claim asks at every step new work is announced, and a pass over a
+        thousand held requests each time was a step's cost of its own.)"""
+        return dict(self._groups)
 
     def leases(self) -> dict[RequestId, int]:
         """Request -> the lease epoch this daemon holds it under."""
