@@ -14,7 +14,7 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -256,22 +256,17 @@ class Database:
         with self._translate_errors(), self.engine.connect() as conn, conn.begin():
             yield conn
 
-    def statement(self, sql: str, args: Sequence[object] | Mapping[str, object]) -> list[tuple]:
-        """The rows of one read-only statement (SQL in the dialect's own text and parameter style), run
-        on a pooled driver connection with no transaction around it: no SQLAlchemy Connection, no BEGIN,
-        no COMMIT, which cost more than a short read itself (a single SELECT sees one snapshot on its
-        own). For a check the server makes several times a second; the pool returns the connection
-        rolled back."""
-        return self._on_driver(sql, args, lambda cursor: cursor.fetchall())
-
     def rows(self, prepared: Prepared, params: Mapping[str, object] | None = None) -> list:
-        """A `Prepared` read's rows (named tuples of its columns, values read as SQLAlchemy reads them),
-        run as `statement` runs its SQL: about 40% of a read through `read()` on PostgreSQL, measured."""
+        """A `Prepared` read's rows (named tuples of its columns, values read as SQLAlchemy reads them), run
+        on a pooled driver connection with no transaction around it: no SQLAlchemy Connection, no BEGIN, no
+        COMMIT, which cost more than a short read itself (a single SELECT sees one snapshot on its own;
+        the pool returns the connection rolled back). About 40% of a read through `read()` on
+        PostgreSQL, measured."""
         compiled, bound = prepared.bound(self.engine.dialect, params)
         return self._on_driver(compiled.sql, bound, compiled.rows)
 
     def _on_driver(self, sql: str, args, read: Callable):
-        """`read(cursor)` after the statement ran on a pooled driver connection (`statement`'s way)."""
+        """`read(cursor)` after the statement ran on a pooled driver connection, no transaction around it."""
         dbapi = self.engine.dialect.loaded_dbapi
         try:
             raw = self.engine.raw_connection()

@@ -33,10 +33,6 @@ class Holdings:
     def __iter__(self) -> Iterator[tuple[RequestId, Request]]:
         return iter(list(self._held.items()))
 
-    def requests(self) -> Iterable[Request]:
-        """The held records, for a pass that adds and drops none (no copy made, as `iter` makes)."""
-        return self._held.values()
-
     def add(self, request: Request) -> None:
         self._uncount(self._held.get(request.id))
         self._held[request.id] = request
