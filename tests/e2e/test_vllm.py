@@ -3,15 +3,15 @@
 Only with `pytest --vllm` (scripts/test_vllm.sh runs it; the vLLM environment is
 created once by scripts/vllm_env.sh and cached). For each model (the tiny Llama
 and a GPT-2 style model, both random, built here): 44 mixed requests (plain
-prompts and chat messages, 8-64 output tokens, greedy) and 4 of up to 400 tokens, stored by
+prompts and chat messages, 8-64 output tokens, greedy) and 4 of up to 960 tokens, stored by
 fsched must equal one-at-a-time `generate` in transformers, token for token:
 1. straight through;
 2. with forced preemptions (batch of 4, realtime work arriving mid-run);
 3. after `kill -9` of the daemon twice and one hard restart of the engine mid-run.
 Each model starts vLLM once (and restarts it once) and generates the reference one
-request at a time: 4 min 26 s for both models on 2 quiet cores. The tiny Llama runs
-once more over vLLM's token interface: vLLM started with `--tokens-only` (no tokenizer,
-no detokenizing), the daemon with `--engine-api tokens`.
+request at a time (`scripts/test_vllm.sh`, these and the other end-to-end tests: 6 min 0 s
+on 2 cores). The tiny Llama runs once more over vLLM's token interface: vLLM started with
+`--tokens-only` (no tokenizer, no detokenizing), the daemon with `--engine-api tokens`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 WORDS = ("the fair queue serves every tenant its share of tokens while realtime chat waits less and "
          "batch work fills what is left of the engine").split()
+FILLER_TOKENS = 960
 
 
 def workload(n: int = 44, seed: int = 0) -> list[dict]:
@@ -149,9 +150,15 @@ def test_vllm_outputs_equal_transformers_generate(name, api, models, tmp_path):
     folder = models[name]
     lines = workload()
     # Long batch requests that still run when the realtime work arrives: of twelve candidates,
-    # the four whose greedy output is longest (a random model ends some early with EOS).
+    # the four whose greedy output is longest (a random model ends some early with EOS). The
+    # realtime work comes once the table shows two of them past their minimum quantum, after a
+    # batch flush and a `fsched submit` (a second or two), and they must outlast that at the
+    # engine's pace: at ~240 tok/s a stream, fillers of 400 tokens were ending within the
+    # preemption's grace by then and nothing was preempted. Hence up to 960 (the prompts are at
+    # most 36 tokens, the smaller context 1,024).
     candidates = [
-        {"custom_id": f"long{i}", "prompt": " ".join(WORDS[i:]), "max_tokens": 400, "temperature": 0}
+        {"custom_id": f"long{i}", "prompt": " ".join(WORDS[i:]), "max_tokens": FILLER_TOKENS,
+         "temperature": 0}
         for i in range(12)
     ]
     expected = reference_outputs(folder, lines + candidates)
