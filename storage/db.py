@@ -26,6 +26,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
 from fsched.core.ports.records import StorageError
+from fsched.storage.changes import ChangeListener
 
 if TYPE_CHECKING:
     from fsched.storage.prepared import Prepared
@@ -219,7 +220,8 @@ class Database:
         self.dialect = parsed.get_backend_name()
         self.busy_timeout_ms = busy_timeout_ms
         self._on_dispose: list[Callable[[], None]] = []  # connections kept apart (storage/direct.py)
-        self._watcher: sqlite3.Connection | None = None  # for `changed`
+        self._watcher: sqlite3.Connection | None = None  # for `changed` (SQLite)
+        self._listener: ChangeListener | None = None  # for `changed` (PostgreSQL)
         self._seen_version: int | None = None
         if self.dialect == "sqlite":
             if not parsed.database or parsed.database == ":memory:":
@@ -320,7 +322,12 @@ class Database:
 
     def changed(self) -> bool:
         """Whether any connection but the watcher's committed since the last call (True the first
-        time, and always on PostgreSQL): SQLite's `data_version`, one pragma on a connection kept for it."""
+        time): SQLite's `data_version`, one pragma on a connection kept for it; on PostgreSQL whether a
+        change a sync reads was notified, or a second has passed (storage/changes.py)."""
+        if self.dialect == "postgresql":
+            if self._listener is None:
+                self._listener = ChangeListener(self.driver_connection)
+            return self._listener.changed(time.monotonic())
         if self.dialect != "sqlite":
             return True
         if self._watcher is None:
@@ -343,6 +350,14 @@ class Database:
         if self._watcher is not None:
             self._watcher.close()
             self._watcher = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    def driver_connection(self):
+        """A driver connection of its own, outside the pool (the change listener's)."""
+        args, kwargs = self.engine.dialect.create_connect_args(make_url(self.url))
+        return self.engine.dialect.loaded_dbapi.connect(*args, **kwargs)
 
     def reclaim_space(self, vacuum_tables: tuple[str, ...] = ()) -> None:
         """After a large delete: on SQLite, give the free pages back to the file system, VACUUM_PAGES a

@@ -22,10 +22,11 @@ from collections.abc import Callable
 from sqlalchemy import JSON, Connection, inspect, select, text
 
 from fsched.core.ports.records import SchemaMismatch
+from fsched.storage import changes
 from fsched.storage.db import Database
 from fsched.storage.models import Base, Meta
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 VERSION_KEY = "schema_version"
 CHUNKED_FILES_VERSION = 8  # from it on, SQLite files vacuum incrementally (storage.db.reclaim_space)
 # Creating or migrating the schema is one transaction of many statements with the client's work between
@@ -219,12 +220,23 @@ def _output_in_pieces(conn: Connection) -> None:
     Base.metadata.tables["request_output"].create(conn, checkfirst=True)
 
 
+def _notify_changes(conn: Connection) -> None:
+    """On PostgreSQL the tables a daemon's sync reads notify their changes (storage/changes.py), so a
+    daemon looks only when something may have changed, as on SQLite."""
+    if conn.dialect.name == "postgresql":
+        for table in changes.NOTIFYING:
+            for sql in changes.trigger_sql(table):
+                conn.execute(text(sql))
+
+
+changes.notify_on_create(Base.metadata.tables)
+
 # MIGRATIONS[v] upgrades a database from version v to v + 1.
 MIGRATIONS: dict[int, Migration] = {
     1: _v1_to_v2, 2: _v2_to_v3, 3: _drop_mlfq_level, 4: _job_origins_and_chargeback,
     5: _add_output_logprobs, 6: _add_choices, 7: _chunked_files_and_rates, 8: _add_batch_expiry,
     9: _logprobs_in_pieces,
-    10: _add_render, 11: _add_batch_storage, 12: _output_in_pieces,
+    10: _add_render, 11: _add_batch_storage, 12: _output_in_pieces, 13: _notify_changes,
 }
 
 
