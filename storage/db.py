@@ -208,6 +208,9 @@ def _postgresql_clock(element, compiler, **kw) -> str:
     return compiler.process(cast(func.extract("epoch", func.clock_timestamp()), Float), **kw)
 
 
+LISTENER_CONNECT_TIMEOUT_S = 3
+
+
 class Database:
     """One job table behind one SQLAlchemy URL."""
 
@@ -355,8 +358,11 @@ class Database:
             self._listener = None
 
     def driver_connection(self):
-        """A driver connection of its own, outside the pool (the change listener's)."""
+        """A driver connection of its own, outside the pool (the change listener's): a server that does
+        not answer is given up on after a few seconds (the daemon's loop waits for it)."""
         args, kwargs = self.engine.dialect.create_connect_args(make_url(self.url))
+        if self.dialect == "postgresql":
+            kwargs.setdefault("connect_timeout", LISTENER_CONNECT_TIMEOUT_S)
         return self.engine.dialect.loaded_dbapi.connect(*args, **kwargs)
 
     def reclaim_space(self, vacuum_tables: tuple[str, ...] = ()) -> None:
