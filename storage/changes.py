@@ -84,8 +84,10 @@ class ChangeListener:
                 self._retry_at = now + self.force_s
             self._looked_at = now
             return True  # what changed before it listened is unknown: look
+        noticed = False
         try:
-            noticed = any(True for _ in self._conn.notifies(timeout=0))
+            for _ in self._conn.notifies(timeout=0):  # all that came: what is left would say so again
+                noticed = True
         except Exception:  # noqa: BLE001 - a lost connection: listen again at the next call, look now
             self.close()
             return True

@@ -67,6 +67,17 @@ def test_a_change_a_sync_reads_is_noticed_and_the_rest_is_not(db):
     listener.close()
 
 
+def test_one_check_takes_every_notice_that_came(db):
+    listener = ChangeListener(db.driver_connection, force_s=3600)
+    listener.changed(time.monotonic())
+    for weight in range(2, 7):
+        write(db, f"UPDATE tenants SET weight = {weight} WHERE name = 'alice'")
+    time.sleep(0.1)
+    assert listener.changed(time.monotonic())
+    assert not noticed(listener, 0.2)
+    listener.close()
+
+
 def test_a_look_is_forced_once_a_period_and_a_lost_connection_means_look(db):
     listener = ChangeListener(db.driver_connection, force_s=0.3)
     assert listener.changed(time.monotonic())
