@@ -4,9 +4,8 @@ A daemon syncs (weights, cancels, new work) only when the table may have
 changed: on SQLite it reads the file's change counter (`PRAGMA data_version`,
 storage/db.py). On PostgreSQL it had no such check and looked every time:
 its three reads ten times a second whatever happened, and an idle daemon's
-claim at every 20 ms pass (18 ms of CPU a second idle, measured, and as
-many statements a second for the server; at one stream about a fifth of
-the daemon's CPU and a third of the server's).
+claim at every 20 ms pass (15.7-18.1 ms of CPU a second idle, measured;
+9.8 with this check).
 
 Here the tables whose changes a sync reads notify a channel when a
 statement changes them (PostgreSQL's NOTIFY, from a statement-level trigger,
@@ -57,11 +56,15 @@ def trigger_sql(table: str) -> list[str]:
             f"FOR EACH STATEMENT EXECUTE FUNCTION {_FUNCTION}()"]
 
 
+def trigger_statements() -> list[tuple[str, str]]:
+    """(table, statement) for every table that notifies: what gives an existing table its triggers."""
+    return [(table, sql) for table in NOTIFYING for sql in trigger_sql(table)]
+
+
 def notify_on_create(tables: dict[str, Table]) -> None:
     """Give these tables their triggers whenever they are created on PostgreSQL (`create_all`)."""
-    for name in NOTIFYING:
-        for sql in trigger_sql(name):
-            event.listen(tables[name], "after_create", DDL(sql).execute_if(dialect="postgresql"))
+    for table, sql in trigger_statements():
+        event.listen(tables[table], "after_create", DDL(sql).execute_if(dialect="postgresql"))
 
 
 class ChangeListener:

@@ -224,9 +224,8 @@ def _notify_changes(conn: Connection) -> None:
     """On PostgreSQL the tables a daemon's sync reads notify their changes (storage/changes.py), so a
     daemon looks only when something may have changed, as on SQLite."""
     if conn.dialect.name == "postgresql":
-        for table in changes.NOTIFYING:
-            for sql in changes.trigger_sql(table):
-                conn.execute(text(sql))
+        for _, sql in changes.trigger_statements():
+            conn.execute(text(sql))
 
 
 changes.notify_on_create(Base.metadata.tables)
