@@ -7,7 +7,17 @@ in the log naming both versions), and tried again only after
 `REFUSED_RETRY_S`. A new online request is announced on every link: a claim
 (the daemon that can take it claims at once, even while it waits for its
 engine's tokens) or, where the text alone answers it, a watch (a claim too;
-the daemon holding it pushes its text each step). Pushed progress goes to
+the daemon holding it pushes its text each step).
+
+Beside each link the server keeps a second connection to the daemon, its
+nudge: the group commit's thread writes a claim on it the moment a group of
+requests is stored (`nudge`), without waiting for the event loop, which in a
+burst is busy for milliseconds with the other requests. A request whose
+claim a nudge asked for is then announced with a follow (a watch that
+claims nothing): a claim was asked for after its row was in, and any claim
+made after that sees it. A nudge that fails closes its connection, and
+announcements to that daemon claim again until the next refresh opens a
+new one. Pushed progress goes to
 the hub; a link that closes sends its jobs back to table polling. Nothing
 here is the record: the table is, and a server without links (none
 reachable, refused, `--link off` daemons) serves from the table alone.
@@ -18,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,6 +42,8 @@ log = logging.getLogger("fsched.serve")
 
 REFRESH_S = 0.5
 CONNECT_TIMEOUT_S = 1.0
+NUDGE_TIMEOUT_S = 0.05  # a nudge the daemon's socket does not take at once: that nudge connection is closed
+_NUDGE = wire.encode([wire.Claim()])
 REFUSED_RETRY_S = 30.0  # a daemon of another link version: asked again this long after (a restart)
 # The longest line read: a step's texts for every request a server watches (1,024 streams' pieces are
 # tens of KB, asyncio's default limit is 64 KiB), or an end's whole text. The daemon drops a server
@@ -45,6 +59,7 @@ class _Peer:
     jobs: set[int] = field(default_factory=set)  # jobs it pushed
     outbox: list[wire.Message] = field(default_factory=list)  # sent at the end of this loop pass
     flushing: bool = False  # a write of the outbox is due at the end of this loop pass
+    greeted: bool = False  # its hello, of this link version, came
 
 
 class LinkClient:
@@ -56,13 +71,32 @@ class LinkClient:
         self._text: dict[int, str] = {}  # pushed text so far, per linked job
         self._times: dict[int, tuple] = {}  # per linked job: its (first_token_at, enqueued_at), once pushed
         self._refused: dict[str, float] = {}  # daemons of another link version -> when (monotonic)
+        self._nudges: dict[str, socket.socket] = {}  # address -> its nudge connection (blocking)
+        self._nudged: frozenset[str] = frozenset()  # the addresses the latest nudge reached
+        self._nudge_lock = threading.Lock()
+
+    def nudge(self) -> None:
+        """Ask every linked daemon to claim now (any thread: the group commit's, as a group is stored)."""
+        with self._nudge_lock:
+            for address, sock in list(self._nudges.items()):
+                try:
+                    sock.sendall(_NUDGE)
+                except OSError as exc:
+                    log.debug("the nudge connection to %s failed: %s", address, exc)
+                    del self._nudges[address]
+                    sock.close()
+            self._nudged = frozenset(self._nudges)
 
     def announce(self, job_id: int, linkable: bool) -> None:
         self._open[job_id] = linkable
         if linkable and self._peers:
             self.hub.expect_push(job_id)
-        for peer in self._peers.values():
-            self._send(peer, [wire.Watch(job_id)] if linkable else [wire.Claim()])
+        nudged = self._nudged  # reached by a nudge made after this job was stored: its claim is asked for
+        for address, peer in self._peers.items():
+            if address not in nudged:
+                self._send(peer, [wire.Watch(job_id)] if linkable else [wire.Claim()])
+            elif linkable:
+                self._send(peer, [wire.Follow(job_id)])
 
     def closed(self, job_id: int) -> None:
         """The job's handler is done with it (answered, cancelled, gone). Its `Forget` waits for the
@@ -95,6 +129,8 @@ class LinkClient:
                              if a in wanted and now - t < REFUSED_RETRY_S}
             for address in wanted - set(self._peers) - set(self._refused):
                 await self._connect(address)
+            for address in [a for a, peer in self._peers.items() if peer.greeted and a not in self._nudges]:
+                await self._open_nudge(address)  # one that failed: again
             for peer in self._peers.values():
                 if peer.outbox and not peer.flushing:  # the `Forget`s no other message took along
                     self._flush(peer)
@@ -112,6 +148,38 @@ class LinkClient:
         watches = [wire.Watch(j) for j, ok in self._open.items() if ok]
         self._send(peer, [wire.Hello(wire.VERSION), wire.Wake(), *watches])
         peer.task = asyncio.create_task(self._read(peer, reader))
+
+    async def _open_nudge(self, address: str) -> None:
+        """The daemon's nudge connection, opened beside its link (a blocking socket, for any thread)."""
+        host, _, port = address.rpartition(":")
+
+        def opened() -> socket.socket:
+            sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.settimeout(NUDGE_TIMEOUT_S)
+                sock.sendall(wire.encode([wire.Hello(wire.VERSION)]))
+            except OSError:
+                sock.close()
+                raise
+            return sock  # the daemon's hello back is left unread: nothing else ever comes on it
+
+        try:
+            sock = await asyncio.to_thread(opened)
+        except (OSError, ValueError) as exc:
+            log.debug("no nudge connection to the daemon at %s: %s", address, exc)
+            return
+        with self._nudge_lock:
+            if self._peers.get(address) is not None and address not in self._nudges:
+                self._nudges[address] = sock
+                return
+        sock.close()
+
+    def _close_nudge(self, address: str) -> None:
+        with self._nudge_lock:
+            sock = self._nudges.pop(address, None)
+            if sock is not None:
+                sock.close()
 
     def _send(self, peer: _Peer, messages: list[wire.Message], later: bool = False) -> None:
         """Queue messages; what the requests of one loop pass send (their announcements, their ends)
@@ -136,6 +204,8 @@ class LinkClient:
     async def _read(self, peer: _Peer, reader: asyncio.StreamReader) -> None:
         try:
             wire.greeting(await reader.readline(), f"the daemon at {peer.address}")
+            peer.greeted = True
+            await self._open_nudge(peer.address)
             while line := await reader.readline():
                 self._pushed(peer, wire.decode(line))
         except wire.LinkRefused as exc:
@@ -181,6 +251,7 @@ class LinkClient:
     def _drop(self, peer: _Peer) -> None:
         if self._peers.get(peer.address) is peer:
             del self._peers[peer.address]
+            self._close_nudge(peer.address)
         if peer.task is not None and peer.task is not asyncio.current_task():
             peer.task.cancel()
         with contextlib.suppress(OSError, RuntimeError):

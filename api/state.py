@@ -92,7 +92,8 @@ class ServerState:
         if self._submitter is None:
             # Its own thread, not `call`'s hop (anyio's capacity limiter, cancel scope and checkpoint,
             # a worker taken and put back: a tenth of serve's CPU with 4-token requests).
-            self._submitter = Submitter(self.backend.jobs.submit_each)
+            self._submitter = Submitter(self.backend.jobs.submit_each,
+                                        committed=None if self.link is None else self.link.nudge)
         return await self._submitter.submit(submission, max_queued_per_tenant, stored, abandoned)
 
     def close(self) -> None:

@@ -21,6 +21,12 @@ second of the rest, 12 ms later). Each group's outcomes go back to the loop
 in one wake-up (`call_soon_threadsafe`): a future for each waiting handler,
 set there.
 
+The writer thread also makes the group's `committed` call (the server's
+nudge of its daemons: api/link.py) the moment a transaction that stored a
+job ends, before the loop hears of it: a loop busy with a burst ran the
+group's announcements milliseconds after the commit (measured at 32 and 128
+streams of the paced engine: 1.9 and 8.1 ms p50).
+
 A handler may pass a `stored` call with its submission: it runs there too,
 for every job of the group, before any handler resumes (the server announces
 its jobs to the daemons with it: a burst's announcements go out in one write
@@ -57,9 +63,11 @@ class Submitter:
     """The group commit: `submit` from handlers on an event loop, the stores on a thread of its own
     (started by the first submit, ended by `close` once what was queued before is stored)."""
 
-    def __init__(self, store: Store, name: str = "fsched-submit"):
+    def __init__(self, store: Store, name: str = "fsched-submit",
+                 committed: Callable[[], None] | None = None):
         self.store = store  # submissions, the queue limit -> each one's outcome (run on the writer thread)
         self.name = name
+        self.committed = committed  # on the writer thread, after each transaction that stored a job
         self._queue: queue.SimpleQueue[_Waiting | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
@@ -97,6 +105,11 @@ class Submitter:
             if len(outcomes) != len(group):  # a store that broke its word: every handler hears it
                 broken = RuntimeError(f"the group commit answered {len(outcomes)} of {len(group)} jobs")
                 outcomes = [broken] * len(group)
+            if self.committed is not None and any(isinstance(o, SubmittedJob) for o in outcomes):
+                try:
+                    self.committed()
+                except Exception:  # noqa: BLE001 - a speed-up only: the loop's announcements still go
+                    log.exception("the group commit's call after its transaction failed")
             for loop in {w[2] for w in group}:
                 mine = [(w, o) for w, o in zip(group, outcomes, strict=True) if w[2] is loop]
                 try:

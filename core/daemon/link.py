@@ -8,7 +8,10 @@ reading and writing the same ones: a server opens with its hello (a server
 of another link version is refused, loudly, and disconnected), then asks
 for a sync (`Wake`: a cancel, or a server just linked), a claim (`Claim`:
 new online work; weights and cancels wait for the next sync), or pushes of
-a job's progress (`Watch` / `Forget`; a watch is new work and claims too).
+a job's progress (`Watch` / `Forget`; a watch is new work and claims too;
+`Follow` watches only: its claim came on the server's nudge connection, a
+second link that carries nothing but claims, written by the server's group
+commit thread as each group of requests is stored).
 The daemon pushes each step's texts of watched requests (`Steps`) and their ends
 (`End`), from `core/daemon/publish.py`.
 A linked request's tokens go to the table in batches (the writer's batch
@@ -217,10 +220,12 @@ class LinkServer:
 
     def _take(self, conn: _Conn, message: wire.Message) -> None:
         with self._lock:
-            if isinstance(message, wire.Watch):
+            if isinstance(message, wire.Watch | wire.Follow):
                 conn.jobs.add(message.job)
                 self._watchers[message.job] = conn
                 stamp("announced", message.job)
+                if isinstance(message, wire.Follow):  # its claim was asked for on the server's nudge
+                    return
             elif isinstance(message, wire.Forget):
                 conn.jobs.discard(message.job)
                 if self._watchers.get(message.job) is conn:

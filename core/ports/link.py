@@ -21,7 +21,10 @@ of a message's fields or of the encoding.
 Server to daemon: `Wake` (sync with the table now: a cancel, a new link),
 `Claim` (new online work: claim now), `Watch(job)` / `Forget(job)` (push, or
 stop pushing, the progress of that job's requests; a watch is new work and
-claims too). Daemon to server: `Steps` after each step that gave watched
+claims too), `Follow(job)` (a watch that claims nothing: a claim was asked
+for since the job was stored, on the server's second connection, its
+nudge, which its group commit's thread writes the moment the job's
+transaction ends). Daemon to server: `Steps` after each step that gave watched
 requests tokens (one message, one line, for all of that server's: each
 request's `StepText`, its text from character `start` on, a tail the
 tokenizer has not settled being sent again; its times only with its first
@@ -40,7 +43,7 @@ from typing import ClassVar
 from fsched.core.ports.records import RequestProgress
 from fsched.core.types import RequestId, RequestStatus
 
-VERSION = 4
+VERSION = 5
 
 
 class LinkRefused(ValueError):
@@ -67,6 +70,15 @@ class Claim:
 class Watch:
     job: int
     TAG: ClassVar[str] = "watch"
+
+    def __post_init__(self) -> None:
+        _check_job(self.job)
+
+
+@dataclass(slots=True)
+class Follow:
+    job: int
+    TAG: ClassVar[str] = "follow"
 
     def __post_init__(self) -> None:
         _check_job(self.job)
@@ -147,8 +159,8 @@ class End:
                                prompt_tokens=self.prompt_tokens, model=self.model)
 
 
-Message = Hello | Wake | Claim | Watch | Forget | Steps | End
-_TYPES: dict[str, type] = {t.TAG: t for t in (Hello, Wake, Claim, Watch, Forget, Steps, End)}
+Message = Hello | Wake | Claim | Watch | Follow | Forget | Steps | End
+_TYPES: dict[str, type] = {t.TAG: t for t in (Hello, Wake, Claim, Watch, Follow, Forget, Steps, End)}
 # ASCII: every character escaped as JSON says. A message holds no container twice: the check for
 # circular references (a dict entry for every list and tuple written) is left out.
 _dumps = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode

@@ -17,7 +17,7 @@ from fsched.core.daemon.engine import EngineResult
 from fsched.core.daemon.holdings import Holdings
 from fsched.core.daemon.link import LinkServer
 from fsched.core.daemon.publish import Publisher
-from fsched.core.ports.link import VERSION, Claim, Forget, Hello, Steps, StepText, Wake, Watch, encode
+from fsched.core.ports.link import VERSION, Claim, Follow, Forget, Hello, Steps, StepText, Wake, Watch, encode
 from fsched.core.ports.records import RequestProgress
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass, RequestStatus, SamplingParams
@@ -314,6 +314,51 @@ def test_a_steps_line_for_a_thousand_requests_crosses_whole():
 
         seen = asyncio.run(run())
         assert [s[0][:4] for s in seen] == [f"{j:04d}" for j in jobs]
+    finally:
+        server.close()
+
+
+def test_a_nudge_asks_the_daemon_to_claim_and_what_it_covers_is_announced_with_a_follow():
+    """The group commit's thread nudges the daemons on their second connection; an announcement made after
+    a nudge reached a daemon only watches there (its claim is asked for); once that connection fails,
+    announcements claim again."""
+    server = LinkServer("127.0.0.1", 0)
+    try:
+        async def run():
+            hub = ProgressHub(lambda ids: {}, interval_s=0.01)
+            client, runner = await _linked(hub, server, refresh_s=0.05)
+            deadline = time.monotonic() + 5
+            while not client._nudges and time.monotonic() < deadline:  # opened once the link's hello is in
+                await asyncio.sleep(0.01)
+            (peer,) = client._peers.values()
+            writes = []
+            write = peer.writer.write
+            peer.writer.write = lambda data: writes.append(data) or write(data)
+            while time.monotonic() < deadline and not server.take_wake().sync:  # the new link's sync
+                await asyncio.sleep(0.01)
+            await asyncio.to_thread(client.nudge)  # as the writer thread does after a commit
+            while not (wants := server.take_wake()) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert wants.claim and not wants.sync
+            client.announce(7, linkable=True)
+            client.announce(8, linkable=False)  # no watch: nothing more to say to that daemon
+            while server.watcher(7) is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)
+            assert writes == [encode([Follow(7)])] and not server.take_wake()  # watched, no claim again
+            # The daemon's end of the nudge goes away: the next nudge fails, and announcements claim.
+            with server._lock:
+                nudge_conn = next(c for c in server._conns.values() if not c.jobs)
+            server._drop(nudge_conn)
+            while client._nudged and time.monotonic() < deadline:
+                await asyncio.to_thread(client.nudge)
+                await asyncio.sleep(0.01)
+            client.announce(9, linkable=True)
+            await asyncio.sleep(0)
+            assert writes[-1] == encode([Watch(9)])
+            runner.cancel()
+
+        asyncio.run(run())
     finally:
         server.close()
 

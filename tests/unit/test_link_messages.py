@@ -9,6 +9,7 @@ from fsched.core.ports.link import (
     VERSION,
     Claim,
     End,
+    Follow,
     Forget,
     Hello,
     LinkRefused,
@@ -28,18 +29,20 @@ EVERY_MESSAGE = [
            StepText(8, "43", 0, "", 1, (None, 1.0)), StepText(9, "44", 0, "x", 1, (1.5, 1.25))]),
     End(7, "41", RequestStatus.FINISHED_STOPPED, "the whole text", 9, 12, None, "m", 1.5, 1.25, 2.0),
     End(7, "42", RequestStatus.FINISHED_FAILED, "", 0, None, "the prompt is too long", "m", None, 1.0),
+    Follow(7),
 ]
 
 
 # The wire of this link version, byte for byte. A change of a message's fields or of the encoding fails
 # here: bump VERSION with it (then write these lines anew), so that ends of two versions refuse each
 # other instead of misreading.
-WIRE = {4: [
-    b'["hello",4]', b'["wake"]', b'["claim"]', b'["watch",7]', b'["forget",7]',
+WIRE = {5: [
+    b'["hello",5]', b'["wake"]', b'["claim"]', b'["watch",7]', b'["forget",7]',
     b'["steps",[[7,"41",3,"any text: NUL \\u0000, a lone surrogate \\udc80, \\u00e9",5,null],'
     b'[8,"43",0,"",1,[null,1.0]],[9,"44",0,"x",1,[1.5,1.25]]]]',
     b'["end",7,"41","finished_stopped","the whole text",9,12,null,"m",1.5,1.25,2.0]',
     b'["end",7,"42","finished_failed","",0,null,"the prompt is too long","m",null,1.0,null]',
+    b'["follow",7]',
 ]}
 
 

@@ -287,3 +287,36 @@ def test_a_store_that_answers_fewer_outcomes_than_jobs_fails_each_handler_and_th
         return found if found is not None else [_job(1, tenant) for tenant in group]
 
     assert _fails_then_goes_on(store, "a", "b", "answered 0 of 1").tenant == "b"
+
+
+def test_a_group_that_stored_a_job_makes_the_committed_call_on_the_writer_thread_before_any_handler_resumes():
+    store = Store(full={"full"})
+    calls: list[tuple[str, int]] = []
+
+    async def run():
+        submitter = Submitter(store, committed=lambda: calls.append(
+            (threading.current_thread().name, len(store.calls))))
+        with pytest.raises(QueueFull):
+            await submitter.submit("full", 10)  # stored nothing: no call
+        assert calls == []
+        resumed = await submitter.submit("a", 10)
+        assert calls == [("fsched-submit", 2)]  # after the second transaction, before the handler went on
+        submitter.close()
+        return resumed
+
+    assert asyncio.run(run()).job_id == 2
+
+
+def test_a_committed_call_that_fails_costs_no_handler_its_answer():
+    store = Store()
+
+    def broken() -> None:
+        raise RuntimeError("the daemons cannot be nudged")
+
+    async def run():
+        submitter = Submitter(store, committed=broken)
+        jobs = await asyncio.gather(*(submitter.submit(t, 10) for t in "ab"))
+        submitter.close()
+        return jobs
+
+    assert sorted(job.job_id for job in asyncio.run(run())) == [1, 2]
