@@ -9,7 +9,14 @@ from typing import Annotated
 
 import typer
 
-from fsched.cli.common import DbOption, UserError, handle_errors, open_table_to_serve, quiet_gc
+from fsched.cli.common import (
+    DbOption,
+    UserError,
+    handle_errors,
+    open_table_to_serve,
+    quick_thread_handoffs,
+    quiet_gc,
+)
 from fsched.core.daemon.build import (
     CPU_LIMITS,
     DEFAULTS,
@@ -127,6 +134,7 @@ def run_daemon(settings: DaemonSettings, db: str | None) -> None:
             raise UserError(str(exc)) from None
         table.queue.prepare(the_daemon.engine.scheduler.config.max_batch)
         quiet_gc()
+        quick_thread_handoffs()
 
         def stop(signum, _frame) -> None:
             log.info("%s: finishing the step, saving progress", signal.Signals(signum).name)

@@ -12,6 +12,7 @@ from fsched.cli.common import (
     handle_errors,
     known_tool_parser,
     open_table_to_serve,
+    quick_thread_handoffs,
     quiet_gc,
 )
 
@@ -281,6 +282,7 @@ def _run(uvicorn, app, config, sockets: list, ready=None) -> None:
     config.app = app
     _log_fsched_lines()
     quiet_gc()
+    quick_thread_handoffs()
     Server(config).run(sockets=sockets)
 
 
