@@ -1,7 +1,7 @@
 """fsched's CPU per streamed token, two source trees alternately, one engine for every run.
 
     .venv/bin/python bench/online_ab.py OLD_TREE NEW_TREE [--reps 3] [--concurrency 32] [--rounds 4]
-        [--tokens 64] [--step-ms 20] [--vllm] [--backend sqlite] [--stamps]
+        [--tokens 64] [--step-ms 20] [--vllm] [--backend sqlite] [--stamps] [--client sdk|light]
 
 A tree is a folder of fsched's sources (`git archive REV | tar -x -C DIR`,
 or a worktree); its `fsched daemon` and `fsched serve` run from it, with
@@ -18,7 +18,9 @@ each tree's figures side by side. CPU per token falls as tokens per step
 and tok/s rise (per-step and per-second costs): compare rows at like
 figures. `--stamps`: each run's requests also timed stage by stage (bench/online_path.py's
 `--stamps`: the client's call, the server's handler, the group commit, the claim, the engine...),
-each stage's p50 / p99 printed for each tree.
+each stage's p50 / p99 printed for each tree, and the way in (from the server's reading of the
+request's head to its stream to the engine opened). `--client light`: bench/online_path.py's
+light client instead of the `openai` SDK. Each tree's first token p50 and p99 are printed too.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import stat
+import statistics
 import sys
 import tempfile
 import time
@@ -94,13 +97,14 @@ def one_run(engine, command: str, args) -> dict:
             api0 = engine.api_cpu_s() if vllm else cpu_s(engine.proc.pid)
             began = time.time()
             got = online_path.load(f.urls, f.key, model, args.concurrency, args.rounds, args.tokens,
-                                   tagged=stamps is not None)
+                                   tagged=stamps is not None, client=args.client)
             ended = time.time()
             times = got.pop("client_times", None)
             n = max(1, got["tokens"])
             api = engine.api_cpu_s() if vllm else cpu_s(engine.proc.pid)
             row = {"tokens": got["tokens"], "errors": got["errors"], "tok_s": got["tok_s"],
-                   "ttft_p50_ms": got["ttft_p50_ms"], "load1": round(load, 2),
+                   "ttft_p50_ms": got["ttft_p50_ms"], "ttft_p99_ms": got["ttft_p99_ms"],
+                   "load1": round(load, 2),
                    "engine_api_us": round(1e6 * (api - api0) / n, 1)}
             for name, pid in pids.items():
                 a, b = before[name], figures(pid)
@@ -111,7 +115,9 @@ def one_run(engine, command: str, args) -> dict:
             time.sleep(1.2)  # the load's last steps in a heartbeat
             row["tok_per_step"] = round(n / max(1, steps() - steps0), 2)
             if stamps is not None:
-                row["stages"] = online_path.stage_figures(stamps, began, ended, times)["p50/p99 ms"]
+                figures_ = online_path.stage_figures(stamps, began, ended, times)
+                row["stages"] = figures_["p50/p99 ms"]
+                row["way_in"] = figures_["way in"]["arrived>opened"]
             return row
         finally:
             f.close()
@@ -129,7 +135,10 @@ def main() -> None:
     parser.add_argument("--engine-nice", type=int, default=10)
     parser.add_argument("--backend", default="sqlite", choices=["sqlite", "postgresql"])
     parser.add_argument("--stamps", action="store_true",
-                        help="each run's online requests timed stage by stage (core/stamps.py), p50 / p99 ms")
+                        help="each run's online requests timed stage by stage (core/stamps.py), p50 / p99 "
+                             "ms, and their way in (the server's head to the engine's stream opened)")
+    parser.add_argument("--client", default="sdk", choices=["sdk", "light"],
+                        help="as bench/online_path.py's --client")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         commands = [launcher(tree, Path(tmp) / str(i)) for i, tree in enumerate(args.trees)]
@@ -155,9 +164,17 @@ def main() -> None:
         print(f"{tree}: daemon {[r['daemon']['us'] for r in mine]} serve {[r['serve']['us'] for r in mine]} "
               f"µs/token; tok/s {[r['tok_s'] for r in mine]}; tok/step {[r['tok_per_step'] for r in mine]}; "
               f"load {[r['load1'] for r in mine]}")
+        print(f"  first token p50 {[r['ttft_p50_ms'] for r in mine]} (median {_median(mine, 'ttft_p50_ms')}) "
+              f"p99 {[r['ttft_p99_ms'] for r in mine]} (median {_median(mine, 'ttft_p99_ms')}) ms")
         if args.stamps:
+            ways = [float(r["way_in"].split("/")[0]) for r in mine]
+            print(f"  way in p50 {ways} (median {statistics.median(ways)}) ms")
             for stage in mine[0]["stages"]:
                 print(f"  {stage} p50 / p99 ms: {[r['stages'].get(stage) for r in mine]}")
+
+
+def _median(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
 
 
 if __name__ == "__main__":

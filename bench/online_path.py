@@ -595,7 +595,7 @@ def stage_figures(folder: Path, began: float, ended: float, client_times: list |
     jobs = [s for s in seen.values() if began <= s.get("arrived", -1.0) <= ended]
 
     return {"requests": len(jobs), "p50/p99 ms": spans(jobs, STAGES), "end": spans(jobs, ENDS),
-            "whole": spans(jobs, ("arrived", "written")),
+            "whole": spans(jobs, ("arrived", "written")), "way in": spans(jobs, ("arrived", "opened")),
             "client": spans(jobs, ("client_sent", "client_first"))}
 
 

@@ -9,7 +9,8 @@ The stages, in order: `arrived` (the server has the request's head),
 `handler` (its handler starts), `grouped` (the group commit that stores it
 begins its transaction), `committed` (that transaction ended), `stored` (its
 handler resumed, its row in the table), `announced` (a daemon's link heard of
-it), `claim_began` (the daemon's transaction that claimed it began),
+it: with a server's nudge, the claim asked for at the commit, often after
+`claim_began`), `claim_began` (the daemon's transaction that claimed it began),
 `claimed` (that claim is in, and the daemon takes it in), `opened`
 and `sent` (its stream to the engine opened, its request written), `read`
 (its first token read from the engine), `pushed` (its first text queued on
