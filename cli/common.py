@@ -175,8 +175,8 @@ YOUNG_GC_THRESHOLD = 20_000
 # How long a thread holds the GIL while another waits for it (Python's default: 5 ms). serve's event loop
 # runs a burst's requests for tens of milliseconds at a stretch, and the group commit's thread, woken
 # by the first of them, waited up to the whole interval to start its transaction: at 32 streams of
-# the paced engine (20 ms a step, 2 cores) a request's way from serve's handler to the engine took
-# 10.4 ms p50 (median of six runs) at 5 ms, 6.5 at 0.5 ms (bench/online_path.py's stamps). A loop
+# the paced engine (20 ms a step, 2 cores) a request's way from serve's reading of its head to its
+# stream to the engine took 10.4 ms p50 (median of six runs) at 5 ms, 6.5 at 0.5 ms. A loop
 # callback takes a fraction of a millisecond, so the waiting thread gets its turn within one or two.
 THREAD_HANDOFF_S = 0.0005
 

@@ -60,7 +60,7 @@ def test_a_thread_woken_while_the_loop_computes_runs_within_a_millisecond_or_so(
     try:
         quick_thread_handoffs()
         assert sys.getswitchinterval() == THREAD_HANDOFF_S
-        assert statistics.median(woken_after() for _ in range(5)) < 0.003
+        assert statistics.median(woken_after() for _ in range(5)) < 0.004  # the default's: over 5 ms
     finally:
         sys.setswitchinterval(before)
 
