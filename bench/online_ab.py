@@ -115,9 +115,9 @@ def one_run(engine, command: str, args) -> dict:
             time.sleep(1.2)  # the load's last steps in a heartbeat
             row["tok_per_step"] = round(n / max(1, steps() - steps0), 2)
             if stamps is not None:
-                figures_ = online_path.stage_figures(stamps, began, ended, times)
-                row["stages"] = figures_["p50/p99 ms"]
-                row["way_in"] = figures_["way in"]["arrived>opened"]
+                staged = online_path.stage_figures(stamps, began, ended, times)
+                row["stages"] = staged["p50/p99 ms"]
+                row["way_in"] = staged["way in"]["arrived>opened"]
             return row
         finally:
             f.close()
