@@ -35,8 +35,10 @@ def test_serve_freezes_its_startup_heap_and_collects_young_objects_less_often():
 
 def test_a_thread_woken_while_the_loop_computes_runs_within_a_millisecond_or_so():
     """serve's group commit thread, woken by a request while the event loop goes on computing, gets the
-    GIL within the handoff interval, not Python's default 5 ms (median of five wake-ups)."""
-    import statistics
+    GIL within the handoff interval, not Python's default 5 ms. The quickest of seven wake-ups is judged:
+    at the default interval none can come sooner than 5 ms (the waiting thread asks for the GIL only once
+    the interval has passed), while on a machine whose other cores are busy (the suite's other workers)
+    the operating system may be slow to run the woken thread on any one of them."""
     import sys
     import threading
     import time
@@ -60,7 +62,7 @@ def test_a_thread_woken_while_the_loop_computes_runs_within_a_millisecond_or_so(
     try:
         quick_thread_handoffs()
         assert sys.getswitchinterval() == THREAD_HANDOFF_S
-        assert statistics.median(woken_after() for _ in range(5)) < 0.004  # the default's: over 5 ms
+        assert min(woken_after() for _ in range(7)) < 0.004  # the default's: over 5 ms
     finally:
         sys.setswitchinterval(before)
 
