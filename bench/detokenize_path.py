@@ -1,13 +1,14 @@
 """What a daemon in front of a remote engine spends detokenizing a streamed token: the incremental
-detokenizer (core/runners/detokenize.py) over a request's output, one token a step, decoding through
-transformers' `decode` against the tokenizer's own backend (`TokenizerOnly.decode`, as the daemon does).
+detokenizer (core/runners/detokenize.py) over a request's output, one token a step, three ways: its
+window decoding through transformers' `decode`, its window decoding through the tokenizer's own
+backend, and the backend's incremental decoder (`TokenizerOnly.decode`, what the daemon does).
 
     .venv/bin/python bench/detokenize_path.py [--model tiny] [--tokens 64] [--rounds 7]
 
 The output is the model's encoding of the shipped corpus, cut
 into requests of `--tokens` tokens (a fresh detokenizer each); each round
-times both ways, alternately, in process CPU time; the median and the best
-of `--rounds` are printed, so other processes' load counts little. Both
+times every way, in turn, in process CPU time; the median and the best
+of `--rounds` are printed, so other processes' load counts little. All
 ways must give the same texts, token by token.
 """
 
@@ -53,8 +54,9 @@ def main() -> None:
     ids = [t for line in corpus.splitlines(keepends=True) for t in encode(line)]
     requests = [ids[i : i + args.tokens] for i in range(0, len(ids) - args.tokens, args.tokens)][:400]
     n = sum(map(len, requests))
-    ways = {"transformers decode": partial(tok.tokenizer.decode, skip_special_tokens=True),
-            "backend decode (TokenizerOnly.decode)": tok.decode}
+    ways = {"window, transformers decode": partial(tok.tokenizer.decode, skip_special_tokens=True),
+            "window, backend decode": partial(tok.tokenizer._tokenizer.decode, skip_special_tokens=True),
+            "the backend's stream (TokenizerOnly.decode)": tok.decode}
     times: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(args.rounds):
         seen = []
@@ -62,8 +64,8 @@ def main() -> None:
             spent, out = texts(decode, requests)
             times[name].append(1e6 * spent / n)
             seen.append(out)
-        if seen[0] != seen[1]:
-            raise SystemExit("the two ways gave different texts")
+        if any(out != seen[0] for out in seen[1:]):
+            raise SystemExit("the ways gave different texts")
     print(f"{len(requests)} requests of {args.tokens} tokens ({n:,} tokens), {args.rounds} rounds")
     for name, got in times.items():
         print(f"{name}: {statistics.median(got):.2f} µs/token median, {min(got):.2f} best")

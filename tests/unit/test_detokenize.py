@@ -14,7 +14,7 @@ from importlib import resources
 
 import pytest
 
-from fsched.core.runners.detokenize import Detokenizer
+from fsched.core.runners.detokenize import BackendDecode, Detokenizer
 
 
 @cache
@@ -49,11 +49,19 @@ def sequence(rng: random.Random, n: int) -> list[int]:
     return out[:n]
 
 
+def decoder(way: str, skip_special: bool):
+    """The window's way (any decode function) or the library's stream (a backend's own decode)."""
+    if way == "window":
+        return partial(tokenizer().decode, skip_special_tokens=skip_special)
+    return BackendDecode(tokenizer(), skip_special)
+
+
+@pytest.mark.parametrize("way", ["window", "stream"])
 @pytest.mark.parametrize("skip_special", [True, False])
 @pytest.mark.parametrize("seed", range(6))
-def test_every_prefix_decodes_as_the_whole_sequence_does(seed: int, skip_special: bool) -> None:
+def test_every_prefix_decodes_as_the_whole_sequence_does(seed: int, skip_special: bool, way: str) -> None:
     rng = random.Random(seed)
-    decode = partial(tokenizer().decode, skip_special_tokens=skip_special)
+    decode = decoder(way, skip_special)
     tokens = sequence(rng, 300)
     detok, upto = Detokenizer(decode), 0
     while upto < len(tokens):
@@ -61,8 +69,9 @@ def test_every_prefix_decodes_as_the_whole_sequence_does(seed: int, skip_special
         assert detok.text(tokens[:upto]) == decode(tokens[:upto]), upto
 
 
-def test_a_list_grown_in_place_and_a_changed_one() -> None:
-    decode = tokenizer().decode
+@pytest.mark.parametrize("way", ["window", "stream"])
+def test_a_list_grown_in_place_and_a_changed_one(way: str) -> None:
+    decode = decoder(way, False)
     rng = random.Random(7)
     output: list[int] = []
     detok = Detokenizer(decode)
@@ -72,3 +81,29 @@ def test_a_list_grown_in_place_and_a_changed_one() -> None:
     assert detok.text(output[:-1]) == decode(output[:-1])  # a final token dropped (an EOS)
     other = output[:60] + sequence(random.Random(8), 10)  # not a growth of what was read: decoded whole
     assert detok.text(other) == decode(other)
+
+
+def test_a_stream_that_fails_leaves_the_window_to_go_on() -> None:
+    """The library's stream refuses a step where a decoder rewrote text it had settled: from there the
+    window's way decodes, and every text is still the whole sequence's."""
+    class Refusing:
+        def step(self, backend, token):
+            raise RuntimeError("Invalid prefix encountered")
+
+    decode = decoder("stream", True)
+    tokens = sequence(random.Random(3), 80)
+    detok = Detokenizer(decode)
+    assert detok.text(tokens[:40]) == decode(tokens[:40])
+    detok._stream = Refusing()
+    for upto in range(41, 81):
+        assert detok.text(tokens[:upto]) == decode(tokens[:upto]), upto
+    assert detok._stream is None
+
+
+def test_a_backend_decode_pickles_as_itself() -> None:
+    import pickle
+
+    decode = decoder("stream", False)
+    again = pickle.loads(pickle.dumps(decode))
+    assert type(again) is BackendDecode and not again.skip_special_tokens
+    assert again([5, 6, 7]) == decode([5, 6, 7])

@@ -17,6 +17,7 @@ from pathlib import Path
 from jinja2 import TemplateError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, TokenizersBackend
 
+from fsched.core.runners.detokenize import BackendDecode
 from fsched.core.runners.hf.model import (
     TINY_MODEL_NAME,
     TINY_SPEC,
@@ -55,7 +56,7 @@ def decoder(tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool) -> Ca
     if (isinstance(tokenizer, TokenizersBackend) and backend is not None
             and kind.decode is PreTrainedTokenizerBase.decode and kind._decode is TokenizersBackend._decode
             and not _cleans_up(tokenizer, backend)):
-        return partial(backend.decode, skip_special_tokens=skip_special_tokens)
+        return BackendDecode(backend, skip_special_tokens)
     return partial(tokenizer.decode, skip_special_tokens=skip_special_tokens)
 
 
