@@ -149,3 +149,46 @@ def test_sampling_depends_only_on_seed_and_position():
     greedy = SamplingParams(5, temperature=0)
     both = choose_tokens(rows, [Row(greedy, 0), Row(p, 7)]).tokens
     assert both == [int(logits.argmax()), sample(logits, p, 7)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_backend_decode_read_through_the_library_stream_stops_where_the_whole_output_does(seed: int):
+    """A `tokenizers` backend's own decode is read through the library's incremental decoder: the same
+    stops and cuts as decoding the whole output at every token (random ids: characters split anyhow)."""
+    from tests.unit.test_detokenize import decoder, sequence
+
+    rng = random.Random(seed)
+    decode = decoder("stream", True)
+    assert StopText(("x",), decode)._stream is not None
+    for _ in range(25):
+        tokens = sequence(rng, rng.randrange(1, 60))
+        text = decode(tokens)
+        starts = sorted(rng.sample(range(len(text)), min(2, len(text))))
+        picks = [text[i:i + rng.randrange(1, 4)] for i in starts]
+        stops = tuple(s for s in picks if s.strip() and "\ufffd" not in s) or ("zzz",)
+        include, min_tokens = rng.random() < 0.5, rng.randrange(0, 6)
+        assert run(tokens, stops, decode, include, min_tokens) == whole(
+            tokens, stops, decode, include, min_tokens), (tokens, stops)
+
+
+def test_a_stream_that_fails_leaves_the_stop_strings_to_the_window():
+    from tests.unit.test_detokenize import decoder, sequence
+
+    class Refusing:
+        def step(self, backend, token):
+            raise RuntimeError("Invalid prefix encountered")
+
+    decode = decoder("stream", True)
+    tokens = sequence(random.Random(11), 80)
+    read = StopText(("\x00never",), decode)
+    read.extend(tokens[:20])
+    read._stream = Refusing()
+    whole_at = 0
+    for k in range(21, 81):
+        read.extend(tokens[:k])
+        expected = decode(tokens[:k])
+        assert expected.startswith(read.text)
+        if not expected.endswith("\ufffd"):
+            assert read.text == expected, k
+            whole_at += 1
+    assert read._stream is None and whole_at > 20

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 from llguidance import LLMatcher
@@ -23,6 +22,7 @@ from fsched.core.runners.hf.grammar import Grammars
 from fsched.core.runners.hf.kvbatch import BatchKV, ParkedKV, RowGroup, cache_from_layers, layers_of
 from fsched.core.runners.hf.model import LoadedModel, encode_prompt
 from fsched.core.runners.hf.sampling import Row, choose_tokens
+from fsched.core.runners.hf.tokenizer import decoder
 from fsched.core.runners.protocol import LiveRequest, RequestRefused, Runner, RunResult
 from fsched.core.runners.registered import Registered, output_text, register
 from fsched.core.runners.stopping import check_stop
@@ -86,6 +86,8 @@ class ModelRunner(Runner):
         self.vocab_size = int(getattr(self.model.config, "vocab_size", 0) or len(loaded.tokenizer))
         self.grammars = Grammars(loaded.tokenizer, self.vocab_size, sorted(loaded.eos_token_ids))
         self._pieces: dict[int, str] = {}  # a token's own text, for logprobs
+        # decode(ids) by skip_special_tokens: the tokenizer's backend where that gives transformers' text
+        self._decoders = {skip: decoder(loaded.tokenizer, skip_special_tokens=skip) for skip in (True, False)}
         self.parks = 0  # checkpoints kept in host memory
         self.recomputes = 0  # checkpoints dropped, to be recomputed
 
@@ -122,8 +124,7 @@ class ModelRunner(Runner):
                 grammar = self.grammars.matcher(GrammarSource.of(params.response_format), request.output)
             except GrammarError as exc:
                 raise RequestRefused(str(exc)) from None
-        decode = partial(self.loaded.tokenizer.decode, skip_special_tokens=True)
-        register(self._requests, _ModelRequest, request, decode, RunnerError, grammar=grammar)
+        register(self._requests, _ModelRequest, request, self._decoders[True], RunnerError, grammar=grammar)
 
     @torch.inference_mode()
     def release(self, request_id: RequestId) -> None:
@@ -135,7 +136,7 @@ class ModelRunner(Runner):
 
     def text(self, request: LiveRequest) -> str:
         """The output text, cut before a stop string that ended it."""
-        decode = partial(self.loaded.tokenizer.decode, skip_special_tokens=request.params.skip_special_tokens)
+        decode = self._decoders[bool(request.params.skip_special_tokens)]
         return output_text(request, self.loaded.eos_token_ids, decode, self._requests.get(request.id))
 
     @property
