@@ -10,55 +10,38 @@ where a window's text does not extend the text before it the way a whole
 decoding would (a decoder that rewrites earlier text), it decodes the whole
 sequence instead.
 
-A decode that is a `tokenizers` backend's own (`BackendDecode`, what the
-daemon uses for a fast tokenizer) is streamed through the library's
-incremental decoder (`DecodeStream`): one call into it a step instead of two
-decodes and their lists, about a third of the CPU a streamed token (measured
-with bench/detokenize_path.py). It settles text exactly when the window
-above would; while the newest tokens end in a partial character (it then
-returns nothing), the window decodes them to return what the whole
-decoding would.
+A decode that can stream (it has a `stream()` giving a sequence's step
+function, as a fast tokenizer's backend decode does: core/runners/hf/
+decoding.py) is fed one token a step instead: one call into the tokenizer's
+library instead of two decodes and their lists, about a third less CPU a
+streamed token (bench/detokenize_path.py). It settles text exactly when
+the window above would; while the newest tokens end in a partial character
+(it then settles nothing), the window decodes them to return what the
+whole decoding would.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
-
-try:
-    from tokenizers.decoders import DecodeStream
-except ImportError:  # tokenizers before 0.21
-    DecodeStream = None
 
 Decode = Callable[[list[int]], str]
+# A sequence's incremental decoder: one token in, the text it settled out (None: nothing settled yet);
+# it raises where a decoder rewrote text it had settled.
+Step = Callable[[int], "str | None"]
 UNFINISHED = "\ufffd"  # what a decoder makes of a character whose bytes have not all come
 
 
-class BackendDecode(partial):
-    """`backend.decode(ids, skip_special_tokens=...)` of a `tokenizers` Tokenizer (called as fast as the
-    partial it is), which a Detokenizer streams through the library's incremental decoder."""
-
-    def __new__(cls, backend, skip_special_tokens: bool):
-        return super().__new__(cls, backend.decode, skip_special_tokens=skip_special_tokens)
-
-    @property
-    def backend(self):
-        return self.func.__self__
-
-    @property
-    def skip_special_tokens(self) -> bool:
-        return self.keywords["skip_special_tokens"]
-
-    def __reduce__(self):
-        return BackendDecode, (self.backend, self.skip_special_tokens)
+def stream_of(decode: Decode) -> Step | None:
+    """A new sequence's step function where `decode` can stream, else None."""
+    stream = getattr(decode, "stream", None)
+    return stream() if stream is not None else None
 
 
 class Detokenizer:
     """One growing token sequence's text: `text(tokens)` equals `decode(tokens)`; a sequence that is
     not the last one read grown (shorter, or other tokens in the window) is decoded whole."""
 
-    __slots__ = ("decode", "_settled", "_prefix", "_read", "_window", "_window_text", "_stream", "_backend",
-                 "_fed")
+    __slots__ = ("decode", "_settled", "_prefix", "_read", "_window", "_window_text", "_stream", "_fed")
 
     def __init__(self, decode: Decode) -> None:
         self.decode = decode
@@ -67,11 +50,8 @@ class Detokenizer:
         self._read = 0
         self._window: list[int] = []  # those tokens, to tell the sequence grew rather than changed
         self._window_text = ""  # decode(_window): the same until the window moves
-        self._stream = None
-        if DecodeStream is not None and isinstance(decode, BackendDecode):
-            self._stream = DecodeStream(skip_special_tokens=decode.skip_special_tokens)
-            self._backend = decode.backend
-            self._fed: list[int] = []  # tokens[_prefix:] as far as the stream has them
+        self._stream = stream_of(decode)
+        self._fed: list[int] = []  # with a stream: tokens[_prefix:] as far as it has them
 
     def text(self, tokens: Sequence[int]) -> str:
         """decode(tokens), reading only what came after the last call's tokens."""
@@ -104,10 +84,10 @@ class Detokenizer:
         given = tokens[prefix:upto]
         if n < upto or (given if type(given) is list else list(given)) != fed:
             return self.decode(list(tokens))
-        stream, backend = self._stream, self._backend
+        step = self._stream
         for token in tokens[upto:n]:
             try:
-                piece = stream.step(backend, token)
+                piece = step(token)
             except Exception:  # a decoder that rewrote earlier text: the window's way from here
                 self._stream = None
                 return self._restart(tokens)

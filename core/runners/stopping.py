@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from fsched.core.runners.detokenize import BackendDecode, DecodeStream
+from fsched.core.runners.detokenize import Step, stream_of
 from fsched.core.types import RequestStatus, StopCheck
 
 
@@ -31,9 +31,9 @@ class StopText:
     until it is whole). `first_stop` looks for the stop strings from `checked`
     on, which then moves to where the longest could still begin; a match is
     confirmed on the whole text, decoded once, so where the text is cut is
-    exactly what decoding the whole output says. A `tokenizers` backend's own
-    decode (`BackendDecode`) reads through the library's incremental decoder
-    instead, which settles text exactly as that window does, in one call a token.
+    exactly what decoding the whole output says. A decode that can stream (a
+    fast tokenizer's backend, core/runners/hf/decoding.py) is fed a token at a
+    time instead, settling text exactly as that window does, in one call a token.
     """
 
     stops: tuple[str, ...]
@@ -45,13 +45,12 @@ class StopText:
     _prefix: int = 0  # output tokens [_prefix:_read] decode to the end of `text` (context for the next)
     _read: int = 0  # output tokens whose text is in `text`
     _longest: int = field(init=False)
-    _stream: DecodeStream | None = field(init=False, default=None)
+    _stream: Step | None = field(init=False, default=None)
     _fed: int = 0  # output tokens the stream was given
 
     def __post_init__(self) -> None:
         self._longest = max(map(len, self.stops), default=1)
-        if DecodeStream is not None and isinstance(self.decode, BackendDecode):
-            self._stream = DecodeStream(skip_special_tokens=self.decode.skip_special_tokens)
+        self._stream = stream_of(self.decode)
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Read the output tokens of `tokens` (from `start` on) that come after the last read."""
@@ -68,10 +67,10 @@ class StopText:
             self._prefix, self._read = self._read, len(tokens) - start
 
     def _streamed(self, tokens: Sequence[int]) -> None:
-        stream, backend = self._stream, self.decode.backend
+        step = self._stream
         for token in tokens[self.start + self._fed:]:
             try:
-                piece = stream.step(backend, token)
+                piece = step(token)
             except Exception:  # a decoder that rewrote earlier text: the window's way, from the start
                 self._stream, self.text, self.checked = None, "", 0
                 self.extend(tokens)

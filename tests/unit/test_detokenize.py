@@ -14,7 +14,8 @@ from importlib import resources
 
 import pytest
 
-from fsched.core.runners.detokenize import BackendDecode, Detokenizer
+from fsched.core.runners.detokenize import Detokenizer
+from fsched.core.runners.hf.decoding import BackendDecode
 
 
 @cache
@@ -67,6 +68,7 @@ def test_every_prefix_decodes_as_the_whole_sequence_does(seed: int, skip_special
     while upto < len(tokens):
         upto = min(len(tokens), upto + rng.choice([1, 1, 1, 2, 5]))
         assert detok.text(tokens[:upto]) == decode(tokens[:upto]), upto
+    assert (detok._stream is not None) == (way == "stream")  # the stream way kept its stream throughout
 
 
 @pytest.mark.parametrize("way", ["window", "stream"])
@@ -86,15 +88,14 @@ def test_a_list_grown_in_place_and_a_changed_one(way: str) -> None:
 def test_a_stream_that_fails_leaves_the_window_to_go_on() -> None:
     """The library's stream refuses a step where a decoder rewrote text it had settled: from there the
     window's way decodes, and every text is still the whole sequence's."""
-    class Refusing:
-        def step(self, backend, token):
-            raise RuntimeError("Invalid prefix encountered")
+    def refusing(token: int) -> str | None:
+        raise RuntimeError("Invalid prefix encountered")
 
     decode = decoder("stream", True)
     tokens = sequence(random.Random(3), 80)
     detok = Detokenizer(decode)
     assert detok.text(tokens[:40]) == decode(tokens[:40])
-    detok._stream = Refusing()
+    detok._stream = refusing
     for upto in range(41, 81):
         assert detok.text(tokens[:upto]) == decode(tokens[:upto]), upto
     assert detok._stream is None

@@ -174,15 +174,14 @@ def test_a_backend_decode_read_through_the_library_stream_stops_where_the_whole_
 def test_a_stream_that_fails_leaves_the_stop_strings_to_the_window():
     from tests.unit.test_detokenize import decoder, sequence
 
-    class Refusing:
-        def step(self, backend, token):
-            raise RuntimeError("Invalid prefix encountered")
+    def refusing(token: int) -> str | None:
+        raise RuntimeError("Invalid prefix encountered")
 
     decode = decoder("stream", True)
     tokens = sequence(random.Random(11), 80)
     read = StopText(("\x00never",), decode)
     read.extend(tokens[:20])
-    read._stream = Refusing()
+    read._stream = refusing
     whole_at = 0
     for k in range(21, 81):
         read.extend(tokens[:k])

@@ -4,4 +4,5 @@
 - kvbatch.py one KV cache for the running batch: rows join, leave, park
 - sampling.py token choice, reproducible from (seed, position)
 - runner.py  executes the scheduler's plans on the model
+- decoding.py a fast tokenizer's decode and its incremental decoder (a request's running text)
 """

@@ -17,7 +17,7 @@ from pathlib import Path
 from jinja2 import TemplateError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, TokenizersBackend
 
-from fsched.core.runners.detokenize import BackendDecode
+from fsched.core.runners.hf.decoding import BackendDecode
 from fsched.core.runners.hf.model import (
     TINY_MODEL_NAME,
     TINY_SPEC,
