@@ -3,7 +3,9 @@
 A byte-level BPE tokenizer trained as the tiny model's is (on the shipped
 corpus, with its special tokens), fed random token sequences: any id,
 so characters split over tokens, multi-byte characters and special tokens
-(kept or skipped) all come, one or several tokens a call.
+(kept or skipped) all come, one or several tokens a call. A SentencePiece-like
+one (Llama 2's decoder: "▁" for spaces, byte fallback, the first space
+stripped) decodes the same way, the library's stream of it included.
 """
 
 from __future__ import annotations
@@ -34,8 +36,24 @@ def tokenizer():
     return tok
 
 
-def sequence(rng: random.Random, n: int) -> list[int]:
-    tok = tokenizer()
+@cache
+def sentencepiece_like():
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+
+    text = resources.files("fsched.core").joinpath("data/corpus.txt").read_text(encoding="utf-8")
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    bytes_ = [f"<0x{i:02X}>" for i in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=1500, special_tokens=["<unk>", "<s>", "</s>", *bytes_],
+                                  show_progress=False)
+    tok.train_from_iterator(text.split("\n"), trainer=trainer)
+    return tok
+
+
+def sequence(rng: random.Random, n: int, tok=None) -> list[int]:
+    tok = tok or tokenizer()
     size = tok.get_vocab_size()
     words = ["naïve café", "日本語のテキスト", "emoji 🙂👍🏽 ok", " plain words", "Ωμέγα", "\n\t"]
     out: list[int] = []
@@ -50,11 +68,12 @@ def sequence(rng: random.Random, n: int) -> list[int]:
     return out[:n]
 
 
-def decoder(way: str, skip_special: bool):
+def decoder(way: str, skip_special: bool, tok=None):
     """The window's way (any decode function) or the library's stream (a backend's own decode)."""
+    tok = tok or tokenizer()
     if way == "window":
-        return partial(tokenizer().decode, skip_special_tokens=skip_special)
-    return BackendDecode(tokenizer(), skip_special)
+        return partial(tok.decode, skip_special_tokens=skip_special)
+    return BackendDecode(tok, skip_special)
 
 
 @pytest.mark.parametrize("way", ["window", "stream"])
@@ -108,3 +127,20 @@ def test_a_backend_decode_pickles_as_itself() -> None:
     again = pickle.loads(pickle.dumps(decode))
     assert type(again) is BackendDecode and not again.skip_special_tokens
     assert again([5, 6, 7]) == decode([5, 6, 7])
+
+
+@pytest.mark.parametrize("way", ["window", "stream"])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_sentencepiece_like_decoder_decodes_every_prefix_as_the_whole_sequence(seed: int, way: str) -> None:
+    """Its first space stripped and bytes falling back: where the library's stream refuses a step (a
+    random id sequence can make the window's text start otherwise than the settled text ends), the
+    window's way takes over, and every text is still the whole sequence's."""
+    tok = sentencepiece_like()
+    rng = random.Random(seed)
+    for skip_special in (True, False):
+        decode = decoder(way, skip_special, tok)
+        tokens = sequence(rng, 200, tok)
+        detok, upto = Detokenizer(decode), 0
+        while upto < len(tokens):
+            upto = min(len(tokens), upto + rng.choice([1, 1, 1, 2, 5]))
+            assert detok.text(tokens[:upto]) == decode(tokens[:upto]), upto
