@@ -3,7 +3,8 @@ detokenizer (core/runners/detokenize.py) over a request's output, one token a st
 window decoding through transformers' `decode`, its window decoding through the tokenizer's own
 backend, and the backend's incremental decoder (`TokenizerOnly.decode`, what the daemon does); then
 the same for a request's stop strings (core/runners/stopping.py's StopText, which reads the settled text
-to look for them), the window's way through the backend against the backend's incremental decoder.
+to look for them), and a request's whole output in one call (a batch request's text when it ends), the
+window's way through the backend against the backend's incremental decoder.
 
     .venv/bin/python bench/detokenize_path.py [--model tiny] [--tokens 64] [--rounds 7]
 
@@ -58,6 +59,14 @@ def stop_texts(decode, requests: list[list[int]]) -> tuple[float, list[str]]:
     return time.process_time() - start, out
 
 
+def whole_texts(decode, requests: list[list[int]]) -> tuple[float, list[str]]:
+    """Process CPU seconds to make every request's text from its whole output in one call (a batch
+    request's text when it ends), and the texts."""
+    start = time.process_time()
+    out = [Detokenizer(decode).text(ids) for ids in requests]
+    return time.process_time() - start, out
+
+
 def timed(ways: dict, measure, requests: list[list[int]], rounds: int) -> dict[str, list[float]]:
     """Each way's µs a token in every round (the ways in turn); every way must give the same texts."""
     n = sum(map(len, requests))
@@ -91,8 +100,10 @@ def main() -> None:
     shown = timed({"window, transformers decode": partial(tok.tokenizer.decode, skip_special_tokens=True),
                    "window, backend decode": backend, stream: tok.decode}, texts, requests, args.rounds)
     stops = timed({"window, backend decode": backend, stream: tok.decode}, stop_texts, requests, args.rounds)
+    whole = timed({"window, backend decode": backend, stream: tok.decode}, whole_texts, requests, args.rounds)
     print(f"{len(requests)} requests of {args.tokens} tokens ({n:,} tokens), {args.rounds} rounds")
-    for title, times in (("the text shown", shown), ("stop strings read", stops)):
+    for title, times in (("the text shown", shown), ("stop strings read", stops),
+                         ("a whole output at once", whole)):
         print(f"{title}:")
         for name, got in times.items():
             print(f"  {name}: {statistics.median(got):.2f} µs/token median, {min(got):.2f} best")

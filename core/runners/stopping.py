@@ -32,8 +32,8 @@ class StopText:
     on, which then moves to where the longest could still begin; a match is
     confirmed on the whole text, decoded once, so where the text is cut is
     exactly what decoding the whole output says. A decode that can stream (a
-    fast tokenizer's backend, core/runners/hf/decoding.py) is fed a token at a
-    time instead, settling text exactly as that window does, in one call a token.
+    fast tokenizer's backend, core/runners/hf/decoding.py) is fed the new tokens
+    instead, settling text exactly as that window does, in one call a step.
     """
 
     stops: tuple[str, ...]
@@ -67,17 +67,18 @@ class StopText:
             self._prefix, self._read = self._read, len(tokens) - start
 
     def _streamed(self, tokens: Sequence[int]) -> None:
-        step = self._stream
-        for token in tokens[self.start + self._fed:]:
-            try:
-                piece = step(token)
-            except Exception:  # a decoder that rewrote earlier text: the window's way, from the start
-                self._stream, self.text, self.checked = None, "", 0
-                self.extend(tokens)
-                return
-            self._fed += 1
-            if piece is not None:
-                self.text += piece
+        new = tokens[self.start + self._fed:]
+        if not new:
+            return
+        try:  # several tokens in one call: one decode
+            piece = self._stream(new[0] if len(new) == 1 else (new if type(new) is list else list(new)))
+        except Exception:  # a decoder that rewrote earlier text: the window's way, from the start
+            self._stream, self.text, self.checked = None, "", 0
+            self.extend(tokens)
+            return
+        self._fed += len(new)
+        if piece is not None:
+            self.text += piece
 
     def first_stop(self, include: bool) -> int | None:
         """Where to cut the text for its first stop string (after it if `include`), or None."""

@@ -144,3 +144,17 @@ def test_a_sentencepiece_like_decoder_decodes_every_prefix_as_the_whole_sequence
         while upto < len(tokens):
             upto = min(len(tokens), upto + rng.choice([1, 1, 1, 2, 5]))
             assert detok.text(tokens[:upto]) == decode(tokens[:upto]), upto
+
+
+def test_tokens_that_come_together_go_to_the_library_stream_in_one_call() -> None:
+    """A fresh request's whole output (a batch request's text when it ends) or a chunk of several tokens
+    is one call into the library, as the window's one decode was, not a call a token."""
+    decode = decoder("stream", True)
+    tokens = sequence(random.Random(5), 120)
+    detok = Detokenizer(decode)
+    stream, calls = detok._stream, []
+    detok._stream = lambda ids: (calls.append(ids), stream(ids))[1]
+    assert detok.text(tokens[:100]) == decode(tokens[:100])
+    assert detok.text(tokens[:103]) == decode(tokens[:103])
+    assert detok.text(tokens) == decode(tokens)
+    assert [len(c) if isinstance(c, list) else 1 for c in calls] == [100, 3, 17]

@@ -2,9 +2,10 @@
 
 `BackendDecode(backend, skip_special_tokens)` decodes a list of ids as
 `backend.decode` does (a `functools.partial`, called as fast as one), and
-its `stream()` gives a new request's step function: one token in, the text
-it settled out (None while it settles nothing, a partial character held
-back), raising where a decoder rewrote text it had settled. That is
+its `stream()` gives a new request's step function: the next token (or a
+list of the next ones) in, the text it settled out (None while it settles
+nothing, a partial character held back), raising where a decoder rewrote
+text it had settled. That is
 `DecodeStream.step`, the prefix and read offsets of vLLM's detokenizer kept
 in Rust (tokenizers 0.21 and later; with an older one `stream()` gives None
 and the caller decodes its own window).
@@ -31,7 +32,7 @@ class BackendDecode(partial):
     def skip_special_tokens(self) -> bool:
         return self.keywords["skip_special_tokens"]
 
-    def stream(self) -> Callable[[int], str | None] | None:
+    def stream(self) -> Callable[[int | list[int]], str | None] | None:
         """A new sequence's step function (None without the library's incremental decoder)."""
         if DecodeStream is None:
             return None
