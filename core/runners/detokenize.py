@@ -15,10 +15,9 @@ function, as a fast tokenizer's backend decode does: core/runners/hf/
 decoding.py) is fed the new tokens instead: one call into the tokenizer's
 library a step (several tokens that come together in one call) instead of
 two decodes and their lists, about a third less CPU a streamed token
-(bench/detokenize_path.py). It settles text exactly when
-the window above would; while the newest tokens end in a partial character
-(it then settles nothing), the window decodes them to return what the
-whole decoding would.
+(bench/detokenize_path.py). It settles text exactly when the window above
+would; while the newest tokens end in a partial character (it then settles
+nothing), the window decodes them to return what the whole decoding would.
 """
 
 from __future__ import annotations

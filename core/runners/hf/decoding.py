@@ -5,10 +5,10 @@
 its `stream()` gives a new request's step function: the next token (or a
 list of the next ones) in, the text it settled out (None while it settles
 nothing, a partial character held back), raising where a decoder rewrote
-text it had settled. That is
-`DecodeStream.step`, the prefix and read offsets of vLLM's detokenizer kept
-in Rust (tokenizers 0.21 and later; with an older one `stream()` gives None
-and the caller decodes its own window).
+text it had settled. That is `DecodeStream.step`: the prefix and read
+offsets of vLLM's detokenizer, kept in Rust (tokenizers 0.21 and later;
+with an older one `stream()` gives None and the caller decodes its own
+window).
 """
 
 from __future__ import annotations
