@@ -10,9 +10,9 @@ fsched must equal one-at-a-time `generate` in transformers, token for token:
 3. after `kill -9` of the daemon twice and one hard restart of the engine mid-run.
 Each model starts vLLM once (and restarts it once) and generates the reference one
 request at a time (`scripts/test_vllm.sh`, these and the other end-to-end tests: 6 min 0 s
-on a quick 2-core machine, 10 min 42 s on a slower one). The tiny Llama runs once more over
-vLLM's token interface: vLLM started with `--tokens-only` (no tokenizer, no detokenizing), the
-daemon with `--engine-api tokens`.
+on a quick 2-core machine; on a slower one 10 min 42 s with its host busy, 6 min 17 s
+later). The tiny Llama runs once more over vLLM's token interface: vLLM started with
+`--tokens-only` (no tokenizer, no detokenizing), the daemon with `--engine-api tokens`.
 """
 
 from __future__ import annotations
