@@ -37,6 +37,12 @@ def stream_of(decode: Decode) -> Step | None:
     return stream() if stream is not None else None
 
 
+def fed(step: Step, new: Sequence[int]) -> str | None:
+    """`step` given the new tokens: one alone as itself, several in one list (one decode, not one each:
+    a finished request's whole output, a chunk); the text they settled. Raises as `step` does."""
+    return step(new[0] if len(new) == 1 else list(new))
+
+
 class Detokenizer:
     """One growing token sequence's text: `text(tokens)` equals `decode(tokens)`; a sequence that is
     not the last one read grown (shorter, or other tokens in the window) is decoded whole."""
@@ -45,13 +51,16 @@ class Detokenizer:
 
     def __init__(self, decode: Decode) -> None:
         self.decode = decode
+        self._from_start()
+        self._stream = stream_of(decode)
+        self._fed: list[int] = []  # with a stream: tokens[_prefix:] as far as it has them
+
+    def _from_start(self) -> None:
         self._settled = ""  # the text of tokens[:_read], no partial character at its end
         self._prefix = 0  # tokens[_prefix:_read]: the window read again as context
         self._read = 0
         self._window: list[int] = []  # those tokens, to tell the sequence grew rather than changed
         self._window_text = ""  # decode(_window): the same until the window moves
-        self._stream = stream_of(decode)
-        self._fed: list[int] = []  # with a stream: tokens[_prefix:] as far as it has them
 
     def text(self, tokens: Sequence[int]) -> str:
         """decode(tokens), reading only what came after the last call's tokens."""
@@ -79,25 +88,26 @@ class Detokenizer:
         """`text` through the library's incremental decoder: `_prefix` and `_read` move as the window's
         would (the stream settles all it was given, or nothing), and `_fed` holds what it was given past
         `_prefix`, to tell the sequence grew rather than changed."""
-        prefix, fed = self._prefix, self._fed
-        n, upto = len(tokens), prefix + len(fed)
-        given = tokens[prefix:upto]
-        if n < upto or (given if type(given) is list else list(given)) != fed:
+        prefix, given = self._prefix, self._fed
+        n, upto = len(tokens), prefix + len(given)
+        seen = tokens[prefix:upto]
+        if n < upto or (seen if type(seen) is list else list(seen)) != given:
             return self.decode(list(tokens))
         if n == upto:
             return self._settled if upto == self._read else self._unsettled(tokens)
         new = tokens[upto:n]
-        try:  # several tokens in one call: one decode (a fresh request's whole output, a chunk)
-            piece = self._stream(new[0] if len(new) == 1 else (new if type(new) is list else list(new)))
-        except Exception:  # a decoder that rewrote earlier text: the window's way from here
+        try:
+            piece = fed(self._stream, new)
+        except Exception:  # a decoder that rewrote earlier text: the window's way, from the start
             self._stream = None
-            return self._restart(tokens)
-        fed += new
+            self._from_start()
+            return self.text(tokens)
+        given += new
         if piece is not None:
             self._settled += piece
-            fed = self._fed = fed[self._read - self._prefix:]
-            self._prefix, self._read = self._read, self._read + len(fed)
-        return self._settled if self._prefix + len(fed) == self._read else self._unsettled(tokens)
+            given = self._fed = given[self._read - self._prefix:]
+            self._prefix, self._read = self._read, self._read + len(given)
+        return self._settled if self._prefix + len(given) == self._read else self._unsettled(tokens)
 
     def _unsettled(self, tokens: Sequence[int]) -> str:
         """The settled text and what the tokens after it decode to so far (a partial character's
@@ -107,8 +117,3 @@ class Detokenizer:
         if not after.startswith(before):
             return self.decode(list(tokens))
         return self._settled + after[len(before):]
-
-    def _restart(self, tokens: Sequence[int]) -> str:
-        """Leave the stream for the window, from the sequence's start."""
-        self._settled, self._prefix, self._read, self._window, self._window_text = "", 0, 0, [], ""
-        return self.text(tokens)

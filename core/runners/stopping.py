@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from fsched.core.runners.detokenize import Step, stream_of
+from fsched.core.runners.detokenize import Step, fed, stream_of
 from fsched.core.types import RequestStatus, StopCheck
 
 
@@ -70,8 +70,8 @@ class StopText:
         new = tokens[self.start + self._fed:]
         if not new:
             return
-        try:  # several tokens in one call: one decode
-            piece = self._stream(new[0] if len(new) == 1 else (new if type(new) is list else list(new)))
+        try:
+            piece = fed(self._stream, new)
         except Exception:  # a decoder that rewrote earlier text: the window's way, from the start
             self._stream, self.text, self.checked = None, "", 0
             self.extend(tokens)
