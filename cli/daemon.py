@@ -67,7 +67,8 @@ LinkOption = Annotated[str, typer.Option(
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")]
 EngineOption = Annotated[str, typer.Option(
     "--engine", help="hf: run the model in this process. An OpenAI-compatible engine's URL (e.g. "
-    "http://127.0.0.1:8000 of vLLM): fsched schedules, that engine executes; --model then names the model "
+    "http://127.0.0.1:8000 of vLLM), or front://HOST:PORT of fsched's front for vLLM's engine core (fsched "
+    "vllm-front): fsched schedules, that engine executes; --model then names the model "
     "folder whose tokenizer encodes the prompts. --max-batch and --kv-tokens default to what the engine "
     "says (else 64 requests).")]
 
@@ -75,7 +76,8 @@ EngineApiOption = Annotated[str, typer.Option(
     "--engine-api", help="With --engine URL, how fsched asks the engine for tokens: tokens (vLLM's token "
     "interface, POST /inference/v1/generate: token ids in and out, nothing detokenized; vLLM serves it "
     "with --tokens-only), completions (/v1/completions with token-id prompts, any OpenAI-compatible "
-    "engine), or auto: tokens where the engine serves it, else completions.")]
+    "engine), front (fsched's vLLM front, at a front:// URL), or auto: front at a front:// URL, tokens "
+    "where the engine serves it, else completions.")]
 
 BatchStreamIntervalOption = Annotated[int, typer.Option(
     "--batch-stream-interval", help="With --engine URL, how many of a batch-class request's tokens "

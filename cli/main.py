@@ -37,6 +37,8 @@ COMMANDS = (
      "Watch two tenants (weights 3:1) and a realtime chat share the tiny model, then a summary."),
     ("serve", "fsched.cli.serve:serve",
      "Serve the OpenAI API (completions, chat, the Batch API) over the job table."),
+    ("vllm-front", "fsched.cli.vllm_front:vllm_front_command",
+     "Serve vLLM's engine core to fsched daemons (--engine front://HOST:PORT), with no HTTP in between."),
     ("tenants", "fsched.cli.tenants:app", "List and manage tenants and their weights."),
     ("keys", "fsched.cli.keys:app", "Create, list and revoke API keys of `fsched serve` (admins only)."),
     ("limits", "fsched.cli.limits:app",
@@ -54,7 +56,8 @@ def load_command(name: str):
         command = typer.main.get_group(target)
     else:  # a command function: typer makes one command of a Typer that has only it
         single = typer.Typer(add_completion=False)
-        single.command(name)(target)
+        # A command that passes what follows its options on (vllm-front to vLLM) says so on itself.
+        single.command(name, context_settings=getattr(target, "context_settings", None))(target)
         command = typer.main.get_command(single)
     command.name = name
     return command

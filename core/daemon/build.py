@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from fsched.core.daemon.loop import Daemon, DaemonConfig
 from fsched.core.ports.queue import QueueStore
+from fsched.core.runners.connect import ENGINE_APIS
 from fsched.core.runners.protocol import Runner
 from fsched.core.runners.standin import StandInError, parse_standin
 from fsched.core.sched.config import SchedulerConfig
@@ -95,8 +96,9 @@ class DaemonSettings:
     # HOST:PORT (port 0: any free one; the heartbeat says which), or "off" (they read the table).
     # Loopback by default: a server on another machine needs a reachable address.
     link: str = "127.0.0.1:0"
-    # With a remote engine: how the daemon asks it for tokens ("auto", "tokens" or "completions";
-    # core/runners/connect.py): auto takes the engine's token interface where it serves one.
+    # With a remote engine: how the daemon asks it for tokens ("auto", "tokens", "completions" or "front";
+    # core/runners/connect.py): auto takes the engine's token interface where it serves one, and the
+    # front at a front:// URL.
     engine_api: str = "auto"
     # With a remote engine: a batch request's tokens come from it this many a chunk (the first at once).
     # Nobody reads them one at a time (the table gets them about once a second), and every chunk costs
@@ -118,10 +120,16 @@ class DaemonSettings:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise SettingsError(name, f"must be a positive integer, got {value!r}")
-        if self.engine != "hf" and not self.engine.startswith(("http://", "https://")):
-            raise SettingsError("engine", f"must be hf or an http(s) URL of an engine, got {self.engine!r}")
-        if self.engine_api not in ("auto", "tokens", "completions"):
-            raise SettingsError("engine_api", f"must be auto, tokens or completions, got {self.engine_api!r}")
+        if self.engine != "hf" and not self.engine.startswith(("http://", "https://", "front://")):
+            raise SettingsError("engine", "must be hf, an http(s) URL of an engine or the front:// URL of "
+                                f"fsched's vLLM front, got {self.engine!r}")
+        if self.engine_api not in ENGINE_APIS:
+            raise SettingsError("engine_api",
+                                f"must be one of {', '.join(ENGINE_APIS)}, got {self.engine_api!r}")
+        if self.engine.startswith("front://") and self.engine_api not in ("auto", "front"):
+            raise SettingsError("engine_api", f"a front:// engine speaks front, not {self.engine_api}")
+        if self.engine_api == "front" and not self.engine.startswith("front://"):
+            raise SettingsError("engine_api", "front speaks to fsched's vLLM front: give --engine front://HOST:PORT")
         if not math.isfinite(self.lease_s):
             raise SettingsError("lease_s", f"must be a finite number of seconds, got {self.lease_s!r}")
         try:

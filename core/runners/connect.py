@@ -3,7 +3,10 @@
 The engine's batch (`max_num_seqs`) and KV cache (blocks x block size) become
 the scheduler's budgets where its metrics say them. The runner speaks the
 engine's token interface (`/inference/v1/generate`, core/runners/tokens_api.py)
-where the engine serves it, else `/v1/completions` (`ENGINE_APIS`). fsched encodes prompts
+where the engine serves it, else `/v1/completions` (`ENGINE_APIS`); at a
+`front://HOST:PORT` URL it speaks to fsched's own front for vLLM's engine
+core (core/runners/vllm_front.py, core/runners/front_link.py): the token
+interface's requests, every stream on one connection. fsched encodes prompts
 itself, with the model folder's tokenizer and chat template, exactly as the
 built-in runner does, and the engine sees token ids only; `standin` as the
 model gives the stand-in's ids instead (for the stand-in engine server).
@@ -15,10 +18,11 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fsched.core.runners.front_link import FrontClient, is_front_url
 from fsched.core.runners.openai_http import EngineClient, EngineHTTPError
 from fsched.core.runners.remote import COMPLETIONS, Codec, EngineApi, RemoteRunner
 from fsched.core.runners.standin import STANDIN_EOS, STANDIN_NAME, parse_standin, standin_encode, standin_text
-from fsched.core.runners.tokens_api import GENERATE_PATH, tokens_api
+from fsched.core.runners.tokens_api import GENERATE_PATH, front_api, tokens_api
 
 log = logging.getLogger("fsched.daemon")
 
@@ -31,8 +35,9 @@ ENGINE_STEP_TOKENS = 8192
 # before a request may be preempted (an abort and a resume cost a prefix-cache hit, not nothing).
 ENGINE_MIN_QUANTUM_STEPS = 2
 # How the daemon asks the engine for tokens: "auto" takes the token interface where the engine serves
-# it (no detokenizing on the engine's side), else the completions every OpenAI-compatible engine has.
-ENGINE_APIS = ("auto", "tokens", "completions")
+# it (no detokenizing on the engine's side), else the completions every OpenAI-compatible engine has;
+# "front" is fsched's front for vLLM's engine core, taken by "auto" at a front:// URL.
+ENGINE_APIS = ("auto", "tokens", "completions", "front")
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,7 +50,7 @@ class RemoteEngine:
     kv_tokens: int | None
     step_tokens: int
     min_quantum_steps: int
-    api: str  # the engine interface the runner speaks: "tokens" or "completions"
+    api: str  # the engine interface the runner speaks: "tokens", "completions" or "front"
 
 
 def codec_for(model: str | None) -> tuple[str, Codec]:
@@ -90,6 +95,8 @@ def engine_api(client: EngineClient, asked: str, codec: Codec) -> EngineApi:
         raise ValueError(f"the engine API must be one of {', '.join(ENGINE_APIS)}, got {asked!r}")
     if asked == "completions":
         return COMPLETIONS
+    if asked == "front":
+        raise ValueError("--engine-api front speaks to fsched's vLLM front: give its URL as front://HOST:PORT")
     if client.serves(GENERATE_PATH):
         return tokens_api(codec.eos_token_ids)
     if asked == "tokens":
@@ -103,16 +110,24 @@ def connect_remote_engine(url: str, model: str | None, api: str = "auto", *, bat
     """A runner over the engine at `url` (a batch request's tokens asked for `batch_stream_interval` a
     chunk); raises ValueError when it cannot be reached or used."""
     try:
-        client = EngineClient(url)
-        info = client.info()
-        name, codec = codec_for(model)
-        chosen = engine_api(client, api, codec)
+        if is_front_url(url):
+            if api not in ("auto", "front"):
+                raise ValueError(f"{url} is fsched's vLLM front: its engine API is front, not {api}")
+            client = FrontClient(url)
+            info = client.info()
+            name, codec = codec_for(model)
+            chosen = front_api(codec.eos_token_ids)
+        else:
+            client = EngineClient(url)
+            info = client.info()
+            name, codec = codec_for(model)
+            chosen = engine_api(client, api, codec)
     except EngineHTTPError as exc:
         raise ValueError(str(exc)) from None
     context = min(codec.context_length, info.max_model_len or codec.context_length)
     codec = Codec(codec.decode, codec.eos_token_ids, context, codec.encode, codec.decode_special)
     log.info("engine %s serves %s (context %d, KV %s tokens, batch %s) over %s", client.url, info.model,
-             context, info.kv_tokens or "unknown", info.max_num_seqs or "unknown", chosen.path)
+             context, info.kv_tokens or "unknown", info.max_num_seqs or "unknown", chosen.path or chosen.name)
     return RemoteEngine(
         runner=RemoteRunner(client, codec, info.model, api=chosen,
                             batch_stream_interval=batch_stream_interval),

@@ -435,7 +435,8 @@ class RemoteRunner(Runner):
         if streams.woken:
             return  # the daemon claims first; what else arrived is read at the next step
         arrived = [requests[rid] for rid in producing if rid not in missing]
-        if self.gather_s and arrived and not any(map(_first_token_waits, arrived)):
+        if self.gather_s and arrived and not streams.whole_iterations and not any(map(_first_token_waits,
+                                                                                      arrived)):
             self._gather({rid for rid in missing if requests[rid].flowing}, len(arrived))
 
     def _gather(self, awaited: set[RequestId], arrived: int) -> None:

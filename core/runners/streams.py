@@ -94,6 +94,8 @@ class Stream:
 class Streams:
     """An engine's open streams, multiplexed on one selector."""
 
+    whole_iterations = False  # each stream's events come on their own: an iteration's arrive over a while
+
     def __init__(self, host: str, port: int, path: str, connect_timeout_s: float = 5.0,
                  read_timeout_s: float = 600.0):
         self.host, self.port, self.path = host, port, path

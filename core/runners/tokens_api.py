@@ -49,6 +49,13 @@ def tokens_api(eos_token_ids: Iterable[int] = ()) -> EngineApi:
                      generate_logprobs, chunked_generate)
 
 
+def front_api(eos_token_ids: Iterable[int] = ()) -> EngineApi:
+    """fsched's front for vLLM's engine core (core/runners/vllm_front.py): this interface's requests and
+    logprobs, every stream on one connection (core/runners/front_link.py)."""
+    return EngineApi("front", "", partial(generate_body, eos=tuple(sorted(eos_token_ids))),
+                     generate_logprobs, chunked_generate)
+
+
 def chunked_generate(body: dict, n: int) -> dict:
     """A generate body whose stream sends `n` tokens a chunk after the first (a sampling parameter here)."""
     return {**body, "sampling_params": {**body["sampling_params"], "stream_interval": n}}

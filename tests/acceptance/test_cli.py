@@ -120,3 +120,21 @@ class _Reader:
 
 def test_help(fsched):
     assert "Usage" in fsched.ok("--help")
+
+
+def test_vllm_front_hands_its_process_to_vllms_python_with_vllms_arguments(tmp_path):
+    """`fsched vllm-front` runs the front's file by the python it is given, fsched's options first and
+    vLLM's engine arguments after them as they were written; a python that is not there is a clear error."""
+    fake_python = tmp_path / "python"
+    fake_python.write_text("#!/bin/sh\necho \"$$ $@\"\n")
+    fake_python.chmod(0o755)
+    proc = subprocess.Popen([FSCHED, "vllm-front", "--python", str(fake_python), "--port", "8311", "--",
+                             "--model", "/models/m", "--max-num-seqs", "7"], stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=60)
+    pid, script, *args = out.split()
+    assert int(pid) == proc.pid  # the same process: a service manager's signals reach the front
+    assert script.endswith("core/runners/vllm_front.py")
+    assert args == ["--host", "127.0.0.1", "--port", "8311", "--model", "/models/m", "--max-num-seqs", "7"]
+    missing = subprocess.run([FSCHED, "vllm-front", "--python", str(tmp_path / "nope")], capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 1 and "give --python PATH of vLLM's environment" in missing.stderr

@@ -4,7 +4,8 @@ that stops reading, a key revoked. A real `fsched serve` and stand-in daemons in
 Each test holds a request of each streaming API open at once (a chat or completions stream, and a
 Responses stream): the rules are the same for both, and one server, one kill and one wait serve both.
 The killed-daemon case runs over a remote engine's token interface too (the stand-in engine server,
-whose greedy tokens are the stand-in's): the daemon that takes over resumes the engine's streams. Its
+whose greedy tokens are the stand-in's) and through fsched's vLLM front (its server over a stand-in
+engine core): the daemon that takes over resumes the engine's streams. Its
 requests are sampled: on a remote engine a resumed sampled request draws its tokens again from a
 derived seed (docs/vllm.md), so the daemon stores such a request's tokens before it pushes them, and
 what a client saw before the kill is still the record's beginning after it.
@@ -25,6 +26,7 @@ import httpx
 import pytest
 
 from tests.support.fake_engine import FakeEngine
+from tests.support.fake_front import FakeFront
 
 from .http_server import Server, make_server
 from .test_http import CHAT, CHAT_URL, long_seed, runs_long
@@ -50,21 +52,23 @@ def start(server: Server, *serve_args: str, step: str = "20ms", engine: FakeEngi
     server.wait_ready()
 
 
-def daemon_args(step: str, engine: FakeEngine | None) -> tuple[str, ...]:
+def daemon_args(step: str, engine: FakeEngine | FakeFront | None) -> tuple[str, ...]:
     """The stand-in run by the daemon at `step` a token, or, given an engine, the stand-in's ids sent to
-    that engine over its token interface (the engine keeps its own pace)."""
+    that engine over its token interface, or through fsched's vLLM front (the engine keeps its own pace)."""
     if engine is None:
         return ("--model", f"standin:{step}", "--lease-ttl", "3")
-    return ("--model", "standin", "--engine", engine.url, "--engine-api", "tokens", "--lease-ttl", "3")
+    api = "front" if isinstance(engine, FakeFront) else "tokens"
+    return ("--model", "standin", "--engine", engine.url, "--engine-api", api, "--lease-ttl", "3")
 
 
-@pytest.fixture(params=["builtin", "tokens"])
-def engine(request) -> Iterator[FakeEngine | None]:
-    """None: the daemon runs the stand-in itself; else a stand-in engine server at 20 ms a token."""
+@pytest.fixture(params=["builtin", "tokens", "front"])
+def engine(request) -> Iterator[FakeEngine | FakeFront | None]:
+    """None: the daemon runs the stand-in itself; else a stand-in engine server at 20 ms a token, or the
+    front over a stand-in engine core at that pace."""
     if request.param == "builtin":
         yield None
         return
-    fake = FakeEngine(step_s=0.02)
+    fake = FakeFront(step_s=0.02) if request.param == "front" else FakeEngine(step_s=0.02)
     yield fake
     fake.stop()
 
@@ -192,7 +196,8 @@ def test_a_killed_daemon_keeps_the_streams_alive_and_a_new_one_resumes_them_with
         each_until(readers, lambda r: r.done)
     assert [(r.errors, r.keepalives >= 1) for r in readers] == [([], True)] * 2
     if engine is not None:  # the successor resumed both streams on the engine, from the tokens stored
-        assert set(engine.apis) == {"tokens"} and len(engine.bodies) - before >= 2, engine.bodies
+        api = "front" if isinstance(engine, FakeFront) else "tokens"
+        assert set(engine.apis) == {api} and len(engine.bodies) - before >= 2, engine.bodies
     # What was pushed before the kill is not repeated.
     assert [row(server, r.job_id) for r in readers] == [("done", r.content) for r in readers]
 

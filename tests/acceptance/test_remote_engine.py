@@ -6,7 +6,9 @@ the stand-in model's, so `--model standin --engine URL` must store exactly what
 the built-in `--model standin` stores. 1 to 4 minutes in all on a 2-core machine,
 depending on its load (3.6 min measured under heavy load). The engine serves both
 interfaces: the daemon takes the token interface by itself (`--engine-api auto`),
-and the preemption and kill -9 cases run over each interface by name.
+and the preemption and kill -9 cases run over each interface by name, and over
+fsched's vLLM front (its real server, over a stand-in engine core:
+tests/support/fake_front.py), as do the engine's restart and its refusal.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 
 from fsched.storage.jobstore import SqlJobStore
 from tests.support.fake_engine import FakeEngine
+from tests.support.fake_front import FakeFront
 
 from .conftest import FSCHED, Fsched
 from .test_daemon import counters_consistent, outputs, total_tokens, unfinished
@@ -36,8 +39,11 @@ def fs(fs: Fsched) -> Fsched:
 
 
 @pytest.fixture
-def fake():
-    engine = FakeEngine(step_s=0.002)
+def fake(request):
+    """The stand-in engine, or the front over a stand-in engine core where the test's `api` is front."""
+    callspec = getattr(request.node, "callspec", None)
+    front = callspec is not None and callspec.params.get("api") == "front"
+    engine = FakeFront(step_s=0.002) if front else FakeEngine(step_s=0.002)
     yield engine
     engine.stop()
 
@@ -70,7 +76,7 @@ def daemon(fs: Fsched, fake: FakeEngine, *args: str, api: str = "auto") -> subpr
                              api, *args], env=fs.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-both_apis = pytest.mark.parametrize("api", ["completions", "tokens"])
+both_apis = pytest.mark.parametrize("api", ["completions", "tokens", "front"])
 
 
 def resumed(fake: FakeEngine, prompts: int) -> int:
@@ -131,7 +137,8 @@ def test_kill_9_twice_resumes_and_outputs_are_identical(fs, tmp_path, fake, api)
     assert {b.get("stream_interval") for b in fake.bodies} == {3, 8}  # the killed daemons', the last one's
 
 
-def test_engine_restart_mid_run_logs_once_and_loses_nothing(fs, tmp_path, fake):
+@pytest.mark.parametrize("api", ["auto", "front"])
+def test_engine_restart_mid_run_logs_once_and_loses_nothing(fs, tmp_path, fake, api):
     jobs = greedy_jobs(tmp_path / "job.jsonl", n=40)
     expected = reference(fs, tmp_path, (jobs,))
     fs.ok("submit", jobs)
@@ -144,14 +151,16 @@ def test_engine_restart_mid_run_logs_once_and_loses_nothing(fs, tmp_path, fake):
     fake.step_s = 0.002
     _, err = d.communicate(timeout=180)
     assert d.returncode == 0, err.decode()
-    assert set(fake.apis) == {"tokens"}  # auto: the engine serves its token interface
+    # auto: the engine serves its token interface
+    assert set(fake.apis) == {"front" if api == "front" else "tokens"}
     lines = err.decode().splitlines()
     assert sum("unavailable" in line for line in lines) == 1, lines
     assert sum("is back after" in line for line in lines) == 1, lines
     assert outputs(fs) == expected
 
 
-def test_a_request_the_engine_refuses_fails_alone_with_its_message(fs, tmp_path, fake):
+@pytest.mark.parametrize("api", ["auto", "front"])
+def test_a_request_the_engine_refuses_fails_alone_with_its_message(fs, tmp_path, fake, api):
     jobs = greedy_jobs(tmp_path / "job.jsonl", n=6)
     poison = json.loads(open(jobs).readline())["prompt"]
     from fsched.core.runners.standin import standin_encode
@@ -165,7 +174,8 @@ def test_a_request_the_engine_refuses_fails_alone_with_its_message(fs, tmp_path,
     (err,) = [json.loads(x) for x in fs.ok("results", "1", "--errors").splitlines()]
     assert err["custom_id"] == "q0"
     message = err["error"]["message"]
-    assert "the engine refused the request: HTTP 400: this engine refuses that prompt" in message
+    said = "" if api == "front" else "HTTP 400: "  # the front passes the engine's message as it is
+    assert f"the engine refused the request: {said}this engine refuses that prompt" in message
 
 
 def test_the_engine_context_is_the_limit(fs, tmp_path, fake):

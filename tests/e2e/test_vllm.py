@@ -12,7 +12,9 @@ Each model starts vLLM once (and restarts it once) and generates the reference o
 request at a time (`scripts/test_vllm.sh`, these and the other end-to-end tests: 6 min 0 s
 on a quick 2-core machine; on a slower one 10 min 42 s with its host busy, 6 min 17 s
 later). The tiny Llama runs once more over vLLM's token interface: vLLM started with
-`--tokens-only` (no tokenizer, no detokenizing), the daemon with `--engine-api tokens`.
+`--tokens-only` (no tokenizer, no detokenizing), the daemon with `--engine-api tokens`;
+and once over fsched's front for vLLM's engine core (core/runners/vllm_front.py) in
+place of vLLM's API server, the daemon at `--engine front://...`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.conftest import FSCHED
-from tests.support.vllm_server import VllmServer, build_gpt2_model
+from tests.support.vllm_server import VllmFront, VllmServer, build_gpt2_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
@@ -146,7 +148,8 @@ def stop_when_done(table: Table, d: subprocess.Popen, timeout_s: float = 600) ->
 
 
 @pytest.mark.parametrize(("name", "api"),
-                         [("tiny", "completions"), ("gpt2", "completions"), ("tiny", "tokens")])
+                         [("tiny", "completions"), ("gpt2", "completions"), ("tiny", "tokens"),
+                          ("tiny", "front")])
 def test_vllm_outputs_equal_transformers_generate(name, api, models, tmp_path):
     folder = models[name]
     lines = workload()
@@ -171,7 +174,8 @@ def test_vllm_outputs_equal_transformers_generate(name, api, models, tmp_path):
     # otherwise starve the daemon for seconds at a time on a small machine (a GPU box has
     # cores to spare); see bench/remote_engine.py.
     extra = ("--tokens-only",) if api == "tokens" else ()
-    with VllmServer(folder, tmp_path / "vllm.log", extra=extra, nice=10) as server:
+    server_class = VllmFront if api == "front" else VllmServer
+    with server_class(folder, tmp_path / "vllm.log", extra=extra, nice=10) as server:
         common = ("--model", str(folder), "--engine", server.url, "--engine-api", api)
 
         straight = Table(tmp_path / "straight.db", env)

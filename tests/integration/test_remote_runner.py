@@ -18,33 +18,42 @@ import pytest
 
 from fsched.core.daemon.engine import Engine
 from fsched.core.runners.connect import engine_api
+from fsched.core.runners.front_link import FrontClient
 from fsched.core.runners.openai_http import EngineClient
 from fsched.core.runners.remote import COMPLETIONS, Codec, RemoteRunner, completion_body, resume_seed
 from fsched.core.runners.standin import STANDIN_EOS, StandInRunner, standin_text
-from fsched.core.runners.tokens_api import tokens_api
+from fsched.core.runners.tokens_api import front_api, tokens_api
 from fsched.core.sched.config import SchedulerConfig
 from fsched.core.sched.plan import Plan, PrefillChunk
 from fsched.core.sched.request import Request
 from fsched.core.sched.scheduler import Scheduler
 from fsched.core.types import RequestClass, RequestStatus, SamplingParams
 from tests.support.fake_engine import FakeEngine, expected_tokens
+from tests.support.fake_front import FakeFront
 
 pytestmark = pytest.mark.timeout(120)
 
 CODEC = Codec(standin_text, frozenset({STANDIN_EOS}), 8192)
-APIS = {"completions": COMPLETIONS, "tokens": tokens_api(CODEC.eos_token_ids)}
-both_apis = pytest.mark.parametrize("api", list(APIS))
+APIS = {"completions": COMPLETIONS, "tokens": tokens_api(CODEC.eos_token_ids),
+        "front": front_api(CODEC.eos_token_ids)}
+both_apis = pytest.mark.parametrize("api", ["completions", "tokens"])
+# fsched's vLLM front (its real server over a stand-in engine core) as well
+every_api = pytest.mark.parametrize("api", list(APIS))
 
 
 @pytest.fixture
-def fake():
-    engine = FakeEngine(step_s=0.001)
+def fake(request):
+    """The stand-in engine, or the front over a stand-in engine core where the test's `api` is front."""
+    callspec = getattr(request.node, "callspec", None)
+    front = callspec is not None and callspec.params.get("api") == "front"
+    engine = FakeFront(step_s=0.001) if front else FakeEngine(step_s=0.001)
     yield engine
     engine.stop()
 
 
-def remote_runner(fake: FakeEngine, api: str = "completions", **kw) -> RemoteRunner:
-    return RemoteRunner(EngineClient(fake.url), CODEC, fake.model, api=APIS[api], **kw)
+def remote_runner(fake: FakeEngine | FakeFront, api: str = "completions", **kw) -> RemoteRunner:
+    client = FrontClient(fake.url) if api == "front" else EngineClient(fake.url)
+    return RemoteRunner(client, CODEC, fake.model, api=APIS[api], **kw)
 
 
 def config(**kw) -> SchedulerConfig:
@@ -61,7 +70,7 @@ def run(runner, reqs, cfg=None, on_step=None):
     return Engine(runner, Scheduler(cfg or config(), "fsched", {}), 8192).run_all(reqs, on_step)
 
 
-@both_apis
+@every_api
 def test_greedy_outputs_equal_the_builtin_standin(fake, api):
     remote = run(remote_runner(fake, api), requests())
     local = run(StandInRunner(), requests())
@@ -168,7 +177,7 @@ def test_a_readable_wake_descriptor_ends_a_steps_wait_at_once(fake):
         wake_w.close()
 
 
-@both_apis
+@every_api
 def test_preemption_aborts_the_stream_and_resumes_from_prompt_plus_generated(fake, api):
     fake.step_s = 0.005
     runner = remote_runner(fake, api)
@@ -220,7 +229,7 @@ def late_realtime(n=4):
     return late
 
 
-@both_apis
+@every_api
 def test_forced_preemptions_keep_greedy_outputs_exact(fake, api):
     fake.step_s = 0.002
     cfg = config(max_batch=4, preempt_grace_steps=0, min_quantum_steps=1)
@@ -287,7 +296,7 @@ def test_a_chunked_stream_is_not_waited_for_by_the_gather(fake):
     assert max(steps) < 0.25, steps  # never the gather's 0.5 s
 
 
-@both_apis
+@every_api
 def test_engine_restart_mid_run_loses_nothing(fake, caplog, api):
     fake.step_s = 0.003
     runner = remote_runner(fake, api, backoff_s=(0.1, 0.4))
@@ -309,18 +318,19 @@ def test_engine_restart_mid_run_loses_nothing(fake, caplog, api):
     assert sum("unavailable" in m for m in lines) == 1 and sum("is back after" in m for m in lines) == 1
 
 
-@both_apis
+@every_api
 def test_a_refused_request_fails_alone_with_the_engine_message(fake, api):
     fake.refuse = lambda body: "prompt too nasty" if body["prompt"] == [1, 2, 3, 4, 5] else None
     results = run(remote_runner(fake, api), requests(8))
     failed = {k for k, v in results.items() if v.status is RequestStatus.FINISHED_FAILED}
     assert failed == {"2"}  # the one with prompt [1, 2, 3, 4, 5]
-    assert "the engine refused the request: HTTP 400: prompt too nasty" == results["2"].error
+    said = "" if api == "front" else "HTTP 400: "  # the front passes the engine's message as it is
+    assert f"the engine refused the request: {said}prompt too nasty" == results["2"].error
     local = run(StandInRunner(), requests(8))
     assert all(results[k].tokens == local[k].tokens for k in local if k != "2")
 
 
-@both_apis
+@every_api
 def test_context_too_long_is_refused_by_the_engine_with_its_message(fake, api):
     fake.context = 64
     reqs = [Request.to_run("long", list(range(1, 40)), SamplingParams(max_tokens=50, temperature=0, seed=1)),
@@ -331,7 +341,7 @@ def test_context_too_long_is_refused_by_the_engine_with_its_message(fake, api):
     assert "maximum context length is 64 tokens" in results["long"].error
 
 
-@both_apis
+@every_api
 def test_seeded_sampling_is_reproducible_uninterrupted_and_per_interruption_point(fake, api):
     """What is reproducible: an uninterrupted seeded request (the engine's own seeded run), and
     an interrupted one given the same interruption points. What is not: an interrupted request

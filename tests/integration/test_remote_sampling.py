@@ -115,6 +115,32 @@ def test_logprobs_and_stop_fields_come_through_a_preemption(fake, api):
     assert set(fake.apis) == {api}
 
 
+def test_the_fronts_logprobs_and_chunks_are_the_token_interfaces(fake):
+    """fsched's vLLM front (its server over a stand-in engine core) passes the engine's logprobs on in the
+    token interface's shape and holds a batch request's tokens to its chunks itself: what the daemon reads
+    is what it reads over the token interface, with and without a preemption."""
+    from fsched.core.runners.front_link import FrontClient
+    from fsched.core.runners.tokens_api import front_api
+    from tests.support.fake_front import FakeFront
+
+    codec = Codec(standin_text, frozenset({STANDIN_EOS}), 8192)
+    front = FakeFront(step_s=0.001)
+    try:
+        for params in (SamplingParams(max_tokens=30, temperature=0, seed=3, logprobs=2, ignore_eos=True),
+                       SamplingParams(max_tokens=30, temperature=0.7, seed=5, logprobs=0)):
+            for preempt_at in (None, 5):
+                over_http = RemoteRunner(EngineClient(fake.url), codec, fake.model,
+                                         api=api_of("tokens", codec), batch_stream_interval=4)
+                over_front = RemoteRunner(FrontClient(front.url), codec, front.model,
+                                          api=front_api(codec.eos_token_ids), batch_stream_interval=4)
+                expected = one_request(over_http, params, preempt_at)
+                assert len(expected[0]) == 30 and len(expected[1]) == 30
+                assert one_request(over_front, params, preempt_at) == expected
+        assert {b.get("stream_interval") for b in front.bodies} == {4}
+    finally:
+        front.stop()
+
+
 @pytest.fixture
 def json_engine():
     from fsched.core.runners.hf.model import ensure_tiny_model

@@ -93,7 +93,7 @@ class VllmServer:
         log = open(self.log_path, "ab")
         niced = ["nice", "-n", str(self.nice)] if self.nice else []
         self.proc = subprocess.Popen(
-            [*niced, self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+            [*niced, self.python, *self.entry(), "--model", str(self.model),
              "--dtype", "float32", "--enforce-eager", "--gpu-memory-utilization", "0.3",
              "--port", str(self.port), "--host", "127.0.0.1", *self.extra],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -104,15 +104,22 @@ class VllmServer:
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"vLLM exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
+            if self.ready():
+                return self
             time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"vLLM did not serve within {timeout_s:.0f} s; see {self.log_path}")
+
+    def entry(self) -> list[str]:
+        """What the python runs."""
+        return ["-m", "vllm.entrypoints.openai.api_server"]
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
 
     def stop(self) -> None:
         """Kill the server's whole process group (the API server and its engine core)."""
@@ -150,3 +157,20 @@ class VllmServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class VllmFront(VllmServer):
+    """fsched's front for vLLM's engine core (core/runners/vllm_front.py) instead of vLLM's API server,
+    started the same way (vLLM's python, the same engine arguments); daemons reach it at `url`."""
+
+    @property
+    def url(self) -> str:
+        return f"front://127.0.0.1:{self.port}"
+
+    def entry(self) -> list[str]:
+        return [str(REPO / "core" / "runners" / "vllm_front.py")]
+
+    def ready(self) -> bool:
+        from fsched.core.runners.front_link import FrontClient
+
+        return FrontClient(self.url, connect_timeout_s=2).healthy()

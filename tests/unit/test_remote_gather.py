@@ -27,6 +27,7 @@ class ScriptedStreams:
     wait that follows it; the polls after it see it)."""
 
     woken = False
+    whole_iterations = False  # as HTTP streams: an iteration's tokens come stream by stream
 
     def __init__(self) -> None:
         self.script: list[dict[str, list[int]]] = []
@@ -132,6 +133,19 @@ def test_the_rest_of_an_iteration_is_still_gathered_from_the_streams_already_sen
     result, took = timed(runner, Plan(step=1, decode=("a", "c")))
     assert result.outcome.produced == {"a": 1, "c": 1}
     assert took < GATHER_S / 2
+
+
+def test_streams_that_bring_whole_iterations_are_not_gathered_from():
+    """A transport whose poll brings an engine iteration's news for every stream at once (fsched's vLLM
+    front: a line an iteration) has nothing more of it to gather: the step ends with what came, and a
+    stream without news had none in that iteration."""
+    runner, streams, requests = rig("a", "c")
+    start(runner, streams, flowing=["a", "c"])
+    streams.whole_iterations = True
+    streams.script = [{"a": [8]}, {}, {}, {"c": [9]}]
+    result, took = timed(runner, Plan(step=1, decode=("a", "c")))
+    assert result.outcome.produced == {"a": 1, "c": 0}
+    assert took < GATHER_S / 4 and streams.polls == 2  # the first step's, and this step's that brought a
 
 
 def test_new_work_announced_during_the_gather_ends_it_without_waiting_out_the_slice():

@@ -1,0 +1,380 @@
+"""fsched's front for vLLM's engine core: token ids in and out, one line a batch of news, no HTTP.
+
+vLLM's API server spends most of a streamed token's CPU on HTTP, server-sent
+events and its per-request output queues, even with `--tokens-only`. This
+program takes its place in front of the engine core: it runs in vLLM's own
+environment (it imports the standard library and vLLM, nothing of fsched, so
+it runs as a file by vLLM's python), starts the engine core as vLLM's API
+server does (vLLM's own engine arguments, `--model DIR ...`), and serves
+fsched's daemons on one TCP port. What a daemon sends and receives is lines
+of JSON (`encode` and `decode` below are the one definition of them):
+
+- first, each side one line: the daemon `{"hello": PROTOCOL}`, the front
+  `{"protocol", "model", "max_model_len", "max_num_seqs", "kv_tokens",
+  "engine"}`, or `{"error": ...}` when the versions differ;
+- the daemon: `["add", ID, BODY]` (BODY as the token interface's:
+  `{"token_ids", "sampling_params"}` in vLLM's names) and `["abort", ID]`;
+- the front: one line for every engine iteration that made news for the
+  connection's requests, `[[ID, TOKENS, FINISH, LOGPROBS, ERROR], ...]`:
+  the new token ids, the finish reason once it ends (`stop`, `length`),
+  the tokens' logprobs as the token interface writes them, or an error
+  (the engine refused the request, or failed it).
+
+A connection that closes aborts its requests, as a client that leaves an
+HTTP stream does. A request's `stream_interval` (batch work) sends its
+tokens that many at a time, its first and last at once, as vLLM's API
+server does: the engine's news still comes once an iteration, in one line.
+`Core` is what the server needs of an engine; `VllmCore` is vLLM's engine
+core through its own client (the tests run the server over a stand-in).
+
+    python vllm_front.py --port 8200 --model DIR [vLLM's engine arguments]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+PROTOCOL = 1
+TESTED_VLLM = "0.32"
+log = logging.getLogger("fsched.vllm_front")
+
+# One iteration's news for one request: (id, new token ids, finish reason, logprobs object, error).
+News = tuple[str, list[int], str | None, dict | None, str | None]
+
+
+# -- the wire ---------------------------------------------------------------------------------------
+def encode(message: Any) -> bytes:
+    """One line of the wire."""
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes) -> Any:
+    return json.loads(line)
+
+
+class EngineRefused(Exception):
+    """The engine refuses a request (its message goes to the daemon; retrying would not help)."""
+
+
+class Core(Protocol):
+    """An engine behind the front: requests added and aborted by id, its news an iteration at a time."""
+
+    def info(self) -> dict: ...
+
+    async def add(self, key: str, token_ids: list[int], sampling: dict) -> None: ...
+
+    async def abort(self, keys: list[str]) -> None: ...
+
+    async def news(self) -> list[News]: ...
+
+
+# -- the server --------------------------------------------------------------------------------------
+@dataclass(slots=True, eq=False)
+class _Request:
+    conn: _Conn
+    id: str  # the daemon's
+    interval: int = 1
+    sent: bool = False  # its first tokens went
+    held: list[int] = field(default_factory=list)  # made, held back until `interval` of them
+    held_logprobs: list[dict] = field(default_factory=list)
+
+
+class _Conn(asyncio.Protocol):
+    def __init__(self, front: FrontServer, number: int):
+        self.front, self.number = front, number
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.greeted = False
+        self.keys: dict[str, str] = {}  # the daemon's id -> the engine's key
+        self.closed = False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.front.gone(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if b"\n" not in data:
+            return
+        *lines, self.buf = self.buf.split(b"\n")
+        for line in lines:
+            try:
+                message = decode(line)
+            except ValueError:
+                self.fail("a line that is not JSON")
+                return
+            if not self.greeted:
+                self.hello(message)
+            elif isinstance(message, list) and len(message) >= 2 and isinstance(message[1], str):
+                self.front.commands.put_nowait((self, message))
+            else:
+                self.fail("a line that is neither an add nor an abort")
+                return
+
+    def hello(self, message: Any) -> None:
+        if not isinstance(message, dict) or message.get("hello") != PROTOCOL:
+            self.fail(f"this front speaks protocol {PROTOCOL}; the daemon sent {str(message)[:80]}")
+            return
+        self.greeted = True
+        self.transport.write(encode({"protocol": PROTOCOL, **self.front.core.info()}))
+
+    def fail(self, error: str) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(encode({"error": error}))
+            self.transport.close()
+
+
+class FrontServer:
+    """Serves one `Core` to any number of daemons on `host:port`."""
+
+    def __init__(self, core: Core):
+        self.core = core
+        self.commands: asyncio.Queue = asyncio.Queue()
+        self._requests: dict[str, _Request] = {}  # by engine key
+        self._conns = 0
+        self._live: set[_Conn] = set()
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen; the port (0 picks one)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._accept, host, port)
+        self._tasks = [asyncio.create_task(self._run_commands()), asyncio.create_task(self._pump())]
+        return self._server.sockets[0].getsockname()[1]
+
+    async def wait(self) -> None:
+        """Until the engine fails (its error raised here: the program ends, and the daemons see their
+        connections close and wait for the engine to come back)."""
+        await asyncio.gather(*self._tasks)
+
+    async def stop(self) -> None:
+        """Stop listening and drop every connection."""
+        for task in self._tasks:
+            task.cancel()
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._live):
+            conn.transport.abort()
+
+    def _accept(self) -> _Conn:
+        self._conns += 1
+        conn = _Conn(self, self._conns)
+        self._live.add(conn)
+        return conn
+
+    def gone(self, conn: _Conn) -> None:
+        self._live.discard(conn)
+        if conn.keys:
+            self.commands.put_nowait((conn, ["gone", ""]))
+
+    async def _run_commands(self) -> None:
+        """The daemons' adds and aborts, one at a time in the order they came (an abort after its add)."""
+        while True:
+            conn, message = await self.commands.get()
+            try:
+                await self._command(conn, message)
+            except Exception as exc:  # an engine that cannot take it: that request's error, not the front's
+                log.exception("command %s failed", message[:2])
+                if message[0] == "add" and not conn.closed:
+                    conn.transport.write(encode([[message[1], [], None, None, f"the front failed: {exc}"]]))
+
+    async def _command(self, conn: _Conn, message: list) -> None:
+        op, rid = message[0], message[1]
+        if op == "add":
+            body = message[2] if len(message) > 2 else None
+            if conn.closed:
+                return
+            key = f"{conn.number}-{rid}"
+            try:
+                token_ids, sampling = _request_body(body)
+                await self.core.add(key, token_ids, sampling)
+            except EngineRefused as exc:
+                conn.transport.write(encode([[rid, [], None, None, str(exc)]]))
+                return
+            if (old := conn.keys.get(rid)) is not None:  # an id used again: the old one is over
+                self._requests.pop(old, None)
+                await self.core.abort([old])
+            conn.keys[rid] = key
+            self._requests[key] = _Request(conn, rid, max(1, int(sampling.get("stream_interval") or 1)))
+        elif op == "abort":
+            if (key := conn.keys.pop(rid, None)) is not None:
+                self._requests.pop(key, None)
+                await self.core.abort([key])
+        elif op == "gone":
+            keys = list(conn.keys.values())
+            conn.keys.clear()
+            for key in keys:
+                self._requests.pop(key, None)
+            if keys:
+                await self.core.abort(keys)
+        else:
+            conn.fail(f"unknown operation {op!r}")
+
+    async def _pump(self) -> None:
+        """Each iteration's news, one line to each connection it concerns."""
+        requests = self._requests
+        while True:
+            news = await self.core.news()
+            lines: dict[_Conn, list] = {}
+            for key, tokens, finish, logprobs, error in news:
+                r = requests.get(key)
+                if r is None:
+                    continue  # aborted meanwhile
+                ended = finish is not None or error is not None
+                if r.interval > 1 and r.sent and not ended:
+                    r.held += tokens
+                    if logprobs:
+                        r.held_logprobs.append(logprobs)
+                    if len(r.held) < r.interval:
+                        continue
+                    tokens, logprobs = r.held, _joined(r.held_logprobs)
+                    r.held, r.held_logprobs = [], []
+                elif r.held:
+                    tokens = r.held + tokens
+                    logprobs = _joined([*r.held_logprobs, *([logprobs] if logprobs else [])])
+                    r.held, r.held_logprobs = [], []
+                if not tokens and not ended:
+                    continue
+                r.sent = True
+                lines.setdefault(r.conn, []).append([r.id, tokens, finish, logprobs, error])
+                if ended:
+                    del requests[key]
+                    r.conn.keys.pop(r.id, None)
+            for conn, entries in lines.items():
+                if not conn.closed:
+                    conn.transport.write(encode(entries))
+
+
+def _request_body(body: Any) -> tuple[list[int], dict]:
+    if not isinstance(body, dict):
+        raise EngineRefused("an add carries a body: {\"token_ids\", \"sampling_params\"}")
+    token_ids, sampling = body.get("token_ids"), body.get("sampling_params")
+    if not isinstance(token_ids, list) or not token_ids or not all(isinstance(t, int) for t in token_ids):
+        raise EngineRefused("token_ids must be a non-empty list of token ids")
+    if not isinstance(sampling, dict):
+        raise EngineRefused("sampling_params must be an object")
+    return token_ids, sampling
+
+
+def _joined(parts: Sequence[dict]) -> dict | None:
+    """Several iterations' logprobs objects as one (their entries in order)."""
+    if not parts:
+        return None
+    return {"content": [entry for part in parts for entry in part.get("content") or ()]}
+
+
+# -- vLLM's engine core ---------------------------------------------------------------------------------
+class VllmCore:
+    """vLLM's engine core through vLLM's own client (the one its API server uses), without the output
+    processor: news is read as the engine core sends it, an iteration at a time."""
+
+    def __init__(self, engine_args):
+        self.engine_args = engine_args
+        self.llm = None
+        self._tasks: tuple = ()
+
+    async def start(self) -> None:
+        import vllm
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if not vllm.__version__.startswith(TESTED_VLLM):
+            log.warning("vLLM %s: this front was built and tested against vLLM %s.x", vllm.__version__,
+                        TESTED_VLLM)
+        self.llm = AsyncLLM.from_engine_args(self.engine_args)
+        if self.llm.output_handler is not None:  # its output processor's reader: the front reads instead
+            self.llm.output_handler.cancel()
+        self._tasks = await self.llm.get_supported_tasks()
+
+    def info(self) -> dict:
+        config = self.llm.vllm_config
+        cache = config.cache_config
+        blocks = cache.num_gpu_blocks or 0
+        model = config.model_config
+        name = model.served_model_name
+        return {"model": (name[0] if isinstance(name, list) else name) or model.model,
+                "max_model_len": model.max_model_len,
+                "max_num_seqs": config.scheduler_config.max_num_seqs,
+                "kv_tokens": blocks * cache.block_size if blocks else None,
+                "engine": f"vLLM {__import__('vllm').__version__}"}
+
+    async def add(self, key: str, token_ids: list[int], sampling: dict) -> None:
+        import msgspec
+        from vllm.exceptions import VLLMClientError
+        from vllm.inputs.engine import tokens_input
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        try:
+            params = msgspec.convert(sampling, SamplingParams, strict=False)
+            params.output_kind = RequestOutputKind.DELTA
+            # vLLM's own checks of a request (its parameters, the prompt's ids against the vocabulary,
+            # its length against the context) are the API server's; they raise the request's error.
+            request = self.llm.input_processor.process_inputs(key, tokens_input(token_ids), params,
+                                                              supported_tasks=self._tasks)
+        except (VLLMClientError, ValueError, TypeError, msgspec.ValidationError) as exc:
+            raise EngineRefused(str(exc)) from None
+        await self.llm.engine_core.add_request_async(request)
+
+    async def abort(self, keys: list[str]) -> None:
+        await self.llm.engine_core.abort_requests_async(keys)
+
+    async def news(self) -> list[News]:
+        outputs = await self.llm.engine_core.get_output_async()
+        out = []
+        for o in outputs.outputs:
+            finish = error = None
+            if o.finish_reason is not None:
+                reason = str(o.finish_reason)
+                if reason in ("stop", "length"):
+                    finish = reason
+                else:  # abort or error: the engine ended it on its own
+                    error = f"the engine ended the request ({reason})"
+            out.append((o.request_id, o.new_token_ids,
+                        finish, _logprobs(o.new_logprobs) if o.new_logprobs is not None else None, error))
+        return out
+
+
+def _logprobs(lists) -> dict:
+    """vLLM's logprobs lists (a row a token: the sampled token, then the `logprobs` likeliest, which may
+    hold it again) as the token interface's logprobs object: the sampled token, and the likeliest as its
+    alternatives, all of them (vLLM's HTTP interface cuts them to `logprobs` with the sampled one)."""
+    ids, values = lists.logprob_token_ids.tolist(), lists.logprobs.tolist()
+    return {"content": [
+        {"token_id": row_ids[0], "logprob": row[0],
+         "top_logprobs": [{"token_id": t, "logprob": v} for t, v in zip(row_ids[1:], row[1:], strict=True)]}
+        for row_ids, row in zip(ids, values, strict=True)]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(description="fsched's front for vLLM's engine core")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8200)
+    AsyncEngineArgs.add_cli_args(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    async def serve() -> None:
+        core = VllmCore(AsyncEngineArgs.from_cli_args(args))
+        await core.start()
+        front = FrontServer(core)
+        port = await front.start(args.host, args.port)
+        print(f"fsched's vLLM front serves {core.info()['model']} on front://{args.host}:{port}", flush=True)
+        await front.wait()
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""fsched's vLLM front (core/runners/vllm_front.py) on a real socket, over the stand-in engine core.
+
+A raw client speaks the front's lines here: the greeting, adds and aborts,
+one line an engine iteration, a batch request's tokens held to its chunks,
+a connection's requests aborted when it closes, refusals for that request
+alone. The daemon's side is tests/integration/test_remote_runner.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from fsched.core.runners.front_link import FrontClient
+from fsched.core.runners.vllm_front import PROTOCOL
+from tests.support.fake_engine import expected_tokens
+from tests.support.fake_front import FakeFront
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Client:
+    def __init__(self, front: FakeFront, hello: object = None):
+        self.sock = socket.create_connection(("127.0.0.1", front.port), timeout=5)
+        self.buf = b""
+        self.send({"hello": PROTOCOL} if hello is None else hello)
+        self.greeting = self.line()
+
+    def send(self, message: object) -> None:
+        self.sock.sendall(json.dumps(message).encode() + b"\n")
+
+    def line(self) -> object:
+        while b"\n" not in self.buf:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise EOFError
+            self.buf += data
+        line, _, self.buf = self.buf.partition(b"\n")
+        return json.loads(line)
+
+    def until_done(self, ids: set[str]) -> dict[str, list]:
+        """Every entry until each of `ids` has ended, by id."""
+        seen: dict[str, list] = {rid: [] for rid in ids}
+        left = set(ids)
+        while left:
+            for entry in self.line():
+                seen.setdefault(entry[0], []).append(entry)
+                if entry[2] is not None or entry[4] is not None:
+                    left.discard(entry[0])
+        return seen
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def add(client: Client, rid: str, prompt: list[int], **sampling) -> None:
+    client.send(["add", rid, {"token_ids": prompt, "sampling_params": {"temperature": 0, "seed": 1,
+                                                                        **sampling}}])
+
+
+@pytest.fixture
+def front():
+    f = FakeFront(step_s=0.002)
+    yield f
+    f.stop()
+
+
+def test_the_greeting_describes_the_engine_and_a_stranger_is_turned_away(front):
+    front.kv_tokens = 4096
+    client = Client(front)
+    assert client.greeting == {"protocol": PROTOCOL, "model": "fake-front", "max_model_len": 8192,
+                               "max_num_seqs": None, "kv_tokens": 4096, "engine": "stand-in"}
+    info = FrontClient(front.url).info()
+    assert (info.model, info.max_model_len, info.kv_tokens) == ("fake-front", 8192, 4096)
+    other = Client(front, hello={"hello": PROTOCOL + 1})
+    assert "this front speaks protocol" in other.greeting["error"]
+    with pytest.raises(EOFError):
+        other.line()
+
+
+def test_every_iteration_comes_in_one_line_and_the_tokens_are_the_engines(front):
+    client = Client(front)
+    prompts = {"a": [4, 5, 6], "b": [7, 8], "c": [9]}
+    for rid, prompt in prompts.items():
+        add(client, rid, prompt, max_tokens=12)
+    seen = client.until_done(set(prompts))
+    for rid, prompt in prompts.items():
+        assert [t for entry in seen[rid] for t in entry[1]] == expected_tokens(prompt, 12, 1)
+        assert seen[rid][-1][2] == "length"
+    # one line an iteration: the requests added together came in the same lines
+    lines = [[e[0] for e in line] for line in zip(*(seen[rid] for rid in prompts), strict=False)]
+    assert all(len(ids) == 3 for ids in lines)
+
+
+def test_a_batch_requests_tokens_come_in_chunks_the_first_and_last_at_once(front):
+    client = Client(front)
+    add(client, "b", [1, 2, 3], max_tokens=11, stream_interval=4)
+    (entries,) = client.until_done({"b"}).values()
+    assert [len(e[1]) for e in entries] == [1, 4, 4, 2]
+    assert [t for e in entries for t in e[1]] == expected_tokens([1, 2, 3], 11, 1)
+
+
+def test_an_abort_ends_the_request_in_the_engine_and_its_news(front):
+    client = Client(front)
+    add(client, "a", [4, 5], max_tokens=500)
+    add(client, "b", [6, 7], max_tokens=5)
+    client.line()
+    client.send(["abort", "a"])
+    seen = client.until_done({"b"})  # (a's news sent before the abort arrived comes first)
+    assert front.aborted == 1
+    client.sock.settimeout(0.1)
+    with pytest.raises(TimeoutError):  # nothing more comes for the aborted request
+        client.line()
+    assert seen["b"][-1][2] == "length" and seen["a"][-1][2] is None
+
+
+def test_a_connection_that_closes_aborts_its_requests_and_no_other(front):
+    leaving, staying = Client(front), Client(front)
+    for rid in ("1", "2"):  # the same ids on both connections: each its own
+        add(leaving, rid, [4, 5], max_tokens=500)
+        add(staying, rid, [4, 5], max_tokens=30)
+    leaving.line()
+    leaving.close()
+    deadline = time.time() + 5
+    while front.aborted < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    assert front.aborted == 2
+    seen = staying.until_done({"1", "2"})
+    assert all(sum(len(e[1]) for e in entries) == 30 for entries in seen.values())
+
+
+def test_a_refused_request_gets_its_error_and_the_connection_goes_on(front):
+    front.context = 64
+    client = Client(front)
+    add(client, "long", list(range(1, 60)), max_tokens=10)
+    client.send(["add", "bad", {"token_ids": [], "sampling_params": {}}])
+    add(client, "ok", [1, 2], max_tokens=3)
+    seen = client.until_done({"long", "bad", "ok"})
+    assert "maximum context length is 64 tokens" in seen["long"][0][4]
+    assert seen["bad"][0][4] == "token_ids must be a non-empty list of token ids"
+    assert seen["ok"][-1][2] == "length"
+
+
+def test_an_engine_that_fails_an_add_fails_that_request_alone(front, monkeypatch):
+    client = Client(front)
+    from tests.support.fake_front import FakeCore
+
+    real_add = FakeCore.add
+
+    async def flaky_add(self, key, token_ids, sampling):
+        if sampling.get("seed") == 666:
+            raise RuntimeError("out of something")
+        await real_add(self, key, token_ids, sampling)
+
+    monkeypatch.setattr(FakeCore, "add", flaky_add)
+    add(client, "x", [1, 2], max_tokens=3, seed=666)
+    add(client, "y", [1, 2], max_tokens=3)
+    seen = client.until_done({"x", "y"})
+    assert seen["x"][0][4] == "the front failed: out of something"
+    assert seen["y"][-1][2] == "length"
+
+
+def test_a_line_that_is_not_the_protocol_closes_the_connection_with_its_reason(front):
+    client = Client(front)
+    client.sock.sendall(b"not json\n")
+    assert client.line() == {"error": "a line that is not JSON"}
+    with pytest.raises(EOFError):
+        client.line()
