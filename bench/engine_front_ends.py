@@ -1,7 +1,7 @@
 """CPU per streamed token of vLLM's front end over each way fsched could ask it for tokens, in one run.
 
     FSCHED_VLLM_PYTHON=... GRPC_OVERLAY=DIR python bench/engine_front_ends.py [--concurrency 32]
-        [--requests 128] [--tokens 64] [--arms completions tokens grpc]
+        [--requests 128] [--tokens 64] [--arms completions tokens grpc front]
 
 Runs under vLLM's own environment's python (it re-executes itself there:
 the gRPC client needs grpcio and the servicer's stubs). For each arm, vLLM's
@@ -19,6 +19,9 @@ prompts, `--concurrency` at a time:
   folder holding them (`pip install --no-deps --target DIR smg-grpc-servicer
   smg-grpc-proto grpcio-health-checking grpcio-reflection` with vLLM's pip:
   grpcio and protobuf come with vLLM).
+- `front`: fsched's front for vLLM's engine core (core/runners/vllm_front.py)
+  in place of vLLM's API server, all the requests on one connection, in its
+  lines.
 Printed per arm: tok/s, and CPU µs per token of the front-end process alone
 (the engine core is another process) and of the whole vLLM session.
 """
@@ -66,12 +69,13 @@ def free_port() -> int:
 
 
 class Server:
-    """One vLLM front end (`module`) on a loopback port, its session at nice 10."""
+    """One vLLM front end (what vLLM's python runs: `entry`) on a loopback port, its session at nice 10."""
 
-    def __init__(self, module: str, model: str, slots: int, extra: tuple[str, ...], log: Path, env: dict):
+    def __init__(self, entry: list[str], model: str, slots: int, extra: tuple[str, ...], log: Path,
+                 env: dict):
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, "--model", model, "--dtype", "float32", "--enforce-eager",
+            [sys.executable, *entry, "--model", model, "--dtype", "float32", "--enforce-eager",
              "--gpu-memory-utilization", "0.3", "--max-num-seqs", str(slots), "--port", str(self.port),
              "--host", "127.0.0.1", *extra],
             env={**os.environ, **env, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"},
@@ -128,9 +132,43 @@ async def grpc_stream(stub, pb, prompt: list[int], tokens: int, index: int) -> i
     return got
 
 
+async def front_load(port: int, prompts: list[list[int]], concurrency: int, tokens: int) -> int:
+    """Every request through the front on one connection, `concurrency` open at a time; the tokens got."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(json.dumps({"hello": 1}).encode() + b"\n")
+    await reader.readline()
+    sampling = {"max_tokens": tokens, "temperature": 0, "ignore_eos": True, "detokenize": False}
+    sent = 0
+
+    def add() -> None:
+        nonlocal sent
+        writer.write(json.dumps(["add", str(sent), {"token_ids": prompts[sent], "sampling_params": sampling}]
+                                ).encode() + b"\n")
+        sent += 1
+
+    for _ in range(min(concurrency, len(prompts))):
+        add()
+    got = done = 0
+    while done < len(prompts):
+        for rid, new, finish, _, error in json.loads(await reader.readline()):
+            if error is not None:
+                raise RuntimeError(f"request {rid}: {error}")
+            got += len(new)
+            if finish is not None:
+                done += 1
+                if sent < len(prompts):
+                    add()
+    writer.close()
+    return got
+
+
 async def load(arm: str, port: int, concurrency: int, requests: int, tokens: int) -> tuple[int, float]:
     prompts = [[1, 10 + i % 50, 20 + i % 37, 30 + i % 11] for i in range(requests)]
     queue = list(range(requests))
+    if arm == "front":
+        start = time.perf_counter()
+        total = await front_load(port, prompts, concurrency, tokens)
+        return total, time.perf_counter() - start
     if arm == "grpc":
         import grpc
         from smg_grpc_proto.generated import vllm_engine_pb2 as pb
@@ -176,8 +214,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--requests", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--arms", nargs="+", default=["completions", "tokens", "grpc"],
-                        choices=["completions", "tokens", "grpc"])
+    parser.add_argument("--arms", nargs="+", default=["completions", "tokens", "grpc", "front"],
+                        choices=["completions", "tokens", "grpc", "front"])
     parser.add_argument("--start-timeout", type=float, default=600, help="seconds vLLM may take to serve")
     args = parser.parse_args()
     vllm_python = os.environ.get("FSCHED_VLLM_PYTHON")
@@ -191,11 +229,12 @@ def main() -> None:
     print(f"vLLM's log: {log}", file=sys.stderr, flush=True)
     rows = []
     for arm in args.arms:
-        module = ("vllm.entrypoints.launchers.grpc_server" if arm == "grpc"
-                  else "vllm.entrypoints.openai.api_server")
+        entry = (["-m", "vllm.entrypoints.launchers.grpc_server"] if arm == "grpc"
+                 else [str(REPO / "core" / "runners" / "vllm_front.py")] if arm == "front"
+                 else ["-m", "vllm.entrypoints.openai.api_server"])
         extra = ("--tokens-only",) if arm == "tokens" else ()
         env = {"PYTHONPATH": overlay} if arm == "grpc" and overlay else {}
-        server = Server(module, model, args.concurrency, extra, log, env)
+        server = Server(entry, model, args.concurrency, extra, log, env)
         try:
             ready(arm, server.port, args.start_timeout)
             asyncio.run(load(arm, server.port, 4, 8, 8))  # warm-up

@@ -61,13 +61,16 @@ process's, /proc/stat); the TTFT p50 ratio; the CPU daemon and servers use
 idle (ms per second, over 2 s before the load).
 
 With `--vllm`, the token-interface arm follows (`--engine-apis`, default
-both): vLLM is started again with `--tokens-only` (its API server loads no
+all three): vLLM is started again with `--tokens-only` (its API server loads no
 tokenizer and detokenizes nothing) and fsched's daemon drives it with
-`--engine-api tokens`. Every vLLM row adds the CPU per token of vLLM's API
-server process alone (the engine core is another process), and the last
-table sets, per arm, fsched's CPU (serve + daemon) and the API server's
-beside the API server's alone in the direct arm of the same run, with the
-whole stack's ratio: (fsched + API server) / API server alone.
+`--engine-api tokens`; then the front's arm: vLLM's engine core behind
+fsched's own front (core/runners/vllm_front.py) instead of vLLM's API
+server, the daemon at `--engine front://...`. Every vLLM row adds the CPU
+per token of the engine's front end alone (vLLM's API server process, or
+the front; the engine core is another process), and the last table sets,
+per arm, fsched's CPU (serve + daemon) and the front end's beside vLLM's
+API server's alone in the direct arm of the same run, with the whole
+stack's ratio: (fsched + front end) / API server alone.
 
 Goal: tok/s >= 0.95x direct, TTFT p50 <= direct + 15 ms, p99 <= direct + 40 ms; under another tenant's
 full batch (`--loaded`), TTFT p50 <= the idle direct engine's + 40 ms, p99 + 100 ms. In front of vLLM:
@@ -391,15 +394,22 @@ class Vllm:
         import httpx
         from remote_engine import VllmServer, ensure_tiny_model  # torch and transformers: here only
 
+        from fsched.core.runners.front_link import FrontClient
+        from tests.support.vllm_server import VllmFront
+
         self.slots = slots
-        self.engine_api = engine_api  # how fsched's daemon drives it; "tokens": started --tokens-only
+        # How fsched's daemon drives it: "tokens": started --tokens-only; "front": fsched's front for
+        # vLLM's engine core instead of vLLM's API server (the engine core the same).
+        self.engine_api = engine_api
         self.folder = str(ensure_tiny_model())
         extra = ("--max-num-seqs", str(slots), *(("--tokens-only",) if engine_api == "tokens" else ()))
-        self.server = VllmServer(Path(self.folder), log, extra=extra, nice=nice)
+        server_class = VllmFront if engine_api == "front" else VllmServer
+        self.server = server_class(Path(self.folder), log, extra=extra, nice=nice)
         self.server.start()
         self.url = self.server.url
         try:
-            self.model = httpx.get(f"{self.url}/v1/models", timeout=10).json()["data"][0]["id"]
+            self.model = (FrontClient(self.url).info().model if engine_api == "front" else
+                          httpx.get(f"{self.url}/v1/models", timeout=10).json()["data"][0]["id"])
         except BaseException:
             self.server.stop()
             raise
@@ -415,7 +425,8 @@ class Vllm:
         return total
 
     def api_cpu_s(self) -> float:
-        """CPU seconds used so far by vLLM's API server process alone (not its engine core)."""
+        """CPU seconds used so far by vLLM's API server process alone (or fsched's front in its place),
+        not its engine core."""
         return cpu_s(self.server.proc.pid)
 
     def __enter__(self) -> Vllm:
@@ -642,7 +653,7 @@ def table_lines(rows: list[dict]) -> list[str]:
     for r in rows:
         d, f = r["direct"], r["fsched"]
         serve = sum(v for k, v in r["us_per_token"].items() if k.startswith("serve"))
-        api = " (tokens)" if r.get("engine_api") == "tokens" else ""
+        api = f" ({r['engine_api']})" if r.get("engine_api", "completions") != "completions" else ""
         out.append(f"| {r['backend']}{api} | {_servers(r)} | {'batch-filled' if r['loaded'] else 'idle'} | "
                    f"{_streams(r)} | {d['tok_s']:,.0f} | {f['tok_s']:,.0f} | {r['ratio']:.2f}x | "
                    f"{d['ttft_p50_ms']} → {f['ttft_p50_ms']} ms | "
@@ -699,13 +710,14 @@ def stage_lines(rows: list[dict]) -> list[str]:
     return out
 
 
-def token_interface_arm(args, directs: dict[str, dict[int, dict]]) -> list[dict]:
-    """fsched in front of vLLM started with --tokens-only, its daemon on the token interface; each backend
+def interface_arm(args, directs: dict[str, dict[int, dict]], api: str) -> list[dict]:
+    """fsched in front of vLLM over `api`: "tokens", vLLM started with --tokens-only, the daemon on its token
+    interface; "front", fsched's front for vLLM's engine core in place of vLLM's API server. Each backend
     against the direct arm measured on that backend's turn (vLLM alone, its OpenAI API, this run)."""
-    log = Path(tempfile.gettempdir()) / f"online_path-vllm-tokens-{os.getpid()}.log"
-    print(f"vLLM's log (--tokens-only): {log}", file=sys.stderr, flush=True)
+    log = Path(tempfile.gettempdir()) / f"online_path-vllm-{api}-{os.getpid()}.log"
+    print(f"vLLM's log ({api}): {log}", file=sys.stderr, flush=True)
     rows = []
-    with Vllm(max(args.concurrency), args.engine_nice, log, engine_api="tokens") as engine:
+    with Vllm(max(args.concurrency), args.engine_nice, log, engine_api=api) as engine:
         for backend in args.backends:
             for replicas in args.replicas:
                 rows += fsched_arm(engine, args, backend, replicas, directs[backend])
@@ -713,9 +725,10 @@ def token_interface_arm(args, directs: dict[str, dict[int, dict]]) -> list[dict]
 
 
 def stack_lines(rows: list[dict]) -> list[str]:
-    """CPU per streamed token: fsched (serve + daemon) and vLLM's API server, in each arm, beside vLLM's
-    API server alone (the direct arm); the stack's ratio is (fsched + API server) / API server alone."""
-    out = ["| backend | c | engine API | fsched µs/token (serve + daemon) | vLLM API server µs/token "
+    """CPU per streamed token: fsched (serve + daemon) and the engine's front end (vLLM's API server, or
+    fsched's front in its place), in each arm, beside vLLM's API server alone (the direct arm); the stack's
+    ratio is (fsched + front end) / API server alone."""
+    out = ["| backend | c | engine API | fsched µs/token (serve + daemon) | engine front end µs/token "
            "| vLLM API server alone µs/token | stack / vLLM alone | tok/s fsched / direct |",
            "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -779,9 +792,10 @@ def main() -> None:
                         help="vLLM's CPU build on the tiny model instead of the paced stand-in")
     parser.add_argument("--engine-nice", type=int, default=10,
                         help="--vllm: CPU nice of vLLM's session (0: none), as in bench/remote_engine.py")
-    parser.add_argument("--engine-apis", nargs="+", default=["completions", "tokens"],
-                        choices=["completions", "tokens"],
-                        help="--vllm: the daemon's engine interfaces measured (tokens: vLLM --tokens-only)")
+    parser.add_argument("--engine-apis", nargs="+", default=["completions", "tokens", "front"],
+                        choices=["completions", "tokens", "front"],
+                        help="--vllm: the daemon's engine interfaces measured (tokens: vLLM --tokens-only; "
+                             "front: fsched's front for vLLM's engine core)")
     parser.add_argument("--arrivals", choices=["closed", "poisson"], default="closed",
                         help="closed: `concurrency` clients, each sending its next request as its last "
                              "ends; poisson: an open loop at the rate that keeps `concurrency` open")
@@ -830,8 +844,9 @@ def measure(args) -> list[dict]:
                 for replicas in args.replicas:
                     if "completions" in args.engine_apis:
                         rows += fsched_arm(engine, args, backend, replicas, direct)
-        if "tokens" in args.engine_apis:
-            rows += token_interface_arm(args, directs)
+        for api in ("tokens", "front"):
+            if api in args.engine_apis:
+                rows += interface_arm(args, directs, api)
     else:
         engine_stamps = None
         if args.stamps is not None:
