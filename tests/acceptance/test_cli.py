@@ -129,7 +129,8 @@ def test_vllm_front_hands_its_process_to_vllms_python_with_vllms_arguments(tmp_p
     fake_python.write_text("#!/bin/sh\necho \"$$ $@\"\n")
     fake_python.chmod(0o755)
     proc = subprocess.Popen([FSCHED, "vllm-front", "--python", str(fake_python), "--port", "8311", "--",
-                             "--model", "/models/m", "--max-num-seqs", "7"], stdout=subprocess.PIPE, text=True)
+                             "--model", "/models/m", "--max-num-seqs", "7"],
+                            stdout=subprocess.PIPE, text=True)
     out, _ = proc.communicate(timeout=60)
     pid, script, *args = out.split()
     assert int(pid) == proc.pid  # the same process: a service manager's signals reach the front

@@ -5,7 +5,8 @@ deterministic stand-in (`--model standin:<ms>`): what is tested is the job
 table's protocol, and the stand-in's outputs are a pure function of each
 request, so "every request ends exactly once, with the right output" can be
 checked token for token. One test runs the real tiny model; one drives stand-in engine servers over
-their token interface (`--engine URL --engine-api tokens`), the daemons' own engines.
+their token interface (`--engine URL --engine-api tokens`), the daemons' own engines; one has two
+daemons share one engine core through fsched's vLLM front (`--engine front://...`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from fsched.core.runners.stopping import check_stop
 from fsched.storage.jobstore import SqlJobStore
 from tests.support.cli import invoke
 from tests.support.fake_engine import FakeEngine
+from tests.support.fake_front import FakeFront
 
 from .conftest import FSCHED
 
@@ -224,6 +226,45 @@ def test_a_killed_engine_daemons_requests_resume_on_another_over_the_token_inter
         store.db.dispose()
         for engine in engines:
             engine.stop()
+
+
+def test_daemons_sharing_one_front_a_killed_ones_requests_resume_through_it(cluster, tmp_path):
+    """Two daemons in front of one engine core through fsched's vLLM front (its server over a stand-in
+    engine core), each on its own connection: one is killed -9, the front aborts its requests in the
+    engine as its connection closes, and the other resumes them on the same front from the tokens
+    stored, exactly."""
+    path, expected = tmp_path / "jobs.jsonl", {}
+    with open(path, "w") as f:
+        for i in range(160):
+            prompt = f"engine request {i} about the sea"
+            f.write(json.dumps({"custom_id": f"e-{i}", "prompt": prompt, "max_tokens": 40, "seed": 1000 + i,
+                                "temperature": 0}) + "\n")
+            expected[f"e-{i}"] = standin_expected(prompt, 1000 + i, 40)
+    cluster.fsched("submit", str(path), "--tenant", "alice")
+    front = FakeFront(step_s=0.004)
+    store = SqlJobStore(cluster.url)
+    try:
+        victim, survivor = (cluster.start("--model", "standin", "--engine", front.url, "--max-batch", "16",
+                                          "-q") for _ in range(2))
+        victim_id = owner_of(store, victim.pid)
+        wait_until(lambda: held_by(store, victim_id) > 0, 30)
+        wait_until(lambda: sum(j.counts.num_done for j in store.list_jobs()) > 30, 60)
+        os.kill(victim.pid, signal.SIGKILL)
+        opened = [tuple(b["prompt"]) for b in front.bodies]
+        wait_until(lambda: front.aborted > 0, 10)  # the victim's requests, ended in the engine
+        wait_until(lambda: all(j.state.finished for j in store.list_jobs()), 120, step=0.2)
+        survivor.terminate()
+        assert survivor.wait(timeout=15) == 0, cluster.logs()
+        outputs = {r.custom_id: r.output_text for r in store.iter_results(1)}
+        assert outputs == expected  # nothing lost, nothing doubled, every resume exact
+        # Requests opened before the kill and again after it: the victim's, taken over by the survivor
+        # (from prompt + the tokens stored, or from the prompt where none were stored yet).
+        taken = [b for b in front.bodies[len(opened):]
+                 if any(tuple(b["prompt"][: len(p)]) == p for p in opened)]
+        assert taken and set(front.apis) == {"front"}
+    finally:
+        store.db.dispose()
+        front.stop()
 
 
 def test_weights_hold_across_three_daemons_and_realtime_waits_for_none(cluster, tmp_path):
