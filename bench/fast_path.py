@@ -99,15 +99,17 @@ def postgres_cpu_s() -> float:
 class Engine:
     """The paced stand-in engine in its own process."""
 
-    def __init__(self, slots: int, step_ms: float, stamps: Path | None = None):
+    def __init__(self, slots: int, step_ms: float, stamps: Path | None = None, front: bool = False):
         """`stamps`: a folder where the engine notes when each request a client tagged reached it
-        (core/stamps.py)."""
+        (core/stamps.py); `front`: its iterations also served through fsched's vLLM front (`front_url`)."""
         self.slots, self.step_ms = slots, step_ms
         env = {**os.environ, "FSCHED_STAMPS": str(stamps)} if stamps is not None else None
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.support.paced_engine", "--port", "0", "--slots", str(slots),
-             "--step-ms", str(step_ms)], cwd=REPO, stdout=subprocess.PIPE, text=True, env=env)
+             "--step-ms", str(step_ms), *(["--front-port", "0"] if front else [])],
+            cwd=REPO, stdout=subprocess.PIPE, text=True, env=env)
         self.url = self.proc.stdout.readline().strip()
+        self.front_url = self.proc.stdout.readline().strip() if front else None
 
     @property
     def pace(self) -> float:

@@ -4,6 +4,7 @@ the same client through `fsched serve` + `fsched daemon --engine URL`, in one ru
     .venv/bin/python bench/online_path.py [--concurrency 1 8 32 128 256] [--backends sqlite postgresql]
         [--replicas 1 2] [--workers N] [--loaded] [--no-link] [--profile DIR] [--stamps [DIR]]
         [--vllm [--engine-nice 10]] [--arrivals closed|poisson [--seed 0]] [--repeat N] [--client sdk|light]
+        [--paced-front]
 
 The engine is the paced stand-in (tests/support/paced_engine.py, its own
 process: `--slots` streams at once, one token each every `--step-ms`). The
@@ -38,6 +39,9 @@ streamed 1,396 tok/s before one table's arms and 1,718 before the other's).
 keep-alive connection a stream, no JSON decoded but the usage chunk): the SDK spends 220-265 µs of the
 client's CPU a chunk, so at 128 streams of a 20 ms engine (6,400 chunks a second) the one SDK process
 needs more than the machine's two cores and the load measures the client, with or without fsched.
+`--paced-front`: the daemon reads the paced engine through fsched's vLLM front (the engine serves
+its iterations through core/runners/vllm_front.py's server too, as vLLM's engine core behind
+`fsched vllm-front`); the direct client still streams over HTTP.
 `--no-link`: the daemons publish no link (servers read the table only): the
 path as it was. `--stamps`: each online request's stages timed (core/stamps.py: the client's
 send, request read, handler start, its group commit's transaction begun and ended, row stored, announced,
@@ -282,7 +286,9 @@ class Fsched:
         self.key = self._key("bench")
         model = engine.folder if isinstance(engine, Vllm) else "standin"
         api = ["--engine-api", engine.engine_api] if isinstance(engine, Vllm) else []
-        self.daemon = self.table.daemon("--model", model, "--engine", engine.url, "--max-batch",
+        # the paced engine through fsched's vLLM front, where the run asks for it (--paced-front)
+        url = engine.front_url or engine.url if isinstance(engine, Engine) else engine.url
+        self.daemon = self.table.daemon("--model", model, "--engine", url, "--max-batch",
                                         str(engine.slots), *api, *([] if link else ["--link", "off"]))
         self.procs.append(self.daemon)
         self.ports = [free_port() for _ in range(replicas)]
@@ -796,6 +802,10 @@ def main() -> None:
                         choices=["completions", "tokens", "front"],
                         help="--vllm: the daemon's engine interfaces measured (tokens: vLLM --tokens-only; "
                              "front: fsched's front for vLLM's engine core)")
+    parser.add_argument("--paced-front", action="store_true",
+                        help="the daemon drives the paced engine through fsched's vLLM front (the engine's "
+                             "iterations served by core/runners/vllm_front.py's server) instead of its HTTP "
+                             "API; the direct client still streams over HTTP")
     parser.add_argument("--arrivals", choices=["closed", "poisson"], default="closed",
                         help="closed: `concurrency` clients, each sending its next request as its last "
                              "ends; poisson: an open loop at the rate that keeps `concurrency` open")
@@ -852,7 +862,7 @@ def measure(args) -> list[dict]:
         if args.stamps is not None:
             engine_stamps = Path(args.stamps or tempfile.mkdtemp()) / f"direct-{os.getpid()}"
             engine_stamps.mkdir(parents=True, exist_ok=True)  # (a --repeat's turns: tags stay unique)
-        with Engine(args.slots, args.step_ms, engine_stamps) as engine:
+        with Engine(args.slots, args.step_ms, engine_stamps, front=args.paced_front) as engine:
             direct = direct_arm(engine, args, engine_stamps)
             for backend in args.backends:
                 for replicas in args.replicas:

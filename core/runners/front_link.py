@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 from fsched.core.runners.openai_http import EngineHTTPError, EngineInfo
 from fsched.core.runners.streams import READ_SIZE, Fault
 from fsched.core.runners.vllm_front import PROTOCOL, decode, encode
+from fsched.core.stamps import stamp
 
 SCHEME = "front"
 
@@ -178,6 +179,7 @@ class FrontStreams:
         self._open[stream.id] = stream
         self._send(encode(["add", stream.id, {"token_ids": body["token_ids"],
                                               "sampling_params": body["sampling_params"]}]))
+        stamp("sent", getattr(getattr(owner, "request", None), "job_id", 0))
         return stream
 
     def abort(self, stream: FrontStream) -> None:

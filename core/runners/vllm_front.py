@@ -161,6 +161,7 @@ class FrontServer:
         """Stop listening and drop every connection."""
         for task in self._tasks:
             task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:
             self._server.close()
         for conn in list(self._live):

@@ -103,3 +103,31 @@ def test_a_client_that_leaves_frees_its_slot():
         run = ideal_client.run(engine.url, [_body([2], 3, ignore_eos=True)], 1)
         assert engine.aborted == 1
     assert len(run.tokens[0]) == 3
+
+
+def test_through_the_front_its_iterations_hold_the_same_tokens_and_slots():
+    """With a front port the engine's iterations are served through fsched's vLLM front too: a daemon's
+    runner reads there the tokens the HTTP streams carry, and the requests wait for the same slots."""
+    from fsched.core.runners.front_link import FrontClient
+    from fsched.core.runners.remote import Codec, RemoteRunner
+    from fsched.core.runners.standin import STANDIN_EOS, standin_text
+    from fsched.core.runners.tokens_api import front_api
+    from fsched.core.sched.plan import Plan, PrefillChunk
+    from fsched.core.sched.request import Request
+    from fsched.core.types import SamplingParams
+
+    with PacedEngine(slots=3, step_s=0.002, front_port=0) as engine:
+        codec = Codec(standin_text, frozenset({STANDIN_EOS}), 8192)
+        runner = RemoteRunner(FrontClient(engine.front_url), codec, "m", api=front_api(codec.eos_token_ids))
+        requests = [Request.to_run(str(i), [9, i], SamplingParams(max_tokens=40, temperature=0, seed=3))
+                    for i in range(6)]
+        for r in requests:
+            runner.add(r)
+        runner.run(Plan(step=0, prefill=tuple(PrefillChunk(r.id, 0, 2, True) for r in requests)))
+        running, step = {r.id for r in requests}, 1
+        while running:
+            running -= set(runner.run(Plan(step=step, decode=tuple(sorted(running)))).finished)
+            step += 1
+        assert engine.max_running == 3
+        for r in requests:
+            assert r.output == expected_tokens([9, int(r.id)], 40, 3)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from fsched.core import stamps
 from fsched.core.runners.standin import STANDIN_EOS, standin_encode
+from fsched.core.runners.vllm_front import EngineRefused, FrontServer
 from tests.support.fake_engine import draw_seed, fake_token
 
 
@@ -60,6 +61,7 @@ class _Stream:
     out: list[int] = field(default_factory=list)  # a whole (not streamed) answer's tokens
     unsent: list[int] = field(default_factory=list)  # made, waiting for its interval's chunk
     gone: bool = False
+    key: str | None = None  # a request that came through the front (`front_port`): its key there
 
 
 class _Conn(asyncio.Protocol):
@@ -130,7 +132,8 @@ class PacedEngine:
     """The server, on its own thread and event loop; `close()` stops it."""
 
     def __init__(self, slots: int = 256, step_s: float = 0.02, port: int = 0, model: str = "paced-engine",
-                 context: int = 8192, vocab: int | None = None, eos: int = STANDIN_EOS):
+                 context: int = 8192, vocab: int | None = None, eos: int = STANDIN_EOS,
+                 front_port: int | None = None):
         self.slots, self.step_s, self.model = slots, step_s, model
         self.context, self.vocab, self.eos = context, vocab, eos
         self.running: list[_Stream] = []
@@ -143,6 +146,9 @@ class PacedEngine:
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._port = port
+        self._front_port = front_port
+        self._front: _PacedCore | None = None
+        self._front_server: FrontServer | None = None
         self._thread = threading.Thread(target=self._serve, name="paced-engine", daemon=True)
         self._thread.start()
         self._ready.wait(10)
@@ -150,6 +156,11 @@ class PacedEngine:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def front_url(self) -> str | None:
+        """fsched's vLLM front over this engine's iterations (given `front_port`), else None."""
+        return None if self._front_port is None else f"front://127.0.0.1:{self._front_port}"
 
     def __enter__(self) -> PacedEngine:
         return self
@@ -159,6 +170,8 @@ class PacedEngine:
 
     def close(self) -> None:
         if self._loop.is_running():
+            if self._front_server is not None:
+                asyncio.run_coroutine_threadsafe(self._front_server.stop(), self._loop).result(5)
             self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 
@@ -170,6 +183,11 @@ class PacedEngine:
         server = self._loop.run_until_complete(self._loop.create_server(
             lambda: _Conn(self), "127.0.0.1", self._port, backlog=4096))
         self._port = server.sockets[0].getsockname()[1]
+        if self._front_port is not None:
+            self._front = _PacedCore(self)
+            self._front_server = FrontServer(self._front)
+            self._front_port = self._loop.run_until_complete(self._front_server.start("127.0.0.1",
+                                                                                     self._front_port))
         self._loop.call_soon(self._tick, time.monotonic())
         self._ready.set()
         self._loop.run_forever()
@@ -251,6 +269,8 @@ class PacedEngine:
                 running.append(s)
         self.running = running
         self.max_running = max(self.max_running, len(running))
+        if self._front is not None and self._front.made:
+            self._front.iteration()
         now = time.monotonic()
         due += self.step_s
         if due < now - self.step_s:
@@ -270,7 +290,10 @@ class PacedEngine:
         ended = token in s.stops
         done = ended or s.n >= s.max_tokens
         finish = (b'"stop"' if ended else b'"length"') if done else b"null"
-        if not s.streamed:
+        if s.key is not None:
+            end = ("stop" if ended else "length") if done else None
+            self._front.made.append((s.key, [token], end, None, None))
+        elif not s.streamed:
             s.out.append(token)
         else:
             s.unsent.append(token)
@@ -282,6 +305,9 @@ class PacedEngine:
         return not done
 
     def _end(self, s: _Stream, finish: bytes) -> None:
+        if s.key is not None:
+            self._front.ended(s.key)
+            return
         s.conn.stream = None
         usage = {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.n,
                  "total_tokens": s.prompt_tokens + s.n}
@@ -308,16 +334,70 @@ class PacedEngine:
         return {**base, "choices": [choice], "usage": usage}
 
 
+class _PacedCore:
+    """The engine's iterations as fsched's vLLM front's `Core` (core/runners/vllm_front.py): a request
+    added there waits and runs in the same slots as the HTTP ones, and each iteration's tokens for the
+    front's requests go to it at once, as vLLM's engine core sends an iteration's outputs."""
+
+    def __init__(self, engine: PacedEngine):
+        self.engine = engine
+        self.made: list = []  # this iteration's news
+        self.by_key: dict[str, _Stream] = {}
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def info(self) -> dict:
+        e = self.engine
+        return {"model": e.model, "max_model_len": e.context, "max_num_seqs": e.slots,
+                "kv_tokens": 16 << 20, "engine": "paced stand-in"}
+
+    async def add(self, key: str, token_ids: list[int], sampling: dict) -> None:
+        e = self.engine
+        max_tokens = int(sampling.get("max_tokens") or 16)
+        if len(token_ids) + max_tokens > e.context:
+            raise EngineRefused(f"This model's maximum context length is {e.context} tokens. However, you "
+                                f"requested {len(token_ids) + max_tokens} tokens.")
+        stops = frozenset(sampling.get("stop_token_ids") or ()) | (
+            frozenset() if sampling.get("ignore_eos") else frozenset({e.eos}))
+        s = _Stream(None, list(token_ids), max_tokens, sampling.get("seed"),  # type: ignore[arg-type]
+                    float(sampling.get("temperature", 1.0)) == 0, stops, int(sampling.get("min_tokens") or 0),
+                    False, True, b"", prompt_tokens=len(token_ids), key=key)
+        e.requests += 1
+        self.by_key[key] = s
+        e.waiting.append(s)
+
+    async def abort(self, keys: list[str]) -> None:
+        for key in keys:
+            if (s := self.by_key.pop(key, None)) is not None:
+                s.gone = True
+                self.engine.aborted += 1
+
+    def ended(self, key: str) -> None:
+        self.by_key.pop(key, None)
+
+    def iteration(self) -> None:
+        self.queue.put_nowait(self.made)
+        self.made = []
+
+    async def news(self) -> list:
+        return await self.queue.get()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8012)
+    parser.add_argument("--front-port", type=int, default=None,
+                        help="also serve the engine's iterations to fsched daemons through fsched's vLLM "
+                             "front on this port (0: any free one; its front:// URL is printed second)")
     parser.add_argument("--slots", type=int, default=256)
     parser.add_argument("--step-ms", type=float, default=20.0)
     parser.add_argument("--context", type=int, default=8192)
     parser.add_argument("--vocab", type=int, default=None)
     args = parser.parse_args()
-    engine = PacedEngine(args.slots, args.step_ms / 1000, args.port, context=args.context, vocab=args.vocab)
+    engine = PacedEngine(args.slots, args.step_ms / 1000, args.port, context=args.context, vocab=args.vocab,
+                         front_port=args.front_port)
     print(engine.url, flush=True)
+    if engine.front_url is not None:
+        print(engine.front_url, flush=True)
     engine.wait()
 
 
