@@ -42,6 +42,10 @@ from typing import Any, Protocol
 
 PROTOCOL = 1
 TESTED_VLLM = "0.32"
+# A daemon that has not read this much of its news (stopped, or stuck) is dropped: its requests are
+# aborted in the engine and it resumes them from its table once it reads again (its connection gone).
+MAX_UNREAD = 64 << 20
+MAX_LINE = 64 << 20  # a line from a daemon at most (a prompt of a million tokens is about 7 MB)
 log = logging.getLogger("fsched.vllm_front")
 
 # One iteration's news for one request: (id, new token ids, finish reason, logprobs object, error).
@@ -93,6 +97,7 @@ class _Conn(asyncio.Protocol):
         self.greeted = False
         self.keys: dict[str, str] = {}  # the daemon's id -> the engine's key
         self.closed = False
+        self.failed = False  # told why it is closed: what it sends from then on is not read
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -102,15 +107,21 @@ class _Conn(asyncio.Protocol):
         self.front.gone(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.failed:
+            return
         self.buf += data
         if b"\n" not in data:
+            if len(self.buf) > MAX_LINE:
+                self.fail(f"a line over {MAX_LINE} bytes")
             return
         *lines, self.buf = self.buf.split(b"\n")
         for line in lines:
             try:
                 message = decode(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 self.fail("a line that is not JSON")
+                return
+            if self.failed:
                 return
             if not self.greeted:
                 self.hello(message)
@@ -127,17 +138,21 @@ class _Conn(asyncio.Protocol):
         self.greeted = True
         self.transport.write(encode({"protocol": PROTOCOL, **self.front.core.info()}))
 
-    def fail(self, error: str) -> None:
-        if self.transport is not None and not self.closed:
+    def fail(self, error: str, drop: bool = False) -> None:
+        """Say why and close the connection (`drop`: at once, what is unsent lost: a daemon that does not
+        read would hold it open)."""
+        if self.transport is not None and not self.closed and not self.failed:
+            self.failed = True
             self.transport.write(encode({"error": error}))
-            self.transport.close()
+            (self.transport.abort if drop else self.transport.close)()
 
 
 class FrontServer:
     """Serves one `Core` to any number of daemons on `host:port`."""
 
-    def __init__(self, core: Core):
+    def __init__(self, core: Core, max_unread: int = MAX_UNREAD):
         self.core = core
+        self.max_unread = max_unread
         self.commands: asyncio.Queue = asyncio.Queue()
         self._requests: dict[str, _Request] = {}  # by engine key
         self._conns = 0
@@ -254,6 +269,10 @@ class FrontServer:
             for conn, entries in lines.items():
                 if not conn.closed:
                     conn.transport.write(encode(entries))
+                    if conn.transport.get_write_buffer_size() > self.max_unread:
+                        log.warning("a daemon left over %d bytes of its news unread: dropped",
+                                    self.max_unread)
+                        conn.fail("news left unread past the front's bound", drop=True)
 
 
 def _request_body(body: Any) -> tuple[list[int], dict]:

@@ -169,3 +169,56 @@ def test_a_line_that_is_not_the_protocol_closes_the_connection_with_its_reason(f
     assert client.line() == {"error": "a line that is not JSON"}
     with pytest.raises(EOFError):
         client.line()
+
+
+def test_a_daemon_that_stops_reading_is_dropped_and_its_requests_aborted(front):
+    """News a connection leaves unread past the front's bound (a daemon stopped or stuck) does not pile
+    up in the front: the connection is dropped and its requests are aborted in the engine."""
+    front._server.max_unread = 4096
+    front.step_s = 0.0  # iterations as fast as the loop goes: the kernel's socket buffers fill in moments
+    client = Client(front)
+    client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    for i in range(64):  # some 13 MB of news in all: more than the kernel's socket buffers hold
+        add(client, str(i), [4, 5], max_tokens=8000, ignore_eos=True)
+    deadline = time.time() + 20
+    while front.aborted < 64 and time.time() < deadline:
+        time.sleep(0.05)
+    assert front.aborted == 64
+    other = Client(front)  # the front serves on
+    add(other, "ok", [1, 2], max_tokens=3)
+    assert other.until_done({"ok"})["ok"][-1][2] == "length"
+
+
+def test_a_line_without_an_end_past_the_bound_closes_the_connection(front, monkeypatch):
+    from fsched.core.runners import vllm_front
+
+    monkeypatch.setattr(vllm_front, "MAX_LINE", 1 << 16)
+    client = Client(front)
+    client.sock.sendall(b"[" * (1 << 17))
+    assert client.line() == {"error": f"a line over {1 << 16} bytes"}
+
+
+def test_an_engine_that_fails_ends_the_front():
+    """The engine core's failure is the front's: `wait` raises it (the program ends, the daemons see
+    their connections close and wait for the engine to come back)."""
+    import asyncio
+
+    from fsched.core.runners.vllm_front import FrontServer
+
+    class DeadCore:
+        def info(self) -> dict:
+            return {}
+
+        async def news(self):
+            raise RuntimeError("the engine core died")
+
+    async def main() -> None:
+        server = FrontServer(DeadCore())
+        await server.start("127.0.0.1", 0)
+        try:
+            with pytest.raises(RuntimeError, match="the engine core died"):
+                await asyncio.wait_for(server.wait(), 5)
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
