@@ -109,19 +109,14 @@ def connect_remote_engine(url: str, model: str | None, api: str = "auto", *, bat
                           ) -> RemoteEngine:
     """A runner over the engine at `url` (a batch request's tokens asked for `batch_stream_interval` a
     chunk); raises ValueError when it cannot be reached or used."""
+    front = is_front_url(url)
+    if front and api not in ("auto", "front"):
+        raise ValueError(f"{url} is fsched's vLLM front: its engine API is front, not {api}")
     try:
-        if is_front_url(url):
-            if api not in ("auto", "front"):
-                raise ValueError(f"{url} is fsched's vLLM front: its engine API is front, not {api}")
-            client = FrontClient(url)
-            info = client.info()
-            name, codec = codec_for(model)
-            chosen = front_api(codec.eos_token_ids)
-        else:
-            client = EngineClient(url)
-            info = client.info()
-            name, codec = codec_for(model)
-            chosen = engine_api(client, api, codec)
+        client = FrontClient(url) if front else EngineClient(url)
+        info = client.info()
+        name, codec = codec_for(model)
+        chosen = front_api(codec.eos_token_ids) if front else engine_api(client, api, codec)
     except EngineHTTPError as exc:
         raise ValueError(str(exc)) from None
     context = min(codec.context_length, info.max_model_len or codec.context_length)

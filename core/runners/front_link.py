@@ -21,7 +21,6 @@ for a request (the engine refused or failed it) ends that stream with
 
 from __future__ import annotations
 
-import errno
 import select
 import socket
 import time
@@ -252,9 +251,8 @@ class FrontStreams:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            if exc.errno not in (errno.ECONNRESET, errno.EPIPE):
-                raise
-            data = b""
+            self._lost(news, f"the connection to {self.client.url} failed: {exc}")
+            return
         if not data:
             self._lost(news, f"{self.client.url} closed the connection"
                              + (f": {self._front_error}" if self._front_error else ""))
@@ -267,7 +265,11 @@ class FrontStreams:
         *lines, self._buf = buf.split(b"\n")
         streams = self._open
         for line in lines:
-            entries = decode(line)
+            try:
+                entries = decode(line)
+            except ValueError:
+                self._lost(news, f"{self.client.url} sent a line that is not the front's: {line[:80]!r}")
+                return
             if isinstance(entries, dict):  # the front's own error: it closes the connection next
                 self._front_error = str(entries.get("error"))
                 continue

@@ -435,8 +435,9 @@ class RemoteRunner(Runner):
         if streams.woken:
             return  # the daemon claims first; what else arrived is read at the next step
         arrived = [requests[rid] for rid in producing if rid not in missing]
-        if self.gather_s and arrived and not streams.whole_iterations and not any(map(_first_token_waits,
-                                                                                      arrived)):
+        # (streams that bring a whole iteration at a time have nothing more of it to gather)
+        gathers = self.gather_s and arrived and not streams.whole_iterations
+        if gathers and not any(map(_first_token_waits, arrived)):
             self._gather({rid for rid in missing if requests[rid].flowing}, len(arrived))
 
     def _gather(self, awaited: set[RequestId], arrived: int) -> None:

@@ -103,8 +103,10 @@ def test_outputs_equal_the_builtin_runner_even_with_preemptions(fs, tmp_path, fa
     _, err = d.communicate(timeout=180)
     assert d.returncode == 0, err.decode()
     assert outputs(fs) == expected
-    # At most the batch in flight (plus one aborted stream the engine has not yet seen go).
-    assert fake.max_in_flight <= 4 + 1
+    # At most the batch in flight, plus the preempted streams the engine has not yet seen go: one step
+    # may preempt several (ten realtime requests arrive at once), and on a loaded machine the engine's
+    # threads may see their clients leave only after the resumed streams have come in (CI saw 6).
+    assert fake.max_in_flight <= 2 * 4
     assert resumed(fake, 50) > 0  # preempted requests resumed from prompt + generated
     assert set(fake.apis) == {api}
     # By default a batch request's stream asks for 8 tokens a chunk, a realtime one for single tokens
