@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -347,6 +348,10 @@ class VllmCore:
     async def abort(self, keys: list[str]) -> None:
         await self.llm.engine_core.abort_requests_async(keys)
 
+    def shutdown(self) -> None:
+        if self.llm is not None:
+            self.llm.shutdown()
+
     async def news(self) -> list[News]:
         outputs = await self.llm.engine_core.get_output_async()
         out = []
@@ -387,13 +392,34 @@ def main(argv: list[str] | None = None) -> None:
 
     async def serve() -> None:
         core = VllmCore(AsyncEngineArgs.from_cli_args(args))
-        await core.start()
-        front = FrontServer(core)
-        port = await front.start(args.host, args.port)
-        print(f"fsched's vLLM front serves {core.info()['model']} on front://{args.host}:{port}", flush=True)
-        await front.wait()
+        try:
+            await core.start()
+            front = FrontServer(core)
+            port = await front.start(args.host, args.port)
+            print(f"fsched's vLLM front serves {core.info()['model']} on front://{args.host}:{port}",
+                  flush=True)
+            await until_stopped(front)
+        finally:
+            core.shutdown()  # the engine core's processes end with the front's
 
     asyncio.run(serve())
+
+
+async def until_stopped(front: FrontServer) -> None:
+    """Serve until SIGTERM or SIGINT (then stop serving) or until the engine fails (its error raised)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    failed, stopped = asyncio.ensure_future(front.wait()), asyncio.ensure_future(stop.wait())
+    await asyncio.wait({failed, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if failed.done():
+        await front.stop()
+        failed.result()
+    else:
+        failed.cancel()
+        await front.stop()
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ alone. The daemon's side is tests/integration/test_remote_runner.py's.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -222,3 +224,43 @@ def test_an_engine_that_fails_ends_the_front():
             await server.stop()
 
     asyncio.run(main())
+
+
+def test_sigterm_stops_the_front_and_lets_it_shut_its_engine_down(tmp_path):
+    """`until_stopped` (what the front's program serves under) returns on SIGTERM, so the program goes on
+    to shut its engine core down (vLLM's processes would otherwise outlive it)."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "front.py"
+    script.write_text(
+        "import asyncio\n"
+        "from fsched.core.runners.vllm_front import FrontServer, until_stopped\n"
+        "from tests.integration.test_vllm_front import IdleCore\n"
+        "async def main():\n"
+        "    front = FrontServer(IdleCore())\n"
+        "    print(await front.start('127.0.0.1', 0), flush=True)\n"
+        "    await until_stopped(front)\n"
+        "    print('engine shut down', flush=True)\n"
+        "asyncio.run(main())\n")
+    repo = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=repo,
+                            env={**os.environ, "PYTHONPATH": repo})
+    port = int(proc.stdout.readline())
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()  # serving
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and out.strip() == "engine shut down"
+
+
+class IdleCore:
+    """An engine with nothing to say."""
+
+    def info(self) -> dict:
+        return {}
+
+    async def news(self):
+        import asyncio
+
+        await asyncio.Event().wait()
