@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from fsched.core.runners.openai_http import EngineHTTPError, EngineInfo
-from fsched.core.runners.streams import READ_SIZE, Fault
+from fsched.core.runners.streams import READ_SIZE, Fault, Poller, WakeWaits, take_arrived
 from fsched.core.runners.vllm_front import PROTOCOL, decode, encode
 from fsched.core.stamps import stamp
 
@@ -54,12 +54,7 @@ class FrontStream:
     ended: bool = False
     closed: bool = False
 
-    def take(self) -> tuple[list[int], list[tuple[dict, int]]]:
-        tokens, logprobs = self.tokens, self.logprobs
-        self.tokens = []
-        if logprobs:
-            self.logprobs = []
-        return tokens, logprobs
+    take = take_arrived
 
     def fail(self, error: str, fault: Fault) -> None:
         self.error, self.fault, self.ended = error, fault, True
@@ -125,7 +120,7 @@ class FrontClient:
         return FrontStreams(self)
 
 
-class FrontStreams:
+class FrontStreams(WakeWaits):
     """Every stream of one reader on one connection to the front."""
 
     whole_iterations = True  # a poll that finds news has the engine iteration's news for every stream
@@ -133,32 +128,17 @@ class FrontStreams:
     def __init__(self, client: FrontClient):
         self.client = client
         self._sock: socket.socket | None = None
-        self._poller: select.poll | None = None
+        self._poller: Poller | None = None
         self._open: dict[str, FrontStream] = {}
         self._out = b""  # to send, not sent yet
         self._buf = b""  # received, not a whole line yet
         self._ids = 0
         self._last_read = 0.0
-        self._wake_fd: int | None = None
-        self._wake_poller: select.poll | None = None
         self._front_error: str | None = None
-        self.woken = False
 
-    def wake_on(self, fd: int) -> None:
-        self._wake_fd = fd
-        self._wake_poller = select.poll()
-        self._wake_poller.register(fd, select.POLLIN)
-        if self._poller is not None:
+    def _watch_wake(self, fd: int) -> None:
+        if self._poller is not None:  # else registered when the connection is made
             self._poller.register(fd, select.POLLIN)
-
-    def pause(self, timeout: float) -> bool:
-        if self._wake_poller is None:
-            time.sleep(timeout)
-            return False
-        if not self._wake_poller.poll(max(0.0, timeout) * 1000):
-            return False
-        self.woken = True
-        return True
 
     def __len__(self) -> int:
         return len(self._open)
@@ -199,12 +179,12 @@ class FrontStreams:
         self.woken = False
         if self._poller is None:
             if self._wake_poller is not None:
-                self.woken = bool(self._wake_poller.poll(max(0.0, timeout) * 1000))
+                self.woken = bool(self._wake_poller.poll(max(0.0, timeout)))
             elif timeout > 0:
                 time.sleep(timeout)
             return []
         news: list[FrontStream] = []
-        for fd, mask in self._poller.poll(max(0.0, timeout) * 1000):
+        for fd, mask in self._poller.poll(max(0.0, timeout)):
             if fd == self._wake_fd:
                 self.woken = True
             elif mask & select.POLLOUT and self._out:
@@ -224,7 +204,7 @@ class FrontStreams:
         sock.setblocking(False)
         self._sock, self._buf, self._out, self._front_error = sock, rest, b"", None
         self._last_read = time.monotonic()
-        self._poller = select.poll()
+        self._poller = Poller()
         self._poller.register(sock.fileno(), select.POLLIN)
         if self._wake_fd is not None:
             self._poller.register(self._wake_fd, select.POLLIN)

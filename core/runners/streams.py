@@ -55,6 +55,16 @@ class Fault(enum.StrEnum):
     REFUSED = "refused"
 
 
+def take_arrived(stream) -> tuple[list[int], list[tuple[dict, int]]]:
+    """The tokens (and logprobs objects) that arrived on a stream since the last take (a method of the
+    streams of both readers: `Stream` here, the front's in core/runners/front_link.py)."""
+    tokens, logprobs = stream.tokens, stream.logprobs
+    stream.tokens = []
+    if logprobs:
+        stream.logprobs = []
+    return tokens, logprobs
+
+
 @dataclass(slots=True, eq=False)
 class Stream:
     """One streamed completion: what arrived and was not taken yet, and how it ended."""
@@ -82,42 +92,28 @@ class Stream:
     reused: bool = False  # sent on a connection kept from an earlier stream, nothing read back yet
     payload: bytes = b""  # the whole request (sent again on a new connection if a kept one was dead)
 
-    def take(self) -> tuple[list[int], list[tuple[dict, int]]]:
-        """The tokens (and logprobs objects) that arrived since the last take."""
-        tokens, logprobs = self.tokens, self.logprobs
-        self.tokens = []
-        if logprobs:
-            self.logprobs = []
-        return tokens, logprobs
+    take = take_arrived
 
 
-class Streams:
-    """An engine's open streams, multiplexed on one selector."""
+class WakeWaits:
+    """The daemon's wake descriptor in a reader of an engine's tokens (`Streams` here, the front's streams in
+    core/runners/front_link.py): readable, it ends a poll's wait (`woken` then says so) or a `pause`."""
 
-    whole_iterations = False  # each stream's events come on their own: an iteration's arrive over a while
-
-    def __init__(self, host: str, port: int, path: str, connect_timeout_s: float = 5.0,
-                 read_timeout_s: float = 600.0):
-        self.host, self.port, self.path = host, port, path
-        self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
-        self._poller = _Poller()
-        self._open: dict[int, Stream] = {}  # by socket descriptor
-        self._draining: dict[int, Stream] = {}  # ended whole but for the answer's last chunk
-        self._idle: list[tuple[socket.socket, float]] = []  # kept connections, when each fell idle
-        self.connections_reused = 0  # answers read on a kept connection
-        self._next_deadline_check = 0.0
-        self._address: tuple | None = None
-        self._wake_fd: int | None = None
-        self._wake_poller: _Poller | None = None  # the wake descriptor alone (`pause`)
-        self.woken = False  # the wake descriptor was readable at the last poll (or pause)
+    _wake_fd: int | None = None
+    _wake_poller: Poller | None = None  # the wake descriptor alone (`pause`)
+    woken = False  # the wake descriptor was readable at the last poll (or pause)
 
     def wake_on(self, fd: int) -> None:
         """A descriptor that ends a poll's wait when it becomes readable (its owner drains it):
         the caller has something better to do than wait for tokens."""
         self._wake_fd = fd
-        self._poller.register(fd, select.POLLIN)
-        self._wake_poller = _Poller()
+        self._wake_poller = Poller()
         self._wake_poller.register(fd, select.POLLIN)
+        self._watch_wake(fd)
+
+    def _watch_wake(self, fd: int) -> None:
+        """Have the reader's own poll watch the wake descriptor too."""
+        raise NotImplementedError
 
     def pause(self, timeout: float) -> bool:
         """Wait `timeout` s without reading the streams (what they send waits for the next `poll`),
@@ -129,6 +125,27 @@ class Streams:
             return False
         self.woken = True
         return True
+
+
+class Streams(WakeWaits):
+    """An engine's open streams, multiplexed on one selector."""
+
+    whole_iterations = False  # each stream's events come on their own: an iteration's arrive over a while
+
+    def __init__(self, host: str, port: int, path: str, connect_timeout_s: float = 5.0,
+                 read_timeout_s: float = 600.0):
+        self.host, self.port, self.path = host, port, path
+        self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
+        self._poller = Poller()
+        self._open: dict[int, Stream] = {}  # by socket descriptor
+        self._draining: dict[int, Stream] = {}  # ended whole but for the answer's last chunk
+        self._idle: list[tuple[socket.socket, float]] = []  # kept connections, when each fell idle
+        self.connections_reused = 0  # answers read on a kept connection
+        self._next_deadline_check = 0.0
+        self._address: tuple | None = None
+
+    def _watch_wake(self, fd: int) -> None:
+        self._poller.register(fd, select.POLLIN)
 
     def __len__(self) -> int:
         return len(self._open)
@@ -365,7 +382,7 @@ class Streams:
         self.abort(stream)
 
 
-class _Poller:
+class Poller:
     """The descriptors' readiness: epoll where there is one (Linux), else poll; timeouts in seconds.
     Used directly, not through `selectors`, whose objects per ready descriptor cost a token's worth."""
 

@@ -191,17 +191,24 @@ def test_three_daemons_kill_and_pause_every_request_ends_once(cluster, tmp_path)
     store.db.dispose()
 
 
-def test_a_killed_engine_daemons_requests_resume_on_another_over_the_token_interface(cluster, tmp_path):
-    """Two daemons, each in front of its own engine over the token interface: one is killed -9; the
-    other takes its requests over when their leases expire and resumes each on its own engine from the
-    tokens stored, exactly (greedy: the stand-in engine's tokens are the stand-in's)."""
-    path, expected = tmp_path / "jobs.jsonl", {}
+def engine_jobs(path) -> dict[str, str]:
+    """160 greedy requests of 40 tokens written to `path`; each one's text, by custom id."""
+    expected = {}
     with open(path, "w") as f:
         for i in range(160):
             prompt = f"engine request {i} about the sea"
             f.write(json.dumps({"custom_id": f"e-{i}", "prompt": prompt, "max_tokens": 40, "seed": 1000 + i,
                                 "temperature": 0}) + "\n")
             expected[f"e-{i}"] = standin_expected(prompt, 1000 + i, 40)
+    return expected
+
+
+def test_a_killed_engine_daemons_requests_resume_on_another_over_the_token_interface(cluster, tmp_path):
+    """Two daemons, each in front of its own engine over the token interface: one is killed -9; the
+    other takes its requests over when their leases expire and resumes each on its own engine from the
+    tokens stored, exactly (greedy: the stand-in engine's tokens are the stand-in's)."""
+    path = tmp_path / "jobs.jsonl"
+    expected = engine_jobs(path)
     cluster.fsched("submit", str(path), "--tenant", "alice")
     engines = [FakeEngine(step_s=0.004) for _ in range(2)]
     store = SqlJobStore(cluster.url)
@@ -233,13 +240,8 @@ def test_daemons_sharing_one_front_a_killed_ones_requests_resume_through_it(clus
     engine core), each on its own connection: one is killed -9, the front aborts its requests in the
     engine as its connection closes, and the other resumes them on the same front from the tokens
     stored, exactly."""
-    path, expected = tmp_path / "jobs.jsonl", {}
-    with open(path, "w") as f:
-        for i in range(160):
-            prompt = f"engine request {i} about the sea"
-            f.write(json.dumps({"custom_id": f"e-{i}", "prompt": prompt, "max_tokens": 40, "seed": 1000 + i,
-                                "temperature": 0}) + "\n")
-            expected[f"e-{i}"] = standin_expected(prompt, 1000 + i, 40)
+    path = tmp_path / "jobs.jsonl"
+    expected = engine_jobs(path)
     cluster.fsched("submit", str(path), "--tenant", "alice")
     front = FakeFront(step_s=0.004)
     store = SqlJobStore(cluster.url)
