@@ -391,6 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     async def serve() -> None:
+        stop = stop_on_signals()  # from the start: a SIGTERM while the engine starts stops it too
         core = VllmCore(AsyncEngineArgs.from_cli_args(args))
         try:
             await core.start()
@@ -398,19 +399,24 @@ def main(argv: list[str] | None = None) -> None:
             port = await front.start(args.host, args.port)
             print(f"fsched's vLLM front serves {core.info()['model']} on front://{args.host}:{port}",
                   flush=True)
-            await until_stopped(front)
+            await until_stopped(front, stop)
         finally:
             core.shutdown()  # the engine core's processes end with the front's
 
     asyncio.run(serve())
 
 
-async def until_stopped(front: FrontServer) -> None:
-    """Serve until SIGTERM or SIGINT (then stop serving) or until the engine fails (its error raised)."""
+def stop_on_signals() -> asyncio.Event:
+    """An event SIGTERM and SIGINT set from now on (in the running loop), instead of ending the process."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def until_stopped(front: FrontServer, stop: asyncio.Event) -> None:
+    """Serve until `stop` is set (then stop serving) or until the engine fails (its error raised)."""
     failed, stopped = asyncio.ensure_future(front.wait()), asyncio.ensure_future(stop.wait())
     await asyncio.wait({failed, stopped}, return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()

@@ -397,19 +397,30 @@ def storable(text: str) -> bool:
 
 
 def check_accepted(parsed: Parsed, data: bytes) -> None:
-    """One request per non-blank line, each what plain json.loads reads in that line."""
+    """A non-blank line's requests, one a choice (a completions line's prompts, an array of strings or
+    one string, times its `n`), each what plain json.loads reads in that line; one custom id a line."""
     lines = [line for line in physical_lines(data) if not is_blank(line)]
-    assert len(parsed) == len(lines), "a line was dropped or split"
-    assert len({r.custom_id for r in parsed}) == len(parsed)
-    for raw, spec in zip(lines, parsed, strict=True):
+    specs = list(parsed)
+    ids = []
+    for raw in lines:
         obj = json.loads(raw.decode("utf-8"))
         body = obj["body"] if "body" in obj else obj  # an accepted line has a body in the OpenAI form only
-        check_spec(spec, obj, body)
+        prompts = body["prompt"] if isinstance(body.get("prompt"), list) else [body.get("prompt")]
+        n = body.get("n") or 1
+        mine, specs = specs[: len(prompts) * n], specs[len(prompts) * n :]
+        assert len(mine) == len(prompts) * n, "a line was dropped or split"
+        assert [spec.choice for spec in mine] == list(range(len(prompts) * n))
+        for spec in mine:
+            check_spec(spec, obj, body, prompts[spec.choice // n])
+        assert len({spec.custom_id for spec in mine}) == 1
+        ids.append(mine[0].custom_id)
+    assert not specs, "a line was dropped or split"
+    assert len(set(ids)) == len(ids)
 
 
-def check_spec(spec: RequestSpec, obj: dict, body: dict) -> None:
+def check_spec(spec: RequestSpec, obj: dict, body: dict, prompt: str | None = None) -> None:
     if "prompt" in body:
-        assert spec.prompt == body["prompt"] and not spec.messages
+        assert spec.prompt == prompt and not spec.messages
     else:
         assert spec.prompt is None
         assert [m.role for m in spec.messages] == [m["role"] for m in body["messages"]]

@@ -228,7 +228,8 @@ def test_an_engine_that_fails_ends_the_front():
 
 def test_sigterm_stops_the_front_and_lets_it_shut_its_engine_down(tmp_path):
     """`until_stopped` (what the front's program serves under) returns on SIGTERM, so the program goes on
-    to shut its engine core down (vLLM's processes would otherwise outlive it)."""
+    to shut its engine core down (vLLM's processes would otherwise outlive it); the signal is caught from
+    before the front announces its port."""
     import signal
     import subprocess
     import sys
@@ -236,12 +237,13 @@ def test_sigterm_stops_the_front_and_lets_it_shut_its_engine_down(tmp_path):
     script = tmp_path / "front.py"
     script.write_text(
         "import asyncio\n"
-        "from fsched.core.runners.vllm_front import FrontServer, until_stopped\n"
+        "from fsched.core.runners.vllm_front import FrontServer, stop_on_signals, until_stopped\n"
         "from tests.integration.test_vllm_front import IdleCore\n"
         "async def main():\n"
+        "    stop = stop_on_signals()\n"
         "    front = FrontServer(IdleCore())\n"
         "    print(await front.start('127.0.0.1', 0), flush=True)\n"
-        "    await until_stopped(front)\n"
+        "    await until_stopped(front, stop)\n"
         "    print('engine shut down', flush=True)\n"
         "asyncio.run(main())\n")
     repo = str(Path(__file__).resolve().parents[2])
