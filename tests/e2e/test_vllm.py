@@ -11,10 +11,11 @@ fsched must equal one-at-a-time `generate` in transformers, token for token:
 Each model starts vLLM once (and restarts it once) and generates the reference one
 request at a time (`scripts/test_vllm.sh`, these and the other end-to-end tests: 6 min 0 s
 on a quick 2-core machine; on a slower one 10 min 42 s with its host busy, 6 min 17 s
-later, and 12 min 42 s with the front's case added). The tiny Llama runs once more over vLLM's token interface: vLLM started with
-`--tokens-only` (no tokenizer, no detokenizing), the daemon with `--engine-api tokens`;
-and once over fsched's front for vLLM's engine core (core/runners/vllm_front.py) in
-place of vLLM's API server, the daemon at `--engine front://...`.
+later, and 12 min 42 s with the front's case added). The tiny Llama runs once more over
+vLLM's token interface: vLLM started with `--tokens-only` (no tokenizer, no detokenizing),
+the daemon with `--engine-api tokens`; and once over fsched's front for vLLM's engine core
+(core/runners/vllm_front.py) in place of vLLM's API server, the daemon at
+`--engine front://...`.
 """
 
 from __future__ import annotations
