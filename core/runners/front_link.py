@@ -135,6 +135,7 @@ class FrontStreams(WakeWaits):
         self._ids = 0
         self._last_read = 0.0
         self._front_error: str | None = None
+        self._ended: list[FrontStream] = []  # ended by a lost connection: the next poll's news
 
     def _watch_wake(self, fd: int) -> None:
         if self._poller is not None:  # else registered when the connection is made
@@ -177,13 +178,15 @@ class FrontStreams(WakeWaits):
     def poll(self, timeout: float) -> list[FrontStream]:
         """Read what has arrived, waiting up to `timeout` s for something; the streams with news."""
         self.woken = False
+        news, self._ended = self._ended, []
+        if news:
+            timeout = 0.0
         if self._poller is None:
             if self._wake_poller is not None:
                 self.woken = bool(self._wake_poller.poll(max(0.0, timeout)))
             elif timeout > 0:
                 time.sleep(timeout)
-            return []
-        news: list[FrontStream] = []
+            return news
         for fd, mask in self._poller.poll(max(0.0, timeout)):
             if fd == self._wake_fd:
                 self.woken = True
@@ -194,8 +197,10 @@ class FrontStreams(WakeWaits):
         if self._open and self._sock is not None:
             now = time.monotonic()
             if now - self._last_read > self.client.read_timeout_s:
-                self._lost(news, f"TimeoutError: nothing from {self.client.url} in "
-                                 f"{self.client.read_timeout_s:.0f} s")
+                self._lost(f"TimeoutError: nothing from {self.client.url} in "
+                           f"{self.client.read_timeout_s:.0f} s")
+        news += self._ended
+        self._ended = []
         return news
 
     # -- the connection ------------------------------------------------------------------------------
@@ -220,7 +225,7 @@ class FrontStreams(WakeWaits):
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as exc:
-            self._lost([], f"the front's connection failed: {exc}")
+            self._lost(f"the front's connection failed: {exc}")
             return
         self._out = self._out[sent:]
         self._poller.modify(self._sock.fileno(), select.POLLIN | (select.POLLOUT if self._out else 0))
@@ -231,11 +236,11 @@ class FrontStreams(WakeWaits):
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            self._lost(news, f"the connection to {self.client.url} failed: {exc}")
+            self._lost(f"the connection to {self.client.url} failed: {exc}")
             return
         if not data:
-            self._lost(news, f"{self.client.url} closed the connection"
-                             + (f": {self._front_error}" if self._front_error else ""))
+            self._lost(f"{self.client.url} closed the connection"
+                       + (f": {self._front_error}" if self._front_error else ""))
             return
         self._last_read = time.monotonic()
         buf = self._buf + data
@@ -248,7 +253,7 @@ class FrontStreams(WakeWaits):
             try:
                 entries = decode(line)
             except ValueError:
-                self._lost(news, f"{self.client.url} sent a line that is not the front's: {line[:80]!r}")
+                self._lost(f"{self.client.url} sent a line that is not the front's: {line[:80]!r}")
                 return
             if isinstance(entries, dict):  # the front's own error: it closes the connection next
                 self._front_error = str(entries.get("error"))
@@ -271,12 +276,13 @@ class FrontStreams(WakeWaits):
                 if not news or news[-1] is not stream:
                     news.append(stream)
 
-    def _lost(self, news: list[FrontStream], error: str) -> None:
-        """The connection is gone: every open stream ends, to be opened again once the front is back."""
+    def _lost(self, error: str) -> None:
+        """The connection is gone: every open stream ends (the next poll brings them, wherever the loss
+        was found: a send in `open` or `abort` too), to be opened again once the front is back."""
         for stream in self._open.values():
             stream.fail(error, Fault.UNAVAILABLE)
             stream.closed = True
-            news.append(stream)
+            self._ended.append(stream)
         self._open.clear()
         self._drop()
 

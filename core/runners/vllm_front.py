@@ -213,14 +213,13 @@ class FrontServer:
                 return
             key = f"{conn.number}-{rid}"
             try:
+                if rid in conn.keys:
+                    raise EngineRefused(f"request id {rid} is in use on this connection")
                 token_ids, sampling = _request_body(body)
                 await self.core.add(key, token_ids, sampling)
             except EngineRefused as exc:
                 conn.transport.write(encode([[rid, [], None, None, str(exc)]]))
                 return
-            if (old := conn.keys.get(rid)) is not None:  # an id used again: the old one is over
-                self._requests.pop(old, None)
-                await self.core.abort([old])
             conn.keys[rid] = key
             self._requests[key] = _Request(conn, rid, max(1, int(sampling.get("stream_interval") or 1)))
         elif op == "abort":

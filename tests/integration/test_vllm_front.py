@@ -266,3 +266,46 @@ class IdleCore:
         import asyncio
 
         await asyncio.Event().wait()
+
+
+def test_an_id_in_use_is_refused_and_the_running_request_goes_on(front):
+    client = Client(front)
+    add(client, "a", [4, 5], max_tokens=30)
+    add(client, "a", [6, 7], max_tokens=30)
+    entries = []
+    while not entries or entries[-1][2] is None:  # until the running request ends
+        entries += [e for e in client.line() if e[0] == "a"]
+    errors = [e[4] for e in entries if e[4] is not None]
+    assert errors == ["request id a is in use on this connection"]
+    tokens = [t for e in entries for t in e[1]]  # (no stop tokens asked: it runs past the stand-in's EOS)
+    assert len(tokens) == 30 and tokens[: len(expected := expected_tokens([4, 5], 30, 1))] == expected
+    assert entries[-1][2] == "length"
+
+
+def test_a_connection_lost_on_a_send_ends_its_streams_at_the_next_poll(front):
+    """The daemon's side: a send that finds the connection gone (the front went between two reads) ends
+    every open stream as unavailable, reported by the next poll, so each is opened again."""
+    from fsched.core.runners.front_link import FrontClient
+    from fsched.core.runners.streams import Fault
+
+    streams = FrontClient(front.url).streams()
+    body = {"token_ids": [4, 5], "sampling_params": {"max_tokens": 500, "temperature": 0}}
+    first = streams.open(body)
+    real = streams._sock
+
+    class Broken:
+        def fileno(self):
+            return real.fileno()
+
+        def send(self, data):
+            raise BrokenPipeError("the front went")
+
+        def close(self):
+            real.close()
+
+    streams._sock = Broken()
+    second = streams.open(body)
+    news = streams.poll(0.0)
+    assert {id(s) for s in news} == {id(first), id(second)}
+    assert all(s.ended and s.fault is Fault.UNAVAILABLE for s in (first, second))
+    assert len(streams) == 0 and streams.poll(0.0) == []
