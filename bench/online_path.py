@@ -118,6 +118,7 @@ from fsched.core.stamps import TAG_HEADER  # noqa: E402
 MESSAGES = [{"role": "user", "content": "tell me about fair scheduling"}]
 BATCH_TOKENS_MAX = 8_000  # a --loaded batch request's tokens at most (the paced engine's context: 8,192)
 TAGS = itertools.count()  # the client's numbers for its requests (--stamps), unique in a run
+ARM_RUNS = itertools.count()  # the fsched arms run so far (--stamps: a folder each)
 
 
 def free_port() -> int:
@@ -528,7 +529,10 @@ def _p50_p99(found: list[float]) -> str:
 def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[int, dict]) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        stamps = None if args.stamps is None else Path(args.stamps or tmp) / f"stamps-{backend}-{os.getpid()}"
+        # A folder an arm's run: each run's table numbers its jobs from 1, so a --repeat's turns (or two
+        # arms of one backend) sharing a folder would join one turn's stamps to another's jobs.
+        stamps = None if args.stamps is None else \
+            Path(args.stamps or tmp) / f"stamps-{backend}-{os.getpid()}-{next(ARM_RUNS)}"
         f = Fsched(engine, backend, Path(tmp), replicas, link=not args.no_link, stamps=stamps,
                    workers=args.workers)
         try:
