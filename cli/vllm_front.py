@@ -23,6 +23,11 @@ PythonOption = Annotated[str | None, typer.Option(
     help="The python of vLLM's environment (default: $FSCHED_VLLM_PYTHON, else python3 on PATH).")]
 HostOption = Annotated[str, typer.Option("--host", help="The address daemons connect to.")]
 PortOption = Annotated[int, typer.Option("--port", help="The port daemons connect to (front://HOST:PORT).")]
+MetricsPortOption = Annotated[int | None, typer.Option(
+    "--metrics-port", help="Serve GET /metrics (Prometheus: the front's counts and the engine core's figures "
+                           "under vLLM's names) and GET /health on this port.")]
+MetricsHostOption = Annotated[str | None, typer.Option(
+    "--metrics-host", help="The metrics' address (default: --host).")]
 
 
 @handle_errors
@@ -31,6 +36,8 @@ def vllm_front_command(
     python: PythonOption = None,
     host: HostOption = "127.0.0.1",
     port: PortOption = 8200,
+    metrics_port: MetricsPortOption = None,
+    metrics_host: MetricsHostOption = None,
 ) -> None:
     """Serve vLLM's engine core to fsched daemons (--engine front://HOST:PORT), with no HTTP in between.
 
@@ -43,7 +50,9 @@ def vllm_front_command(
         fail(f"no python to run vLLM with ({python or 'none found'}): "
              "give --python PATH of vLLM's environment")
     script = Path(vllm_front.__file__)
-    args = [python, str(script), "--host", host, "--port", str(port), *ctx.args]
+    metrics = [] if metrics_port is None else ["--metrics-port", str(metrics_port),
+                                               *(["--metrics-host", metrics_host] if metrics_host else [])]
+    args = [python, str(script), "--host", host, "--port", str(port), *metrics, *ctx.args]
     os.execv(shutil.which(python), args)
 
 

@@ -26,8 +26,11 @@ tokens that many at a time, its first and last at once, as vLLM's API
 server does: the engine's news still comes once an iteration, in one line.
 `Core` is what the server needs of an engine; `VllmCore` is vLLM's engine
 core through its own client (the tests run the server over a stand-in).
+With `--metrics-port`, `MetricsServer` answers Prometheus' scrapes: the
+front's counts and the engine core's figures, the latter under the names
+vLLM's API server exports them by.
 
-    python vllm_front.py --port 8200 --model DIR [vLLM's engine arguments]
+    python vllm_front.py --port 8200 [--metrics-port 8201] --model DIR [vLLM's engine arguments]
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ class Core(Protocol):
     async def abort(self, keys: list[str]) -> None: ...
 
     async def news(self) -> list[News]: ...
+
+    def figures(self) -> dict: ...  # the engine's own figures for /metrics (`EngineFigures`' fields)
 
 
 # -- the server --------------------------------------------------------------------------------------
@@ -160,6 +165,7 @@ class FrontServer:
         self._live: set[_Conn] = set()
         self._server: asyncio.base_events.Server | None = None
         self._tasks: list[asyncio.Task] = []
+        self.counts = FrontCounts()
 
     async def start(self, host: str, port: int) -> int:
         """Listen; the port (0 picks one)."""
@@ -218,19 +224,23 @@ class FrontServer:
                 token_ids, sampling = _request_body(body)
                 await self.core.add(key, token_ids, sampling)
             except EngineRefused as exc:
+                self.counts.refused += 1
                 conn.transport.write(encode([[rid, [], None, None, str(exc)]]))
                 return
+            self.counts.added += 1
             conn.keys[rid] = key
             self._requests[key] = _Request(conn, rid, max(1, int(sampling.get("stream_interval") or 1)))
         elif op == "abort":
             if (key := conn.keys.pop(rid, None)) is not None:
                 self._requests.pop(key, None)
+                self.counts.aborted += 1
                 await self.core.abort([key])
         elif op == "gone":
             keys = list(conn.keys.values())
             conn.keys.clear()
             for key in keys:
                 self._requests.pop(key, None)
+            self.counts.aborted += len(keys)
             if keys:
                 await self.core.abort(keys)
         else:
@@ -238,7 +248,7 @@ class FrontServer:
 
     async def _pump(self) -> None:
         """Each iteration's news, one line to each connection it concerns."""
-        requests = self._requests
+        requests, counts = self._requests, self.counts
         while True:
             news = await self.core.news()
             lines: dict[_Conn, list] = {}
@@ -263,7 +273,9 @@ class FrontServer:
                     continue
                 r.sent = True
                 lines.setdefault(r.conn, []).append([r.id, tokens, finish, logprobs, error])
+                counts.tokens += len(tokens)
                 if ended:
+                    counts.ended[finish or "error"] = counts.ended.get(finish or "error", 0) + 1
                     del requests[key]
                     r.conn.keys.pop(r.id, None)
             for conn, entries in lines.items():
@@ -272,6 +284,7 @@ class FrontServer:
                     if conn.transport.get_write_buffer_size() > self.max_unread:
                         log.warning("a daemon left over %d bytes of its news unread: dropped",
                                     self.max_unread)
+                        counts.dropped += 1
                         conn.fail("news left unread past the front's bound", drop=True)
 
 
@@ -293,6 +306,155 @@ def _joined(parts: Sequence[dict]) -> dict | None:
     return {"content": [entry for part in parts for entry in part.get("content") or ()]}
 
 
+# -- figures for Prometheus --------------------------------------------------------------------------
+@dataclass(slots=True)
+class FrontCounts:
+    """What the front did since it started (its own `fsched_front_*` metrics)."""
+
+    added: int = 0  # requests the engine took
+    refused: int = 0  # requests refused (by the engine's checks, or an id in use)
+    aborted: int = 0  # requests the daemons ended early (an abort, or their connection gone)
+    tokens: int = 0  # tokens sent to the daemons
+    ended: dict[str, int] = field(default_factory=dict)  # requests that ran to their end: stop, length, error
+    dropped: int = 0  # daemons dropped for leaving their news unread
+
+
+@dataclass(slots=True)
+class EngineFigures:
+    """The engine core's own figures, as vLLM's API server exports them on its /metrics (the same names
+    and meanings, so a dashboard made for vLLM reads the front's): from the scheduler's figures that come
+    with each iteration's outputs, and from the outputs themselves."""
+
+    running: int = 0  # vllm:num_requests_running
+    waiting: int = 0  # vllm:num_requests_waiting (deferred ones included, as vLLM counts them)
+    kv_cache_usage: float = 0.0  # vllm:kv_cache_usage_perc, 0 to 1
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of which found
+    preemptions: int = 0
+    prompt_tokens: int = 0  # prompt tokens computed (cached ones not)
+    generation_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=dict)  # by vLLM's finish reason
+
+
+# name, type, help, the value's attribute path (on the front's counts or the engine's figures)
+_FRONT_METRICS = (
+    ("fsched_front_daemons", "gauge", "Daemons connected.", None),
+    ("fsched_front_requests", "gauge", "Requests in the engine through the front.", None),
+    ("fsched_front_requests_added_total", "counter", "Requests the engine took.", "added"),
+    ("fsched_front_requests_refused_total", "counter", "Requests refused, each with its reason.", "refused"),
+    ("fsched_front_requests_aborted_total", "counter", "Requests the daemons ended early.", "aborted"),
+    ("fsched_front_tokens_total", "counter", "Tokens sent to the daemons.", "tokens"),
+    ("fsched_front_daemons_dropped_total", "counter", "Daemons dropped for news left unread.", "dropped"),
+)
+_ENGINE_METRICS = (
+    ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", "running"),
+    ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", "waiting"),
+    ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", "kv_cache_usage"),
+    ("vllm:prefix_cache_queries_total", "counter",
+     "Prefix cache queries, in terms of number of queried tokens.", "prefix_cache_queries"),
+    ("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
+     "prefix_cache_hits"),
+    ("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
+     "preemptions"),
+    ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", "prompt_tokens"),
+    ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+     "generation_tokens"),
+)
+
+
+def metrics_text(front: FrontServer, model: str) -> str:
+    """Prometheus' text format: the front's counts, and the engine's figures labelled as vLLM labels them
+    (`model_name`, `engine`)."""
+    counts = front.counts
+    out: list[str] = []
+
+    def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+        out.extend((f"# HELP {name} {help_}", f"# TYPE {name} {kind}"))
+        out.extend(f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}"
+                   for labels, value in samples)
+
+    live = {"fsched_front_daemons": len(front._live), "fsched_front_requests": len(front._requests)}
+    for name, kind, help_, attr in _FRONT_METRICS:
+        metric(name, kind, help_, [("", live[name] if attr is None else getattr(counts, attr))])
+    metric("fsched_front_requests_ended_total", "counter", "Requests that ran to their end, by how it came.",
+           [(f'{{reason="{reason}"}}', n) for reason, n in sorted(counts.ended.items())])
+    figures = front.core.figures()
+    labels = f'{{model_name="{_label(model)}",engine="0"}}'
+    for name, kind, help_, attr in _ENGINE_METRICS:
+        metric(name, kind, help_, [(labels, figures[attr])])
+    metric("vllm:request_success_total", "counter", "Count of successfully processed requests.",
+           [(f'{labels[:-1]},finished_reason="{_label(reason)}"}}', n)
+            for reason, n in sorted(figures["finished"].items())])
+    return "\n".join(out) + "\n"
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class MetricsServer:
+    """`GET /metrics` (Prometheus' text format) and `GET /health` on a port of their own: HTTP/1.1, one
+    request a connection, a request's head within `timeout_s` and 16 KiB."""
+
+    def __init__(self, front: FrontServer, model: str, timeout_s: float = 10.0):
+        self.front, self.model, self.timeout_s = front, model, timeout_s
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _MetricsConn(self), host, port)
+        return self._server.sockets[0].getsockname()[1]
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    def answer(self, head: bytes) -> tuple[str, str, str]:
+        """A request's head -> its status line, content type and body."""
+        parts = head.split(b"\r\n", 1)[0].split()
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            return "400 Bad Request", "text/plain", "not an HTTP request\n"
+        method, path = parts[0], parts[1].split(b"?", 1)[0]
+        if path not in (b"/metrics", b"/health"):
+            return "404 Not Found", "text/plain", "the front serves /metrics and /health\n"
+        if method not in (b"GET", b"HEAD"):
+            return "405 Method Not Allowed", "text/plain", "GET or HEAD\n"
+        if path == b"/health":
+            return "200 OK", "text/plain", "ok\n"
+        return "200 OK", "text/plain; version=0.0.4; charset=utf-8", metrics_text(self.front, self.model)
+
+
+class _MetricsConn(asyncio.Protocol):
+    def __init__(self, server: MetricsServer):
+        self.server = server
+        self.buf = b""
+        self.transport = None
+        self.timer = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.timer = asyncio.get_running_loop().call_later(self.server.timeout_s, transport.abort)
+
+    def connection_lost(self, exc) -> None:
+        self.timer.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if b"\r\n\r\n" not in self.buf and b"\n\n" not in self.buf:
+            if len(self.buf) > 16 << 10:
+                self._send("431 Request Header Fields Too Large", "text/plain", "header over 16 KiB\n", False)
+            return
+        status, kind, body = self.server.answer(self.buf)
+        self._send(status, kind, body, self.buf.startswith(b"HEAD "))
+        self.transport.pause_reading()
+
+    def _send(self, status: str, kind: str, body: str, head_only: bool) -> None:
+        data = body.encode()
+        self.transport.write(f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(data)}\r\n"
+                             f"Connection: close\r\n\r\n".encode() + (b"" if head_only else data))
+        self.transport.close()
+
+
 # -- vLLM's engine core ---------------------------------------------------------------------------------
 class VllmCore:
     """vLLM's engine core through vLLM's own client (the one its API server uses), without the output
@@ -302,6 +464,8 @@ class VllmCore:
         self.engine_args = engine_args
         self.llm = None
         self._tasks: tuple = ()
+        self.engine = EngineFigures()
+        self._preempted = None  # vLLM's event type for a preemption, once started
 
     async def start(self) -> None:
         import vllm
@@ -314,6 +478,9 @@ class VllmCore:
         if self.llm.output_handler is not None:  # its output processor's reader: the front reads instead
             self.llm.output_handler.cancel()
         self._tasks = await self.llm.get_supported_tasks()
+        from vllm.v1.engine import EngineCoreEventType
+
+        self._preempted = EngineCoreEventType.PREEMPTED
 
     def info(self) -> dict:
         config = self.llm.vllm_config
@@ -351,8 +518,14 @@ class VllmCore:
         if self.llm is not None:
             self.llm.shutdown()
 
+    def figures(self) -> dict:
+        e = self.engine
+        return {name: getattr(e, name) for name in EngineFigures.__slots__}
+
     async def news(self) -> list[News]:
         outputs = await self.llm.engine_core.get_output_async()
+        if self._preempted is not None:
+            self._record(outputs)
         out = []
         for o in outputs.outputs:
             finish = error = None
@@ -365,6 +538,30 @@ class VllmCore:
             out.append((o.request_id, o.new_token_ids,
                         finish, _logprobs(o.new_logprobs) if o.new_logprobs is not None else None, error))
         return out
+
+    def _record(self, outputs) -> None:
+        """The iteration's figures (vLLM's scheduler sends its own with the outputs, as its logger reads
+        them). Under a vLLM whose outputs differ, the figures stop, not the front."""
+        figures = self.engine
+        try:
+            if (stats := outputs.scheduler_stats) is not None:
+                figures.running = stats.num_running_reqs
+                figures.waiting = stats.num_waiting_reqs + stats.num_skipped_waiting_reqs
+                figures.kv_cache_usage = stats.kv_cache_usage
+                figures.prefix_cache_queries += stats.prefix_cache_stats.queries
+                figures.prefix_cache_hits += stats.prefix_cache_stats.hits
+            for o in outputs.outputs:
+                figures.generation_tokens += len(o.new_token_ids)
+                if o.prefill_stats is not None:
+                    figures.prompt_tokens += o.prefill_stats.num_computed_tokens
+                if o.events:
+                    figures.preemptions += sum(event.type == self._preempted for event in o.events)
+                if o.finish_reason is not None:
+                    reason = str(o.finish_reason)
+                    figures.finished[reason] = figures.finished.get(reason, 0) + 1
+        except AttributeError as exc:
+            log.warning("the engine's figures stop here (this vLLM's outputs differ: %s)", exc)
+            self._preempted = None
 
 
 def _logprobs(lists) -> dict:
@@ -385,6 +582,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = FlexibleArgumentParser(description="fsched's front for vLLM's engine core")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8200)
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve GET /metrics (Prometheus) and /health on this port")
+    parser.add_argument("--metrics-host", default=None, help="the metrics' address (default: --host)")
     AsyncEngineArgs.add_cli_args(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -396,9 +596,19 @@ def main(argv: list[str] | None = None) -> None:
             await core.start()
             front = FrontServer(core)
             port = await front.start(args.host, args.port)
-            print(f"fsched's vLLM front serves {core.info()['model']} on front://{args.host}:{port}",
-                  flush=True)
-            await until_stopped(front, stop)
+            model = core.info()["model"]
+            metrics = None
+            if args.metrics_port is not None:
+                metrics = MetricsServer(front, model)
+                host = args.metrics_host or args.host
+                print(f"metrics on http://{host}:{await metrics.start(host, args.metrics_port)}/metrics",
+                      flush=True)
+            print(f"fsched's vLLM front serves {model} on front://{args.host}:{port}", flush=True)
+            try:
+                await until_stopped(front, stop)
+            finally:
+                if metrics is not None:
+                    metrics.close()
         finally:
             core.shutdown()  # the engine core's processes end with the front's
 

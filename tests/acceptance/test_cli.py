@@ -136,6 +136,11 @@ def test_vllm_front_hands_its_process_to_vllms_python_with_vllms_arguments(tmp_p
     assert int(pid) == proc.pid  # the same process: a service manager's signals reach the front
     assert script.endswith("core/runners/vllm_front.py")
     assert args == ["--host", "127.0.0.1", "--port", "8311", "--model", "/models/m", "--max-num-seqs", "7"]
+    metrics = ["--metrics-port", "9311", "--metrics-host", "0.0.0.0"]
+    with_metrics = subprocess.run([FSCHED, "vllm-front", "--python", str(fake_python), *metrics, "--",
+                                   "--model", "/models/m"], capture_output=True, text=True, timeout=60)
+    assert with_metrics.stdout.split()[2:] == ["--host", "127.0.0.1", "--port", "8200", *metrics, "--model",
+                                               "/models/m"]
     missing = subprocess.run([FSCHED, "vllm-front", "--python", str(tmp_path / "nope")], capture_output=True,
                              text=True, timeout=60)
     assert missing.returncode == 1 and "give --python PATH of vLLM's environment" in missing.stderr

@@ -26,11 +26,13 @@ import signal
 import sqlite3
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.acceptance.conftest import FSCHED
+from tests.support.ports import free_port
 from tests.support.vllm_server import VllmFront, VllmServer, build_gpt2_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
@@ -138,6 +140,30 @@ def unfinished(table: Table) -> int:
     return table.query("SELECT COUNT(*) FROM requests WHERE state IN ('queued', 'running')")[0][0]
 
 
+def front_metrics(port: int) -> dict[tuple[str, str], float]:
+    """The front's /metrics as Prometheus' parser reads it: each sample by its name and its labels
+    (`k=v` joined by commas, vLLM's engine labels left out)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    own = {"engine", "model_name"}
+    return {(s.name, ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in own)): s.value
+            for family in text_string_to_metric_families(body) for s in family.samples}
+
+
+def assert_front_metrics(port: int, table: Table, requests: int) -> None:
+    """After a run through the front alone: every request taken and ended, and the engine core's own
+    figures (vLLM's names) agreeing with the front's counts and with the table."""
+    got = front_metrics(port)
+    stored = table.query("SELECT SUM(num_output_tokens) FROM requests")[0][0]
+    assert got[("fsched_front_requests_added_total", "")] == requests
+    ended = sum(v for (name, _), v in got.items() if name == "fsched_front_requests_ended_total")
+    succeeded = sum(v for (name, _), v in got.items() if name == "vllm:request_success_total")
+    assert ended == succeeded == requests, got
+    assert got[("fsched_front_tokens_total", "")] == got[("vllm:generation_tokens_total", "")] == stored
+    assert got[("vllm:prompt_tokens_total", "")] > 0 and got[("fsched_front_requests", "")] == 0
+
+
 def stop_when_done(table: Table, d: subprocess.Popen, timeout_s: float = 600) -> str:
     deadline = time.time() + timeout_s
     while time.time() < deadline and unfinished(table):
@@ -174,7 +200,9 @@ def test_vllm_outputs_equal_transformers_generate(name, api, models, tmp_path):
     # The engine at a lower CPU priority: vLLM's CPU build polls on every core and would
     # otherwise starve the daemon for seconds at a time on a small machine (a GPU box has
     # cores to spare); see bench/remote_engine.py.
-    extra = ("--tokens-only",) if api == "tokens" else ()
+    metrics_port = free_port()
+    extra = ("--tokens-only",) if api == "tokens" else ("--metrics-port", str(metrics_port)) \
+        if api == "front" else ()
     server_class = VllmFront if api == "front" else VllmServer
     with server_class(folder, tmp_path / "vllm.log", extra=extra, nice=10) as server:
         common = ("--model", str(folder), "--engine", server.url, "--engine-api", api)
@@ -183,6 +211,8 @@ def test_vllm_outputs_equal_transformers_generate(name, api, models, tmp_path):
         straight.submit(lines + fillers)
         straight.run("daemon", *common, "--until-idle")
         assert_equal(straight, expected)
+        if api == "front":
+            assert_front_metrics(metrics_port, straight, len(expected))
 
         # Long batch requests fill the batch and run past their minimum quantum; then the
         # rest arrives, half of it realtime: it preempts them.
@@ -197,6 +227,8 @@ def test_vllm_outputs_equal_transformers_generate(name, api, models, tmp_path):
         preempted.submit(lines[::2])
         log = stop_when_done(preempted, d)
         assert_equal(preempted, expected)
+        if api == "front":  # a preemption ends the request in the engine: the front counts an abort
+            assert front_metrics(metrics_port)[("fsched_front_requests_aborted_total", "")] >= 1
         resumed = [line for line in log.splitlines() if "engine streams:" in line]
         assert resumed and " 0 resumed" not in resumed[0], log
 

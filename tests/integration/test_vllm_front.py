@@ -182,10 +182,14 @@ def test_a_daemon_that_stops_reading_is_dropped_and_its_requests_aborted(front):
     client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     for i in range(64):  # some 13 MB of news in all: more than the kernel's socket buffers hold
         add(client, str(i), [4, 5], max_tokens=8000, ignore_eos=True)
+    counts = front._server.counts
+    # Dropped, and every request the engine took for it aborted (adds still queued when it was dropped
+    # are never made: the engine may have taken fewer than 64).
     deadline = time.time() + 20
-    while front.aborted < 64 and time.time() < deadline:
+    while not (counts.dropped == 1 and front.aborted == counts.added > 0) and time.time() < deadline:
         time.sleep(0.05)
-    assert front.aborted == 64
+    assert counts.dropped == 1 and front.aborted == counts.added > 0
+    assert not front._server._requests
     other = Client(front)  # the front serves on
     add(other, "ok", [1, 2], max_tokens=3)
     assert other.until_done({"ok"})["ok"][-1][2] == "length"
@@ -309,3 +313,88 @@ def test_a_connection_lost_on_a_send_ends_its_streams_at_the_next_poll(front):
     assert {id(s) for s in news} == {id(first), id(second)}
     assert all(s.ended and s.fault is Fault.UNAVAILABLE for s in (first, second))
     assert len(streams) == 0 and streams.poll(0.0) == []
+
+
+def scrape(port: int, request: bytes = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n") -> tuple[str, bytes]:
+    """One request to the front's metrics port: the status line and the body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(1 << 16):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head.split(b"\r\n", 1)[0].decode(), body
+
+
+def samples(body: bytes) -> dict[tuple[str, frozenset], float]:
+    """Prometheus' own parser's reading of a scrape: each sample's value by its name and labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+
+
+def test_metrics_count_what_the_front_did_and_give_the_engines_figures_under_vllms_names(front):
+    """/metrics: the front's own counts (added, refused, aborted, ended by reason, tokens sent, daemons
+    and requests now) and the engine core's figures under vLLM's names and labels, in Prometheus' text
+    format as its own parser reads it."""
+    port = front.serve_metrics()
+    front.engine_figures = {"kv_cache_usage": 0.25, "waiting": 3, "prefix_cache_hits": 7,
+                            "finished": {"length": 2, "abort": 1}}
+    client = Client(front)
+    add(client, "a", [1, 2, 3], max_tokens=3)
+    add(client, "b", [4, 5], max_tokens=2)
+    add(client, "too-long", [1] * 8000, max_tokens=500)
+    assert set(client.until_done({"a", "b", "too-long"})) == {"a", "b", "too-long"}
+    add(client, "c", [6], max_tokens=5000)
+    client.line()  # c is running
+    client.send(["abort", "c"])
+    deadline = time.monotonic() + 5
+    while front.aborted < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    status, body = scrape(port)
+    assert status == "HTTP/1.1 200 OK"
+    got = samples(body)
+    engine = frozenset({"model_name": "fake-front", "engine": "0"}.items())
+    assert got[("fsched_front_requests_added_total", frozenset())] == 3
+    assert got[("fsched_front_requests_refused_total", frozenset())] == 1
+    assert got[("fsched_front_requests_aborted_total", frozenset())] == 1
+    assert got[("fsched_front_requests_ended_total", frozenset({("reason", "length")}))] == 2
+    assert got[("fsched_front_tokens_total", frozenset())] == front.tokens_sent >= 6
+    assert got[("fsched_front_daemons", frozenset())] == 1
+    assert got[("fsched_front_requests", frozenset())] == 0
+    assert got[("vllm:kv_cache_usage_perc", engine)] == 0.25
+    assert got[("vllm:num_requests_waiting", engine)] == 3
+    assert got[("vllm:num_requests_running", engine)] == 0
+    assert got[("vllm:prefix_cache_hits_total", engine)] == 7
+    assert got[("vllm:generation_tokens_total", engine)] == front.tokens_sent
+    assert got[("vllm:request_success_total", engine | {("finished_reason", "length")})] == 2
+    assert got[("vllm:request_success_total", engine | {("finished_reason", "abort")})] == 1
+    client.close()
+    deadline = time.monotonic() + 5
+    while samples(scrape(port)[1])[("fsched_front_daemons", frozenset())] != 0:
+        assert time.monotonic() < deadline, "the closed connection is still counted"
+        time.sleep(0.01)
+
+
+def test_the_metrics_port_answers_health_and_refuses_what_it_does_not_serve():
+    """/health says ok; another path is a 404, another method a 405, a line that is not HTTP a 400, a
+    HEAD the headers alone; a client that sends nothing is cut off after the timeout; a model's name
+    with quotes and backslashes stays itself through the labels."""
+    front = FakeFront(model='we"ird\\name')
+    try:
+        port = front.serve_metrics(timeout_s=0.3)
+        assert scrape(port, b"GET /health HTTP/1.1\r\n\r\n") == ("HTTP/1.1 200 OK", b"ok\n")
+        assert scrape(port, b"GET /nope HTTP/1.1\r\n\r\n")[0] == "HTTP/1.1 404 Not Found"
+        assert scrape(port, b"POST /metrics HTTP/1.1\r\n\r\n")[0] == "HTTP/1.1 405 Method Not Allowed"
+        assert scrape(port, b"hello\r\n\r\n")[0] == "HTTP/1.1 400 Bad Request"
+        assert scrape(port, b"HEAD /metrics HTTP/1.1\r\n\r\n") == ("HTTP/1.1 200 OK", b"")
+        got = samples(scrape(port, b"GET /metrics?x=1 HTTP/1.0\r\n\r\n")[1])
+        labels = frozenset({"model_name": 'we"ird\\name', "engine": "0"}.items())
+        assert got[("vllm:num_requests_running", labels)] == 0
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as silent:
+            began = time.monotonic()
+            assert silent.recv(100) == b""
+            assert time.monotonic() - began < 3
+    finally:
+        front.stop()

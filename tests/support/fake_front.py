@@ -52,6 +52,13 @@ class FakeCore:
         self.running: dict[str, _Sequence] = {}
         self.woken = asyncio.Event()
 
+    def figures(self) -> dict:
+        """The engine's figures as the real core reports them (running and generated, from this stand-in's
+        own state; the rest as `FakeFront.engine_figures` sets them)."""
+        return {"running": len(self.running), "waiting": 0, "kv_cache_usage": 0.0, "prefix_cache_queries": 0,
+                "prefix_cache_hits": 0, "preemptions": 0, "prompt_tokens": 0,
+                "generation_tokens": self.front.tokens_sent, "finished": {}, **self.front.engine_figures}
+
     def info(self) -> dict:
         f = self.front
         return {"model": f.model, "max_model_len": f.context, "max_num_seqs": None, "kv_tokens": f.kv_tokens,
@@ -116,9 +123,12 @@ class FakeFront:
         self.aborted = 0
         self.tokens_sent = 0
         self.max_in_flight = 0  # requests in the engine at once, at most
+        self.engine_figures: dict = {}  # what `FakeCore.figures` says beyond its own counts
         self.port = 0
+        self.metrics_port: int | None = None  # `serve_metrics()`: the front's /metrics
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: FrontServer | None = None
+        self._metrics = None
         self.start()
 
     @property
@@ -145,13 +155,24 @@ class FakeFront:
         if not started.wait(10):
             raise RuntimeError("the stand-in front did not start")
 
+    def serve_metrics(self, timeout_s: float = 10.0) -> int:
+        """Start the front's metrics server (its /metrics and /health) on a port of its own; the port."""
+        from fsched.core.runners.vllm_front import MetricsServer
+
+        metrics = self._metrics = MetricsServer(self._server, self.model, timeout_s)
+        started = asyncio.run_coroutine_threadsafe(metrics.start("127.0.0.1", 0), self._loop)
+        self.metrics_port = started.result(10)
+        return self.metrics_port
+
     def stop(self) -> None:
         """Stop listening and drop every connection (a crashed front: its engine's requests are gone)."""
         loop, server = self._loop, self._server
         if loop is None:
             return
         self._loop = self._server = None
-
+        if self._metrics is not None:
+            loop.call_soon_threadsafe(self._metrics.close)
+            self._metrics = None
         asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
 
