@@ -189,6 +189,16 @@ class FrontServer:
         for conn in list(self._live):
             conn.transport.abort()
 
+    @property
+    def daemons(self) -> int:
+        """Connections open now."""
+        return len(self._live)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests in the engine through the front now."""
+        return len(self._requests)
+
     def _accept(self) -> _Conn:
         self._conns += 1
         conn = _Conn(self, self._conns)
@@ -370,10 +380,9 @@ def metrics_text(front: FrontServer, model: str) -> str:
 
     def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
         out.extend((f"# HELP {name} {help_}", f"# TYPE {name} {kind}"))
-        out.extend(f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}"
-                   for labels, value in samples)
+        out.extend(f"{name}{labels} {value!r}" for labels, value in samples)
 
-    live = {"fsched_front_daemons": len(front._live), "fsched_front_requests": len(front._requests)}
+    live = {"fsched_front_daemons": front.daemons, "fsched_front_requests": front.in_flight}
     for name, kind, help_, attr in _FRONT_METRICS:
         metric(name, kind, help_, [("", live[name] if attr is None else getattr(counts, attr))])
     metric("fsched_front_requests_ended_total", "counter", "Requests that ran to their end, by how it came.",
@@ -430,6 +439,7 @@ class _MetricsConn(asyncio.Protocol):
         self.buf = b""
         self.transport = None
         self.timer = None
+        self.answered = False
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -439,6 +449,8 @@ class _MetricsConn(asyncio.Protocol):
         self.timer.cancel()
 
     def data_received(self, data: bytes) -> None:
+        if self.answered:  # one request a connection: what follows is not read
+            return
         self.buf += data
         if b"\r\n\r\n" not in self.buf and b"\n\n" not in self.buf:
             if len(self.buf) > 16 << 10:
@@ -446,9 +458,9 @@ class _MetricsConn(asyncio.Protocol):
             return
         status, kind, body = self.server.answer(self.buf)
         self._send(status, kind, body, self.buf.startswith(b"HEAD "))
-        self.transport.pause_reading()
 
     def _send(self, status: str, kind: str, body: str, head_only: bool) -> None:
+        self.answered = True
         data = body.encode()
         self.transport.write(f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(data)}\r\n"
                              f"Connection: close\r\n\r\n".encode() + (b"" if head_only else data))
