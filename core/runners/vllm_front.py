@@ -346,7 +346,7 @@ class EngineFigures:
     finished: dict[str, int] = field(default_factory=dict)  # by vLLM's finish reason
 
 
-# name, type, help, the value's attribute path (on the front's counts or the engine's figures)
+# name, type, help, and the field read (of the front's counts or the engine's figures; None: counted now)
 _FRONT_METRICS = (
     ("fsched_front_daemons", "gauge", "Daemons connected.", None),
     ("fsched_front_requests", "gauge", "Requests in the engine through the front.", None),
@@ -386,7 +386,7 @@ def metrics_text(front: FrontServer, model: str) -> str:
     for name, kind, help_, attr in _FRONT_METRICS:
         metric(name, kind, help_, [("", live[name] if attr is None else getattr(counts, attr))])
     metric("fsched_front_requests_ended_total", "counter", "Requests that ran to their end, by how it came.",
-           [(f'{{reason="{reason}"}}', n) for reason, n in sorted(counts.ended.items())])
+           [(f'{{reason="{_label(reason)}"}}', n) for reason, n in sorted(counts.ended.items())])
     figures = front.core.figures()
     labels = f'{{model_name="{_label(model)}",engine="0"}}'
     for name, kind, help_, attr in _ENGINE_METRICS:
@@ -490,9 +490,12 @@ class VllmCore:
         if self.llm.output_handler is not None:  # its output processor's reader: the front reads instead
             self.llm.output_handler.cancel()
         self._tasks = await self.llm.get_supported_tasks()
-        from vllm.v1.engine import EngineCoreEventType
+        try:
+            from vllm.v1.engine import EngineCoreEventType
 
-        self._preempted = EngineCoreEventType.PREEMPTED
+            self._preempted = EngineCoreEventType.PREEMPTED
+        except (ImportError, AttributeError) as exc:
+            log.warning("no engine figures for /metrics under this vLLM (%s)", exc)
 
     def info(self) -> dict:
         config = self.llm.vllm_config
