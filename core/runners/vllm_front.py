@@ -81,7 +81,7 @@ class Core(Protocol):
 
     async def news(self) -> list[News]: ...
 
-    def figures(self) -> dict: ...  # the engine's own figures for /metrics (`EngineFigures`' fields)
+    def figures(self) -> dict[int, dict]: ...  # /metrics: each engine's figures (`EngineFigures`' fields)
 
 
 # -- the server --------------------------------------------------------------------------------------
@@ -387,13 +387,14 @@ def metrics_text(front: FrontServer, model: str) -> str:
         metric(name, kind, help_, [("", live[name] if attr is None else getattr(counts, attr))])
     metric("fsched_front_requests_ended_total", "counter", "Requests that ran to their end, by how it came.",
            [(f'{{reason="{_label(reason)}"}}', n) for reason, n in sorted(counts.ended.items())])
-    figures = front.core.figures()
-    labels = f'{{model_name="{_label(model)}",engine="0"}}'
+    # One set of figures an engine core (several with vLLM's data parallelism), each labelled with its index.
+    engines = [(f'model_name="{_label(model)}",engine="{index}"', figures)
+               for index, figures in sorted(front.core.figures().items())]
     for name, kind, help_, attr in _ENGINE_METRICS:
-        metric(name, kind, help_, [(labels, figures[attr])])
+        metric(name, kind, help_, [(f"{{{labels}}}", figures[attr]) for labels, figures in engines])
     metric("vllm:request_success_total", "counter", "Count of successfully processed requests.",
-           [(f'{labels[:-1]},finished_reason="{_label(reason)}"}}', n)
-            for reason, n in sorted(figures["finished"].items())])
+           [(f'{{{labels},finished_reason="{_label(reason)}"}}', n)
+            for labels, figures in engines for reason, n in sorted(figures["finished"].items())])
     return "\n".join(out) + "\n"
 
 
@@ -476,7 +477,7 @@ class VllmCore:
         self.engine_args = engine_args
         self.llm = None
         self._tasks: tuple = ()
-        self.engine = EngineFigures()
+        self.engines: dict[int, EngineFigures] = {}  # by the engine core's index (data parallelism)
         self._preempted = None  # vLLM's event type for a preemption, once started
 
     async def start(self) -> None:
@@ -533,9 +534,10 @@ class VllmCore:
         if self.llm is not None:
             self.llm.shutdown()
 
-    def figures(self) -> dict:
-        e = self.engine
-        return {name: getattr(e, name) for name in EngineFigures.__slots__}
+    def figures(self) -> dict[int, dict]:
+        engines = self.engines or {0: EngineFigures()}
+        return {index: {name: getattr(e, name) for name in EngineFigures.__slots__}
+                for index, e in engines.items()}
 
     async def news(self) -> list[News]:
         outputs = await self.llm.engine_core.get_output_async()
@@ -557,8 +559,10 @@ class VllmCore:
     def _record(self, outputs) -> None:
         """The iteration's figures (vLLM's scheduler sends its own with the outputs, as its logger reads
         them). Under a vLLM whose outputs differ, the figures stop, not the front."""
-        figures = self.engine
         try:
+            figures = self.engines.get(outputs.engine_index)
+            if figures is None:
+                figures = self.engines[outputs.engine_index] = EngineFigures()
             if (stats := outputs.scheduler_stats) is not None:
                 figures.running = stats.num_running_reqs
                 figures.waiting = stats.num_waiting_reqs + stats.num_skipped_waiting_reqs

@@ -336,11 +336,12 @@ def samples(body: bytes) -> dict[tuple[str, frozenset], float]:
 
 def test_metrics_count_what_the_front_did_and_give_the_engines_figures_under_vllms_names(front):
     """/metrics: the front's own counts (added, refused, aborted, ended by reason, tokens sent, daemons
-    and requests now) and the engine core's figures under vLLM's names and labels, in Prometheus' text
-    format as its own parser reads it."""
+    and requests now) and each engine core's figures under vLLM's names and labels (an engine label for
+    each of data parallelism's cores), in Prometheus' text format as its own parser reads it."""
     port = front.serve_metrics()
-    front.engine_figures = {"kv_cache_usage": 0.25, "waiting": 3, "prefix_cache_hits": 7,
-                            "finished": {"length": 2, "abort": 1}}
+    front.engine_figures = {0: {"kv_cache_usage": 0.25, "waiting": 3, "prefix_cache_hits": 7,
+                                "finished": {"length": 2, "abort": 1}},
+                            1: {"running": 5, "finished": {"stop": 4}}}  # a second engine core: data parallel
     client = Client(front)
     add(client, "a", [1, 2, 3], max_tokens=3)
     add(client, "b", [4, 5], max_tokens=2)
@@ -370,6 +371,10 @@ def test_metrics_count_what_the_front_did_and_give_the_engines_figures_under_vll
     assert got[("vllm:generation_tokens_total", engine)] == front.tokens_sent
     assert got[("vllm:request_success_total", engine | {("finished_reason", "length")})] == 2
     assert got[("vllm:request_success_total", engine | {("finished_reason", "abort")})] == 1
+    second = frozenset({"model_name": "fake-front", "engine": "1"}.items())
+    assert got[("vllm:num_requests_running", second)] == 5
+    assert got[("vllm:generation_tokens_total", second)] == 0
+    assert got[("vllm:request_success_total", second | {("finished_reason", "stop")})] == 4
     client.close()
     deadline = time.monotonic() + 5
     while samples(scrape(port)[1])[("fsched_front_daemons", frozenset())] != 0:

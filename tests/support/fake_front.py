@@ -52,12 +52,16 @@ class FakeCore:
         self.running: dict[str, _Sequence] = {}
         self.woken = asyncio.Event()
 
-    def figures(self) -> dict:
-        """The engine's figures as the real core reports them (running and generated, from this stand-in's
-        own state; the rest as `FakeFront.engine_figures` sets them)."""
-        return {"running": len(self.running), "waiting": 0, "kv_cache_usage": 0.0, "prefix_cache_queries": 0,
-                "prefix_cache_hits": 0, "preemptions": 0, "prompt_tokens": 0,
-                "generation_tokens": self.front.tokens_sent, "finished": {}, **self.front.engine_figures}
+    def figures(self) -> dict[int, dict]:
+        """Each engine's figures as the real core reports them: engine 0 with this stand-in's own running
+        requests and generated tokens, then what `FakeFront.engine_figures` says by engine."""
+        zero = {"running": 0, "waiting": 0, "kv_cache_usage": 0.0, "prefix_cache_queries": 0,
+                "prefix_cache_hits": 0, "preemptions": 0, "prompt_tokens": 0, "generation_tokens": 0,
+                "finished": {}}
+        mine = {**zero, "running": len(self.running), "generation_tokens": self.front.tokens_sent}
+        overrides = self.front.engine_figures
+        return {index: {**(mine if index == 0 else zero), **overrides.get(index, {})}
+                for index in sorted({0, *overrides})}
 
     def info(self) -> dict:
         f = self.front
@@ -123,7 +127,7 @@ class FakeFront:
         self.aborted = 0
         self.tokens_sent = 0
         self.max_in_flight = 0  # requests in the engine at once, at most
-        self.engine_figures: dict = {}  # what `FakeCore.figures` says beyond its own counts
+        self.engine_figures: dict[int, dict] = {}  # what `FakeCore.figures` says beyond its own, by engine
         self.port = 0
         self.metrics_port: int | None = None  # `serve_metrics()`: the front's /metrics
         self._loop: asyncio.AbstractEventLoop | None = None
