@@ -404,10 +404,14 @@ def _label(value: str) -> str:
 
 class MetricsServer:
     """`GET /metrics` (Prometheus' text format) and `GET /health` on a port of their own: HTTP/1.1, one
-    request a connection, a request's head within `timeout_s` and 16 KiB."""
+    request a connection, a request's head within `timeout_s` and 16 KiB, at most `max_connections`
+    open at once (more are answered 503 and closed: a port often opened wider than the daemons' must not
+    let idle connections take the process's file descriptors, which the daemons' connections need)."""
 
-    def __init__(self, front: FrontServer, model: str, timeout_s: float = 10.0):
+    def __init__(self, front: FrontServer, model: str, timeout_s: float = 10.0, max_connections: int = 64):
         self.front, self.model, self.timeout_s = front, model, timeout_s
+        self.max_connections = max_connections
+        self.open = 0
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -444,10 +448,22 @@ class _MetricsConn(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if self.server.open >= self.server.max_connections:
+            # Said at once; the connection is closed a moment later, its request read meanwhile (closed
+            # with the request unread, the client would see a reset rather than the answer).
+            self.answered = True
+            data = b"too many connections\n"
+            transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+                            b"Content-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(data), data))
+            asyncio.get_running_loop().call_later(1.0, transport.close)
+            return
+        self.server.open += 1
         self.timer = asyncio.get_running_loop().call_later(self.server.timeout_s, transport.abort)
 
     def connection_lost(self, exc) -> None:
-        self.timer.cancel()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.server.open -= 1
 
     def data_received(self, data: bytes) -> None:
         if self.answered:  # one request a connection: what follows is not read

@@ -159,11 +159,11 @@ class FakeFront:
         if not started.wait(10):
             raise RuntimeError("the stand-in front did not start")
 
-    def serve_metrics(self, timeout_s: float = 10.0) -> int:
+    def serve_metrics(self, timeout_s: float = 10.0, max_connections: int = 64) -> int:
         """Start the front's metrics server (its /metrics and /health) on a port of its own; the port."""
         from fsched.core.runners.vllm_front import MetricsServer
 
-        metrics = self._metrics = MetricsServer(self._server, self.model, timeout_s)
+        metrics = self._metrics = MetricsServer(self._server, self.model, timeout_s, max_connections)
         started = asyncio.run_coroutine_threadsafe(metrics.start("127.0.0.1", 0), self._loop)
         self.metrics_port = started.result(10)
         return self.metrics_port
