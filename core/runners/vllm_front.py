@@ -285,7 +285,8 @@ class FrontServer:
                 lines.setdefault(r.conn, []).append([r.id, tokens, finish, logprobs, error])
                 counts.tokens += len(tokens)
                 if ended:
-                    counts.ended[finish or "error"] = counts.ended.get(finish or "error", 0) + 1
+                    how = finish or "error"
+                    counts.ended[how] = counts.ended.get(how, 0) + 1
                     del requests[key]
                     r.conn.keys.pop(r.id, None)
             for conn, entries in lines.items():
@@ -449,13 +450,7 @@ class _MetricsConn(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         if self.server.open >= self.server.max_connections:
-            # Said at once; the connection is closed a moment later, its request read meanwhile (closed
-            # with the request unread, the client would see a reset rather than the answer).
-            self.answered = True
-            data = b"too many connections\n"
-            transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
-                            b"Content-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(data), data))
-            asyncio.get_running_loop().call_later(1.0, transport.close)
+            self._send("503 Service Unavailable", "text/plain", "too many connections\n")
             return
         self.server.open += 1
         self.timer = asyncio.get_running_loop().call_later(self.server.timeout_s, transport.abort)
@@ -466,22 +461,30 @@ class _MetricsConn(asyncio.Protocol):
             self.server.open -= 1
 
     def data_received(self, data: bytes) -> None:
-        if self.answered:  # one request a connection: what follows is not read
+        if self.answered:  # one request a connection: what follows is read and dropped
             return
         self.buf += data
         if b"\r\n\r\n" not in self.buf and b"\n\n" not in self.buf:
             if len(self.buf) > 16 << 10:
-                self._send("431 Request Header Fields Too Large", "text/plain", "header over 16 KiB\n", False)
+                self._send("431 Request Header Fields Too Large", "text/plain", "header over 16 KiB\n")
             return
         status, kind, body = self.server.answer(self.buf)
         self._send(status, kind, body, self.buf.startswith(b"HEAD "))
 
-    def _send(self, status: str, kind: str, body: str, head_only: bool) -> None:
+    def eof_received(self) -> bool:
+        return False  # the client is done: the transport closes
+
+    def _send(self, status: str, kind: str, body: str, head_only: bool = False) -> None:
+        """The answer, then this side's end of the connection; what the client still sends (a body, say)
+        is read and dropped until it closes or a second passes: closed with bytes unread, the kernel would
+        reset the connection, and the client could lose the answer."""
         self.answered = True
         data = body.encode()
         self.transport.write(f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(data)}\r\n"
                              f"Connection: close\r\n\r\n".encode() + (b"" if head_only else data))
-        self.transport.close()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        asyncio.get_running_loop().call_later(1.0, self.transport.close)
 
 
 # -- vLLM's engine core ---------------------------------------------------------------------------------

@@ -395,6 +395,10 @@ def test_the_metrics_port_answers_health_and_refuses_what_it_does_not_serve():
         assert scrape(port, b"GET /nope HTTP/1.1\r\n\r\n")[0] == "HTTP/1.1 404 Not Found"
         assert scrape(port, b"POST /metrics HTTP/1.1\r\n\r\n")[0] == "HTTP/1.1 405 Method Not Allowed"
         assert scrape(port, b"hello\r\n\r\n")[0] == "HTTP/1.1 400 Bad Request"
+        # answered whole though the client still sends: its body, a head past the bound
+        big_post = b"POST /metrics HTTP/1.1\r\nContent-Length: 200000\r\n\r\n" + b"x" * 200_000
+        assert scrape(port, big_post)[0] == "HTTP/1.1 405 Method Not Allowed"
+        assert scrape(port, b"A" * 40_000)[0] == "HTTP/1.1 431 Request Header Fields Too Large"
         assert scrape(port, b"HEAD /metrics HTTP/1.1\r\n\r\n") == ("HTTP/1.1 200 OK", b"")
         got = samples(scrape(port, b"GET /metrics?x=1 HTTP/1.0\r\n\r\n")[1])
         labels = frozenset({"model_name": 'we"ird\\name', "engine": "0"}.items())
