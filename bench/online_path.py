@@ -14,7 +14,12 @@ requests at each concurrency, `concurrency` of them open at a time. Per
 arm: tok/s (content chunks / wall time), TTFT p50 and p99 (request sent to
 first content chunk). fsched: serve and daemon in separate processes, over
 a fresh table on each backend; `--replicas 2` puts two `fsched serve` behind
-one table, the clients alternating between them; `--workers N`: each server
+one table, the clients alternating between them. Each arm first sends a few
+short requests (4 streams, 8 requests of 8 tokens) that are not measured: a
+fresh server's first request pays once for its key's read and the first run
+of its code (about 7 ms more than the next ones on SQLite, 16 on PostgreSQL,
+measured one request at a time), which otherwise fell in the first
+concurrency's row and, with 16 requests, was its p99. `--workers N`: each server
 runs N worker processes on its one port (`fsched serve --workers N`; serve's
 CPU is then its workers'). `--loaded`: another
 tenant's batch job fills the engine first (twice its slots in requests of
@@ -57,8 +62,7 @@ once, as bench/remote_engine.py starts it, its session at `--engine-nice`;
 `--max-num-seqs` and the daemon's `--max-batch` are the highest
 concurrency). The direct arm is measured again before each backend's
 fsched arm (the machine's two cores are shared with vLLM, and a baseline
-measured minutes earlier drifts); warm-up requests go to vLLM and to fsched
-before they are measured. Rows add, in each arm, the CPU per token of vLLM
+measured minutes earlier drifts). Rows add, in each arm, the CPU per token of vLLM
 (its whole session), of the client (this process) and of the machine's
 PostgreSQL server, and the machine's busy cores over the load (every
 process's, /proc/stat); the TTFT p50 ratio; the CPU daemon and servers use
@@ -483,8 +487,7 @@ def direct_arm(engine, args, stamps: Path | None = None) -> dict[int, dict]:
     """The client straight to the engine at each concurrency; with `stamps` (the paced engine's folder),
     its way there and back timed too (a row per concurrency)."""
     model = engine.model if isinstance(engine, Vllm) else "paced-engine"
-    if isinstance(engine, Vllm):
-        warm_up([engine.url], "none", model)
+    warm_up([engine.url], "none", model)
     direct = {}
     for c in args.concurrency:
         direct[c] = measured(engine, [engine.url], "none", model, c, args.rounds, args.tokens,
@@ -539,10 +542,8 @@ def fsched_arm(engine: Engine, args, backend: str, replicas: int, direct: dict[i
             if args.loaded:
                 # about 100 s of tokens, within the paced engine's context (8,192) at a faster pace
                 f.fill_with_batch(engine.slots, min(int(100_000 // args.step_ms), BATCH_TOKENS_MAX))
-            model = "fsched"
-            if isinstance(engine, Vllm):
-                model = f.served_model()
-                warm_up(f.urls, f.key, model)
+            model = f.served_model() if isinstance(engine, Vllm) else "fsched"
+            warm_up(f.urls, f.key, model)
             for c in args.concurrency:
                 pids = {"daemon": f.daemon.pid, **f.server_pids()}
                 idle = idle_cpu(pids) if isinstance(engine, Vllm) else None
