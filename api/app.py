@@ -85,11 +85,8 @@ def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        tasks = [asyncio.create_task(hub.run()), asyncio.create_task(dashboard.sample_forever(state)),
-                 asyncio.create_task(expiry.expire_forever(state)),
-                 asyncio.create_task(expiry.reclaim_forever(state)),
-                 asyncio.create_task(facts.keep_fresh_forever(state.refresh_ahead))]
-        tasks += _link_tasks(state)
+        state.start_submitter()
+        tasks = _background_tasks(state)
         try:
             yield
         finally:
@@ -124,6 +121,16 @@ def create_app(backend: Backend, poll_s: float = 0.005, upload_limit: int | None
 
     _guard_bodies(app, upload_limit, body_timeout_s, metrics_port)
     return app
+
+
+def _background_tasks(state: ServerState) -> list[asyncio.Task]:
+    """What a server runs beside its requests from its start. The limits are read at once: with the group
+    commit's connection and statements made ready (`start_submitter`), what a fresh server's first online
+    request would otherwise wait for."""
+    return [asyncio.create_task(work) for work in (
+        state.read_limits_ahead(), state.hub.run(), dashboard.sample_forever(state),
+        expiry.expire_forever(state), expiry.reclaim_forever(state),
+        facts.keep_fresh_forever(state.refresh_ahead))] + _link_tasks(state)
 
 
 def _guard_bodies(app: ServeApp, upload_limit: int, body_timeout_s: float, metrics_port: int | None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from fsched.core.openai.body import PromptThinking
 from fsched.core.ports.catalog import CatalogStore
 from fsched.core.ports.files import FileStore
 from fsched.core.ports.keys import KeyStore
-from fsched.core.ports.records import DaemonSummary, JobSubmission, SubmittedJob
+from fsched.core.ports.records import DaemonSummary, JobSubmission, StorageError, SubmittedJob
 from fsched.core.ports.serving import ServingStore
 from fsched.core.ports.table import Table
 
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from fsched.api.link import LinkClient
     from fsched.api.metrics import Metrics
     from fsched.api.tokens import Tokenizers
+
+log = logging.getLogger("fsched.serve")
 
 # How long a server trusts what it read of the table: daemons come and go, and
 # an admin's new limits apply, within these; a revoked key is refused at once.
@@ -89,12 +92,20 @@ class ServerState:
                             stored: JobCall | None = None, abandoned: JobCall | None = None) -> SubmittedJob:
         """Store one online request's job, in a group commit with those arriving meanwhile (`stored` and
         `abandoned`: api/submitter.py's)."""
+        return await self._submitter_made().submit(submission, max_queued_per_tenant, stored, abandoned)
+
+    def start_submitter(self) -> None:
+        """The group commit's thread started now, its connection and statements made ready on it: a fresh
+        server's first online request does not wait for them."""
+        self._submitter_made().start(self.backend.jobs.prepare_submits)
+
+    def _submitter_made(self) -> Submitter:
         if self._submitter is None:
             # Its own thread, not `call`'s hop (anyio's capacity limiter, cancel scope and checkpoint,
             # a worker taken and put back: a tenth of serve's CPU with 4-token requests).
             self._submitter = Submitter(self.backend.jobs.submit_each,
                                         committed=None if self.link is None else self.link.nudge)
-        return await self._submitter.submit(submission, max_queued_per_tenant, stored, abandoned)
+        return self._submitter
 
     def close(self) -> None:
         """The server stops: the group commit's thread ends once its last transaction is done."""
@@ -128,6 +139,14 @@ class ServerState:
 
     async def _read_limits(self) -> InputLimits:
         return limits_in_force(await self.call(self.backend.keys.stored_limits))
+
+    async def read_limits_ahead(self) -> None:
+        """The limits read when the server starts, not at its first request (whose read would also open
+        the worker pool's first connection to the table); a table that cannot be read now is read then."""
+        try:
+            await self.limits()
+        except StorageError as exc:
+            log.warning("the limits could not be read at start (%s); the first request reads them", exc)
 
     async def rate_limits(self, key_id: str) -> dict[str, int]:
         """The rate limits on a key (api/ratelimit.py), as read within LIMITS_TTL_S."""

@@ -71,6 +71,14 @@ class Submitter:
         self._queue: queue.SimpleQueue[_Waiting | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
+    def start(self, prepare: Callable[[], None] | None = None) -> None:
+        """Start the writer thread now (else the first submit does), `prepare` its first call there: what
+        the stores make ready for the thread (a connection) before the first group comes. A failing
+        `prepare` is logged and the thread goes on: its first group then makes ready what it needs."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, args=(prepare,), name=self.name, daemon=True)
+            self._thread.start()
+
     async def submit(self, submission: JobSubmission, max_queued_per_tenant: int,
                      stored: JobCall | None = None, abandoned: JobCall | None = None) -> SubmittedJob:
         """Store one job (raises QueueFull over its tenant's limit, KeyRevoked for a revoked key).
@@ -78,9 +86,7 @@ class Submitter:
         `abandoned(job_id)` where this call was cancelled after that."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name=self.name, daemon=True)
-            self._thread.start()
+        self.start()
         self._queue.put((submission, max_queued_per_tenant, loop, future, stored))
         try:
             return await future
@@ -96,7 +102,12 @@ class Submitter:
             self._queue.put(None)
             self._thread = None
 
-    def _work(self) -> None:
+    def _work(self, prepare: Callable[[], None] | None = None) -> None:
+        if prepare is not None:
+            try:
+                prepare()
+            except Exception:  # noqa: BLE001 - a head start only: the first group makes ready what it needs
+                log.warning("the group commit could not make its connection ready ahead", exc_info=True)
         while (first := self._queue.get()) is not None:
             group, ending = self._gathered(first)
             began = time.time()

@@ -158,6 +158,14 @@ class DirectConnection:
         with self._transaction(write=True, lease_only=lease_only) as tx:
             yield tx
 
+    def connect(self) -> None:
+        """The calling thread's connection opened now, not at its first transaction."""
+        try:
+            self._connection()
+        except (self._dbapi.OperationalError, self._dbapi.InterfaceError) as exc:
+            self._drop()
+            raise self.db.failure(exc) from exc
+
     @contextmanager
     def read(self) -> Iterator[Tx]:
         with self._transaction(write=False) as tx:

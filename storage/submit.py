@@ -362,6 +362,12 @@ _REQUEST_COLUMNS = ("job_id", "idx", "custom_id", "choice", "answer", "endpoint"
 SQLITE_LAST_JOB_ID = Prepared(select(func.coalesce(func.max(jobs.c.id), 0).label("id")))
 SQLITE_JOB_ROW = _row_insert(jobs, ("id", *_JOB_COLUMNS))
 SQLITE_REQUEST_ROW = _row_insert(requests, _REQUEST_COLUMNS)
+# What a group commit runs on SQLite, compiled when a server starts (the catalog's `prepare_submits`), the
+# listed ones for groups of up to PREPARED_TENANTS tenants and keys (a longer list's variant is compiled
+# the first time one comes).
+SQLITE_GROUP_COMMIT_STATEMENTS = (SQLITE_TENANT_COUNTS, SQLITE_USABLE_KEYS, SQLITE_CREATE_TENANT,
+                                  SQLITE_LAST_JOB_ID, SQLITE_JOB_ROW, SQLITE_REQUEST_ROW)
+PREPARED_TENANTS = 8
 
 
 def sqlite_group_commit(direct: DirectConnection, submissions: Sequence[JobSubmission], limit: int, now: float

@@ -60,6 +60,12 @@ class CatalogStore(Protocol):
         or not in the table its KeyRevoked, the others are stored."""
         ...
 
+    def prepare_submits(self) -> None:
+        """Make ready now, on the calling thread (the one that will call `submit_each`), what a group
+        commit uses: its connection and its statements; a fresh server's first online request then
+        does not wait for them."""
+        ...
+
     def list_jobs(
         self,
         job_id: int | None = None,

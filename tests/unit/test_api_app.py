@@ -40,6 +40,12 @@ class Jobs:
         self.submitted.append(submissions)
         raise AssertionError("nothing is submitted without a daemon")
 
+    def submit_each(self, submissions, max_queued_per_tenant):
+        return self.submit(submissions, max_queued_per_tenant)
+
+    def prepare_submits(self):
+        pass
+
 
 class Serving:
     def progress(self, job_ids):
@@ -213,3 +219,40 @@ def test_a_request_never_asks_opentelemetry_for_its_providers(monkeypatch):
         monkeypatch.setattr(module, name, asked)
     assert client.get("/health").status_code == 200
     assert client.get("/v1/models", headers=AUTH).status_code == 200
+
+
+class CountedKeys(Keys):
+    """Keys whose stored limits are counted as they are read; the first `failing` reads fail."""
+
+    def __init__(self, failing: int = 0):
+        super().__init__()
+        self.reads, self.failing = 0, failing
+
+    def stored_limits(self):
+        self.reads += 1
+        if self.reads <= self.failing:
+            raise StorageError("database is locked")
+        return {}
+
+
+def _started(keys: CountedKeys) -> None:
+    """A server over `keys` started, and left once it read its limits (at most 5 s)."""
+    import time
+
+    with TestClient(create_app(Backend(jobs=Jobs(), keys=keys, files=None, serving=Serving()))):
+        deadline = time.monotonic() + 5
+        while keys.reads == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def test_a_server_reads_its_limits_when_it_starts_not_at_its_first_request():
+    keys = CountedKeys()
+    _started(keys)
+    assert keys.reads == 1
+
+
+def test_a_table_that_cannot_be_read_at_the_start_is_a_warning_not_a_failed_start(caplog):
+    keys = CountedKeys(failing=1)
+    with caplog.at_level("WARNING", logger="fsched.serve"):
+        _started(keys)
+    assert keys.reads == 1 and "the limits could not be read at start" in caplog.text

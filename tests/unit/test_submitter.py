@@ -320,3 +320,61 @@ def test_a_committed_call_that_fails_costs_no_handler_its_answer():
         return jobs
 
     assert sorted(job.job_id for job in asyncio.run(run())) == [1, 2]
+
+
+def test_start_makes_the_store_ready_on_the_writer_thread_before_the_first_group():
+    """`start(prepare)`: the writer thread runs `prepare` first (what the store opens for the thread it
+    writes on: its connection), and the groups after it on the same thread."""
+    store = Store()
+    prepared: list[str] = []
+    submitter = Submitter(store, name="fsched-ready")
+    submitter.start(lambda: prepared.append(threading.current_thread().name))
+
+    async def one(tenant: str):
+        return await submitter.submit(tenant, 10)
+
+    assert asyncio.run(one("a")).tenant == "a"
+    submitter.close()
+    assert prepared == ["fsched-ready"] and store.threads == ["fsched-ready"]
+
+
+def test_a_prepare_that_fails_is_logged_and_the_groups_are_stored_all_the_same(caplog):
+    store = Store()
+    submitter = Submitter(store)
+
+    def broken() -> None:
+        raise RuntimeError("the table is not there yet")
+
+    submitter.start(broken)
+
+    async def one(tenant: str):
+        return await submitter.submit(tenant, 10)
+
+    with caplog.at_level("WARNING", logger="fsched.serve"):
+        assert asyncio.run(one("a")).tenant == "a"
+    submitter.close()
+    assert "could not make its connection ready ahead" in caplog.text
+
+
+def test_a_server_starts_its_group_commit_and_makes_the_store_ready_before_any_request():
+    """The server's start (its lifespan) starts the group commit's thread with the store's
+    `prepare_submits`, before any online request comes."""
+    from fastapi.testclient import TestClient
+
+    from fsched.api.app import create_app
+    from fsched.api.state import Backend
+    from fsched.core.ports.memory import MemoryTable
+
+    table = MemoryTable()
+    prepared = threading.Event()
+    where: list[str] = []
+
+    def prepare_submits() -> None:
+        where.append(threading.current_thread().name)
+        prepared.set()
+
+    table.catalog.prepare_submits = prepare_submits
+    app = create_app(Backend.of(table), link=False)
+    with TestClient(app):
+        assert prepared.wait(WAIT_S)
+    assert where and where[0].startswith("fsched-submit")

@@ -66,6 +66,9 @@ class MemoryCatalogStore:
         created = self._create_missing({s.tenant for s in submissions})
         return [self._insert(s, s.tenant in created) for s in submissions]
 
+    def prepare_submits(self) -> None:
+        """Nothing to make ready in memory."""
+
     @atomic
     def submit_each(self, submissions: Sequence[JobSubmission], max_queued_per_tenant: int =
                     DEFAULT_MAX_QUEUED_PER_TENANT) -> list[SubmittedJob | QueueFull | KeyRevoked]:
