@@ -159,12 +159,10 @@ class DirectConnection:
             yield tx
 
     def connect(self) -> None:
-        """The calling thread's connection opened now, not at its first transaction."""
-        try:
-            self._connection()
-        except (self._dbapi.OperationalError, self._dbapi.InterfaceError) as exc:
-            self._drop()
-            raise self.db.failure(exc) from exc
+        """The calling thread's connection opened now, not at its first transaction: a read that runs
+        nothing."""
+        with self.read():
+            pass
 
     @contextmanager
     def read(self) -> Iterator[Tx]:

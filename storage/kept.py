@@ -137,21 +137,10 @@ class KeptWriter:
             self._lock.release()
 
     def prepare(self) -> None:
-        """Its connection opened and its statements prepared now, not at its first transaction (unless a
-        transaction holds it meanwhile: that one did)."""
-        if not self._lock.acquire(blocking=False):
-            return
-        try:
-            self._connection()
-            if self._session.stale:
-                self._session.prepare_all(self.statements)
-        except BaseException as exc:
-            if isinstance(exc, self._failures):
-                self._drop()
-                raise self.db.failure(exc) from exc
-            raise
-        finally:
-            self._lock.release()
+        """Its connection opened and its statements prepared now, not at its first transaction: a write
+        that sends nothing (BEGIN goes with a transaction's first batch)."""
+        with self.write():
+            pass
 
     @contextmanager
     def _pooled(self) -> Iterator[Batches]:
