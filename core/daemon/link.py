@@ -163,15 +163,22 @@ class LinkServer:
             sock.close()
 
     def _accept(self) -> None:
-        with contextlib.suppress(BlockingIOError):
+        try:
             sock, _ = self._listener.accept()
+        except (BlockingIOError, ConnectionAbortedError):
+            return
+        try:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             host, port = sock.getpeername()[:2]
-            conn = _Conn(sock, f"a server at {host}:{port}")
-            with self._lock:
-                self._conns[sock] = conn
-            self._selector.register(sock, selectors.EVENT_READ, conn)
+        except OSError as exc:  # reset before it was taken (a server killed as it connected): not one
+            log.debug("link connection dropped before it was taken: %s", exc)
+            sock.close()
+            return
+        conn = _Conn(sock, f"a server at {host}:{port}")
+        with self._lock:
+            self._conns[sock] = conn
+        self._selector.register(sock, selectors.EVENT_READ, conn)
 
     def _io(self, conn: _Conn, mask: int) -> None:
         try:
