@@ -117,6 +117,19 @@ class Server:
             except subprocess.TimeoutExpired:
                 proc.kill()
 
+    def described(self) -> str:
+        """Each process started here: running, or its exit status and the end of its log (for a failure's
+        message: a daemon that stopped says why)."""
+        lines = []
+        for proc in self.procs:
+            name = f"fsched {proc.args[1]}"
+            if proc.poll() is None:
+                lines.append(f"{name}: running")
+                continue
+            said = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else "(see its log)"
+            lines.append(f"{name}: exited {proc.returncode}: {said}")
+        return "\n".join(lines)
+
     def rows(self, sql: str, *params) -> list:
         conn = sqlite3.connect(self.db_path)
         try:

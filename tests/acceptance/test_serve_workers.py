@@ -48,7 +48,7 @@ def _streamed_chat(server: Server, key: str) -> str:
     """One streamed chat on a connection of its own; its last event."""
     with httpx.Client(base_url=server.url, timeout=30) as client:
         r = client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {key}"})
-    assert r.status_code == 200, r.text
+    assert r.status_code == 200, f"{r.text}\n{server.described()}"
     events = [line for line in r.text.splitlines() if line.startswith("data: ")]
     return events[-1]
 
