@@ -45,6 +45,10 @@ CONNECT_TIMEOUT_S = 1.0
 NUDGE_TIMEOUT_S = 0.05  # a nudge the daemon's socket does not take at once: that nudge connection is closed
 _NUDGE = wire.encode([wire.Claim()])
 REFUSED_RETRY_S = 30.0  # a daemon of another link version: asked again this long after (a restart)
+# A daemon answers a link's hello at once (its link thread, microseconds); one that has not within this
+# long is not serving its link: dropped (its requests read from the table at every poll again) and asked
+# again REFUSED_RETRY_S later.
+HELLO_TIMEOUT_S = 5.0
 # The longest line read: a step's texts for every request a server watches (1,024 streams' pieces are
 # tens of KB, asyncio's default limit is 64 KiB), or an end's whole text. The daemon drops a server
 # that lets 8 MiB wait unread, so this bounds nothing a daemon would send.
@@ -203,7 +207,8 @@ class LinkClient:
 
     async def _read(self, peer: _Peer, reader: asyncio.StreamReader) -> None:
         try:
-            wire.greeting(await reader.readline(), f"the daemon at {peer.address}")
+            hello = await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT_S)
+            wire.greeting(hello, f"the daemon at {peer.address}")
             peer.greeted = True
             await self._open_nudge(peer.address)
             while line := await reader.readline():
@@ -211,6 +216,10 @@ class LinkClient:
         except wire.LinkRefused as exc:
             self._refused[peer.address] = time.monotonic()
             log.error("%s; this server reads its requests from the table", exc)
+        except TimeoutError:  # its link took the connection and answers nothing: not dialled again at once
+            self._refused[peer.address] = time.monotonic()
+            log.warning("the daemon at %s did not answer the link's hello within %g s; this server reads its "
+                        "requests from the table", peer.address, HELLO_TIMEOUT_S)
         except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
             log.debug("the link to %s failed: %s", peer.address, exc)
         finally:
