@@ -17,6 +17,7 @@ from fsched.core.daemon.link import LinkServer
 from fsched.core.ports.link import VERSION, Hello, decode, encode
 from fsched.core.ports.records import RequestProgress
 from fsched.core.types import RequestStatus
+from tests.support.dials import dials_waiting
 
 
 def _reset_before_taken(port: int) -> None:
@@ -71,14 +72,7 @@ def test_a_server_whose_hello_goes_unanswered_drops_the_link_and_reads_the_table
         seen = [choices async for choices in hub.watch(7)]
         read_after = time.monotonic() - started
         await asyncio.sleep(0.5)  # ten refresh periods: a retry would dial again
-        listener.settimeout(0.01)
-        dialled_again = 0
-        try:
-            while True:
-                listener.accept()[0].close()
-                dialled_again += 1
-        except TimeoutError:
-            pass
+        dialled_again = dials_waiting(listener)
         runner.cancel()
         poller.cancel()
         conn.close()

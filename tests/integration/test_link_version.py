@@ -11,6 +11,7 @@ from fsched.api.hub import ProgressHub
 from fsched.api.link import LinkClient
 from fsched.core.daemon.link import LinkServer
 from fsched.core.ports.link import VERSION, Hello, Steps, StepText, Wake, Watch, decode, encode
+from tests.support.dials import dials_waiting
 
 
 def _closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bytes:
@@ -78,14 +79,7 @@ def test_the_server_refuses_a_daemon_of_another_version_and_reads_the_table_inst
         conn.sendall(encode([Hello(VERSION + 1), Steps([StepText(7, "r", 0, "misread", 1, (1.0, 0.5))])]))
         client.announce(7, linkable=True)
         await asyncio.sleep(0.5)  # ten refresh periods: a retry would dial again
-        dialled_again = 0
-        listener.settimeout(0.01)
-        try:
-            while True:
-                listener.accept()[0].close()
-                dialled_again += 1
-        except TimeoutError:
-            pass
+        dialled_again = dials_waiting(listener)
         runner.cancel()
         watching.cancel()
         conn.close()
