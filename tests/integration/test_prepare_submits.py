@@ -11,7 +11,7 @@ from sqlalchemy import event
 
 from fsched.storage import kept
 from fsched.storage.sql_catalog import SqlCatalogStore
-from tests.integration.test_group_commit_trips import Traced
+from tests.support.pgtrace import Traced
 from tests.support.tables import submission
 
 
