@@ -22,7 +22,12 @@ one core would carry 1e6 / µs tok/s, printed as its capacity.
 `--split T`: the fsched arm is run again with `T`-token requests (as many
 tokens in all, more requests), and each process's CPU is split into a fixed
 cost per request and a cost per token (two equations, two unknowns; each
-run's idle CPU, measured for 2 s before it, taken out first).
+run's idle CPU, measured for 2 s before it, taken out first). On PostgreSQL the
+server's own processes (every `postgres` process of this machine: the
+sessions of serve's group commit and of the daemon, and the server's
+writers) are counted as one more process, `postgres`: a request's row, claim
+and completion are work the database does too, so its fixed cost "in all"
+is serve's, the daemon's and the database's, printed under the split.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from fast_path import Engine, cpu_s  # noqa: E402
+from fast_path import Engine, cpu_s, postgres_cpu_s  # noqa: E402
 from light_client import LightStream, chat_request, connect  # noqa: E402
 
 
@@ -121,19 +126,23 @@ def load(url: str, key: str, model: str, streams: int, rounds: int, tokens: int,
 
 # -- the measurement --------------------------------------------------------------------------------
 def measured(url: str, key: str, model: str, pids: dict[str, int], args, tokens: int, rounds: int,
-             profile: Path | None = None) -> dict:
-    """One load, with each process's CPU over it: µs per token, and its busy share of one core."""
-    idle0 = {n: cpu_s(p) for n, p in pids.items()}
+             profile: Path | None = None, postgres: bool = False) -> dict:
+    """One load, with each process's CPU over it: µs per token, and its busy share of one core;
+    `postgres`: PostgreSQL's server processes too, as one (`postgres`)."""
+    readers = {n: (lambda pid=p: cpu_s(pid)) for n, p in pids.items()}
+    if postgres:
+        readers["postgres"] = postgres_cpu_s
+    idle0 = {n: read() for n, read in readers.items()}
     time.sleep(2.0)
-    idle = {n: (cpu_s(p) - idle0[n]) / 2.0 for n, p in pids.items()}  # CPU seconds per second, idle
+    idle = {n: (read() - idle0[n]) / 2.0 for n, read in readers.items()}  # CPU seconds per second, idle
     spies = []
     if profile is not None:
         spies = spy({n: p for n, p in pids.items() if n in ("serve", "daemon")}, 8, profile)
-    cpu0 = {n: cpu_s(p) for n, p in pids.items()}
+    cpu0 = {n: read() for n, read in readers.items()}
     got = load(url, key, model, args.streams, rounds, tokens, args.client_procs)
     for s in spies:
         s.wait()
-    used = {n: cpu_s(p) - cpu0[n] for n, p in pids.items()}
+    used = {n: read() - cpu0[n] for n, read in readers.items()}
     used["clients"] = got.pop("client_cpu_s")
     n = max(1, got["tokens"])
     got["us_per_token"] = {k: round(1e6 * v / n, 1) for k, v in used.items()}
@@ -165,6 +174,16 @@ def split(long: dict, short: dict) -> dict[str, dict[str, float]]:
         per_token = (r1 * cpu[1] - r2 * cpu[0]) / det
         out[name] = {"us_per_request": round(1e6 * per_request, 1), "us_per_token": round(1e6 * per_token, 1)}
     return out
+
+
+def fixed_cost_line(costs: dict[str, dict[str, float]], goal_us: float = 1000.0) -> str:
+    """A request's fixed CPU in all (serve, the daemon and, where measured, PostgreSQL's server) against
+    the goal."""
+    parts = [name for name in ("serve", "daemon", "postgres") if name in costs]
+    total = sum(costs[name]["us_per_request"] for name in parts)
+    verdict = "met" if total <= goal_us else f"over the goal of {goal_us:,.0f}"
+    each = " + ".join(str(costs[name]["us_per_request"]) for name in parts)
+    return f"a request's fixed CPU in all ({' + '.join(parts)}): {each} = {total:,.1f} µs ({verdict})"
 
 
 def main() -> None:
@@ -200,12 +219,15 @@ def main() -> None:
                 pids = {"serve": f.servers[0].pid, "daemon": f.daemon.pid, "engine": engine.proc.pid}
                 load(f.urls[0], f.key, "fsched", 8, 1, 8, 1)  # warm-up
                 profile = Path(args.profile) if args.profile else None
-                through = measured(f.urls[0], f.key, "fsched", pids, args, args.tokens, args.rounds, profile)
+                postgres = args.backend == "postgresql"
+                through = measured(f.urls[0], f.key, "fsched", pids, args, args.tokens, args.rounds, profile,
+                                   postgres)
                 rows.append({"arm": "fsched", "backend": args.backend, **through})
                 print(json.dumps(rows[-1], default=str), flush=True)
                 if args.split:
                     rounds = max(1, round(args.rounds * args.tokens / args.split))
-                    short = measured(f.urls[0], f.key, "fsched", pids, args, args.split, rounds)
+                    short = measured(f.urls[0], f.key, "fsched", pids, args, args.split, rounds,
+                                     postgres=postgres)
                     rows.append({"arm": f"fsched {args.split} tokens", "backend": args.backend, **short})
                     print(json.dumps(rows[-1], default=str), flush=True)
                     costs = split(through, short)
@@ -215,11 +237,12 @@ def main() -> None:
     print(f"\n{args.streams} streams x {args.rounds} requests of {args.tokens} tokens (paced engine: "
           f"{args.slots} slots x {args.step_ms:g} ms), {args.client_procs} client processes")
     print("| arm | tok/s | TTFT p50 / p99 ms | errors | µs/token serve | daemon | engine | clients "
-          "| cores serve, daemon | one core's tok/s serve, daemon |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| postgres | cores serve, daemon | one core's tok/s serve, daemon |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         us, cores = r["us_per_token"], r["cores"]
-        figs = " | ".join(str(us.get(name, "-")) for name in ("serve", "daemon", "engine", "clients"))
+        figs = " | ".join(str(us.get(name, "-"))
+                          for name in ("serve", "daemon", "engine", "clients", "postgres"))
         caps = ", ".join(f"{1e6 / us[name]:,.0f}" if us.get(name) else "-" for name in ("serve", "daemon"))
         print(f"| {r['arm']} | {r['tok_s']:,.0f} | {r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {r['errors']} | "
               f"{figs} | {cores.get('serve', '-')}, {cores.get('daemon', '-')} | {caps} |")
@@ -227,6 +250,7 @@ def main() -> None:
         print("\n| process | µs per request | µs per token |\n|---|---|---|")
         for name, c in costs.items():
             print(f"| {name} | {c['us_per_request']} | {c['us_per_token']} |")
+        print("\n" + fixed_cost_line(costs))
     if args.profile:
         from online_path import top_frames
 
