@@ -135,6 +135,7 @@ def run_daemon(settings: DaemonSettings, db: str | None) -> None:
         except RunnerUnavailable as exc:
             raise UserError(str(exc)) from None
         table.queue.prepare(the_daemon.engine.scheduler.config.max_batch)
+        table.queue.keep_statistics()
         quiet_gc()
         quick_thread_handoffs()
 

@@ -40,6 +40,7 @@ from fsched.storage.rows import (
     row_id,
     tenants,
 )
+from fsched.storage.statistics import StatisticsKeeper
 from fsched.storage.writeback import write_completions, write_tokens
 
 USAGE_KEPT_S = 86_400.0
@@ -91,9 +92,23 @@ class SqlQueueStore(SqlStoreBase):
     What a daemon does at every step and beat runs on a connection it keeps (storage/direct.py);
     the rest (hand back, sweeps, usage) through SQLAlchemy's pool, as the other stores do."""
 
+    _statistics: StatisticsKeeper | None = None
+
     def __init__(self, db: Database | str | None = None, clock: Callable[[], float] = time.time):
         super().__init__(db, clock)
         self.direct = DirectConnection(self.db)
+
+    def keep_statistics(self) -> None:
+        """On PostgreSQL, keep the planner's statistics of the job table fresh from now on, on a thread of
+        their own (storage/statistics.py); nothing on SQLite."""
+        if self._statistics is None:
+            self._statistics = StatisticsKeeper(self.db)
+            self._statistics.start()
+
+    def stop_keeping_statistics(self) -> None:
+        if self._statistics is not None:
+            self._statistics.close()
+            self._statistics = None
 
     def prepare(self, largest: int) -> None:
         dialect = self.db.engine.dialect

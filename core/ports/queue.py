@@ -167,3 +167,9 @@ class QueueStore(Protocol):
         """Make ready, before the first step, what the steps run for up to `largest` requests at a time
         (a store whose statements are compiled compiles them now, so that no step pays for it)."""
         ...
+
+    def keep_statistics(self) -> None:
+        """From now on while the process runs, keep fresh whatever statistics the store's database plans
+        the steps' statements from (PostgreSQL's of a table that grows fast: storage/statistics.py), on a
+        thread of its own."""
+        ...

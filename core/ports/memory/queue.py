@@ -209,6 +209,9 @@ class MemoryQueueStore:
     def prepare(self, largest: int) -> None:
         """Nothing to compile in memory."""
 
+    def keep_statistics(self) -> None:
+        """No planner in memory."""
+
     @atomic
     def has_queued(self, running_too: bool = False) -> bool:
         states = {RequestStatus.WAITING} | ({RequestStatus.RUNNING} if running_too else set())
