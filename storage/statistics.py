@@ -32,8 +32,6 @@ import logging
 import threading
 from collections.abc import Iterable
 
-from sqlalchemy import text
-
 from fsched.storage.db import Database
 
 log = logging.getLogger("fsched.daemon")
@@ -46,11 +44,11 @@ SHARE = 0.1
 # next check tries again.
 LOCK_WAIT_MS = 1_000
 
-_CHANGES = text("""
+_CHANGES = """
     SELECT s.relname, s.n_mod_since_analyze, c.reltuples
     FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
-    WHERE s.schemaname = current_schema() AND s.relname = ANY(:tables)
-""")
+    WHERE s.schemaname = current_schema() AND s.relname = ANY(%s)
+"""
 
 
 def stale(changes: int, rows: float) -> bool:
@@ -76,6 +74,7 @@ class StatisticsKeeper:
         self._refused: set[str] = set()  # tables an ANALYZE of ours left as they were
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
+        self._conn = None  # the driver's connection, once the first check opened it
 
     def start(self) -> None:
         if self._thread is None and self.db.dialect == "postgresql":
@@ -87,29 +86,47 @@ class StatisticsKeeper:
         if self._thread is not None:
             self._thread.join(timeout=LOCK_WAIT_MS / 1000 + 2)
             self._thread = None
+        self._drop()
 
     def check(self) -> list[str]:
         """Analyze the tables due it now; the ones analyzed. A table whose count of changes an ANALYZE of
         ours did not restart (PostgreSQL skips, with a warning, a table the role does not own) is not
-        tried again (one warning): it waits for autovacuum, as without this keeper."""
-        with self.db.engine.connect() as conn:
-            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-            due = stale_tables(conn.execute(_CHANGES, {"tables": list(TABLES)}).all())
-            analyzed = []
-            for table, changes in due.items():
-                if table in self._refused:
-                    continue
-                if not analyzed:
-                    conn.exec_driver_sql(f"SET lock_timeout = {LOCK_WAIT_MS}")
-                conn.exec_driver_sql(f"ANALYZE {table}")  # one of TABLES
-                self.analyzed += 1
-                analyzed.append(table)
-                left = conn.execute(_CHANGES, {"tables": [table]}).all()
-                if left and (left[0][1] or 0) >= changes:  # the count did not restart: it was skipped
-                    self._refused.add(table)
-                    log.warning("cannot analyze the %s table (is the database role its owner?): its planner "
-                                "statistics are left to autovacuum", table)
+        tried again (one warning): it waits for autovacuum, as without this keeper. Its own connection,
+        outside the pool (its lock timeout is its session's alone), kept; one that failed is dropped, and
+        the next check opens another."""
+        if self._conn is None:
+            self._conn = self.db.driver_connection()
+            self._conn.autocommit = True
+            self._conn.execute(f"SET lock_timeout = {LOCK_WAIT_MS}")
+        try:
+            return self._analyzed(self._conn)
+        except BaseException:
+            self._drop()
+            raise
+
+    def _analyzed(self, conn) -> list[str]:
+        due = stale_tables(conn.execute(_CHANGES, (list(TABLES),)).fetchall())
+        analyzed = []
+        for table, changes in due.items():
+            if table in self._refused:
+                continue
+            conn.execute(f"ANALYZE {table}")  # one of TABLES
+            self.analyzed += 1
+            analyzed.append(table)
+            left = conn.execute(_CHANGES, ([table],)).fetchall()
+            if left and (left[0][1] or 0) >= changes:  # the count did not restart: it was skipped
+                self._refused.add(table)
+                log.warning("cannot analyze the %s table (is the database role its owner?): its planner "
+                            "statistics are left to autovacuum", table)
         return analyzed
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - already broken: nothing more to do with it
+                pass
 
     def _run(self) -> None:
         failing = False

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from sqlalchemy import text
 
 from fsched.storage.db import Database
@@ -51,6 +52,22 @@ def test_a_table_that_grew_is_analyzed_and_then_left_alone(pg_url):
     assert believed == {"jobs": MIN_CHANGES + 100, "requests": MIN_CHANGES + 100}  # the planner's rows now
     assert all(n < MIN_CHANGES for n in _changes(db).values())
     assert keeper.check() == []  # nothing changed since
+    keeper.close()
+    db.dispose()
+
+
+def test_a_connection_the_server_ended_is_replaced_at_the_next_check(pg_url):
+    db = Database(pg_url)
+    SqlJobStore(db)  # the schema
+    keeper = StatisticsKeeper(db)
+    assert keeper.check() == []
+    with db.read() as conn:  # the server ends the keeper's session (a restart, an administrator)
+        conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE pid <> pg_backend_pid() AND datname = current_database()"))
+    with pytest.raises(Exception):  # noqa: B017 - the driver's own error, whichever it is
+        keeper.check()
+    assert keeper.check() == []  # a new connection
+    keeper.close()
     db.dispose()
 
 
@@ -96,6 +113,7 @@ def test_a_role_that_may_not_analyze_is_warned_of_once_and_not_tried_again(pg_ur
                 time.sleep(0.2)
             tried = keeper.analyzed
             assert keeper.check() == []  # the tables are still stale, and not tried again
+        keeper.close()
         assert tried == 2 and keeper.analyzed == 2
         assert [r.getMessage() for r in caplog.records if "cannot analyze" in r.getMessage()] == [
             "cannot analyze the jobs table (is the database role its owner?): its planner statistics are "
