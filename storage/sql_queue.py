@@ -105,11 +105,6 @@ class SqlQueueStore(SqlStoreBase):
             self._statistics = StatisticsKeeper(self.db)
             self._statistics.start()
 
-    def stop_keeping_statistics(self) -> None:
-        if self._statistics is not None:
-            self._statistics.close()
-            self._statistics = None
-
     def prepare(self, largest: int) -> None:
         dialect = self.db.engine.dialect
         for statement in daemon_statements():

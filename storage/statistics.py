@@ -28,6 +28,7 @@ statistics: nothing to do there.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Iterable
@@ -123,10 +124,8 @@ class StatisticsKeeper:
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
+            with contextlib.suppress(Exception):  # already broken: nothing more to do with it
                 conn.close()
-            except Exception:  # noqa: BLE001 - already broken: nothing more to do with it
-                pass
 
     def _run(self) -> None:
         failing = False

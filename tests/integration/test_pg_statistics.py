@@ -91,7 +91,6 @@ def test_on_sqlite_no_thread_is_started(sqlite_url):
     store = SqlJobStore(sqlite_url)
     store.keep_statistics()
     assert store._statistics is not None and store._statistics._thread is None
-    store.stop_keeping_statistics()
 
 
 def test_a_role_that_may_not_analyze_is_warned_of_once_and_not_tried_again(pg_url, caplog):
