@@ -11,11 +11,12 @@ import re
 
 import pytest
 from psycopg import ClientCursor
-from sqlalchemy import text
+from sqlalchemy import column, text
 
 from fsched.storage.claim import CANDIDATE_JOBS
 from fsched.storage.db import Database
 from fsched.storage.jobstore import SqlJobStore
+from fsched.storage.prepared import one_of
 from fsched.storage.submit import COUNT_UNFINISHED
 
 FINISHED = 20_000  # jobs of the past: a day of online requests at a quiet rate
@@ -85,9 +86,5 @@ def test_the_group_commits_count_of_unfinished_jobs_reads_only_them(pg_url):
 
 
 def test_one_of_writes_only_plain_names_into_a_statement():
-    from sqlalchemy import column
-
-    from fsched.storage.prepared import one_of
-
     with pytest.raises(ValueError):
         one_of(column("state"), ["queued", "x'; DROP TABLE jobs; --"])
