@@ -95,13 +95,13 @@ class StatisticsKeeper:
         tried again (one warning): it waits for autovacuum, as without this keeper. Its own connection,
         outside the pool (its lock timeout is its session's alone), kept; one that failed is dropped, and
         the next check opens another."""
-        if self._conn is None:
-            self._conn = self.db.driver_connection()
-            self._conn.autocommit = True
-            self._conn.execute(f"SET lock_timeout = {LOCK_WAIT_MS}")
         try:
+            if self._conn is None:
+                self._conn = self.db.driver_connection()
+                self._conn.autocommit = True
+                self._conn.execute(f"SET lock_timeout = {LOCK_WAIT_MS}")
             return self._analyzed(self._conn)
-        except BaseException:
+        except BaseException:  # a connection that failed setting up is dropped too, not kept half set
             self._drop()
             raise
 
