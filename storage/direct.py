@@ -126,12 +126,13 @@ class KeptConnection:
     """A driver connection kept out of the pool (its pool record, to close or invalidate it through),
     and when it was last used."""
 
-    __slots__ = ("proxied", "raw", "used_at")
+    __slots__ = ("proxied", "raw", "session", "used_at")
 
     def __init__(self, proxied) -> None:
         self.proxied = proxied  # the pool's record of it: closed or invalidated through it
         self.raw = proxied.driver_connection
         self.used_at = time.monotonic()
+        self.session = None  # PostgreSQL: its SessionStatements, once a `write_once` needs them
 
 
 class DirectConnection:
@@ -146,6 +147,8 @@ class DirectConnection:
         self._local = threading.local()
         self._all: list[KeptConnection] = []
         self._lock = threading.Lock()
+        self._once: dict[str, Any] = {}  # `write_once`'s statements (by SQL): what each session prepares
+        self._by_name_ok = True  # False once a session lost them (a pooler): sent as text from then on
         db.on_dispose(self.close)
 
     @contextmanager
@@ -198,10 +201,68 @@ class DirectConnection:
         finally:
             kept.used_at = time.monotonic()
 
+    def write_once(self, prepared: Prepared, params: Mapping[str, Any] | None = None,
+                   lease_only: bool = False) -> list:
+        """One statement in a write transaction of its own (`lease_only` as `write` takes it); its rows.
+        On PostgreSQL in one round trip: BEGIN, the statement and COMMIT in one query of the simple
+        protocol, the statement run by its name, prepared once for the connection's session
+        (storage/session.py), with its parameters as literals. (A claim through `write` took six round
+        trips, each a wait on the server and then for this process's turn again on a busy machine.)"""
+        if self._sqlite:
+            with self.write(lease_only) as tx:
+                return tx.rows(prepared, params)
+        dbapi = self._dbapi
+        failures = (dbapi.OperationalError, dbapi.InterfaceError)
+        try:
+            kept = self._connection()
+        except failures as exc:
+            self._drop()
+            raise self.db.failure(exc) from exc
+        compiled, bound = prepared.bound(self._dialect, params)
+        self._once.setdefault(compiled.sql, compiled)
+        try:
+            text = self._by_name(kept, compiled, bound)
+            cursor = kept.raw.cursor()  # no parameters: the simple protocol, several statements a query
+            cursor.execute(f"{LEASE_ONLY_BEGIN if lease_only else 'BEGIN'}; {text}; COMMIT")
+            for _ in range(2 if lease_only else 1):
+                cursor.nextset()
+            return compiled.rows(cursor)
+        except BaseException as exc:
+            self._rollback(kept.raw)
+            if isinstance(exc, failures) or connection_lost(self._dialect, exc, kept.raw):
+                self._drop()
+                raise self.db.failure(exc) from exc
+            if type(exc).__name__ == "InvalidSqlStatementName" and self._by_name_ok:
+                # Its session lost what it prepared without a rollback (a pooler in transaction mode:
+                # storage/session.py): sent as text from now on, this one again at once.
+                self._by_name_ok = False
+                return self.write_once(prepared, params, lease_only)
+            raise
+        finally:
+            kept.used_at = time.monotonic()
+
+    def _by_name(self, kept: KeptConnection, compiled, bound) -> str:
+        """The statement as one EXECUTE of its session-prepared name, its parameters as literals (as text
+        where the session keeps no prepared statement)."""
+        from fsched.storage.session import SessionStatements, literal_text  # psycopg: PostgreSQL only
+
+        if not self._by_name_ok:
+            return literal_text(kept.raw, compiled.sql, bound)
+        if kept.session is None:
+            kept.session = SessionStatements(kept.raw)
+        text = kept.session.by_name(compiled, bound)
+        if text is None:  # first use on this connection, or after a rollback: prepared (one round trip)
+            kept.session.prepare_all(list(self._once.values()))
+            text = kept.session.by_name(compiled, bound) or literal_text(kept.raw, compiled.sql, bound)
+        return text
+
     def _rollback(self, raw) -> None:
         with contextlib.suppress(Exception):  # a connection that failed may not even roll back
             if not self._sqlite or raw.in_transaction:
                 raw.execute("ROLLBACK")
+        kept: KeptConnection | None = getattr(self._local, "kept", None)
+        if kept is not None and kept.session is not None:
+            kept.session.forget()  # the driver's answer to a rollback (storage/session.py)
 
     def _connection(self) -> KeptConnection:
         kept: KeptConnection | None = getattr(self._local, "kept", None)

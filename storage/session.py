@@ -82,6 +82,12 @@ class SessionStatements:
         self.stale = True
 
 
+def literal_text(raw, sql: str, bound: Any) -> str:
+    """The statement with these (driver's) parameters written in as literals: a query of the simple
+    protocol, parsed and planned by the server each time."""
+    return ClientCursor(raw).mogrify(sql, bound)
+
+
 def _form(compiled: _Compiled) -> tuple[str, str]:
     """A statement's PREPARE (its parameters numbered and typed) and its EXECUTE (theirs as placeholders)."""
     sql = compiled.sql

@@ -24,7 +24,7 @@ from fsched.core.ports.records import (
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass, RequestId
 from fsched.storage.base import SqlStoreBase
-from fsched.storage.claim import claim_requests, nothing_to_take
+from fsched.storage.claim import claim_at_once, claim_requests, nothing_to_take
 from fsched.storage.counters import CountDelta, move_jobs, requeue
 from fsched.storage.db import Database, database_clock
 from fsched.storage.direct import DirectConnection
@@ -126,7 +126,9 @@ class SqlQueueStore(SqlStoreBase):
         storage/claim.py.
         """
         held = held or {}
-        if not announced and nothing_to_take(self.direct, per_group, held):
+        # (On PostgreSQL the claim's own first read, alone, is that look: storage/claim.py `claim_at_once`.)
+        postgresql = self.db.dialect == "postgresql"
+        if not announced and not postgresql and nothing_to_take(self.direct, per_group, held):
             return []
         return self.write_step(owner, (), (), ClaimAsk(per_group, held, limit, lease_s)).claimed
 
@@ -170,6 +172,12 @@ class SqlQueueStore(SqlStoreBase):
                 raise ValueError(f"{c.status.word} is not a final status")
         if not (updates or completions or claim):
             return StepWritten()
+        if claim is not None and owner is not None and not (updates or completions) \
+                and self.db.dialect == "postgresql":
+            claimed = claim_at_once(self.direct, owner, claim.per_group, claim.held, claim.limit,
+                                    claim.lease_s, self.clock())
+            if claimed is not None:
+                return StepWritten(claimed=claimed)
         try:
             return self._step(owner, updates, completions, claim, careful=False)
         except Exception as exc:
