@@ -28,8 +28,12 @@ begins a transaction, leases their rows and moves their jobs' counters in
 one statement, and commits. Through a transaction of its statements one by
 one it took six (BEGIN, that read, the lease, the jobs' lock, their
 counters, COMMIT): at 32 online streams of the paced engine, with one
-server, the claim's p50 went from 4.0 to 2.4 ms and the first token's p50
-from 54.3 to 41.9 ms (bench/online_ab.py, three runs each way; 38 direct).
+server, the first token's p50 went from 54.3 to 41.9 ms (bench/online_ab.py,
+three runs each way; 38 straight to the engine), the claim's own p50 from
+4.0 to 2.4 ms in one stamped run each. One statement for the read too (the
+share rule in SQL, one round trip) was no better there (first token p50
+40.6 and 43.2 ms with two round trips, 46.3 and 48.5 with one, four runs
+each way twice).
 """
 
 from __future__ import annotations
