@@ -143,7 +143,8 @@ def claim_at_once(direct: DirectConnection, owner: str, per_group: int, held: Ma
     """PostgreSQL: the claim in two round trips where it takes only whole jobs of one request (every
     online request): the jobs with work read alone, then their rows leased and their counters moved in one
     statement, in a transaction of its own sent as one query (`DirectConnection.write_once`). None where
-    the claim takes from a job of several (`claim_requests` then makes it, in a transaction of its own).
+    the claim takes from a job of several, or from more than IN_CHUNK jobs (`claim_requests` then makes
+    it, in a transaction of its own).
     A row another daemon took meanwhile is not leased, its job not moved (as in `claim_requests`)."""
     with direct.read() as tx:
         candidates = {job.id: job for job in tx.rows(CANDIDATE_JOBS)}

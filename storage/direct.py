@@ -53,6 +53,7 @@ from fsched.storage.prepared import ROWS, Batched, Prepared
 PING_IDLE_S = 1.0
 # One simple-protocol query, two statements: the second applies to this transaction alone.
 LEASE_ONLY_BEGIN = "BEGIN; SET LOCAL synchronous_commit = off"
+INVALID_STATEMENT_NAME = "26000"  # PostgreSQL's error code for an EXECUTE of a name its session lacks
 
 
 class Tx:
@@ -232,7 +233,7 @@ class DirectConnection:
             if isinstance(exc, failures) or connection_lost(self._dialect, exc, kept.raw):
                 self._drop()
                 raise self.db.failure(exc) from exc
-            if type(exc).__name__ == "InvalidSqlStatementName" and self._by_name_ok:
+            if getattr(exc, "sqlstate", None) == INVALID_STATEMENT_NAME and self._by_name_ok:
                 # Its session lost what it prepared without a rollback (a pooler in transaction mode:
                 # storage/session.py): sent as text from now on, this one again at once.
                 self._by_name_ok = False
