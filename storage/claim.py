@@ -27,13 +27,14 @@ server's new online requests ask for) goes in two round trips
 begins a transaction, leases their rows and moves their jobs' counters in
 one statement, and commits. Through a transaction of its statements one by
 one it took six (BEGIN, that read, the lease, the jobs' lock, their
-counters, COMMIT): at 32 online streams of the paced engine, with one
-server, the first token's p50 went from 54.3 to 41.9 ms (bench/online_ab.py,
-three runs each way; 38 straight to the engine), the claim's own p50 from
-4.0 to 2.4 ms in one stamped run each. One statement for the read too (the
-share rule in SQL, one round trip) was no better there (first token p50
-40.6 and 43.2 ms with two round trips, 46.3 and 48.5 with one, four runs
-each way twice).
+counters, COMMIT). The claim of 8 new online requests took 1.46 ms p50
+against 2.24 (0.65x) on an idle 2-core machine, 1.51 against 2.74 with its
+two cores taken by two spinning processes; of 32, 3.22 against 7.29 and
+4.45 against 10.71 (bench/claim_latency.py, `--jobs 8|32 --busy 0|2`).
+One statement for the read too (the share rule in SQL, one round trip)
+was no better in the whole online path (bench/online_ab.py at 32 streams:
+first token p50 40.6 and 43.2 ms with two round trips, 46.3 and 48.5 with
+one, four runs each way twice).
 """
 
 from __future__ import annotations
