@@ -16,8 +16,8 @@ read with a limit of its own. (A job of one cannot hold more queued rows than
 its counters say, so its update needs no limit: a bigger job's read keeps
 its own, since its counters may lag a requeue another transaction committed.)
 Its jobs' counters move with the rest of its transaction's
-(storage/counters.py `move_jobs`: one locking select and one executemany, or
-on PostgreSQL one update where the transaction moves one job),
+(storage/counters.py `move_jobs`: one locking select and one executemany on
+SQLite, one statement on PostgreSQL),
 which a daemon's step shares with its tokens and completions
 (`SqlQueueStore.write_step`).
 

@@ -3,16 +3,21 @@
 Every writer that changes request states locks the job's row, adjusts its
 counters in the same transaction, and derives the job's state with the
 core's pure `derive_job_state`, so there is one rule for it. On PostgreSQL a
-transaction that moves one job (a claim or a completion of an online
-request, each a job of its own) does it in one statement, its lock taken by
-that update: the rule is then `job_state_sql`, the same rule written as SQL,
-held to `derive_job_state` case by case by tests/integration/test_job_state_sql.py.
+transaction moves its jobs in one statement: one job (a claim or a completion
+of an online request, each a job of its own) by an update that takes its
+row's lock; several by one that locks them in id order first and then moves
+each by its delta (a step's completions of many online requests: of 8, 1.88
+ms p50 against 2.55 with a locking select and then the update; of 32, 2.59
+against 3.88). The rule is then `job_state_sql`, the same rule written as
+SQL, held to `derive_job_state` case by case by
+tests/integration/test_job_state_sql.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -35,7 +40,7 @@ from fsched.core.jobs.jobstate import JobCounts, derive_job_state
 from fsched.core.ports.records import UnknownJob
 from fsched.core.types import JobState
 from fsched.storage.direct import Tx
-from fsched.storage.prepared import Batched, Prepared, listed, recordset
+from fsched.storage.prepared import ROWS, Batched, Prepared, listed, recordset
 from fsched.storage.rows import RowState, job_counts, jobs, requests
 
 
@@ -158,31 +163,51 @@ def job_state_sql(num_requests: ColumnElement, done: ColumnElement, failed: Colu
                 else_=literal(JobState.QUEUED.value))
 
 
-def _moved_one_job() -> Prepared:
-    """One job's counters moved by a delta and its state derived, in one update that takes its row's
-    lock (PostgreSQL: a transaction that moves one job needs no locking select first)."""
-    def by(name: str) -> ColumnElement:
-        return bindparam(name, type_=Integer)
-
+def _moved_by(by: Callable[[str], ColumnElement]) -> dict[str, ColumnElement]:
+    """A job's columns moved by a delta whose parts `by(name)` gives (`b_done`, `b_failed`, `b_cancelled`,
+    `b_running`, `b_claimed`, `b_output`, `b_prompt`), its state derived (`job_state_sql`)."""
     done, failed = jobs.c.num_done + by("b_done"), jobs.c.num_failed + by("b_failed")
     cancelled, running = jobs.c.num_cancelled + by("b_cancelled"), jobs.c.num_running + by("b_running")
     started = or_(jobs.c.started_at.is_not(None), by("b_claimed") > 0)
     cancel_requested = jobs.c.cancel_requested_at.is_not(None)
     now = bindparam("b_now", type_=Float)
-    return Prepared(
-        update(jobs).where(jobs.c.id == bindparam("b_id"))
-        .values(num_done=done, num_failed=failed, num_cancelled=cancelled, num_running=running,
+    return dict(num_done=done, num_failed=failed, num_cancelled=cancelled, num_running=running,
                 state=job_state_sql(jobs.c.num_requests, done, failed, cancelled, running, started,
                                     cancel_requested),
-                num_output_tokens=jobs.c.num_output_tokens + bindparam("b_output", type_=BigInteger),
-                num_prompt_tokens=jobs.c.num_prompt_tokens + bindparam("b_prompt", type_=BigInteger),
+                num_output_tokens=jobs.c.num_output_tokens + by("b_output"),
+                num_prompt_tokens=jobs.c.num_prompt_tokens + by("b_prompt"),
                 started_at=func.coalesce(jobs.c.started_at, case((by("b_claimed") > 0, now))),
                 finished_at=func.coalesce(jobs.c.finished_at,
                                           case((done + failed + cancelled >= jobs.c.num_requests, now))))
-        .returning(jobs.c.id))
+
+
+_WIDE = ("b_output", "b_prompt")  # token counts: BIGINT
+
+
+def _moved_one_job() -> Prepared:
+    """One job's counters moved by a delta and its state derived, in one update that takes its row's
+    lock (PostgreSQL: a transaction that moves one job needs no locking select first)."""
+    def by(name: str) -> ColumnElement:
+        return bindparam(name, type_=BigInteger if name in _WIDE else Integer)
+
+    return Prepared(update(jobs).where(jobs.c.id == bindparam("b_id")).values(**_moved_by(by))
+                    .returning(jobs.c.id))
+
+
+def _moved_jobs(n: int) -> Any:
+    """PostgreSQL: jobs' counters moved by their deltas (a record set, `b_rows`) and their states derived,
+    in one statement that first locks them in id order (`b_jobs`, sorted: as JOBS_TO_MOVE does)."""
+    parts = ("b_done", "b_failed", "b_cancelled", "b_running", "b_claimed", *_WIDE)
+    deltas = recordset(column("b_id", jobs.c.id.type),
+                       *(column(name, BigInteger if name in _WIDE else Integer) for name in parts), name="d")
+    locked = (select(jobs.c.id).where(listed(jobs.c.id, "b_jobs", n)).order_by(jobs.c.id)
+              .with_for_update().cte("locked"))
+    return (update(jobs).where(jobs.c.id == deltas.c.b_id, jobs.c.id == locked.c.id)
+            .values(**_moved_by(lambda name: deltas.c[name])).returning(jobs.c.id))
 
 
 MOVE_ONE_JOB = _moved_one_job()
+MOVE_JOBS = Prepared(_moved_jobs, listed="b_jobs")
 
 
 def move_jobs(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
@@ -216,8 +241,8 @@ def _locked(tx: Tx, ids: list[int]) -> list:
 
 def apply_deltas(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
     """Lock the jobs (in id order: two writers never deadlock on jobs) and move each one's counters by
-    its delta: one select, one statement (PostgreSQL) or executemany; one job on PostgreSQL, one update
-    (MOVE_ONE_JOB)."""
+    its delta: on SQLite one select and one executemany; on PostgreSQL one statement (MOVE_ONE_JOB for one
+    job, MOVE_JOBS for several)."""
     if tx.locks_rows and len(deltas) == 1:
         ((job_id, delta),) = deltas.items()
         moved = tx.rows(MOVE_ONE_JOB, {
@@ -227,6 +252,16 @@ def apply_deltas(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
         if not moved:
             raise UnknownJob(job_id)
         return
+    if tx.locks_rows:
+        _move_locked_together(tx, deltas, now)
+        return
+    move_derived(tx, deltas, now)
+
+
+def move_derived(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
+    """The jobs locked (PostgreSQL) and read in id order, each one's new counters and state worked out here
+    (`derive_job_state`), then written in one statement (PostgreSQL) or executemany: SQLite's way, and the
+    Python rule the one-statement moves are held to (tests/integration/test_job_state_sql.py)."""
     writes = []
     for job in _locked(tx, sorted(deltas)):
         delta = deltas[job.id]
@@ -243,6 +278,19 @@ def apply_deltas(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
                        "b_started": now if delta.claimed else None,
                        "b_finished": now if state.finished else None})
     tx.many(MOVED_JOB, writes)
+
+
+def _move_locked_together(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
+    """PostgreSQL: MOVE_JOBS, LOCK_CHUNK jobs a statement in id order; UnknownJob for one missing."""
+    ids = sorted(deltas)
+    for i in range(0, len(ids), LOCK_CHUNK):
+        part = ids[i:i + LOCK_CHUNK]
+        rows = [{"b_id": job_id, "b_done": d.done, "b_failed": d.failed, "b_cancelled": d.cancelled,
+                 "b_running": d.running + d.claimed, "b_claimed": d.claimed, "b_output": d.output_tokens,
+                 "b_prompt": d.prompt_tokens} for job_id in part for d in (deltas[job_id],)]
+        moved = tx.rows(MOVE_JOBS, {"b_jobs": part, ROWS: rows, "b_now": now})
+        if len(moved) != len(part):
+            raise UnknownJob(min(set(part) - {row.id for row in moved}))
 
 
 def requeue(conn: Connection, dialect: str, rows: Sequence, now: float) -> None:

@@ -1,6 +1,6 @@
-"""A job's state as SQL (storage/counters.py `job_state_sql`, what a PostgreSQL transaction that moves one
-job writes in one update) is the core's rule (`derive_job_state`) in every case, on both databases;
-and the one-statement move leaves a job's row as the locking select and its update did."""
+"""A job's state as SQL (storage/counters.py `job_state_sql`, what a PostgreSQL transaction writes when it
+moves its jobs in one statement) is the core's rule (`derive_job_state`) in every case, on both databases;
+and the one-statement moves leave a job's row as the locking select, the rule in Python and its update do."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Integer, bindparam, select
 
 from fsched.core.jobs.jobstate import JobCounts, derive_job_state
-from fsched.storage.counters import CountDelta, job_state_sql, move_jobs
+from fsched.storage.counters import CountDelta, job_state_sql, move_derived, move_jobs
 from fsched.storage.db import Database
 from fsched.storage.direct import DirectConnection
 from fsched.storage.schema import ensure_schema
@@ -60,8 +60,9 @@ def job_row(db: Database, job_id: int) -> tuple:
     [CountDelta(claimed=1), CountDelta(running=-1, cancelled=1)],
 ])
 def test_one_job_moved_in_one_statement_as_in_two(db, steps):
-    """The same deltas through the one-job update (PostgreSQL) and through the locking select and its
-    update (two jobs in each transaction, the path of many): the same rows, step by step."""
+    """The same deltas through the one-job update (PostgreSQL), the several jobs' (two jobs in each
+    transaction: on PostgreSQL one statement) and the locking select with the state worked out in Python
+    and then written (`move_derived`, SQLite's way): the same rows, step by step."""
     from fsched.core.openai.batchfile import parse_job_file
     from fsched.core.ports.records import JobSubmission
     from fsched.core.types import JobOrigin, RequestClass
@@ -72,14 +73,16 @@ def test_one_job_moved_in_one_statement_as_in_two(db, steps):
     size = max(s.claimed for s in steps)
     specs = parse_job_file("".join(line.replace('"a"', f'"r{i}"') for i in range(size)).encode(), "batch")
     submissions = [JobSubmission(specs, "t", RequestClass.BATCH, 5, f"j{k}", JobOrigin.SUBMIT, None)
-                   for k in range(3)]
+                   for k in range(4)]
     ids = [job.job_id for job in store.submit(submissions)]
-    one, pair = ids[0], ids[1:]
+    one, pair, derived = ids[0], ids[1:3], ids[3]
     direct = DirectConnection(db)
     for now, delta in enumerate(steps, start=100):
         with direct.write() as tx:
             move_jobs(tx, {one: delta}, float(now))
         with direct.write() as tx:
             move_jobs(tx, {pair[0]: delta, pair[1]: replace(delta)}, float(now))
-        assert job_row(db, one) == job_row(db, pair[0]) == job_row(db, pair[1])
+        with direct.write() as tx:
+            move_derived(tx, {derived: replace(delta)}, float(now))
+        assert job_row(db, one) == job_row(db, pair[0]) == job_row(db, pair[1]) == job_row(db, derived)
     store.db.dispose()
