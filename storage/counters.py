@@ -6,9 +6,10 @@ core's pure `derive_job_state`, so there is one rule for it. On PostgreSQL a
 transaction moves its jobs in one statement: one job (a claim or a completion
 of an online request, each a job of its own) by an update that takes its
 row's lock; several by one that locks them in id order first and then moves
-each by its delta (a step's completions of many online requests: of 8, 1.88
-ms p50 against 2.55 with a locking select and then the update; of 32, 2.59
-against 3.88). The rule is then `job_state_sql`, the same rule written as
+each by its delta (a step's completions of many online requests, against a
+locking select and then the update: of 8, 1.92 and 2.05 ms p50 against 2.20
+and 2.35; of 32, 4.59 and 4.97 against 5.26 and 5.57; bench/move_jobs.py,
+two runs). The rule is then `job_state_sql`, the same rule written as
 SQL, held to `derive_job_state` case by case by
 tests/integration/test_job_state_sql.py.
 """
