@@ -18,12 +18,13 @@ import argparse
 import multiprocessing as mp
 import sys
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sqlalchemy import create_engine, text  # noqa: E402
+from sqlalchemy import text  # noqa: E402
+from two_ways import DEFAULT_URL, fresh_database, print_two_ways  # noqa: E402
 
 from fsched.core.types import RequestClass  # noqa: E402
 from fsched.storage import sql_queue  # noqa: E402
@@ -73,31 +74,19 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--busy", type=int, default=0)
-    parser.add_argument("--url", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--url", default=DEFAULT_URL)
     args = parser.parse_args()
-    name = f"fsched_claim_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(args.url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
     spinners = [mp.Process(target=spin, daemon=True) for _ in range(args.busy)]
     for s in spinners:
         s.start()
     try:
-        times = measured(args.url.rsplit("/", 1)[0] + f"/{name}", args.jobs, args.rounds)
+        with fresh_database(args.url, "fsched_claim") as url:
+            times = measured(url, args.jobs, args.rounds)
     finally:
         for s in spinners:
             s.terminate()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-    figures = {}
-    for way, taken in times.items():
-        taken.sort()
-        figures[way] = (taken[len(taken) // 2], taken[int(len(taken) * 0.9)])
-        print(f"{way:>16}: p50 {figures[way][0]:.2f} ms  p90 {figures[way][1]:.2f} ms  ({len(taken)} claims)")
-    (p50, p90), (base50, base90) = figures["two round trips"], figures["general"]
-    print(f"claim of {args.jobs} online requests, {args.busy} busy processes: two round trips / general "
-          f"p50 {p50 / base50:.2f}x, p90 {p90 / base90:.2f}x")
+    print_two_ways(times, "general", "two round trips",
+                   f"claim of {args.jobs} online requests, {args.busy} busy processes")
 
 
 if __name__ == "__main__":

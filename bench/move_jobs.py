@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sqlalchemy import create_engine, text  # noqa: E402
+from two_ways import DEFAULT_URL, fresh_database, print_two_ways  # noqa: E402
 
 from fsched.core.ports.records import Completion  # noqa: E402
 from fsched.core.types import RequestClass, RequestStatus  # noqa: E402
@@ -65,26 +65,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=120)
-    parser.add_argument("--url", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--url", default=DEFAULT_URL)
     args = parser.parse_args()
-    name = f"fsched_move_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(args.url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        times = measured(args.url.rsplit("/", 1)[0] + f"/{name}", args.jobs, args.rounds)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-    figures = {}
-    for way, taken in times.items():
-        taken.sort()
-        figures[way] = (taken[len(taken) // 2], taken[int(len(taken) * 0.9)])
-        print(f"{way:>20}: p50 {figures[way][0]:.2f} ms  p90 {figures[way][1]:.2f} ms  ({len(taken)} steps)")
-    (p50, p90), (base50, base90) = figures["one statement"], figures["select, then update"]
-    print(f"completions of {args.jobs} online requests: one statement / select, then update "
-          f"p50 {p50 / base50:.2f}x, p90 {p90 / base90:.2f}x")
+    with fresh_database(args.url, "fsched_move") as url:
+        times = measured(url, args.jobs, args.rounds)
+    print_two_ways(times, "select, then update", "one statement",
+                   f"completions of {args.jobs} online requests")
 
 
 if __name__ == "__main__":
