@@ -27,10 +27,13 @@ server's new online requests ask for) goes in two round trips
 begins a transaction, leases their rows and moves their jobs' counters in
 one statement, and commits. Through a transaction of its statements one by
 one it took six (BEGIN, that read, the lease, the jobs' lock, their
-counters, COMMIT). The claim of 8 new online requests took 1.46 ms p50
-against 2.24 (0.65x) on an idle 2-core machine, 1.51 against 2.74 with its
-two cores taken by two spinning processes; of 32, 3.22 against 7.29 and
-4.45 against 10.71 (bench/claim_latency.py, `--jobs 8|32 --busy 0|2`).
+counters, COMMIT; its jobs' counters now one statement too). The claim of
+8 new online requests took 1.39 and 1.53 ms p50 against 1.89 and 2.12
+(0.72-0.74x) on an idle 2-core machine, 1.49 against 2.05 with its two
+cores taken by two spinning processes; of 32, 3.15 against 5.91 and 3.70
+against 11.22 (bench/claim_latency.py, `--jobs 8|32 --busy 0|2`; before
+the general claim moved its jobs in one statement: 1.46 against 2.24 for
+8, 3.22 against 7.29 for 32).
 One statement for the read too (the share rule in SQL, one round trip)
 was no better in the whole online path (bench/online_ab.py at 32 streams:
 first token p50 40.6 and 43.2 ms with two round trips, 46.3 and 48.5 with
@@ -41,11 +44,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from sqlalchemy import Float, bindparam, func, select, true, update
+from sqlalchemy import Float, Integer, bindparam, literal_column, select, update
+from sqlalchemy.sql.elements import ColumnElement
 
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass
-from fsched.storage.counters import CountDelta, job_state_sql
+from fsched.storage.counters import CountDelta, locked_in_id_order, moved_by
 from fsched.storage.db import database_clock
 from fsched.storage.direct import DirectConnection, Tx
 from fsched.storage.logprobs import read_whole as read_logprobs
@@ -111,21 +115,19 @@ LEASE_SINGLES_ALONE = Prepared(lambda n: update(requests).where(*_queued_of_jobs
 
 def _lease_singles_moved(n: int):
     """PostgreSQL: LEASE_SINGLES and its jobs' counters moved in one statement (`claim_at_once`): the
-    leased rows' jobs locked in id order (as counters.move_jobs locks them), each one running more,
-    started, and its state derived (counters.job_state_sql); the leased rows returned."""
+    leased rows' jobs locked in id order and moved as counters.MOVE_ONE_JOB moves a claimed one (one more
+    running, started, its state derived); the leased rows returned."""
     leased = update(requests).where(requests.c.id.in_(
         select(requests.c.id).where(*_queued_of_jobs(n)).with_for_update(skip_locked=True)
     )).values(**_LEASED).returning(*requests.c).cte("leased")
-    locked = (select(jobs.c.id).where(jobs.c.id.in_(select(leased.c.job_id))).order_by(jobs.c.id)
-              .with_for_update().cte("locked"))
-    running = jobs.c.num_running + 1
-    moved = update(jobs).where(jobs.c.id == locked.c.id).values(
-        num_running=running,
-        started_at=func.coalesce(jobs.c.started_at, bindparam("b_now", type_=Float)),
-        state=job_state_sql(jobs.c.num_requests, jobs.c.num_done, jobs.c.num_failed, jobs.c.num_cancelled,
-                            running, true(), jobs.c.cancel_requested_at.is_not(None)),
-    ).cte("moved")
+    locked = locked_in_id_order(jobs.c.id.in_(select(leased.c.job_id)))
+    moved = update(jobs).where(jobs.c.id == locked.c.id).values(**moved_by(_one_claimed)).cte("moved")
     return select(leased).add_cte(moved)
+
+
+def _one_claimed(name: str) -> ColumnElement:
+    """A claimed job of one request's delta, part by part as counters.moved_by reads it: one more running."""
+    return literal_column("1" if name in ("b_running", "b_claimed") else "0", Integer)
 
 
 LEASE_SINGLES_MOVED = Prepared(_lease_singles_moved, listed="b_jobs")
@@ -161,8 +163,7 @@ def claim_at_once(direct: DirectConnection, owner: str, per_group: int, held: Ma
     stored, outputs = {}, {}
     if resumed:  # the rows are this daemon's now: their earlier output read after the commit
         with direct.read() as tx:
-            stored = read_logprobs(tx, [row.id for row in resumed if row.num_logprobs])
-            outputs = read_outputs(tx, resumed)
+            stored, outputs = _earlier_output(tx, resumed)
     by_job = {row.job_id: claimed_request(row, stored.get(row.id, ()), job=candidates[row.job_id],
                                           output=outputs.get(row.id)) for row in leased}
     return [by_job[job_id] for job_id in wants if job_id in by_job]
@@ -195,8 +196,7 @@ def claim_requests(
         tx.run(LEASE, {"b_ids": part, **lease})
     for row in (*leased, *rows):
         deltas.setdefault(row.job_id, CountDelta()).claimed += 1
-    stored = read_logprobs(tx, [row.id for row in (*leased, *rows) if row.num_logprobs])  # resumes
-    outputs = read_outputs(tx, (*leased, *rows))  # resumes of requests that ran before: their pieces
+    stored, outputs = _earlier_output(tx, (*leased, *rows))
     by_job: dict[int, list[Request]] = {}
     for row in leased:
         by_job[row.job_id] = [claimed_request(row, stored.get(row.id, ()), job=candidates[row.job_id],
@@ -205,6 +205,12 @@ def claim_requests(
         by_job.setdefault(row.job_id, []).append(
             claimed_request(row, stored.get(row.id, ()), output=outputs.get(row.id)))
     return [request for job_id in wants for request in by_job.get(job_id, ())]
+
+
+def _earlier_output(tx: Tx, rows: Sequence) -> tuple[dict, dict]:
+    """What claimed rows that ran before (resumes) already made: their logprobs, and the outputs their rows
+    hold only part of (the rest in pieces), by row id."""
+    return read_logprobs(tx, [row.id for row in rows if row.num_logprobs]), read_outputs(tx, rows)
 
 
 def _wants(candidates: Iterable, per_group: int, held: Mapping[Group, int], limit: int | None

@@ -164,7 +164,13 @@ def job_state_sql(num_requests: ColumnElement, done: ColumnElement, failed: Colu
                 else_=literal(JobState.QUEUED.value))
 
 
-def _moved_by(by: Callable[[str], ColumnElement]) -> dict[str, ColumnElement]:
+def locked_in_id_order(*where: ColumnElement) -> Any:
+    """PostgreSQL: a CTE `locked` of the ids of the jobs `where` says, their rows locked in id order (the
+    order that keeps two writers from deadlocking on jobs)."""
+    return select(jobs.c.id).where(*where).order_by(jobs.c.id).with_for_update().cte("locked")
+
+
+def moved_by(by: Callable[[str], ColumnElement]) -> dict[str, ColumnElement]:
     """A job's columns moved by a delta whose parts `by(name)` gives (`b_done`, `b_failed`, `b_cancelled`,
     `b_running`, `b_claimed`, `b_output`, `b_prompt`), its state derived (`job_state_sql`)."""
     done, failed = jobs.c.num_done + by("b_done"), jobs.c.num_failed + by("b_failed")
@@ -191,7 +197,7 @@ def _moved_one_job() -> Prepared:
     def by(name: str) -> ColumnElement:
         return bindparam(name, type_=BigInteger if name in _WIDE else Integer)
 
-    return Prepared(update(jobs).where(jobs.c.id == bindparam("b_id")).values(**_moved_by(by))
+    return Prepared(update(jobs).where(jobs.c.id == bindparam("b_id")).values(**moved_by(by))
                     .returning(jobs.c.id))
 
 
@@ -201,10 +207,9 @@ def _moved_jobs(n: int) -> Any:
     parts = ("b_done", "b_failed", "b_cancelled", "b_running", "b_claimed", *_WIDE)
     deltas = recordset(column("b_id", jobs.c.id.type),
                        *(column(name, BigInteger if name in _WIDE else Integer) for name in parts), name="d")
-    locked = (select(jobs.c.id).where(listed(jobs.c.id, "b_jobs", n)).order_by(jobs.c.id)
-              .with_for_update().cte("locked"))
+    locked = locked_in_id_order(listed(jobs.c.id, "b_jobs", n))
     return (update(jobs).where(jobs.c.id == deltas.c.b_id, jobs.c.id == locked.c.id)
-            .values(**_moved_by(lambda name: deltas.c[name])).returning(jobs.c.id))
+            .values(**moved_by(lambda name: deltas.c[name])).returning(jobs.c.id))
 
 
 MOVE_ONE_JOB = _moved_one_job()
