@@ -195,9 +195,7 @@ class DirectConnection:
         except BaseException as exc:
             if write:
                 self._rollback(raw)
-            if isinstance(exc, failures) or connection_lost(self._dialect, exc, raw):
-                self._drop()
-                raise self.db.failure(exc) from exc
+            self._raise_if_lost(exc, raw, failures)
             raise
         finally:
             kept.used_at = time.monotonic()
@@ -230,9 +228,7 @@ class DirectConnection:
             return compiled.rows(cursor)
         except BaseException as exc:
             self._rollback(kept.raw)
-            if isinstance(exc, failures) or connection_lost(self._dialect, exc, kept.raw):
-                self._drop()
-                raise self.db.failure(exc) from exc
+            self._raise_if_lost(exc, kept.raw, failures)
             if getattr(exc, "sqlstate", None) == INVALID_STATEMENT_NAME and self._by_name_ok:
                 # Its session lost what it prepared without a rollback (a pooler in transaction mode:
                 # storage/session.py): sent as text from now on, this one again at once.
@@ -256,6 +252,13 @@ class DirectConnection:
             kept.session.prepare_all(list(self._once.values()))
             text = kept.session.by_name(compiled, bound) or literal_text(kept.raw, compiled.sql, bound)
         return text
+
+    def _raise_if_lost(self, exc: BaseException, raw, failures: tuple) -> None:
+        """A driver's failure, or a connection the server closed: that connection dropped, and the failure
+        raised as the table's StorageError (else nothing: the caller raises the error as it is)."""
+        if isinstance(exc, failures) or connection_lost(self._dialect, exc, raw):
+            self._drop()
+            raise self.db.failure(exc) from exc
 
     def _rollback(self, raw) -> None:
         with contextlib.suppress(Exception):  # a connection that failed may not even roll back
