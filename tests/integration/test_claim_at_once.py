@@ -126,12 +126,15 @@ def test_on_postgresql_daemons_claiming_together_lease_each_job_of_one_once(pg):
     owners = [f"d{i}" for i in range(4)]
     got: dict[str, list] = {owner: [] for owner in owners}
     errors: list[BaseException] = []
+    start = threading.Barrier(len(owners), timeout=60)
 
     def claim(owner: str) -> None:
         other = pg.another()
         try:
-            for _ in range(200):
-                got[owner] += other.queue.claim(owner, per_group=7, announced=True)
+            other.queue.claim(owner, per_group=0, announced=True)  # its connection open: none waits for one
+            start.wait()
+            for _ in range(200):  # a job of each of the 8 tenants a claim: 50 claims among the four
+                got[owner] += other.queue.claim(owner, per_group=1, announced=True)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
         finally:
