@@ -7,7 +7,7 @@ two round trips (storage/claim.py `claim_at_once`) against the general claim's t
 On a fresh database: each round, one group commit stores `--jobs` online requests (jobs of one request, four
 tenants, realtime), then the daemon's store claims them (`SqlQueueStore.claim`, announced), timed; the rounds
 alternate between the two ways (the general one: `claim_at_once` answering None, as for a claim it leaves to
-`claim_requests`), the first 20 untimed. Between rounds the claimed rows are ended, so every claim finds only
+`lease_requests`), the first 20 untimed. Between rounds the claimed rows are ended, so every claim finds only
 its round's jobs. `--busy N`: N processes spin meanwhile (a machine whose cores are taken, as in a burst of
 online requests). Prints each way's p50 and p90 (ms) and their ratios.
 """

@@ -43,7 +43,7 @@ PARTS = [
     ("fsched.core.daemon.link", "LinkServer", ["send", "take_wake"]),
     ("fsched.core.daemon.writer", "Writer", ["write_step", "after_step"]),
     ("fsched.storage.sql_queue", "SqlQueueStore", ["write_step", "claim", "may_have_changed", "heartbeat"]),
-    ("fsched.storage.sql_queue", None, ["write_tokens", "write_completions", "claim_requests", "move_jobs"]),
+    ("fsched.storage.sql_queue", None, ["write_tokens", "write_completions", "lease_requests", "move_jobs"]),
     ("fsched.storage.direct", None, ["begin_immediate"]),
     ("fsched.storage.claim", None, ["_wants", "_queued_rows", "claimed_request", "read_logprobs"]),
     ("fsched.storage.sql_queue", None, ["nothing_to_take"]),

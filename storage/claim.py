@@ -146,9 +146,9 @@ def claim_at_once(direct: DirectConnection, owner: str, per_group: int, held: Ma
     """PostgreSQL: the claim in two round trips where it takes only whole jobs of one request (every
     online request): the jobs with work read alone, then their rows leased and their counters moved in one
     statement, in a transaction of its own sent as one query (`DirectConnection.write_once`). None where
-    the claim takes from a job of several, or from more than IN_CHUNK jobs (`claim_requests` then makes
+    the claim takes from a job of several, or from more than IN_CHUNK jobs (`lease_requests` then makes
     it, in a transaction of its own).
-    A row another daemon took meanwhile is not leased, its job not moved (as in `claim_requests`)."""
+    A row another daemon took meanwhile is not leased, its job not moved (as in `lease_requests`)."""
     with direct.read() as tx:
         candidates = {job.id: job for job in tx.rows(CANDIDATE_JOBS)}
     wants = _wants(candidates.values(), per_group, held, limit)
@@ -169,7 +169,34 @@ def claim_at_once(direct: DirectConnection, owner: str, per_group: int, held: Ma
     return [by_job[job_id] for job_id in wants if job_id in by_job]
 
 
-def claim_requests(
+class Leased:
+    """The rows a claim's transaction leased, and what `claimed` makes of them once it has committed:
+    the write lock is not held while their requests are made (on SQLite every other writer waits for
+    it, a server's group commit of the next requests among them)."""
+
+    __slots__ = ("_order", "_candidates", "_singles", "_rows", "_stored", "_outputs")
+
+    def __init__(self, order: Sequence[int] = (), candidates: Mapping | None = None, singles: Sequence = (),
+                 rows: Sequence = (), stored: Mapping | None = None, outputs: Mapping | None = None):
+        self._order = order  # the jobs, in the claim's order
+        self._candidates = candidates or {}
+        self._singles, self._rows = singles, rows  # the leased rows of whole jobs of one, and the others'
+        self._stored, self._outputs = stored or {}, outputs or {}
+
+    def claimed(self) -> list[Request]:
+        """The claimed requests, jobs in the claim's order and each job's in input order."""
+        stored, outputs, candidates = self._stored, self._outputs, self._candidates
+        by_job: dict[int, list[Request]] = {}
+        for row in self._singles:
+            by_job[row.job_id] = [claimed_request(row, stored.get(row.id, ()), job=candidates[row.job_id],
+                                                  output=outputs.get(row.id))]
+        for row in self._rows:
+            by_job.setdefault(row.job_id, []).append(
+                claimed_request(row, stored.get(row.id, ()), output=outputs.get(row.id)))
+        return [request for job_id in self._order for request in by_job.get(job_id, ())]
+
+
+def lease_requests(
     tx: Tx,
     owner: str,
     per_group: int,
@@ -177,14 +204,14 @@ def claim_requests(
     limit: int | None,
     lease_s: float,
     deltas: dict[int, CountDelta],
-) -> list[Request]:
-    """Claim for `owner` in this write transaction; see the module's docstring. The claimed rows' jobs
-    are counted in `deltas` (the transaction moves its jobs' counters once, at its end:
-    counters.move_jobs)."""
+) -> Leased:
+    """Claim for `owner` in this write transaction (see the module's docstring): the rows leased, whose
+    requests `Leased.claimed` makes after the commit. The claimed rows' jobs are counted in `deltas` (the
+    transaction moves its jobs' counters once, at its end: counters.move_jobs)."""
     candidates = {job.id: job for job in tx.rows(CANDIDATE_JOBS)}
     wants = _wants(candidates.values(), per_group, held, limit)
     if not wants:
-        return []
+        return Leased()
     lease = {"b_owner": owner, "b_lease_s": lease_s}
     singles = {job_id for job_id, (_, everything) in wants.items()
                if everything and candidates[job_id].num_requests == 1}
@@ -197,14 +224,7 @@ def claim_requests(
     for row in (*leased, *rows):
         deltas.setdefault(row.job_id, CountDelta()).claimed += 1
     stored, outputs = _earlier_output(tx, (*leased, *rows))
-    by_job: dict[int, list[Request]] = {}
-    for row in leased:
-        by_job[row.job_id] = [claimed_request(row, stored.get(row.id, ()), job=candidates[row.job_id],
-                                              output=outputs.get(row.id))]
-    for row in rows:
-        by_job.setdefault(row.job_id, []).append(
-            claimed_request(row, stored.get(row.id, ()), output=outputs.get(row.id)))
-    return [request for job_id in wants for request in by_job.get(job_id, ())]
+    return Leased(list(wants), candidates, leased, rows, stored, outputs)
 
 
 def _earlier_output(tx: Tx, rows: Sequence) -> tuple[dict, dict]:

@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 from fsched.storage.db import PG_IDLE_IN_TRANSACTION_MS, Database, begin_immediate
 from fsched.storage.prepared import ROWS, Batched, Prepared
@@ -54,6 +54,14 @@ PING_IDLE_S = 1.0
 # One simple-protocol query, two statements: the second applies to this transaction alone.
 LEASE_ONLY_BEGIN = "BEGIN; SET LOCAL synchronous_commit = off"
 INVALID_STATEMENT_NAME = "26000"  # PostgreSQL's error code for an EXECUTE of a name its session lacks
+
+
+class Ready(NamedTuple):
+    """A statement's rows in its driver's form, made before a transaction takes its lock (the Python
+    work of a write kept out of the time other writers wait for it): `Tx.many_ready` runs them."""
+
+    compiled: Any  # the statement compiled for this connection's dialect
+    rows: list
 
 
 class Tx:
@@ -104,6 +112,17 @@ class Tx:
                 execute(sql, compiled.driver_params(p), prepare=True)
             return
         self._cursor.executemany(compiled.sql, [compiled.driver_params(p) for p in params])
+
+    def many_ready(self, ready: Ready) -> None:
+        """`many` for rows made ready before the transaction (`DirectConnection.ready`)."""
+        if not ready.rows:
+            return
+        if self._synced:
+            execute, sql = self._cursor.execute, ready.compiled.sql
+            for row in ready.rows:
+                execute(sql, row, prepare=True)
+            return
+        self._cursor.executemany(ready.compiled.sql, ready.rows)
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -161,6 +180,17 @@ class DirectConnection:
         its BEGIN: no round trip more); that flush is a COMMIT's dearest part on a loaded machine."""
         with self._transaction(write=True, lease_only=lease_only) as tx:
             yield tx
+
+    @property
+    def one_writer(self) -> bool:
+        """Whether writers take turns on one lock (SQLite): every other writer waits while a write
+        transaction runs, so what it can make before it begins (`ready`) is made then."""
+        return self._sqlite
+
+    def ready(self, prepared: Prepared, params: Sequence[Mapping[str, Any]]) -> Ready:
+        """`prepared`'s rows for `params`, in the driver's form, made now (see `Ready`)."""
+        compiled = prepared.compiled(self._dialect)
+        return Ready(compiled, [compiled.driver_params(p) for p in params])
 
     def connect(self) -> None:
         """The calling thread's connection opened now, not at its first transaction: a read that runs

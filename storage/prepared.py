@@ -246,6 +246,16 @@ class _Compiled:
         except (ValueError, TypeError, UnicodeError) as exc:
             raise Refused(f"{type(exc).__name__}: {exc}") from exc
 
+    def with_values(self, rows: Sequence[Any], name: str, values: Sequence[Any]) -> list:
+        """Rows as `driver_params` made them, each with the parameter `name` set to its value in `values`
+        (one bound as it is, such as an id): rows made before a transaction, finished in it."""
+        if name in self._processors:
+            raise ValueError(f"{name} is processed when bound: make its rows with driver_params")
+        if self._positional:
+            at = self._order.index(name)
+            return [(*row[:at], value, *row[at + 1:]) for row, value in zip(rows, values, strict=True)]
+        return [{**row, name: value} for row, value in zip(rows, values, strict=True)]
+
     def rows(self, cursor) -> list:
         """The rows the cursor holds, each a named tuple of the statement's columns, values processed as
         SQLAlchemy would (JSON read, the text codec undone)."""

@@ -24,7 +24,7 @@ from fsched.core.ports.records import (
 from fsched.core.sched.request import Request
 from fsched.core.types import RequestClass, RequestId
 from fsched.storage.base import SqlStoreBase
-from fsched.storage.claim import claim_at_once, claim_requests, nothing_to_take
+from fsched.storage.claim import Leased, claim_at_once, lease_requests, nothing_to_take
 from fsched.storage.counters import CountDelta, move_jobs, requeue
 from fsched.storage.db import Database, database_clock
 from fsched.storage.direct import DirectConnection
@@ -41,7 +41,7 @@ from fsched.storage.rows import (
     tenants,
 )
 from fsched.storage.statistics import StatisticsKeeper
-from fsched.storage.writeback import write_completions, write_tokens
+from fsched.storage.writeback import completion_rows, write_completions, write_tokens
 
 USAGE_KEPT_S = 86_400.0
 
@@ -189,15 +189,16 @@ class SqlQueueStore(SqlStoreBase):
               claim: ClaimAsk | None, careful: bool) -> StepWritten:
         now = self.clock()
         deltas: dict[int, CountDelta] = {}
+        ready = None if careful else completion_rows(self.direct, completions, now)
         with self.direct.write(lease_only=not (updates or completions)) as tx:
             written = write_tokens(tx, owner, updates, careful, deltas, now) if owner is not None else 0
-            finished = write_completions(tx, completions, owner, careful, deltas, now)
-            claimed = [] if claim is None or owner is None else claim_requests(
+            finished = write_completions(tx, completions, owner, careful, deltas, now, ready)
+            leased = Leased() if claim is None or owner is None else lease_requests(
                 tx, owner, claim.per_group, claim.held, claim.limit, claim.lease_s, deltas)
             move_jobs(tx, deltas, now)
             if any(finished):
                 crash_point("before_done_commit")
-        return StepWritten(written, finished, claimed)
+        return StepWritten(written, finished, leased.claimed())
 
     def release(self, owner: str | None = None, request_ids: Sequence[RequestId] | None = None) -> int:
         """Hand running requests back to the queue, keeping their flushed tokens.

@@ -21,7 +21,7 @@ from sqlalchemy.sql.selectable import TableValuedAlias
 
 from fsched.core.ports.records import Completion, StoreError, TokenUpdate
 from fsched.storage.counters import CountDelta
-from fsched.storage.direct import Tx
+from fsched.storage.direct import DirectConnection, Ready, Tx
 from fsched.storage.logprobs import append as append_logprobs
 from fsched.storage.logprobs import new_piece
 from fsched.storage.output import append as append_output
@@ -138,10 +138,20 @@ def write_tokens(tx: Tx, owner: str, updates: Sequence[TokenUpdate], careful: bo
     return len(writes) - len(refused)
 
 
+def completion_rows(direct: DirectConnection, completions: Sequence[Completion], now: float) -> Ready | None:
+    """Where writers take turns (SQLite), the completions' rows in the driver's form (their tokens and
+    text encoded), made before the write transaction begins: `write_completions` then writes those its
+    fencing lets through. None elsewhere (PostgreSQL writes them as one statement)."""
+    if not completions or not direct.one_writer:
+        return None
+    return direct.ready(FINISH_REQUEST, [_completion_write(c, 0, now) for c in completions])
+
+
 def write_completions(tx: Tx, completions: Sequence[Completion], owner: str | None, careful: bool,
-                      deltas: Deltas, now: float) -> list[bool]:
+                      deltas: Deltas, now: float, ready: Ready | None = None) -> list[bool]:
     """End the requests the completions may end (fencing); for each, whether it was written. One whose
-    output the table refuses (careful only) ends `failed` instead, with why."""
+    output the table refuses (careful only) ends `failed` instead, with why. `ready`: their rows as
+    `completion_rows` made them before the transaction."""
     if not completions:
         return []
     outcome, writes, ends, pieces, with_pieces = _completion_writes(tx, completions, owner, now)
@@ -152,7 +162,12 @@ def write_completions(tx: Tx, completions: Sequence[Completion], owner: str | No
                   else w for w in writes]
         tx.many(FINISH_REQUEST, [w for w in writes if w["b_id"] in refused])
     else:
-        tx.many(FINISH_REQUEST, writes)  # one statement (PostgreSQL) or executemany, not a statement per row
+        if ready is None:
+            tx.many(FINISH_REQUEST, writes)  # one statement (PostgreSQL) or executemany, not one a row
+        else:
+            kept = [row for row, written in zip(ready.rows, outcome, strict=True) if written]
+            tx.many_ready(ready._replace(rows=ready.compiled.with_values(
+                kept, "b_logprobs", [w["b_logprobs"] for w in writes])))
         append_logprobs(tx, pieces.values())
     for w, (job_id, previous, tokens_before) in zip(writes, ends, strict=True):
         deltas.setdefault(job_id, CountDelta()).ended(
@@ -180,15 +195,19 @@ def _completion_writes(
         if not outcome[-1]:
             continue
         pieces[key] = new_piece(key, row.num_logprobs, c.logprobs)
-        writes.append({
-            "b_id": key, "b_state": row_state(c.status).value, "b_tokens": list(c.output_tokens),
-            "b_text": c.output_text, "b_logprobs": max(row.num_logprobs, len(c.logprobs)),
-            "b_num": len(c.output_tokens), "b_reason": c.status.finish_reason,
-            "b_prompt": c.prompt_tokens, "b_model": c.model, "b_error": c.error, "b_now": now,
-            "b_first": c.first_token_at,
-        })
+        writes.append(_completion_write(c, max(row.num_logprobs, len(c.logprobs)), now))
         ends.append((row.job_id, previous, row.num_output_tokens))
     return outcome, writes, ends, pieces, [w["b_id"] for w in writes if rows[w["b_id"]].has_pieces]
+
+
+def _completion_write(c: Completion, logprobs: int, now: float) -> dict:
+    """FINISH_REQUEST's parameters for a completion, its row holding `logprobs` logprobs after it."""
+    return {
+        "b_id": row_id(c.request_id), "b_state": row_state(c.status).value,
+        "b_tokens": list(c.output_tokens), "b_text": c.output_text, "b_logprobs": logprobs,
+        "b_num": len(c.output_tokens), "b_reason": c.status.finish_reason, "b_prompt": c.prompt_tokens,
+        "b_model": c.model, "b_error": c.error, "b_now": now, "b_first": c.first_token_at,
+    }
 
 
 def _failed_write(write: dict, why: str, piece: dict | None) -> dict:

@@ -194,6 +194,22 @@ def test_a_group_commit_stores_each_job_on_its_own_terms(table):
     assert len([j for j in store.list_jobs() if j.tenant == "alice"]) == 3
 
 
+def test_a_group_commit_gives_each_stored_job_its_own_requests_around_a_refused_one(table):
+    """Jobs of several requests each, one refused between them: every stored job holds exactly its own
+    request rows (SQLite makes the rows before its transaction and gives them their job's id in it)."""
+    store = table.catalog
+    store.submit([submission(7)], max_queued_per_tenant=10)
+    sizes = [("bob", 1), ("alice", 2), ("alice", 3), ("bob", 3), ("alice", 1)]  # alice: 7 + 2, refused 3, + 1
+    outcomes = store.submit_each([submission(n, tenant) for tenant, n in sizes], max_queued_per_tenant=10)
+    assert isinstance(outcomes[2], QueueFull)
+    for (tenant, n), outcome in zip(sizes, outcomes, strict=True):
+        if outcome is outcomes[2]:
+            continue
+        rows = store.request_progress(outcome.job_id)
+        assert [r.job_id for r in rows] == [outcome.job_id] * n and outcome.tenant == tenant
+    assert queued(table) == {"alice": 10, "bob": 4}
+
+
 def test_group_commits_of_two_servers_at_once_give_each_job_its_own_id_and_rows(table):
     """Each outcome's job id names that job: its tenant and its requests (SQLite gives the ids itself,
     after the highest, in the transaction that holds the write lock)."""

@@ -154,6 +154,22 @@ def test_expired_leases_are_reclaimed_and_the_old_holder_is_fenced(table):
     assert all(state is RequestStatus.RUNNING for state, _, _ in table.view(job).values())
 
 
+def test_completions_written_together_each_end_their_own_request_around_a_fenced_one(table):
+    """One write of three completions, the middle one under a lease epoch it lost: the other two end
+    with their own tokens and text (SQLite makes the rows before its transaction and writes those the
+    fencing lets through), the middle one stays as its holder left it."""
+    q = table.queue
+    job = table.submit(3)
+    claimed = q.claim("d1", per_group=5, lease_s=60)
+    ends = [Completion(c.id, RequestStatus.FINISHED_STOPPED, tuple(range(i + 1)), f"text {i}",
+                       lease_epoch=c.lease_epoch + (i == 1)) for i, c in enumerate(claimed)]
+    assert q.finish_requests(ends, "d1") == [True, False, True]
+    view = table.view(job)
+    assert [view[c.id] for c in claimed] == [(RequestStatus.FINISHED_STOPPED, "text 0", 1),
+                                             (RequestStatus.RUNNING, "", 0),
+                                             (RequestStatus.FINISHED_STOPPED, "text 2", 3)]
+
+
 def test_a_cancelled_job_is_never_claimed_and_its_held_requests_end(table):
     q = table.queue
     job = table.submit(4)

@@ -130,7 +130,7 @@ def test_the_claim_returns_the_live_record_itself():
     for path in ("core/ports/queue.py", "core/ports/memory/queue.py", "storage/sql_queue.py",
                  "storage/claim.py"):
         returns = {ast.unparse(node.returns) for node in ast.walk(parsed(ROOT / path))
-                   if isinstance(node, ast.FunctionDef) and node.name in ("claim", "claim_requests")}
+                   if isinstance(node, ast.FunctionDef) and node.name in ("claim", "claimed")}
         assert returns == {"list[Request]"}, f"{path}: claim returns {returns}"
 
 
