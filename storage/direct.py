@@ -114,15 +114,10 @@ class Tx:
         self._cursor.executemany(compiled.sql, [compiled.driver_params(p) for p in params])
 
     def many_ready(self, ready: Ready) -> None:
-        """`many` for rows made ready before the transaction (`DirectConnection.ready`)."""
-        if not ready.rows:
-            return
-        if self._synced:
-            execute, sql = self._cursor.execute, ready.compiled.sql
-            for row in ready.rows:
-                execute(sql, row, prepare=True)
-            return
-        self._cursor.executemany(ready.compiled.sql, ready.rows)
+        """`many` for rows made before the transaction (`DirectConnection.ready`, where writers take
+        turns: one executemany)."""
+        if ready.rows:
+            self._cursor.executemany(ready.compiled.sql, ready.rows)
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
