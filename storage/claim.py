@@ -42,7 +42,7 @@ one, four runs each way twice).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from sqlalchemy import Float, Integer, bindparam, literal_column, select, update
 from sqlalchemy.sql.elements import ColumnElement
@@ -174,20 +174,22 @@ class Leased:
     the write lock is not held while their requests are made (on SQLite every other writer waits for
     it, a server's group commit of the next requests among them)."""
 
-    __slots__ = ("_order", "_candidates", "_singles", "_rows", "_stored", "_outputs")
+    __slots__ = ("_order", "_candidates", "_singles", "_rows", "_stored", "_outputs", "_read")
 
     def __init__(self, order: Sequence[int] = (), candidates: Mapping | None = None, singles: Sequence = (),
-                 rows: Sequence = (), stored: Mapping | None = None, outputs: Mapping | None = None):
+                 rows: Sequence = (), stored: Mapping | None = None, outputs: Mapping | None = None,
+                 read: Callable[[Sequence], list] | None = None):
         self._order = order  # the jobs, in the claim's order
         self._candidates = candidates or {}
-        self._singles, self._rows = singles, rows  # the leased rows of whole jobs of one, and the others'
+        # The leased rows of whole jobs of one (values not read yet: `read` reads them), and the others'.
+        self._singles, self._rows, self._read = singles, rows, read
         self._stored, self._outputs = stored or {}, outputs or {}
 
     def claimed(self) -> list[Request]:
         """The claimed requests, jobs in the claim's order and each job's in input order."""
         stored, outputs, candidates = self._stored, self._outputs, self._candidates
         by_job: dict[int, list[Request]] = {}
-        for row in self._singles:
+        for row in self._read(self._singles) if self._singles else ():
             by_job[row.job_id] = [claimed_request(row, stored.get(row.id, ()), job=candidates[row.job_id],
                                                   output=outputs.get(row.id))]
         for row in self._rows:
@@ -216,15 +218,18 @@ def lease_requests(
     singles = {job_id for job_id, (_, everything) in wants.items()
                if everything and candidates[job_id].num_requests == 1}
     lease_singles = LEASE_SINGLES if tx.locks_rows else LEASE_SINGLES_ALONE
-    leased = [row for part in _chunks(sorted(singles))
-              for row in tx.rows(lease_singles, {"b_jobs": part, **lease})]
+    leased, read = [], None
+    for part in _chunks(sorted(singles)):  # their values read after the commit (`Leased.claimed`)
+        unread, read = tx.unread_rows(lease_singles, {"b_jobs": part, **lease})
+        leased += unread
     rows = _queued_rows(tx, {job_id: want for job_id, want in wants.items() if job_id not in singles})
     for part in _chunks([row.id for row in rows]):
         tx.run(LEASE, {"b_ids": part, **lease})
     for row in (*leased, *rows):
         deltas.setdefault(row.job_id, CountDelta()).claimed += 1
-    stored, outputs = _earlier_output(tx, (*leased, *rows))
-    return Leased(list(wants), candidates, leased, rows, stored, outputs)
+    resumed = [row for row in leased if row.num_logprobs or row.num_output_tokens]
+    stored, outputs = _earlier_output(tx, (*(read(resumed) if resumed else ()), *rows))
+    return Leased(list(wants), candidates, leased, rows, stored, outputs, read)
 
 
 def _earlier_output(tx: Tx, rows: Sequence) -> tuple[dict, dict]:

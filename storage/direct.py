@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -85,6 +85,14 @@ class Tx:
         compiled, bound = prepared.bound(self._dialect, params)
         self._cursor.execute(compiled.sql, bound)
         return compiled.rows(self._cursor)
+
+    def unread_rows(self, prepared: Prepared, params: Mapping[str, Any] | None = None
+                    ) -> tuple[list, Callable[[Sequence], list]]:
+        """`rows` with their values not processed yet, and the function that processes them (later:
+        after the commit, where the write lock is not held meanwhile)."""
+        compiled, bound = prepared.bound(self._dialect, params)
+        self._cursor.execute(compiled.sql, bound)
+        return compiled.unread_rows(self._cursor), compiled.read
 
     def first(self, prepared: Prepared, params: Mapping[str, Any] | None = None):
         rows = self.rows(prepared, params)

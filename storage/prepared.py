@@ -259,15 +259,25 @@ class _Compiled:
     def rows(self, cursor) -> list:
         """The rows the cursor holds, each a named tuple of the statement's columns, values processed as
         SQLAlchemy would (JSON read, the text codec undone)."""
+        return self.read(self.unread_rows(cursor))
+
+    def unread_rows(self, cursor) -> list:
+        """The rows the cursor holds as the driver gave them (JSON and encoded text not read yet: `read`
+        reads them), each a named tuple of the statement's columns."""
         fetched = cursor.fetchall()
         if self._readers is None:
             self._readers = self._result_readers(cursor.description)
         make = self._row._make
-        if not self._readers:
-            return [make(row) for row in fetched]
+        return [make(row) for row in fetched]
+
+    def read(self, rows: Sequence) -> list:
+        """`unread_rows`' rows with their values processed, as `rows` gives them."""
         readers = self._readers
+        if not readers:
+            return list(rows)
+        make = self._row._make
         out = []
-        for row in fetched:
+        for row in rows:
             row = list(row)
             for i, read in readers:
                 if row[i] is not None:

@@ -121,6 +121,24 @@ def test_a_resume_a_result_and_the_servers_polls_read_the_row_and_its_pieces_as_
     assert list({r.custom_id: r for r in store.iter_results(job.job_id)}["c0"].output_tokens) == ended
 
 
+def test_an_online_request_resumes_from_its_row_and_its_pieces(store):
+    """A job of one request (every online request) is leased by the claim's one update for such jobs,
+    its values read after the commit: one that ran before resumes with its output, pieces included."""
+    (job,) = store.submit([streamed()])
+    (fresh,) = store.submit([streamed()])
+    (held, other) = sorted(store.claim("d1", per_group=5), key=lambda r: r.job_id)
+    output = list(range(40))
+    grow(store, held, output)
+    for step in range(3):
+        output.append(900 + step)
+        grow(store, held, output)
+    assert len(stored(store, held.id)[2]) == 3  # the last three tokens in pieces
+    store.release("d1")
+    again = {r.job_id: r for r in store.claim("d2", per_group=5)}
+    assert list(again[job.job_id].output) == output and list(again[fresh.job_id].output) == []
+    assert again[job.job_id].lease_epoch == held.lease_epoch + 1 and other.job_id == fresh.job_id
+
+
 def test_a_holder_with_fewer_tokens_than_stored_writes_them_whole(store):
     (job,) = store.submit([streamed()])
     (held,) = store.claim("d1", per_group=5)
