@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from trees import run_in_tree  # noqa: E402
 
 RUN = r'''
 import json, statistics, sys, tempfile, time
@@ -58,13 +60,8 @@ print(json.dumps({"cpu_us_p50": round(1e6 * statistics.median(cpu), 1),
 
 
 def run(tree: Path, groups: int, size: int) -> dict:
-    with tempfile.TemporaryDirectory() as folder:
-        package = Path(folder)
-        (package / "fsched").symlink_to(tree.resolve())
-        load = os.getloadavg()[0]
-        out = subprocess.run([sys.executable, "-c", RUN, str(groups), str(size)], check=True, text=True,
-                             capture_output=True, env={**os.environ, "PYTHONPATH": str(package)}).stdout
-    figures = json.loads(out.strip().splitlines()[-1])
+    load = os.getloadavg()[0]
+    figures = run_in_tree(tree, RUN, str(groups), str(size))
     return {"tree": str(tree), "size": size, **figures, "load1": round(load, 2)}
 
 

@@ -23,10 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from trees import run_in_tree  # noqa: E402
 
 RUN = r'''
 import json, statistics, sys, tempfile, threading, time
@@ -92,14 +94,8 @@ print(json.dumps({name: {"hold_us_p50": p(h, 0.5), "hold_us_p90": p(h, 0.9), "wa
 
 
 def run(tree: Path, rounds: int, size: int, tokens: int) -> dict:
-    with tempfile.TemporaryDirectory() as folder:
-        package = Path(folder)
-        (package / "fsched").symlink_to(tree.resolve())
-        load = os.getloadavg()[0]
-        env = {**os.environ, "PYTHONPATH": str(package)}
-        out = subprocess.run([sys.executable, "-c", RUN, str(rounds), str(size), str(tokens)], check=True,
-                             text=True, capture_output=True, env=env).stdout
-    figures = json.loads(out.strip().splitlines()[-1])
+    load = os.getloadavg()[0]
+    figures = run_in_tree(tree, RUN, str(rounds), str(size), str(tokens))
     return {"tree": str(tree), "size": size, **figures, "load1": round(load, 2)}
 
 
