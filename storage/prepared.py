@@ -259,25 +259,31 @@ class _Compiled:
     def rows(self, cursor) -> list:
         """The rows the cursor holds, each a named tuple of the statement's columns, values processed as
         SQLAlchemy would (JSON read, the text codec undone)."""
-        return self.read(self.unread_rows(cursor))
+        return self._processed(self._fetched(cursor))
 
     def unread_rows(self, cursor) -> list:
         """The rows the cursor holds as the driver gave them (JSON and encoded text not read yet: `read`
         reads them), each a named tuple of the statement's columns."""
-        fetched = cursor.fetchall()
-        if self._readers is None:
-            self._readers = self._result_readers(cursor.description)
         make = self._row._make
-        return [make(row) for row in fetched]
+        return [make(row) for row in self._fetched(cursor)]
 
     def read(self, rows: Sequence) -> list:
         """`unread_rows`' rows with their values processed, as `rows` gives them."""
+        return self._processed(rows)
+
+    def _fetched(self, cursor) -> list:
+        fetched = cursor.fetchall()
+        if self._readers is None:
+            self._readers = self._result_readers(cursor.description)
+        return fetched
+
+    def _processed(self, fetched: Sequence) -> list:
+        make = self._row._make
         readers = self._readers
         if not readers:
-            return list(rows)
-        make = self._row._make
+            return [make(row) for row in fetched]
         out = []
-        for row in rows:
+        for row in fetched:
             row = list(row)
             for i, read in readers:
                 if row[i] is not None:
