@@ -251,10 +251,7 @@ def apply_deltas(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
     job, MOVE_JOBS for several)."""
     if tx.locks_rows and len(deltas) == 1:
         ((job_id, delta),) = deltas.items()
-        moved = tx.rows(MOVE_ONE_JOB, {
-            "b_id": job_id, "b_done": delta.done, "b_failed": delta.failed, "b_cancelled": delta.cancelled,
-            "b_running": delta.running + delta.claimed, "b_claimed": delta.claimed,
-            "b_output": delta.output_tokens, "b_prompt": delta.prompt_tokens, "b_now": now})
+        moved = tx.rows(MOVE_ONE_JOB, {**_delta_params(job_id, delta), "b_now": now})
         if not moved:
             raise UnknownJob(job_id)
         return
@@ -286,14 +283,19 @@ def move_derived(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
     tx.many(MOVED_JOB, writes)
 
 
+def _delta_params(job_id: int, delta: CountDelta) -> dict:
+    """A job's delta as `moved_by`'s parts name it (the claimed count among the running)."""
+    return {"b_id": job_id, "b_done": delta.done, "b_failed": delta.failed, "b_cancelled": delta.cancelled,
+            "b_running": delta.running + delta.claimed, "b_claimed": delta.claimed,
+            "b_output": delta.output_tokens, "b_prompt": delta.prompt_tokens}
+
+
 def _move_locked_together(tx: Tx, deltas: dict[int, CountDelta], now: float) -> None:
     """PostgreSQL: MOVE_JOBS, LOCK_CHUNK jobs a statement in id order; UnknownJob for one missing."""
     ids = sorted(deltas)
     for i in range(0, len(ids), LOCK_CHUNK):
         part = ids[i:i + LOCK_CHUNK]
-        rows = [{"b_id": job_id, "b_done": d.done, "b_failed": d.failed, "b_cancelled": d.cancelled,
-                 "b_running": d.running + d.claimed, "b_claimed": d.claimed, "b_output": d.output_tokens,
-                 "b_prompt": d.prompt_tokens} for job_id in part for d in (deltas[job_id],)]
+        rows = [_delta_params(job_id, deltas[job_id]) for job_id in part]
         moved = tx.rows(MOVE_JOBS, {"b_jobs": part, ROWS: rows, "b_now": now})
         if len(moved) != len(part):
             raise UnknownJob(min(set(part) - {row.id for row in moved}))

@@ -204,7 +204,7 @@ def _completion_write(c: Completion, logprobs: int, now: float) -> dict:
     """FINISH_REQUEST's parameters for a completion, its row holding `logprobs` logprobs after it."""
     return {
         "b_id": row_id(c.request_id), "b_state": row_state(c.status).value,
-        "b_tokens": list(c.output_tokens), "b_text": c.output_text, "b_logprobs": logprobs,
+        "b_tokens": c.output_tokens, "b_text": c.output_text, "b_logprobs": logprobs,
         "b_num": len(c.output_tokens), "b_reason": c.status.finish_reason, "b_prompt": c.prompt_tokens,
         "b_model": c.model, "b_error": c.error, "b_now": now, "b_first": c.first_token_at,
     }
