@@ -1,14 +1,17 @@
 """serve's CPU per online request, split into its event loop's thread and the others, two trees alternately.
 
     .venv/bin/python bench/request_cpu.py OLD_TREE NEW_TREE [--reps 2] [--tokens 4] [--rounds 40]
-        [--step-ms 20]
+        [--step-ms 20] [--client sdk|light]
 
 Each rep runs both trees (`git archive REV | tar -x -C DIR`, or a worktree),
 the order flipped every rep, each on a fresh SQLite table: the paced engine
 (one token a slot every `--step-ms`), `fsched daemon` and one `fsched
 serve`, and bench/online_path.py's client (32 streamed chats at once,
 `--rounds` each, `--tokens` tokens an answer: short answers, so the request's
-own cost is most of what serve spends). Per run: serve's CPU per request in
+own cost is most of what serve spends). `--client light`: bench/light_client.py's
+raw asyncio client instead of the `openai` SDK, whose own CPU shares the two
+cores (two runs of one tree gave serve 1,408 and 2,000 µs a request with the
+SDK, 838 and 875 with the light client). Per run: serve's CPU per request in
 ns-precise run time (`/proc/PID/task/*/schedstat`), all of it, the main
 thread's (the event loop: HTTP, parsing, the stream) and the other threads'
 (the group commit's transaction, the table reads), the daemon's, and the
@@ -78,6 +81,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--step-ms", type=float, default=20)
+    parser.add_argument("--client", choices=("sdk", "light"), default="sdk")
     args = parser.parse_args()
     engine = Engine(256, args.step_ms)
     rows: dict[str, list] = {str(t): [] for t in args.trees}
@@ -93,7 +97,7 @@ def main() -> None:
                     with tempfile.TemporaryDirectory() as folder:
                         f = online_path.Fsched(engine, "sqlite", Path(folder), 1, link=True)
                         try:
-                            row = measured(str(args.trees[i]), f, args)
+                            row = measured(str(args.trees[i]), f, args, client=args.client)
                         finally:
                             f.close()
                     rows[row["tree"]].append(row)
