@@ -13,21 +13,18 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 py="$venv/bin/python"
-# --no-compile: pip byte-compiles every module it installs (torch's, transformers', every test tool's), most
-# of which nothing imports; Python compiles what is imported, once, at its first import. On a 2-core machine
-# a fresh environment took 1 min 35 s with the byte-compiling and 45 s without it.
-"$py" -m pip install -q --no-compile --upgrade pip
+"$py" -m pip install -q --upgrade pip
 # torch first, pinned to the CPU wheel on this machine's disk: the package's
 # own range then installs nothing more (never a multi-GB CUDA build).
-"$py" -m pip install -q --no-compile "torch==2.13.0"
+"$py" -m pip install -q "torch==2.13.0"
 case "$mode" in
-  editable) "$py" -m pip install -q --no-compile -e ".[test]" ;;
-  wheel) "$py" -m pip install -q --no-compile --force-reinstall --no-deps . && "$py" -m pip install -q --no-compile ".[test]" ;;
+  editable) "$py" -m pip install -q -e ".[test]" ;;
+  wheel) "$py" -m pip install -q --force-reinstall --no-deps . && "$py" -m pip install -q ".[test]" ;;
   *) echo "FSCHED_INSTALL must be editable or wheel, not $mode" >&2; exit 2 ;;
 esac
 # instructor, for the agent tests, apart and without its dependencies: its only release taking openai 3.x
 # (1.17.0) pins jiter<0.15, while openai 3.3.1 and later need jiter>=0.16, so a resolver refuses the pair.
 # Beside jiter 0.19 it runs unchanged; of what it requires, only docstring-parser is not already there
 # (aiohttp is imported by its usage CLI alone).
-"$py" -m pip install -q --no-compile --no-deps "instructor==1.17.0" "docstring-parser>=0.16"
+"$py" -m pip install -q --no-deps "instructor==1.17.0" "docstring-parser>=0.16"
 "$py" -c "import torch, transformers, fsched.cli.main; print('== fsched ready: torch', torch.__version__, '| transformers', transformers.__version__)"
