@@ -157,15 +157,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     args = parser.parse_args()
     runs: dict[str, list[float]] = {"floor": [], "serve": []}
-    engine = Engine(max(256, args.streams), 20)
-    try:
+    with Engine(max(256, args.streams), 20) as engine:
         for rep in range(args.reps):
             for arm in ("floor", "serve") if rep % 2 == 0 else ("serve", "floor"):
                 row = floor_run(args) if arm == "floor" else serve_run(engine, args)
                 runs[arm].append(row["us_per_request"])
                 print(json.dumps({"arm": arm, "rep": rep, **row}), flush=True)
-    finally:
-        engine.__exit__()
     floor, serve = statistics.median(runs["floor"]), statistics.median(runs["serve"])
     print(f"\n{args.streams} streams x {args.rounds} streamed chat requests of {args.tokens} tokens, "
           f"{args.reps} runs an arm (median)")

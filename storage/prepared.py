@@ -268,8 +268,9 @@ class _Compiled:
         return [make(row) for row in self._fetched(cursor)]
 
     def read(self, rows: Sequence) -> list:
-        """`unread_rows`' rows with their values processed, as `rows` gives them."""
-        return self._processed(rows)
+        """`unread_rows`' rows with their values processed, as `rows` gives them (the same rows where no
+        column needs reading: they are named tuples already)."""
+        return self._processed(rows) if self._readers else list(rows)
 
     def _fetched(self, cursor) -> list:
         fetched = cursor.fetchall()
