@@ -53,8 +53,11 @@ send, request read, handler start, its group commit's transaction begun and ende
 the claim's transaction begun, claimed, its engine request sent, first token read,
 pushed, received, written, the client's first content read), a row per concurrency of each stage's
 p50 / p99, and at the end a table of where the first token's time went (ms p50: the client's way in,
-direct and through fsched; fsched's stages in; the engine's first token; the way out). `--profile DIR`: py-spy
-records serve and daemon during the highest concurrency (top frames printed); environment:
+direct and through fsched; fsched's stages in; the engine's first token; the way out), and one of each
+row's largest burst of ends (answers the daemon read from one engine iteration) and the requests that
+followed it, stage by stage in ms after the daemon read the burst's first end (first / p50 / last):
+whether the next requests reached the engine before its next iteration (`burst_timeline`).
+`--profile DIR`: py-spy records serve and daemon during the highest concurrency (top frames printed); environment:
 SPY_RATE (samples a second, 200), SPY_SECONDS (8), SPY_ALL=1 (threads not holding the GIL too).
 
 `--vllm`: the engine is vLLM's CPU build serving the tiny model (started
@@ -618,7 +621,44 @@ def stage_figures(folder: Path, began: float, ended: float, client_times: list |
 
     return {"requests": len(jobs), "p50/p99 ms": spans(jobs, STAGES), "end": spans(jobs, ENDS),
             "whole": spans(jobs, ("arrived", "written")), "way in": spans(jobs, ("arrived", "opened")),
-            "client": spans(jobs, ("client_sent", "client_first"))}
+            "client": spans(jobs, ("client_sent", "client_first")), "burst": burst_timeline(jobs)}
+
+
+BURST_GAP_S = 0.005  # ends the daemon read this close together are one burst (one engine iteration's)
+BURST_STAGES = ("end_pushed", "end_received", "end_written", "arrived", "committed", "claimed", "opened",
+                "read", "written")
+
+
+def burst_timeline(jobs: list[dict[str, float]]) -> dict:
+    """The largest burst of ends (answers the daemon read from one engine iteration, within BURST_GAP_S of
+    each other) and what followed it, ms after the burst's first end was read (first / p50 / last): the
+    ends' way to their clients, then the requests that arrived from the burst's first end written until
+    the next burst's first end was read (in a closed loop, mostly the burst's clients' next requests)
+    through their stages to the engine and their first token. Where a closed loop's streams end in two
+    iterations' turns, the next burst comes within the window: its requests are counted too."""
+    ends = sorted(s["end_read"] for s in jobs if "end_read" in s)
+    if not ends:
+        return {}
+    bursts, current = [], [ends[0]]
+    for at in ends[1:]:
+        if at - current[-1] > BURST_GAP_S:
+            bursts.append(current)
+            current = []
+        current.append(at)
+    bursts.append(current)
+    index = max(range(len(bursts)), key=lambda i: len(bursts[i]))
+    burst, start = bursts[index], bursts[index][0]
+    until = bursts[index + 1][0] if index + 1 < len(bursts) else start + 1.0
+    ended = [s for s in jobs if start <= s.get("end_read", -1.0) <= burst[-1]]
+    opened_from = min((s["end_written"] for s in ended if "end_written" in s), default=start)
+    following = [s for s in jobs if opened_from <= s.get("arrived", -1.0) < until]
+    timeline = {}
+    for stage in BURST_STAGES:
+        group = ended if stage.startswith("end_") else following
+        found = sorted(1000 * (s[stage] - start) for s in group if stage in s)
+        if found:
+            timeline[stage] = f"{found[0]:.1f}/{statistics.median(found):.1f}/{found[-1]:.1f}"
+    return {"ends": len(burst), "next": len(following), "ms first/p50/last": timeline}
 
 
 def spans(requests: list[dict[str, float]], order: tuple[str, ...]) -> dict[str, str]:
@@ -718,6 +758,21 @@ def stage_lines(rows: list[dict]) -> list[str]:
         engine = p50(mine, "sent>read")
         out.append(f"| {r['backend']} | {_streams(r)} | {way_in} | {within:.1f} | {engine} | {back:.1f} "
                    f"| {r['stages']['whole'].get('arrived>written')} |")
+    return out
+
+
+def burst_lines(rows: list[dict]) -> list[str]:
+    """--stamps: each row's largest burst of ends and what followed it (`burst_timeline`), ms after the
+    daemon read the burst's first end, first / p50 / last."""
+    out = ["| backend | c | ends, next | " + " | ".join(BURST_STAGES) + " |",
+           "|---|---|---|" + "---|" * len(BURST_STAGES)]
+    for r in rows:
+        burst = r.get("stages", {}).get("burst")
+        if not burst:
+            continue
+        cells = [burst["ms first/p50/last"].get(stage, "") for stage in BURST_STAGES]
+        head = f"| {r['backend']} | {_streams(r)} | {burst['ends']}, {burst['next']} | "
+        out.append(head + " | ".join(cells) + " |")
     return out
 
 
@@ -837,6 +892,7 @@ def main() -> None:
     print("\n".join(table_lines(rows)))
     if any("stages" in r for r in rows):
         print("\n" + "\n".join(stage_lines(rows)))
+        print("\n" + "\n".join(burst_lines(rows)))
     if args.vllm:
         print("\n" + "\n".join(stack_lines(rows)))
     if args.repeat > 1:
