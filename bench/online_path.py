@@ -57,8 +57,8 @@ direct and through fsched; fsched's stages in; the engine's first token; the way
 row's largest burst of ends (answers the daemon read from one engine iteration) and the requests that
 followed it, stage by stage in ms after the daemon read the burst's first end (first / p50 / last):
 whether the next requests reached the engine before its next iteration (`burst_timeline`).
-`--profile DIR`: py-spy records serve and daemon during the highest concurrency (top frames printed); environment:
-SPY_RATE (samples a second, 200), SPY_SECONDS (8), SPY_ALL=1 (threads not holding the GIL too).
+`--profile DIR`: py-spy records serve and daemon during the highest concurrency (top frames printed);
+environment: SPY_RATE (samples a second, 200), SPY_SECONDS (8), SPY_ALL=1 (threads not holding the GIL too).
 
 `--vllm`: the engine is vLLM's CPU build serving the tiny model (started
 once, as bench/remote_engine.py starts it, its session at `--engine-nice`;
