@@ -650,8 +650,8 @@ def burst_timeline(jobs: list[dict[str, float]]) -> dict:
     burst, start = bursts[index], bursts[index][0]
     until = bursts[index + 1][0] if index + 1 < len(bursts) else start + 1.0
     ended = [s for s in jobs if start <= s.get("end_read", -1.0) <= burst[-1]]
-    opened_from = min((s["end_written"] for s in ended if "end_written" in s), default=start)
-    following = [s for s in jobs if opened_from <= s.get("arrived", -1.0) < until]
+    first_written = min((s["end_written"] for s in ended if "end_written" in s), default=start)
+    following = [s for s in jobs if first_written <= s.get("arrived", -1.0) < until]
     timeline = {}
     for stage in BURST_STAGES:
         group = ended if stage.startswith("end_") else following

@@ -49,3 +49,32 @@ def test_the_table_ends_each_row_with_its_verdict():
     assert lines[0].endswith(" goal |") and lines[1].count("|") == lines[0].count("|")
     assert lines[2].endswith("| met |")
     assert lines[3].endswith("| TTFT p50 +20.0 > +15 ms |")
+
+
+def _ended(read: float, written: float) -> dict:
+    return {"end_read": read, "end_pushed": read + 0.001, "end_written": written}
+
+
+def _next(arrived: float, opened: float) -> dict:
+    return {"arrived": arrived, "committed": arrived + 0.002, "opened": opened}
+
+
+def test_the_burst_table_follows_the_largest_burst_of_ends_to_the_next_requests_at_the_engine():
+    # Two ends read together at 10.000 s (a burst), one alone 50 ms later; the requests that arrived from
+    # the burst's first end written until the next burst's first end: two, then one after the window.
+    jobs = [_ended(10.000, 10.004), _ended(10.002, 10.008), _ended(10.050, 10.053),
+            _next(10.003, 10.020), _next(10.010, 10.030), _next(10.012, 10.032), _next(10.060, 10.070)]
+    burst = op.burst_timeline(jobs)
+    assert (burst["ends"], burst["next"]) == (2, 2)  # the request arrived at 10.003 came before any end
+    timeline = burst["ms first/p50/last"]
+    assert timeline["end_written"] == "4.0/6.0/8.0"
+    assert timeline["arrived"] == "10.0/11.0/12.0"
+    assert timeline["opened"] == "30.0/31.0/32.0"
+    assert "claimed" not in timeline  # a stage no request reached is left out
+    line = op.burst_lines([{"backend": "sqlite", "concurrency": 128, "stages": {"burst": burst}}])[-1]
+    assert line.startswith("| sqlite | 128 | 2, 2 | 1.0/2.0/3.0 |  | 4.0/6.0/8.0 | 10.0/11.0/12.0 |")
+
+
+def test_a_run_without_ends_has_no_burst():
+    assert op.burst_timeline([_next(1.0, 1.01)]) == {}
+    assert op.burst_lines([{"backend": "sqlite", "concurrency": 1, "stages": {"burst": {}}}])[2:] == []
