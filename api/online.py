@@ -413,6 +413,7 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
     ended = attached = False
     unstamped = stamps_on()
     pushes = _PushWriter(events, outlet)
+    last = ""  # the answer's last update's events: written with its ending, one write (not two) a request
     try:
         opening = "".join(events.opening())  # each step's events in one piece: one write, not one an event
         if opening:
@@ -420,13 +421,9 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
         while True:
             if outlet is not None and not attached:
                 attached = state.hub.attach(job_id, pushes.sink, pushes.text_sink)
-            pushes.idle = True
-            try:
-                update = await anext(progress)
-            except StopAsyncIteration:
+            update = await pushes.waited(progress)
+            if update is None:
                 break
-            finally:
-                pushes.idle = False
             if isinstance(update, KeepAlive):
                 yield KEEPALIVE
                 continue
@@ -441,11 +438,16 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
             if unstamped:  # its first update: the first token
                 unstamped = False
                 stamp("written", job_id)
-            if piece := "".join(events.update(update)):
+            piece = "".join(events.update(update))
+            if all(p.status.is_finished for p in update):  # the end: its events go with the ending's
+                last = piece
+                break
+            if piece:
                 yield piece
-        if ending := "".join(_ending(state, online, pushes.final, events)):
+        if ending := last + "".join(_ending(state, online, pushes.final, events)):
             yield LastPiece(ending)
         stamp("end_written", job_id)
+        await progress.aclose()  # left at the end or a failure, not run out: its watch ends now
     finally:
         pushes.idle = False
         final = pushes.final
@@ -463,6 +465,14 @@ class _PushWriter:
     outlet: Outlet | None
     idle: bool = False
     final: Choices | None = None  # the last progress the stream sent, by either way
+
+    async def waited(self, progress: AsyncIterator[Update]) -> Update | None:
+        """`progress`'s next update (None once it has run out), the sinks writing pushes meanwhile."""
+        self.idle = True
+        try:
+            return await anext(progress, None)
+        finally:
+            self.idle = False
 
     def sink(self, choices: Choices) -> bool:
         if not self.idle or not self.outlet.write_now(self._rendered, choices):
