@@ -439,15 +439,13 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
                 unstamped = False
                 stamp("written", job_id)
             piece = "".join(events.update(update))
-            if all(p.status.is_finished for p in update):  # the end: its events go with the ending's
+            if all(p.status.is_finished for p in update):  # the end (nothing follows): with the ending
                 last = piece
-                break
-            if piece:
+            elif piece:
                 yield piece
         if ending := last + "".join(_ending(state, online, pushes.final, events)):
             yield LastPiece(ending)
         stamp("end_written", job_id)
-        await progress.aclose()  # left at the end or a failure, not run out: its watch ends now
     finally:
         pushes.idle = False
         final = pushes.final

@@ -34,22 +34,20 @@ def _progress(text: str, status: RequestStatus) -> tuple:
 
 
 class _Updates:
-    """A stream's progress: `updates` in turn, then run out; whether it was closed."""
+    """A stream's progress: `updates` in turn, then run out; whether it was asked past its end."""
 
     def __init__(self, updates):
         self.updates = list(updates)
-        self.closed = False
+        self.ran_out = False
 
     def __aiter__(self):
         return self
 
     async def __anext__(self):
         if not self.updates:
+            self.ran_out = True
             raise StopAsyncIteration
         return self.updates.pop(0)
-
-    async def aclose(self):
-        self.closed = True
 
 
 def _relayed(progress) -> list[str]:
@@ -61,13 +59,13 @@ def _relayed(progress) -> list[str]:
     return asyncio.run(run())
 
 
-def test_the_last_update_goes_out_with_the_ending_in_one_piece_and_the_progress_is_closed():
+def test_the_last_update_goes_out_with_the_ending_in_one_piece_once_the_progress_has_run_out():
     running, ended = _progress("a", RequestStatus.RUNNING), _progress("ab", RequestStatus.FINISHED_LENGTH)
     progress = _Updates([running, ended])
     pieces = _relayed(progress)
     assert pieces == ["O", "Ua", "UabFCT"]
     assert type(pieces[-1]) is LastPiece
-    assert progress.closed  # left at its end, not run out: its watch (the hub's) ends now
+    assert progress.ran_out  # its watch (the hub's) ended by itself, as it does after an end
 
 
 def test_a_one_token_answer_is_its_opening_and_one_last_piece():
