@@ -440,7 +440,7 @@ async def relayed(request: Request, state: ServerState, job_id: int, online: Onl
                 stamp("written", job_id)
             piece = "".join(events.update(update))
             if all(p.status.is_finished for p in update):  # the end (nothing follows): with the ending
-                last = piece
+                last += piece
             elif piece:
                 yield piece
         if ending := last + "".join(_ending(state, online, pushes.final, events)):

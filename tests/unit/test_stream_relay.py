@@ -74,7 +74,8 @@ def test_a_one_token_answer_is_its_opening_and_one_last_piece():
 
 
 def test_progress_that_runs_out_before_an_end_still_closes_with_the_ending():
-    # (a stop's path: the hub closing; its ending then names no finish, and the request is cancelled)
+    # (the hub's watch ends only after an end; a progress that stops short still gets the stream's
+    # ending, and its unfinished request is cancelled)
     cancelled = []
 
     async def cancel_job(job_id):
