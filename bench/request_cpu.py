@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -102,6 +103,7 @@ class SystemCalls:
             parts = line.split()
             if len(parts) >= 5 and parts[-1] in self.KINDS:
                 counts[parts[-1]] = int(parts[3])
+        shutil.rmtree(self.out.parent)
         return counts
 
 
